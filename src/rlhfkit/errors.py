@@ -1,0 +1,43 @@
+"""User-facing errors.
+
+Every mistake a user can make (bad file, bad record, unknown key, missing model) raises a subclass of
+:class:`UserError` carrying *where* (file / line / key) and *how to fix it*. The CLI prints ``str(err)`` as one
+line and exits with code 2; programming errors keep their traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """An error caused by input the user controls; printed as one line, exit code 2."""
+
+    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None):
+        self.message = message
+        self.where = where
+        self.fix = fix
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        parts = []
+        if self.where:
+            parts.append(f"{self.where}: ")
+        parts.append(self.message)
+        if self.fix:
+            parts.append(f" (fix: {self.fix})")
+        return "".join(parts).replace("\n", " ")
+
+
+class ConfigError(UserError):
+    """Unknown key, wrong type, or invalid value in a config file or override."""
+
+
+class DataError(UserError):
+    """Malformed file, malformed record, missing field, empty dataset, over-long prompt."""
+
+
+class ModelError(UserError):
+    """A model or tokenizer that cannot be loaded or lacks something a recipe needs."""
+
+
+class RewardError(UserError):
+    """A reward function that cannot be imported, called, or returns the wrong thing."""

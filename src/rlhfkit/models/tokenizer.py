@@ -1,0 +1,88 @@
+"""Tokenizer loading and the two fixes every stage needs: a pad token and a chat template.
+
+* **Pad token.** A tokenizer without one gets ``unk`` as pad when it has an unk token, else its EOS token. No new
+  token is added, so embeddings never need resizing. rlhfkit never finds padding by comparing ids with the pad id
+  (it always carries attention / response masks), so pad == EOS is safe here.
+* **Chat template.** A tokenizer without one gets :data:`DEFAULT_CHAT_TEMPLATE` (ChatML:
+  ``<|im_start|>role\\ncontent<|im_end|>\\n``), and every model directory rlhfkit writes saves the tokenizer with
+  it, so SFT, RM, PPO and DPO all format prompts identically. The template's end-of-turn marker must be a token the
+  tokenizer knows (for the built-in tiny tokenizer it is; for others we check and fail with a clear message).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ModelError
+from .tiny import ASSET_DIR
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None):
+    """Load a tokenizer (``tiny`` specs use the shipped one) and apply :func:`prepare_tokenizer`."""
+    from transformers import AutoTokenizer
+
+    if name_or_path.startswith("tiny"):
+        source = str(ASSET_DIR)
+    else:
+        source = name_or_path
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    try:
+        tok = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"cannot load a tokenizer from {source!r}: {str(exc).splitlines()[0]}",
+            where="model.name",
+            fix="give a local Hugging Face model directory, a cached hub name, a .gguf file or 'tiny'",
+        ) from None
+    return prepare_tokenizer(tok)
+
+
+def prepare_tokenizer(tok):
+    """Give ``tok`` a pad token and a chat template when it lacks them (see module docstring). Returns ``tok``."""
+    if tok.pad_token is None:
+        tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
+        if tok.pad_token is None:
+            raise ModelError(
+                "the tokenizer has no pad, unk or EOS token",
+                where="model.name",
+                fix="use a tokenizer with an EOS token (a chat model's), or set one before training",
+            )
+    if not getattr(tok, "chat_template", None):
+        if "<|im_end|>" not in tok.get_vocab():
+            raise ModelError(
+                "the tokenizer has no chat template and no '<|im_end|>' token for rlhfkit's default ChatML template",
+                where="model.name",
+                fix="use a tokenizer that has a chat template (an instruct model's), or set model.chat_template",
+            )
+        tok.chat_template = DEFAULT_CHAT_TEMPLATE
+    if tok.eos_token is None:
+        raise ModelError("the tokenizer has no EOS token", where="model.name", fix="set tokenizer.eos_token")
+    return tok
+
+
+def eos_token_ids(tok, generation_config=None) -> list[int]:
+    """All ids that end a response: the tokenizer's EOS, the model's generation-config EOS ids, ``<|im_end|>``."""
+    ids: list[int] = []
+    if tok.eos_token_id is not None:
+        ids.append(int(tok.eos_token_id))
+    gen_eos = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    if isinstance(gen_eos, int):
+        ids.append(gen_eos)
+    elif isinstance(gen_eos, (list, tuple)):
+        ids.extend(int(i) for i in gen_eos)
+    im_end = tok.get_vocab().get("<|im_end|>")
+    if im_end is not None:
+        ids.append(int(im_end))
+    return sorted(set(ids))
+
+
+def save_tokenizer(tok, out_dir: str | Path) -> None:
+    """Save the tokenizer (with its chat template) next to a model."""
+    tok.save_pretrained(str(out_dir))
