@@ -1,0 +1,68 @@
+"""Pure tensor math of RLHF: masked reductions, log-probs, KL estimators, advantages, losses (imports torch only)."""
+
+from rlhfkit.algos.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    gae,
+    group_all_tied,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_returns,
+    rloo_advantages,
+)
+from rlhfkit.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
+from rlhfkit.algos.logprobs import entropy_from_logits, token_logprobs
+from rlhfkit.algos.losses import (
+    DPO_LOSS_TYPES,
+    LOSS_AGGREGATIONS,
+    PREFERENCE_LOSSES,
+    PreferenceLoss,
+    aggregate_loss,
+    bradley_terry_loss,
+    dpo_loss,
+    kl_loss,
+    kto_kl_estimate,
+    kto_loss,
+    orpo_loss,
+    ppo_policy_loss,
+    sft_loss,
+    simpo_loss,
+    value_loss,
+)
+from rlhfkit.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AdaptiveKLController",
+    "AdvantageEstimator",
+    "DPO_LOSS_TYPES",
+    "FixedKLController",
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "PREFERENCE_LOSSES",
+    "PreferenceLoss",
+    "aggregate_loss",
+    "bradley_terry_loss",
+    "dpo_loss",
+    "entropy_from_logits",
+    "gae",
+    "group_all_tied",
+    "grpo_advantages",
+    "kl_loss",
+    "kl_penalty",
+    "kto_kl_estimate",
+    "kto_loss",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "orpo_loss",
+    "ppo_policy_loss",
+    "reinforce_pp_advantages",
+    "reinforce_pp_returns",
+    "rloo_advantages",
+    "sft_loss",
+    "simpo_loss",
+    "token_logprobs",
+    "value_loss",
+]

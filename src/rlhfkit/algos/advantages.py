@@ -1,0 +1,165 @@
+"""Advantage estimators: GAE (with a critic), group baselines (GRPO, Dr. GRPO, RLOO), REINFORCE++.
+
+Token-level estimators take [B, T] tensors with a response ``mask`` (1 from the first response token up to and
+including EOS, 0 after). Positions where the mask is 0 are *skipped*: the reverse scan links each valid token to
+the next valid one, so right padding behaves as a terminal state (value 0) and masked holes inside a response
+(e.g. tool output) are stepped over. Masked positions are returned as 0.
+
+Group estimators take one score per completion. LAYOUT: k completions of P prompts are laid out
+completion-major — a flat tensor of length N = k * P whose index ``i * P + j`` is completion ``i`` of prompt
+``j`` (the prompt batch repeated k times, as ``prompts.repeat(k, 1)`` gives). We reshape to (k, P) and reduce
+over dim 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlhfkit.algos.masked import _where, masked_whiten
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over response tokens (Schulman et al. 2016, eq. 16).
+
+    delta_t = r_t + gamma * V_{t+1} - V_t;  A_t = delta_t + gamma * lam * A_{t+1}; V and A after the last valid
+    token are 0 (terminal). rewards, values, mask: [B, T] -> (advantages [B, T], returns = A + V [B, T]),
+    both 0 where ``mask`` is 0. Vectorised over the batch; one reverse loop over time.
+    """
+    valid = mask.bool()
+    zero = torch.zeros_like(rewards[:, 0])
+    next_value, next_adv = zero, zero
+    advs = []
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv = delta + gamma * lam * next_adv
+        m = valid[:, t]
+        next_adv = torch.where(m, adv, next_adv)
+        next_value = torch.where(m, values[:, t], next_value)
+        advs.append(torch.where(m, adv, zero))
+    advantages = torch.stack(advs[::-1], dim=1)
+    returns = _where(advantages + values, valid)
+    return advantages, returns
+
+
+def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Flat completion-major scores [k * P] -> [k, P] (row i = completion i of every prompt)."""
+    if scores.dim() != 1:
+        raise ValueError(f"group scores must be 1-D [k * P], got shape {tuple(scores.shape)}")
+    if group_size < 1 or scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
+    return scores.reshape(group_size, -1)
+
+
+def grpo_advantages(
+    scores: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """GRPO advantage (r - group mean) / (group std + eps) (Shao et al. 2024, DeepSeekMath, GRPO).
+
+    scores: [N = k * P] completion-major -> [N]. std is the unbiased (n - 1) sample std over the k completions
+    (torch's default, as in TRL / verl); ``scale_by_std=False`` is Dr. GRPO (Liu et al. 2025): r - mean_group.
+    """
+    g = _groups(scores, group_size)
+    adv = g - g.mean(dim=0, keepdim=True)
+    if scale_by_std:
+        if group_size < 2:
+            raise ValueError("grpo with scale_by_std needs group_size >= 2 (std of one sample is undefined)")
+        adv = adv / (g.std(dim=0, keepdim=True) + eps)
+    return adv.reshape(-1)
+
+
+def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Leave-one-out advantage r_i - mean_{j != i} r_j within a prompt's group (Ahmadian et al. 2024, RLOO).
+
+    scores: [N = k * P] completion-major -> [N]. Needs k >= 2.
+    """
+    if group_size < 2:
+        raise ValueError("rloo needs group_size >= 2 (the baseline is the mean of the other completions)")
+    g = _groups(scores, group_size)
+    others = (g.sum(dim=0, keepdim=True) - g) / (group_size - 1)
+    return (g - others).reshape(-1)
+
+
+def group_all_tied(scores: torch.Tensor, group_size: int, atol: float = 0.0) -> torch.Tensor:
+    """True for each member of a group whose scores all tie (within ``atol``) (DAPO dynamic sampling, Yu et al. 2025).
+
+    scores: [N = k * P] completion-major -> bool [N].
+    """
+    g = _groups(scores, group_size)
+    tied = (g.amax(dim=0) - g.amin(dim=0)) <= atol  # [P]
+    return tied.unsqueeze(0).expand_as(g).reshape(-1)
+
+
+def reinforce_pp_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Discounted return-to-go G_t = r_t + gamma * G_{t+1} of per-token rewards (REINFORCE++, Hu 2025).
+
+    rewards, mask: [B, T] -> [B, T], 0 where ``mask`` is 0 (masked positions skipped as in :func:`gae`).
+    The rewards are usually the score at EOS minus beta * per-token KL.
+    """
+    valid = mask.bool()
+    zero = torch.zeros_like(rewards[:, 0])
+    running = zero
+    out = []
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        m = valid[:, t]
+        running = torch.where(m, rewards[:, t] + gamma * running, running)
+        out.append(torch.where(m, running, zero))
+    return torch.stack(out[::-1], dim=1)
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """REINFORCE++ advantages: returns-to-go whitened over all valid tokens of the whole batch (Hu 2025).
+
+    rewards, mask: [B, T] -> [B, T], 0 where ``mask`` is 0.
+    """
+    return masked_whiten(reinforce_pp_returns(rewards, mask, gamma), mask)
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """How the online loop uses an estimator.
+
+    needs_critic: train a value model and feed its values to ``fn``; group_based: ``fn`` takes per-sequence scores
+    in groups of k (completion-major) and returns one advantage per sequence, broadcast over its tokens;
+    kl_in_reward_default: the KL penalty goes into the per-token reward (True) or into the loss
+    (False, GRPO's beta term).
+    """
+
+    name: str
+    fn: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+    needs_critic: bool
+    group_based: bool
+    kl_in_reward_default: bool
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    e.name: e
+    for e in (
+        AdvantageEstimator("gae", gae, needs_critic=True, group_based=False, kl_in_reward_default=True),
+        AdvantageEstimator(
+            "grpo", grpo_advantages, needs_critic=False, group_based=True, kl_in_reward_default=False
+        ),
+        AdvantageEstimator(
+            "dr_grpo",
+            functools.partial(grpo_advantages, scale_by_std=False),
+            needs_critic=False,
+            group_based=True,
+            kl_in_reward_default=False,
+        ),
+        AdvantageEstimator(
+            "rloo", rloo_advantages, needs_critic=False, group_based=True, kl_in_reward_default=True
+        ),
+        AdvantageEstimator(
+            "reinforce_pp",
+            reinforce_pp_advantages,
+            needs_critic=False,
+            group_based=False,
+            kl_in_reward_default=True,
+        ),
+    )
+}

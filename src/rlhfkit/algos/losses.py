@@ -1,0 +1,383 @@
+"""Losses of every recipe: SFT, Bradley–Terry reward model, PPO clip + value clip, KL-in-loss, DPO family, KTO.
+
+Every loss returns ``(loss, stats)``: ``loss`` a scalar tensor with grad, ``stats`` a dict of detached scalar
+tensors (no ``.item()``: the caller decides when to sync). Token losses take ``[B, T]`` tensors with a response
+mask; "token mean" means the sum over every valid token of the batch divided by the number of valid tokens.
+Preference losses take per-sequence log-probabilities ``[B]`` and average over the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rlhfkit.algos.kl import kl_penalty
+from rlhfkit.algos.masked import _count, masked_mean, masked_sum, masked_var
+
+Stats = dict[str, torch.Tensor]
+
+
+# --------------------------------------------------------------------------------------------- aggregation
+def _token_mean(per_token: torch.Tensor, mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    """sum over all valid tokens of the batch / number of valid tokens (DAPO, Yu et al. 2025, token-level loss)."""
+    return masked_mean(per_token, mask)
+
+
+def _seq_mean_token_mean(per_token: torch.Tensor, mask: torch.Tensor, max_len: int | None) -> torch.Tensor:
+    """Per-sequence token mean, then mean over sequences with >= 1 valid token (GRPO, Shao et al. 2024, eq. 3)."""
+    per_seq = masked_mean(per_token, mask, dim=-1)
+    has_tokens = _count(per_token, mask, dim=-1) > 0
+    return masked_mean(per_seq, has_tokens)
+
+
+def _seq_mean_token_sum_norm(
+    per_token: torch.Tensor, mask: torch.Tensor, max_len: int | None
+) -> torch.Tensor:
+    """Per-sequence token sum / constant max_len (default padded T), mean over all B rows (Dr. GRPO, Liu et al. 2025)."""
+    norm = per_token.shape[-1] if max_len is None else max_len
+    return (masked_sum(per_token, mask, dim=-1) / norm).mean()
+
+
+LOSS_AGGREGATIONS: dict[str, Callable[[torch.Tensor, torch.Tensor, int | None], torch.Tensor]] = {
+    "token_mean": _token_mean,
+    "seq_mean_token_mean": _seq_mean_token_mean,
+    "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
+}
+
+
+def aggregate_loss(
+    per_token: torch.Tensor, mask: torch.Tensor, mode: str = "token_mean", max_len: int | None = None
+) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar by one of ``LOSS_AGGREGATIONS`` (DAPO / GRPO / Dr. GRPO conventions).
+
+    per_token, mask: [B, T] -> scalar. ``max_len`` is the constant normaliser of ``seq_mean_token_sum_norm``
+    (default T, the padded length); ignored by the other modes.
+    """
+    try:
+        fn = LOSS_AGGREGATIONS[mode]
+    except KeyError:
+        raise ValueError(
+            f"unknown loss aggregation {mode!r}; choose one of {sorted(LOSS_AGGREGATIONS)}"
+        ) from None
+    return fn(per_token, mask, max_len)
+
+
+# --------------------------------------------------------------------------------------------- SFT and reward model
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, Stats]:
+    """Negative log-likelihood, token mean over every masked token of the batch (SFT, Ouyang et al. 2022).
+
+    logprobs, mask: [B, T] (log-probabilities of the target tokens) -> (scalar, {"nll", "num_tokens"}).
+    """
+    loss = -masked_mean(logprobs, mask)
+    return loss, {"nll": loss.detach(), "num_tokens": _count(logprobs, mask, None).detach()}
+
+
+def bradley_terry_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    margin: torch.Tensor | float | None = None,
+    center_coef: float = 0.0,
+) -> tuple[torch.Tensor, Stats]:
+    """Pairwise reward loss -log sigmoid(r_c - r_r - m) (Ouyang et al. 2022, eq. 1; margin m: Touvron et al. 2023, eq. 2).
+
+    chosen, rejected: [B] rewards; margin: [B], scalar or None (0). ``center_coef`` adds
+    center_coef * mean((r_c + r_r)^2) to keep rewards centred on 0 (Eisenstein et al. 2023).
+    Batch mean. stats: accuracy (fraction r_c > r_r), chosen_mean, rejected_mean, margin_mean (mean r_c - r_r).
+    """
+    diff = chosen - rejected
+    logits = diff if margin is None else diff - margin
+    loss = -F.logsigmoid(logits).mean()
+    if center_coef:
+        loss = loss + center_coef * (chosen + rejected).square().mean()
+    stats = {
+        "accuracy": (diff > 0).float().mean(),
+        "chosen_mean": chosen.mean(),
+        "rejected_mean": rejected.mean(),
+        "margin_mean": diff.mean(),
+    }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+# --------------------------------------------------------------------------------------------- online RL
+def ppo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    aggregation: str = "token_mean",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """PPO clipped surrogate max(-A r, -A clip(r, 1 - e_lo, 1 + e_hi)) (Schulman et al. 2017 eq. 7; DAPO clip-higher).
+
+    logprobs, old_logprobs, mask: [B, T]; advantages: [B, T] or [B] (one per sequence, broadcast over tokens).
+    ``clip_high=None`` uses ``clip_low``. Reduced with :func:`aggregate_loss` (``aggregation``, ``max_len``).
+    stats (token means over masked tokens): clipfrac (clipped term chosen: pg_losses2 > pg_losses1),
+    approxkl = 0.5 * mean((logp - old)^2), ratio_mean, ratio_var (unbiased, over masked tokens).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    clip_high = clip_low if clip_high is None else clip_high
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(pg_losses1, pg_losses2)
+    loss = aggregate_loss(per_token, mask, aggregation, max_len)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean((pg_losses2 > pg_losses1).float(), mask),
+            "approxkl": 0.5 * masked_mean(log_ratio.square(), mask),
+            "ratio_mean": masked_mean(ratio, mask),
+            "ratio_var": masked_var(ratio, mask),
+        }
+    return loss, stats
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip_range: float | None = 0.2,
+) -> tuple[torch.Tensor, Stats]:
+    """0.5 max((V - R)^2, (clip(V, V_old +- c) - R)^2), token mean (PPO2 value clipping; Engstrom et al. 2020).
+
+    values, old_values, returns, mask: [B, T] -> scalar. ``clip_range=None``: plain 0.5 * (V - R)^2.
+    stats (token means over masked tokens): clipfrac (clipped term larger), value_mean, error (mean (V - R)^2).
+    """
+    err_unclipped = (values - returns).square()
+    if clip_range is None:
+        per_token = err_unclipped
+        clipped_chosen = torch.zeros_like(err_unclipped, dtype=torch.bool)
+    else:
+        v_clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+        err_clipped = (v_clipped - returns).square()
+        per_token = torch.maximum(err_unclipped, err_clipped)
+        clipped_chosen = err_clipped > err_unclipped
+    loss = 0.5 * masked_mean(per_token, mask)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": masked_mean(clipped_chosen.float(), mask),
+            "value_mean": masked_mean(values, mask),
+            "error": masked_mean(err_unclipped, mask),
+        }
+    return loss, stats
+
+
+def kl_loss(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    estimator: str = "k3",
+    aggregation: str = "token_mean",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """KL(pi || ref) as a loss term, the beta * D_KL of GRPO (Shao et al. 2024, eq. 3-4; k3 estimator by default).
+
+    logprobs, ref_logprobs, mask: [B, T] -> scalar (unscaled: the caller multiplies by beta), reduced with
+    :func:`aggregate_loss`. stats: kl = token mean of the per-token estimate over masked tokens.
+    """
+    per_token = kl_penalty(logprobs, ref_logprobs, estimator)
+    loss = aggregate_loss(per_token, mask, aggregation, max_len)
+    return loss, {"kl": masked_mean(per_token.detach(), mask)}
+
+
+# --------------------------------------------------------------------------------------------- offline preference
+def _reward_stats(
+    chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, chosen_logps, rejected_logps
+) -> Stats:
+    """The TRL-style preference metrics (batch means), detached."""
+    stats = {
+        "rewards/chosen": chosen_rewards.mean(),
+        "rewards/rejected": rejected_rewards.mean(),
+        "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean(),
+        "rewards/margins": (chosen_rewards - rejected_rewards).mean(),
+        "logps/chosen": chosen_logps.mean(),
+        "logps/rejected": rejected_logps.mean(),
+    }
+    return {k: v.detach() for k, v in stats.items()}
+
+
+def _dpo_sigmoid(h: torch.Tensor, beta: float, label_smoothing: float) -> torch.Tensor:
+    """-(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h) (Rafailov et al. 2023, eq. 7; cDPO, Mitchell 2023)."""
+    return -(1.0 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+
+
+def _dpo_ipo(h: torch.Tensor, beta: float, label_smoothing: float) -> torch.Tensor:
+    """(h - 1 / (2 beta))^2 (Azar et al. 2023, eq. 17)."""
+    if label_smoothing:
+        raise ValueError("label_smoothing applies to the sigmoid (cDPO) loss, not to IPO")
+    return (h - 1.0 / (2.0 * beta)).square()
+
+
+DPO_LOSS_TYPES: dict[str, Callable[[torch.Tensor, float, float], torch.Tensor]] = {
+    "sigmoid": _dpo_sigmoid,
+    "ipo": _dpo_ipo,
+}
+
+
+def dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, Stats]:
+    """DPO -log sigmoid(beta h), h = (pi_c - ref_c) - (pi_r - ref_r) (Rafailov et al. 2023, eq. 7); IPO / cDPO variants.
+
+    All inputs: [B] summed log-probabilities of the completions -> (batch mean, stats). ``loss_type``: "sigmoid"
+    (DPO; with ``label_smoothing`` eps > 0 the conservative cDPO -(1-eps) log sig(beta h) - eps log sig(-beta h))
+    or "ipo" ((h - 1/(2 beta))^2, Azar et al. 2023 eq. 17, on the log-probabilities given: the paper's sums;
+    TRL feeds length-averaged ones). stats: rewards/chosen = beta (pi_c - ref_c), rewards/rejected,
+    rewards/accuracies, rewards/margins, logps/chosen, logps/rejected (batch means).
+    """
+    try:
+        fn = DPO_LOSS_TYPES[loss_type]
+    except KeyError:
+        raise ValueError(
+            f"unknown DPO loss_type {loss_type!r}; choose one of {sorted(DPO_LOSS_TYPES)}"
+        ) from None
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps
+    loss = fn(chosen_logratios - rejected_logratios, beta, label_smoothing).mean()
+    stats = _reward_stats(
+        beta * chosen_logratios, beta * rejected_logratios, policy_chosen_logps, policy_rejected_logps
+    )
+    return loss, stats
+
+
+def simpo_loss(
+    chosen_avg_logps: torch.Tensor, rejected_avg_logps: torch.Tensor, beta: float = 2.0, gamma: float = 0.5
+) -> tuple[torch.Tensor, Stats]:
+    """SimPO -log sigmoid(beta avg_c - beta avg_r - gamma), reference-free (Meng et al. 2024, eq. 6).
+
+    chosen_avg_logps, rejected_avg_logps: [B] length-normalised (mean per token) log-probabilities -> batch mean.
+    ``gamma`` is the target reward margin of eq. 6 itself, in reward units (TRL's ``simpo_gamma``); the SimPO
+    repository's configs give ``gamma_beta_ratio`` instead: pass gamma = beta * gamma_beta_ratio.
+    stats as :func:`dpo_loss` with rewards = beta * avg logp.
+    """
+    chosen_rewards = beta * chosen_avg_logps
+    rejected_rewards = beta * rejected_avg_logps
+    loss = -F.logsigmoid(chosen_rewards - rejected_rewards - gamma).mean()
+    return loss, _reward_stats(chosen_rewards, rejected_rewards, chosen_avg_logps, rejected_avg_logps)
+
+
+def _log1mexp(x: torch.Tensor) -> torch.Tensor:
+    """log(1 - exp(x)) for x < 0, stable on both ends (Mächler 2012, "Accurately computing log(1 - exp(-|a|))")."""
+    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def orpo_loss(
+    chosen_avg_logps: torch.Tensor,
+    rejected_avg_logps: torch.Tensor,
+    chosen_nll: torch.Tensor,
+    lam: float = 0.1,
+) -> tuple[torch.Tensor, Stats]:
+    """ORPO: NLL_chosen + lam * -log sigmoid(log odds_c - log odds_r), odds(p) = p / (1 - p) (Hong et al. 2024, eq. 6-7).
+
+    chosen_avg_logps, rejected_avg_logps: [B] length-normalised log-probabilities (must be < 0);
+    chosen_nll: [B] or scalar SFT loss on the chosen completions (averaged). log odds = logp - log(1 - e^logp),
+    computed with a stable log1mexp. Batch means. stats: log_odds_ratio (mean log sigmoid(...)), log_odds_chosen
+    (mean log-odds difference), nll, and the :func:`dpo_loss` keys with rewards = lam * avg logp (as TRL).
+    """
+    log_odds = (chosen_avg_logps - _log1mexp(chosen_avg_logps)) - (
+        rejected_avg_logps - _log1mexp(rejected_avg_logps)
+    )
+    ratio = F.logsigmoid(log_odds)
+    nll = chosen_nll.mean()
+    loss = nll - lam * ratio.mean()
+    stats = _reward_stats(
+        lam * chosen_avg_logps, lam * rejected_avg_logps, chosen_avg_logps, rejected_avg_logps
+    )
+    stats.update(
+        {
+            "log_odds_ratio": ratio.mean().detach(),
+            "log_odds_chosen": log_odds.mean().detach(),
+            "nll": nll.detach(),
+        }
+    )
+    return loss, stats
+
+
+def kto_kl_estimate(policy_kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor) -> torch.Tensor:
+    """KTO reference point z0 = max(0, mean(pi - ref)) on mismatched pairs, detached (Ethayarajh et al. 2024).
+
+    policy_kl_logps, ref_kl_logps: [B] -> scalar. (Batch mean on this process; gather across processes first
+    for the paper's batch-wide estimate.)
+    """
+    return (policy_kl_logps - ref_kl_logps).mean().clamp_min(0.0).detach()
+
+
+def kto_loss(
+    policy_logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    labels: torch.Tensor,
+    kl_ref: torch.Tensor,
+    beta: float = 0.1,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> tuple[torch.Tensor, Stats]:
+    """KTO: w_d (1 - sig(beta (r - z0))) if desirable else w_u (1 - sig(beta (z0 - r))) (Ethayarajh et al. 2024 eq. 8).
+
+    policy_logps, ref_logps: [B] summed log-probabilities; labels: [B] bool (True = desirable); kl_ref: scalar
+    z0 (see :func:`kto_kl_estimate`; detached and clamped >= 0 again here). r = pi - ref. loss = mean over all B
+    examples of the weighted terms (as TRL; not a per-class mean). stats: rewards/chosen, rewards/rejected
+    (mean beta * r over desirable / undesirable examples, 0 when there are none — implicit reward as in DPO),
+    kl (z0), count/chosen, count/rejected.
+    """
+    labels = labels.bool()
+    z0 = kl_ref.detach().clamp_min(0.0)
+    r = policy_logps - ref_logps
+    desirable = desirable_weight * (1.0 - torch.sigmoid(beta * (r - z0)))
+    undesirable = undesirable_weight * (1.0 - torch.sigmoid(beta * (z0 - r)))
+    loss = torch.where(labels, desirable, undesirable).mean()
+    with torch.no_grad():
+        rewards = beta * r
+        stats = {
+            "rewards/chosen": masked_mean(rewards, labels),
+            "rewards/rejected": masked_mean(rewards, ~labels),
+            "kl": z0,
+            "count/chosen": labels.sum().float(),
+            "count/rejected": (~labels).sum().float(),
+        }
+    return loss, stats
+
+
+@dataclass(frozen=True)
+class PreferenceLoss:
+    """How the preference trainer feeds a loss.
+
+    needs_reference: ``fn`` takes reference-model log-probs (computed once, no grad); paired: inputs are
+    (chosen, rejected) pairs (False: KTO's single labelled completions); length_normalised: log-probs are
+    per-token means rather than sums.
+    """
+
+    name: str
+    fn: Callable[..., tuple[torch.Tensor, Stats]]
+    needs_reference: bool
+    paired: bool
+    length_normalised: bool
+
+
+PREFERENCE_LOSSES: dict[str, PreferenceLoss] = {
+    p.name: p
+    for p in (
+        PreferenceLoss("dpo", functools.partial(dpo_loss, loss_type="sigmoid"), True, True, False),
+        PreferenceLoss("ipo", functools.partial(dpo_loss, loss_type="ipo"), True, True, False),
+        # conservative DPO: the sigmoid loss with label smoothing; 0.1 unless the caller passes label_smoothing=
+        PreferenceLoss(
+            "cdpo", functools.partial(dpo_loss, loss_type="sigmoid", label_smoothing=0.1), True, True, False
+        ),
+        PreferenceLoss("simpo", simpo_loss, needs_reference=False, paired=True, length_normalised=True),
+        PreferenceLoss("orpo", orpo_loss, needs_reference=False, paired=True, length_normalised=True),
+        PreferenceLoss("kto", kto_loss, needs_reference=True, paired=False, length_normalised=False),
+    )
+}

@@ -1,0 +1,79 @@
+"""Masked reductions: sums, means, variances and whitening over the positions where ``mask`` is 1.
+
+``mask`` may be bool, integer or float 0/1 and must broadcast to ``x``. Masked-out positions never reach the
+arithmetic (they are selected away with ``torch.where``, so a NaN or inf in padding cannot leak into a mean).
+Sums and counts are accumulated in at least float32, so a bfloat16 ``x`` yields float32 results (a bf16 sum or
+count is inexact above 256).
+An empty mask gives a mean of 0 rather than NaN (the denominator is clamped to 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _acc(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in at least float32 (bf16 / fp16 sums lose integers above 256)."""
+    if x.is_floating_point() and torch.finfo(x.dtype).bits < 32:
+        return x.float()
+    return x
+
+
+def _where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` where ``mask`` is set, 0 elsewhere (out of place)."""
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _count(x: torch.Tensor, mask: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """Number of positions with ``mask`` set (broadcast to ``x``), in at least float32."""
+    dtype = torch.promote_types(x.dtype, torch.float32) if x.is_floating_point() else torch.float32
+    m = torch.broadcast_to(mask.bool(), x.shape).to(dtype)
+    return m.sum() if dim is None else m.sum(dim)
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of ``x`` over positions where ``mask`` is 1; ``dim=None`` sums everything to a scalar.
+
+    x: [...]; mask: broadcastable to x -> scalar (dim None) or x with ``dim`` reduced (float32 for bf16 / fp16 x).
+    """
+    kept = _acc(_where(x, mask))
+    return kept.sum() if dim is None else kept.sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``x`` over positions where ``mask`` is 1 (token mean when ``dim=None``; per row along ``dim``).
+
+    x: [...]; mask: broadcastable to x -> scalar (dim None) or x with ``dim`` reduced. Empty -> 0.
+    """
+    return masked_sum(x, mask, dim) / _count(x, mask, dim).clamp_min(1.0)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of ``x`` over all positions where ``mask`` is 1 (one scalar for the whole tensor).
+
+    x: [...]; mask: broadcastable to x -> scalar. ``unbiased`` applies Bessel's correction n / (n - 1)
+    (n = number of masked positions; for n <= 1 the correction is skipped and the variance is 0).
+    """
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        n = _count(x, mask, None)
+        var = var * n / (n - 1).clamp_min(1.0)
+    return var
+
+
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """Normalise ``x`` to zero mean and unit (unbiased) variance over the masked positions of the whole tensor.
+
+    x: [...]; mask: broadcastable to x -> same shape as x, with masked-out positions set to 0.
+    ``shift_mean=False`` rescales only (the mean is added back), as in PPO reward whitening.
+    (Standard advantage normalisation, e.g. torchtune ``rlhf.whiten`` / OpenAI baselines.)
+    """
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask, unbiased=True)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return _where(whitened, mask)
