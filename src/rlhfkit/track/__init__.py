@@ -1,0 +1,18 @@
+"""Tracking: metrics sink, sample tables, progress with ETA, health checks, the shared console."""
+
+from .console import get_console, print0
+from .health import HealthMonitor
+from .metrics import MetricsSink, read_metrics
+from .progress import Progress
+from .samples import SampleLogger, read_samples
+
+__all__ = [
+    "HealthMonitor",
+    "MetricsSink",
+    "Progress",
+    "SampleLogger",
+    "get_console",
+    "print0",
+    "read_metrics",
+    "read_samples",
+]

@@ -1,0 +1,153 @@
+"""The metrics sink: ``metrics.jsonl`` always, TensorBoard and Weights & Biases when asked.
+
+One line per ``log`` call: ``{"step": 12, "time": 1712345678.9, "loss": 1.23, ...}``. The file is opened in
+append mode and flushed every line; a resumed run passes ``resume_step=N`` so lines past step N (logged after
+the checkpoint it resumes from) are dropped first and no step appears twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from .jsonl import JsonlWriter, read_jsonl, to_json_value, truncate_after_step
+
+BACKENDS = ("jsonl", "tensorboard", "wandb")
+_RESERVED = ("step", "time")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """Every record of ``run_dir/metrics.jsonl`` in file order (NaN / inf restored as floats; [] if none)."""
+    return read_jsonl(Path(run_dir) / "metrics.jsonl")
+
+
+def _config_dict(config: Any) -> dict | None:
+    if config is None:
+        return None
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.asdict(config)
+    return dict(config)
+
+
+class MetricsSink:
+    """Writes scalar metrics per step to the run directory and the chosen backends.
+
+    ``is_main=False`` (non-zero ranks of a multi-process run) makes every method a no-op.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        backends: Sequence[str] = ("jsonl",),
+        is_main: bool = True,
+        config: Mapping | Any | None = None,
+        resume_step: int | None = None,
+    ):
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown:
+            raise UserError(
+                f"unknown tracking backend(s) {unknown}",
+                where="track.backends",
+                fix=f"use some of {BACKENDS}",
+            )
+        self.run_dir = Path(run_dir)
+        self.is_main = is_main
+        self._jsonl: JsonlWriter | None = None
+        self._tb = None
+        self._wandb = None
+        if not is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if "tensorboard" in backends:  # optional backends first: a missing package fails before any write
+            self._tb = _open_tensorboard(self.run_dir / "tb", resume_step)
+        if "wandb" in backends:
+            self._wandb = _open_wandb(self.run_dir, _config_dict(config))
+        path = self.run_dir / "metrics.jsonl"
+        if resume_step is not None:
+            truncate_after_step(path, resume_step)
+        self._jsonl = JsonlWriter(path)  # always: the report and resume read it
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Record ``metrics`` (floats, ints or 1-element tensors) at ``step``."""
+        if not self.is_main:
+            return
+        clash = [k for k in _RESERVED if k in metrics]
+        if clash:
+            raise ValueError(f"metric names {clash} are reserved by the metrics file")
+        values = {k: to_json_value(v) for k, v in metrics.items()}
+        self._jsonl.write({"step": int(step), "time": round(time.time(), 3), **values})
+        scalars = {k: _as_float(v) for k, v in metrics.items()}
+        scalars = {k: v for k, v in scalars.items() if v is not None}
+        if self._tb is not None:
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, global_step=step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+    def __enter__(self) -> MetricsSink:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _as_float(value: Any) -> float | None:
+    """The value as a float for scalar backends, or None when it is not a scalar number."""
+    if hasattr(value, "item") and callable(value.item):
+        try:
+            value = value.item()
+        except (ValueError, RuntimeError):  # more than one element
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _open_tensorboard(log_dir: Path, resume_step: int | None):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        raise UserError(
+            "the tensorboard backend needs the tensorboard package",
+            where="track.backends",
+            fix="pip install tensorboard or remove it",
+        ) from err
+    purge = None if resume_step is None else resume_step + 1  # drop events logged after the checkpoint
+    return SummaryWriter(log_dir=str(log_dir), purge_step=purge)
+
+
+def _open_wandb(run_dir: Path, config: dict | None):
+    try:
+        import wandb
+    except ImportError as err:
+        raise UserError(
+            "the wandb backend needs the wandb package",
+            where="track.backends",
+            fix="pip install wandb or remove it",
+        ) from err
+    id_file = run_dir / "wandb_id.txt"  # the same W&B run continues when this run resumes
+    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+    id_file.write_text(run_id)
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "rlhfkit"),
+        name=run_dir.name,
+        dir=str(run_dir),
+        config=config,
+        id=run_id,
+        resume="allow",
+    )
