@@ -1,0 +1,304 @@
+"""Loading raw rows from files, directories and (cached) ``datasets`` names.
+
+:func:`load_rows` returns ``[(where, row), ...]``: every row paired with the place it came from, in the form the
+user can open in an editor:
+
+* ``train.jsonl:12`` — line 12 of a JSON-lines file (1-based; blank lines are skipped but counted);
+* ``train.json[3]`` — item 3 (0-based) of the record list in a JSON file;
+* ``train.csv:row 4`` — spreadsheet row 4 of a CSV file (the header is row 1, the first record row 2);
+* ``train.parquet[3]`` — row 3 (0-based) of a Parquet file;
+* ``gsm8k:main[train][3]`` — row 3 of a ``datasets`` split.
+
+A split string (``train``, ``train[:500]``, ``train[10:20]``, ``train[:10%]``) selects rows; for ``datasets``
+names it goes to :func:`datasets.load_dataset`, for local files the slice is applied here (the name part picks
+files inside a directory, e.g. ``train`` -> ``train.jsonl``, and is otherwise ignored).
+
+``datasets`` names are loaded **offline** (from the local cache): rlhfkit never downloads data behind your back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+from ..errors import DataError
+from .formats import Record, detect_kind, normalize_record
+
+FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+_SPLIT_RE = re.compile(r"^\s*(?P<name>[\w\-.]*)\s*(?:\[\s*(?P<start>-?\d+%?)?\s*(?::\s*(?P<stop>-?\d+%?)?\s*)?\])?\s*$")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# split slicing
+
+
+def parse_split(split: str | None) -> tuple[str | None, str | None, str | None, bool]:
+    """Parse ``name[start:stop]`` into ``(name, start, stop, is_slice)``; bounds are strings (may end in ``%``).
+
+    ``train[5]`` (a single index, no colon) is read as ``train[5:6]``.
+    """
+    if split is None or split == "":
+        return None, None, None, False
+    m = _SPLIT_RE.match(split)
+    if not m:
+        raise DataError(f"cannot parse the split {split!r}", where="data.split",
+                        fix="write a split like train, train[:500], train[100:200] or train[:10%]")
+    name = m.group("name") or None
+    start, stop = m.group("start"), m.group("stop")
+    is_slice = "[" in split
+    if is_slice and ":" not in split:  # single index
+        if start is None or start.endswith("%"):
+            raise DataError(f"cannot parse the split {split!r}", where="data.split",
+                            fix="write a split like train[:500] or train[10:20]")
+        stop = str(int(start) + 1) if int(start) != -1 else None
+    return name, start, stop, is_slice
+
+
+def _bound(b: str | None, n: int) -> int | None:
+    if b is None:
+        return None
+    if b.endswith("%"):
+        pct = int(b[:-1])
+        count = int(math.floor(n * abs(pct) / 100.0 + 0.5))  # round half up, as `datasets` does
+        return count if pct >= 0 else -count
+    return int(b)
+
+
+def apply_split(rows: list, split: str | None) -> list:
+    """Slice ``rows`` by the bracket part of ``split`` (``train[:2]`` keeps the first two)."""
+    _, start, stop, is_slice = parse_split(split)
+    if not is_slice:
+        return rows
+    n = len(rows)
+    return rows[_bound(start, n):_bound(stop, n)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# file readers
+
+
+def _read_jsonl(path: Path, label: str) -> list[tuple[str, dict]]:
+    rows = []
+    with open(path, encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{label}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", where=where,
+                                fix="write one complete JSON object per line (check quotes, commas and "
+                                    "brackets)") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"expected a JSON object, got {type(obj).__name__}", where=where,
+                                fix='write one object per line, e.g. {"prompt": "...", "completion": "..."}')
+            rows.append((where, obj))
+    return rows
+
+
+def _read_json(path: Path, label: str) -> list[tuple[str, dict]]:
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            obj = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"invalid JSON ({exc.msg}: line {exc.lineno} column {exc.colno})", where=label,
+                        fix="fix the JSON syntax, or use JSON lines (.jsonl): one object per line") from None
+    if isinstance(obj, dict):
+        if isinstance(obj.get("data"), list):
+            obj = obj["data"]
+        else:
+            lists = [k for k, v in obj.items() if isinstance(v, list)]
+            if len(lists) != 1:
+                raise DataError(
+                    "a .json file must hold a list of records, or an object with one list of records "
+                    f"(found list keys: {lists or 'none'})", where=label,
+                    fix='write [{...}, {...}] or {"data": [{...}, ...]}',
+                )
+            obj = obj[lists[0]]
+    if not isinstance(obj, list):
+        raise DataError(f"a .json file must hold a list of records, got {type(obj).__name__}", where=label,
+                        fix='write [{...}, {...}] or {"data": [{...}, ...]}')
+    rows = []
+    for i, item in enumerate(obj):
+        where = f"{label}[{i}]"
+        if not isinstance(item, dict):
+            raise DataError(f"expected a JSON object, got {type(item).__name__}", where=where,
+                            fix="make every item of the list an object")
+        rows.append((where, item))
+    return rows
+
+
+def _read_csv(path: Path, label: str) -> list[tuple[str, dict]]:
+    # the csv module keeps every cell a string (no NaN / dtype guessing); labels accept "true"/"1" anyway
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames:
+            return []
+        return [(f"{label}:row {i + 2}", dict(row)) for i, row in enumerate(reader)]
+
+
+def _read_parquet(path: Path, label: str) -> list[tuple[str, dict]]:
+    try:
+        import pyarrow.parquet as pq
+
+        records = pq.read_table(path).to_pylist()  # nested lists stay python lists (pandas gives numpy arrays)
+    except ImportError:
+        try:
+            import pandas as pd
+        except ImportError:
+            raise DataError("reading .parquet needs pyarrow or pandas", where=label,
+                            fix="pip install pyarrow, or convert the file to .jsonl") from None
+        records = pd.read_parquet(path).to_dict("records")
+    except Exception as exc:  # corrupt file
+        raise DataError(f"cannot read Parquet: {str(exc).splitlines()[0]}", where=label,
+                        fix="check the file, or convert it to .jsonl") from None
+    return [(f"{label}[{i}]", r) for i, r in enumerate(records)]
+
+
+_READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
+
+
+def _read_file(path: Path) -> list[tuple[str, dict]]:
+    suffix = path.suffix.lower()
+    if suffix not in _READERS:
+        raise DataError(f"unsupported file type {suffix or '(none)'!r}", where=str(path),
+                        fix=f"use one of {', '.join(FILE_SUFFIXES)}")
+    try:
+        return _READERS[suffix](path, str(path))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", where=str(path),
+                        fix="save the file as UTF-8") from None
+
+
+def _dir_files(path: Path, split_name: str | None) -> list[Path]:
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in FILE_SUFFIXES)
+    if split_name:
+        picked = [p for p in files if p.stem == split_name or re.match(rf"^{re.escape(split_name)}[-_.]", p.stem)]
+        if picked:
+            files = picked
+    return files
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# datasets
+
+
+@contextlib.contextmanager
+def _offline():
+    """Force the Hub libraries into offline mode (read from the local cache only; no retries on the network)."""
+    import datasets
+    import huggingface_hub.constants as hub_constants
+
+    saved = (datasets.config.HF_HUB_OFFLINE, getattr(datasets.config, "HF_DATASETS_OFFLINE", None),
+             hub_constants.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = True
+    datasets.config.HF_DATASETS_OFFLINE = True
+    hub_constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, datasets.config.HF_DATASETS_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
+
+
+def _load_hf(source: str, split: str | None, offline: bool) -> list[tuple[str, dict]]:
+    name, _, config = source.partition(":")
+    split = split or "train"
+    fix = "download it first (e.g. datasets.load_dataset(...) online, or huggingface-cli download) or give a " \
+          "local .jsonl/.json/.csv/.parquet file"
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"no file {source!r}, and the 'datasets' library is not installed", where="data",
+                        fix="give a local .jsonl/.json/.csv/.parquet file") from None
+    try:
+        with _offline() if offline else contextlib.nullcontext():
+            ds = datasets.load_dataset(name, config or None, split=split)
+    except Exception as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"cannot load dataset {source!r} offline: {msg}", where="data", fix=fix) from None
+    label = f"{source}[{split}]"
+    return [(f"{label}[{i}]", dict(row)) for i, row in enumerate(ds)]
+
+
+def _looks_like_path(source: str) -> bool:
+    return (source.lower().endswith(FILE_SUFFIXES) or source.startswith((".", "/", "~"))
+            or "\\" in source or source.endswith("/"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# public
+
+
+def load_rows(source: str, *, split: str | None = None, offline: bool = True) -> list[tuple[str, dict]]:
+    """Read the raw rows of ``source`` as ``[(where, row), ...]`` (module docstring for the forms).
+
+    ``source`` is a ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, a directory of them (or one written by
+    ``Dataset.save_to_disk``), or a ``datasets`` name ``name`` / ``name:config`` found in the local cache.
+    """
+    source = str(source)
+    path = Path(source).expanduser()
+    split_name = parse_split(split)[0]
+    if path.is_file():
+        rows = _read_file(path)
+        rows = apply_split(rows, split)
+    elif path.is_dir():
+        if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+            rows = _load_from_disk(path, split_name)
+        else:
+            files = _dir_files(path, split_name)
+            if not files:
+                raise DataError(f"no {'/'.join(FILE_SUFFIXES)} files in the directory", where=source,
+                                fix="point data.train at a data file or a directory holding some")
+            rows = [r for f in files for r in _read_file(f)]
+        rows = apply_split(rows, split)
+    elif _looks_like_path(source):
+        raise DataError("no such file", where=source,
+                        fix="check the path (relative paths are taken from the current directory)")
+    else:
+        parse_split(split)  # validate before the (slow) import
+        rows = _load_hf(source, split, offline)
+    if not rows:
+        raise DataError(f"no records in {source}" + (f" (split {split!r})" if split else ""), where=source,
+                        fix="give a file with at least one record" + (" or widen the split" if split else ""))
+    return rows
+
+
+def _load_from_disk(path: Path, split_name: str | None) -> list[tuple[str, dict]]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as exc:
+        raise DataError(f"cannot load the saved dataset: {str(exc).splitlines()[0]}", where=str(path),
+                        fix="check the directory written by save_to_disk") from None
+    if isinstance(ds, datasets.DatasetDict):
+        key = split_name or "train"
+        if key not in ds:
+            raise DataError(f"no split {key!r} in the saved dataset (has {', '.join(ds)})", where=str(path),
+                            fix=f"set data.split to one of {', '.join(ds)}")
+        ds = ds[key]
+    return [(f"{path}[{i}]", dict(row)) for i, row in enumerate(ds)]
+
+
+def load_dataset_records(
+    source: str,
+    kind: str,
+    fields: dict[str, str] | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+) -> list[Record]:
+    """:func:`load_rows` then :func:`~rlhfkit.data.formats.normalize_record` on each (the first ``limit`` rows).
+
+    ``kind="auto"`` detects the kind from the first row and holds every other row to it.
+    """
+    rows = load_rows(source, split=split)
+    if limit is not None:
+        rows = rows[: max(0, int(limit))]
+    if kind == "auto" and rows:
+        kind = detect_kind(rows[0][1], fields, rows[0][0])
+    return [normalize_record(row, kind, fields, where) for where, row in rows]
