@@ -1,0 +1,286 @@
+"""Rollout engine: responses end at the first EOS / stop string, masks and padding after it, reproducibility,
+batch invariance of left padding, and the model's training flags restored.
+
+Most tests use a *rigged* tiny Llama: one-hot embeddings, the decoder layer's outputs zeroed, and an untied LM head
+holding a transition table, so the greedy next token depends only on the current token ("a" -> "b" -> "c" -> EOS).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from rlhfkit.errors import ConfigError
+from rlhfkit.models.tiny import tiny_llama_config
+from rlhfkit.models.tokenizer import load_tokenizer
+from rlhfkit.rollout import (
+    HFGenerateEngine,
+    Rollout,
+    RolloutEngine,
+    decode_responses,
+    encode_chat_prompts,
+    finalize_responses,
+    generate_text,
+    get_engine,
+    strip_parallel_wrappers,
+)
+
+EOS, PAD, UNK = 2, 0, 3
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny")
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def rigged_model(tok, chain: dict[str, str], *, scale: float = 10.0, noise: float = 0.0, seed: int = 0):
+    """A Llama whose next token is ``chain[current token]`` (token strings; "EOS" / "UNK" for ids 2 / 3);
+    tokens not in ``chain`` go to "z". ``noise`` adds random logits (for sampling tests)."""
+    torch.manual_seed(seed)
+    cfg = tiny_llama_config("tiny:hidden=128,layers=1,heads=4,kv_heads=4,intermediate=16,context=128", tok)
+    cfg.tie_word_embeddings = False
+    model = LlamaForCausalLM(cfg)
+    vocab = tok.get_vocab()
+    name = {"EOS": EOS, "UNK": UNK}
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.eye(len(tok), cfg.hidden_size))  # one-hot
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        head = torch.zeros(len(tok), cfg.hidden_size)
+        for i in range(len(tok)):
+            head[vocab["z"], i] = scale
+        for src, dst in chain.items():
+            s, d = name.get(src, vocab.get(src)), name.get(dst, vocab.get(dst))
+            head[:, s] = 0.0
+            head[d, s] = scale
+        head += noise * torch.randn_like(head)
+        model.lm_head.weight.copy_(head)
+    return model
+
+
+CHAIN = {
+    "a": "b", "b": "c", "c": "EOS",  # "...a" -> "bc<EOS>"
+    "p": "q", "q": "r", "r": "s", "s": "t", "t": "EOS",  # "...p" -> "qrst<EOS>"
+    "x": "y", "y": "x",  # "...x" -> "yxyx..." never ends
+    "m": "n", "n": "UNK",  # "...m" -> "n<unk>": ends only when <unk> (3) is an EOS id
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chain_model(tok):
+    return rigged_model(tok, CHAIN)
+
+
+def greedy(model, prompts, **kw):
+    kw.setdefault("max_new_tokens", 8)
+    kw.setdefault("eos_token_ids", [EOS])
+    kw.setdefault("pad_token_id", PAD)
+    return HFGenerateEngine().generate(model, prompts, do_sample=False, **kw)
+
+
+def test_masks_end_at_first_eos(tok, chain_model):
+    r = greedy(chain_model, [ids(tok, "hi a"), ids(tok, "p"), ids(tok, "x")], max_new_tokens=8)
+    # row 0: "bc<EOS>" (3 tokens), row 1: "qrst<EOS>" (5), row 2: "yxyxyxyx" (cut at 8, never ended)
+    assert r.lengths.tolist() == [3, 5, 8]
+    assert r.ended.tolist() == [True, True, False]
+    assert r.response_ids.shape == (3, 8)
+    expected_mask = torch.tensor([[1] * 3 + [0] * 5, [1] * 5 + [0] * 3, [1] * 8])
+    assert torch.equal(r.response_mask, expected_mask)
+    assert r.response_ids[0, :3].tolist() == ids(tok, "bc") + [EOS]
+    assert r.response_ids[1, :5].tolist() == ids(tok, "qrst") + [EOS]
+    assert (r.response_ids[r.response_mask == 0] == PAD).all()
+    assert torch.equal(r.lengths, r.response_mask.sum(-1))
+    # prompts are left-padded
+    assert r.prompt_mask.tolist()[1] == [0, 0, 0, 1]
+    assert r.prompt_ids[1, :3].tolist() == [PAD] * 3
+    assert decode_responses(tok, r) == ["bc", "qrst", "yxyxyxyx"]
+
+
+def test_pad_equal_to_eos_and_several_eos_ids(tok, chain_model):
+    # pad == EOS: the end is still the first EOS (not "the first pad"), the EOS itself is kept and masked 1
+    r = greedy(chain_model, [ids(tok, "a"), ids(tok, "x")], pad_token_id=EOS, max_new_tokens=6)
+    assert r.lengths.tolist() == [3, 6]
+    assert r.response_mask[0].tolist() == [1, 1, 1, 0, 0, 0]
+    # "<unk>" (3) is not an EOS: the m-row runs to the limit ...
+    r = greedy(chain_model, [ids(tok, "m"), ids(tok, "a")], max_new_tokens=6)
+    assert r.lengths.tolist() == [6, 3] and r.ended.tolist() == [False, True]
+    # ... unless it is one of the eos ids: each row stops at its own EOS
+    r = greedy(chain_model, [ids(tok, "m"), ids(tok, "a")], eos_token_ids=[EOS, UNK], max_new_tokens=6)
+    assert r.lengths.tolist() == [2, 3] and r.ended.tolist() == [True, True]
+    assert r.response_ids.shape[1] == 3  # columns that are padding in every row are dropped
+
+
+def test_not_forced_to_max_length_and_min_new_tokens(tok, chain_model):
+    r = greedy(chain_model, [ids(tok, "a")], max_new_tokens=50)
+    assert r.lengths.tolist() == [3] and r.response_ids.shape[1] == 3
+    r = greedy(chain_model, [ids(tok, "a")], max_new_tokens=10, min_new_tokens=5)
+    # EOS is suppressed for the first 5 tokens, so the response cannot end before its 6th token
+    assert r.lengths.item() >= 6 or not r.ended.item()
+
+
+def test_stop_strings_cut_after_completing_token(tok, chain_model):
+    prompts = [ids(tok, "x"), ids(tok, "p"), ids(tok, "a")]
+    calls = []
+    handle = chain_model.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        r = greedy(chain_model, prompts, max_new_tokens=10, stop_strings=["xyx", "rs"], tokenizer=tok)
+    finally:
+        handle.remove()
+    assert len(calls) == 4  # generation stopped early, once every row had ended (not at max_new_tokens)
+    # "yxyx...": "xyx" completes at the 4th token; "qrst<EOS>": "rs" completes at the 3rd; "bc<EOS>": EOS first
+    assert r.lengths.tolist() == [4, 3, 3]
+    assert r.ended.tolist() == [True, True, True]
+    assert decode_responses(tok, r) == ["yxyx", "qrs", "bc"]
+    assert (r.response_ids[r.response_mask == 0] == PAD).all()
+    with pytest.raises(ValueError, match="tokenizer"):
+        greedy(chain_model, prompts, stop_strings=["x"])
+
+
+def test_finalize_responses_pure():
+    raw = torch.tensor([[5, 6, 2, 7, 2], [5, 5, 5, 5, 5], [2, 9, 9, 9, 9], [4, 3, 2, 2, 2]])
+    out_ids, mask, ended, lengths = finalize_responses(raw, eos_token_ids=[2, 3], pad_token_id=0)
+    assert lengths.tolist() == [3, 5, 1, 2]
+    assert ended.tolist() == [True, False, True, True]
+    assert out_ids.tolist() == [[5, 6, 2, 0, 0], [5, 5, 5, 5, 5], [2, 0, 0, 0, 0], [4, 3, 0, 0, 0]]
+    assert mask.sum().item() == 11
+
+
+def test_greedy_is_deterministic_and_batch_invariant(tok):
+    torch.manual_seed(0)
+    cfg = tiny_llama_config("tiny:hidden=32,layers=2,heads=2,kv_heads=2,intermediate=64,context=128", tok)
+    cfg.initializer_range = 0.3  # a random model whose greedy output depends on the whole prompt
+    model = LlamaForCausalLM(cfg)
+    prompts = [ids(tok, "hello there, friend"), ids(tok, "x"), ids(tok, "abc def"), ids(tok, "12345")]
+    batch = greedy(model, prompts, max_new_tokens=10)
+    again = greedy(model, prompts, max_new_tokens=10)
+    assert torch.equal(batch.response_ids, again.response_ids)
+    assert len({tuple(r) for r in batch.response_ids.tolist()}) > 1  # not a degenerate constant model
+    for i, p in enumerate(prompts):
+        alone = greedy(model, [p], max_new_tokens=10)
+        n = alone.lengths.item()
+        assert batch.lengths[i].item() == n
+        assert batch.response_ids[i, :n].tolist() == alone.response_ids[0, :n].tolist()
+    micro = HFGenerateEngine(batch_size=3).generate(
+        model, prompts, max_new_tokens=10, do_sample=False, eos_token_ids=[EOS], pad_token_id=PAD
+    )
+    assert torch.equal(micro.response_ids, batch.response_ids)
+    assert torch.equal(micro.prompt_ids, batch.prompt_ids)
+    # temperature 0 means greedy even with do_sample=True
+    t0 = HFGenerateEngine().generate(
+        model, prompts, max_new_tokens=10, temperature=0.0, eos_token_ids=[EOS], pad_token_id=PAD
+    )
+    assert torch.equal(t0.response_ids, batch.response_ids)
+
+
+def test_sampling_seeded_and_lengths_vary(tok):
+    # random transitions plus a bias towards EOS: sampled responses end at different lengths
+    # hidden states are one-hot * sqrt(128) ~ 11.3, so logits ~ N(0, 1.1) and EOS gets +3 (~10% per step)
+    model = rigged_model(tok, {}, scale=0.0, noise=0.1, seed=1)
+    with torch.no_grad():
+        model.lm_head.weight[EOS] += 0.27
+    prompts = [ids(tok, "abc")] * 10
+    eng = HFGenerateEngine()
+    kw = dict(max_new_tokens=16, eos_token_ids=[EOS], pad_token_id=PAD)
+    a = eng.generate(model, prompts, seed=123, **kw)
+    state = torch.get_rng_state()
+    b = eng.generate(model, prompts, seed=123, **kw)
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG is left alone
+    c = eng.generate(model, prompts, seed=124, **kw)
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.lengths, b.lengths)
+    assert not torch.equal(a.response_ids[:, :4], c.response_ids[:, :4])
+    assert len(set(a.lengths.tolist())) > 2, a.lengths  # lengths vary: responses end at their own EOS
+    assert a.ended.any()
+    assert torch.equal(a.lengths, a.response_mask.sum(-1))
+    eos_pos = a.response_ids == EOS
+    assert (eos_pos.sum(-1) == a.ended.long()).all()  # at most one EOS kept per row, only in ended rows
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    d1 = eng.generate(model, prompts[:2], generator=g1, **kw)
+    d2 = eng.generate(model, prompts[:2], generator=g2, **kw)
+    assert torch.equal(d1.response_ids, d2.response_ids)
+
+
+def test_training_mode_restored_and_wrappers(tok, chain_model):
+    chain_model.train()
+    chain_model.model.layers[0].mlp.eval()  # per-module flags survive, not just the top one
+    seen = {}
+
+    def hook(mod, _inp, _out):
+        seen["training"] = mod.training
+
+    handle = chain_model.model.register_forward_hook(hook)
+    try:
+        greedy(torch.nn.DataParallel(chain_model), [ids(tok, "a")])  # .module wrappers are stripped
+    finally:
+        handle.remove()
+    assert seen["training"] is False  # generated in eval mode
+    assert chain_model.training and chain_model.model.training
+    assert not chain_model.model.layers[0].mlp.training
+    chain_model.eval()
+    greedy(chain_model, [ids(tok, "a")])
+    assert not chain_model.training
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # peft calls a deprecated transformers helper
+def test_peft_wrapper_is_kept(tok, chain_model):
+    from peft import LoraConfig, get_peft_model
+
+    base = rigged_model(tok, CHAIN)
+    lora = get_peft_model(base, LoraConfig(r=2, target_modules=["lm_head"], init_lora_weights=False))
+    assert strip_parallel_wrappers(torch.nn.DataParallel(lora)) is lora
+    # non-zero LoRA weights on the head change the output: generation must go through the adapter
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 20.0)
+    with_lora = greedy(lora, [ids(tok, "a")])
+    with lora.disable_adapter():
+        without = greedy(lora, [ids(tok, "a")])
+    assert without.response_ids[0, :3].tolist() == ids(tok, "bc") + [EOS]
+    assert not torch.equal(with_lora.response_ids, without.response_ids)
+
+
+def test_rollout_helpers():
+    r = Rollout(
+        prompt_ids=torch.tensor([[0, 5], [6, 7]]),
+        prompt_mask=torch.tensor([[0, 1], [1, 1]]),
+        response_ids=torch.tensor([[8, 2, 0], [9, 9, 9]]),
+        response_mask=torch.tensor([[1, 1, 0], [1, 1, 1]]),
+        ended=torch.tensor([True, False]),
+        lengths=torch.tensor([2, 3]),
+    )
+    assert r.sequences.tolist() == [[0, 5, 8, 2, 0], [6, 7, 9, 9, 9]]
+    assert r.attention_mask.tolist() == [[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert len(r) == 2 and r.prompt_length == 2
+    sub = r.index_select(torch.tensor([1]))
+    assert sub.lengths.tolist() == [3] and sub.response_ids.shape == (1, 3)
+    assert r[torch.tensor([False, True])].ended.tolist() == [False]
+    assert r[0].lengths.tolist() == [2] and r[-1].lengths.tolist() == [3] and len(r[0:2]) == 2
+    assert r.to("cpu").prompt_ids.device.type == "cpu"
+    both = Rollout.concat([r[0], Rollout(*(t[:, :1] if t.dim() == 2 else t for t in (
+        torch.tensor([[4]]), torch.tensor([[1]]), torch.tensor([[2]]), torch.tensor([[1]]),
+        torch.tensor([True]), torch.tensor([1]))))], pad_token_id=0)  # fmt: skip
+    assert both.prompt_ids.tolist() == [[0, 5], [0, 4]] and both.prompt_mask.tolist() == [[0, 1], [0, 1]]
+    assert both.response_ids.tolist() == [[8, 2, 0], [2, 0, 0]]
+
+
+def test_registry_and_generate_text(tok, chain_model):
+    assert isinstance(get_engine("hf"), HFGenerateEngine)
+    assert isinstance(get_engine("hf"), RolloutEngine)
+    with pytest.raises(ConfigError, match="did you mean 'hf'"):
+        get_engine("hff")
+    # the ChatML generation prompt ends with "assistant\n"; the chain continues "\n" -> "a" -> "b" -> "c" -> EOS
+    prompt = encode_chat_prompts(tok, [[{"role": "user", "content": "hi"}]])[0]
+    assert tok.decode(prompt) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    chain = dict(CHAIN, **{"\n": "a"})
+    model = rigged_model(tok, chain)
+    out = generate_text(
+        model, tok, [[{"role": "user", "content": "hi"}]] * 2, max_new_tokens=8, do_sample=False
+    )
+    assert out == ["abc", "abc"]  # EOS (a special token) dropped in the text
