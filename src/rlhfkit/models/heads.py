@@ -17,7 +17,7 @@ def unwrap(model):
     seen = 0
     while seen < 8:
         seen += 1
-        if hasattr(model, "module") and isinstance(getattr(model, "module"), torch.nn.Module):
+        if hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
             model = model.module
             continue
         if hasattr(model, "get_base_model"):

@@ -1,0 +1,40 @@
+# Each target sets itself up: a fresh machine needs only Python 3.10+ and `make`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+# torch is pinned: a bare `torch` (or an open range) pulls a multi-GB CUDA build on some machines.
+TORCH   ?= torch==2.13.0
+export HF_HUB_OFFLINE = 1
+export HF_HUB_DISABLE_PROGRESS_BARS = 1
+export TOKENIZERS_PARALLELISM = false
+
+.PHONY: install quickstart test test-fast bench lint clean
+
+$(STAMP):
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP)
+
+## Runs the built-in SFT -> RM -> PPO pipeline on the tiny model and task; writes runs/quickstart/report.html
+quickstart: $(STAMP)
+	$(BIN)/rlhfkit quickstart --out runs/quickstart
+
+## The whole test suite (unit, end-to-end on tiny models, CLI, 2-process DDP)
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench examples
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,307 @@
+"""Loading and saving models.
+
+Sources (``model.name``): a Hugging Face model directory (what every rlhfkit stage writes), a hub name found in the
+local cache (no download at run time), a ``.gguf`` file (dequantised once and cached as safetensors under
+``~/.cache/rlhfkit/gguf``), or ``tiny[:key=value,...]`` — a small Llama built from config over the shipped
+character-level tokenizer.
+
+Every model directory rlhfkit writes is a full, merged model (``model.safetensors`` + ``config.json`` + tokenizer
+with its chat template + ``generation_config.json``), loadable by ``AutoModelForCausalLM`` or
+``AutoModelForSequenceClassification``; with LoRA the adapter is saved beside it in ``adapter/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelError
+from .tiny import tiny_llama_config
+from .tokenizer import eos_token_ids, load_tokenizer
+
+# LoRA target modules per architecture (``model_type``); anything else uses peft's "all-linear".
+LORA_TARGETS = {
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "mistral": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "gemma": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "gemma2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+    "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+}
+
+
+def resolve_dtype(name: str, device: torch.device | str | None = None) -> torch.dtype:
+    """``auto`` -> bf16 on CUDA (when supported), fp32 elsewhere."""
+    if name == "auto":
+        dev = torch.device(device) if device is not None else None
+        cuda = (dev is not None and dev.type == "cuda") or (dev is None and torch.cuda.is_available())
+        if cuda and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def is_tiny(name: str) -> bool:
+    return name == "tiny" or name.startswith("tiny:")
+
+
+def _gguf_cache_dir(gguf_path: Path) -> Path:
+    st = gguf_path.stat()
+    key = hashlib.sha1(f"{gguf_path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    root = Path(os.environ.get("RLHFKIT_CACHE", Path.home() / ".cache" / "rlhfkit"))
+    return root / "gguf" / f"{gguf_path.stem}-{key}"
+
+
+def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """Map ``model.name`` (+ ``gguf_file``) to a loadable directory / hub name; GGUF files are converted once."""
+    if is_tiny(name):
+        return name, None
+    path = Path(name).expanduser()
+    gguf_path = None
+    if path.suffix == ".gguf":
+        gguf_path = path
+    elif gguf_file:
+        gguf_path = path / gguf_file
+    if gguf_path is not None:
+        if not gguf_path.is_file():
+            raise ModelError(f"GGUF file not found: {gguf_path}", where="model.name", fix="check the path")
+        cache = _gguf_cache_dir(gguf_path)
+        if not (cache / "config.json").is_file():
+            _convert_gguf(gguf_path, cache)
+        return str(cache), None
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            raise ModelError(
+                f"{path} is not a model directory (no config.json)", where="model.name",
+                fix="point to the directory a stage wrote (it has config.json and model.safetensors)",
+            )
+        return str(path), None
+    if "/" in name or not name:
+        # hub-style name: only the local cache is consulted
+        return name, None
+    raise ModelError(f"model not found: {name!r}", where="model.name",
+                     fix="give a model directory, a cached hub name, a .gguf file or 'tiny'")
+
+
+def _convert_gguf(gguf_path: Path, out: Path) -> None:
+    """Dequantise a GGUF file to a safetensors model directory (about 30 s for a 135M model), atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ModelError("loading GGUF files needs the `gguf` package", where="model.name",
+                         fix="pip install 'rlhfkit[gguf]'") from None
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.replace(out) if not out.exists() else shutil.rmtree(tmp)
+
+
+def _hub_kwargs() -> dict:
+    return {"local_files_only": True} if os.environ.get("HF_HUB_OFFLINE", "1") != "0" else {}
+
+
+def load_tokenizer_for(mcfg) -> object:
+    source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
+    tok = load_tokenizer(source)
+    if mcfg.chat_template:
+        tpl = Path(mcfg.chat_template)
+        tok.chat_template = tpl.read_text() if tpl.is_file() else mcfg.chat_template
+    return tok
+
+
+def _from_pretrained(cls, source: str, dtype: torch.dtype, **kwargs):
+    try:
+        return cls.from_pretrained(source, dtype=dtype, **_hub_kwargs(), **kwargs)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot load model from {source!r}: {first}", where="model.name",
+                         fix="give a local model directory (or a hub name already in the local cache)") from None
+
+
+def load_causal_lm(mcfg, *, tokenizer=None, device=None, seed: int = 0, trainable: bool = True):
+    """Load the policy (or a reference copy): dtype, gradient checkpointing and LoRA applied per ``mcfg``."""
+    from transformers import AutoModelForCausalLM
+
+    tok = tokenizer or load_tokenizer_for(mcfg)
+    dtype = resolve_dtype(mcfg.dtype, device)
+    source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
+    quant = _quantization(mcfg) if trainable else {}
+    if is_tiny(source):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(tiny_llama_config(source, tok), dtype=dtype)
+    elif (Path(source) / "adapter_config.json").is_file():
+        model = _load_adapter_dir(source, dtype)
+    else:
+        model = _from_pretrained(AutoModelForCausalLM, source, dtype, **quant)
+    _align_special_tokens(model, tok)
+    if trainable:
+        model = _prepare_trainable(model, mcfg)
+    else:
+        model.requires_grad_(False)
+        model.eval()
+    return model, tok
+
+
+def load_scalar_model(source_name: str, mcfg, *, tokenizer, device=None, seed: int = 0, trainable: bool = True):
+    """A 1-label ``AutoModelForSequenceClassification`` (reward model or critic) from a causal-LM or RM directory.
+
+    Initialised from a causal LM, the backbone is reused and the ``score`` head starts at zero-mean small random
+    values (transformers warns that the head is newly initialised; that is expected here).
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    dtype = resolve_dtype(mcfg.dtype, device)
+    source, _ = resolve_source(source_name, mcfg.gguf_file if source_name == mcfg.name else None)
+    if is_tiny(source):
+        cfg = tiny_llama_config(source, tokenizer)
+        cfg.num_labels = 1
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = AutoModelForSequenceClassification.from_config(cfg, dtype=dtype)
+    else:
+        if (Path(source) / "adapter_config.json").is_file():
+            raise ModelError(f"{source} holds only a LoRA adapter", where="model.name",
+                             fix="use the merged model directory the stage wrote (its parent), or `rlhfkit export`")
+        cfg = AutoConfig.from_pretrained(source, **_hub_kwargs())
+        cfg.num_labels = 1
+        cfg.pad_token_id = tokenizer.pad_token_id
+        with warnings.catch_warnings(), torch.random.fork_rng():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(seed)
+            model = _from_pretrained(AutoModelForSequenceClassification, source, dtype, config=cfg)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if trainable:
+        model = _prepare_trainable(model, mcfg, task_type="SEQ_CLS")
+    else:
+        model.requires_grad_(False)
+        model.eval()
+    return model
+
+
+def _quantization(mcfg) -> dict:
+    if not mcfg.lora.qlora:
+        return {}
+    if not torch.cuda.is_available():
+        raise ModelError("QLoRA needs a CUDA GPU", where="model.lora.qlora", fix="set model.lora.qlora=false on CPU")
+    try:
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except ImportError:
+        raise ModelError("QLoRA needs bitsandbytes", where="model.lora.qlora", fix="pip install bitsandbytes") from None
+    return {"quantization_config": BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16,
+        bnb_4bit_use_double_quant=True)}
+
+
+def _load_adapter_dir(source: str, dtype):
+    from peft import AutoPeftModelForCausalLM
+
+    model = AutoPeftModelForCausalLM.from_pretrained(source, dtype=dtype, **_hub_kwargs())
+    return model.merge_and_unload()
+
+
+def _align_special_tokens(model, tok) -> None:
+    model.config.pad_token_id = tok.pad_token_id
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.pad_token_id = tok.pad_token_id
+        gen.eos_token_id = eos_token_ids(tok, gen)
+
+
+def lora_targets(model, mcfg) -> list[str] | str:
+    if mcfg.lora.target_modules:
+        return list(mcfg.lora.target_modules)
+    return LORA_TARGETS.get(getattr(model.config, "model_type", ""), "all-linear")
+
+
+def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):
+    if mcfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if mcfg.lora.enabled or mcfg.lora.qlora:
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+        if mcfg.lora.qlora:
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=mcfg.gradient_checkpointing)
+        if mcfg.gradient_checkpointing:
+            model.enable_input_require_grads()
+        peft_cfg = LoraConfig(
+            r=mcfg.lora.r, lora_alpha=mcfg.lora.alpha, lora_dropout=mcfg.lora.dropout,
+            target_modules=lora_targets(model, mcfg), task_type=task_type,
+            modules_to_save=["score"] if task_type == "SEQ_CLS" else None,
+        )
+        model = get_peft_model(model, peft_cfg)
+    model.train()
+    return model
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def trainable_state_dict(model) -> dict[str, torch.Tensor]:
+    """Only the trainable tensors (adapter weights under LoRA; everything otherwise) — what a checkpoint needs."""
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in names}
+
+
+def save_model(model, tokenizer, out_dir: str | Path, *, extra_files: dict[str, str] | None = None) -> Path:
+    """Save a full, merged model directory atomically (write to a temp dir, then swap files in).
+
+    With LoRA: the adapter goes to ``out_dir/adapter/`` and the merged weights to ``out_dir``. Existing non-model
+    files in ``out_dir`` (metrics, checkpoints, config.yaml) are left alone.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".saving"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    if is_peft(model):
+        model.save_pretrained(tmp / "adapter")
+        tokenizer.save_pretrained(tmp / "adapter")
+        merged = _merged_copy(model)
+    else:
+        merged = model
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
+    for item in tmp.iterdir():
+        dest = out / item.name
+        if dest.is_dir():
+            shutil.rmtree(dest)
+        item.replace(dest)
+    tmp.rmdir()
+    return out
+
+
+def _merged_copy(peft_model):
+    import copy
+
+    clone = copy.deepcopy(peft_model)
+    return clone.merge_and_unload()
+
+
+def describe(model) -> str:
+    total = sum(p.numel() for p in model.parameters())
+    train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return f"{total / 1e6:.2f}M parameters, {train / 1e6:.2f}M trainable"
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}

@@ -1,0 +1,66 @@
+"""Pieces every recipe shares: loading the configured data (with a held-out split), tokenising it under the length
+policy with the counts printed, and the forward pass that gives per-token log-probs of the labels."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from ..algos import token_logprobs
+from ..data import LengthPolicy, load_dataset_records, tokenize_dataset
+from ..errors import ConfigError, DataError
+
+
+def load_records(cfg, kind: str) -> tuple[list[dict], list[dict]]:
+    """(train, eval) records of ``kind``. Without ``data.eval``, ``data.eval_fraction`` of the training records are
+    held out (a seeded shuffle, so every process and every resumed run holds out the same ones)."""
+    d = cfg.data
+    if not d.train:
+        raise ConfigError("no training data given", where="data.train",
+                          fix="set data.train=path/to/file.jsonl (see `rlhfkit data make quickstart --out data/`)")
+    fmt = kind if d.format == "auto" else d.format
+    train = load_dataset_records(d.train, fmt, fields=d.fields or None, split=d.split, limit=d.limit)
+    if not train:
+        raise DataError("no records", where=d.train, fix="check the file / split")
+    if d.eval:
+        evals = load_dataset_records(d.eval, fmt, fields=d.fields or None, split=d.eval_split)
+    elif d.eval_fraction > 0 and len(train) >= 10:
+        idx = list(range(len(train)))
+        random.Random(cfg.train.seed).shuffle(idx)
+        n_eval = max(1, int(len(train) * d.eval_fraction))
+        held = set(idx[:n_eval])
+        evals = [train[i] for i in sorted(held)]
+        train = [r for i, r in enumerate(train) if i not in held]
+    else:
+        evals = []
+    return train, evals
+
+
+def length_policy(cfg) -> LengthPolicy:
+    d = cfg.data
+    return LengthPolicy(max_length=d.max_length, max_prompt_length=d.max_prompt_length, on_overflow=d.overflow)
+
+
+def tokenize(run, records: list[dict], kind: str, tok, cfg, label: str, completion_only: bool = True) -> list[dict]:
+    """Tokenise and print the kept / truncated / dropped counts (never silent)."""
+    if not records:
+        return []
+    examples, stats = tokenize_dataset(records, kind, tok, length_policy(cfg), completion_only=completion_only)
+    msg = f"[data] {label}: {stats['kept']} records"
+    if stats["truncated"] or stats["dropped"]:
+        msg += (f" ({stats['truncated']} truncated, {stats['dropped']} dropped by data.max_length="
+                f"{cfg.data.max_length} / data.max_prompt_length={cfg.data.max_prompt_length}, "
+                f"data.overflow={cfg.data.overflow})")
+    run.print(msg)
+    if run.sink is not None:
+        run.sink.log({f"data/{label}_{k}": v for k, v in stats.items()}, step=0)
+    return examples
+
+
+def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                        position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-prob of each token given its prefix: [B, T-1] for tokens 1..T-1 (chunked gather + logsumexp)."""
+    kwargs = {"position_ids": position_ids} if position_ids is not None else {}
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
+    return token_logprobs(logits[:, :-1], input_ids[:, 1:])

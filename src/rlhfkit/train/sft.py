@@ -1,0 +1,78 @@
+"""Supervised fine-tuning: next-token loss on assistant / completion tokens (all tokens as an option), optional
+packing, eval loss and perplexity; writes a model directory every later stage reads."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..algos import sft_loss
+from ..data import IGNORE_INDEX, SFTCollator, pack_sequences
+from ..models.loading import describe, load_causal_lm, save_model
+from .common import completion_logprobs, load_records, tokenize
+from .loop import SupervisedJob, start_run, train_supervised
+
+
+def sft_forward(model, batch: dict) -> tuple[torch.Tensor, dict]:
+    """Mean NLL over the trained tokens of the micro-batch (labels != -100)."""
+    labels = batch["labels"][:, 1:]
+    mask = (labels != IGNORE_INDEX).long()
+    logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"))
+    loss, stats = sft_loss(logps, mask)
+    return loss, {}
+
+
+@torch.no_grad()
+def sft_eval(accelerator, model, batches: list[dict]) -> dict:
+    """Token-level mean loss over every eval token of every process, and its perplexity."""
+    was_training = model.training
+    model.eval()
+    nll = torch.zeros((), device=accelerator.device)
+    count = torch.zeros((), device=accelerator.device)
+    for batch in batches:
+        labels = batch["labels"][:, 1:]
+        mask = (labels != IGNORE_INDEX).float()
+        logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"))
+        nll += -(logps.float() * mask).sum()
+        count += mask.sum()
+    model.train(was_training)
+    nll, count = accelerator.reduce(nll, "sum"), accelerator.reduce(count, "sum")
+    loss = (nll / count.clamp(min=1)).item()
+    return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
+
+
+def run_sft(cfg) -> dict:
+    """Train, evaluate and save; returns the final metrics (``eval/loss``, ``eval/ppl``, ``train/loss``, …)."""
+    # 1. run directory, accelerator, seed
+    run = start_run(cfg)
+    # 2. model and tokenizer (the tokenizer carries the chat template every later stage uses)
+    model, tok = load_causal_lm(cfg.model, device=run.device, seed=cfg.train.seed)
+    run.print(f"[sft] model {cfg.model.name}: {describe(model)}")
+    # 3. data: records -> token ids with label masks (packed when asked)
+    train_recs, eval_recs = load_records(cfg, "sft")
+    completion_only = cfg.data.completion_only_loss
+    train = tokenize(run, train_recs, "sft", tok, cfg, "train", completion_only)
+    evals = tokenize(run, eval_recs, "sft", tok, cfg, "eval", completion_only)
+    if cfg.data.packing:
+        train = pack_sequences(train, cfg.data.max_length)
+        run.print(f"[data] packed into {len(train)} rows of {cfg.data.max_length} tokens")
+    # 4. the loop
+    job = SupervisedJob(
+        name="sft", model=model, tokenizer=tok, train_items=train, collate=SFTCollator(tok.pad_token_id),
+        loss_fn=sft_forward, eval_items=evals,
+        eval_fn=lambda m, b: sft_eval(run.accelerator, m, b),
+        show=("loss", "lr"), on_save=lambda m, d: save_model(m, tok, d),
+    )
+    metrics = train_supervised(run, job)
+    run.print(f"[sft] done: model saved to {run.run_dir}"
+              + (f"; eval loss {metrics['eval/loss']:.4f} (ppl {metrics['eval/ppl']:.2f})" if "eval/loss" in metrics else ""))
+    _report(run)
+    return metrics
+
+
+def _report(run) -> None:
+    if run.is_main and run.cfg.track.report:
+        from ..report import build_report
+
+        build_report(run.run_dir, title=f"rlhfkit {run.cfg.recipe}: {run.run_dir}")
