@@ -413,7 +413,10 @@ def _coerce(value: Any, tp, path: str, source: str):
     raise TypeError(f"unsupported config type {tp} at {path}")
 
 
-def _build(cls, data: dict, prefix: str, source: str):
+def _build(cls, data: dict, prefix: str, source: str, base=None):
+    """``cls`` with the keys of ``data`` set on top of ``base`` (default: the class defaults). Nested sections start
+    from the parent's default for that field, so a recipe's own defaults survive a partial override."""
+    base = base if base is not None else cls()
     hints = typing.get_type_hints(cls)
     names = [fl.name for fl in dataclasses.fields(cls)]
     kwargs = {}
@@ -424,6 +427,10 @@ def _build(cls, data: dict, prefix: str, source: str):
                 f"unknown key '{path}'", where=source,
                 fix=_did_you_mean(str(key), names, f"{prefix}." if prefix else ""),
             )
+        current = getattr(base, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            kwargs[key] = _build(type(current), value, path, source, base=current)
+            continue
         coerced = _coerce(value, hints[key], path, source)
         choices = CHOICES.get(path)
         if choices is not None and coerced not in choices:
@@ -432,7 +439,7 @@ def _build(cls, data: dict, prefix: str, source: str):
                 fix=_did_you_mean(str(coerced), list(choices)),
             )
         kwargs[key] = coerced
-    return cls(**kwargs)
+    return dataclasses.replace(base, **kwargs)
 
 
 def _merge(base: dict, over: dict) -> dict:

@@ -1,0 +1,539 @@
+"""Online RL: PPO with actor / critic / reference / reward, and the critic-free GRPO, RLOO and REINFORCE++ — one
+loop, the advantage estimator chosen by name (``algo.advantage``).
+
+Each step (see DESIGN.md, "Data flow of an online step"):
+  1. take a batch of prompts (each repeated ``num_generations`` times, completion-major)
+  2. generate with the policy: every response stops at its own EOS; the mask ends at the first EOS
+  3. score: reward model (ids reused, or text re-tokenised when its tokenizer differs) and / or reward functions;
+     missing-EOS penalty, running normalisation, clipping
+  4. forward passes without grad: policy (old log-probs), reference (unless no KL is used), critic (PPO)
+  5. per-token KL to the reference -> shaped rewards -> advantages / returns by the chosen estimator
+  6. PPO epochs over mini-batches: clipped policy loss (+ KL in loss, - entropy bonus), clipped value loss
+  7. metrics (TRL names), sample table, health checks, KL-controller update, checkpoint
+
+How it departs from the papers: KL is computed on the sampled tokens with the chosen estimator (k1 by default in the
+reward, k3 in the loss as in GRPO); the critic has its own optimizer, so ``vf_coef`` only scales its loss; with LoRA
+the reference is the policy with its adapter disabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .. import algos
+from ..config import OnlineConfig
+from ..data import PromptCollator
+from ..errors import ConfigError
+from ..models.heads import token_values
+from ..models.loading import describe, is_peft, load_causal_lm, load_scalar_model, load_tokenizer_for, save_model
+from ..models.tokenizer import eos_token_ids
+from ..rewards import CombinedRewards, RewardModelScorer
+from ..rollout import Rollout, get_engine
+from ..track import HealthMonitor, Progress, SampleLogger
+from .common import load_records, tokenize
+from .loop import (
+    Checkpointer,
+    Run,
+    build_optimizer,
+    build_scheduler,
+    clip_and_step,
+    open_sink,
+    plan_batches,
+    start_run,
+)
+
+
+# ─────────────────────────────────────────────────── pieces ───────────────────────────────────────────────────
+
+
+@dataclass
+class Experience:
+    """One rollout batch and everything derived from it; tensors are [B, R] over response tokens unless noted."""
+
+    rollout: Rollout
+    position_ids: torch.Tensor  # [B, P+R]
+    mask: torch.Tensor  # response mask as float
+    scores: torch.Tensor  # [B] scores used for learning (after penalty / normalisation / clipping)
+    raw_scores: torch.Tensor  # [B] reward model + functions, before any shaping
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def rows(self, idx: torch.Tensor) -> dict:
+        """The tensors of rows ``idx`` needed by one PPO micro-batch."""
+        r = self.rollout
+        out = {"input_ids": r.sequences[idx], "attention_mask": r.attention_mask[idx],
+               "position_ids": self.position_ids[idx], "response_ids": r.response_ids[idx], "mask": self.mask[idx],
+               "old_logprobs": self.old_logprobs[idx], "advantages": self.advantages[idx]}
+        for name in ("ref_logprobs", "values", "returns"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value[idx]
+        return out
+
+
+class RunningMoments:
+    """Running mean / std of scores over all processes (Chan et al. parallel update), for reward normalisation."""
+
+    def __init__(self):
+        self.mean, self.var, self.count = 0.0, 1.0, 0
+
+    def update(self, x: torch.Tensor) -> None:
+        n, mean, var = x.numel(), x.mean().item(), x.var(unbiased=False).item() if x.numel() > 1 else 0.0
+        total = self.count + n
+        delta = mean - self.mean
+        self.var = (self.var * self.count + var * n + delta**2 * self.count * n / total) / total
+        self.mean += delta * n / total
+        self.count = total
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / math.sqrt(max(self.var, 1e-8))
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens, as ``generate`` uses them for left-padded prompts."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def response_logits(model, batch: dict, temperature: float) -> torch.Tensor:
+    """Logits [B, R, V] predicting each response token; only the last R+1 positions go through the LM head."""
+    R = batch["response_ids"].shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], use_cache=False, logits_to_keep=R + 1)
+    logits = out.logits[:, :-1]
+    return logits / temperature if temperature > 0 and temperature != 1.0 else logits
+
+
+def response_values(critic, batch: dict) -> torch.Tensor:
+    """Critic values [B, R]: the value at the position *before* each response token (the state it is taken in)."""
+    R = batch["response_ids"].shape[1]
+    values = token_values(critic, batch["input_ids"], batch["attention_mask"], position_ids=batch["position_ids"])
+    return values[:, -R - 1:-1].float()
+
+
+@contextlib.contextmanager
+def on_device(model, device, offload: bool):
+    """Move an offloaded model to ``device`` for the duration of the block, and back to CPU after."""
+    if offload:
+        model.to(device)
+    try:
+        yield model
+    finally:
+        if offload:
+            model.to("cpu")
+
+
+# ─────────────────────────────────────────────────── trainer ──────────────────────────────────────────────────
+
+
+class OnlineTrainer:
+    """Holds the models and the state of an online run; ``train()`` is the loop, numbered as in the module doc."""
+
+    def __init__(self, cfg: OnlineConfig, run: Run):
+        self.cfg, self.run, self.acc = cfg, run, run.accelerator
+        algo = cfg.algo
+        if algo.advantage not in algos.ADVANTAGE_ESTIMATORS:
+            raise ConfigError(f"unknown advantage estimator {algo.advantage}", where="algo.advantage")
+        self.estimator = algos.ADVANTAGE_ESTIMATORS[algo.advantage]
+        self.k = algo.num_generations
+        if self.estimator.group_based and self.k < 2:
+            raise ConfigError(f"{algo.advantage} compares completions of a prompt and needs num_generations >= 2",
+                              where="algo.num_generations", fix="set algo.num_generations=4 (or more)")
+        if cfg.reward.model is None and not cfg.reward.functions:
+            raise ConfigError("no reward: give a reward model or reward functions", where="reward",
+                              fix="set reward.model=runs/rm or reward.functions=[{fn: exact_match}]")
+        self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
+        self.kl_in_reward = algo.kl.placement == "reward"
+        self.device = run.device
+        self._load_models()
+        self._load_data()
+
+    # ── set-up ───────────────────────────────────────────────────────────────────────────────────────────────
+    def _load_models(self) -> None:
+        cfg, run = self.cfg, self.run
+        self.policy, self.tok = load_causal_lm(cfg.model, device=self.device, seed=cfg.train.seed)
+        run.print(f"[{cfg.recipe}] policy {cfg.model.name}: {describe(self.policy)}")
+        self.ref = None
+        if self.use_kl and not (is_peft(self.policy) and cfg.ref_model is None):
+            ref_cfg = _with_name(cfg.model, cfg.ref_model or cfg.model.name)
+            self.ref, _ = load_causal_lm(ref_cfg, tokenizer=self.tok, device=self.device, seed=cfg.train.seed,
+                                         trainable=False)
+            self.ref.to("cpu" if cfg.memory.offload_reference else self.device)
+        self.scorer = None
+        if cfg.reward.model:
+            rm_cfg = _with_name(cfg.model, cfg.reward.model)
+            rm_tok = load_tokenizer_for(rm_cfg)
+            rm = load_scalar_model(cfg.reward.model, rm_cfg, tokenizer=rm_tok, device=self.device, trainable=False)
+            rm.to("cpu" if cfg.memory.offload_reward else self.device)
+            self.scorer = RewardModelScorer(rm, rm_tok, self.tok, batch_size=cfg.reward.batch_size)
+            if not self.scorer.same_tokenizer:
+                run.print(f"[{cfg.recipe}] reward model tokenizer differs from the policy's: responses are "
+                          "re-tokenised as text for scoring")
+        self.functions = CombinedRewards(cfg.reward.functions) if cfg.reward.functions else None
+        self.critic = None
+        if self.estimator.needs_critic:
+            source = cfg.critic.model or (cfg.reward.model if cfg.critic.init == "reward" else cfg.model.name)
+            if source is None:
+                raise ConfigError("critic.init=reward needs reward.model", where="critic.init",
+                                  fix="set critic.init=policy, or give reward.model")
+            self.critic = load_scalar_model(source, _with_name(cfg.model, source), tokenizer=self.tok,
+                                            device=self.device, seed=cfg.train.seed + 1)
+            run.print(f"[{cfg.recipe}] critic from {source}: {describe(self.critic)}")
+        self.engine = get_engine(cfg.generation.engine)
+        self.eos_ids = eos_token_ids(self.tok, getattr(self.policy, "generation_config", None))
+
+    def _load_data(self) -> None:
+        cfg = self.cfg
+        train_recs, eval_recs = load_records(cfg, "prompt")
+        self.prompts = tokenize(self.run, train_recs, "prompt", self.tok, cfg, "prompts")
+        self.eval_prompts = tokenize(self.run, eval_recs, "prompt", self.tok, cfg, "eval prompts")
+        self.collate = PromptCollator(self.tok.pad_token_id)
+        world = self.run.world_size
+        per_step = cfg.algo.rollout_batch_size * self.k * world
+        self.total_steps = max(1, cfg.algo.total_episodes // per_step)
+        self.per_epoch = len(self.prompts) // (cfg.algo.rollout_batch_size * world)
+        if self.per_epoch == 0:
+            raise ConfigError(f"{len(self.prompts)} prompts do not fill one rollout batch of "
+                              f"{cfg.algo.rollout_batch_size} x {world} processes", where="algo.rollout_batch_size",
+                              fix="lower algo.rollout_batch_size or give more prompts")
+        batch = cfg.algo.rollout_batch_size * self.k
+        if batch % cfg.algo.mini_batch_size or cfg.algo.mini_batch_size % cfg.train.batch_size:
+            raise ConfigError(
+                f"rollout batch {batch} (= rollout_batch_size x num_generations) must split into mini-batches of "
+                f"{cfg.algo.mini_batch_size}, and those into micro-batches of train.batch_size="
+                f"{cfg.train.batch_size}", where="algo.mini_batch_size", fix="choose divisors")
+        self.updates_per_step = cfg.algo.ppo_epochs * (batch // cfg.algo.mini_batch_size)
+
+    def _prompt_batch(self, step: int) -> dict:
+        epoch, pos = divmod(step, self.per_epoch)
+        plan = plan_batches(len(self.prompts), self.cfg.algo.rollout_batch_size, self.run.world_size,
+                            self.cfg.train.seed, epoch, self.acc.process_index)
+        return self.collate([self.prompts[i] for i in plan[pos]])
+
+    # ── 2. generate ──────────────────────────────────────────────────────────────────────────────────────────
+    def generate(self, prompts: dict, seed: int, k: int | None = None, greedy: bool = False) -> tuple[Rollout, list]:
+        k = self.k if k is None else k
+        ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
+        g = self.cfg.generation
+        rollout = self.engine.generate(
+            self.policy, ids * k, max_new_tokens=g.max_new_tokens, min_new_tokens=g.min_new_tokens,
+            temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, do_sample=not greedy,
+            eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id, stop_strings=g.stop_strings or None,
+            tokenizer=self.tok, seed=seed, batch_size=g.batch_size)
+        rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
+        return rollout.to(self.device), rows
+
+    # ── 3. score ─────────────────────────────────────────────────────────────────────────────────────────────
+    @torch.no_grad()
+    def score(self, rollout: Rollout, rows: list[dict]) -> tuple[torch.Tensor, dict, list[str]]:
+        texts = self.tok.batch_decode(
+            [r[m.bool()] for r, m in zip(rollout.response_ids, rollout.response_mask)], skip_special_tokens=True)
+        messages = [row["prompt"] for row in rows]
+        total = torch.zeros(len(texts), device=self.device)
+        metrics: dict = {}
+        if self.scorer is not None:
+            with on_device(self.scorer.model, self.device, self.cfg.memory.offload_reward):
+                rm = self.scorer.score(messages, texts, rollout.sequences, rollout.attention_mask).to(self.device)
+            total += rm
+            metrics["rewards/model/mean"] = rm.mean().item()
+        if self.functions is not None:
+            prompt_text = [m[-1]["content"] for m in messages]
+            fields = [{k: v for k, v in row.items() if k not in ("prompt",)} for row in rows]
+            fn_total, _, fn_metrics = self.functions(prompt_text, texts, fields)
+            total += fn_total.to(self.device)
+            metrics.update(fn_metrics)
+        return total, metrics, texts
+
+    def shape_scores(self, raw: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
+        """Missing-EOS penalty, then running normalisation, then clipping (each as configured)."""
+        rc = self.cfg.reward
+        scores = raw.clone()
+        if rc.missing_eos_penalty:
+            scores = scores - rc.missing_eos_penalty * (~ended).float()
+        if rc.normalize:
+            self.moments.update(self.acc.gather(scores).float().cpu())
+            scores = self.moments.normalize(scores)
+        if rc.clip is not None:
+            scores = scores.clamp(-rc.clip, rc.clip)
+        return scores
+
+    # ── 4. forward passes without grad ──────────────────────────────────────────────────────────────────────
+    @torch.no_grad()
+    def logprobs_of(self, model, batch: dict) -> torch.Tensor:
+        with self.acc.autocast():
+            logits = response_logits(model, batch, self.cfg.generation.temperature)
+        return algos.token_logprobs(logits, batch["response_ids"]).float()
+
+    @torch.no_grad()
+    def make_experience(self, rollout: Rollout, raw: torch.Tensor, scores: torch.Tensor) -> Experience:
+        exp = Experience(rollout=rollout, position_ids=position_ids_of(rollout.attention_mask),
+                         mask=rollout.response_mask.float(), scores=scores, raw_scores=raw,
+                         old_logprobs=torch.empty(0))
+        mb = self.cfg.train.batch_size
+        n = len(rollout)
+        old, ref, values = [], [], []
+        for s in range(0, n, mb):
+            batch = _slice_batch(rollout, exp.position_ids, s, s + mb)
+            old.append(self.logprobs_of(self.policy, batch))
+            if self.use_kl:
+                if self.ref is None:  # LoRA: the reference is the policy with its adapter disabled
+                    with self.acc.unwrap_model(self.policy).disable_adapter():
+                        ref.append(self.logprobs_of(self.policy, batch))
+                else:
+                    with on_device(self.ref, self.device, self.cfg.memory.offload_reference):
+                        ref.append(self.logprobs_of(self.ref, batch))
+            if self.critic is not None:
+                with self.acc.autocast():
+                    values.append(response_values(self.critic, batch))
+        exp.old_logprobs = torch.cat(old)
+        exp.ref_logprobs = torch.cat(ref) if ref else None
+        exp.values = torch.cat(values) if values else None
+        return exp
+
+    # ── 5. KL, shaped rewards, advantages ───────────────────────────────────────────────────────────────────
+    def advantages(self, exp: Experience) -> dict:
+        algo, mask = self.cfg.algo, exp.mask
+        coef = self.kl_ctl.value
+        kl = torch.zeros_like(mask)
+        if exp.ref_logprobs is not None:
+            kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator) * mask
+        exp.kl = kl
+        last = (exp.rollout.lengths - 1).clamp(min=0).unsqueeze(-1)
+        token_rewards = torch.zeros_like(mask).scatter(-1, last, exp.scores.unsqueeze(-1).to(mask.dtype)) * mask
+        non_score = -coef * kl if self.kl_in_reward else torch.zeros_like(kl)
+        name = algo.advantage
+        if name == "gae":
+            adv, ret = algos.gae(token_rewards + non_score, exp.values, mask, algo.gamma, algo.lam)
+            exp.returns = ret
+        elif name == "reinforce_pp":
+            adv = algos.reinforce_pp_returns(token_rewards + non_score, mask, algo.gamma)
+            adv = algos.masked_whiten(adv, mask)
+        else:  # group estimators act on sequence rewards (KL folded in when it lives in the reward)
+            seq = exp.scores + (non_score * mask).sum(-1)
+            if name == "rloo":
+                seq_adv = algos.rloo_advantages(seq, self.k)
+            else:
+                seq_adv = algos.grpo_advantages(seq, self.k, scale_by_std=(name == "grpo"))
+            adv = seq_adv.unsqueeze(-1) * mask
+        if algo.whiten_advantages:
+            adv = algos.masked_whiten(adv, mask)
+        if algo.filter_tied_groups and self.estimator.group_based:
+            keep = ~algos.group_all_tied(exp.scores, self.k)
+            exp.mask = mask * keep.unsqueeze(-1).float()
+        exp.advantages = adv * exp.mask
+        seq_kl = (kl * mask).sum(-1)
+        return {"objective/kl": seq_kl.mean().item(), "objective/non_score_reward": (non_score * mask).sum(-1).mean().item(),
+                "objective/kl_coef": coef}
+
+    # ── 6. PPO epochs over mini-batches ─────────────────────────────────────────────────────────────────────
+    def policy_micro_step(self, batch: dict, scale: float) -> dict:
+        algo = self.cfg.algo
+        with self.acc.autocast():
+            logits = response_logits(self.policy, batch, self.cfg.generation.temperature)
+            logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
+            loss, st = algos.ppo_policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["mask"],
+                                             clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                             aggregation=algo.loss_aggregation,
+                                             max_len=self.cfg.generation.max_new_tokens)
+            entropy = algos.masked_mean(algos.entropy_from_logits(logits.detach() if algo.entropy_coef == 0 else logits),
+                                        batch["mask"])
+            total = loss - algo.entropy_coef * entropy
+            if not self.kl_in_reward and "ref_logprobs" in batch:
+                kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
+                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens)
+                total = total + self.kl_ctl.value * kl_l
+        self.acc.backward(total * scale)
+        return {"loss/policy_avg": loss.detach(), "policy/entropy_avg": entropy.detach(),
+                "policy/clipfrac_avg": st["clipfrac"], "policy/approxkl_avg": st["approxkl"],
+                "val/ratio": st["ratio_mean"], "val/ratio_var": st["ratio_var"]}
+
+    def critic_micro_step(self, batch: dict, scale: float) -> dict:
+        with self.acc.autocast():
+            values = response_values(self.critic, batch)
+            loss, st = algos.value_loss(values, batch["values"], batch["returns"], batch["mask"],
+                                        clip_range=self.cfg.algo.value_clip)
+        self.acc.backward(self.cfg.algo.vf_coef * loss * scale)
+        return {"loss/value_avg": loss.detach(), "val/clipfrac_avg": st["clipfrac"]}
+
+    def ppo_update(self, exp: Experience, step: int) -> dict:
+        algo, mb = self.cfg.algo, self.cfg.train.batch_size
+        n = len(exp.rollout)
+        stats: list[dict] = []
+        g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
+        self.policy.train()
+        for _ in range(algo.ppo_epochs):
+            order = torch.randperm(n, generator=g).to(self.device)
+            for m0 in range(0, n, algo.mini_batch_size):
+                mini = order[m0: m0 + algo.mini_batch_size]
+                micro_n = math.ceil(len(mini) / mb)
+                for i, s in enumerate(range(0, len(mini), mb)):
+                    batch = exp.rows(mini[s: s + mb])
+                    last = i == micro_n - 1
+                    st = {}
+                    with (contextlib.nullcontext() if last else self.acc.no_sync(self.policy)):
+                        st.update(self.policy_micro_step(batch, 1.0 / micro_n))
+                    if self.critic is not None:
+                        with (contextlib.nullcontext() if last else self.acc.no_sync(self.critic)):
+                            st.update(self.critic_micro_step(batch, 1.0 / micro_n))
+                    stats.append(st)
+                clip_and_step(self.acc, self.policy, self.opt, self.sched, self.cfg.optim.max_grad_norm)
+                if self.critic is not None:
+                    clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched, self.cfg.optim.max_grad_norm)
+        return {k: torch.stack([s[k].float() for s in stats]).mean().item() for k in stats[0]}
+
+    # ── evaluation on held-out prompts ───────────────────────────────────────────────────────────────────────
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict:
+        if not self.eval_prompts:
+            return {}
+        scores = []
+        for s in range(0, len(self.eval_prompts), 64):
+            prompts = self.collate(self.eval_prompts[s: s + 64])
+            rollout, rows = self.generate(prompts, seed=10_007 + s, k=1)
+            raw, _, _ = self.score(rollout, rows)
+            scores.append(raw)
+        return {"eval/scores": torch.cat(scores).mean().item()}
+
+    # ── the loop ─────────────────────────────────────────────────────────────────────────────────────────────
+    def train(self) -> dict:
+        cfg, run, acc = self.cfg, self.run, self.acc
+        n_updates = self.total_steps * self.updates_per_step
+        self.opt = build_optimizer(self.policy.parameters(), cfg.optim)
+        self.sched = build_scheduler(self.opt, cfg.optim, n_updates)
+        models, opts, scheds = {"policy": self.policy}, {"policy": self.opt}, {"policy": self.sched}
+        if self.critic is not None:
+            self.critic_opt = build_optimizer(self.critic.parameters(), cfg.optim, lr=cfg.critic.lr)
+            self.critic_sched = build_scheduler(self.critic_opt, cfg.optim, n_updates)
+            self.policy, self.opt, self.critic, self.critic_opt = acc.prepare(self.policy, self.opt, self.critic,
+                                                                              self.critic_opt)
+            models["critic"], opts["critic"], scheds["critic"] = self.critic, self.critic_opt, self.critic_sched
+        else:
+            self.policy, self.opt = acc.prepare(self.policy, self.opt)
+        models["policy"], opts["policy"] = self.policy, self.opt
+        kl = cfg.algo.kl
+        self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
+                       else algos.FixedKLController(kl.coef))
+        self.moments = RunningMoments()
+
+        ckpt = Checkpointer(run, keep=cfg.train.save_total_limit)
+        step, resumed = 0, ckpt.find(cfg.train.resume)
+        if resumed is not None:
+            state = ckpt.load(resumed, models=models, optimizers=opts, schedulers=scheds)
+            step = state["step_rollout"]
+            self.kl_ctl.load_state_dict(state["kl_ctl"])
+            self.moments.load_state_dict(state["moments"])
+            run.print(f"[{cfg.recipe}] resumed from {resumed} at step {step}")
+        open_sink(run, resume_step=step * self.updates_per_step if resumed is not None else None)
+        samples = SampleLogger(run.run_dir, is_main=run.is_main,
+                               resume_step=step * self.updates_per_step if resumed is not None else None)
+        health = HealthMonitor(batch_size=cfg.algo.rollout_batch_size * self.k)
+        episodes_per_step = cfg.algo.rollout_batch_size * self.k * run.world_size
+        every = max(1, math.ceil(cfg.train.save_every / self.updates_per_step)) if cfg.train.save_every > 0 else 0
+        show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean")
+        last: dict = {}
+        t_start = time.time()
+        with Progress(self.total_steps, desc=cfg.recipe, unit="step", show=show, is_main=run.is_main,
+                      initial=step) as progress:
+            while step < self.total_steps:
+                seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
+                # 1-2. prompts -> responses
+                prompts = self._prompt_batch(step)
+                rollout, rows = self.generate(prompts, seed)
+                # 3. scores
+                raw, reward_metrics, texts = self.score(rollout, rows)
+                scores = self.shape_scores(raw, rollout.ended)
+                # 4. old / reference log-probs, values
+                exp = self.make_experience(rollout, raw, scores)
+                # 5. KL, shaped rewards, advantages
+                metrics = self.advantages(exp)
+                # 6. PPO epochs
+                metrics.update(self.ppo_update(exp, step))
+                step += 1
+                # 7. metrics, samples, health, KL controller, checkpoint
+                update = step * self.updates_per_step
+                metrics.update(self.rollout_metrics(exp, reward_metrics, step, episodes_per_step, t_start))
+                self.kl_ctl.update(metrics["objective/kl"], episodes_per_step)
+                if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == self.total_steps):
+                    metrics.update(self.evaluate(step))
+                run.log(metrics, update)
+                last = metrics
+                progress.update(1, {k: v for k, v in metrics.items() if k in show})
+                if run.is_main:
+                    health.report(metrics, step)
+                if cfg.track.sample_every > 0 and (step % cfg.track.sample_every == 0 or step == 1):
+                    samples.log(update, [r["prompt"][-1]["content"] for r in rows], texts,
+                                exp.raw_scores.tolist())
+                if every and step % every == 0 and step != self.total_steps:
+                    ckpt.save(update, models=models, optimizers=opts, schedulers=scheds,
+                              state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
+                                     "moments": self.moments.state_dict()})
+        samples.close()
+        if cfg.train.eval_every == 0:
+            final_eval = self.evaluate(step)
+            if final_eval:
+                run.log(final_eval, step * self.updates_per_step)
+                last.update(final_eval)
+        acc.wait_for_everyone()
+        if run.is_main:
+            save_model(acc.unwrap_model(self.policy), self.tok, run.run_dir)
+        acc.wait_for_everyone()
+        run.sink.close()
+        return last
+
+    def rollout_metrics(self, exp: Experience, reward_metrics: dict, step: int, per_step: int, t0: float) -> dict:
+        mask = exp.rollout.response_mask.float()
+        g = lambda x: self.acc.gather(x.detach().float().reshape(-1)).mean().item()  # noqa: E731
+        entropy = (-exp.old_logprobs * mask).sum(-1)
+        non_score = -(self.kl_ctl.value * exp.kl * mask).sum(-1) if self.kl_in_reward else torch.zeros_like(entropy)
+        return {
+            **reward_metrics,
+            "objective/scores": g(exp.raw_scores),
+            "objective/entropy": g(entropy),
+            "objective/rlhf_reward": g(exp.scores + non_score),
+            "val/num_eos_tokens": float(self.acc.gather(exp.rollout.ended.float()).sum().item()),
+            "val/eos_frac": g(exp.rollout.ended.float()),
+            "response/length_mean": g(exp.rollout.lengths.float()),
+            "response/length_std": self.acc.gather(exp.rollout.lengths.float()).std().item()
+            if len(exp.rollout) > 1 else 0.0,
+            "lr": self.sched.get_last_lr()[0],
+            "episode": step * per_step,
+            "eps": step * per_step / max(time.time() - t0, 1e-6),
+        }
+
+
+def _slice_batch(rollout: Rollout, position_ids: torch.Tensor, s: int, e: int) -> dict:
+    return {"input_ids": rollout.sequences[s:e], "attention_mask": rollout.attention_mask[s:e],
+            "position_ids": position_ids[s:e], "response_ids": rollout.response_ids[s:e]}
+
+
+def _with_name(mcfg, name: str):
+    from dataclasses import replace
+
+    return replace(mcfg, name=name, gguf_file=None if name != mcfg.name else mcfg.gguf_file)
+
+
+def run_online(cfg: OnlineConfig) -> dict:
+    """PPO / GRPO / RLOO / REINFORCE++ from ``cfg``; returns the last step's metrics."""
+    run = start_run(cfg)
+    trainer = OnlineTrainer(cfg, run)
+    metrics = trainer.train()
+    run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
+    if run.is_main and cfg.track.report:
+        from ..report import build_report
+
+        build_report(run.run_dir, title=f"rlhfkit {cfg.recipe}: {run.run_dir}")
+    return metrics
