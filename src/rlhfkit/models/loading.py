@@ -101,13 +101,49 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
     except ImportError:
         raise ModelError("loading GGUF files needs the `gguf` package", where="model.name",
                          fix="pip install 'rlhfkit[gguf]'") from None
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # per process: two runs converting at once never clash
     shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32,
+                                                 **_gguf_dequantize_kwargs())
+    _drop_gguf_quantizer(model, gguf_path)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.replace(out) if not out.exists() else shutil.rmtree(tmp)
+    try:
+        tmp.replace(out)
+    except OSError:  # another process finished the same conversion first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "config.json").is_file():
+            raise
+
+
+def _gguf_dequantize_kwargs() -> dict:
+    """Ask transformers for plain dense weights (recent versions otherwise attach a GGUF quantizer that refuses
+    ``save_pretrained``, or keep supported architectures' weights packed in GGUF blocks)."""
+    try:
+        from transformers.utils.quantization_config import GgufConfig
+    except ImportError:  # older transformers: GGUF loading always dequantises and attaches no quantizer
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def _drop_gguf_quantizer(model, gguf_path: Path) -> None:
+    """Detach a leftover GGUF quantizer once every weight is a dense float tensor, so the model saves as safetensors."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None and not getattr(model, "is_quantized", False):
+        return
+    if any(not p.is_floating_point() for p in model.parameters()):
+        raise ModelError(f"{gguf_path.name}: transformers kept the GGUF weights quantized; cannot convert to safetensors",
+                         where="model.name", fix="upgrade transformers, or convert the file with llama.cpp's tools")
+    if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
+        quantizer.remove_quantization_config(model)
+    else:
+        for attr in ("hf_quantizer", "quantization_method"):
+            if attr in model.__dict__:
+                delattr(model, attr)
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.is_quantized = False
 
 
 def _hub_kwargs() -> dict:
