@@ -376,6 +376,8 @@ def _coerce(value: Any, tp, path: str, source: str):
     if tp is bool:
         if isinstance(value, bool):
             return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
             return value.lower() in ("true", "yes", "1")
         raise bad("true or false")
@@ -464,6 +466,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = raw
     if isinstance(value, float) is False and isinstance(raw, str) and _looks_like_sci(raw):
         value = float(raw)
+    if isinstance(value, (dict, list)) and not raw.strip().startswith(("{", "[")):
+        value = raw  # e.g. output_dir=runs/a: b is a path, not a mapping
     return key.split("."), value
 
 

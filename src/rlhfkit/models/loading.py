@@ -85,8 +85,11 @@ def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | 
                 fix="point to the directory a stage wrote (it has config.json and model.safetensors)",
             )
         return str(path), None
-    if "/" in name or not name:
-        # hub-style name: only the local cache is consulted
+    if name.startswith((".", "/", "~")) or (("/" in name) and Path(name.split("/")[0]).exists()):
+        raise ModelError(f"model directory not found: {name}", where="model.name",
+                         fix="check the path (a stage's output directory holds config.json and model.safetensors)")
+    if "/" in name and name.count("/") == 1:
+        # hub-style name (org/model): only the local cache is consulted
         return name, None
     raise ModelError(f"model not found: {name!r}", where="model.name",
                      fix="give a model directory, a cached hub name, a .gguf file or 'tiny'")

@@ -1,0 +1,368 @@
+"""The command line: ``rlhfkit <command> [config.yaml] [key.sub=value ...]``.
+
+This module parses and dispatches, nothing else. Recipe modules are imported inside each command (so
+``rlhfkit --help`` answers without importing torch). Exit codes: 0 success, 2 a :class:`~rlhfkit.errors.UserError`
+(one line on stderr: ``error: <where>: <what> (fix: <how>)``), 130 interrupted (Ctrl-C); any other exception is a
+bug and keeps its traceback.
+
+Overrides of a training command may be written ``key.sub=value``, ``--key.sub value`` or ``--key.sub=value``;
+dashes in a ``--`` key become underscores (``--output-dir x`` is ``output_dir=x``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from . import __version__
+from .errors import UserError
+
+# command -> (module, function, one-line description)
+TRAIN_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "sft": ("rlhfkit.train.sft", "run_sft", "supervised fine-tuning on demonstrations"),
+    "rm": ("rlhfkit.train.reward", "run_rm", "train a reward model on preference pairs (Bradley-Terry)"),
+    "ppo": ("rlhfkit.train.online", "run_online", "online RL with PPO (critic + GAE)"),
+    "grpo": ("rlhfkit.train.online", "run_online", "online RL with GRPO (group-normalised advantages)"),
+    "rloo": ("rlhfkit.train.online", "run_online", "online RL with RLOO (leave-one-out baseline)"),
+    "reinforce": ("rlhfkit.train.online", "run_online", "online RL with REINFORCE++"),
+    "dpo": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: DPO"),
+    "ipo": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: IPO"),
+    "kto": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: KTO (unpaired)"),
+    "simpo": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: SimPO"),
+    "orpo": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: ORPO"),
+    "pipeline": ("rlhfkit.pipeline", "run_pipeline", "run several stages in order (e.g. SFT -> RM -> PPO)"),
+}
+
+OTHER_COMMANDS: dict[str, str] = {
+    "quickstart": "make the built-in task's data and run SFT -> RM -> PPO on a tiny model, with a report",
+    "eval": "evaluate a model: gold metric, reward functions, reward-model score, win rate vs a reference",
+    "generate": "chat with a model through its chat template (one --prompt, or an interactive loop)",
+    "export": "write a full merged model directory (LoRA merged) and verify that it reloads identically",
+    "data": "data helpers: `rlhfkit data make quickstart --out DIR` writes the built-in task's files",
+    "config": "config helpers: `rlhfkit config show RECIPE` prints the commented default config",
+}
+
+EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 2, 130
+
+
+class UsageError(UserError):
+    """A malformed command line (unknown flag, missing argument)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` (one line, exit 2) instead of printing usage and exiting."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        raise UsageError(message, where=self.prog, fix=f"see `{self.prog} --help`")
+
+
+# ───────────────────────────────────────────────── environment ────────────────────────────────────────────────
+
+
+def _quiet_environment() -> None:
+    """Offline by default, no progress bars or advisory warnings from the Hugging Face libraries."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def _quiet_libraries() -> None:
+    """Called by commands that load models (importing transformers costs a second; --help skips it)."""
+    libs = r"(transformers|peft|accelerate|torch|huggingface_hub|datasets)(\.|$)"
+    warnings.filterwarnings("ignore", category=FutureWarning, module=libs)
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=libs)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import datasets
+
+        datasets.logging.set_verbosity_error()
+        datasets.disable_progress_bars()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+# ───────────────────────────────────────────────── parsing ────────────────────────────────────────────────────
+
+
+def split_overrides(tokens: list[str]) -> tuple[str | None, list[str]]:
+    """``[config.yaml] [key=value | --key value | --key=value ...]`` -> (config path or None, ["key=value", ...]).
+
+    A ``--flag`` followed by another ``--`` option (or nothing) means ``flag=true``.
+    """
+    config: str | None = None
+    overrides: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--") and len(tok) > 2:
+            body = tok[2:]
+            if "=" in body:
+                key, value = body.split("=", 1)
+            else:
+                key = body
+                if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                    value = tokens[i + 1]
+                    i += 1
+                else:
+                    value = "true"
+            overrides.append(f"{key.replace('-', '_')}={value}")
+        elif "=" in tok and not tok.startswith("-"):
+            overrides.append(tok)
+        elif tok.startswith("-"):
+            raise UsageError(f"unknown option {tok!r}", where="command line",
+                             fix="write overrides as key.sub=value or --key.sub value")
+        elif config is None and (tok.endswith((".yaml", ".yml")) or Path(tok).is_file()):
+            config = tok
+        elif config is not None and tok.endswith((".yaml", ".yml")):
+            raise UsageError(f"two config files given ({config!r} and {tok!r})", where="command line",
+                             fix="give one config file; change single keys with key.sub=value")
+        else:
+            raise UsageError(f"expected a config file (.yaml) or key=value, got {tok!r}", where="command line",
+                             fix=f"write {tok}=VALUE to set a key, or check the config file's path")
+        i += 1
+    return config, overrides
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(
+        prog="rlhfkit",
+        description="rlhfkit: SFT, reward models, online RL (PPO, GRPO, RLOO, REINFORCE++) and offline preference "
+                    "optimisation (DPO, IPO, KTO, SimPO, ORPO) for causal language models.",
+        epilog="Training commands take an optional config file and overrides: "
+               "rlhfkit sft configs/sft.yaml optim.lr=1e-5 --output_dir runs/x. "
+               "`rlhfkit config show RECIPE` prints every key with its meaning.",
+    )
+    parser.add_argument("--version", action="version", version=f"rlhfkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    for name, (_, _, desc) in TRAIN_COMMANDS.items():
+        p = sub.add_parser(name, help=desc, description=f"rlhfkit {name}: {desc}.",
+                           epilog="Overrides: key.sub=value, --key.sub value or --key.sub=value "
+                                  f"(e.g. optim.lr=1e-5 --output_dir runs/x). `rlhfkit config show {name}` "
+                                  "lists every key.")
+        p.add_argument("config", nargs="?", help="YAML config file (optional: the recipe's defaults otherwise)")
+        p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+
+    p = sub.add_parser("quickstart", help=OTHER_COMMANDS["quickstart"], description=OTHER_COMMANDS["quickstart"])
+    p.add_argument("--out", default="runs/quickstart", help="output directory (default: runs/quickstart)")
+
+    p = sub.add_parser("eval", help=OTHER_COMMANDS["eval"], description=OTHER_COMMANDS["eval"] + ".")
+    p.add_argument("model", help="policy: model or run directory, or a tiny[:...] spec")
+    p.add_argument("--data", required=True, help="prompts: .jsonl/.json/.csv/.parquet with `prompt` or `messages`")
+    p.add_argument("--reference", help="reference model for the win rate (judged by --reward-model)")
+    p.add_argument("--reward-model", dest="reward_model", help="reward-model directory (from `rlhfkit rm`)")
+    p.add_argument("--functions", nargs="+", action="extend", default=[], metavar="SPEC",
+                   help="reward functions: package.module:function, file.py:function or a built-in name")
+    p.add_argument("--task", help="built-in task whose gold metric to compute (quickstart)")
+    p.add_argument("--n", type=int, help="evaluate the first N prompts (default: all)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--greedy", action="store_true", help="greedy decoding")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=128,
+                   help="maximum response tokens (default 128; responses end at EOS)")
+    p.add_argument("--batch-size", dest="batch_size", type=int, default=64, help="generation batch (default 64)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--out", help="results JSON (default: MODEL/eval.json for a directory, else ./eval.json)")
+
+    p = sub.add_parser("generate", help=OTHER_COMMANDS["generate"], description=OTHER_COMMANDS["generate"] + ".")
+    p.add_argument("model", help="model or run directory, or a tiny[:...] spec")
+    p.add_argument("--prompt", help="answer this one message and exit (else: interactive, /exit or Ctrl-D quits)")
+    p.add_argument("--system", help="system message prepended to the conversation")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=256,
+                   help="maximum response tokens (default 256; a response ends at EOS)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 = greedy (default 0.7)")
+    p.add_argument("--top-p", dest="top_p", type=float, default=1.0, help="nucleus sampling (default 1.0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+
+    p = sub.add_parser("export", help=OTHER_COMMANDS["export"], description=OTHER_COMMANDS["export"] + ".")
+    p.add_argument("source", metavar="RUN_OR_DIR", help="run directory, model directory or LoRA adapter directory")
+    p.add_argument("--out", required=True, help="directory to write the merged model to")
+    p.add_argument("--base", help="base model of a LoRA adapter (default: from the run's config.yaml or the "
+                                  "adapter's config)")
+
+    p = sub.add_parser("data", help=OTHER_COMMANDS["data"], description=OTHER_COMMANDS["data"] + ".")
+    dsub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True)
+    m = dsub.add_parser("make", help="write a built-in task's data files (sft, preference, prompts, unpaired, eval)")
+    m.add_argument("task", help="built-in task (quickstart)")
+    m.add_argument("--out", required=True, help="directory for the files")
+    m.add_argument("--n", type=int, default=2000, help="records per training file (default 2000)")
+    m.add_argument("--n-eval", dest="n_eval", type=int, default=200, help="records per eval file (default 200)")
+    m.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
+
+    p = sub.add_parser("config", help=OTHER_COMMANDS["config"], description=OTHER_COMMANDS["config"] + ".")
+    csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True)
+    s = csub.add_parser("show", help="print a recipe's default config as commented YAML")
+    s.add_argument("recipe", help="sft | rm | ppo | grpo | rloo | reinforce | dpo | ipo | kto | simpo | orpo | pipeline")
+    s.add_argument("overrides", nargs="*", metavar="key.sub=value", help="overrides applied before printing")
+    return parser
+
+
+# ───────────────────────────────────────────────── commands ───────────────────────────────────────────────────
+
+_STATE: dict[str, Path | None] = {"run_dir": None}
+
+
+def _lazy(module: str, name: str):
+    return getattr(importlib.import_module(module), name)
+
+
+def cmd_train(command: str, tokens: list[str]) -> int:
+    from .config import load_config
+
+    config_path, overrides = split_overrides(tokens)
+    cfg = load_config(command, config_path, overrides)  # validates every key before anything is written
+    run_dir = Path(cfg.output_dir)
+    _STATE["run_dir"] = run_dir
+    print(f"[rlhfkit] {command}: run directory {run_dir.resolve()}"
+          + (f" (config {config_path})" if config_path else " (recipe defaults + overrides)"), flush=True)
+    _quiet_libraries()
+    module, fn_name, _ = TRAIN_COMMANDS[command]
+    fn = _lazy(module, fn_name)
+    started = time.time()
+    fn(cfg)
+    print(f"[rlhfkit] {command} finished in {time.time() - started:.0f} s; run directory {run_dir.resolve()}",
+          flush=True)
+    return EXIT_OK
+
+
+def cmd_quickstart(args) -> int:
+    out = Path(args.out)
+    _STATE["run_dir"] = out
+    print(f"[rlhfkit] quickstart: run directory {out.resolve()}", flush=True)
+    _quiet_libraries()
+    _lazy("rlhfkit.pipeline", "run_quickstart")(str(out))
+    print(f"[rlhfkit] quickstart finished; run directory {out.resolve()} (report: {out / 'report.html'})",
+          flush=True)
+    return EXIT_OK
+
+
+def cmd_eval(args) -> int:
+    _quiet_libraries()
+    from .evaluate import evaluate
+
+    evaluate(
+        args.model, args.data, reference=args.reference, reward_model=args.reward_model, functions=args.functions,
+        task=args.task, n=args.n, temperature=0.0 if args.greedy else args.temperature,
+        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, out=args.out,
+    )
+    return EXIT_OK
+
+
+def cmd_generate(args) -> int:
+    _quiet_libraries()
+    from .evaluate import chat
+
+    chat(args.model, prompt=args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
+         temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    return EXIT_OK
+
+
+def cmd_export(args) -> int:
+    _quiet_libraries()
+    from .models.export import export_model
+
+    export_model(args.source, args.out, base=args.base)
+    return EXIT_OK
+
+
+DATA_FILES = {  # file -> (what it holds, which commands read it)
+    "sft.jsonl": ("SFT demonstrations as messages (40% shout the word, the rest echo it)", "rlhfkit sft"),
+    "preference.jsonl": ("preference pairs: prompt, chosen, rejected", "rlhfkit rm / dpo / ipo / simpo / orpo"),
+    "prompts.jsonl": ("prompts with the reference answer: prompt, answer",
+                      "rlhfkit ppo / grpo / rloo / reinforce (answer feeds reward functions)"),
+    "unpaired.jsonl": ("single completions labelled good / bad: prompt, completion, label", "rlhfkit kto"),
+    "eval_prompts.jsonl": ("held-out prompts (another seed)", "rlhfkit eval --data ... --task quickstart"),
+    "eval_preference.jsonl": ("held-out preference pairs (another seed)", "data.eval of rm / dpo / ..."),
+}
+
+
+def cmd_data(args) -> int:
+    from .tasks import get_task, make_task_data
+
+    get_task(args.task)  # unknown task: one-line error
+    if args.n < 1 or args.n_eval < 1:
+        raise UsageError("--n and --n-eval must be at least 1", where="rlhfkit data make", fix="give positive counts")
+    written = make_task_data(args.task, args.out, n=args.n, n_eval=args.n_eval, seed=args.seed)
+    print(f"[rlhfkit] wrote the '{args.task}' task's data to {Path(args.out).resolve()}:")
+    for fname, path in written.items():
+        with open(path) as fh:
+            first = fh.readline().strip()
+        count = sum(1 for _ in open(path))
+        what, used_by = DATA_FILES.get(fname, ("", ""))
+        print(f"\n  {path}  ({count} records)\n    what: {what}\n    for:  {used_by}\n    e.g.: {first}")
+    return EXIT_OK
+
+
+def cmd_config(args) -> int:
+    from .config import build_config, dump_yaml
+
+    cfg = build_config(args.recipe, {}, args.overrides, source="defaults")
+    sys.stdout.write(f"# rlhfkit {args.recipe}: default config (rlhfkit {__version__}); every key is optional\n")
+    sys.stdout.write(dump_yaml(cfg))
+    return EXIT_OK
+
+
+# ───────────────────────────────────────────────── main ───────────────────────────────────────────────────────
+
+
+def _last_checkpoint(run_dir: Path | None) -> Path | None:
+    if run_dir is None or not run_dir.is_dir():
+        return None
+    found = [p.parent for p in run_dir.glob("**/checkpoint-*/trainer_state.pt") if not p.parent.name.endswith(".tmp")]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] in TRAIN_COMMANDS and not any(a in ("-h", "--help") for a in argv[1:]):
+        return cmd_train(argv[0], argv[1:])
+    parser = build_parser()
+    if not argv:
+        parser.print_help()
+        return EXIT_OK
+    args = parser.parse_args(argv)
+    handlers = {"quickstart": cmd_quickstart, "eval": cmd_eval, "generate": cmd_generate, "export": cmd_export,
+                "data": cmd_data, "config": cmd_config}
+    return handlers[args.command](args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rlhfkit`` console script and ``python -m rlhfkit``; returns the exit code."""
+    _quiet_environment()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _STATE["run_dir"] = None
+    try:
+        return _dispatch(argv)
+    except UserError as err:
+        sys.stdout.flush()
+        print(f"error: {err}".replace("\n", " "), file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        ckpt = _last_checkpoint(_STATE["run_dir"])
+        where = (f"; last checkpoint: {ckpt} (run the same command again to resume from it)" if ckpt
+                 else (f"; no checkpoint written yet in {_STATE['run_dir']}" if _STATE["run_dir"] else ""))
+        print(f"interrupted{where}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""Evaluating and talking to a model: ``rlhfkit eval`` and ``rlhfkit generate``.
+
+:func:`evaluate` generates one answer per prompt and reports, as a table and a JSON file:
+
+* the **gold metric** of a built-in task (``task="quickstart"``: exact-answer accuracy computed by a program);
+* the mean of each **reward function** (``package.module:function``, ``file.py:function`` or a built-in name);
+* the mean **reward-model score** of the answers;
+* the **win rate** against a reference model's answers to the same prompts, judged pairwise by the reward model
+  (a win when the model's answer scores higher, ties count half), with a 95 % Wilson score interval.
+
+Everything that can fail on user input (data file, function specs, model paths) is loaded before the first token
+is generated. Sampling is at temperature 1 by default — the policy as a distribution, the quantity RL optimises
+(:mod:`rlhfkit.tasks.gold`); ``temperature=0`` is greedy.
+
+:func:`chat` is the loop behind ``rlhfkit generate``: the model's chat template, generation that stops at EOS,
+and the conversation kept across turns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from .errors import ConfigError, DataError, ModelError, RewardError
+
+Z95 = 1.959963984540054  # the 97.5 % quantile of the standard normal
+
+
+# ─────────────────────────────────────────────────── statistics ───────────────────────────────────────────────
+
+
+def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (Wilson, 1927; Brown, Cai & DasGupta, 2001, eq. 4).
+
+    ``center = (p + z²/2n) / (1 + z²/n)``, ``half = z / (1 + z²/n) * sqrt(p(1-p)/n + z²/4n²)`` with ``p = k/n``.
+    ``successes`` may be fractional (ties counted half). Unlike the normal approximation it stays inside [0, 1]
+    and is not degenerate at k = 0 or k = n. ``n = 0`` gives the uninformative (0, 1).
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in [0, {n}], got {successes}")
+    p = successes / n
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def win_rate(scores: Sequence[float], reference_scores: Sequence[float]) -> dict:
+    """Pairwise comparison: wins / ties / losses of ``scores`` against ``reference_scores``, the rate (ties count
+    half) and its 95 % Wilson interval."""
+    if len(scores) != len(reference_scores):
+        raise ValueError(f"{len(scores)} scores vs {len(reference_scores)} reference scores")
+    wins = sum(1 for a, b in zip(scores, reference_scores) if a > b)
+    ties = sum(1 for a, b in zip(scores, reference_scores) if a == b)
+    n = len(scores)
+    successes = wins + 0.5 * ties
+    lo, hi = wilson_interval(successes, n)
+    return {"n": n, "wins": wins, "ties": ties, "losses": n - wins - ties,
+            "rate": successes / n if n else float("nan"), "ci95": [lo, hi]}
+
+
+# ─────────────────────────────────────────────────── loading ──────────────────────────────────────────────────
+
+
+def _device(device: str | None = None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _architectures(name: str) -> list[str]:
+    cfg = Path(name).expanduser() / "config.json"
+    if cfg.is_file():
+        try:
+            return list(json.loads(cfg.read_text()).get("architectures") or [])
+        except (OSError, ValueError):
+            return []
+    return []
+
+
+def is_reward_model_dir(name: str) -> bool:
+    """True when ``name`` is a directory holding a sequence-classification (reward / value) model."""
+    return any(a.endswith("ForSequenceClassification") for a in _architectures(name))
+
+
+def _check_exists(name: str, what: str, flag: str) -> None:
+    """A path-looking name that does not exist is a one-line error (instead of a hub lookup message)."""
+    from .models.loading import is_tiny
+
+    if is_tiny(name):
+        return
+    p = Path(name).expanduser()
+    if p.exists():
+        return
+    parts = Path(name).parts
+    path_like = (name.startswith((".", "/", "~")) or p.suffix == ".gguf"
+                 or (len(parts) > 1 and Path(parts[0]).exists()))  # runs/sft when runs/ exists
+    if path_like:
+        raise ModelError(f"{what} not found: {name}", where=flag,
+                         fix="give a model or run directory (one a stage wrote), a cached hub name or tiny")
+
+
+def load_policy(name: str, device: str | torch.device | None = None, flag: str = "model"):
+    """A causal LM (merged when ``name`` is a LoRA adapter directory) and its tokenizer, in eval mode."""
+    from .config import ModelConfig
+    from .models.loading import load_causal_lm
+
+    _check_exists(str(name), "model", flag)
+    if is_reward_model_dir(str(name)):
+        raise ModelError(f"{name} is a reward model (sequence classifier), not a language model", where=flag,
+                         fix="give a policy / SFT model here; pass reward models with --reward-model")
+    dev = _device(str(device) if device is not None else None)
+    model, tok = load_causal_lm(ModelConfig(name=str(name)), device=dev, trainable=False)
+    return model.to(dev), tok
+
+
+def load_reward_model(name: str, device: str | torch.device | None = None, flag: str = "--reward-model"):
+    """A 1-label sequence-classification reward model and its tokenizer, in eval mode."""
+    from .config import ModelConfig
+    from .models.loading import load_scalar_model
+    from .models.tokenizer import load_tokenizer
+
+    _check_exists(str(name), "reward model", flag)
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise ModelError(f"reward model directory not found: {name}", where=flag,
+                         fix="give the run directory of `rlhfkit rm` (it holds config.json)")
+    if not is_reward_model_dir(str(path)):
+        archs = ", ".join(_architectures(str(path))) or "no architecture"
+        raise ModelError(f"{name} is not a reward model ({archs})", where=flag,
+                         fix="give a directory written by `rlhfkit rm` (a ...ForSequenceClassification model)")
+    tok = load_tokenizer(str(path))
+    dev = _device(str(device) if device is not None else None)
+    model = load_scalar_model(str(path), ModelConfig(name=str(path)), tokenizer=tok, device=dev, trainable=False)
+    return model.to(dev), tok
+
+
+def load_prompts(data: str, n: int | None = None) -> list[dict]:
+    """Prompt records (``{"prompt": [messages], **other fields}``, each knowing its ``where``); the first ``n``."""
+    from .data import load_dataset_records
+
+    if n is not None and n < 1:
+        raise ConfigError(f"--n must be at least 1, got {n}", where="--n", fix="give a positive number")
+    records = load_dataset_records(str(data), "prompt", limit=n)
+    if not records:
+        raise DataError("no prompts", where=str(data), fix="give a file with at least one prompt record")
+    return records
+
+
+def _prompt_arg(record: dict):
+    """What reward functions receive as the prompt: the text of a single user turn, else the message list."""
+    msgs = record["prompt"]
+    if len(msgs) == 1 and msgs[0]["role"] == "user":
+        return msgs[0]["content"]
+    return msgs
+
+
+def _last_user_text(record: dict) -> str:
+    return next(m["content"] for m in reversed(record["prompt"]) if m["role"] == "user")
+
+
+# tasks whose prompts can be recognised, to suggest --task (never applied silently)
+_TASK_PATTERNS = {"quickstart": re.compile(r"^shout: [a-z]+$")}
+
+
+def suggest_task(records: Sequence[dict]) -> str | None:
+    """The built-in task whose prompts these look like (checked on the first 50), or None."""
+    texts = [_last_user_text(r) for r in records[:50]]
+    for name, pattern in _TASK_PATTERNS.items():
+        if texts and all(pattern.match(t) for t in texts):
+            return name
+    return None
+
+
+# ─────────────────────────────────────────────────── generation ───────────────────────────────────────────────
+
+
+def generate_answers(model, tok, prompts: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
+                     top_p: float = 1.0, seed: int | None = 0, batch_size: int = 64,
+                     wheres: Sequence[str] | None = None) -> dict:
+    """One answer per conversation: ``{"texts": [...], "ended": [bool], "lengths": [int]}`` (ended = stopped at
+    EOS rather than at ``max_new_tokens``)."""
+    from .models.tokenizer import eos_token_ids
+    from .rollout import HFGenerateEngine, decode_responses, encode_chat_prompts
+
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be at least 1, got {max_new_tokens}", where="--max-new-tokens",
+                          fix="give a positive number")
+    if temperature < 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}", where="--temperature",
+                          fix="use 0 for greedy decoding or a positive temperature")
+    ids = encode_chat_prompts(tok, list(prompts))
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int):
+        for i, row in enumerate(ids):
+            if len(row) >= limit:
+                raise DataError(f"the prompt has {len(row)} tokens; the model's context is {limit}",
+                                where=wheres[i] if wheres else f"prompt {i}",
+                                fix="shorten the prompt or use a model with a longer context")
+    rollout = HFGenerateEngine(batch_size=max(1, batch_size)).generate(
+        model, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        do_sample=temperature > 0, eos_token_ids=eos_token_ids(tok, getattr(model, "generation_config", None)),
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        tokenizer=tok, seed=seed,
+    )
+    return {"texts": decode_responses(tok, rollout), "ended": rollout.ended.cpu().tolist(),
+            "lengths": rollout.lengths.cpu().tolist()}
+
+
+# ─────────────────────────────────────────────────── evaluation ───────────────────────────────────────────────
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+def _std(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    m = _mean(values)
+    return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def default_out(model: str) -> Path:
+    p = Path(model).expanduser()
+    return p / "eval.json" if p.is_dir() else Path("eval.json")
+
+
+def evaluate(
+    model: str,
+    data: str,
+    *,
+    reference: str | None = None,
+    reward_model: str | None = None,
+    functions: Sequence[str] = (),
+    task: str | None = None,
+    n: int | None = None,
+    temperature: float = 1.0,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    batch_size: int = 64,
+    out: str | Path | None = None,
+    device: str | None = None,
+    show: bool = True,
+) -> dict:
+    """Evaluate ``model`` on the prompts of ``data`` (module docstring); writes ``out`` (default
+    ``<model>/eval.json``) and returns the results dict."""
+    from .rewards import CombinedRewards, RewardModelScorer
+    from .tasks import get_task
+
+    # 1. everything the user gave, checked before any generation
+    if reference is not None and reward_model is None:
+        raise ConfigError("a win rate needs a judge", where="--reference",
+                          fix="add --reward-model DIR (the reward model judges model vs reference pairwise)")
+    the_task = get_task(task) if task else None
+    records = load_prompts(data, n)
+    try:
+        rewards = CombinedRewards(list(functions)) if functions else None
+    except RewardError as err:  # the recipe's key is reward.functions; here the flag is --functions
+        raise RewardError(err.message, where="--functions", fix=err.fix) from None
+    out_path = Path(out) if out is not None else default_out(model)
+    policy, tok = load_policy(model, device, flag="model")
+    ref = load_policy(reference, device, flag="--reference") if reference else None
+    judge = load_reward_model(reward_model, device) if reward_model else None
+    say = _printer(show)
+
+    # 2. the model's answers
+    prompts = [r["prompt"] for r in records]
+    gen_kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=batch_size,
+                  wheres=[getattr(r, "where", f"record {i}") for i, r in enumerate(records)])
+    say(f"[eval] {model}: answering {len(prompts)} prompts from {data} "
+        f"({'greedy' if temperature <= 0 else f'temperature {temperature}'}, max {max_new_tokens} new tokens)")
+    answers = generate_answers(policy, tok, prompts, **gen_kw)
+    texts = answers["texts"]
+    result: dict = {
+        "model": str(model), "data": str(data), "n": len(records),
+        "sampling": {"temperature": temperature, "greedy": temperature <= 0, "max_new_tokens": max_new_tokens,
+                     "seed": seed},
+        "responses": {"mean_tokens": _mean(answers["lengths"]),
+                      "eos_frac": _mean([float(e) for e in answers["ended"]])},
+    }
+    samples = [{"prompt": _last_user_text(r), "response": t} for r, t in zip(records, texts)]
+
+    # 3. gold metric of a built-in task
+    if the_task is not None:
+        gold = [the_task.gold(_last_user_text(r), t) for r, t in zip(records, texts)]
+        result["gold"] = {"task": the_task.name, "mean": _mean(gold)}
+        for s, g in zip(samples, gold):
+            s["gold"] = g
+    else:
+        hint = suggest_task(records)
+        if hint:
+            say(f"[eval] these prompts look like the built-in '{hint}' task: add --task {hint} for its gold metric")
+
+    # 4. reward functions, each by name
+    if rewards is not None:
+        rows = [{k: v for k, v in r.items() if k != "prompt"} for r in records]
+        _, per_fn, _ = rewards([_prompt_arg(r) for r in records], texts, rows)
+        result["rewards"] = {}
+        for name, values in per_fn.items():
+            present = values[~torch.isnan(values)]
+            result["rewards"][name] = {"mean": float(present.mean()) if len(present) else float("nan"),
+                                       "n": int(len(present))}
+            for s, v in zip(samples, values.tolist()):
+                s[f"reward/{name}"] = None if math.isnan(v) else v
+
+    # 5. reward-model score, and the win rate against the reference judged by it
+    if judge is not None:
+        rm, rm_tok = judge
+        scorer = RewardModelScorer(rm, rm_tok, batch_size=max(1, batch_size))
+        scores = scorer.score(prompts, texts).tolist()
+        result["reward_model"] = {"path": str(reward_model), "mean": _mean(scores), "std": _std(scores)}
+        for s, v in zip(samples, scores):
+            s["rm_score"] = v
+        if ref is not None:
+            say(f"[eval] reference {reference}: answering the same prompts")
+            ref_answers = generate_answers(ref[0], ref[1], prompts, **gen_kw)
+            ref_scores = scorer.score(prompts, ref_answers["texts"]).tolist()
+            wr = win_rate(scores, ref_scores)
+            result["win_rate"] = {"reference": str(reference), "judge": str(reward_model), **wr,
+                                  "reference_rm_mean": _mean(ref_scores),
+                                  "reference_eos_frac": _mean([float(e) for e in ref_answers["ended"]])}
+            for s, t, v in zip(samples, ref_answers["texts"], ref_scores):
+                s["reference_response"], s["reference_rm_score"] = t, v
+
+    result["samples"] = samples  # every prompt with its answer(s) and scores, for inspection
+
+    # 6. report
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    tmp.replace(out_path)
+    result["out"] = str(out_path)
+    if show:
+        print_results(result)
+    return result
+
+
+def _printer(show: bool) -> Callable[[str], None]:
+    def say(text: str) -> None:
+        if show:
+            print(text, flush=True)
+
+    return say
+
+
+def print_results(result: dict) -> None:
+    """The results as a rich table (metric, value, detail) on the shared console."""
+    from rich.table import Table
+
+    from .track.console import get_console
+
+    table = Table(title=f"rlhfkit eval: {result['model']} on {result['n']} prompts")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("detail")
+    if "gold" in result:
+        table.add_row(f"gold ({result['gold']['task']})", f"{result['gold']['mean']:.3f}",
+                      "exact-answer accuracy of the sampled answers" if not result["sampling"]["greedy"]
+                      else "exact-answer accuracy (greedy)")
+    for name, r in result.get("rewards", {}).items():
+        table.add_row(f"reward: {name}", f"{r['mean']:.4f}", f"mean over {r['n']} scored answers")
+    if "reward_model" in result:
+        rm = result["reward_model"]
+        table.add_row("reward model score", f"{rm['mean']:.4f}", f"std {rm['std']:.4f}; {rm['path']}")
+    if "win_rate" in result:
+        w = result["win_rate"]
+        lo, hi = w["ci95"]
+        table.add_row("win rate", f"{w['rate']:.3f}",
+                      f"95% CI [{lo:.3f}, {hi:.3f}]; {w['wins']} wins, {w['ties']} ties, {w['losses']} losses "
+                      f"of {w['n']} vs {w['reference']} (judge: reward model; reference RM mean "
+                      f"{w['reference_rm_mean']:.4f})")
+    resp = result["responses"]
+    table.add_row("response length", f"{resp['mean_tokens']:.1f}", "mean tokens, EOS included")
+    table.add_row("ended with EOS", f"{resp['eos_frac']:.3f}", "fraction; the rest hit --max-new-tokens")
+    console = get_console()
+    console.print(table)
+    for s in result.get("samples", [])[:3]:
+        console.print(f"  e.g. {s['prompt']!r} -> {s['response']!r}", markup=False, highlight=False)
+    console.print(f"[eval] results written to {result['out']}", markup=False, highlight=False)
+
+
+# ─────────────────────────────────────────────────── chat ─────────────────────────────────────────────────────
+
+
+def reply(model, tok, messages: list[dict], *, max_new_tokens: int = 256, temperature: float = 0.7,
+          top_p: float = 1.0, seed: int | None = None) -> str:
+    """The model's next assistant turn for a conversation (chat template, stops at EOS)."""
+    answers = generate_answers(model, tok, [messages], max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_p=top_p, seed=seed, batch_size=1)
+    return answers["texts"][0]
+
+
+def chat(model_name: str, *, prompt: str | None = None, system: str | None = None, max_new_tokens: int = 256,
+         temperature: float = 0.7, top_p: float = 1.0, seed: int | None = None, device: str | None = None,
+         stdin=None, stdout=None) -> list[dict]:
+    """``rlhfkit generate``: answer ``prompt`` once, or chat turn by turn on ``stdin`` until EOF or ``/exit``
+    (``/reset`` starts a new conversation). Returns the conversation."""
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    model, tok = load_policy(model_name, device, flag="model")
+    if seed is None and temperature > 0:
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    start = [{"role": "system", "content": system}] if system else []
+    messages = list(start)
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    if prompt is not None:
+        messages.append({"role": "user", "content": prompt})
+        answer = reply(model, tok, messages, seed=seed, **kw)
+        messages.append({"role": "assistant", "content": answer})
+        stdout.write(answer + "\n")
+        stdout.flush()
+        return messages
+    interactive = hasattr(stdin, "isatty") and stdin.isatty()
+    print(f"[generate] chatting with {model_name}; /reset starts over, /exit or Ctrl-D quits", file=sys.stderr)
+    turn = 0
+    while True:
+        if interactive:
+            stdout.write("you> ")
+            stdout.flush()
+        line = stdin.readline()
+        if not line:  # EOF
+            break
+        text = line.rstrip("\n")
+        if text.strip() in ("/exit", "/quit"):
+            break
+        if text.strip() == "/reset":
+            messages = list(start)
+            continue
+        if not text.strip():
+            continue
+        messages.append({"role": "user", "content": text})
+        answer = reply(model, tok, messages, seed=None if seed is None else seed + turn, **kw)
+        turn += 1
+        messages.append({"role": "assistant", "content": answer})
+        stdout.write(("model> " if interactive else "") + answer + "\n")
+        stdout.flush()
+    return messages
