@@ -1,0 +1,142 @@
+"""Shared helpers of the benchmarks: device choice, timing (warm-up + median), peak CUDA memory, model configs.
+
+Every benchmark reports RATIOS between rlhfkit and a peer measured in the same process, on the same inputs, so
+the numbers mean something across machines; absolute times are printed only as context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+
+# SmolLM2-135M's shape (HuggingFaceTB/SmolLM2-135M config.json), built from config with random weights.
+SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+               intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192,
+               rope_theta=100000.0, rms_norm_eps=1e-5, eos_token_id=2, bos_token_id=1, pad_token_id=2)
+# A tiny Llama for --quick runs on CPU (same code paths, seconds instead of minutes).
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=2048, tie_word_embeddings=True, max_position_embeddings=512,
+            rms_norm_eps=1e-5, eos_token_id=2, bos_token_id=1, pad_token_id=0)
+
+
+def parse_args(doc: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run); default on CPU")
+    p.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats (median reported)")
+    if extra:
+        extra(p)
+    args = p.parse_args()
+    args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.device.type == "cpu":
+        args.quick = True
+    return args
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], device: torch.device, repeats: int = 5, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in seconds over ``repeats`` runs, after ``warmup`` untimed runs."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def paired_times(peer: Callable[[], object], ours: Callable[[], object], device: torch.device, repeats: int = 5,
+                 warmup: int = 2) -> tuple[float, float]:
+    """Median times of ``peer`` and ``ours``, timed in alternation (so clock / load drift hits both alike)."""
+    for _ in range(warmup):
+        peer()
+        ours()
+    t_peer, t_ours = [], []
+    for _ in range(repeats):
+        t_peer.append(median_time(peer, device, 1, warmup=0))
+        t_ours.append(median_time(ours, device, 1, warmup=0))
+    return statistics.median(t_peer), statistics.median(t_ours)
+
+
+def peak_memory(fn: Callable[[], object], device: torch.device) -> float | None:
+    """Peak CUDA memory allocated by ``fn()`` above what was allocated before it, in bytes (None on CPU)."""
+    if device.type != "cuda":
+        return None
+    gc.collect()
+    torch.cuda.empty_cache()
+    sync(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    sync(device)
+    return float(torch.cuda.max_memory_allocated(device) - base)
+
+
+def mib(x: float | None) -> str:
+    return "n/a" if x is None else f"{x / 2**20:.0f} MiB"
+
+
+def ratio_line(name: str, peer_t: float, ours_t: float, peer_m: float | None = None,
+               ours_m: float | None = None, extra: str = "") -> str:
+    """One greppable line: ``RATIO <name>: time peer/rlhfkit = 2.10x; peak-mem peer/rlhfkit = 3.0x``."""
+    line = f"RATIO {name}: time peer/rlhfkit = {peer_t / ours_t:.2f}x ({peer_t * 1e3:.1f} ms vs {ours_t * 1e3:.1f} ms)"
+    if peer_m is not None and ours_m is not None:
+        line += f"; peak-mem peer/rlhfkit = {peer_m / max(ours_m, 1.0):.2f}x ({mib(peer_m)} vs {mib(ours_m)})"
+    return line + (f"; {extra}" if extra else "")
+
+
+def llama(device: torch.device, quick: bool, dtype: torch.dtype | None = None, seq_cls: bool = False, **over):
+    """A Llama with random weights: SmolLM2-135M's shape, or :data:`TINY` with ``quick``; bf16 on CUDA."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, LlamaConfig
+
+    cfg = LlamaConfig(**{**(TINY if quick else SMOLLM2), **over})
+    if seq_cls:
+        cfg.num_labels = 1
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    cls = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
+    torch.manual_seed(0)
+    with torch.device(device):
+        return cls.from_config(cfg, dtype=dtype)
+
+
+ROWS: list[tuple[str, str, str]] = []  # (check, status, result) rows of gpu_check's table
+
+
+def check(name: str):
+    """Decorator that runs the function at once; its ``(status, text)`` or its error becomes a table row."""
+    def wrap(fn):
+        t0 = time.perf_counter()
+        try:
+            status, text = fn()
+        except Exception as e:  # every failure becomes a FAIL row, never a crash
+            traceback.print_exc()
+            status, text = "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:160]
+        ROWS.append((name, status, text))
+        print(f"[{time.perf_counter() - t0:6.1f}s] {name}: {status} {text}", flush=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return fn
+    return wrap
+
+
+def print_table(where: str) -> None:
+    print("\n" + f"{'check':44} {'status':6} result")
+    print("-" * 110)
+    for row in ROWS:
+        print(f"{row[0]:44} {row[1]:6} {row[2]}")
+    fails = sum(r[1] == "FAIL" for r in ROWS)
+    print(f"{len(ROWS) - fails}/{len(ROWS)} without FAIL on {where}")

@@ -1,0 +1,187 @@
+"""Every GPU check of rlhfkit in one run, ending with a short table (one row per check, PASS / FAIL and the number).
+
+On CUDA: a SmolLM2-135M-shaped Llama with random weights in bf16, batch 16, prompt 128 + response 128 tokens:
+  (a) SFT step (rlhfkit ``sft_forward`` = forward + chunked ``token_logprobs`` + loss, backward, AdamW): tokens/s
+  (b) one PPO update: ``ppo_policy_loss`` on ``response_logits`` + ``value_loss`` on a critic's values, both
+      backwards and both AdamW steps: ms and tokens/s
+  (c) ``HFGenerateEngine`` sampling 128 tokens per row (min_new_tokens = 128 so the count is fixed): tokens/s
+  (d) the ratios of bench/logprobs.py, bench/response_logits.py and bench/rollout.py at their GPU sizes
+  (e) correctness: chunked log-probs / entropy / gradient equal the naive float32 ones within bf16 tolerance,
+      ``response_logits`` equals the full forward's slice, and ``accelerate.Accelerator(mixed_precision="bf16")``
+      autocasts the model to bf16 logits while rlhfkit's log-probs stay float32 and a step trains the fp32 weights.
+On CPU the same checks run with ``--quick`` sizes (a tiny Llama), so a machine without a GPU can smoke it.
+Each check is wrapped: a failure is a FAIL row with its error, never a crash. Budget: well under 5 min on an H100.
+A WARN row is no failure: it points at a cost worth knowing (see bench/README.md).
+
+    python bench/gpu_check.py            # CUDA
+    .venv/bin/python bench/gpu_check.py --quick   # CPU smoke
+"""
+
+from __future__ import annotations
+
+import logprobs as bench_logprobs
+import response_logits as bench_response
+import rollout as bench_rollout
+import torch
+import transformers
+from _common import check, llama, median_time, parse_args, print_table, sync
+
+from rlhfkit import algos
+from rlhfkit.rollout import HFGenerateEngine
+from rlhfkit.train.online import position_ids_of, response_logits, response_values
+from rlhfkit.train.sft import sft_forward
+
+
+def main() -> None:
+    args = parse_args(__doc__)
+    dev, quick = args.device, args.quick
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    print(f"device: {name} | torch {torch.__version__} | transformers {transformers.__version__} | "
+          f"{'quick (tiny model)' if quick else 'SmolLM2-135M shape, bf16'}", flush=True)
+    B, P, R = (2, 16, 16) if quick else (16, 128, 128)
+    reps = args.repeats or (1 if quick else 5)
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    model = llama(dev, quick)
+    V = model.config.vocab_size
+    ids = torch.randint(3, V, (B, P + R), generator=g).to(dev)
+    mask = torch.ones_like(ids)
+    seen: dict = {}
+
+    @check("(a) SFT step tokens/s")
+    def _():
+        labels = ids.clone()
+        labels[:, :P] = -100
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+        def step():
+            loss, _ = sft_forward(model, batch)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        model.train()
+        t = median_time(step, dev, reps, warmup=1 if quick else 2)
+        return "OK", f"{B * (P + R) / t:,.0f} tok/s ({t * 1e3:.1f} ms, B={B} T={P + R})"
+
+    @check("(b) PPO update (policy + critic)")
+    def _():
+        critic = llama(dev, quick, seq_cls=True)
+        batch = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids_of(mask),
+                 "response_ids": ids[:, P:], "mask": torch.ones(B, R, device=dev)}
+        with torch.no_grad():
+            batch["old_logprobs"] = algos.token_logprobs(response_logits(model, batch, 1.0), batch["response_ids"])
+            batch["values"] = response_values(critic, batch)
+        batch["advantages"] = torch.randn(B, R, generator=g).to(dev)
+        batch["returns"] = batch["values"] + torch.randn(B, R, generator=g).to(dev)
+        opts = [torch.optim.AdamW(m.parameters(), lr=1e-5) for m in (model, critic)]
+
+        def update():
+            lp = algos.token_logprobs(response_logits(model, batch, 1.0), batch["response_ids"])
+            pl, _ = algos.ppo_policy_loss(lp, batch["old_logprobs"], batch["advantages"], batch["mask"])
+            vl, _ = algos.value_loss(response_values(critic, batch), batch["values"], batch["returns"], batch["mask"])
+            (pl + 0.5 * vl).backward()
+            for o in opts:
+                o.step()
+                o.zero_grad(set_to_none=True)
+
+        t = median_time(update, dev, reps, warmup=1 if quick else 2)
+        return "OK", f"{t * 1e3:.1f} ms/update ({B * (P + R) / t:,.0f} tok/s, B={B} P={P} R={R})"
+
+    @check("(c) HFGenerateEngine sampling tokens/s")
+    def _():
+        prompts = ids[:, :P].tolist()
+        eng = HFGenerateEngine()
+
+        def gen():
+            return eng.generate(model, prompts, max_new_tokens=R, min_new_tokens=R, temperature=1.0, seed=0,
+                                eos_token_ids=[model.config.eos_token_id], pad_token_id=model.config.pad_token_id)
+
+        t = median_time(gen, dev, max(1, reps // 2), warmup=1)
+        return "OK", f"{B * R / t:,.0f} tok/s ({t:.2f} s for {B} rows x {R} new tokens, sampled)"
+
+    @check("(d1) ratio token_logprobs vs naive")
+    def _():
+        r = bench_logprobs.measure(dev, quick, reps if quick else None)
+        mem = "" if r["mem_ratio"] is None else f", peak mem {r['mem_ratio']:.2f}x"
+        return "OK", f"time {r['time_ratio']:.2f}x{mem} (peer/rlhfkit)"
+
+    @check("(d2) ratio response_logits vs full slice")
+    def _():
+        r = bench_response.measure(dev, quick, reps if quick else None, model=model)
+        parts = []
+        for mode in ("no_grad", "train"):
+            mem = "" if r[mode]["mem_ratio"] is None else f" mem {r[mode]['mem_ratio']:.2f}x"
+            parts.append(f"{mode}: time {r[mode]['time_ratio']:.2f}x{mem}")
+        return "OK", "; ".join(parts)
+
+    @check("(d3) ratio rollout stop-at-EOS vs forced")
+    def _():
+        r = bench_rollout.measure(dev, quick, reps if quick else None, model=model)
+        # bf16 greedy decoding is not bitwise reproducible on GPU (near ties): allow 10% of rows to differ
+        ok = r["all_ended"] and r["same_prefix_rows"] >= 0.9 * r["rows"]
+        return ("OK" if ok else "FAIL"), (f"time {r['time_ratio']:.2f}x; tokens {r['tokens_peer']} vs "
+                                          f"{r['tokens_ours']}; same prefixes {r['same_prefix_rows']}/{r['rows']} "
+                                          f"(peer vs itself {r['peer_repro_rows']}/{r['rows']})")
+
+    @check("(e1) chunked logprobs/entropy == naive")
+    def _():
+        x = (torch.randn(B, P + R, V, generator=g) * 3).to(dev, torch.bfloat16).requires_grad_(True)
+        y = torch.randint(0, V, (B, P + R), generator=g).to(dev)
+        lp = algos.token_logprobs(x, y, chunk_size=7)  # a small chunk so several blocks and a ragged one are used
+        ref = torch.log_softmax(x.float(), -1).gather(-1, y[..., None]).squeeze(-1)
+        (g1,), (g2,) = torch.autograd.grad(lp.sum(), x), torch.autograd.grad(ref.sum(), x)
+        ent = algos.entropy_from_logits(x.detach(), chunk_size=7)
+        p = torch.softmax(x.detach().float(), -1)
+        ent_ref = -(p * torch.log_softmax(x.detach().float(), -1)).sum(-1)
+        errs = [(lp - ref).abs().max().item(), (g1.float() - g2.float()).abs().max().item(),
+                (ent - ent_ref).abs().max().item()]
+        ok = errs[0] < 1e-4 and errs[1] < 1e-2 and errs[2] < 1e-3
+        return ("PASS" if ok else "FAIL"), "max |diff| logp {:.1e}, grad {:.1e}, entropy {:.1e}".format(*errs)
+
+    @check("(e2) response_logits == full-forward slice")
+    def _():
+        batch = bench_response.make_batch(model, B, P, R, dev)
+        with torch.no_grad():
+            err = (bench_response.ours_logprobs(model, batch) - bench_response.peer_logprobs(model, batch)).abs().max()
+        tol = 5e-2 if next(model.parameters()).dtype == torch.bfloat16 else 1e-4
+        return ("PASS" if err.item() < tol else "FAIL"), f"max |diff| logp {err.item():.1e} (tol {tol:g})"
+
+    @check("(e3) Accelerator(mixed_precision=bf16)")
+    def _():
+        from accelerate import Accelerator
+
+        acc = Accelerator(mixed_precision="bf16", cpu=dev.type == "cpu")
+        m32 = llama(dev, True, dtype=torch.float32)  # small fp32 model: this checks dtypes, not speed
+        opt = torch.optim.AdamW(m32.parameters(), lr=1e-3)
+        m32, opt = acc.prepare(m32, opt)
+        head: dict = {}
+        hook = m32.get_output_embeddings().register_forward_hook(lambda _m, _i, o: head.update(dtype=o.dtype))
+        x = torch.randint(3, m32.config.vocab_size, (2, 32), generator=g).to(acc.device)
+        before = next(m32.parameters()).detach().clone()
+        with acc.autocast():
+            logits = m32(input_ids=x, use_cache=False).logits
+            lp = algos.token_logprobs(logits[:, :-1], x[:, 1:])
+        acc.backward(-lp.mean())
+        opt.step()
+        sync(dev)
+        hook.remove()
+        p = next(m32.parameters())
+        ok = (head["dtype"] == torch.bfloat16 and lp.dtype == torch.float32 and p.dtype == torch.float32
+              and torch.isfinite(lp).all().item() and not torch.equal(before, p.detach()))
+        seen["logits"] = logits.dtype
+        return ("PASS" if ok else "FAIL"), (f"LM head ran in {head['dtype']}, logprobs {lp.dtype}, "
+                                            f"weights {p.dtype} and stepped")
+
+    @check("(e4) prepared model returns bf16 logits")
+    def _():  # accelerate wraps forward in convert_outputs_to_fp32: a float32 copy of [B, T, V] logits
+        bf16 = seen["logits"] == torch.bfloat16
+        return ("PASS" if bf16 else "WARN"), f"returned logits {seen['logits']}" + (
+            "" if bf16 else " (accelerate's convert_outputs_to_fp32: an extra float32 [B, T, V] copy)")
+
+    print_table(name)
+
+if __name__ == "__main__":
+    main()
