@@ -83,22 +83,30 @@ def mixed_precision(name: str) -> str:
 
 
 def start_run(cfg, *, resume_step: int | None = None) -> Run:
-    """Create the accelerator and the run directory, save the resolved config, seed everything."""
+    """Create the accelerator and the run directory, seed everything (the config is saved by :func:`open_sink`)."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
+    # accelerate keeps one state per process, but a pipeline (or a test session) runs stage after stage in one
+    # process, each with its own mixed precision: forget the last stage's (the process group itself is kept)
+    AcceleratorState._reset_state()
+    # cpu=True without CUDA: only then does accelerate set up DDP (gloo) for processes started by torchrun
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision), cpu=not torch.cuda.is_available())
     run_dir = Path(cfg.output_dir)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir)
     accelerator.wait_for_everyone()
     set_seed(cfg.train.seed)
     return Run(cfg=cfg, accelerator=accelerator, run_dir=run_dir)
 
 
 def open_sink(run: Run, resume_step: int | None) -> MetricsSink:
+    """Start writing the run directory: the resolved config and the metrics. Called when training starts, after the
+    model and data loaded, so a run that fails on bad input leaves the files of a previous run alone."""
+    if run.is_main:
+        save_config(run.cfg, run.run_dir)
     run.sink = MetricsSink(run.run_dir, backends=tuple(run.cfg.track.backends), is_main=run.is_main,
-                           config=None, resume_step=resume_step)
+                           config=run.cfg, resume_step=resume_step)
     return run.sink
 
 
@@ -181,8 +189,11 @@ def _set_rng_state(state: dict) -> None:
 class Checkpointer:
     """``run_dir/checkpoint-N/`` every N optimizer updates: trainable weights, optimizers, schedulers, RNG, state.
 
-    ``state`` is a JSON-able dict (data position, KL controller, reward normaliser, …). Written by the main process
-    to ``checkpoint-N.tmp`` and renamed when complete; only the newest ``keep`` are kept.
+    ``state`` is a JSON-able dict (data position, KL controller, reward normaliser, …). Weights, optimizers and
+    schedulers are the same on every process and written once, by the main process; the RNG state is written by
+    every process (``rng_state_<rank>.pt``), because the streams of the ranks part as soon as they draw different
+    amounts (dropout over batches of different shapes, sampling). Everything goes to ``checkpoint-N.tmp``, renamed
+    when complete; only the newest ``keep`` are kept. Every process must call :meth:`save` (it has barriers).
     """
 
     def __init__(self, run: Run, keep: int = 2):
@@ -191,20 +202,24 @@ class Checkpointer:
 
     def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict) -> Path | None:
         acc = self.run.accelerator
-        acc.wait_for_everyone()
         final = self.run.run_dir / f"checkpoint-{step}"
+        tmp = self.run.run_dir / f"checkpoint-{step}.tmp"
+        acc.wait_for_everyone()
         if acc.is_main_process:
-            tmp = self.run.run_dir / f"checkpoint-{step}.tmp"
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
+        acc.wait_for_everyone()  # tmp exists for every process
+        torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
+        if acc.is_main_process:
             payload = {
                 "models": {k: trainable_state_dict(acc.unwrap_model(m)) for k, m in models.items()},
                 "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
                 "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
-                "rng": _rng_state(),
             }
             torch.save(payload, tmp / "trainer_state.pt")
             (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1, default=float))
+        acc.wait_for_everyone()  # every RNG file is written
+        if acc.is_main_process:
             shutil.rmtree(final, ignore_errors=True)
             tmp.replace(final)
             self._prune()
@@ -215,6 +230,18 @@ class Checkpointer:
         ckpts = sorted(list_checkpoints(self.run.run_dir), key=lambda p: p[0])
         for _, path in ckpts[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
+
+    def clear(self) -> None:
+        """Starting over: delete this run directory's checkpoints (a later ``resume=auto`` must not find them)."""
+        acc = self.run.accelerator
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            old = sorted(self.run.run_dir.glob("checkpoint-*"))
+            for path in old:
+                shutil.rmtree(path, ignore_errors=True)
+            if old:
+                self.run.print(f"[ckpt] starting over: removed {', '.join(p.name for p in old)}")
+        acc.wait_for_everyone()
 
     def find(self, resume: str) -> Path | None:
         """The checkpoint to resume from: ``auto`` = newest complete one, ``never`` = none, else a path."""
@@ -241,7 +268,8 @@ class Checkpointer:
             o.load_state_dict(payload["optimizers"][k])
         for k, s in schedulers.items():
             s.load_state_dict(payload["schedulers"][k])
-        _set_rng_state(payload["rng"])
+        own = path / f"rng_state_{acc.process_index}.pt"  # rank 0's when the run had fewer processes
+        _set_rng_state(torch.load(own if own.is_file() else path / "rng_state_0.pt", weights_only=False))
         return json.loads((path / "state.json").read_text())
 
 
@@ -302,12 +330,13 @@ def _to_device(batch: dict, device) -> dict:
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
-def _mean_stats(stats: list[dict]) -> dict:
-    out: dict[str, float] = {}
-    for key in stats[0]:
-        vals = [float(s[key]) for s in stats if key in s]
-        out[key] = sum(vals) / len(vals)
-    return out
+def _mean_stats(accelerator, stats: list[dict]) -> dict[str, float]:
+    """Each stat averaged over the micro-batches of one update, then over processes (one all-reduce; every process
+    must call it, with the same keys)."""
+    keys = list(stats[0])
+    local = torch.stack([torch.stack([torch.as_tensor(s[k], dtype=torch.float32, device=accelerator.device).mean()
+                                      for s in stats]).mean() for k in keys])
+    return dict(zip(keys, accelerator.reduce(local, "mean").tolist()))
 
 
 def total_updates(cfg, n_items: int, world: int) -> tuple[int, int]:
@@ -336,7 +365,7 @@ def eval_batches(run: Run, job: SupervisedJob) -> list[dict]:
 
 def train_supervised(run: Run, job: SupervisedJob) -> dict:
     """The supervised loop. Steps: 1. plan  2. prepare  3. resume  4. update loop (accumulate, clip, step, log,
-    evaluate, checkpoint)  5. final evaluation and save. Returns the last metrics."""
+    evaluate, checkpoint)  5. save. Returns the last metrics."""
     cfg, acc = run.cfg, run.accelerator
     # 1. plan: how many optimizer updates, and the data position of each
     n_updates, per_epoch = total_updates(cfg, len(job.train_items), run.world_size)
@@ -357,7 +386,10 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
         step, micro = state["step"], state["micro"]
         job.extra_state.update(state.get("extra", {}))
         run.print(f"[{job.name}] resumed from {resume_from} at update {step}")
-    open_sink(run, resume_step=step if resume_from is not None else None)
+    else:
+        ckpt.clear()  # what an earlier attempt in this directory left must not be resumed later
+    # resumed: drop the lines logged after the checkpoint; starting over: drop every line (-1)
+    open_sink(run, resume_step=step if resume_from is not None else -1)
 
     evals = eval_batches(run, job)
     last: dict = {}
@@ -384,9 +416,10 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             for k in range(ga):
                 batch = _to_device(micro_batch(micro), run.device)
                 micro += 1
-                sync = contextlib.nullcontext() if k == ga - 1 else acc.no_sync(model)
-                with sync, acc.autocast():
-                    loss, st = job.loss_fn(model, batch)
+                sync = contextlib.nullcontext() if k == ga - 1 else acc.no_sync(model)  # all-reduce on the last
+                with sync:
+                    with acc.autocast():  # the forward only: torch advises against backward under autocast
+                        loss, st = job.loss_fn(model, batch)
                     acc.backward(loss / ga)
                 stats.append({"loss": loss.detach(), **st})
             grad_norm = clip_and_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
@@ -394,13 +427,13 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
 
             metrics = {}
             if step % cfg.train.log_every == 0 or step == n_updates:
-                metrics = {f"train/{k}": v for k, v in _mean_stats(stats).items()}
-                metrics["train/loss"] = float(acc.reduce(torch.stack([s["loss"] for s in stats]).mean(), "mean"))
+                metrics = {f"train/{k}": v for k, v in _mean_stats(acc, stats).items()}
                 metrics.update({"lr": scheduler.get_last_lr()[0], "epoch": micro / per_epoch})
                 if grad_norm is not None:
                     metrics["train/grad_norm"] = float(grad_norm)
-            if job.eval_fn is not None and evals and cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0 \
-                    and step != n_updates:
+            # every eval_every updates and after the last one, in the same line: one metrics line per step
+            if job.eval_fn is not None and evals and (step == n_updates or
+                                                     (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0)):
                 metrics.update({f"eval/{k}": v for k, v in job.eval_fn(model, evals).items()})
             if metrics:
                 run.log(metrics, step)
@@ -411,11 +444,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                 ckpt.save(step, models={"model": model}, optimizers={"model": optimizer},
                           schedulers={"model": scheduler}, state={"micro": micro, "extra": job.extra_state})
 
-    # 5. final evaluation and model
-    if job.eval_fn is not None and evals:
-        final = {f"eval/{k}": v for k, v in job.eval_fn(model, evals).items()}
-        run.log(final, step)
-        last.update(final)
+    # 5. final model (the final evaluation was logged with the last update)
     acc.wait_for_everyone()
     if run.is_main and job.on_save is not None:
         job.on_save(acc.unwrap_model(model), run.run_dir)
