@@ -51,7 +51,7 @@ class LoraConfig:
 class ModelConfig:
     name: str = f("tiny", "HF directory, cached hub name, .gguf file, or tiny[:hidden=..,layers=..]")
     gguf_file: str | None = f(None, "GGUF file name inside `name` (a directory) when loading a GGUF model")
-    dtype: str = f("auto", "auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16 | float16")
+    dtype: str = f("auto", "auto (CUDA: fp32 weights + bf16 autocast when trained, bf16 when frozen or LoRA base; CPU: fp32) | float32 | bfloat16 | float16")
     gradient_checkpointing: bool = f(False, "recompute activations in backward to save memory")
     chat_template: str | None = f(None, "override the tokenizer's chat template (a Jinja string or a file path)")
     lora: LoraConfig = f(LoraConfig(), "LoRA / QLoRA settings")

@@ -39,12 +39,13 @@ LORA_TARGETS = {
 }
 
 
-def resolve_dtype(name: str, device: torch.device | str | None = None) -> torch.dtype:
-    """``auto`` -> bf16 on CUDA (when supported), fp32 elsewhere."""
+def resolve_dtype(name: str, device: torch.device | str | None = None, trainable: bool = False) -> torch.dtype:
+    """``auto``: frozen models (reference, reward) in bf16 on CUDA; trained models keep fp32 master weights and
+    train under bf16 autocast (``train.mixed_precision=auto``); everything fp32 on CPU."""
     if name == "auto":
         dev = torch.device(device) if device is not None else None
         cuda = (dev is not None and dev.type == "cuda") or (dev is None and torch.cuda.is_available())
-        if cuda and torch.cuda.is_bf16_supported():
+        if cuda and torch.cuda.is_bf16_supported() and not trainable:
             return torch.bfloat16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
@@ -176,7 +177,7 @@ def load_causal_lm(mcfg, *, tokenizer=None, device=None, seed: int = 0, trainabl
     from transformers import AutoModelForCausalLM
 
     tok = tokenizer or load_tokenizer_for(mcfg)
-    dtype = resolve_dtype(mcfg.dtype, device)
+    dtype = resolve_dtype(mcfg.dtype, device, trainable and not mcfg.lora.enabled)
     source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
     quant = _quantization(mcfg) if trainable else {}
     if is_tiny(source):
@@ -204,7 +205,7 @@ def load_scalar_model(source_name: str, mcfg, *, tokenizer, device=None, seed: i
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    dtype = resolve_dtype(mcfg.dtype, device)
+    dtype = resolve_dtype(mcfg.dtype, device, trainable and not mcfg.lora.enabled)
     source, _ = resolve_source(source_name, mcfg.gguf_file if source_name == mcfg.name else None)
     if is_tiny(source):
         cfg = tiny_llama_config(source, tokenizer)

@@ -73,9 +73,14 @@ def few_eos(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonito
 
 def negative_kl(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonitor) -> str | None:
     kl = m.get("objective/kl")
-    if kl is not None and kl < -0.01:
+    if kl is None:
+        return None
+    # one negative batch mean is sampling noise of the k1 estimator; a negative running mean is not
+    recent = (list(prev.get("objective/kl", [])) + [kl])[-mon.window:]
+    mean = sum(recent) / len(recent)
+    if len(recent) >= 3 and mean < -0.01:
         return (
-            f"objective/kl={fmt(kl)} is negative: the sampling config differs between rollout and scoring "
+            f"objective/kl averaged {fmt(mean)} over the last {len(recent)} steps: negative; the sampling config differs between rollout and scoring "
             "(temperature/top_p/top_k); use algo.kl.estimator=k3 or check generation.temperature"
         )
     return None
@@ -97,7 +102,7 @@ RULES: dict[str, Rule] = {
     "negative_kl": negative_kl,
     "nonfinite_loss": nonfinite_loss,
 }
-TRACKED = ("policy/approxkl_avg", "loss/value_avg")  # metrics whose past values the rules read
+TRACKED = ("policy/approxkl_avg", "loss/value_avg", "objective/kl")  # metrics whose past values the rules read
 
 
 class HealthMonitor:

@@ -437,9 +437,12 @@ class OnlineTrainer:
             self.kl_ctl.load_state_dict(state["kl_ctl"])
             self.moments.load_state_dict(state["moments"])
             run.print(f"[{cfg.recipe}] resumed from {resumed} at step {step}")
-        open_sink(run, resume_step=step * self.updates_per_step if resumed is not None else None)
-        samples = SampleLogger(run.run_dir, is_main=run.is_main,
-                               resume_step=step * self.updates_per_step if resumed is not None else None)
+        else:
+            ckpt.clear()  # what an earlier attempt in this directory left must not be resumed later
+        # resumed: drop the lines logged after the checkpoint; starting over: drop every line (-1)
+        resume_update = step * self.updates_per_step if resumed is not None else -1
+        open_sink(run, resume_step=resume_update)
+        samples = SampleLogger(run.run_dir, is_main=run.is_main, resume_step=resume_update)
         health = HealthMonitor(batch_size=cfg.algo.rollout_batch_size * self.k)
         episodes_per_step = cfg.algo.rollout_batch_size * self.k * run.world_size
         every = max(1, math.ceil(cfg.train.save_every / self.updates_per_step)) if cfg.train.save_every > 0 else 0
@@ -467,7 +470,7 @@ class OnlineTrainer:
                 update = step * self.updates_per_step
                 metrics.update(self.rollout_metrics(exp, reward_metrics, step, episodes_per_step, t_start))
                 self.kl_ctl.update(metrics["objective/kl"], episodes_per_step)
-                if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == self.total_steps):
+                if step == self.total_steps or (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0):
                     metrics.update(self.evaluate(step))
                 run.log(metrics, update)
                 last = metrics
@@ -482,11 +485,6 @@ class OnlineTrainer:
                               state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
                                      "moments": self.moments.state_dict()})
         samples.close()
-        if cfg.train.eval_every == 0:
-            final_eval = self.evaluate(step)
-            if final_eval:
-                run.log(final_eval, step * self.updates_per_step)
-                last.update(final_eval)
         acc.wait_for_everyone()
         if run.is_main:
             save_model(acc.unwrap_model(self.policy), self.tok, run.run_dir)
