@@ -520,7 +520,7 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
     """Build and validate the config of ``recipe`` from a mapping plus dotted overrides."""
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe '{recipe}'", where="recipe", fix=_did_you_mean(recipe, list(RECIPES)))
-    tree = _merge(RECIPE_DEFAULTS.get(recipe, {}), data or {})
+    tree = _merge(_copy(RECIPE_DEFAULTS.get(recipe, {})), _copy(data or {}))  # never mutate shared defaults
     file_recipe = tree.get("recipe", recipe)
     if RECIPES.get(file_recipe) is not RECIPES[recipe]:
         raise ConfigError(

@@ -278,3 +278,11 @@ def test_builtin_task_config_values():
             rm.data.max_length, rm.output_dir) == ("data/quickstart/preference.jsonl",
                                                    "data/quickstart/eval_preference.jsonl", "runs/sft", 1e-3, 32,
                                                    2.0, 64, "runs/rm")
+
+
+def test_overrides_never_leak_into_later_configs():
+    # dotted overrides on keys the recipe defaults set must not write into the shared defaults
+    build_config("dpo", {}, ["algo.reference=on_the_fly", "algo.loss=cdpo"])
+    build_config("kto", {}, ["data.format=preference"])
+    assert build_config("dpo").algo.reference == "precompute" and build_config("dpo").algo.loss == "dpo"
+    assert build_config("kto").data.format == "unpaired"
