@@ -37,8 +37,8 @@ def test_healthy_run_is_silent():
         ([{}, {}, {}, {"policy/approxkl_avg": 0.05}], "5x its running median", "algo.ppo_epochs"),
         ([{"loss/value_avg": v} for v in (0.1, 0.12, 0.15, 0.19, 0.25)], "critic is diverging", "critic.lr"),
         ([{"val/eos_frac": 0.05}], "only 5% of responses end with EOS", "reward.missing_eos_penalty"),
-        # a single negative batch is k1 sampling noise; the mean of the last 3 (-0.05) is not
-        ([{"objective/kl": 0.01}, {"objective/kl": -0.08}, {"objective/kl": -0.08}],
+        # a single negative batch is k1 sampling noise; three in a row averaging -0.05 are not
+        ([{"objective/kl": -0.01}, {"objective/kl": -0.06}, {"objective/kl": -0.08}],
          "objective/kl averaged -0.05 over the last 3 steps: negative", "algo.kl.estimator=k3"),
         ([{"loss/policy_avg": float("nan")}], "loss/policy_avg not finite", "optim.lr"),
     ],

@@ -75,10 +75,11 @@ def negative_kl(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMo
     kl = m.get("objective/kl")
     if kl is None:
         return None
-    # one negative batch mean is sampling noise of the k1 estimator; a negative running mean is not
+    # a negative batch mean is often sampling noise of the k1 estimator on small batches; three negative
+    # steps in a row with a negative running mean are not
     recent = (list(prev.get("objective/kl", [])) + [kl])[-mon.window:]
     mean = sum(recent) / len(recent)
-    if len(recent) >= 3 and mean < -0.01:
+    if len(recent) >= 3 and mean < -0.01 and all(v < 0 for v in recent[-3:]):
         return (
             f"objective/kl averaged {fmt(mean)} over the last {len(recent)} steps: negative; the sampling config differs between rollout and scoring "
             "(temperature/top_p/top_k); use algo.kl.estimator=k3 or check generation.temperature"

@@ -30,7 +30,14 @@ from ..config import OnlineConfig
 from ..data import PromptCollator
 from ..errors import ConfigError
 from ..models.heads import token_values
-from ..models.loading import describe, is_peft, load_causal_lm, load_scalar_model, load_tokenizer_for, save_model
+from ..models.loading import (
+    describe,
+    is_peft,
+    load_causal_lm,
+    load_scalar_model,
+    load_tokenizer_for,
+    save_model,
+)
 from ..models.tokenizer import eos_token_ids
 from ..rewards import CombinedRewards, RewardModelScorer
 from ..rollout import Rollout, get_engine
@@ -46,7 +53,6 @@ from .loop import (
     plan_batches,
     start_run,
 )
-
 
 # ─────────────────────────────────────────────────── pieces ───────────────────────────────────────────────────
 
@@ -166,6 +172,7 @@ class OnlineTrainer:
     def _load_models(self) -> None:
         cfg, run = self.cfg, self.run
         self.policy, self.tok = load_causal_lm(cfg.model, device=self.device, seed=cfg.train.seed)
+        disable_dropout(self.policy)
         run.print(f"[{cfg.recipe}] policy {cfg.model.name}: {describe(self.policy)}")
         self.ref = None
         if self.use_kl and not (is_peft(self.policy) and cfg.ref_model is None):
@@ -192,6 +199,7 @@ class OnlineTrainer:
                                   fix="set critic.init=policy, or give reward.model")
             self.critic = load_scalar_model(source, _with_name(cfg.model, source), tokenizer=self.tok,
                                             device=self.device, seed=cfg.train.seed + 1)
+            disable_dropout(self.critic)
             run.print(f"[{cfg.recipe}] critic from {source}: {describe(self.critic)}")
         self.engine = get_engine(cfg.generation.engine)
         self.eos_ids = eos_token_ids(self.tok, getattr(self.policy, "generation_config", None))
@@ -511,6 +519,17 @@ class OnlineTrainer:
             "episode": step * per_step,
             "eps": step * per_step / max(time.time() - t0, 1e-6),
         }
+
+
+def disable_dropout(model) -> None:
+    """Dropout off in online RL (LoRA dropout included): old and new log-probs must agree at equal weights, or the
+    PPO ratio and the KL estimate carry noise that no learning can remove."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if isinstance(getattr(model.config, key, None), float):
+            setattr(model.config, key, 0.0)
 
 
 def _slice_batch(rollout: Rollout, position_ids: torch.Tensor, s: int, e: int) -> dict:
