@@ -1,0 +1,238 @@
+"""Pipelines: stages run in order, each reading the directory the previous one wrote (SFT -> RM -> PPO, SFT -> DPO,
+…). With a built-in task, its data is generated first and the gold metric of the base, and of every policy the
+pipeline produced, is measured on held-out prompts and shown side by side in ``report.html``.
+
+A stage is ``{name, recipe, config}`` where ``config`` holds that recipe's keys (nested, as in its own YAML). Keys
+left out are chained: a policy stage starts from the last policy (the base model first), a reward-model stage from
+the last policy, an online stage scores with the last reward model, and with a task each stage reads the task's
+file of its kind. A finished stage is marked in ``pipeline_state.json`` and skipped when the pipeline is started
+again; an interrupted stage resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .config import RECIPES, PipelineConfig, build_config, save_config
+from .errors import ConfigError
+from .track.console import get_console
+
+POLICY_RECIPES = {"sft", "ppo", "grpo", "rloo", "reinforce", "dpo", "ipo", "kto", "simpo", "orpo"}
+ONLINE = {"ppo", "grpo", "rloo", "reinforce"}
+PREFERENCE = {"dpo", "ipo", "kto", "simpo", "orpo"}
+STAGE_KEYS = {"name", "recipe", "config"}
+
+TINY = "tiny:hidden=64,layers=2,intermediate=128"
+
+# The built-in quickstart: the tiny model learns the "shout" task by SFT, a reward model learns the preferences,
+# PPO moves the policy towards what the reward model prefers. Measured on 2 CPU cores: about 2 minutes in all.
+QUICKSTART = {
+    "recipe": "pipeline",
+    "output_dir": "runs/quickstart",
+    "task": "quickstart",
+    "task_size": 2000,
+    "eval_prompts": 200,
+    "base_model": TINY,
+    "stages": [
+        {"name": "sft", "recipe": "sft", "config": {
+            "optim": {"lr": 5e-3}, "train": {"batch_size": 32, "epochs": 7}, "data": {"max_length": 64}}},
+        {"name": "rm", "recipe": "rm", "config": {
+            "optim": {"lr": 1e-3}, "train": {"batch_size": 32, "epochs": 2}, "data": {"max_length": 64}}},
+        {"name": "ppo", "recipe": "ppo", "config": {
+            "optim": {"lr": 1e-4}, "critic": {"lr": 1e-3}, "train": {"batch_size": 32, "save_every": 32},
+            "algo": {"rollout_batch_size": 32, "mini_batch_size": 32, "total_episodes": 2048},
+            "generation": {"max_new_tokens": 12}, "data": {"max_length": 64}, "track": {"sample_every": 16}}},
+    ],
+}
+
+TASK_FILES = {
+    "sft": {"data": {"train": "sft.jsonl"}},
+    "rm": {"data": {"train": "preference.jsonl", "eval": "eval_preference.jsonl"}},
+    "online": {"data": {"train": "prompts.jsonl", "eval": "eval_prompts.jsonl"}},
+    "preference": {"data": {"train": "preference.jsonl", "eval": "eval_preference.jsonl"}},
+    "kto": {"data": {"train": "unpaired.jsonl", "eval": "eval_preference.jsonl"}},
+}
+
+
+def _deep_default(tree: dict, defaults: dict) -> dict:
+    """``tree`` with ``defaults`` filled in where ``tree`` has no value (never overwrites the user's keys)."""
+    out = dict(tree)
+    for k, v in defaults.items():
+        if isinstance(v, dict):
+            out[k] = _deep_default(out.get(k) or {}, v)
+        elif out.get(k) is None:
+            out[k] = v
+    return out
+
+
+def _stage_files(recipe: str) -> dict:
+    if recipe == "sft" or recipe == "rm":
+        return TASK_FILES[recipe]
+    if recipe in ONLINE:
+        return TASK_FILES["online"]
+    return TASK_FILES["kto" if recipe == "kto" else "preference"]
+
+
+def plan_stages(cfg: PipelineConfig) -> list[tuple[str, str, object]]:
+    """Resolve every stage to (name, recipe, frozen config) with the chaining rules of the module docstring."""
+    if not cfg.stages:
+        raise ConfigError("the pipeline has no stages", where="stages", fix="list stages, see configs/pipeline.yaml")
+    out_dir = Path(cfg.output_dir)
+    data_dir = out_dir / "data"
+    policy, reward_model = cfg.base_model, None
+    planned, names = [], set()
+    for i, stage in enumerate(cfg.stages):
+        where = f"stages[{i}]"
+        unknown = set(stage) - STAGE_KEYS
+        if unknown:
+            raise ConfigError(f"unknown key '{where}.{sorted(unknown)[0]}'", where=where,
+                              fix="a stage has name, recipe and config")
+        recipe = stage.get("recipe")
+        if recipe not in RECIPES or recipe == "pipeline":
+            raise ConfigError(f"unknown recipe {recipe!r} in {where}", where=f"{where}.recipe",
+                              fix=f"use one of {', '.join(r for r in RECIPES if r != 'pipeline')}")
+        name = stage.get("name") or recipe
+        if name in names:
+            raise ConfigError(f"two stages are named '{name}'", where=f"{where}.name", fix="give each a unique name")
+        names.add(name)
+        tree = dict(stage.get("config") or {})
+        defaults: dict = {"output_dir": str(out_dir / name), "model": {"name": policy}}
+        if recipe in ONLINE and reward_model is not None:
+            defaults["reward"] = {"model": reward_model}
+        if cfg.task:
+            files = _stage_files(recipe)["data"]
+            defaults["data"] = {k: str(data_dir / v) for k, v in files.items()}
+        tree = _deep_default(tree, defaults)
+        stage_cfg = build_config(recipe, tree, source=f"pipeline {where} ({name})")
+        planned.append((name, recipe, stage_cfg))
+        if recipe == "rm":
+            reward_model = stage_cfg.output_dir
+        elif recipe in POLICY_RECIPES:
+            policy = stage_cfg.output_dir
+    return planned
+
+
+def _runner(recipe: str):
+    if recipe == "sft":
+        from .train.sft import run_sft
+
+        return run_sft
+    if recipe == "rm":
+        from .train.reward import run_rm
+
+        return run_rm
+    if recipe in ONLINE:
+        from .train.online import run_online
+
+        return run_online
+    from .train.preference import run_preference
+
+    return run_preference
+
+
+def _load_state(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {"done": {}}
+
+
+def _save_state(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, default=float))
+    tmp.replace(path)
+
+
+def run_pipeline(cfg: PipelineConfig) -> dict:
+    """Run every stage (skipping finished ones), then measure the gold metric and write the report."""
+    console = get_console()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # 1. data of the built-in task (when one is named) and the plan of every stage, validated before any training
+    if cfg.task:
+        from .tasks import make_task_data
+
+        if not (out / "data" / "eval_prompts.jsonl").is_file():
+            make_task_data(cfg.task, out / "data", n=cfg.task_size, n_eval=cfg.eval_prompts)
+            console.print(f"[pipeline] wrote the {cfg.task} task's data to {out / 'data'}", markup=False)
+    stages = plan_stages(cfg)
+    save_config(cfg, out)
+    state_path = out / "pipeline_state.json"
+    state = _load_state(state_path)
+    # 2. the stages, in order
+    for name, recipe, stage_cfg in stages:
+        if name in state["done"]:
+            console.print(f"[pipeline] stage {name} already done ({stage_cfg.output_dir}), skipping", markup=False)
+            continue
+        console.rule(f"stage {name}: {recipe} -> {stage_cfg.output_dir}")
+        t0 = time.time()
+        metrics = _runner(recipe)(stage_cfg)
+        state["done"][name] = {"recipe": recipe, "output_dir": stage_cfg.output_dir, "seconds": time.time() - t0,
+                               "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+        _save_state(state_path, state)
+    # 3. gold metric of the base model and of every policy, side by side
+    gold = _gold_table(cfg, stages) if cfg.task else {}
+    summary = {"stages": state["done"], "gold": gold}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    # 4. report
+    from .report import build_report
+
+    report = build_report(out, title=f"rlhfkit pipeline: {out}", gold=gold or None, stages=[
+        {"name": n, "run_dir": state["done"][n]["output_dir"], "summary": _short(state["done"][n])}
+        for n, _, _ in stages])
+    _print_summary(console, stages, state, gold, report)
+    return summary
+
+
+def _gold_table(cfg: PipelineConfig, stages) -> dict:
+    from .config import ModelConfig
+    from .models.loading import load_causal_lm
+    from .tasks import get_task
+    from .tasks.gold import gold_metric
+
+    task = get_task(cfg.task)
+    prompts = [json.loads(x) for x in (Path(cfg.output_dir) / "data" / "eval_prompts.jsonl").read_text().splitlines()]
+    gold = {}
+    models = [("untrained", cfg.base_model)] + [(n, c.output_dir) for n, r, c in stages if r in POLICY_RECIPES]
+    for name, path in models:
+        model, tok = load_causal_lm(ModelConfig(name=path), trainable=False, seed=0)
+        gold[name] = gold_metric(model, tok, task, prompts, seed=1234)["gold"]
+    return gold
+
+
+def _short(done: dict) -> dict:
+    keep = ("eval/loss", "eval/accuracy", "eval/chosen_mean", "eval/rejected_mean", "objective/scores",
+            "objective/kl", "eval/scores", "rewards/accuracies", "eval/rewards/accuracies")
+    out = {k: round(v, 4) for k, v in done["metrics"].items() if k in keep}
+    out["seconds"] = round(done["seconds"], 1)
+    return out
+
+
+def _print_summary(console, stages, state, gold, report) -> None:
+    from rich.table import Table
+
+    table = Table(title="pipeline summary")
+    table.add_column("stage")
+    table.add_column("output")
+    table.add_column("time")
+    table.add_column("key metrics")
+    for name, _, _ in stages:
+        d = state["done"][name]
+        table.add_row(name, d["output_dir"], f"{d['seconds']:.0f}s",
+                      ", ".join(f"{k}={v}" for k, v in _short(d).items() if k != "seconds"))
+    console.print(table)
+    if gold:
+        console.print("gold metric (exact-answer accuracy of sampled answers on held-out prompts): "
+                      + "  ".join(f"{k}={v:.3f}" for k, v in gold.items()), markup=False)
+    console.print(f"report: {report}", markup=False)
+
+
+def quickstart_config(out_dir: str | None = None) -> PipelineConfig:
+    tree = dict(QUICKSTART)
+    if out_dir:
+        tree["output_dir"] = out_dir
+    return build_config("pipeline", tree, source="built-in quickstart")
+
+
+def run_quickstart(out_dir: str | None = None) -> dict:
+    """The built-in SFT -> RM -> PPO pipeline on the tiny model and task (offline, minutes on 2 CPU cores)."""
+    return run_pipeline(quickstart_config(out_dir))
