@@ -181,6 +181,40 @@ def main() -> None:
         return ("PASS" if bf16 else "WARN"), f"returned logits {seen['logits']}" + (
             "" if bf16 else " (accelerate's convert_outputs_to_fp32: an extra float32 [B, T, V] copy)")
 
+    @check("(f) recipes end to end (tiny, CLI)")
+    def _():  # every recipe's CUDA path: fp32 master weights + bf16 autocast, frozen models in bf16, EOS masks
+        import subprocess
+        import sys
+        import tempfile
+        import time
+        from pathlib import Path
+
+        tmp = Path(tempfile.mkdtemp())
+        d, r = tmp / "data", tmp / "runs"
+        common = ["track.report=false", "data.max_length=64"]
+        steps = [
+            ["data", "make", "quickstart", "--out", str(d), "--n", "512"],
+            ["sft", "configs/sft.yaml", f"data.train={d}/sft.jsonl", f"output_dir={r}/sft", "train.epochs=2", *common],
+            ["rm", "configs/rm.yaml", f"data.train={d}/preference.jsonl", f"data.eval={d}/eval_preference.jsonl",
+             f"model.name={r}/sft", f"output_dir={r}/rm", "train.epochs=1", *common],
+            ["ppo", "configs/ppo.yaml", f"data.train={d}/prompts.jsonl", f"data.eval={d}/eval_prompts.jsonl",
+             f"model.name={r}/sft", f"reward.model={r}/rm", f"output_dir={r}/ppo", "algo.total_episodes=128", *common],
+            ["grpo", "configs/grpo.yaml", f"data.train={d}/prompts.jsonl", f"data.eval={d}/eval_prompts.jsonl",
+             f"model.name={r}/sft", f"output_dir={r}/grpo", "algo.total_episodes=128", "model.lora.enabled=true",
+             *common],
+            ["dpo", "configs/dpo.yaml", f"data.train={d}/preference.jsonl", f"data.eval={d}/eval_preference.jsonl",
+             f"model.name={r}/sft", f"output_dir={r}/dpo", "train.max_steps=8", *common],
+        ]
+        done = []
+        for argv in steps:
+            t0 = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "rlhfkit", *argv], capture_output=True, text=True)
+            if out.returncode != 0:
+                print(out.stdout[-3000:], out.stderr[-3000:])
+                return "FAIL", f"{argv[0]} exit {out.returncode}: {(out.stderr or out.stdout).strip().splitlines()[-1][:120]}"
+            done.append(f"{argv[0]} {time.perf_counter() - t0:.0f}s")
+        return "PASS", ", ".join(done)
+
     print_table(name)
 
 if __name__ == "__main__":

@@ -1,0 +1,320 @@
+"""PPO with LoRA on a real model, SmolLM2-135M-Instruct from its GGUF file, with a reward model made from it.
+
+    .venv/bin/python examples/smollm2_ppo_lora.py [--gguf PATH] [--out runs/smollm2-ppo-lora] [--steps 4] [--threads 1]
+
+1. find the GGUF file (``examples/smollm2.py``) and convert it once to a safetensors directory (cached);
+2. write a small preference set of our own: general questions, the *chosen* answer short and polite
+   ("Happy to help! The answer is Paris."), the *rejected* one rude or rambling; and the questions as PPO prompts
+   (each asks for "one short sentence", so most sampled answers end at ``<|im_end|>`` within 24 tokens);
+3. ``run_rm``: a reward model from the same GGUF (LoRA on the backbone, a fresh ``score`` head), 8 updates of
+   batch 4 at 64 tokens (48 for the prompt), held-out accuracy on pairs of other questions;
+4. PPO (``recipe=ppo``, GAE with a critic initialised from the reward model) with LoRA on the policy: the reference
+   is the policy with its adapter disabled, so no second copy of the model is loaded (checked and printed);
+   4 prompts per step, 24 new tokens at most, KL coefficient 0.05 in the reward; per-step metrics, the lengths
+   at which responses stopped (at their own ``<|im_end|>``), and per-step times split into rollout / scoring /
+   forward passes / PPO update;
+5. reload the written policy with plain ``transformers`` (merged weights, no peft) and answer one question.
+
+The trainer is ``rlhfkit.train.online.OnlineTrainer`` with timers around its phases (:class:`TimedTrainer`);
+:func:`run_timed` does what ``run_online`` does (run directory, trainer, ``train()``), keeping the trainer so its
+models can be inspected. docs/real-models.md lists measured numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from smollm2 import find_smollm2_gguf, search_report  # noqa: E402
+
+from rlhfkit.train.online import OnlineTrainer  # noqa: E402
+
+# (question, answer): the first 16 make the training pairs and the PPO prompts, the last 4 the held-out pairs
+QUESTIONS = [
+    ("What is the capital of France?", "Paris"), ("What colour is the sky on a clear day?", "blue"),
+    ("How many days are in a week?", "seven"), ("What do bees make?", "honey"),
+    ("What is 2+2?", "4"), ("Which animal says moo?", "a cow"),
+    ("What is frozen water called?", "ice"), ("How many legs does a spider have?", "eight"),
+    ("What is the opposite of hot?", "cold"), ("Which planet do we live on?", "Earth"),
+    ("What do you call a baby dog?", "a puppy"), ("How many hours are in a day?", "24"),
+    ("What gas do plants take in?", "carbon dioxide"), ("What is the largest ocean?", "the Pacific"),
+    ("Which fruit is yellow and curved?", "a banana"), ("What language is spoken in Spain?", "Spanish"),
+    ("What is the capital of Italy?", "Rome"), ("How many wheels does a bicycle have?", "two"),
+    ("What colour is grass?", "green"), ("What do cows drink?", "water"),
+]
+N_TRAIN = 16
+# Asked this way, SmolLM2 (with its default system prompt, about 20 tokens) usually answers in 8-22 tokens and stops at
+# <|im_end|> (7 of 8 sampled answers within 24 tokens, against 1 of 8 for the bare question).
+SUFFIX = " Answer in one short sentence."
+
+
+def messages(question: str) -> list[dict]:
+    return [{"role": "user", "content": question + SUFFIX}]
+
+
+def preference_records(questions: list[tuple[str, str]]) -> list[dict]:
+    """Two pairs per question: a short polite answer preferred over a rude one and over a rambling one."""
+    out = []
+    for q, a in questions:
+        chosen = f"Happy to help! The answer is {a}."
+        out.append({"prompt": messages(q), "chosen": chosen,
+                    "rejected": f"Ugh, {a}. Obviously. Stop asking me that."})
+        out.append({"prompt": messages(q), "chosen": chosen,
+                    "rejected": f"Well, it depends, but maybe {a}, or not."})
+    return out
+
+
+def prompt_records(questions: list[tuple[str, str]]) -> list[dict]:
+    return [{"prompt": messages(q), "answer": a} for q, a in questions]
+
+
+class TimedTrainer(OnlineTrainer):
+    """``OnlineTrainer`` with wall-clock timers around each phase of a step, and the rollouts' lengths kept.
+
+    ``self.steps`` gets one dict per training step: seconds in ``rollout`` (generation), ``reward`` (scoring),
+    ``forward`` (old / reference log-probs and values, no grad), ``update`` (PPO epochs), plus the response
+    ``lengths`` and whether each ``ended`` at EOS. (Evaluation on held-out prompts, when there is any, is not counted.)
+    """
+
+    PHASES = ("rollout", "reward", "forward", "update")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.steps: list[dict] = []
+        self._current: dict = defaultdict(float)
+        self.rollouts: list = []
+
+    def _timed(self, phase: str, fn, *args, **kwargs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self._current[phase] += time.perf_counter() - t
+        return out
+
+    def generate(self, prompts, seed, k=None, greedy=False):
+        if k is not None:  # evaluation: not part of a training step
+            return super().generate(prompts, seed, k=k, greedy=greedy)
+        rollout, rows = self._timed("rollout", super().generate, prompts, seed, k=k, greedy=greedy)
+        self.rollouts.append(rollout)
+        self._current["lengths"] = rollout.lengths.tolist()
+        self._current["ended"] = rollout.ended.tolist()
+        return rollout, rows
+
+    def score(self, rollout, rows):
+        return self._timed("reward", super().score, rollout, rows)
+
+    def evaluate(self, step):
+        current = self._current
+        out = super().evaluate(step)
+        self._current = current  # drop what evaluation's scoring added
+        return out
+
+    def make_experience(self, rollout, raw, scores):
+        return self._timed("forward", super().make_experience, rollout, raw, scores)
+
+    def ppo_update(self, exp, step):
+        out = self._timed("update", super().ppo_update, exp, step)
+        self.steps.append(dict(self._current))
+        self._current = defaultdict(float)
+        return out
+
+
+def run_timed(cfg, trainer_cls=TimedTrainer, check=None):
+    """What ``rlhfkit.train.online.run_online`` does (without the HTML report), keeping the trainer:
+    ``check(trainer)`` runs after the models are loaded and before training. Returns (trainer, last metrics)."""
+    from rlhfkit.train.loop import start_run
+
+    run = start_run(cfg)
+    trainer = trainer_cls(cfg, run)
+    if check is not None:
+        check(trainer)
+    metrics = trainer.train()
+    run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
+    return trainer, metrics
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if "objective/scores" in r]
+
+
+def print_steps(tag: str, rows: list[dict], steps: list[dict], keys: list[tuple[str, str]]) -> None:
+    """One line per step: the chosen metrics, the phase times, and the response lengths (``*`` = no EOS)."""
+    for i, (row, st) in enumerate(zip(rows, steps), 1):
+        vals = " ".join(f"{short}={row[k]:.3f}" for k, short in keys if k in row)
+        phases = " ".join(f"{p}={st.get(p, 0.0):.1f}s" for p in TimedTrainer.PHASES)
+        lengths = " ".join(f"{n}" + ("" if e else "*") for n, e in zip(st["lengths"], st["ended"]))
+        print(f"[{tag}] step {i}: {vals}\n[{tag}]   time {sum(st.get(p, 0.0) for p in TimedTrainer.PHASES):.1f}s "
+              f"({phases}); lengths [{lengths}]")
+
+
+def print_timing_summary(tag: str, steps: list[dict]) -> None:
+    rest = steps[1:] or steps
+    for label, sel in (("first step (incl. warm-up)", steps[:1]), ("mean of the other steps", rest)):
+        parts = {p: sum(s.get(p, 0.0) for s in sel) / len(sel) for p in TimedTrainer.PHASES}
+        total = sum(parts.values())
+        print(f"  {tag} {label:<27} {total:6.1f} s  = " + " + ".join(f"{p} {v:.1f}" for p, v in parts.items()))
+
+
+def check_eos_stops(trainer, eos_ids: list[int]) -> tuple[int, int, set[int]]:
+    """(responses that ended, all responses, distinct lengths of those that ended), asserting that every response
+    that ended has its EOS as its last unmasked token and nothing unmasked after it."""
+    ended_n, total, lengths = 0, 0, set()
+    for r in trainer.rollouts:
+        for ids, mask, n, ended in zip(r.response_ids, r.response_mask, r.lengths.tolist(), r.ended.tolist()):
+            total += 1
+            assert int(mask.sum()) == n, "response mask does not match the length"
+            if ended:
+                ended_n += 1
+                lengths.add(n)
+                assert int(ids[n - 1]) in eos_ids, "a response marked as ended does not end with EOS"
+    return ended_n, total, lengths
+
+
+def reload_and_generate(out: Path, conversation: list[dict], max_new_tokens: int = 40) -> tuple[str, int, bool]:
+    """Load ``out`` with plain transformers (no rlhfkit, no peft), answer ``conversation`` greedily through the chat
+    template; (reply, new tokens, ended at EOS)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert not (out / "adapter_config.json").exists(), "the root must hold merged weights, not an adapter"
+    tok = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert not any("lora_" in n for n, _ in model.named_parameters())
+    ids = tok.apply_chat_template(conversation, add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        gen = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    new = gen[0, ids["input_ids"].shape[1]:]
+    return tok.decode(new, skip_special_tokens=True).strip(), len(new), bool((new == tok.eos_token_id).any())
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gguf", help="path to SmolLM2-135M-Instruct.Q4_1.gguf (default: found by examples/smollm2.py)")
+    ap.add_argument("--out", default="runs/smollm2-ppo-lora", help="directory: data/, rm/ and ppo/ (the policy)")
+    ap.add_argument("--rm-steps", type=int, default=8, help="reward-model updates (batch 4)")
+    ap.add_argument("--steps", type=int, default=4, help="PPO steps (each: 4 prompts -> 4 responses, 2 updates)")
+    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--lr", type=float, default=1e-4, help="policy (LoRA) learning rate")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice, one per core); on a "
+                                                 "machine busy with other jobs, 1 can be several times faster")
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    gguf = args.gguf or find_smollm2_gguf()
+    if not gguf or not Path(gguf).is_file():
+        print(search_report() if not args.gguf else f"not a file: {args.gguf}", file=sys.stderr)
+        return 1
+    import torch
+
+    from rlhfkit.config import build_config
+    from rlhfkit.models.loading import is_peft, resolve_source
+    from rlhfkit.tasks import write_jsonl
+    from rlhfkit.train.reward import run_rm
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    timings: dict[str, float] = {}
+    print(f"[smollm2] GGUF: {gguf}; torch threads {torch.get_num_threads()}")
+    t = time.perf_counter()
+    resolve_source(gguf)  # converts once; a lookup afterwards
+    timings["GGUF conversion / cache lookup"] = time.perf_counter() - t
+
+    # 2. data: preference pairs (train / held out) and PPO prompts
+    out = Path(args.out)
+    data = out / "data"
+    write_jsonl(data / "pref.jsonl", preference_records(QUESTIONS[:N_TRAIN]))
+    write_jsonl(data / "pref_eval.jsonl", preference_records(QUESTIONS[N_TRAIN:]))
+    write_jsonl(data / "prompts.jsonl", prompt_records(QUESTIONS[:N_TRAIN]))
+
+    # 3. reward model from the GGUF: LoRA backbone + fresh score head, Bradley-Terry on the pairs
+    rm_dir = out / "rm"
+    rm_cfg = build_config("rm", {}, [
+        f"model.name={gguf}", "model.lora.enabled=true", f"train.max_steps={args.rm_steps}", "train.batch_size=4",
+        "data.max_length=64", "data.max_prompt_length=48", "optim.lr=5e-4", f"data.train={data / 'pref.jsonl'}",
+        f"data.eval={data / 'pref_eval.jsonl'}", f"output_dir={rm_dir}", "track.report=false", "train.resume=never",
+    ], source="examples/smollm2_ppo_lora.py")
+    t = time.perf_counter()
+    rm_metrics = run_rm(rm_cfg)
+    timings["run_rm total"] = time.perf_counter() - t
+
+    # 4. PPO with LoRA; critic initialised from the reward model; reference = policy without its adapter.
+    #    model.lora.dropout=0: the trainer computes old log-probs and values with the models in train mode, where
+    #    LoRA dropout makes them random (and the KL estimate noisy, even negative); without dropout they are exact.
+    ppo_dir = out / "ppo"
+    episodes = 4 * args.steps
+    cfg = build_config("ppo", {}, [
+        f"model.name={gguf}", "model.lora.enabled=true", "model.lora.dropout=0", f"reward.model={rm_dir}", "critic.init=reward",
+        f"data.train={data / 'prompts.jsonl'}", "data.eval_fraction=0", f"output_dir={ppo_dir}",
+        f"generation.max_new_tokens={args.max_new_tokens}", "algo.rollout_batch_size=4", "algo.mini_batch_size=4",
+        "train.batch_size=2", f"algo.total_episodes={episodes}", "algo.kl.coef=0.05", f"optim.lr={args.lr}",
+        "critic.lr=1e-4", "track.sample_every=1", "track.report=false", "train.resume=never",
+    ], source="examples/smollm2_ppo_lora.py")
+
+    def check(trainer):
+        lora_ref = trainer.ref is None and is_peft(trainer.policy)
+        print(f"[smollm2] reference model: {'none loaded' if trainer.ref is None else type(trainer.ref).__name__}; "
+              f"policy is a LoRA (peft) model: {is_peft(trainer.policy)} -> the reference is the policy with its "
+              f"adapter disabled: {lora_ref}")
+        print(f"[smollm2] models in memory: policy (LoRA), critic {type(trainer.critic).__name__} (LoRA: "
+              f"{is_peft(trainer.critic)}), reward model {type(trainer.scorer.model).__name__}; reward model reads "
+              f"the policy's ids directly: {trainer.scorer.same_tokenizer}")
+        assert lora_ref, "with LoRA on the policy no separate reference model should be loaded"
+
+    t = time.perf_counter()
+    trainer, last = run_timed(cfg, check=check)
+    timings["PPO total (load, steps, merge + save)"] = time.perf_counter() - t
+
+    rows = read_metrics(ppo_dir)
+    print("[smollm2] PPO per step (lengths in tokens incl. <|im_end|>; * = cut at max_new_tokens, no EOS):")
+    print_steps("ppo", rows, trainer.steps, [
+        ("objective/scores", "score"), ("rewards/model/mean", "rm"), ("objective/kl", "kl"),
+        ("objective/rlhf_reward", "rlhf_reward"), ("val/ratio", "ratio"), ("policy/approxkl_avg", "approxkl"),
+        ("loss/policy_avg", "pg_loss"), ("loss/value_avg", "vf_loss"), ("response/length_mean", "len"),
+        ("response/length_std", "len_std"), ("val/num_eos_tokens", "eos")])
+    ended, total, lengths = check_eos_stops(trainer, trainer.eos_ids)
+    print(f"[smollm2] {ended}/{total} responses stopped at <|im_end|>, at {len(lengths)} different lengths "
+          f"{sorted(lengths)}")
+    if rows:
+        print(f"[smollm2] step 1 KL {rows[0]['objective/kl']:.4f} (0 = the adapter starts at zero, so the policy "
+              f"equals the adapter-disabled reference)")
+    assert all(math.isfinite(v) for v in last.values() if isinstance(v, float)), last
+    samples = [json.loads(x) for x in (ppo_dir / "samples.jsonl").read_text().splitlines() if x.strip()]
+    if samples:
+        s = samples[-1]
+        print(f"[smollm2] sample of the last step (raw score {s.get('score', float('nan')):.3f}):\n"
+              f"  user: {s.get('prompt')!r}\n  assistant: {s.get('response')!r}")
+
+    # 5. reload with plain transformers and answer once (a held-out question)
+    prompt = QUESTIONS[N_TRAIN][0]
+    t = time.perf_counter()
+    reply, n_new, at_eos = reload_and_generate(ppo_dir, messages(prompt))
+    timings["reload + greedy generation"] = time.perf_counter() - t
+    print(f"[smollm2] reloaded {ppo_dir} with AutoModelForCausalLM (merged, no peft)\n"
+          f"[smollm2] user: {messages(prompt)[-1]['content']!r}\n[smollm2] assistant ({n_new} tokens, ended at EOS: {at_eos}): {reply!r}")
+
+    print(f"[smollm2] reward model: held-out accuracy {rm_metrics.get('eval/accuracy', float('nan')):.3f}, "
+          f"margin {rm_metrics.get('eval/margin_mean', float('nan')):.3f}")
+    print("[smollm2] timings:")
+    for name, sec in timings.items():
+        print(f"  {name:<40} {sec:7.1f} s")
+    print_timing_summary("PPO step", trainer.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
