@@ -397,6 +397,8 @@ def _coerce(value: Any, tp, path: str, source: str):
             raise bad("a number")
         return float(value)
     if tp is str:
+        if isinstance(value, bool) and ("no" if not value else "yes") in CHOICES.get(path, ()):
+            return "no" if not value else "yes"  # YAML 1.1 reads `no` as false: train.mixed_precision=no
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         if not isinstance(value, str):

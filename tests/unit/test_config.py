@@ -286,3 +286,9 @@ def test_overrides_never_leak_into_later_configs():
     build_config("kto", {}, ["data.format=preference"])
     assert build_config("dpo").algo.reference == "precompute" and build_config("dpo").algo.loss == "dpo"
     assert build_config("kto").data.format == "unpaired"
+
+
+def test_mixed_precision_no_survives_yaml_booleans():
+    # YAML 1.1 reads a bare `no` as false; for a key whose choices include "no" that is what the user meant
+    assert build_config("sft", {}, ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    assert build_config("sft", yaml.safe_load("train: {mixed_precision: no}")).train.mixed_precision == "no"
