@@ -59,3 +59,27 @@ def test_rm_output_loads_as_sequence_classifier(rm_dir):
             return sequence_scores(model, enc["input_ids"], enc["attention_mask"]).item()
 
     assert score("ZEBRA") > score("zebra")
+
+
+def test_rm_margin_field_reaches_the_loss(task_data, tmp_path, monkeypatch):
+    """rm.margin_field: each pair's margin (Llama 2) travels from the record to the Bradley-Terry loss."""
+    from rlhfkit.config import build_config
+    from rlhfkit.train import reward
+
+    rows = [json.loads(x) for x in (task_data / "preference.jsonl").read_text().splitlines()[:64]]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({**r, "gap": float(i % 3)}) + "\n" for i, r in enumerate(rows)))
+    seen = []
+    real = reward.bradley_terry_loss
+
+    def spy(chosen, rejected, margin=None, center_coef=0.0):
+        seen.append(margin)
+        return real(chosen, rejected, margin=margin, center_coef=center_coef)
+
+    monkeypatch.setattr(reward, "bradley_terry_loss", spy)
+    cfg = build_config("rm", {}, [f"data.train={path}", f"output_dir={tmp_path / 'rm'}", "model.name=tiny:hidden=32,layers=1",
+                                  "rm.margin_field=gap", "train.batch_size=8", "train.max_steps=2", "data.eval_fraction=0",
+                                  "track.report=false", "data.max_length=64"])
+    reward.run_rm(cfg)
+    margins = [m for m in seen if m is not None]
+    assert margins and all(set(m.tolist()) <= {0.0, 1.0, 2.0} for m in margins)

@@ -294,7 +294,7 @@ def _norm_preference(r: dict, fields, where: str) -> dict:
             _require_role(msgs, ("assistant",), where=where, field=side)
             sides[side] = msgs
         _prompt_ends_with_user(prompt, where=where, field="prompt")
-        return {"prompt": prompt, **sides}
+        return {**_extras(r, ("prompt", "chosen", "rejected")), "prompt": prompt, **sides}
     # implicit prompt: chosen / rejected are whole conversations; the prompt is their common prefix
     if isinstance(r["chosen"], str) or isinstance(r["rejected"], str):
         raise _missing("preference", ["prompt"], fields, where, r)
@@ -313,7 +313,12 @@ def _norm_preference(r: dict, fields, where: str) -> dict:
             raise DataError(f"'{side}' has no assistant turn after the prompt", where=where,
                             fix=f"end '{side}' with the assistant's reply")
         _require_role(out[side], ("assistant",), where=where, field=side)
-    return out
+    return {**_extras(r, ("prompt", "chosen", "rejected")), **out}
+
+
+def _extras(r: dict, used: tuple[str, ...]) -> dict:
+    """The row's other fields (a pair's margin, an id, …), kept so recipes can read them."""
+    return {k: v for k, v in r.items() if k not in used}
 
 
 def _norm_prompt(r: dict, fields, where: str) -> dict:
