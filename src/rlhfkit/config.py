@@ -543,10 +543,6 @@ def load_config(recipe: str, path: str | Path | None, overrides=()):
     return build_config(recipe, data, overrides, source=str(path) if path else "defaults")
 
 
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
-
-
 def replace(cfg, **changes):
     """A changed copy (configs are frozen); nested sections as dicts of changes, e.g. train={"seed": 1}."""
     kwargs = {}

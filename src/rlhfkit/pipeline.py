@@ -68,11 +68,9 @@ def _deep_default(tree: dict, defaults: dict) -> dict:
 
 
 def _stage_files(recipe: str) -> dict:
-    if recipe == "sft" or recipe == "rm":
+    if recipe in ("sft", "rm", "kto"):
         return TASK_FILES[recipe]
-    if recipe in ONLINE:
-        return TASK_FILES["online"]
-    return TASK_FILES["kto" if recipe == "kto" else "preference"]
+    return TASK_FILES["online" if recipe in ONLINE else "preference"]
 
 
 def plan_stages(cfg: PipelineConfig) -> list[tuple[str, str, object]]:

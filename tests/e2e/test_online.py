@@ -78,12 +78,7 @@ def _trainer(task_data, sft_dir, tmp_path, recipe="grpo", *extra):
     cfg = build_config(recipe, {}, online_overrides(
         task_data, sft_dir, tmp_path / "t", REWARD_FN, "algo.rollout_batch_size=4", "algo.num_generations=2",
         "algo.mini_batch_size=8", "train.batch_size=4", "algo.total_episodes=8", *extra))
-    trainer = OnlineTrainer(cfg, start_run(cfg))
-    trainer.kl_ctl = __import__("rlhfkit").algos.FixedKLController(cfg.algo.kl.coef)
-    from rlhfkit.train.online import RunningMoments
-
-    trainer.moments = RunningMoments()
-    return trainer
+    return OnlineTrainer(cfg, start_run(cfg))
 
 
 def test_grpo_with_beta_zero_makes_no_reference_forward(task_data, sft_dir, tmp_path, monkeypatch):

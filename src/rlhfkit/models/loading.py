@@ -13,7 +13,6 @@ with its chat template + ``generation_config.json``), loadable by ``AutoModelFor
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import warnings
@@ -342,6 +341,3 @@ def describe(model) -> str:
     train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return f"{total / 1e6:.2f}M parameters, {train / 1e6:.2f}M trainable"
 
-
-def read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -454,6 +453,3 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     job.model = acc.unwrap_model(model)
     return last
 
-
-def world_info() -> tuple[int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import algos
-from ..config import OnlineConfig
+from ..config import OnlineConfig, replace
 from ..data import PromptCollator
 from ..errors import ConfigError
 from ..models.heads import token_values
@@ -73,12 +73,16 @@ class Experience:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
 
+    def forward_rows(self, idx) -> dict:
+        """What a forward pass over rows ``idx`` (a slice or an index tensor) needs."""
+        r = self.rollout
+        return {"input_ids": r.sequences[idx], "attention_mask": r.attention_mask[idx],
+                "position_ids": self.position_ids[idx], "response_ids": r.response_ids[idx]}
+
     def rows(self, idx: torch.Tensor) -> dict:
         """The tensors of rows ``idx`` needed by one PPO micro-batch."""
-        r = self.rollout
-        out = {"input_ids": r.sequences[idx], "attention_mask": r.attention_mask[idx],
-               "position_ids": self.position_ids[idx], "response_ids": r.response_ids[idx], "mask": self.mask[idx],
-               "old_logprobs": self.old_logprobs[idx], "advantages": self.advantages[idx]}
+        out = {**self.forward_rows(idx), "mask": self.mask[idx], "old_logprobs": self.old_logprobs[idx],
+               "advantages": self.advantages[idx]}
         for name in ("ref_logprobs", "values", "returns"):
             value = getattr(self, name)
             if value is not None:
@@ -165,6 +169,10 @@ class OnlineTrainer:
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
         self.kl_in_reward = algo.kl.placement == "reward"
         self.device = run.device
+        kl = algo.kl
+        self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
+                       else algos.FixedKLController(kl.coef))
+        self.moments = RunningMoments()
         self._load_models()
         self._load_data()
 
@@ -295,7 +303,7 @@ class OnlineTrainer:
         n = len(rollout)
         old, ref, values = [], [], []
         for s in range(0, n, mb):
-            batch = _slice_batch(rollout, exp.position_ids, s, s + mb)
+            batch = exp.forward_rows(slice(s, s + mb))
             old.append(self.logprobs_of(self.policy, batch))
             if self.use_kl:
                 if self.ref is None:  # LoRA: the reference is the policy with its adapter disabled
@@ -432,10 +440,6 @@ class OnlineTrainer:
         else:
             self.policy, self.opt = acc.prepare(self.policy, self.opt)
         models["policy"], opts["policy"] = self.policy, self.opt
-        kl = cfg.algo.kl
-        self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
-                       else algos.FixedKLController(kl.coef))
-        self.moments = RunningMoments()
 
         ckpt = Checkpointer(run, keep=cfg.train.save_total_limit)
         step, resumed = 0, ckpt.find(cfg.train.resume)
@@ -532,14 +536,7 @@ def disable_dropout(model) -> None:
             setattr(model.config, key, 0.0)
 
 
-def _slice_batch(rollout: Rollout, position_ids: torch.Tensor, s: int, e: int) -> dict:
-    return {"input_ids": rollout.sequences[s:e], "attention_mask": rollout.attention_mask[s:e],
-            "position_ids": position_ids[s:e], "response_ids": rollout.response_ids[s:e]}
-
-
 def _with_name(mcfg, name: str):
-    from dataclasses import replace
-
     return replace(mcfg, name=name, gguf_file=None if name != mcfg.name else mcfg.gguf_file)
 
 
