@@ -20,24 +20,10 @@ import warnings
 from pathlib import Path
 
 from . import __version__
+from .config import RECIPES
 from .errors import UserError
 
-# command -> (module, function, one-line description)
-TRAIN_COMMANDS: dict[str, tuple[str, str, str]] = {
-    "sft": ("rlhfkit.train.sft", "run_sft", "supervised fine-tuning on demonstrations"),
-    "rm": ("rlhfkit.train.reward", "run_rm", "train a reward model on preference pairs (Bradley-Terry)"),
-    "ppo": ("rlhfkit.train.online", "run_online", "online RL with PPO (critic + GAE)"),
-    "grpo": ("rlhfkit.train.online", "run_online", "online RL with GRPO (group-normalised advantages)"),
-    "rloo": ("rlhfkit.train.online", "run_online", "online RL with RLOO (leave-one-out baseline)"),
-    "reinforce": ("rlhfkit.train.online", "run_online", "online RL with REINFORCE++"),
-    "dpo": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: DPO"),
-    "ipo": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: IPO"),
-    "kto": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: KTO (unpaired)"),
-    "simpo": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: SimPO"),
-    "orpo": ("rlhfkit.train.preference", "run_preference", "offline preference optimisation: ORPO"),
-    "pipeline": ("rlhfkit.pipeline", "run_pipeline", "run several stages in order (e.g. SFT -> RM -> PPO)"),
-}
-
+# The training commands are the recipes of ``config.RECIPES`` (the one recipe table); the others are below.
 OTHER_COMMANDS: dict[str, str] = {
     "quickstart": "make the built-in task's data and run SFT -> RM -> PPO on a tiny model, with a report",
     "eval": "evaluate a model: gold metric, reward functions, reward-model score, win rate vs a reference",
@@ -46,6 +32,8 @@ OTHER_COMMANDS: dict[str, str] = {
     "data": "data helpers: `rlhfkit data make quickstart --out DIR` writes the built-in task's files",
     "config": "config helpers: `rlhfkit config show RECIPE` prints the commented default config",
 }
+
+COMMANDS = (*RECIPES, *OTHER_COMMANDS)
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 
@@ -154,11 +142,15 @@ def build_parser() -> _Parser:
     parser.add_argument("--version", action="version", version=f"rlhfkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    for name, (_, _, desc) in TRAIN_COMMANDS.items():
+    for name, recipe in RECIPES.items():
+        desc = recipe.description
         p = sub.add_parser(name, help=desc, description=f"rlhfkit {name}: {desc}.",
-                           epilog="Overrides: key.sub=value, --key.sub value or --key.sub=value "
-                                  f"(e.g. optim.lr=1e-5 --output_dir runs/x). `rlhfkit config show {name}` "
-                                  "lists every key.")
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           epilog=_common_keys_help(recipe)
+                           + "\n\nOverrides: key.sub=value, --key.sub value or --key.sub=value "
+                             f"(e.g. optim.lr=1e-5 --output_dir runs/x).\nTRL-style flat names are accepted "
+                             f"(learning_rate, per_device_train_batch_size, ...). `rlhfkit config show {name}` "
+                             "lists every key.")
         p.add_argument("config", nargs="?", help="YAML config file (optional: the recipe's defaults otherwise)")
         p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
 
@@ -172,6 +164,9 @@ def build_parser() -> _Parser:
     p.add_argument("--reward-model", dest="reward_model", help="reward-model directory (from `rlhfkit rm`)")
     p.add_argument("--functions", nargs="+", action="extend", default=[], metavar="SPEC",
                    help="reward functions: package.module:function, file.py:function or a built-in name")
+    p.add_argument("--field", dest="fields", action="append", default=[], metavar="NAME=COLUMN",
+                   help="map a canonical field to your column, as data.fields does in training "
+                        "(e.g. --field prompt=question --field answer=solution)")
     p.add_argument("--task", help="built-in task whose gold metric to compute (quickstart)")
     p.add_argument("--n", type=int, help="evaluate the first N prompts (default: all)")
     g = p.add_mutually_exclusive_group()
@@ -211,9 +206,40 @@ def build_parser() -> _Parser:
     p = sub.add_parser("config", help=OTHER_COMMANDS["config"], description=OTHER_COMMANDS["config"] + ".")
     csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True)
     s = csub.add_parser("show", help="print a recipe's default config as commented YAML")
-    s.add_argument("recipe", help="sft | rm | ppo | grpo | rloo | reinforce | dpo | ipo | kto | simpo | orpo | pipeline")
+    s.add_argument("recipe", help=" | ".join(RECIPES))
     s.add_argument("overrides", nargs="*", metavar="key.sub=value", help="overrides applied before printing")
     return parser
+
+
+_COMMON_KEYS = {  # recipe family -> the keys a newcomer sets first (help text read from the config classes)
+    "supervised": ("output_dir", "model.name", "data.train", "data.max_length", "optim.lr", "train.batch_size",
+                   "train.epochs", "model.lora.enabled"),
+    "reward": ("output_dir", "model.name", "data.train", "optim.lr", "train.batch_size", "train.epochs"),
+    "online": ("output_dir", "model.name", "data.train", "reward.model", "reward.functions", "optim.lr",
+               "algo.rollout_batch_size", "algo.num_generations", "algo.kl.coef", "generation.max_new_tokens",
+               "algo.total_episodes", "model.lora.enabled"),
+    "preference": ("output_dir", "model.name", "data.train", "algo.beta", "optim.lr", "train.batch_size",
+                   "train.epochs", "model.lora.enabled"),
+    "pipeline": ("output_dir", "task", "base_model", "stages"),
+}
+
+
+def _common_keys_help(recipe) -> str:
+    """"common keys:" and one line per key with its help string (no torch import: reads the dataclass fields)."""
+    import dataclasses
+
+    def field_of(cls, dotted: str):
+        obj = cls()
+        *parents, last = dotted.split(".")
+        for part in parents:
+            obj = getattr(obj, part)
+        return next(fl for fl in dataclasses.fields(obj) if fl.name == last), getattr(obj, last)
+
+    lines = ["common keys:"]
+    for key in _COMMON_KEYS.get(recipe.family, ()):
+        fl, default = field_of(recipe.config, key)
+        lines.append(f"  {key:<26} {fl.metadata.get('help', '')} (default: {default!r})")
+    return "\n".join(lines)
 
 
 # ───────────────────────────────────────────────── commands ───────────────────────────────────────────────────
@@ -235,10 +261,8 @@ def cmd_train(command: str, tokens: list[str]) -> int:
     print(f"[rlhfkit] {command}: run directory {run_dir.resolve()}"
           + (f" (config {config_path})" if config_path else " (recipe defaults + overrides)"), flush=True)
     _quiet_libraries()
-    module, fn_name, _ = TRAIN_COMMANDS[command]
-    fn = _lazy(module, fn_name)
     started = time.time()
-    fn(cfg)
+    RECIPES[command].run(cfg)
     print(f"[rlhfkit] {command} finished in {time.time() - started:.0f} s; run directory {run_dir.resolve()}",
           flush=True)
     return EXIT_OK
@@ -263,8 +287,20 @@ def cmd_eval(args) -> int:
         args.model, args.data, reference=args.reference, reward_model=args.reward_model, functions=args.functions,
         task=args.task, n=args.n, temperature=0.0 if args.greedy else args.temperature,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, out=args.out,
+        fields=_field_map(args.fields),
     )
     return EXIT_OK
+
+
+def _field_map(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, eq, column = item.partition("=")
+        if not eq or not name.strip() or not column.strip():
+            raise UsageError(f"bad --field {item!r}", where="--field",
+                             fix="write --field NAME=COLUMN, e.g. prompt=question")
+        out[name.strip()] = column.strip()
+    return out
 
 
 def cmd_generate(args) -> int:
@@ -332,8 +368,14 @@ def _last_checkpoint(run_dir: Path | None) -> Path | None:
 
 
 def _dispatch(argv: list[str]) -> int:
-    if argv and argv[0] in TRAIN_COMMANDS and not any(a in ("-h", "--help") for a in argv[1:]):
+    if argv and argv[0] in RECIPES and not any(a in ("-h", "--help") for a in argv[1:]):
         return cmd_train(argv[0], argv[1:])
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(argv[0], list(COMMANDS), n=1, cutoff=0.5)
+        raise UsageError(f"invalid choice: {argv[0]!r} is not a command", where="rlhfkit",
+                         fix=(f"did you mean `rlhfkit {close[0]}`?" if close else "see `rlhfkit --help`"))
     parser = build_parser()
     if not argv:
         parser.print_help()

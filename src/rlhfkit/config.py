@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -40,9 +41,9 @@ def _copy(value):
 @dataclass(frozen=True)
 class LoraConfig:
     enabled: bool = f(False, "train LoRA adapters instead of all weights")
-    r: int = f(16, "LoRA rank")
-    alpha: int = f(32, "LoRA scaling numerator (scale = alpha / r)")
-    dropout: float = f(0.05, "dropout on the LoRA branch")
+    r: int = f(16, "LoRA rank", ge=1)
+    alpha: int = f(32, "LoRA scaling numerator (scale = alpha / r)", ge=1)
+    dropout: float = f(0.05, "dropout on the LoRA branch", ge=0, lt=1)
     target_modules: list[str] | None = f(None, "module names to adapt; null = chosen per architecture")
     qlora: bool = f(False, "load the base model in 4-bit (needs CUDA and bitsandbytes)")
 
@@ -51,7 +52,8 @@ class LoraConfig:
 class ModelConfig:
     name: str = f("tiny", "HF directory, cached hub name, .gguf file, or tiny[:hidden=..,layers=..]")
     gguf_file: str | None = f(None, "GGUF file name inside `name` (a directory) when loading a GGUF model")
-    dtype: str = f("auto", "auto (CUDA: fp32 weights + bf16 autocast when trained, bf16 when frozen or LoRA base; CPU: fp32) | float32 | bfloat16 | float16")
+    dtype: str = f("auto", "auto (CUDA: fp32 weights + bf16 autocast when trained, bf16 when frozen or LoRA base; "
+                           "CPU: fp32) | float32 | bfloat16 | float16")
     gradient_checkpointing: bool = f(False, "recompute activations in backward to save memory")
     chat_template: str | None = f(None, "override the tokenizer's chat template (a Jinja string or a file path)")
     lora: LoraConfig = f(LoraConfig(), "LoRA / QLoRA settings")
@@ -63,63 +65,69 @@ class DataConfig:
     eval: str | None = f(None, "evaluation data (same forms); null = split eval_fraction off the training data")
     split: str | None = f(None, "split / slice of the training source, e.g. train[:500]")
     eval_split: str | None = f(None, "split / slice of the evaluation source")
-    eval_fraction: float = f(0.05, "fraction of training records held out for evaluation when eval is null")
+    eval_fraction: float = f(0.05, "fraction of training records held out for evaluation when eval is null",
+                             ge=0, lt=1)
     format: str = f("auto", "auto | sft | preference | prompt | unpaired")
-    fields: dict[str, str] = f({}, "column mapping, canonical -> yours, e.g. {prompt: question}")
-    max_length: int = f(512, "maximum tokens of prompt + completion")
-    max_prompt_length: int | None = f(None, "maximum prompt tokens; null = max_length (prompts), max_length/2 (pairs)")
+    fields: dict[str, str] = f({}, "column mapping, field -> your column, e.g. {prompt: question, answer: solution}")
+    max_length: int = f(512, "maximum tokens of prompt + completion", ge=2)
+    max_prompt_length: int | None = f(None, "maximum prompt tokens; null = max_length (prompts), max_length/2 (pairs)",
+                                      ge=1)
     overflow: str = f("truncate", "over-long prompts: truncate (keep the end) | drop | error; always counted")
     completion_only_loss: bool = f(True, "SFT: train on assistant / completion tokens only")
     packing: bool = f(False, "SFT: pack several examples into each row of max_length")
-    limit: int | None = f(None, "use at most this many training records")
+    limit: int | None = f(None, "use at most this many training records", ge=1)
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = f(1e-5, "peak learning rate")
-    weight_decay: float = f(0.0, "AdamW weight decay")
-    betas: list[float] = f([0.9, 0.999], "AdamW betas")
-    eps: float = f(1e-8, "AdamW epsilon")
+    lr: float = f(1e-5, "peak learning rate", ge=0)
+    weight_decay: float = f(0.0, "AdamW weight decay", ge=0)
+    betas: list[float] = f([0.9, 0.999], "AdamW betas", ge=0, lt=1)
+    eps: float = f(1e-8, "AdamW epsilon", gt=0)
     schedule: str = f("linear", "linear | cosine | constant (after warm-up)")
-    warmup_ratio: float = f(0.0, "warm-up as a fraction of all optimizer updates")
-    warmup_steps: int = f(0, "warm-up in optimizer updates (wins over warmup_ratio when > 0)")
-    max_grad_norm: float | None = f(1.0, "gradient clipping norm; null = no clipping")
+    warmup_ratio: float = f(0.0, "warm-up as a fraction of all optimizer updates", ge=0, le=1)
+    warmup_steps: int = f(0, "warm-up in optimizer updates (wins over warmup_ratio when > 0)", ge=0)
+    max_grad_norm: float | None = f(1.0, "gradient clipping norm; null = no clipping", gt=0)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: float = f(1.0, "passes over the training data (fractions allowed)")
-    max_steps: int = f(-1, "optimizer updates to run; -1 = derived from epochs")
-    batch_size: int = f(8, "micro-batch size per device")
-    grad_accum: int = f(1, "micro-batches accumulated per optimizer update")
-    eval_batch_size: int | None = f(None, "evaluation micro-batch size; null = batch_size")
-    seed: int = f(42, "random seed (data order, initialisation, sampling)")
-    eval_every: int = f(0, "evaluate every N optimizer updates; 0 = only at the end")
-    save_every: int = f(0, "checkpoint every N optimizer updates; 0 = only the final model")
-    save_total_limit: int = f(2, "checkpoints kept (older ones deleted)")
-    resume: str = f("auto", "auto (latest checkpoint in output_dir) | never | path to a checkpoint-N directory")
-    log_every: int = f(1, "log metrics every N optimizer updates")
+    epochs: float = f(1.0, "passes over the training data (fractions allowed)", gt=0)
+    max_steps: int = f(-1, "optimizer updates to run; -1 = derived from epochs", ge=-1)
+    batch_size: int = f(8, "micro-batch size per device", ge=1)
+    grad_accum: int = f(1, "micro-batches accumulated per optimizer update", ge=1)
+    eval_batch_size: int | None = f(None, "evaluation micro-batch size; null = batch_size", ge=1)
+    seed: int = f(42, "random seed (data order, initialisation, sampling)", ge=0)
+    eval_every: int = f(0, "evaluate every N optimizer updates; 0 = only at the end", ge=0)
+    save_every: int = f(0, "checkpoint every N optimizer updates; 0 = only the final model", ge=0)
+    save_total_limit: int = f(2, "checkpoints kept (older ones deleted)", ge=1)
+    resume: str = f("auto", "auto (latest valid checkpoint of the same run) | never (start over) | force (resume "
+                            "even when settings changed; the new settings apply from there) | a checkpoint-N path")
+    log_every: int = f(1, "log metrics every N optimizer updates", ge=1)
     mixed_precision: str = f("auto", "auto (bf16 on CUDA, none on CPU) | no | bf16 | fp16")
+    max_nonfinite_skips: int = f(5, "stop after this many consecutive updates skipped for a non-finite loss or "
+                                    "gradient", ge=1)
 
 
 @dataclass(frozen=True)
 class TrackConfig:
     backends: list[str] = f(["jsonl"], "metric sinks: jsonl (always) + tensorboard | wandb")
-    sample_every: int = f(10, "print and save a table of samples every N steps (online recipes)")
-    progress: bool = f(True, "show a progress bar with ETA")
+    sample_every: int = f(10, "print and save a table of samples every N steps (online recipes)", ge=0)
+    progress: bool = f(True, "show a progress bar with ETA (off: no bar; metrics still go to metrics.jsonl)")
     report: bool = f(True, "write report.html at the end of the run")
+    stop_on_critical: bool = f(False, "stop the run when a critical health warning fires (KL blow-up, collapse)")
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    max_new_tokens: int = f(64, "maximum response tokens (a response usually ends earlier, at EOS)")
-    min_new_tokens: int = f(0, "minimum response tokens; 0 = never force length")
-    temperature: float = f(1.0, "sampling temperature (0 = greedy); keep 1.0 for on-policy RL")
-    top_p: float = f(1.0, "nucleus sampling; 1.0 = off")
-    top_k: int = f(0, "top-k sampling; 0 = off")
+    max_new_tokens: int = f(64, "maximum response tokens (a response usually ends earlier, at EOS)", ge=1)
+    min_new_tokens: int = f(0, "minimum response tokens; 0 = never force length", ge=0)
+    temperature: float = f(1.0, "sampling temperature (0 = greedy); keep 1.0 for on-policy RL", ge=0)
+    top_p: float = f(1.0, "nucleus sampling; 1.0 = off", gt=0, le=1)
+    top_k: int = f(0, "top-k sampling; 0 = off", ge=0)
     stop_strings: list[str] = f([], "extra strings that end a response (EOS always does)")
-    engine: str = f("hf", "rollout engine: hf (transformers.generate)")
-    batch_size: int | None = f(None, "generation micro-batch; null = whole rollout batch")
+    engine: str = f("hf", "rollout engine (see `rollout.ENGINES`): hf (transformers.generate)")
+    batch_size: int | None = f(None, "generation micro-batch; null = whole rollout batch", ge=1)
 
 
 # ─────────────────────────────────────────────── recipe sections ──────────────────────────────────────────────
@@ -128,7 +136,7 @@ class GenerationConfig:
 @dataclass(frozen=True)
 class RMConfig:
     margin_field: str | None = f(None, "record field holding a per-pair margin (Llama 2); null = no margin")
-    center_coef: float = f(0.0, "reward-centering coefficient: adds coef * mean((r_c + r_r)^2)")
+    center_coef: float = f(0.0, "reward-centering coefficient: adds coef * mean((r_c + r_r)^2)", ge=0)
 
 
 @dataclass(frozen=True)
@@ -143,48 +151,50 @@ class RewardFunction:
 class RewardConfig:
     model: str | None = f(None, "reward-model directory (from `rlhfkit rm`); null = functions only")
     functions: list[RewardFunction] = f([], "rule / user reward functions combined by weight")
-    missing_eos_penalty: float | None = f(1.0, "subtracted from the score of responses that never ended")
-    clip: float | None = f(10.0, "clip scores to [-clip, clip] after the penalty; null = off")
+    missing_eos_penalty: float | None = f(1.0, "subtracted from the score of responses that never ended", ge=0)
+    clip: float | None = f(10.0, "clip scores to [-clip, clip] after the penalty; null = off", gt=0)
     normalize: bool = f(True, "normalise scores by running mean / std (keeps critic targets bounded)")
-    batch_size: int = f(16, "reward-model scoring micro-batch")
+    batch_size: int = f(16, "reward-model scoring micro-batch", ge=1)
 
 
 @dataclass(frozen=True)
 class KLConfig:
-    coef: float = f(0.05, "KL coefficient (initial value when adaptive)")
+    coef: float = f(0.05, "KL coefficient (initial value when adaptive)", ge=0)
     estimator: str = f("k1", "per-token KL estimator: k1 (log-ratio) | k2 | k3")
-    placement: str = f("reward", "reward (subtract from per-token reward) | loss (add to the policy loss)")
+    placement: str = f("auto", "auto (the estimator's default: reward for gae / rloo / reinforce_pp, loss for "
+                               "grpo / dr_grpo) | reward (subtract from per-token reward) | loss (add to the loss)")
     adaptive: bool = f(False, "Ziegler et al. (2019) adaptive coefficient towards `target`")
-    target: float = f(6.0, "target sequence KL for the adaptive controller")
-    horizon: int = f(10000, "adaptive controller horizon in episodes")
+    target: float = f(6.0, "target sequence KL for the adaptive controller", gt=0)
+    horizon: int = f(10000, "adaptive controller horizon in episodes", ge=1)
 
 
 @dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
-    num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2")
-    rollout_batch_size: int = f(16, "prompts per rollout step (times num_generations responses)")
-    ppo_epochs: int = f(2, "passes over each rollout batch")
-    mini_batch_size: int = f(16, "responses per optimizer update (split in micro-batches of train.batch_size)")
-    clip_low: float = f(0.2, "PPO clip range below 1")
-    clip_high: float | None = f(None, "PPO clip range above 1; null = clip_low (asymmetric as in DAPO)")
-    value_clip: float | None = f(0.2, "value clipping range; null = off")
-    vf_coef: float = f(0.5, "value-loss weight (critic has its own optimizer; scales its loss)")
+    num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
+    rollout_batch_size: int = f(16, "prompts per rollout step (times num_generations responses)", ge=1)
+    ppo_epochs: int = f(2, "passes over each rollout batch", ge=1)
+    mini_batch_size: int = f(16, "responses per optimizer update (split in micro-batches of train.batch_size)",
+                             ge=1)
+    clip_low: float = f(0.2, "PPO clip range below 1", gt=0, lt=1)
+    clip_high: float | None = f(None, "PPO clip range above 1; null = clip_low (asymmetric as in DAPO)", gt=0)
+    value_clip: float | None = f(0.2, "value clipping range; null = off", gt=0)
+    vf_coef: float = f(0.5, "value-loss weight (critic has its own optimizer; scales its loss)", ge=0)
     entropy_coef: float = f(0.0, "entropy bonus coefficient")
-    gamma: float = f(1.0, "GAE discount")
-    lam: float = f(0.95, "GAE lambda")
+    gamma: float = f(1.0, "GAE discount", ge=0, le=1)
+    lam: float = f(0.95, "GAE lambda", ge=0, le=1)
     whiten_advantages: bool = f(True, "normalise advantages over the batch")
     loss_aggregation: str = f("token_mean", "token_mean | seq_mean_token_mean | seq_mean_token_sum_norm")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
-    total_episodes: int = f(1024, "responses to generate over the whole run")
+    total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
 
 
 @dataclass(frozen=True)
 class CriticConfig:
     init: str = f("reward", "reward (from the reward model, DeepSpeed-Chat) | policy (from the policy)")
     model: str | None = f(None, "explicit critic initialisation directory (overrides init)")
-    lr: float = f(1e-5, "critic learning rate")
+    lr: float = f(1e-5, "critic learning rate", ge=0)
 
 
 @dataclass(frozen=True)
@@ -196,13 +206,118 @@ class MemoryConfig:
 @dataclass(frozen=True)
 class PreferenceAlgoConfig:
     loss: str = f("dpo", "dpo | ipo | cdpo | simpo | orpo | kto")
-    beta: float = f(0.1, "inverse temperature beta (SimPO: reward scale)")
-    label_smoothing: float = f(0.0, "conservative DPO: assumed fraction of flipped labels")
-    simpo_gamma: float = f(0.5, "SimPO target reward margin gamma")
-    orpo_lambda: float = f(0.1, "ORPO weight of the odds-ratio term")
-    kto_desirable_weight: float = f(1.0, "KTO weight of desirable examples")
-    kto_undesirable_weight: float = f(1.0, "KTO weight of undesirable examples")
+    beta: float = f(0.1, "inverse temperature beta (SimPO: reward scale)", gt=0)
+    label_smoothing: float = f(0.0, "conservative DPO: assumed fraction of flipped labels", ge=0, lt=0.5)
+    simpo_gamma: float = f(0.5, "SimPO target reward margin gamma", ge=0)
+    orpo_lambda: float = f(0.1, "ORPO weight of the odds-ratio term", ge=0)
+    kto_desirable_weight: float = f(1.0, "KTO weight of desirable examples", gt=0)
+    kto_undesirable_weight: float = f(1.0, "KTO weight of undesirable examples", gt=0)
     reference: str = f("precompute", "precompute (once, cached in the run) | on_the_fly")
+
+
+# ─────────────────────────────────────────────── cross-field checks ───────────────────────────────────────────
+# Each recipe config has ``check()``, called once by :func:`build_config`: combinations of keys that cannot work
+# are errors here, before anything loads. ``check_inputs()`` says whether a run has what it needs (data, a reward);
+# the runners call it first (``config show`` prints configs that are consistent but not yet runnable). Only checks
+# that need the data (sizes) stay in the trainers.
+
+
+def check_output_dir(path: str) -> None:
+    """``output_dir`` must be a directory that can be created and written (checked before anything loads)."""
+    import os
+
+    if not str(path).strip():
+        raise ConfigError("'output_dir' is empty", where="output_dir", fix="set output_dir=runs/NAME")
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"output_dir {p} is an existing file, not a directory", where="output_dir",
+                          fix="choose another output_dir")
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)):
+        raise ConfigError(f"output_dir {p} cannot be written ({probe} is not a writable directory)",
+                          where="output_dir", fix="choose a directory you can write to")
+
+
+def _check_common(cfg) -> None:
+    check_output_dir(cfg.output_dir)
+    if cfg.train.max_steps == 0:
+        raise ConfigError("'train.max_steps' is 0: nothing would be trained", where="train.max_steps",
+                          fix="set train.max_steps=-1 (from train.epochs) or a positive number of updates")
+    if cfg.train.mixed_precision == "fp16":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("train.mixed_precision=fp16 needs a CUDA GPU", where="train.mixed_precision",
+                              fix="use auto, no or bf16 on CPU")
+    if cfg.model.lora.qlora and not cfg.model.lora.enabled:
+        raise ConfigError("model.lora.qlora trains LoRA adapters on a 4-bit base", where="model.lora.qlora",
+                          fix="also set model.lora.enabled=true")
+
+
+def _check_online(cfg) -> None:
+    from . import algos
+
+    _check_common(cfg)
+    algo = cfg.algo
+    est = algos.ADVANTAGE_ESTIMATORS[algo.advantage]
+    if est.group_based and algo.num_generations < 2:
+        raise ConfigError(f"{algo.advantage} compares completions of a prompt and needs num_generations >= 2",
+                          where="algo.num_generations", fix="set algo.num_generations=4 (or more)")
+    batch = algo.rollout_batch_size * algo.num_generations
+    if batch % algo.mini_batch_size or algo.mini_batch_size % cfg.train.batch_size:
+        raise ConfigError(
+            f"rollout batch {batch} (= rollout_batch_size x num_generations) must split into mini-batches of "
+            f"{algo.mini_batch_size}, and those into micro-batches of train.batch_size={cfg.train.batch_size}",
+            where="algo.mini_batch_size", fix="choose divisors")
+    for i, fn in enumerate(cfg.reward.functions):
+        if not fn.fn.strip():
+            raise ConfigError(f"reward.functions[{i}] names no function", where=f"reward.functions[{i}].fn",
+                              fix="give fn: package.module:function, file.py:function or a built-in name")
+    if cfg.generation.min_new_tokens > cfg.generation.max_new_tokens:
+        raise ConfigError("generation.min_new_tokens exceeds generation.max_new_tokens",
+                          where="generation.min_new_tokens", fix="lower it (0 = never force length)")
+    if algo.kl.adaptive and algo.kl.coef == 0:
+        raise ConfigError("the adaptive KL controller cannot move a coefficient of 0", where="algo.kl.coef",
+                          fix="give an initial algo.kl.coef > 0")
+
+
+def _inputs_common(cfg) -> None:
+    if not cfg.data.train:
+        raise ConfigError("no training data given", where="data.train",
+                          fix="set data.train=path/to/file.jsonl (see `rlhfkit data make quickstart --out data/`)")
+
+
+def _inputs_online(cfg) -> None:
+    from . import algos
+
+    _inputs_common(cfg)
+    if cfg.reward.model is None and not cfg.reward.functions:
+        raise ConfigError("no reward: give a reward model or reward functions", where="reward",
+                          fix="set reward.model=runs/rm or reward.functions=[{fn: exact_match}]")
+    est = algos.ADVANTAGE_ESTIMATORS[cfg.algo.advantage]
+    if est.needs_critic and cfg.critic.model is None and cfg.critic.init == "reward" and cfg.reward.model is None:
+        raise ConfigError("critic.init=reward needs reward.model", where="critic.init",
+                          fix="set critic.init=policy, or give reward.model")
+
+
+def _check_preference(cfg) -> None:
+    from . import algos
+
+    _check_common(cfg)
+    algo, spec = cfg.algo, algos.PREFERENCE_LOSSES[cfg.algo.loss]
+    if algo.loss == "ipo" and algo.label_smoothing:
+        raise ConfigError("label smoothing applies to the sigmoid (DPO) loss, not to IPO",
+                          where="algo.label_smoothing", fix="set algo.label_smoothing=0 or algo.loss=cdpo")
+    if not spec.needs_reference and cfg.ref_model:
+        raise ConfigError(f"{algo.loss} uses no reference model", where="ref_model", fix="set ref_model=null")
+    if spec.paired and cfg.data.format not in ("auto", "preference"):
+        raise ConfigError(f"algo.loss={algo.loss} trains on preference pairs, not {cfg.data.format} data",
+                          where="data.format", fix="set data.format=preference (or use algo.loss=kto)")
+    if not spec.paired and cfg.data.format not in ("auto", "preference", "unpaired"):
+        raise ConfigError(f"algo.loss={algo.loss} trains on unpaired examples or pairs, not {cfg.data.format}",
+                          where="data.format", fix="set data.format=unpaired (or preference)")
 
 
 # ─────────────────────────────────────────────────── recipes ──────────────────────────────────────────────────
@@ -218,6 +333,12 @@ class SFTConfig:
     train: TrainConfig = f(TrainConfig(), "loop")
     track: TrackConfig = f(TrackConfig(), "tracking")
 
+    def check(self) -> None:
+        _check_common(self)
+
+    def check_inputs(self) -> None:
+        _inputs_common(self)
+
 
 @dataclass(frozen=True)
 class RewardModelConfig:
@@ -229,6 +350,12 @@ class RewardModelConfig:
     train: TrainConfig = f(TrainConfig(), "loop")
     track: TrackConfig = f(TrackConfig(), "tracking")
     rm: RMConfig = f(RMConfig(), "reward-model loss")
+
+    def check(self) -> None:
+        _check_common(self)
+
+    def check_inputs(self) -> None:
+        _inputs_common(self)
 
 
 @dataclass(frozen=True)
@@ -247,6 +374,12 @@ class OnlineConfig:
     critic: CriticConfig = f(CriticConfig(), "value model (PPO only)")
     memory: MemoryConfig = f(MemoryConfig(), "memory savers")
 
+    def check(self) -> None:
+        _check_online(self)
+
+    def check_inputs(self) -> None:
+        _inputs_online(self)
+
 
 @dataclass(frozen=True)
 class PreferenceConfig:
@@ -260,74 +393,196 @@ class PreferenceConfig:
     track: TrackConfig = f(TrackConfig(), "tracking")
     algo: PreferenceAlgoConfig = f(PreferenceAlgoConfig(), "preference loss")
 
+    def check(self) -> None:
+        _check_preference(self)
+
+    def check_inputs(self) -> None:
+        _inputs_common(self)
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
     recipe: str = f("pipeline", "recipe name")
     output_dir: str = f("runs/pipeline", "pipeline directory; each stage writes a subdirectory")
     task: str | None = f(None, "built-in task whose data is generated first (quickstart); null = your data")
-    task_size: int = f(2000, "records per generated file")
-    eval_prompts: int = f(200, "held-out prompts for the gold metric (built-in task)")
+    task_size: int = f(2000, "records per generated file", ge=1)
+    eval_prompts: int = f(200, "held-out prompts for the gold metric (built-in task)", ge=1)
     base_model: str = f("tiny", "model the first stage starts from")
     stages: list[dict[str, Any]] = f([], "ordered stages: {name, recipe, overrides of that recipe's config}")
 
+    def check(self) -> None:
+        check_output_dir(self.output_dir)
 
-RECIPES: dict[str, type] = {
-    "sft": SFTConfig,
-    "rm": RewardModelConfig,
-    "ppo": OnlineConfig,
-    "grpo": OnlineConfig,
-    "rloo": OnlineConfig,
-    "reinforce": OnlineConfig,
-    "dpo": PreferenceConfig,
-    "ipo": PreferenceConfig,
-    "kto": PreferenceConfig,
-    "simpo": PreferenceConfig,
-    "orpo": PreferenceConfig,
-    "pipeline": PipelineConfig,
-}
+    def check_inputs(self) -> None:
+        if not self.stages:
+            raise ConfigError("the pipeline has no stages", where="stages",
+                              fix="list stages, see configs/pipeline.yaml")
 
-# Per-recipe defaults layered under the YAML (so `rlhfkit grpo` without a file is GRPO, not PPO).
-RECIPE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "ppo": {"output_dir": "runs/ppo"},
-    "grpo": {
-        "output_dir": "runs/grpo",
-        "algo": {"advantage": "grpo", "num_generations": 4, "loss_aggregation": "seq_mean_token_mean",
-                 "whiten_advantages": False, "kl": {"placement": "loss", "estimator": "k3", "coef": 0.04}},
-        "reward": {"normalize": False},
-    },
-    "rloo": {
-        "output_dir": "runs/rloo",
-        "algo": {"advantage": "rloo", "num_generations": 4, "whiten_advantages": False},
-        "reward": {"normalize": False},
-    },
-    "reinforce": {
-        "output_dir": "runs/reinforce",
-        "algo": {"advantage": "reinforce_pp", "whiten_advantages": False},
-        "reward": {"normalize": False},
-    },
-    "dpo": {"output_dir": "runs/dpo", "algo": {"loss": "dpo"}},
-    "ipo": {"output_dir": "runs/ipo", "algo": {"loss": "ipo"}},
-    "kto": {"output_dir": "runs/kto", "algo": {"loss": "kto"}, "data": {"format": "unpaired"}},
-    "simpo": {"output_dir": "runs/simpo", "algo": {"loss": "simpo", "beta": 2.0}},
-    "orpo": {"output_dir": "runs/orpo", "algo": {"loss": "orpo"}},
-}
 
-CHOICES: dict[str, tuple[str, ...]] = {
+# ─────────────────────────────────────────────── the recipe table ─────────────────────────────────────────────
+# The one list of recipes: the CLI's commands, config building and the pipeline all read it. A new recipe is one
+# entry here (plus its runner and its config class when it needs a new one).
+
+_PAIRS = {"train": "preference.jsonl", "eval": "eval_preference.jsonl"}
+_PROMPTS = {"train": "prompts.jsonl", "eval": "eval_prompts.jsonl"}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One recipe: its command name, config class, defaults layered under the YAML, runner, family.
+
+    family: supervised | reward | online | preference | pipeline. ``makes_policy``: its output is a policy the next
+    pipeline stage starts from. ``task_files``: the built-in task's data files for ``data.*`` (pipelines with a task).
+    ``runner`` is ``module:function`` (imported only when the recipe runs, so ``--help`` does not import torch).
+    """
+
+    name: str
+    config: type
+    family: str
+    runner: str
+    description: str
+    defaults: dict = field(default_factory=dict)
+    makes_policy: bool = False
+    task_files: dict = field(default_factory=dict)
+
+    def run(self, cfg):
+        import importlib
+
+        module, fn = self.runner.split(":")
+        return getattr(importlib.import_module(module), fn)(cfg)
+
+
+_ONLINE_RUNNER = "rlhfkit.train.online:run_online"
+_PREFERENCE_RUNNER = "rlhfkit.train.preference:run_preference"
+_NO_NORMALIZE = {"reward": {"normalize": False}}
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("sft", SFTConfig, "supervised", "rlhfkit.train.sft:run_sft", "supervised fine-tuning on demonstrations",
+           makes_policy=True, task_files={"train": "sft.jsonl"}),
+    Recipe("rm", RewardModelConfig, "reward", "rlhfkit.train.reward:run_rm",
+           "train a reward model on preference pairs (Bradley-Terry)", task_files=_PAIRS),
+    Recipe("ppo", OnlineConfig, "online", _ONLINE_RUNNER, "online RL with PPO (critic + GAE)",
+           {"output_dir": "runs/ppo"}, makes_policy=True, task_files=_PROMPTS),
+    Recipe("grpo", OnlineConfig, "online", _ONLINE_RUNNER, "online RL with GRPO (group-normalised advantages)",
+           {"output_dir": "runs/grpo", "reward": {"normalize": False},
+            "algo": {"advantage": "grpo", "num_generations": 4, "loss_aggregation": "seq_mean_token_mean",
+                     "whiten_advantages": False, "kl": {"estimator": "k3", "coef": 0.04}}},
+           makes_policy=True, task_files=_PROMPTS),
+    Recipe("rloo", OnlineConfig, "online", _ONLINE_RUNNER, "online RL with RLOO (leave-one-out baseline)",
+           {"output_dir": "runs/rloo", **_NO_NORMALIZE,
+            "algo": {"advantage": "rloo", "num_generations": 4, "whiten_advantages": False}},
+           makes_policy=True, task_files=_PROMPTS),
+    Recipe("reinforce", OnlineConfig, "online", _ONLINE_RUNNER, "online RL with REINFORCE++",
+           {"output_dir": "runs/reinforce", **_NO_NORMALIZE,
+            "algo": {"advantage": "reinforce_pp", "whiten_advantages": False}},
+           makes_policy=True, task_files=_PROMPTS),
+    Recipe("dpo", PreferenceConfig, "preference", _PREFERENCE_RUNNER, "offline preference optimisation: DPO",
+           {"output_dir": "runs/dpo", "algo": {"loss": "dpo"}}, makes_policy=True, task_files=_PAIRS),
+    Recipe("ipo", PreferenceConfig, "preference", _PREFERENCE_RUNNER, "offline preference optimisation: IPO",
+           {"output_dir": "runs/ipo", "algo": {"loss": "ipo"}}, makes_policy=True, task_files=_PAIRS),
+    Recipe("kto", PreferenceConfig, "preference", _PREFERENCE_RUNNER,
+           "offline preference optimisation: KTO (unpaired)",
+           {"output_dir": "runs/kto", "algo": {"loss": "kto"}, "data": {"format": "unpaired"}},
+           makes_policy=True, task_files={"train": "unpaired.jsonl", "eval": "eval_preference.jsonl"}),
+    Recipe("simpo", PreferenceConfig, "preference", _PREFERENCE_RUNNER, "offline preference optimisation: SimPO",
+           {"output_dir": "runs/simpo", "algo": {"loss": "simpo", "beta": 2.0}}, makes_policy=True,
+           task_files=_PAIRS),
+    Recipe("orpo", PreferenceConfig, "preference", _PREFERENCE_RUNNER, "offline preference optimisation: ORPO",
+           {"output_dir": "runs/orpo", "algo": {"loss": "orpo"}}, makes_policy=True, task_files=_PAIRS),
+    Recipe("pipeline", PipelineConfig, "pipeline", "rlhfkit.pipeline:run_pipeline",
+           "run several stages in order (e.g. SFT -> RM -> PPO)"),
+)}
+
+# Choices of string keys. Those of a registry (estimators, losses, engines, ...) are read from the registry itself
+# when a config is built, so a new registered variant is a valid value without touching this file.
+STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "data.format": ("auto", "sft", "preference", "prompt", "unpaired"),
     "data.overflow": ("truncate", "drop", "error"),
     "optim.schedule": ("linear", "cosine", "constant"),
     "train.mixed_precision": ("auto", "no", "bf16", "fp16"),
-    "generation.engine": ("hf",),
-    "algo.advantage": ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp"),
-    "algo.loss_aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"),
-    "algo.kl.estimator": ("k1", "k2", "k3"),
-    "algo.kl.placement": ("reward", "loss"),
-    "algo.loss": ("dpo", "ipo", "cdpo", "simpo", "orpo", "kto"),
+    "algo.kl.placement": ("auto", "reward", "loss"),
     "algo.reference": ("precompute", "on_the_fly"),
     "critic.init": ("reward", "policy"),
 }
+
+
+def registry_choices() -> dict[str, tuple[str, ...]]:
+    """Choices read from the registries of ``algos`` and ``rollout`` (imported here, lazily: they import torch)."""
+    from . import algos
+    from .rollout import ENGINES
+
+    return {
+        "generation.engine": tuple(ENGINES),
+        "algo.advantage": tuple(algos.ADVANTAGE_ESTIMATORS),
+        "algo.loss_aggregation": tuple(algos.LOSS_AGGREGATIONS),
+        "algo.kl.estimator": tuple(algos.KL_ESTIMATORS),
+        "algo.loss": tuple(algos.PREFERENCE_LOSSES),
+    }
+
+
+def choices_of(path: str) -> tuple[str, ...] | None:
+    """The allowed values of the string key ``path`` (None: free text)."""
+    if path in STATIC_CHOICES:
+        return STATIC_CHOICES[path]
+    if path in _REGISTRY_KEYS:
+        return registry_choices()[path]
+    return None
+
+
+_REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss")
+
+# Flat names users bring from TRL / transformers, accepted at the top level of a config or command line
+# (logged once: "learning_rate -> optim.lr"). Per family where the meaning differs (beta).
+ALIASES: dict[str, str] = {
+    "learning_rate": "optim.lr",
+    "lr": "optim.lr",
+    "weight_decay": "optim.weight_decay",
+    "warmup_ratio": "optim.warmup_ratio",
+    "warmup_steps": "optim.warmup_steps",
+    "lr_scheduler_type": "optim.schedule",
+    "max_grad_norm": "optim.max_grad_norm",
+    "per_device_train_batch_size": "train.batch_size",
+    "per_device_eval_batch_size": "train.eval_batch_size",
+    "gradient_accumulation_steps": "train.grad_accum",
+    "num_train_epochs": "train.epochs",
+    "max_steps": "train.max_steps",
+    "seed": "train.seed",
+    "logging_steps": "train.log_every",
+    "save_steps": "train.save_every",
+    "eval_steps": "train.eval_every",
+    "save_total_limit": "train.save_total_limit",
+    "resume_from_checkpoint": "train.resume",
+    "gradient_checkpointing": "model.gradient_checkpointing",
+    "model_name_or_path": "model.name",
+    "use_peft": "model.lora.enabled",
+    "lora_r": "model.lora.r",
+    "lora_alpha": "model.lora.alpha",
+    "lora_dropout": "model.lora.dropout",
+    "lora_target_modules": "model.lora.target_modules",
+    "dataset_name": "data.train",
+    "max_length": "data.max_length",
+    "max_prompt_length": "data.max_prompt_length",
+    "report_to": "track.backends",
+    "max_completion_length": "generation.max_new_tokens",
+    "max_new_tokens": "generation.max_new_tokens",
+    "temperature": "generation.temperature",
+    "num_generations": "algo.num_generations",
+    "num_ppo_epochs": "algo.ppo_epochs",
+    "num_iterations": "algo.ppo_epochs",
+    "epsilon": "algo.clip_low",
+    "cliprange": "algo.clip_low",
+}
+_FAMILY_ALIASES: dict[str, dict[str, str]] = {
+    "online": {"beta": "algo.kl.coef", "kl_coef": "algo.kl.coef"},
+    "preference": {"beta": "algo.beta"},
+}
+
+
+def alias_of(key: str, recipe: str) -> str | None:
+    """The rlhfkit key a TRL-style flat name stands for in ``recipe`` (None: not an alias)."""
+    family = RECIPES[recipe].family if recipe in RECIPES else ""
+    return _FAMILY_ALIASES.get(family, {}).get(key) or ALIASES.get(key)
 
 
 # ─────────────────────────────────────────────────── building ─────────────────────────────────────────────────
@@ -391,13 +646,17 @@ def _coerce(value: Any, tp, path: str, source: str):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             if isinstance(value, str):
                 try:
-                    return float(value)
+                    value = float(value)
                 except ValueError:
-                    pass
-            raise bad("a number")
-        return float(value)
+                    raise bad("a number") from None
+            else:
+                raise bad("a number")
+        value = float(value)
+        if not math.isfinite(value):
+            raise bad("a finite number")
+        return value
     if tp is str:
-        if isinstance(value, bool) and ("no" if not value else "yes") in CHOICES.get(path, ()):
+        if isinstance(value, bool) and ("no" if not value else "yes") in (choices_of(path) or ()):
             return "no" if not value else "yes"  # YAML 1.1 reads `no` as false: train.mixed_precision=no
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
@@ -406,6 +665,8 @@ def _coerce(value: Any, tp, path: str, source: str):
         return value
     if origin is list:
         (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str) and item_tp is str:  # track.backends=tensorboard or =jsonl,wandb
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise bad("a list")
         return [_coerce(v, item_tp, f"{path}[{i}]", source) for i, v in enumerate(value)]
@@ -417,12 +678,30 @@ def _coerce(value: Any, tp, path: str, source: str):
     raise TypeError(f"unsupported config type {tp} at {path}")
 
 
+_BOUNDS = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"), "le": (lambda v, b: v <= b, "<="),
+           "lt": (lambda v, b: v < b, "<")}
+
+
+def _check_bounds(value, meta, path: str, source: str) -> None:
+    """Numbers (and lists of numbers) against the field's ``ge`` / ``gt`` / ``le`` / ``lt`` bounds."""
+    items = value if isinstance(value, list) else [value]
+    for v in items:
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        for key, (ok, _) in _BOUNDS.items():
+            if key in meta and not ok(v, meta[key]):
+                limits = " and ".join(f"{s} {meta[k]}" for k, (_, s) in _BOUNDS.items() if k in meta)
+                raise ConfigError(f"'{path}' must be {limits}, got {v!r}", where=source,
+                                  fix=f"set {path} to a value {limits}")
+
+
 def _build(cls, data: dict, prefix: str, source: str, base=None):
     """``cls`` with the keys of ``data`` set on top of ``base`` (default: the class defaults). Nested sections start
     from the parent's default for that field, so a recipe's own defaults survive a partial override."""
     base = base if base is not None else cls()
     hints = typing.get_type_hints(cls)
-    names = [fl.name for fl in dataclasses.fields(cls)]
+    fields_by_name = {fl.name: fl for fl in dataclasses.fields(cls)}
+    names = list(fields_by_name)
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}.{key}" if prefix else str(key)
@@ -436,7 +715,8 @@ def _build(cls, data: dict, prefix: str, source: str, base=None):
             kwargs[key] = _build(type(current), value, path, source, base=current)
             continue
         coerced = _coerce(value, hints[key], path, source)
-        choices = CHOICES.get(path)
+        _check_bounds(coerced, fields_by_name[key].metadata, path, source)
+        choices = choices_of(path)
         if choices is not None and coerced not in choices:
             raise ConfigError(
                 f"'{path}' must be one of {', '.join(choices)}, got {coerced!r}", where=source,
@@ -502,7 +782,8 @@ def read_yaml(path: str | Path) -> dict:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise ConfigError(f"invalid YAML ({getattr(exc, 'problem', exc)})", where=where, fix="fix the YAML syntax") from None
+        raise ConfigError(f"invalid YAML ({getattr(exc, 'problem', exc)})", where=where,
+                          fix="fix the YAML syntax") from None
     if not isinstance(data, dict):
         raise ConfigError("a config file must be a mapping of keys", where=str(p), fix="see configs/ for examples")
     return _fix_sci(data)
@@ -518,23 +799,66 @@ def _fix_sci(node):
     return node
 
 
-def build_config(recipe: str, data: dict | None = None, overrides: list[str] | tuple[str, ...] = (), source: str = "config"):
-    """Build and validate the config of ``recipe`` from a mapping plus dotted overrides."""
+def _apply_aliases(tree: dict, recipe: str, source: str) -> dict:
+    """Top-level TRL-style flat names moved to the rlhfkit keys they stand for (logged once each)."""
+    names = {fl.name for fl in dataclasses.fields(RECIPES[recipe].config)}
+    out = dict(tree)
+    for key in list(out):
+        target = None if key in names else alias_of(str(key), recipe)
+        if target is None:
+            continue
+        value = out.pop(key)
+        keys = target.split(".")
+        node = out
+        for k in keys[:-1]:
+            node = node.setdefault(k, {}) if isinstance(node.get(k, {}), dict) else node
+        if keys[-1] in node and node[keys[-1]] != value and isinstance(node, dict):
+            raise ConfigError(f"'{key}' and '{target}' are both set, to different values", where=source,
+                              fix=f"keep only {target}")
+        node[keys[-1]] = value
+        _log_alias(key, target)
+    return out
+
+
+_ALIASES_LOGGED: set[str] = set()
+
+
+def _log_alias(key: str, target: str) -> None:
+    if key not in _ALIASES_LOGGED:
+        _ALIASES_LOGGED.add(key)
+        import sys
+
+        print(f"[config] {key} -> {target}", file=sys.stderr)
+
+
+def build_config(recipe: str, data: dict | None = None, overrides: list[str] | tuple[str, ...] = (),
+                 source: str = "config"):
+    """Build, validate (types, bounds, choices, then the recipe's cross-field ``check()``) and freeze the config of
+    ``recipe`` from a mapping plus dotted overrides."""
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe '{recipe}'", where="recipe", fix=_did_you_mean(recipe, list(RECIPES)))
-    tree = _merge(_copy(RECIPE_DEFAULTS.get(recipe, {})), _copy(data or {}))  # never mutate shared defaults
+    spec = RECIPES[recipe]
+    data = _apply_aliases(_copy(data or {}), recipe, source)
+    tree = _merge(_copy(spec.defaults), data)  # never mutate shared defaults
     file_recipe = tree.get("recipe", recipe)
-    if RECIPES.get(file_recipe) is not RECIPES[recipe]:
+    if file_recipe not in RECIPES or RECIPES[file_recipe].config is not spec.config:
         raise ConfigError(
             f"this config is for recipe '{file_recipe}', not '{recipe}'", where=f"{source}: recipe",
             fix=f"run `rlhfkit {file_recipe} ...` or use a {recipe} config",
         )
-    tree["recipe"] = recipe if (data or {}).get("recipe") is None else file_recipe
+    tree["recipe"] = recipe if data.get("recipe") is None else file_recipe
     for item in overrides:
         keys, value = parse_override(item)
+        if len(keys) == 1 and keys[0] not in {fl.name for fl in dataclasses.fields(spec.config)}:
+            target = alias_of(keys[0], recipe)
+            if target is not None:
+                _log_alias(keys[0], target)
+                keys = target.split(".")
         _set_path(tree, keys, value)
     src = source if not overrides else f"{source} + overrides"
-    return _build(RECIPES[recipe], tree, "", src)
+    cfg = _build(spec.config, tree, "", src)
+    cfg.check()
+    return cfg
 
 
 def load_config(recipe: str, path: str | Path | None, overrides=()):

@@ -19,9 +19,6 @@ from .config import RECIPES, PipelineConfig, build_config, save_config
 from .errors import ConfigError
 from .track.console import get_console
 
-POLICY_RECIPES = {"sft", "ppo", "grpo", "rloo", "reinforce", "dpo", "ipo", "kto", "simpo", "orpo"}
-ONLINE = {"ppo", "grpo", "rloo", "reinforce"}
-PREFERENCE = {"dpo", "ipo", "kto", "simpo", "orpo"}
 STAGE_KEYS = {"name", "recipe", "config"}
 
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
@@ -47,15 +44,6 @@ QUICKSTART = {
     ],
 }
 
-TASK_FILES = {
-    "sft": {"data": {"train": "sft.jsonl"}},
-    "rm": {"data": {"train": "preference.jsonl", "eval": "eval_preference.jsonl"}},
-    "online": {"data": {"train": "prompts.jsonl", "eval": "eval_prompts.jsonl"}},
-    "preference": {"data": {"train": "preference.jsonl", "eval": "eval_preference.jsonl"}},
-    "kto": {"data": {"train": "unpaired.jsonl", "eval": "eval_preference.jsonl"}},
-}
-
-
 def _deep_default(tree: dict, defaults: dict) -> dict:
     """``tree`` with ``defaults`` filled in where ``tree`` has no value (never overwrites the user's keys)."""
     out = dict(tree)
@@ -67,16 +55,9 @@ def _deep_default(tree: dict, defaults: dict) -> dict:
     return out
 
 
-def _stage_files(recipe: str) -> dict:
-    if recipe in ("sft", "rm", "kto"):
-        return TASK_FILES[recipe]
-    return TASK_FILES["online" if recipe in ONLINE else "preference"]
-
-
 def plan_stages(cfg: PipelineConfig) -> list[tuple[str, str, object]]:
     """Resolve every stage to (name, recipe, frozen config) with the chaining rules of the module docstring."""
-    if not cfg.stages:
-        raise ConfigError("the pipeline has no stages", where="stages", fix="list stages, see configs/pipeline.yaml")
+    cfg.check_inputs()
     out_dir = Path(cfg.output_dir)
     data_dir = out_dir / "data"
     policy, reward_model = cfg.base_model, None
@@ -88,46 +69,29 @@ def plan_stages(cfg: PipelineConfig) -> list[tuple[str, str, object]]:
             raise ConfigError(f"unknown key '{where}.{sorted(unknown)[0]}'", where=where,
                               fix="a stage has name, recipe and config")
         recipe = stage.get("recipe")
-        if recipe not in RECIPES or recipe == "pipeline":
+        stageable = [r for r, spec in RECIPES.items() if spec.family != "pipeline"]
+        if recipe not in stageable:
             raise ConfigError(f"unknown recipe {recipe!r} in {where}", where=f"{where}.recipe",
-                              fix=f"use one of {', '.join(r for r in RECIPES if r != 'pipeline')}")
+                              fix=f"use one of {', '.join(stageable)}")
+        spec = RECIPES[recipe]
         name = stage.get("name") or recipe
         if name in names:
             raise ConfigError(f"two stages are named '{name}'", where=f"{where}.name", fix="give each a unique name")
         names.add(name)
         tree = dict(stage.get("config") or {})
         defaults: dict = {"output_dir": str(out_dir / name), "model": {"name": policy}}
-        if recipe in ONLINE and reward_model is not None:
+        if spec.family == "online" and reward_model is not None:
             defaults["reward"] = {"model": reward_model}
         if cfg.task:
-            files = _stage_files(recipe)["data"]
-            defaults["data"] = {k: str(data_dir / v) for k, v in files.items()}
+            defaults["data"] = {k: str(data_dir / v) for k, v in spec.task_files.items()}
         tree = _deep_default(tree, defaults)
         stage_cfg = build_config(recipe, tree, source=f"pipeline {where} ({name})")
         planned.append((name, recipe, stage_cfg))
-        if recipe == "rm":
+        if spec.family == "reward":
             reward_model = stage_cfg.output_dir
-        elif recipe in POLICY_RECIPES:
+        elif spec.makes_policy:
             policy = stage_cfg.output_dir
     return planned
-
-
-def _runner(recipe: str):
-    if recipe == "sft":
-        from .train.sft import run_sft
-
-        return run_sft
-    if recipe == "rm":
-        from .train.reward import run_rm
-
-        return run_rm
-    if recipe in ONLINE:
-        from .train.online import run_online
-
-        return run_online
-    from .train.preference import run_preference
-
-    return run_preference
 
 
 def _load_state(path: Path) -> dict:
@@ -142,6 +106,7 @@ def _save_state(path: Path, state: dict) -> None:
 
 def run_pipeline(cfg: PipelineConfig) -> dict:
     """Run every stage (skipping finished ones), then measure the gold metric and write the report."""
+    cfg.check_inputs()
     console = get_console()
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -163,7 +128,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
             continue
         console.rule(f"stage {name}: {recipe} -> {stage_cfg.output_dir}")
         t0 = time.time()
-        metrics = _runner(recipe)(stage_cfg)
+        metrics = RECIPES[recipe].run(stage_cfg)
         state["done"][name] = {"recipe": recipe, "output_dir": stage_cfg.output_dir, "seconds": time.time() - t0,
                                "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
         _save_state(state_path, state)
@@ -190,7 +155,7 @@ def _gold_table(cfg: PipelineConfig, stages) -> dict:
     task = get_task(cfg.task)
     prompts = [json.loads(x) for x in (Path(cfg.output_dir) / "data" / "eval_prompts.jsonl").read_text().splitlines()]
     gold = {}
-    models = [("untrained", cfg.base_model)] + [(n, c.output_dir) for n, r, c in stages if r in POLICY_RECIPES]
+    models = [("untrained", cfg.base_model)] + [(n, c.output_dir) for n, r, c in stages if RECIPES[r].makes_policy]
     for name, path in models:
         model, tok = load_causal_lm(ModelConfig(name=path), trainable=False, seed=0)
         gold[name] = gold_metric(model, tok, task, prompts, seed=1234)["gold"]

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from rlhfkit import __version__
-from rlhfkit.cli import OTHER_COMMANDS, TRAIN_COMMANDS, UsageError, main, split_overrides
+from rlhfkit.cli import OTHER_COMMANDS, UsageError, main, split_overrides
+from rlhfkit.config import RECIPES
 
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
 
@@ -30,8 +31,8 @@ def run_cli(*args, cwd=None, timeout=300, stdin=None):
 def test_help_lists_every_command_with_a_description():
     res = run_cli("--help")
     assert res.returncode == 0, res.stderr
-    for name, (_, _, desc) in TRAIN_COMMANDS.items():
-        assert name in res.stdout and desc.split()[0] in res.stdout
+    for name, recipe in RECIPES.items():
+        assert name in res.stdout and recipe.description.split()[0] in res.stdout
     for name in OTHER_COMMANDS:
         assert f"\n    {name}" in res.stdout
 
@@ -144,11 +145,11 @@ def test_config_file_plus_overrides(captured, tmp_path):
     assert cfg.optim.lr == pytest.approx(1e-4) and cfg.train.epochs == 5.0
 
 
-@pytest.mark.parametrize("command", list(TRAIN_COMMANDS))
+@pytest.mark.parametrize("command", list(RECIPES))
 def test_every_training_command_dispatches_its_recipe(command, captured, tmp_path):
     assert main([command, f"output_dir={tmp_path / command}"]) == 0
     (label, cfg), = captured
-    assert label == TRAIN_COMMANDS[command][1]
+    assert label == RECIPES[command].runner.split(":")[1]
     assert cfg.recipe == command and cfg.output_dir == str(tmp_path / command)
     if command == "grpo":
         assert cfg.algo.advantage == "grpo"
@@ -279,3 +280,18 @@ def test_sft_on_own_messages_with_field_mapping(tmp_path, capsys):
     enc = tok(tok.apply_chat_template(conv, tokenize=False), return_tensors="pt", add_special_tokens=False)
     assert model(**enc).logits.shape[-1] == len(tok)
 
+
+
+def test_misspelt_command_gets_a_did_you_mean(capsys):
+    assert main(["sfft"]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean `rlhfkit sft`" in err and err.count("\n") == 1
+
+
+def test_recipe_help_lists_the_common_keys(capsys):
+    with pytest.raises(SystemExit):
+        main(["grpo", "--help"])
+    out = capsys.readouterr().out
+    for key in ("model.name", "data.train", "optim.lr", "algo.num_generations", "reward.functions"):
+        assert key in out
+    assert "learning_rate" in out  # TRL-style names are accepted

@@ -230,7 +230,7 @@ def test_there_are_config_files():
 def test_config_file_loads_into_its_recipe(path):
     recipe = _recipe_of(path)
     cfg = load_config(recipe, path, [])
-    assert isinstance(cfg, RECIPES[recipe])
+    assert isinstance(cfg, RECIPES[recipe].config)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
@@ -271,8 +271,8 @@ def test_builtin_task_configs_are_complete(name):
 def test_builtin_task_config_values():
     sft = load_config("sft", next(p for p in CONFIGS if p.name == "sft.yaml"), [])
     assert (sft.data.train, sft.model.name, sft.optim.lr, sft.train.batch_size, sft.train.epochs,
-            sft.data.max_length, sft.output_dir) == ("data/quickstart/sft.jsonl", "tiny:hidden=64,layers=2,intermediate=128",
-                                                     5e-3, 32, 7.0, 64, "runs/sft")
+            sft.data.max_length, sft.output_dir) == (
+        "data/quickstart/sft.jsonl", "tiny:hidden=64,layers=2,intermediate=128", 5e-3, 32, 7.0, 64, "runs/sft")
     rm = load_config("rm", next(p for p in CONFIGS if p.name == "rm.yaml"), [])
     assert (rm.data.train, rm.data.eval, rm.model.name, rm.optim.lr, rm.train.batch_size, rm.train.epochs,
             rm.data.max_length, rm.output_dir) == ("data/quickstart/preference.jsonl",

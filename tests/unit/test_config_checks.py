@@ -1,0 +1,130 @@
+"""Config validation at build time: field bounds and finite numbers, cross-field check(), check_inputs(), the
+recipe table, TRL-style aliases — every mistake one ConfigError naming the key, before anything loads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rlhfkit.config import RECIPES, build_config
+from rlhfkit.errors import ConfigError
+
+# (recipe, overrides, the key the error must name)
+BAD = [
+    ("sft", ["optim.lr=-1e-4"], "optim.lr"),
+    ("sft", ["optim.lr=nan"], "optim.lr"),
+    ("sft", ["optim.lr=inf"], "optim.lr"),
+    ("sft", ["train.batch_size=0"], "train.batch_size"),
+    ("sft", ["train.grad_accum=0"], "train.grad_accum"),
+    ("sft", ["train.max_steps=0"], "train.max_steps"),
+    ("sft", ["train.epochs=0"], "train.epochs"),
+    ("sft", ["optim.betas=[0.9, 1.5]"], "optim.betas"),
+    ("sft", ["data.eval_fraction=1.0"], "data.eval_fraction"),
+    ("sft", ["output_dir="], "output_dir"),
+    ("grpo", ["generation.max_new_tokens=0"], "generation.max_new_tokens"),
+    ("grpo", ["generation.temperature=-0.5"], "generation.temperature"),
+    ("grpo", ["generation.top_p=0"], "generation.top_p"),
+    ("grpo", ["algo.num_generations=1"], "algo.num_generations"),
+    ("grpo", ["algo.mini_batch_size=5"], "algo.mini_batch_size"),
+    ("grpo", ["algo.clip_low=1.5"], "algo.clip_low"),
+    ("ppo", ["generation.min_new_tokens=99", "generation.max_new_tokens=8"], "generation.min_new_tokens"),
+    ("dpo", ["algo.beta=-0.1"], "algo.beta"),
+    ("dpo", ["algo.beta=0"], "algo.beta"),
+    ("ipo", ["algo.label_smoothing=0.1"], "algo.label_smoothing"),
+    ("simpo", ["ref_model=runs/sft"], "ref_model"),
+    ("dpo", ["data.format=unpaired"], "data.format"),
+    ("sft", ["model.lora.qlora=true"], "model.lora.qlora"),
+]
+
+
+@pytest.mark.parametrize("recipe,overrides,key", BAD, ids=[" ".join(o) for _, o, _ in BAD])
+def test_bad_values_name_their_key(recipe, overrides, key, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        build_config(recipe, {"output_dir": str(tmp_path / "run")}, overrides)
+    assert key in str(e.value) and "fix:" in str(e.value)
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_fp16_on_cpu_is_refused(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("fp16 is valid with a GPU")
+    with pytest.raises(ConfigError, match="train.mixed_precision"):
+        build_config("sft", {"output_dir": str(tmp_path / "r")}, ["train.mixed_precision=fp16"])
+
+
+def test_output_dir_that_is_a_file_or_unwritable(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="existing file"):
+        build_config("sft", {"output_dir": str(f)})
+    if os.geteuid() == 0:
+        pytest.skip("root can write anywhere")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    with pytest.raises(ConfigError, match="cannot be written"):
+        build_config("sft", {"output_dir": str(ro / "run")})
+
+
+def test_check_inputs_say_what_a_run_needs(tmp_path):
+    cfg = build_config("ppo", {"output_dir": str(tmp_path / "r")})  # consistent, printable by `config show`
+    with pytest.raises(ConfigError, match="no training data"):
+        cfg.check_inputs()
+    cfg = build_config("ppo", {"output_dir": str(tmp_path / "r"), "data": {"train": "x.jsonl"}})
+    with pytest.raises(ConfigError, match="no reward"):
+        cfg.check_inputs()
+    cfg = build_config("ppo", {"output_dir": str(tmp_path / "r"), "data": {"train": "x.jsonl"},
+                               "reward": {"functions": [{"fn": "exact_match"}]}})
+    with pytest.raises(ConfigError, match="critic.init=reward needs reward.model"):
+        cfg.check_inputs()
+    build_config("ppo", {"output_dir": str(tmp_path / "r"), "data": {"train": "x.jsonl"}, "critic": {"init": "policy"},
+                         "reward": {"functions": [{"fn": "exact_match"}]}}).check_inputs()
+
+
+def test_choices_come_from_the_registries(tmp_path):
+    from rlhfkit import algos
+
+    for name in algos.ADVANTAGE_ESTIMATORS:
+        k = 2 if algos.ADVANTAGE_ESTIMATORS[name].group_based else 1
+        cfg = build_config("ppo", {"output_dir": str(tmp_path)}, [f"algo.advantage={name}",
+                                                                   f"algo.num_generations={k}"])
+        assert cfg.algo.advantage == name
+    for name in algos.PREFERENCE_LOSSES:
+        fmt = "unpaired" if not algos.PREFERENCE_LOSSES[name].paired else "preference"
+        assert build_config("dpo", {"output_dir": str(tmp_path)}, [f"algo.loss={name}", f"data.format={fmt}"])
+    with pytest.raises(ConfigError, match="did you mean 'grpo'"):
+        build_config("ppo", {}, ["algo.advantage=gpro"])
+
+
+def test_trl_aliases_map_to_rlhfkit_keys(tmp_path, capsys):
+    cfg = build_config("grpo", {"learning_rate": 3e-6, "per_device_train_batch_size": 4, "output_dir": str(tmp_path)},
+                       ["num_generations=8", "beta=0.02", "max_completion_length=32", "report_to=tensorboard",
+                        "gradient_accumulation_steps=2", "use_peft=true", "lora_r=8"])
+    assert cfg.optim.lr == 3e-6 and cfg.train.batch_size == 4 and cfg.algo.num_generations == 8
+    assert cfg.algo.kl.coef == 0.02 and cfg.generation.max_new_tokens == 32
+    assert cfg.track.backends == ["tensorboard"]  # a scalar is a one-item list
+    assert cfg.train.grad_accum == 2 and cfg.model.lora.enabled and cfg.model.lora.r == 8
+    assert "learning_rate -> optim.lr" in capsys.readouterr().err
+    assert build_config("dpo", {"output_dir": str(tmp_path)}, ["beta=0.3"]).algo.beta == 0.3  # per family
+    with pytest.raises(ConfigError, match="both set"):
+        build_config("sft", {"learning_rate": 1e-4, "optim": {"lr": 2e-4}})
+
+
+def test_recipe_table_is_complete():
+    for name, recipe in RECIPES.items():
+        assert recipe.name == name and recipe.description and ":" in recipe.runner
+        cfg = build_config(name, {})
+        assert isinstance(cfg, recipe.config) and cfg.recipe == name
+        assert recipe.makes_policy == (recipe.family in ("supervised", "online", "preference"))
+        if recipe.family != "pipeline":
+            assert "train" in recipe.task_files
+
+
+def test_grpo_kl_goes_in_the_loss_by_default():
+    from rlhfkit import algos
+
+    cfg = build_config("grpo", {})
+    assert cfg.algo.kl.placement == "auto"
+    assert not algos.ADVANTAGE_ESTIMATORS[cfg.algo.advantage].kl_in_reward_default
