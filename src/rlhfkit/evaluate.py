@@ -144,13 +144,18 @@ def load_reward_model(name: str, device: str | torch.device | None = None, flag:
     return model.to(dev), tok
 
 
-def load_prompts(data: str, n: int | None = None) -> list[dict]:
-    """Prompt records (``{"prompt": [messages], **other fields}``, each knowing its ``where``); the first ``n``."""
+def load_prompts(data: str, n: int | None = None, fields: dict[str, str] | None = None) -> list[dict]:
+    """Prompt records (``{"prompt": [messages], **other fields}``, each knowing its ``where``); the first ``n``.
+    ``fields`` maps canonical names to your columns, as ``data.fields`` does for training (``--field``)."""
     from .data import load_dataset_records
 
     if n is not None and n < 1:
         raise ConfigError(f"--n must be at least 1, got {n}", where="--n", fix="give a positive number")
-    records = load_dataset_records(str(data), "prompt", limit=n)
+    try:
+        records = load_dataset_records(str(data), "prompt", fields=fields or None, limit=n)
+    except DataError as err:  # the training key is data.fields.X; here the flag is --field X=...
+        raise DataError(err.message, where=err.where,
+                        fix=(err.fix or "").replace("data.fields.", "--field ")) from None
     if not records:
         raise DataError("no prompts", where=str(data), fix="give a file with at least one prompt record")
     return records
@@ -189,8 +194,8 @@ def generate_answers(model, tok, prompts: Sequence[list[dict]], *, max_new_token
                      wheres: Sequence[str] | None = None) -> dict:
     """One answer per conversation: ``{"texts": [...], "ended": [bool], "lengths": [int]}`` (ended = stopped at
     EOS rather than at ``max_new_tokens``)."""
-    from .models.tokenizer import eos_token_ids
-    from .rollout import HFGenerateEngine, decode_responses, encode_chat_prompts
+    from .data.chat import encode_chat_prompts, stop_token_ids
+    from .rollout import SamplingParams, decode_responses, get_engine
 
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be at least 1, got {max_new_tokens}", where="--max-new-tokens",
@@ -206,11 +211,12 @@ def generate_answers(model, tok, prompts: Sequence[list[dict]], *, max_new_token
                 raise DataError(f"the prompt has {len(row)} tokens; the model's context is {limit}",
                                 where=wheres[i] if wheres else f"prompt {i}",
                                 fix="shorten the prompt or use a model with a longer context")
-    rollout = HFGenerateEngine(batch_size=max(1, batch_size)).generate(
-        model, ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-        do_sample=temperature > 0, eos_token_ids=eos_token_ids(tok, getattr(model, "generation_config", None)),
-        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-        tokenizer=tok, seed=seed,
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                            do_sample=temperature > 0, batch_size=max(1, batch_size))
+    rollout = get_engine("hf").generate(
+        model, ids, **params.engine_kwargs(),
+        eos_token_ids=stop_token_ids(tok, getattr(model, "generation_config", None)),
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id, tokenizer=tok, seed=seed,
     )
     return {"texts": decode_responses(tok, rollout), "ended": rollout.ended.cpu().tolist(),
             "lengths": rollout.lengths.cpu().tolist()}
@@ -251,6 +257,7 @@ def evaluate(
     out: str | Path | None = None,
     device: str | None = None,
     show: bool = True,
+    fields: dict[str, str] | None = None,
 ) -> dict:
     """Evaluate ``model`` on the prompts of ``data`` (module docstring); writes ``out`` (default
     ``<model>/eval.json``) and returns the results dict."""
@@ -262,7 +269,7 @@ def evaluate(
         raise ConfigError("a win rate needs a judge", where="--reference",
                           fix="add --reward-model DIR (the reward model judges model vs reference pairwise)")
     the_task = get_task(task) if task else None
-    records = load_prompts(data, n)
+    records = load_prompts(data, n, fields)
     try:
         rewards = CombinedRewards(list(functions)) if functions else None
     except RewardError as err:  # the recipe's key is reward.functions; here the flag is --functions

@@ -139,6 +139,21 @@ def test_eval_function_receives_extra_fields(sft_dir, tmp_path):
     assert res["rewards"]["score"]["mean"] == len(res["samples"][0]["response"])
 
 
+def test_eval_takes_the_training_field_mapping(sft_dir, tmp_path, capsys):
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "shout: cat", "solution": "CAT"}) + "\n")
+    out = tmp_path / "e.json"
+    assert main(["eval", str(sft_dir), "--data", str(data), "--n", "1", "--max-new-tokens", "4", "--out", str(out),
+                 "--field", "prompt=question", "--functions", "exact_match"]) == 2  # exact_match needs `answer`
+    capsys.readouterr()
+    assert main(["eval", str(sft_dir), "--data", str(data), "--max-new-tokens", "4", "--out", str(out),
+                 "--field", "prompt=question", "--field", "answer=solution", "--functions", "exact_match"]) == 0
+    assert json.loads(out.read_text())["n"] == 1
+    assert main(["eval", str(sft_dir), "--data", str(data), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--field prompt=" in err and "data.fields" not in err  # the fix names the flag of this command
+
+
 def test_eval_checks_its_inputs_before_generating(sft_dir, rm_dir, task_data, tmp_path):
     from rlhfkit.evaluate import evaluate
 

@@ -13,7 +13,7 @@ import torch
 
 from rlhfkit.config import build_config
 from rlhfkit.train.loop import start_run
-from rlhfkit.train.online import OnlineTrainer, run_online
+from rlhfkit.train.online import Experience, OnlineTrainer, run_online
 
 REWARD_FN = "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]"
 
@@ -88,9 +88,9 @@ def test_grpo_with_beta_zero_makes_no_reference_forward(task_data, sft_dir, tmp_
     real = OnlineTrainer.logprobs_of
     monkeypatch.setattr(OnlineTrainer, "logprobs_of", lambda self, model, batch: seen.append(model) or
                         real(self, model, batch))
-    rollout, rows = trainer.generate(trainer._prompt_batch(0), seed=0)
-    raw, _, _ = trainer.score(rollout, rows)
-    exp = trainer.make_experience(rollout, raw, trainer.shape_scores(raw, rollout.ended))
+    exp = trainer.generate(trainer._prompt_batch(0), seed=0)
+    trainer.score(exp)
+    trainer.forward_passes(exp)
     assert exp.ref_logprobs is None
     assert all(m is trainer.policy for m in seen) and len(seen) == 2  # 8 responses / micro-batch 4: policy only
 
@@ -99,18 +99,21 @@ def test_tokens_after_eos_change_nothing(task_data, sft_dir, tmp_path):
     """Garbage after the first EOS must not move any loss, KL, advantage, value or metric."""
     trainer = _trainer(task_data, sft_dir, tmp_path, "ppo", "algo.kl.coef=0.1", "critic.init=policy",
                        "algo.rollout_batch_size=8", "algo.num_generations=1", "train.batch_size=8")
-    rollout, rows = trainer.generate(trainer._prompt_batch(0), seed=0)
+    first = trainer.generate(trainer._prompt_batch(0), seed=0)
+    rollout, rows = first.rollout, first.rows
     assert not bool(rollout.response_mask.all()), "need at least one response that ended before the last column"
-    raw, _, _ = trainer.score(rollout, rows)
+    trainer.score(first, shape=False)
+    raw = first.raw_scores
 
     def run(r):
         torch.manual_seed(0)
         trainer.moments.mean, trainer.moments.var, trainer.moments.count = 0.0, 1.0, 0
-        scores = trainer.shape_scores(raw, r.ended)
-        exp = trainer.make_experience(r, raw, scores)
+        exp = Experience.of(r, rows)
+        exp.raw_scores, exp.scores = raw, trainer.shape_scores(raw, r.ended)
+        trainer.forward_passes(exp)
         trainer.advantages(exp)
         trainer.policy.zero_grad()
-        stats = trainer.policy_micro_step(exp.rows(torch.arange(len(r))), 1.0)
+        stats = trainer.policy_micro_step(exp.rows_of(torch.arange(len(r))), 1.0)
         grads = torch.cat([p.grad.flatten() for p in trainer.policy.parameters() if p.grad is not None])
         return exp, stats, grads
 

@@ -77,9 +77,10 @@ def test_rm_margin_field_reaches_the_loss(task_data, tmp_path, monkeypatch):
         return real(chosen, rejected, margin=margin, center_coef=center_coef)
 
     monkeypatch.setattr(reward, "bradley_terry_loss", spy)
-    cfg = build_config("rm", {}, [f"data.train={path}", f"output_dir={tmp_path / 'rm'}", "model.name=tiny:hidden=32,layers=1",
-                                  "rm.margin_field=gap", "train.batch_size=8", "train.max_steps=2", "data.eval_fraction=0",
-                                  "track.report=false", "data.max_length=64"])
+    cfg = build_config("rm", {}, [f"data.train={path}", f"output_dir={tmp_path / 'rm'}",
+                                  "model.name=tiny:hidden=32,layers=1", "rm.margin_field=gap", "train.batch_size=8",
+                                  "train.max_steps=2", "data.eval_fraction=0", "track.report=false",
+                                  "data.max_length=64"])
     reward.run_rm(cfg)
     margins = [m for m in seen if m is not None]
     assert margins and all(set(m.tolist()) <= {0.0, 1.0, 2.0} for m in margins)

@@ -167,9 +167,11 @@ def test_registry():
     assert not ADVANTAGE_ESTIMATORS["grpo"].kl_in_reward_default
     assert ADVANTAGE_ESTIMATORS["reinforce_pp"].kl_in_reward_default
     scores = torch.tensor([1.0, 0.0, 3.0, 0.0])
-    torch.testing.assert_close(
-        ADVANTAGE_ESTIMATORS["dr_grpo"].fn(scores, 2), grpo_advantages(scores, 2, scale_by_std=False)
-    )
+    # one calling convention: token rewards [B, T] (here the score on the last of 2 tokens) -> (advantages, returns)
+    token_rewards = torch.stack([torch.zeros(4), scores], dim=1)
+    adv, returns = ADVANTAGE_ESTIMATORS["dr_grpo"].fn(token_rewards, torch.ones(4, 2), group_size=2)
+    assert returns is None
+    torch.testing.assert_close(adv, grpo_advantages(scores, 2, scale_by_std=False).unsqueeze(-1).expand(4, 2))
 
 
 def test_pure():

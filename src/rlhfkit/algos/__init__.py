@@ -9,6 +9,7 @@ from rlhfkit.algos.advantages import (
     reinforce_pp_advantages,
     reinforce_pp_returns,
     rloo_advantages,
+    shaped_token_rewards,
 )
 from rlhfkit.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfkit.algos.logprobs import entropy_from_logits, token_logprobs
@@ -62,6 +63,7 @@ __all__ = [
     "reinforce_pp_returns",
     "rloo_advantages",
     "sft_loss",
+    "shaped_token_rewards",
     "simpo_loss",
     "token_logprobs",
     "value_loss",

@@ -120,18 +120,62 @@ def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, gamma: fl
     return masked_whiten(reinforce_pp_returns(rewards, mask, gamma), mask)
 
 
+def shaped_token_rewards(
+    scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, kl_in_reward: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards of the online loop: the sequence score on the last response token, minus ``kl_coef`` times
+    the per-token KL when the KL lives in the reward (Ziegler et al. 2019, eq. 2; Ouyang et al. 2022, eq. 2).
+
+    scores [B], kl [B, T], mask [B, T] -> (token_rewards [B, T], non_score [B, T] = the KL part alone), both 0 where
+    ``mask`` is 0. A row with an empty mask gets no score (there is no token to put it on).
+    """
+    valid = mask.bool()
+    last = (valid.long().sum(-1) - 1).clamp(min=0).unsqueeze(-1)
+    score = torch.zeros_like(kl).scatter(-1, last, scores.unsqueeze(-1).to(kl.dtype))
+    non_score = -kl_coef * kl if kl_in_reward else torch.zeros_like(kl)
+    return _where(score + non_score, valid), _where(non_score, valid)
+
+
+# ─────────────────────────────────────────── the estimator registry ───────────────────────────────────────────
+# One calling convention, so the online loop calls the registered function once and never branches on a name:
+#   fn(token_rewards [B, T], mask [B, T], *, values [B, T] | None, group_size k, gamma, lam)
+#       -> (advantages [B, T] (0 where mask is 0), returns [B, T] for a critic | None)
+# Group estimators reduce the token rewards to one sequence reward (their masked sum: the score plus the KL
+# penalty when it lives in the reward) and broadcast the sequence advantage over the sequence's tokens.
+
+
+def _gae_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
+    if values is None:
+        raise ValueError("gae needs the critic's values")
+    return gae(token_rewards, values, mask, gamma, lam)
+
+
+def _sequence_estimator(fn: Callable[[torch.Tensor, int], torch.Tensor]):
+    def estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
+        seq = _where(token_rewards, mask.bool()).sum(-1)
+        return fn(seq, group_size).unsqueeze(-1) * mask, None
+
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "estimator")
+    estimator.__doc__ = f"{name} over the sequence rewards, broadcast over each sequence's tokens."
+    return estimator
+
+
+def _reinforce_pp_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
+    return reinforce_pp_advantages(token_rewards, mask, gamma), None
+
+
 @dataclass(frozen=True)
 class AdvantageEstimator:
     """How the online loop uses an estimator.
 
-    needs_critic: train a value model and feed its values to ``fn``; group_based: ``fn`` takes per-sequence scores
-    in groups of k (completion-major) and returns one advantage per sequence, broadcast over its tokens;
-    kl_in_reward_default: the KL penalty goes into the per-token reward (True) or into the loss
-    (False, GRPO's beta term).
+    fn: the registry's calling convention (above). needs_critic: train a value model and pass its values;
+    group_based: needs k >= 2 completions per prompt (completion-major layout); kl_in_reward_default: where
+    ``algo.kl.placement=auto`` puts the KL penalty — in the per-token reward (True) or in the loss (False, GRPO's
+    beta term).
     """
 
     name: str
-    fn: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+    fn: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
     needs_critic: bool
     group_based: bool
     kl_in_reward_default: bool
@@ -140,26 +184,14 @@ class AdvantageEstimator:
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     e.name: e
     for e in (
-        AdvantageEstimator("gae", gae, needs_critic=True, group_based=False, kl_in_reward_default=True),
-        AdvantageEstimator(
-            "grpo", grpo_advantages, needs_critic=False, group_based=True, kl_in_reward_default=False
-        ),
-        AdvantageEstimator(
-            "dr_grpo",
-            functools.partial(grpo_advantages, scale_by_std=False),
-            needs_critic=False,
-            group_based=True,
-            kl_in_reward_default=False,
-        ),
-        AdvantageEstimator(
-            "rloo", rloo_advantages, needs_critic=False, group_based=True, kl_in_reward_default=True
-        ),
-        AdvantageEstimator(
-            "reinforce_pp",
-            reinforce_pp_advantages,
-            needs_critic=False,
-            group_based=False,
-            kl_in_reward_default=True,
-        ),
+        AdvantageEstimator("gae", _gae_estimator, needs_critic=True, group_based=False, kl_in_reward_default=True),
+        AdvantageEstimator("grpo", _sequence_estimator(grpo_advantages), needs_critic=False, group_based=True,
+                           kl_in_reward_default=False),
+        AdvantageEstimator("dr_grpo", _sequence_estimator(functools.partial(grpo_advantages, scale_by_std=False)),
+                           needs_critic=False, group_based=True, kl_in_reward_default=False),
+        AdvantageEstimator("rloo", _sequence_estimator(rloo_advantages), needs_critic=False, group_based=True,
+                           kl_in_reward_default=True),
+        AdvantageEstimator("reinforce_pp", _reinforce_pp_estimator, needs_critic=False, group_based=False,
+                           kl_in_reward_default=True),
     )
 }

@@ -102,7 +102,9 @@ class _Entropy(torch.autograd.Function):
 
 
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
-    """log softmax(logits)[label] = x_label - logsumexp(x) per token, on float32 chunks (Williams 1992 REINFORCE log pi).
+    """log softmax(logits)[label] = x_label - logsumexp(x) per token, on float32 chunks.
+
+    The REINFORCE log pi of Williams (1992).
 
     logits: [B, T, V] (any float dtype) or [N, V]; labels: [B, T] (or [N]) integer ids in [0, V) — replace
     ignore indices such as -100 before calling -> float32 [B, T] (or [N]; float64 for float64 logits).

@@ -37,7 +37,9 @@ def _seq_mean_token_mean(per_token: torch.Tensor, mask: torch.Tensor, max_len: i
 def _seq_mean_token_sum_norm(
     per_token: torch.Tensor, mask: torch.Tensor, max_len: int | None
 ) -> torch.Tensor:
-    """Per-sequence token sum / constant max_len (default padded T), mean over all B rows (Dr. GRPO, Liu et al. 2025)."""
+    """Per-sequence token sum / constant max_len (default padded T), mean over all B rows.
+
+    Dr. GRPO (Liu et al. 2025)."""
     norm = per_token.shape[-1] if max_len is None else max_len
     return (masked_sum(per_token, mask, dim=-1) / norm).mean()
 
@@ -82,7 +84,9 @@ def bradley_terry_loss(
     margin: torch.Tensor | float | None = None,
     center_coef: float = 0.0,
 ) -> tuple[torch.Tensor, Stats]:
-    """Pairwise reward loss -log sigmoid(r_c - r_r - m) (Ouyang et al. 2022, eq. 1; margin m: Touvron et al. 2023, eq. 2).
+    """Pairwise reward loss -log sigmoid(r_c - r_r - m).
+
+    Ouyang et al. 2022, eq. 1; margin m: Touvron et al. 2023, eq. 2.
 
     chosen, rejected: [B] rewards; margin: [B], scalar or None (0). ``center_coef`` adds
     center_coef * mean((r_c + r_r)^2) to keep rewards centred on 0 (Eisenstein et al. 2023).
@@ -281,7 +285,9 @@ def orpo_loss(
     chosen_nll: torch.Tensor,
     lam: float = 0.1,
 ) -> tuple[torch.Tensor, Stats]:
-    """ORPO: NLL_chosen + lam * -log sigmoid(log odds_c - log odds_r), odds(p) = p / (1 - p) (Hong et al. 2024, eq. 6-7).
+    """ORPO: NLL_chosen + lam * -log sigmoid(log odds_c - log odds_r), odds(p) = p / (1 - p).
+
+    Hong et al. 2024, eq. 6-7.
 
     chosen_avg_logps, rejected_avg_logps: [B] length-normalised log-probabilities (must be < 0);
     chosen_nll: [B] or scalar SFT loss on the chosen completions (averaged). log odds = logp - log(1 - e^logp),
@@ -351,13 +357,37 @@ def kto_loss(
     return loss, stats
 
 
+# ──────────────────────────────────────── the preference-loss registry ────────────────────────────────────────
+# Each paired loss reads one dict of [B] tensors (what the preference recipe's forward gives): ``chosen`` /
+# ``rejected`` (log-probs summed over completion tokens), ``chosen_tokens`` / ``rejected_tokens`` (counts) and
+# ``ref_chosen`` / ``ref_rejected``; its ``inputs(lp, params)`` picks the arguments of ``fn`` from it and from the
+# hyper-parameters ``params`` (any object with beta, label_smoothing, simpo_gamma, orpo_lambda, kto_*_weight).
+
+
+def _dpo_inputs(lp: dict, params) -> tuple[tuple, dict]:
+    kw = {"label_smoothing": params.label_smoothing} if params.label_smoothing > 0 else {}  # cdpo: 0.1 when unset
+    return (lp["chosen"], lp["rejected"], lp["ref_chosen"], lp["ref_rejected"]), {"beta": params.beta, **kw}
+
+
+def _simpo_inputs(lp: dict, params) -> tuple[tuple, dict]:
+    avg_c, avg_r = lp["chosen"] / lp["chosen_tokens"], lp["rejected"] / lp["rejected_tokens"]
+    return (avg_c, avg_r), {"beta": params.beta, "gamma": params.simpo_gamma}
+
+
+def _orpo_inputs(lp: dict, params) -> tuple[tuple, dict]:
+    avg_c, avg_r = lp["chosen"] / lp["chosen_tokens"], lp["rejected"] / lp["rejected_tokens"]
+    nll = -lp["chosen"].sum() / lp["chosen_tokens"].sum()  # token mean over every chosen completion token
+    return (avg_c, avg_r, nll), {"lam": params.orpo_lambda}
+
+
 @dataclass(frozen=True)
 class PreferenceLoss:
     """How the preference trainer feeds a loss.
 
     needs_reference: ``fn`` takes reference-model log-probs (computed once, no grad); paired: inputs are
-    (chosen, rejected) pairs (False: KTO's single labelled completions); length_normalised: log-probs are
-    per-token means rather than sums.
+    (chosen, rejected) pairs (False: KTO's single labelled completions, fed by the recipe's KTO objective);
+    length_normalised: log-probs are per-token means rather than sums; inputs: the arguments of ``fn`` from the
+    log-prob dict and the hyper-parameters (paired losses).
     """
 
     name: str
@@ -365,19 +395,26 @@ class PreferenceLoss:
     needs_reference: bool
     paired: bool
     length_normalised: bool
+    inputs: Callable[[dict, object], tuple[tuple, dict]] | None = None
+
+    def from_logps(self, lp: dict, params) -> tuple[torch.Tensor, Stats]:
+        """The loss and stats of a paired loss from the log-prob dict (see the registry's comment)."""
+        args, kwargs = self.inputs(lp, params)
+        return self.fn(*args, **kwargs)
 
 
 PREFERENCE_LOSSES: dict[str, PreferenceLoss] = {
     p.name: p
     for p in (
-        PreferenceLoss("dpo", functools.partial(dpo_loss, loss_type="sigmoid"), True, True, False),
-        PreferenceLoss("ipo", functools.partial(dpo_loss, loss_type="ipo"), True, True, False),
+        PreferenceLoss("dpo", functools.partial(dpo_loss, loss_type="sigmoid"), True, True, False, _dpo_inputs),
+        PreferenceLoss("ipo", functools.partial(dpo_loss, loss_type="ipo"), True, True, False, _dpo_inputs),
         # conservative DPO: the sigmoid loss with label smoothing; 0.1 unless the caller passes label_smoothing=
-        PreferenceLoss(
-            "cdpo", functools.partial(dpo_loss, loss_type="sigmoid", label_smoothing=0.1), True, True, False
-        ),
-        PreferenceLoss("simpo", simpo_loss, needs_reference=False, paired=True, length_normalised=True),
-        PreferenceLoss("orpo", orpo_loss, needs_reference=False, paired=True, length_normalised=True),
+        PreferenceLoss("cdpo", functools.partial(dpo_loss, loss_type="sigmoid", label_smoothing=0.1), True, True,
+                       False, _dpo_inputs),
+        PreferenceLoss("simpo", simpo_loss, needs_reference=False, paired=True, length_normalised=True,
+                       inputs=_simpo_inputs),
+        PreferenceLoss("orpo", orpo_loss, needs_reference=False, paired=True, length_normalised=True,
+                       inputs=_orpo_inputs),
         PreferenceLoss("kto", kto_loss, needs_reference=True, paired=False, length_normalised=False),
     )
 }

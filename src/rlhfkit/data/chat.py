@@ -28,11 +28,17 @@ from ..errors import DataError
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>", "<|eot|>")
 
 
-def _render(tok, messages: list[dict], add_generation_prompt: bool) -> str:
+def render_chat(tok, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The chat template applied to one conversation, as text (``tokenize=False``)."""
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    if not isinstance(text, str):  # defensive: some versions return a list for batched input
+    if isinstance(text, (list, tuple)) and len(text) == 1 and isinstance(text[0], str):
+        text = text[0]  # some versions return a list for batched input
+    if not isinstance(text, str):
         raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}")
     return text
+
+
+_render = render_chat
 
 
 def _try_render(tok, messages: list[dict], add_generation_prompt: bool) -> str | None:
@@ -136,9 +142,33 @@ def _conversation(tok, messages: list[dict], where: str) -> tuple[list[int], lis
 
 
 def render_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of ``messages`` rendered by the chat template (with the assistant header when asked)."""
+    """Token ids of ``messages`` rendered by the chat template (with the assistant header when asked): the one
+    way prompts are rendered for training, generation, evaluation and reward models. The text is tokenised with
+    ``add_special_tokens=False`` (the template writes every special token itself, so no BOS is doubled)."""
     text = _render_or_raise(tok, messages, add_generation_prompt, "prompt")
-    return list(tok(text, add_special_tokens=False)["input_ids"])
+    return [int(i) for i in tok(text, add_special_tokens=False)["input_ids"]]
+
+
+def encode_chat_prompts(tok, messages_list) -> list[list[int]]:
+    """Prompt ids for generation: each conversation rendered with the generation prompt."""
+    return [render_prompt_ids(tok, m, add_generation_prompt=True) for m in messages_list]
+
+
+def stop_token_ids(tok, generation_config=None) -> list[int]:
+    """What ends a reply — the one definition used by generation, masks and rewards: the tokenizer's EOS, the
+    model's generation-config EOS ids, and ``<|im_end|>`` when the tokenizer has it."""
+    ids: list[int] = []
+    if tok.eos_token_id is not None:
+        ids.append(int(tok.eos_token_id))
+    gen_eos = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    if isinstance(gen_eos, int):
+        ids.append(gen_eos)
+    elif isinstance(gen_eos, (list, tuple)):
+        ids.extend(int(i) for i in gen_eos)
+    im_end = tok.get_vocab().get("<|im_end|>")
+    if im_end is not None:
+        ids.append(int(im_end))
+    return sorted(set(ids))
 
 
 def render_conversation(tok, messages: list[dict], *, where: str = "conversation") -> tuple[list[int], list[int]]:

@@ -169,15 +169,19 @@ def parse_label(value: Any, *, where: str, field: str = "label") -> bool:
 
 
 def _apply_fields(row: dict, fields: dict[str, str] | None, *, where: str) -> dict:
-    """Rename mapped columns to their canonical names (the source column is removed)."""
+    """Rename mapped columns (``name -> column``); the source column is removed.
+
+    Names are the canonical fields (prompt, chosen, ...) or any extra field a reward function reads
+    (``answer=solution``). A misspelt source column fails here with the row's columns listed.
+    """
     if not fields:
         return dict(row)
     out = dict(row)
     for canonical, column in fields.items():
-        if canonical not in CANONICAL_FIELDS:
+        if not isinstance(column, str) or not canonical.isidentifier():
             raise DataError(
-                f"unknown canonical field {canonical!r} in data.fields", where="data.fields",
-                fix=f"map one of {', '.join(CANONICAL_FIELDS)} to a column, e.g. data.fields.prompt=question",
+                f"data.fields.{canonical}={column!r} is not a column mapping", where="data.fields",
+                fix="map a field name to one of your columns, e.g. data.fields.prompt=question",
             )
         if column == canonical:
             continue

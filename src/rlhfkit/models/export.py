@@ -167,7 +167,7 @@ def _load_lora(loc: Located, tok):
 
 def probe_inputs(tok) -> tuple[str, dict]:
     """The probe conversation rendered by the chat template (text) and tokenised (batch of one)."""
-    from ..rollout import render_chat
+    from ..data.chat import render_chat
 
     text = render_chat(tok, PROBE, add_generation_prompt=False)
     enc = tok(text, return_tensors="pt", add_special_tokens=False)

@@ -136,7 +136,8 @@ def _drop_gguf_quantizer(model, gguf_path: Path) -> None:
     if quantizer is None and not getattr(model, "is_quantized", False):
         return
     if any(not p.is_floating_point() for p in model.parameters()):
-        raise ModelError(f"{gguf_path.name}: transformers kept the GGUF weights quantized; cannot convert to safetensors",
+        raise ModelError(f"{gguf_path.name}: transformers kept the GGUF weights quantized; "
+                         "cannot convert to safetensors",
                          where="model.name", fix="upgrade transformers, or convert the file with llama.cpp's tools")
     if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
         quantizer.remove_quantization_config(model)

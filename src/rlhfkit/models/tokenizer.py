@@ -11,8 +11,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from ..data.chat import stop_token_ids
 from ..errors import ModelError
 from .tiny import ASSET_DIR
 
@@ -67,22 +66,5 @@ def prepare_tokenizer(tok):
     return tok
 
 
-def eos_token_ids(tok, generation_config=None) -> list[int]:
-    """All ids that end a response: the tokenizer's EOS, the model's generation-config EOS ids, ``<|im_end|>``."""
-    ids: list[int] = []
-    if tok.eos_token_id is not None:
-        ids.append(int(tok.eos_token_id))
-    gen_eos = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
-    if isinstance(gen_eos, int):
-        ids.append(gen_eos)
-    elif isinstance(gen_eos, (list, tuple)):
-        ids.extend(int(i) for i in gen_eos)
-    im_end = tok.get_vocab().get("<|im_end|>")
-    if im_end is not None:
-        ids.append(int(im_end))
-    return sorted(set(ids))
-
-
-def save_tokenizer(tok, out_dir: str | Path) -> None:
-    """Save the tokenizer (with its chat template) next to a model."""
-    tok.save_pretrained(str(out_dir))
+# What ends a reply is defined once, in data/chat.py; the name is kept for the loaders.
+eos_token_ids = stop_token_ids

@@ -41,7 +41,7 @@ def _import_file(spec: str, path_text: str):
     path = Path(path_text).expanduser()
     if not path.is_file():
         raise _fail(spec, f"file {str(path)!r} not found (relative paths start at {os.getcwd()})",
-                    fix="give the path of an existing .py file, absolute or relative to the working directory")  # fmt: skip
+                    fix="give the path of an existing .py file, absolute or relative to the working directory")
     resolved = path.resolve()
     digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
     name = f"_rlhfkit_reward_{resolved.stem}_{digest}"
@@ -67,7 +67,8 @@ def _import_failed(spec: str, what: str, exc: BaseException) -> RewardError:
     detail = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, SyntaxError) and exc.lineno:
         detail = f"SyntaxError at {exc.filename}:{exc.lineno}: {exc.msg}"
-    return _fail(spec, f"importing {what} failed ({detail})", fix="fix the error in that module (import it in Python to see the traceback)")  # fmt: skip
+    return _fail(spec, f"importing {what} failed ({detail})",
+                 fix="fix the error in that module (import it in Python to see the traceback)")
 
 
 def _missing(exc: ModuleNotFoundError, module: str) -> bool:

@@ -21,8 +21,9 @@ from collections.abc import Sequence
 
 import torch
 
+from ..data.chat import render_prompt_ids
 from ..models.heads import sequence_scores, unwrap
-from ..rollout.engine import chat_ids, eval_mode, model_device
+from ..rollout.engine import eval_mode, model_device
 
 
 def same_tokenizer(a, b) -> bool:
@@ -71,7 +72,7 @@ def max_input_length(model, tokenizer) -> int | None:
 def conversation_ids(tokenizer, messages: list[dict], max_length: int | None = None) -> list[int]:
     """Ids of a full conversation (ending with the turn to score) for a reward model: the chat template as text,
     tokenised without added special tokens, trailing whitespace-only tokens dropped, left-truncated."""
-    ids = chat_ids(tokenizer, messages, add_generation_prompt=False)
+    ids = render_prompt_ids(tokenizer, messages, add_generation_prompt=False)
     while len(ids) > 1 and not tokenizer.decode(ids[-1:], skip_special_tokens=False).strip():
         ids.pop()
     if max_length is not None and len(ids) > max_length:

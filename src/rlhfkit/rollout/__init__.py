@@ -1,21 +1,20 @@
 """Generation engines: EOS-aware sampling, responses cut at the first EOS / stop string, masks after the end."""
 
+from ..data.chat import encode_chat_prompts, render_chat
 from .engine import (
     ENGINES,
     HFGenerateEngine,
     RolloutEngine,
-    chat_ids,
     decode_responses,
-    encode_chat_prompts,
     eval_mode,
     finalize_responses,
     first_stop_end,
     generate_text,
     get_engine,
     left_pad,
-    render_chat,
     strip_parallel_wrappers,
 )
+from .sampling import SamplingParams
 from .types import Rollout
 
 __all__ = [
@@ -23,7 +22,7 @@ __all__ = [
     "HFGenerateEngine",
     "Rollout",
     "RolloutEngine",
-    "chat_ids",
+    "SamplingParams",
     "decode_responses",
     "encode_chat_prompts",
     "eval_mode",

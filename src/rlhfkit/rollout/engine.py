@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from ..data.chat import encode_chat_prompts, stop_token_ids
 from ..errors import ConfigError
 from .types import Rollout
 
@@ -84,41 +85,6 @@ def left_pad(rows: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Te
             ids[i, width - len(r) :] = torch.as_tensor(list(r), dtype=torch.long)
             mask[i, width - len(r) :] = 1
     return ids, mask
-
-
-def _to_id_list(out: Any) -> list[int]:
-    """Ids from whatever ``apply_chat_template(tokenize=True)`` / ``tokenizer(...)`` returned (list, dict, tensor)."""
-    if isinstance(out, Mapping) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    if isinstance(out, torch.Tensor):
-        out = out.tolist()
-    if out and isinstance(out[0], (list, tuple)):
-        if len(out) != 1:
-            raise TypeError(f"expected the ids of one sequence, got a batch of {len(out)}")
-        out = out[0]
-    return [int(i) for i in out]
-
-
-def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool) -> str:
-    """The chat template applied to one conversation, as text (``tokenize=False``)."""
-    out = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
-    if isinstance(out, (list, tuple)) and len(out) == 1 and isinstance(out[0], str):
-        out = out[0]
-    if not isinstance(out, str):
-        raise TypeError(f"apply_chat_template(tokenize=False) returned {type(out).__name__}, expected str")
-    return out
-
-
-def chat_ids(tokenizer, messages: list[dict], *, add_generation_prompt: bool) -> list[int]:
-    """Token ids of one conversation: template rendered as text, then tokenised with ``add_special_tokens=False``
-    (the template already holds every special token, so no BOS is doubled)."""
-    text = render_chat(tokenizer, messages, add_generation_prompt=add_generation_prompt)
-    return _to_id_list(tokenizer(text, add_special_tokens=False))
-
-
-def encode_chat_prompts(tokenizer, messages_list: Sequence[list[dict]]) -> list[list[int]]:
-    """Prompt ids for generation: each conversation rendered with ``add_generation_prompt=True``."""
-    return [chat_ids(tokenizer, m, add_generation_prompt=True) for m in messages_list]
 
 
 def decode_responses(tokenizer, rollout: Rollout, *, skip_special_tokens: bool = True) -> list[str]:
@@ -373,12 +339,10 @@ def generate_text(
 ) -> list[str]:
     """Reply to each conversation: chat template with the generation prompt, generate, decode the responses
     (special tokens skipped). ``gen_kwargs`` go to the engine (temperature, do_sample, seed, stop_strings, …)."""
-    from ..models.tokenizer import eos_token_ids as default_eos
-
     if isinstance(engine, str):
         engine = get_engine(engine)
     if eos_token_ids is None:
-        eos_token_ids = default_eos(
+        eos_token_ids = stop_token_ids(
             tokenizer, getattr(strip_parallel_wrappers(model), "generation_config", None)
         )
     if pad_token_id is None:

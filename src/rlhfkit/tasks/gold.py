@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rollout import generate_text
+from ..rollout import SamplingParams, generate_text
 
 
 @torch.no_grad()
@@ -15,12 +15,11 @@ def gold_metric(model, tokenizer, task, prompt_records: list[dict], *, temperatu
     """``{"gold": mean score, "n": count, "eos_frac": …, "samples": [(prompt, answer, score), …]}``."""
     prompts = [r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"] for r in prompt_records]
     answers: list[str] = []
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, do_sample=temperature > 0)
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start: start + batch_size]
-        answers += generate_text(
-            model, tokenizer, [[{"role": "user", "content": p}] for p in chunk], max_new_tokens=max_new_tokens,
-            temperature=temperature, do_sample=temperature > 0, seed=seed + start,
-        )
+        answers += generate_text(model, tokenizer, [[{"role": "user", "content": p}] for p in chunk],
+                                 **params.engine_kwargs(), seed=seed + start)
     scores = [task.gold(p, a) for p, a in zip(prompts, answers)]
     return {"gold": sum(scores) / max(1, len(scores)), "n": len(scores),
             "samples": list(zip(prompts, answers, scores))}

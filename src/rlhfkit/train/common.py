@@ -1,5 +1,6 @@
 """Pieces every recipe shares: loading the configured data (with a held-out split), tokenising it under the length
-policy with the counts printed, and the forward pass that gives per-token log-probs of the labels."""
+policy with the counts printed, the forward pass that gives per-token log-probs of the labels, moving a batch to a
+device, and the end-of-run report."""
 
 from __future__ import annotations
 
@@ -64,3 +65,16 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     kwargs = {"position_ids": position_ids} if position_ids is not None else {}
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
     return token_logprobs(logits[:, :-1], input_ids[:, 1:])
+
+
+def to_device(batch: dict, device) -> dict:
+    """The batch with every tensor on ``device`` (other values as they are)."""
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+def write_report(run) -> None:
+    """``report.html`` of the run (main process, when ``track.report``)."""
+    if run.is_main and run.cfg.track.report:
+        from ..report import build_report
+
+        build_report(run.run_dir, title=f"rlhfkit {run.cfg.recipe}: {run.run_dir}")

@@ -90,7 +90,8 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     # process, each with its own mixed precision: forget the last stage's (the process group itself is kept)
     AcceleratorState._reset_state()
     # cpu=True without CUDA: only then does accelerate set up DDP (gloo) for processes started by torchrun
-    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision), cpu=not torch.cuda.is_available())
+    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision),
+                              cpu=not torch.cuda.is_available())
     run_dir = Path(cfg.output_dir)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -21,13 +21,14 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .. import algos
 from ..config import OnlineConfig, replace
 from ..data import PromptCollator
+from ..data.chat import stop_token_ids
 from ..errors import ConfigError
 from ..models.heads import token_values
 from ..models.loading import (
@@ -38,11 +39,10 @@ from ..models.loading import (
     load_tokenizer_for,
     save_model,
 )
-from ..models.tokenizer import eos_token_ids
 from ..rewards import CombinedRewards, RewardModelScorer
-from ..rollout import Rollout, get_engine
+from ..rollout import Rollout, SamplingParams, get_engine
 from ..track import HealthMonitor, Progress, SampleLogger
-from .common import load_records, tokenize
+from .common import load_records, tokenize, write_report
 from .loop import (
     Checkpointer,
     Run,
@@ -59,19 +59,28 @@ from .loop import (
 
 @dataclass
 class Experience:
-    """One rollout batch and everything derived from it; tensors are [B, R] over response tokens unless noted."""
+    """One rollout step, born at generation and filled by each numbered step; tensors are [B, R] over response
+    tokens unless noted. rows: the prompt records (extra fields feed reward functions), one per response."""
 
     rollout: Rollout
+    rows: list[dict]
     position_ids: torch.Tensor  # [B, P+R]
-    mask: torch.Tensor  # response mask as float
-    scores: torch.Tensor  # [B] scores used for learning (after penalty / normalisation / clipping)
-    raw_scores: torch.Tensor  # [B] reward model + functions, before any shaping
-    old_logprobs: torch.Tensor
+    mask: torch.Tensor  # response mask as float (tokens that enter the losses)
+    texts: list[str] = field(default_factory=list)  # 3. decoded responses
+    raw_scores: torch.Tensor | None = None  # [B] reward model + functions, before any shaping
+    scores: torch.Tensor | None = None  # [B] scores used for learning (after penalty / normalisation / clipping)
+    reward_metrics: dict = field(default_factory=dict)
+    old_logprobs: torch.Tensor | None = None  # 4.
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
-    kl: torch.Tensor | None = None
+    kl: torch.Tensor | None = None  # 5.
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, rollout: Rollout, rows: list[dict]) -> Experience:
+        return cls(rollout=rollout, rows=rows, position_ids=position_ids_of(rollout.attention_mask),
+                   mask=rollout.response_mask.float())
 
     def forward_rows(self, idx) -> dict:
         """What a forward pass over rows ``idx`` (a slice or an index tensor) needs."""
@@ -79,7 +88,7 @@ class Experience:
         return {"input_ids": r.sequences[idx], "attention_mask": r.attention_mask[idx],
                 "position_ids": self.position_ids[idx], "response_ids": r.response_ids[idx]}
 
-    def rows(self, idx: torch.Tensor) -> dict:
+    def rows_of(self, idx: torch.Tensor) -> dict:
         """The tensors of rows ``idx`` needed by one PPO micro-batch."""
         out = {**self.forward_rows(idx), "mask": self.mask[idx], "old_logprobs": self.old_logprobs[idx],
                "advantages": self.advantages[idx]}
@@ -156,19 +165,13 @@ class OnlineTrainer:
     def __init__(self, cfg: OnlineConfig, run: Run):
         self.cfg, self.run, self.acc = cfg, run, run.accelerator
         algo = cfg.algo
-        if algo.advantage not in algos.ADVANTAGE_ESTIMATORS:
-            raise ConfigError(f"unknown advantage estimator {algo.advantage}", where="algo.advantage")
-        self.estimator = algos.ADVANTAGE_ESTIMATORS[algo.advantage]
+        self.estimator = algos.ADVANTAGE_ESTIMATORS[algo.advantage]  # validated when the config was built
         self.k = algo.num_generations
-        if self.estimator.group_based and self.k < 2:
-            raise ConfigError(f"{algo.advantage} compares completions of a prompt and needs num_generations >= 2",
-                              where="algo.num_generations", fix="set algo.num_generations=4 (or more)")
-        if cfg.reward.model is None and not cfg.reward.functions:
-            raise ConfigError("no reward: give a reward model or reward functions", where="reward",
-                              fix="set reward.model=runs/rm or reward.functions=[{fn: exact_match}]")
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
-        self.kl_in_reward = algo.kl.placement == "reward"
+        placement = algo.kl.placement
+        self.kl_in_reward = self.estimator.kl_in_reward_default if placement == "auto" else placement == "reward"
         self.device = run.device
+        self.sampling = SamplingParams.from_config(cfg.generation)
         kl = algo.kl
         self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
                        else algos.FixedKLController(kl.coef))
@@ -202,15 +205,12 @@ class OnlineTrainer:
         self.critic = None
         if self.estimator.needs_critic:
             source = cfg.critic.model or (cfg.reward.model if cfg.critic.init == "reward" else cfg.model.name)
-            if source is None:
-                raise ConfigError("critic.init=reward needs reward.model", where="critic.init",
-                                  fix="set critic.init=policy, or give reward.model")
             self.critic = load_scalar_model(source, _with_name(cfg.model, source), tokenizer=self.tok,
                                             device=self.device, seed=cfg.train.seed + 1)
             disable_dropout(self.critic)
             run.print(f"[{cfg.recipe}] critic from {source}: {describe(self.critic)}")
         self.engine = get_engine(cfg.generation.engine)
-        self.eos_ids = eos_token_ids(self.tok, getattr(self.policy, "generation_config", None))
+        self.eos_ids = stop_token_ids(self.tok, getattr(self.policy, "generation_config", None))
 
     def _load_data(self) -> None:
         cfg = self.cfg
@@ -226,12 +226,7 @@ class OnlineTrainer:
             raise ConfigError(f"{len(self.prompts)} prompts do not fill one rollout batch of "
                               f"{cfg.algo.rollout_batch_size} x {world} processes", where="algo.rollout_batch_size",
                               fix="lower algo.rollout_batch_size or give more prompts")
-        batch = cfg.algo.rollout_batch_size * self.k
-        if batch % cfg.algo.mini_batch_size or cfg.algo.mini_batch_size % cfg.train.batch_size:
-            raise ConfigError(
-                f"rollout batch {batch} (= rollout_batch_size x num_generations) must split into mini-batches of "
-                f"{cfg.algo.mini_batch_size}, and those into micro-batches of train.batch_size="
-                f"{cfg.train.batch_size}", where="algo.mini_batch_size", fix="choose divisors")
+        batch = cfg.algo.rollout_batch_size * self.k  # its divisibility was checked when the config was built
         self.updates_per_step = cfg.algo.ppo_epochs * (batch // cfg.algo.mini_batch_size)
 
     def _prompt_batch(self, step: int) -> dict:
@@ -241,21 +236,23 @@ class OnlineTrainer:
         return self.collate([self.prompts[i] for i in plan[pos]])
 
     # ── 2. generate ──────────────────────────────────────────────────────────────────────────────────────────
-    def generate(self, prompts: dict, seed: int, k: int | None = None, greedy: bool = False) -> tuple[Rollout, list]:
+    def generate(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
+        """``k`` responses per prompt (completion-major: the prompt batch repeated k times), as a new Experience."""
         k = self.k if k is None else k
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
-        g = self.cfg.generation
-        rollout = self.engine.generate(
-            self.policy, ids * k, max_new_tokens=g.max_new_tokens, min_new_tokens=g.min_new_tokens,
-            temperature=g.temperature, top_p=g.top_p, top_k=g.top_k, do_sample=not greedy,
-            eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id, stop_strings=g.stop_strings or None,
-            tokenizer=self.tok, seed=seed, batch_size=g.batch_size)
+        rollout = self.engine.generate(self.policy, ids * k, **self.sampling.engine_kwargs(),
+                                       eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id,
+                                       tokenizer=self.tok, seed=seed)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
-        return rollout.to(self.device), rows
+        return Experience.of(rollout.to(self.device), rows)
 
     # ── 3. score ─────────────────────────────────────────────────────────────────────────────────────────────
     @torch.no_grad()
-    def score(self, rollout: Rollout, rows: list[dict]) -> tuple[torch.Tensor, dict, list[str]]:
+    def score(self, exp: Experience, shape: bool = True) -> None:
+        """Decoded texts, raw scores (reward model + functions) and their metrics onto ``exp``; with ``shape``,
+        also the learning scores (missing-EOS penalty, running normalisation, clipping: this updates the
+        normaliser, so evaluation passes ``shape=False``)."""
+        rollout, rows = exp.rollout, exp.rows
         texts = self.tok.batch_decode(
             [r[m.bool()] for r, m in zip(rollout.response_ids, rollout.response_mask)], skip_special_tokens=True)
         messages = [row["prompt"] for row in rows]
@@ -272,7 +269,9 @@ class OnlineTrainer:
             fn_total, _, fn_metrics = self.functions(prompt_text, texts, fields)
             total += fn_total.to(self.device)
             metrics.update(fn_metrics)
-        return total, metrics, texts
+        exp.texts, exp.raw_scores, exp.reward_metrics = texts, total, metrics
+        if shape:
+            exp.scores = self.shape_scores(total, rollout.ended)
 
     def shape_scores(self, raw: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
         """Missing-EOS penalty, then running normalisation, then clipping (each as configured)."""
@@ -295,14 +294,12 @@ class OnlineTrainer:
         return algos.token_logprobs(logits, batch["response_ids"]).float()
 
     @torch.no_grad()
-    def make_experience(self, rollout: Rollout, raw: torch.Tensor, scores: torch.Tensor) -> Experience:
-        exp = Experience(rollout=rollout, position_ids=position_ids_of(rollout.attention_mask),
-                         mask=rollout.response_mask.float(), scores=scores, raw_scores=raw,
-                         old_logprobs=torch.empty(0))
+    def forward_passes(self, exp: Experience) -> None:
+        """Old log-probs of the policy, reference log-probs (when a KL is used), critic values (PPO) onto ``exp``,
+        in micro-batches of ``train.batch_size``."""
         mb = self.cfg.train.batch_size
-        n = len(rollout)
         old, ref, values = [], [], []
-        for s in range(0, n, mb):
+        for s in range(0, len(exp.rollout), mb):
             batch = exp.forward_rows(slice(s, s + mb))
             old.append(self.logprobs_of(self.policy, batch))
             if self.use_kl:
@@ -318,41 +315,27 @@ class OnlineTrainer:
         exp.old_logprobs = torch.cat(old)
         exp.ref_logprobs = torch.cat(ref) if ref else None
         exp.values = torch.cat(values) if values else None
-        return exp
 
     # ── 5. KL, shaped rewards, advantages ───────────────────────────────────────────────────────────────────
     def advantages(self, exp: Experience) -> dict:
+        """Per-token KL -> shaped per-token rewards -> the registered estimator (called once) -> optional whitening
+        and tied-group filtering."""
         algo, mask = self.cfg.algo, exp.mask
         coef = self.kl_ctl.value
         kl = torch.zeros_like(mask)
         if exp.ref_logprobs is not None:
             kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator) * mask
         exp.kl = kl
-        last = (exp.rollout.lengths - 1).clamp(min=0).unsqueeze(-1)
-        token_rewards = torch.zeros_like(mask).scatter(-1, last, exp.scores.unsqueeze(-1).to(mask.dtype)) * mask
-        non_score = -coef * kl if self.kl_in_reward else torch.zeros_like(kl)
-        name = algo.advantage
-        if name == "gae":
-            adv, ret = algos.gae(token_rewards + non_score, exp.values, mask, algo.gamma, algo.lam)
-            exp.returns = ret
-        elif name == "reinforce_pp":
-            adv = algos.reinforce_pp_returns(token_rewards + non_score, mask, algo.gamma)
-            adv = algos.masked_whiten(adv, mask)
-        else:  # group estimators act on sequence rewards (KL folded in when it lives in the reward)
-            seq = exp.scores + (non_score * mask).sum(-1)
-            if name == "rloo":
-                seq_adv = algos.rloo_advantages(seq, self.k)
-            else:
-                seq_adv = algos.grpo_advantages(seq, self.k, scale_by_std=(name == "grpo"))
-            adv = seq_adv.unsqueeze(-1) * mask
+        token_rewards, non_score = algos.shaped_token_rewards(exp.scores, kl, mask, coef, self.kl_in_reward)
+        adv, exp.returns = self.estimator.fn(token_rewards, mask, values=exp.values, group_size=self.k,
+                                             gamma=algo.gamma, lam=algo.lam)
         if algo.whiten_advantages:
             adv = algos.masked_whiten(adv, mask)
         if algo.filter_tied_groups and self.estimator.group_based:
             keep = ~algos.group_all_tied(exp.scores, self.k)
             exp.mask = mask * keep.unsqueeze(-1).float()
         exp.advantages = adv * exp.mask
-        seq_kl = (kl * mask).sum(-1)
-        return {"objective/kl": seq_kl.mean().item(), "objective/non_score_reward": (non_score * mask).sum(-1).mean().item(),
+        return {"objective/kl": kl.sum(-1).mean().item(), "objective/non_score_reward": non_score.sum(-1).mean().item(),
                 "objective/kl_coef": coef}
 
     # ── 6. PPO epochs over mini-batches ─────────────────────────────────────────────────────────────────────
@@ -365,8 +348,8 @@ class OnlineTrainer:
                                              clip_low=algo.clip_low, clip_high=algo.clip_high,
                                              aggregation=algo.loss_aggregation,
                                              max_len=self.cfg.generation.max_new_tokens)
-            entropy = algos.masked_mean(algos.entropy_from_logits(logits.detach() if algo.entropy_coef == 0 else logits),
-                                        batch["mask"])
+            ent_logits = logits.detach() if algo.entropy_coef == 0 else logits
+            entropy = algos.masked_mean(algos.entropy_from_logits(ent_logits), batch["mask"])
             total = loss - algo.entropy_coef * entropy
             if not self.kl_in_reward and "ref_logprobs" in batch:
                 kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
@@ -397,7 +380,7 @@ class OnlineTrainer:
                 mini = order[m0: m0 + algo.mini_batch_size]
                 micro_n = math.ceil(len(mini) / mb)
                 for i, s in enumerate(range(0, len(mini), mb)):
-                    batch = exp.rows(mini[s: s + mb])
+                    batch = exp.rows_of(mini[s: s + mb])
                     last = i == micro_n - 1
                     st = {}
                     with (contextlib.nullcontext() if last else self.acc.no_sync(self.policy)):
@@ -408,7 +391,8 @@ class OnlineTrainer:
                     stats.append(st)
                 clip_and_step(self.acc, self.policy, self.opt, self.sched, self.cfg.optim.max_grad_norm)
                 if self.critic is not None:
-                    clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched, self.cfg.optim.max_grad_norm)
+                    clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched,
+                                  self.cfg.optim.max_grad_norm)
         return {k: torch.stack([s[k].float() for s in stats]).mean().item() for k in stats[0]}
 
     # ── evaluation on held-out prompts ───────────────────────────────────────────────────────────────────────
@@ -419,9 +403,9 @@ class OnlineTrainer:
         scores = []
         for s in range(0, len(self.eval_prompts), 64):
             prompts = self.collate(self.eval_prompts[s: s + 64])
-            rollout, rows = self.generate(prompts, seed=10_007 + s, k=1)
-            raw, _, _ = self.score(rollout, rows)
-            scores.append(raw)
+            exp = self.generate(prompts, seed=10_007 + s, k=1)
+            self.score(exp, shape=False)
+            scores.append(exp.raw_scores)
         return {"eval/scores": torch.cat(scores).mean().item()}
 
     # ── the loop ─────────────────────────────────────────────────────────────────────────────────────────────
@@ -461,18 +445,16 @@ class OnlineTrainer:
         show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean")
         last: dict = {}
         t_start = time.time()
-        with Progress(self.total_steps, desc=cfg.recipe, unit="step", show=show, is_main=run.is_main,
-                      initial=step) as progress:
+        with Progress(self.total_steps, desc=cfg.recipe, unit="step", show=show,
+                      is_main=run.is_main and cfg.track.progress, initial=step) as progress:
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
-                # 1-2. prompts -> responses
-                prompts = self._prompt_batch(step)
-                rollout, rows = self.generate(prompts, seed)
-                # 3. scores
-                raw, reward_metrics, texts = self.score(rollout, rows)
-                scores = self.shape_scores(raw, rollout.ended)
+                # 1-2. prompts -> responses (the Experience of this step is born here)
+                exp = self.generate(self._prompt_batch(step), seed)
+                # 3. texts, raw scores, shaped scores
+                self.score(exp)
                 # 4. old / reference log-probs, values
-                exp = self.make_experience(rollout, raw, scores)
+                self.forward_passes(exp)
                 # 5. KL, shaped rewards, advantages
                 metrics = self.advantages(exp)
                 # 6. PPO epochs
@@ -480,7 +462,7 @@ class OnlineTrainer:
                 step += 1
                 # 7. metrics, samples, health, KL controller, checkpoint
                 update = step * self.updates_per_step
-                metrics.update(self.rollout_metrics(exp, reward_metrics, step, episodes_per_step, t_start))
+                metrics.update(self.rollout_metrics(exp, step, episodes_per_step, t_start))
                 self.kl_ctl.update(metrics["objective/kl"], episodes_per_step)
                 if step == self.total_steps or (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0):
                     metrics.update(self.evaluate(step))
@@ -490,7 +472,7 @@ class OnlineTrainer:
                 if run.is_main:
                     health.report(metrics, step)
                 if cfg.track.sample_every > 0 and (step % cfg.track.sample_every == 0 or step == 1):
-                    samples.log(update, [r["prompt"][-1]["content"] for r in rows], texts,
+                    samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
                                 exp.raw_scores.tolist())
                 if every and step % every == 0 and step != self.total_steps:
                     ckpt.save(update, models=models, optimizers=opts, schedulers=scheds,
@@ -504,13 +486,13 @@ class OnlineTrainer:
         run.sink.close()
         return last
 
-    def rollout_metrics(self, exp: Experience, reward_metrics: dict, step: int, per_step: int, t0: float) -> dict:
+    def rollout_metrics(self, exp: Experience, step: int, per_step: int, t0: float) -> dict:
         mask = exp.rollout.response_mask.float()
         g = lambda x: self.acc.gather(x.detach().float().reshape(-1)).mean().item()  # noqa: E731
         entropy = (-exp.old_logprobs * mask).sum(-1)
         non_score = -(self.kl_ctl.value * exp.kl * mask).sum(-1) if self.kl_in_reward else torch.zeros_like(entropy)
         return {
-            **reward_metrics,
+            **exp.reward_metrics,
             "objective/scores": g(exp.raw_scores),
             "objective/entropy": g(entropy),
             "objective/rlhf_reward": g(exp.scores + non_score),
@@ -542,12 +524,10 @@ def _with_name(mcfg, name: str):
 
 def run_online(cfg: OnlineConfig) -> dict:
     """PPO / GRPO / RLOO / REINFORCE++ from ``cfg``; returns the last step's metrics."""
+    cfg.check_inputs()
     run = start_run(cfg)
     trainer = OnlineTrainer(cfg, run)
     metrics = trainer.train()
     run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
-    if run.is_main and cfg.track.report:
-        from ..report import build_report
-
-        build_report(run.run_dir, title=f"rlhfkit {cfg.recipe}: {run.run_dir}")
+    write_report(run)
     return metrics

@@ -28,7 +28,6 @@ Departures, on purpose:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -40,11 +39,11 @@ import torch
 from ..algos import PREFERENCE_LOSSES, kto_kl_estimate, kto_loss, masked_mean, masked_sum, token_logprobs
 from ..config import replace
 from ..data import PreferenceCollator, UnpairedCollator
-from ..errors import ConfigError, DataError
+from ..errors import DataError
 from ..models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
-from .common import load_records, tokenize
-from .loop import SupervisedJob, _to_device, start_run, train_supervised
-from .sft import _report
+from ..rollout import eval_mode
+from .common import load_records, to_device, tokenize, write_report
+from .loop import SupervisedJob, start_run, train_supervised
 
 CACHE_FILE = "reference_logps.pt"
 
@@ -63,16 +62,6 @@ def sequence_logps(model, input_ids, attention_mask, completion_mask, start: int
     logps = token_logprobs(logits[:, :-1], input_ids[:, start + 1:])
     mask = completion_mask[:, start + 1:]
     return masked_sum(logps, mask, dim=-1), mask.sum(-1).to(logps.dtype)
-
-
-@contextlib.contextmanager
-def _eval_mode(model):
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 # ─────────────────────────────────────────────────── batches ──────────────────────────────────────────────────
@@ -126,10 +115,7 @@ def assign_kl_partners(items: list[dict], seed: int, max_length: int) -> None:
 
 def load_items(run, cfg, tok, paired: bool) -> tuple[list[dict], list[dict]]:
     """(train, eval) tokenised examples: pairs, or KTO examples (unpaired records, or pairs split in two)."""
-    if paired:
-        if cfg.data.format not in ("auto", "preference"):
-            raise ConfigError(f"algo.loss={cfg.algo.loss} trains on preference pairs, not {cfg.data.format} data",
-                              where="data.format", fix="set data.format=preference (or use algo.loss=kto)")
+    if paired:  # data.format was checked against the loss when the config was built
         train_recs, eval_recs = load_records(cfg, "preference")
         return (tokenize(run, train_recs, "preference", tok, cfg, "train"),
                 tokenize(run, eval_recs, "preference", tok, cfg, "eval"))
@@ -169,7 +155,7 @@ class Reference:
         base = self.accelerator.unwrap_model(policy)
         if not is_peft(base):
             raise RuntimeError("no reference log-probs in the batch and no reference model to compute them")
-        with base.disable_adapter(), _eval_mode(policy):
+        with base.disable_adapter(), eval_mode(policy):
             return sequence_logps(policy, input_ids, attention_mask, completion_mask, start)[0]
 
     def logps(self, policy, batch: dict) -> torch.Tensor:
@@ -225,11 +211,11 @@ def _read_cache(path: Path, key: str) -> dict | None:
 @torch.no_grad()
 def _reference_table(run, reference: Reference, policy, collate, items: list[dict], batch_size: int) -> torch.Tensor:
     rows = [torch.zeros(0, 2)]
-    with _eval_mode(policy), run.accelerator.autocast():
+    with eval_mode(policy), run.accelerator.autocast():
         for s in range(0, len(items), batch_size):
             batch = collate(items[s: s + batch_size])
             batch.pop("ref_logps", None)  # always compute, even over examples that carry older values
-            rows.append(reference.logps(policy, _to_device(batch, run.device)).float().cpu())
+            rows.append(reference.logps(policy, to_device(batch, run.device)).float().cpu())
     return torch.cat(rows)
 
 
@@ -259,34 +245,12 @@ def precompute_reference(run, cfg, policy, tok, collate, train: list[dict], eval
 
 
 # ───────────────────────────────────────────────────── losses ─────────────────────────────────────────────────
-# Each paired loss reads the dict of [B] tensors `pair_logps` returns: chosen / rejected (summed log-probs),
-# chosen_tokens / rejected_tokens, ref_chosen / ref_rejected.
-
-
-def _dpo_inputs(algo, lp):
-    kw = {"label_smoothing": algo.label_smoothing} if algo.label_smoothing > 0 else {}  # cdpo: 0.1 when unset
-    return (lp["chosen"], lp["rejected"], lp["ref_chosen"], lp["ref_rejected"]), {"beta": algo.beta, **kw}
-
-
-def _simpo_inputs(algo, lp):
-    avg_c, avg_r = lp["chosen"] / lp["chosen_tokens"], lp["rejected"] / lp["rejected_tokens"]
-    return (avg_c, avg_r), {"beta": algo.beta, "gamma": algo.simpo_gamma}
-
-
-def _orpo_inputs(algo, lp):
-    avg_c, avg_r = lp["chosen"] / lp["chosen_tokens"], lp["rejected"] / lp["rejected_tokens"]
-    nll = -lp["chosen"].sum() / lp["chosen_tokens"].sum()  # token mean over every chosen completion token
-    return (avg_c, avg_r, nll), {"lam": algo.orpo_lambda}
-
-
-PAIRED_INPUTS = {"dpo": _dpo_inputs, "ipo": _dpo_inputs, "cdpo": _dpo_inputs, "simpo": _simpo_inputs,
-                 "orpo": _orpo_inputs}
 PAIR_COLUMNS = ("chosen", "rejected", "chosen_tokens", "rejected_tokens", "ref_chosen", "ref_rejected")
 
 
 def paired_loss(algo, lp: dict) -> tuple[torch.Tensor, dict]:
-    args, kwargs = PAIRED_INPUTS[algo.loss](algo, lp)
-    return PREFERENCE_LOSSES[algo.loss].fn(*args, **kwargs)
+    """The loss ``algo.loss`` of the registry over the log-prob dict of :func:`pair_logps`."""
+    return PREFERENCE_LOSSES[algo.loss].from_logps(lp, algo)
 
 
 def pair_logps(model, batch: dict, reference: Reference | None) -> dict:
@@ -331,7 +295,7 @@ def kto_logps(model, batch: dict, reference: Reference) -> tuple[torch.Tensor, .
 def make_forward(run, cfg, reference: Reference | None):
     """The loss function of the loop: (model, batch) -> (loss, detached stats)."""
     algo = cfg.algo
-    if algo.loss == "kto":
+    if not PREFERENCE_LOSSES[algo.loss].paired:
         gather = run.accelerator.gather if run.world_size > 1 else None
 
         def kto_forward(model, batch):
@@ -376,10 +340,11 @@ def evaluate(run, cfg, reference: Reference | None, model, batches: list[dict]) 
     """Loss and metrics over the whole held-out set (every process's examples); accuracy = fraction of pairs
     whose implicit reward of chosen beats rejected."""
     algo, acc = cfg.algo, run.accelerator
+    paired = PREFERENCE_LOSSES[algo.loss].paired
     rows = []
-    with _eval_mode(model):
+    with eval_mode(model):
         for batch in batches:
-            if algo.loss == "kto":
+            if not paired:
                 logps, ref, kl_logps, kl_ref = kto_logps(model, batch, reference)
                 rows.append(torch.stack([logps, ref, kl_logps, kl_ref, batch["label"].float(),
                                          batch["pair"].float()], dim=1))
@@ -388,7 +353,7 @@ def evaluate(run, cfg, reference: Reference | None, model, batches: list[dict]) 
                 rows.append(torch.stack([lp[k].float() for k in PAIR_COLUMNS], dim=1))
     width = 6
     table = _gather_rows(acc, torch.cat(rows) if rows else torch.zeros(0, width, device=acc.device))
-    if algo.loss == "kto":
+    if not paired:
         logps, ref, kl_logps, kl_ref, labels, pair = table.unbind(1)
         loss, stats = kto_objective(algo, logps, ref, labels.bool(), kl_logps, kl_ref)
         paired = _paired_accuracy(logps - ref, labels.bool(), pair.long())
@@ -402,21 +367,11 @@ def evaluate(run, cfg, reference: Reference | None, model, batches: list[dict]) 
 # ───────────────────────────────────────────────────── recipe ─────────────────────────────────────────────────
 
 
-def check_config(cfg):
-    """The loss spec of ``algo.loss``; combinations that cannot work are config errors."""
-    spec = PREFERENCE_LOSSES[cfg.algo.loss]
-    if cfg.algo.loss == "ipo" and cfg.algo.label_smoothing:
-        raise ConfigError("label smoothing applies to the sigmoid (DPO) loss, not to IPO",
-                          where="algo.label_smoothing", fix="set algo.label_smoothing=0 or algo.loss=cdpo")
-    if cfg.algo.loss in ("simpo", "orpo") and cfg.ref_model:
-        raise ConfigError(f"{cfg.algo.loss} uses no reference model", where="ref_model", fix="set ref_model=null")
-    return spec
-
-
 def run_preference(cfg) -> dict:
     """Train with the loss ``cfg.algo.loss``, evaluate on held-out pairs, save; returns the final metrics
     (``eval/rewards/accuracies``, ``eval/rewards/margins``, ``train/loss``, …)."""
-    spec = check_config(cfg)
+    cfg.check_inputs()
+    spec = PREFERENCE_LOSSES[cfg.algo.loss]
     name = cfg.recipe
     # 1. run directory, accelerator, seed
     run = start_run(cfg)
@@ -446,5 +401,5 @@ def run_preference(cfg) -> dict:
     if "eval/rewards/accuracies" in metrics:
         run.print(f"[{name}] done: model saved to {run.run_dir}; held-out preference accuracy "
                   f"{metrics['eval/rewards/accuracies']:.3f}, margin {metrics['eval/rewards/margins']:.3f}")
-    _report(run)
+    write_report(run)
     return metrics

@@ -14,9 +14,8 @@ from ..algos import bradley_terry_loss
 from ..data import PreferenceCollator
 from ..models.heads import sequence_scores
 from ..models.loading import describe, load_scalar_model, load_tokenizer_for, save_model
-from .common import load_records, tokenize
+from .common import load_records, tokenize, write_report
 from .loop import SupervisedJob, start_run, train_supervised
-from .sft import _report
 
 
 def pair_scores(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,13 +65,15 @@ class MarginCollator(PreferenceCollator):
 
 def run_rm(cfg) -> dict:
     # 1. run directory, accelerator, seed
+    cfg.check_inputs()
     run = start_run(cfg)
-    # 2. tokenizer of the base model, reward model = its backbone + a 1-output head
+    # 2. data records first (a mistake in them costs seconds), then the tokenizer of the base model and the reward
+    #    model = its backbone + a 1-output head
+    train_recs, eval_recs = load_records(cfg, "preference")
     tok = load_tokenizer_for(cfg.model)
     model = load_scalar_model(cfg.model.name, cfg.model, tokenizer=tok, device=run.device, seed=cfg.train.seed)
     run.print(f"[rm] reward model from {cfg.model.name}: {describe(model)}")
     # 3. data: pairs -> prompt / chosen / rejected ids (ending at the end-of-turn token, where the score is read)
-    train_recs, eval_recs = load_records(cfg, "preference")
     train = tokenize(run, train_recs, "preference", tok, cfg, "train")
     evals = tokenize(run, eval_recs, "preference", tok, cfg, "eval")
     margin_field = cfg.rm.margin_field
@@ -90,7 +91,7 @@ def run_rm(cfg) -> dict:
     if "eval/accuracy" in metrics:
         run.print(f"[rm] done: saved to {run.run_dir}; held-out accuracy {metrics['eval/accuracy']:.3f}, "
                   f"chosen {metrics['eval/chosen_mean']:.3f} vs rejected {metrics['eval/rejected_mean']:.3f}")
-    _report(run)
+    write_report(run)
     return metrics
 
 

@@ -10,7 +10,7 @@ import torch
 from ..algos import sft_loss
 from ..data import IGNORE_INDEX, SFTCollator, pack_sequences
 from ..models.loading import describe, load_causal_lm, save_model
-from .common import completion_logprobs, load_records, tokenize
+from .common import completion_logprobs, load_records, tokenize, write_report
 from .loop import SupervisedJob, start_run, train_supervised
 
 
@@ -45,12 +45,14 @@ def sft_eval(accelerator, model, batches: list[dict]) -> dict:
 def run_sft(cfg) -> dict:
     """Train, evaluate and save; returns the final metrics (``eval/loss``, ``eval/ppl``, ``train/loss``, …)."""
     # 1. run directory, accelerator, seed
+    cfg.check_inputs()
     run = start_run(cfg)
-    # 2. model and tokenizer (the tokenizer carries the chat template every later stage uses)
+    # 2. data records first (a mistake in them costs seconds, not a model load), then model and tokenizer (the
+    #    tokenizer carries the chat template every later stage uses)
+    train_recs, eval_recs = load_records(cfg, "sft")
     model, tok = load_causal_lm(cfg.model, device=run.device, seed=cfg.train.seed)
     run.print(f"[sft] model {cfg.model.name}: {describe(model)}")
     # 3. data: records -> token ids with label masks (packed when asked)
-    train_recs, eval_recs = load_records(cfg, "sft")
     completion_only = cfg.data.completion_only_loss
     train = tokenize(run, train_recs, "sft", tok, cfg, "train", completion_only)
     evals = tokenize(run, eval_recs, "sft", tok, cfg, "eval", completion_only)
@@ -66,13 +68,7 @@ def run_sft(cfg) -> dict:
     )
     metrics = train_supervised(run, job)
     run.print(f"[sft] done: model saved to {run.run_dir}"
-              + (f"; eval loss {metrics['eval/loss']:.4f} (ppl {metrics['eval/ppl']:.2f})" if "eval/loss" in metrics else ""))
-    _report(run)
+              + (f"; eval loss {metrics['eval/loss']:.4f} (ppl {metrics['eval/ppl']:.2f})"
+                 if "eval/loss" in metrics else ""))
+    write_report(run)
     return metrics
-
-
-def _report(run) -> None:
-    if run.is_main and run.cfg.track.report:
-        from ..report import build_report
-
-        build_report(run.run_dir, title=f"rlhfkit {run.cfg.recipe}: {run.run_dir}")
