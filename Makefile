@@ -34,7 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff check src tests bench examples tools
 
 clean:
 	rm -rf runs .pytest_cache

@@ -211,7 +211,8 @@ def main() -> None:
             out = subprocess.run([sys.executable, "-m", "rlhfkit", *argv], capture_output=True, text=True)
             if out.returncode != 0:
                 print(out.stdout[-3000:], out.stderr[-3000:])
-                return "FAIL", f"{argv[0]} exit {out.returncode}: {(out.stderr or out.stdout).strip().splitlines()[-1][:120]}"
+                last = (out.stderr or out.stdout).strip().splitlines()[-1][:120]
+                return "FAIL", f"{argv[0]} exit {out.returncode}: {last}"
             done.append(f"{argv[0]} {time.perf_counter() - t0:.0f}s")
         return "PASS", ", ".join(done)
 

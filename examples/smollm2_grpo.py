@@ -124,7 +124,8 @@ def main() -> int:
           "* = cut at max_new_tokens):")
     print_steps("grpo", rows, trainer.steps, [
         ("objective/scores", "reward"), ("rewards/correct/mean", "correct"),
-        ("rewards/number_only/mean", "number_only"), ("rewards/length/mean", "length_rule"), ("objective/kl", "kl"), ("val/ratio", "ratio"),
+        ("rewards/number_only/mean", "number_only"), ("rewards/length/mean", "length_rule"),
+        ("objective/kl", "kl"), ("val/ratio", "ratio"),
         ("policy/approxkl_avg", "approxkl"), ("loss/policy_avg", "loss"), ("response/length_mean", "len"),
         ("val/num_eos_tokens", "eos")])
     ended, n, lengths = check_eos_stops(trainer, trainer.eos_ids)

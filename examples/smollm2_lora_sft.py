@@ -114,7 +114,8 @@ def main() -> int:
     model2.eval()
     timings["reload (plain transformers)"] = time.perf_counter() - t
     print(f"[smollm2] reloaded {type(model2).__name__}; chat template kept: {bool(tok2.chat_template)}, "
-          f"eos {tok2.eos_token!r}; adapter in {out / 'adapter'}: {(out / 'adapter' / 'adapter_config.json').is_file()}")
+          f"eos {tok2.eos_token!r}; adapter in {out / 'adapter'}: "
+          f"{(out / 'adapter' / 'adapter_config.json').is_file()}")
     prompts = args.prompt or [get_task("quickstart").prompt("zebra"), "What is the capital of France?"]
     t = time.perf_counter()
     for prompt in prompts:

@@ -258,7 +258,8 @@ def main() -> int:
     ppo_dir = out / "ppo"
     episodes = 4 * args.steps
     cfg = build_config("ppo", {}, [
-        f"model.name={gguf}", "model.lora.enabled=true", "model.lora.dropout=0", f"reward.model={rm_dir}", "critic.init=reward",
+        f"model.name={gguf}", "model.lora.enabled=true", "model.lora.dropout=0", f"reward.model={rm_dir}",
+        "critic.init=reward",
         f"data.train={data / 'prompts.jsonl'}", "data.eval_fraction=0", f"output_dir={ppo_dir}",
         f"generation.max_new_tokens={args.max_new_tokens}", "algo.rollout_batch_size=4", "algo.mini_batch_size=4",
         "train.batch_size=2", f"algo.total_episodes={episodes}", "algo.kl.coef=0.05", f"optim.lr={args.lr}",
@@ -305,7 +306,8 @@ def main() -> int:
     reply, n_new, at_eos = reload_and_generate(ppo_dir, messages(prompt))
     timings["reload + greedy generation"] = time.perf_counter() - t
     print(f"[smollm2] reloaded {ppo_dir} with AutoModelForCausalLM (merged, no peft)\n"
-          f"[smollm2] user: {messages(prompt)[-1]['content']!r}\n[smollm2] assistant ({n_new} tokens, ended at EOS: {at_eos}): {reply!r}")
+          f"[smollm2] user: {messages(prompt)[-1]['content']!r}\n"
+          f"[smollm2] assistant ({n_new} tokens, ended at EOS: {at_eos}): {reply!r}")
 
     print(f"[smollm2] reward model: held-out accuracy {rm_metrics.get('eval/accuracy', float('nan')):.3f}, "
           f"margin {rm_metrics.get('eval/margin_mean', float('nan')):.3f}")

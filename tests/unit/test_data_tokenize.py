@@ -68,7 +68,8 @@ def test_prompt_truncated_from_left(tok):
     rec = normalize_record({"prompt": "x" * 50 + "THE QUESTION", "chosen": "yes", "rejected": "no"}, "preference")
     ex = tokenize_preference(rec, tok, policy)
     assert len(ex["prompt_ids"]) == 20
-    assert tok.decode(ex["prompt_ids"]) == "UESTION<|im_end|>\n<|im_start|>assistant\n"  # the end, where the question is
+    # the end, where the question is
+    assert tok.decode(ex["prompt_ids"]) == "UESTION<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(ex["chosen_ids"]) == "yes<|im_end|>" and tok.decode(ex["rejected_ids"]) == "no<|im_end|>"
 
 

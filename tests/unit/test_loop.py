@@ -70,7 +70,12 @@ def test_build_scheduler_warmup_steps_win_over_ratio():
     def warm(**kw):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
         sched = build_scheduler(opt, OptimConfig(lr=1.0, **kw), total_updates=10)
-        return [opt.param_groups[0]["lr"]] + [(opt.step(), sched.step(), opt.param_groups[0]["lr"])[2] for _ in range(3)]
+        lrs = [opt.param_groups[0]["lr"]]
+        for _ in range(3):
+            opt.step()
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+        return lrs
 
     assert warm(warmup_ratio=0.2) == pytest.approx([0.5, 1.0, 1.0, 1 - 1 / 8])  # 0.2 * 10 = 2 warm-up updates
     assert warm(warmup_ratio=0.2, warmup_steps=4) == pytest.approx([0.25, 0.5, 0.75, 1.0])

@@ -265,7 +265,8 @@ def counting_rm(tok, char="a"):
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-        for norm in [base.norm] + [m for layer in base.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]:  # fmt: skip
+        norms = [m for layer in base.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+        for norm in [base.norm] + norms:
             norm.weight.fill_(1.0)
         base.embed_tokens.weight[:, 0] = 1.0
         base.embed_tokens.weight[tok.convert_tokens_to_ids(char), 1] = 1.0

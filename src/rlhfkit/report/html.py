@@ -118,7 +118,8 @@ def _last_values(series: Series) -> str:
         if finite:
             cells.append(f"<tr><td>{_e(key)}</td><td>{_num(finite[-1][1])}</td><td>{finite[-1][0]}</td></tr>")
     rows = "".join(cells)
-    return f"<details><summary>last values</summary><table><tr><th>metric</th><th>value</th><th>step</th></tr>{rows}</table></details>"
+    head = "<tr><th>metric</th><th>value</th><th>step</th></tr>"
+    return f"<details><summary>last values</summary><table>{head}{rows}</table></details>"
 
 
 def _samples_block(run_dir: Path, n_rows: int, heading: str = "h2") -> str:

@@ -26,7 +26,8 @@ DRIFT_FIX = "lower optim.lr or algo.ppo_epochs, or tighten algo.clip_low / algo.
 def ratio_out_of_range(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonitor) -> str | None:
     r = m.get("val/ratio")
     if r is not None and not 0.5 <= r <= 2.0:
-        return f"val/ratio={fmt(r)} is outside [0.5, 2.0]: the policy moved too far from the rollout policy; {DRIFT_FIX}"
+        return (f"val/ratio={fmt(r)} is outside [0.5, 2.0]: the policy moved too far from the rollout policy; "
+                f"{DRIFT_FIX}")
     return None
 
 
@@ -81,7 +82,8 @@ def negative_kl(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMo
     mean = sum(recent) / len(recent)
     if len(recent) >= 3 and mean < -0.01 and all(v < 0 for v in recent[-3:]):
         return (
-            f"objective/kl averaged {fmt(mean)} over the last {len(recent)} steps: negative; the sampling config differs between rollout and scoring "
+            f"objective/kl averaged {fmt(mean)} over the last {len(recent)} steps: negative; "
+            "the sampling config differs between rollout and scoring "
             "(temperature/top_p/top_k); use algo.kl.estimator=k3 or check generation.temperature"
         )
     return None
@@ -90,7 +92,8 @@ def negative_kl(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMo
 def nonfinite_loss(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonitor) -> str | None:
     bad = [k for k, v in m.items() if (k == "loss" or k.startswith("loss/")) and not math.isfinite(v)]
     if bad:
-        return f"{', '.join(bad)} not finite: training diverged (step size too large or a bad batch); lower optim.lr or set optim.max_grad_norm"
+        return (f"{', '.join(bad)} not finite: training diverged (step size too large or a bad batch); "
+                "lower optim.lr or set optim.max_grad_norm")
     return None
 
 
