@@ -221,3 +221,16 @@ def test_non_finite_updates_are_skipped_and_nan_is_never_saved(root, capsys, mon
         flat = tensors.items() if path.suffix == ".safetensors" else tensors["model"].items()
         for name, t in flat:
             assert torch.isfinite(t).all(), (path, name)
+
+
+def test_a_truncated_model_file_is_one_line_naming_it(root, capsys):
+    model_dir = root / "truncated_model"
+    shutil.copytree(root / "base", model_dir, ignore=shutil.ignore_patterns("checkpoint-*"))
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    argv = sft_args(root, "from_truncated")
+    argv[2] = f"model.name={model_dir}"
+    assert main(argv) == 2
+    err = last_error(capsys)
+    assert str(weights) in err and "truncated" in err
+    assert not (root / "from_truncated").exists()
