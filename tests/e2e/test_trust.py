@@ -150,7 +150,8 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(root, capsys):
     text = capsys.readouterr().out
     assert "checkpoint-4 is damaged" in text and "resumed from" in text and "checkpoint-2" in text
     assert [x["step"] for x in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
-    assert all(validate_checkpoint(p) is None for p in out.glob("checkpoint-*"))
+    assert all(validate_checkpoint(p) is None for p in out.glob("checkpoint-*"))  # the damaged one rewritten
+    assert (out / "checkpoint-4").is_dir()
 
 
 def test_a_full_disk_at_the_final_save_ends_in_one_line(root, capsys, monkeypatch):
@@ -234,3 +235,27 @@ def test_a_truncated_model_file_is_one_line_naming_it(root, capsys):
     err = last_error(capsys)
     assert str(weights) in err and "truncated" in err
     assert not (root / "from_truncated").exists()
+
+
+def test_an_online_run_failing_in_its_first_step_keeps_the_earlier_run(root, capsys):
+    fns = Path(__file__).parents[1] / "unit" / "reward_fns_for_tests.py"
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in GOOD))
+
+    def grpo(fn: str, *extra: str) -> list[str]:
+        return ["grpo", f"data.train={root / 'prompts.jsonl'}", f"model.name={TINY}", f"output_dir={root / 'online'}",
+                f"reward.functions=[{{fn: '{fns}:{fn}'}}]", "algo.rollout_batch_size=2", "algo.num_generations=2",
+                "algo.mini_batch_size=4", "train.batch_size=4", "algo.total_episodes=8", "train.save_every=2",
+                "generation.max_new_tokens=4", "data.eval_fraction=0", "track.report=false", "track.sample_every=1",
+                *extra]
+
+    assert main(grpo("contains_yes")) == 0
+    out = root / "online"
+    assert (out / "samples.jsonl").stat().st_size > 0 and (out / "checkpoint-2").is_dir()
+    before = checksums(out)
+    # a reward function returning one score too few is only found on the first rollout: exit 2, nothing changed
+    assert main(grpo("one_short", "train.resume=never")) == 2
+    last_error(capsys)
+    assert checksums(out) == before
+    assert main(grpo("contains_yes")) == 0  # the first run is intact, and finished
+    assert "already finished" in capsys.readouterr().out
+    assert checksums(out) == before

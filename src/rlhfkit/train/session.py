@@ -12,8 +12,9 @@ A :class:`Session` (made by :func:`~rlhfkit.train.loop.start_run`, held as ``run
 3. **the files** (:meth:`Session.open_sink`, :meth:`Session.open_samples`): new ``metrics.jsonl`` /
    ``samples.jsonl`` are written beside the earlier run's (``.new``) and swapped in, together with
    ``config.yaml``, only when the run *commits*: at its first metrics line (or first checkpoint). Starting over
-   deletes the earlier run's checkpoints at that moment too. A run that fails before leaves every earlier file
-   byte-identical, and a directory it created empty is removed.
+   deletes the earlier run's checkpoints at that moment too; resuming deletes those newer than the one resumed
+   (damaged ones, or the future an explicit ``train.resume=PATH`` rewrites). A run that fails before leaves every
+   earlier file byte-identical, and a directory it created empty is removed.
 4. **checkpoints** (:meth:`Session.save`): never of non-finite weights; a full disk ends in one line.
 5. **the end** (:meth:`Session.finish`): the final model, ``finished.json`` (fingerprint, run length), the report.
 
@@ -112,6 +113,13 @@ def _mismatch(run_dir: Path, what: str, diff: list[str]) -> RunError:
     return RunError(f"{what} was made with other settings ({shown}); refusing to resume it", where=str(run_dir),
                     fix="train.resume=never to start over here, a new output_dir, or train.resume=force to keep its "
                         "weights, optimizer state and data position under the new settings")
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name.split("-", 1)[1].removesuffix(".tmp"))
+    except ValueError:
+        return -1
 
 
 # ───────────────────────────────────────────────────── lock ──────────────────────────────────────────────────
@@ -329,12 +337,14 @@ class Session:
         if self.samples is not None:
             self.samples.commit()
         (run_dir / FINISHED_FILE).unlink(missing_ok=True)
-        if self.resumed_from is None:
-            old = [p for p in self._old_checkpoints if p.exists()]
-            for path in old:
-                shutil.rmtree(path, ignore_errors=True)
-            if old:
-                self.run.print(f"[ckpt] starting over: removed {', '.join(p.name for p in old)}")
+        old = [p for p in self._old_checkpoints if p.exists()]
+        if self.resumed_from is not None:  # keep those up to the one resumed; newer ones (damaged, or a future this
+            old = [p for p in old if _step_of(p) > self.resume_step]  # run rewrites) must not be resumed later
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
+        if old:
+            self.run.print(f"[ckpt] {'starting over' if self.resumed_from is None else 'resumed'}: removed "
+                           f"{', '.join(p.name for p in old)}")
         fsync_dir(run_dir)
 
     def skip_metrics(self) -> dict:
