@@ -251,3 +251,22 @@ def test_clip_and_step_skips_non_finite_updates_and_stops_after_too_many(tmp_pat
     with pytest.raises(NonFiniteError, match="3 consecutive") as err:
         update(True)
     assert "optim.lr" in err.value.fix and "optim.max_grad_norm" in err.value.fix
+
+
+def test_full_disk_at_the_first_line_leaves_the_earlier_files(tmp_path, monkeypatch):
+    import rlhfkit.train.session as session_mod
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "old": 1}\n')
+    (run_dir / "config.yaml").write_text("# old\n")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+
+    def full(cfg, run_dir):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(session_mod, "save_config", full)
+    with pytest.raises(RunError, match="No space left"), start_run(_cfg(tmp_path)) as run:
+        run.session.open_sink()
+        run.log({"loss": 1.0}, step=1)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # no .new, no lock, nothing changed

@@ -73,7 +73,12 @@ class Run:
     def log(self, metrics: dict, step: int) -> None:
         if self.sink is not None:
             extra = self.session.skip_metrics() if self.session is not None else {}
-            self.sink.log({**metrics, **extra}, step)
+            try:
+                self.sink.log({**metrics, **extra}, step)
+            except OSError as err:
+                raise RunError(f"writing metrics.jsonl failed at step {step}: {err.strerror or err}",
+                               where=str(self.run_dir), fix="free disk space and rerun (it resumes from the newest "
+                                                            "checkpoint)") from None
 
 
 def set_seed(seed: int) -> None:
@@ -368,19 +373,6 @@ class Checkpointer:
         ckpts = sorted(list_checkpoints(self.run.run_dir), key=lambda p: p[0])
         for _, path in ckpts[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
-
-    def clear(self, paths: list[Path] | None = None) -> None:
-        """Starting over: delete this run directory's checkpoints (a later ``resume=auto`` must not find them); only
-        ``paths`` when given (those an earlier run left, not the ones this run wrote since)."""
-        acc = self.run.accelerator
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            old = sorted(self.run.run_dir.glob("checkpoint-*")) if paths is None else [p for p in paths if p.exists()]
-            for path in old:
-                shutil.rmtree(path, ignore_errors=True)
-            if old:
-                self.run.print(f"[ckpt] starting over: removed {', '.join(p.name for p in old)}")
-        acc.wait_for_everyone()
 
     def find(self, resume: str) -> Path | None:
         """The checkpoint to resume from: ``auto`` / ``force`` = newest valid one (damaged ones skipped with a

@@ -327,15 +327,20 @@ class Session:
         over, the checkpoints an earlier run left. Main process only, no barrier."""
         if self.committed:
             return
-        self.committed = True
         if not self.run.is_main:
+            self.committed = True
             return
         run_dir = self.run.run_dir
-        save_config(self.cfg, run_dir)
-        if self.run.sink is not None:
-            self.run.sink.commit()
-        if self.samples is not None:
-            self.samples.commit()
+        try:
+            save_config(self.cfg, run_dir)  # the one write that needs space: before anything is swapped
+            self.committed = True
+            if self.run.sink is not None:
+                self.run.sink.commit()
+            if self.samples is not None:
+                self.samples.commit()
+        except OSError as err:
+            raise RunError(f"writing the run's files failed: {err.strerror or err}", where=str(run_dir),
+                           fix="free disk space / check permissions and rerun") from None
         (run_dir / FINISHED_FILE).unlink(missing_ok=True)
         old = [p for p in self._old_checkpoints if p.exists()]
         if self.resumed_from is not None:  # keep those up to the one resumed; newer ones (damaged, or a future this
