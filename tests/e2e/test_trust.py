@@ -25,6 +25,8 @@ from rlhfkit.train.session import run_fingerprint
 
 TINY = "tiny:hidden=32,layers=1,intermediate=64"
 GOOD = [{"prompt": f"shout: {w}", "completion": w.upper()} for w in ["cat", "dog", "owl", "bee"] * 8]
+pytestmark = pytest.mark.slow
+
 PAIRS = [{"prompt": f"shout: {w}", "chosen": w.upper(), "rejected": w} for w in ["cat", "dog", "owl", "bee"] * 8]
 
 
