@@ -211,17 +211,17 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         lr = optimizer.param_groups[0]["lr"]
+        knob = (f"lower optim.max_grad_norm (now {max_grad_norm:g})" if max_grad_norm else "set optim.max_grad_norm")
         if guard.consecutive >= guard.max_consecutive:
             raise NonFiniteError(
                 f"update {guard.updates} of the {guard.name}: loss or gradient not finite in {guard.consecutive} "
-                f"consecutive updates; stopped (nothing saved; the last checkpoint is intact)", where="optim.lr",
-                fix=f"lower optim.lr (now {lr:g}) or set optim.max_grad_norm (now {max_grad_norm}); "
-                    "train.max_nonfinite_skips sets the patience")
+                f"consecutive updates; stopped, nothing more saved (earlier checkpoints are intact)", where="optim.lr",
+                fix=f"lower optim.lr (now {lr:g}) or {knob}; train.max_nonfinite_skips sets the patience")
         if accelerator.is_main_process:
             get_console().print(
                 f"[nan] warning: update {guard.updates} of the {guard.name}: loss or gradient norm not finite "
                 f"({float(norm):g}); update skipped ({guard.consecutive} in a row, stop at {guard.max_consecutive}). "
-                f"If it repeats: lower optim.lr (now {lr:g}) or set optim.max_grad_norm", markup=False,
+                f"If it repeats: lower optim.lr (now {lr:g}) or {knob}", markup=False,
                 highlight=False)
         return norm if max_grad_norm is not None and max_grad_norm > 0 else None
     guard.consecutive = 0
