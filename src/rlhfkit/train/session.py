@@ -388,8 +388,14 @@ class Session:
             marker = {"step": step, "time": time.time(), "fingerprint": self.fingerprint,
                       "length": run_length(self.cfg)}
             tmp = run.run_dir / (FINISHED_FILE + ".tmp")
-            tmp.write_text(json.dumps(marker, indent=1))
-            tmp.replace(run.run_dir / FINISHED_FILE)
+            try:
+                tmp.write_text(json.dumps(marker, indent=1))
+                tmp.replace(run.run_dir / FINISHED_FILE)
+            except OSError as err:
+                tmp.unlink(missing_ok=True)
+                raise RunError(f"the model is saved, but marking the run finished failed: {err.strerror or err}",
+                               where=str(run.run_dir), fix="free disk space; rerunning retrains only the tail "
+                                                           "after the newest checkpoint") from None
             fsync_dir(run.run_dir)
         if report:
             write_report(run)
