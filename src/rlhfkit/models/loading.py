@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from ..errors import ModelError
 from .tiny import tiny_llama_config
@@ -163,10 +164,42 @@ def load_tokenizer_for(mcfg) -> object:
     return tok
 
 
+def check_safetensors(path: Path) -> None:
+    """One line naming ``path`` when a ``.safetensors`` file is truncated or torn: its header must parse and the
+    tensors it lists must end exactly at the end of the file (reads the header only)."""
+    import json
+    import struct
+
+    size = path.stat().st_size
+    problem = None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                problem = f"{size} bytes, no header"
+            else:
+                (n,) = struct.unpack("<Q", head)
+                if n > size - 8:
+                    problem = "its header runs past the end of the file"
+                else:
+                    header = json.loads(f.read(n))
+                    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+                    if 8 + n + end != size:
+                        problem = f"{size} bytes where its header lists {8 + n + end}"
+    except (ValueError, KeyError, TypeError, IndexError):
+        problem = "its header is not valid"
+    if problem is not None:
+        raise ModelError(f"{path} is truncated or damaged ({problem})", where="model.name",
+                         fix="copy or save the model again (a stage's output directory is rewritten by rerunning it)")
+
+
 def _from_pretrained(cls, source: str, dtype: torch.dtype, **kwargs):
+    if Path(source).is_dir():
+        for weights in sorted(Path(source).glob("*.safetensors")):
+            check_safetensors(weights)
     try:
         return cls.from_pretrained(source, dtype=dtype, **_hub_kwargs(), **kwargs)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"cannot load model from {source!r}: {first}", where="model.name",
                          fix="give a local model directory (or a hub name already in the local cache)") from None

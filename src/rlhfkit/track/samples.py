@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .console import get_console
-from .jsonl import JsonlWriter, read_jsonl, to_json_value, truncate_after_step
+from .jsonl import JsonlWriter, read_jsonl, to_json_value
 
 
 def read_samples(run_dir: str | Path) -> list[dict]:
@@ -38,6 +38,7 @@ class SampleLogger:
         console: Console | None = None,
         max_chars: int = 200,
         resume_step: int | None = None,
+        staged: bool = False,
     ):
         self.run_dir = Path(run_dir)
         self.is_main = is_main
@@ -46,10 +47,8 @@ class SampleLogger:
         self.console = console
         self._writer: JsonlWriter | None = None
         if is_main:
-            path = self.run_dir / "samples.jsonl"
-            if resume_step is not None:
-                truncate_after_step(path, resume_step)
-            self._writer = JsonlWriter(path)
+            # staged: an earlier run's file is replaced only when the run commits (see JsonlWriter)
+            self._writer = JsonlWriter(self.run_dir / "samples.jsonl", keep_until=resume_step, staged=staged)
 
     def log(
         self,
@@ -84,6 +83,14 @@ class SampleLogger:
         for row in rows:  # Text(...) so brackets in model output are never read as rich markup
             table.add_row(*(Text(shorten(_cell(row[k]), self.max_chars)) for k in keys))
         return table
+
+    def commit(self) -> None:
+        if self._writer is not None:
+            self._writer.commit()
+
+    def discard(self) -> None:
+        if self._writer is not None:
+            self._writer.discard()
 
     def close(self) -> None:
         if self._writer is not None:

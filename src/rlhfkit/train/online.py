@@ -41,15 +41,14 @@ from ..models.loading import (
 )
 from ..rewards import CombinedRewards, RewardModelScorer
 from ..rollout import Rollout, SamplingParams, get_engine
-from ..track import HealthMonitor, Progress, SampleLogger
-from .common import load_records, tokenize, write_report
+from ..track import HealthMonitor, Progress
+from .common import load_records, tokenize
 from .loop import (
-    Checkpointer,
+    Checkpointer,  # noqa: F401 - tests patch online.Checkpointer.save (the class every Session saves with)
     Run,
     build_optimizer,
     build_scheduler,
     clip_and_step,
-    open_sink,
     plan_batches,
     start_run,
 )
@@ -425,20 +424,15 @@ class OnlineTrainer:
             self.policy, self.opt = acc.prepare(self.policy, self.opt)
         models["policy"], opts["policy"] = self.policy, self.opt
 
-        ckpt = Checkpointer(run, keep=cfg.train.save_total_limit)
-        step, resumed = 0, ckpt.find(cfg.train.resume)
-        if resumed is not None:
-            state = ckpt.load(resumed, models=models, optimizers=opts, schedulers=scheds)
+        # resume the newest valid checkpoint of the same run, or start over; files staged until the first line
+        session, step = run.session, 0
+        state = session.resume(models=models, optimizers=opts, schedulers=scheds)
+        if state is not None:
             step = state["step_rollout"]
             self.kl_ctl.load_state_dict(state["kl_ctl"])
             self.moments.load_state_dict(state["moments"])
-            run.print(f"[{cfg.recipe}] resumed from {resumed} at step {step}")
-        else:
-            ckpt.clear()  # what an earlier attempt in this directory left must not be resumed later
-        # resumed: drop the lines logged after the checkpoint; starting over: drop every line (-1)
-        resume_update = step * self.updates_per_step if resumed is not None else -1
-        open_sink(run, resume_step=resume_update)
-        samples = SampleLogger(run.run_dir, is_main=run.is_main, resume_step=resume_update)
+        session.open_sink()
+        samples = session.open_samples()
         health = HealthMonitor(batch_size=cfg.algo.rollout_batch_size * self.k)
         episodes_per_step = cfg.algo.rollout_batch_size * self.k * run.world_size
         every = max(1, math.ceil(cfg.train.save_every / self.updates_per_step)) if cfg.train.save_every > 0 else 0
@@ -475,15 +469,11 @@ class OnlineTrainer:
                     samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
                                 exp.raw_scores.tolist())
                 if every and step % every == 0 and step != self.total_steps:
-                    ckpt.save(update, models=models, optimizers=opts, schedulers=scheds,
-                              state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
-                                     "moments": self.moments.state_dict()})
-        samples.close()
-        acc.wait_for_everyone()
-        if run.is_main:
-            save_model(acc.unwrap_model(self.policy), self.tok, run.run_dir)
-        acc.wait_for_everyone()
-        run.sink.close()
+                    session.save(update, models=models, optimizers=opts, schedulers=scheds,
+                                 state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
+                                        "moments": self.moments.state_dict()})
+        # final policy, finished marker, report
+        session.finish(self.policy, lambda m, d: save_model(m, self.tok, d), step * self.updates_per_step)
         return last
 
     def rollout_metrics(self, exp: Experience, step: int, per_step: int, t0: float) -> dict:
@@ -525,9 +515,10 @@ def _with_name(mcfg, name: str):
 def run_online(cfg: OnlineConfig) -> dict:
     """PPO / GRPO / RLOO / REINFORCE++ from ``cfg``; returns the last step's metrics."""
     cfg.check_inputs()
-    run = start_run(cfg)
-    trainer = OnlineTrainer(cfg, run)
-    metrics = trainer.train()
-    run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
-    write_report(run)
-    return metrics
+    with start_run(cfg) as run:
+        done = run.session.begin()
+        if done is not None:
+            return done
+        metrics = OnlineTrainer(cfg, run).train()
+        run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
+        return metrics
