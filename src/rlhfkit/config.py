@@ -166,6 +166,8 @@ class KLConfig:
     adaptive: bool = f(False, "Ziegler et al. (2019) adaptive coefficient towards `target`")
     target: float = f(6.0, "target sequence KL for the adaptive controller", gt=0)
     horizon: int = f(10000, "adaptive controller horizon in episodes", ge=1)
+    log_ratio_clip: float | None = f(20.0, "clamp log pi - log ref to [-c, c] before the KL estimator (k3 is inf "
+                                           "in float32 beyond 88); null = off", gt=0)
 
 
 @dataclass(frozen=True)

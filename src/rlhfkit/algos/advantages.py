@@ -56,6 +56,14 @@ def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     return scores.reshape(group_size, -1)
 
 
+def _centred_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Groups [k, P] shifted by their first member: r - r_0 is exactly 0 for equal rewards, so a group of ties gets
+    a mean and a std of exactly 0 (a float32 mean of eight 1.2s is not 1.2, and that rounding divided by eps gave
+    every member an advantage of ~0.1). Baselines are shift-invariant, so nothing else changes."""
+    g = _groups(scores, group_size)
+    return g - g[:1]
+
+
 def grpo_advantages(
     scores: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:
@@ -63,8 +71,9 @@ def grpo_advantages(
 
     scores: [N = k * P] completion-major -> [N]. std is the unbiased (n - 1) sample std over the k completions
     (torch's default, as in TRL / verl); ``scale_by_std=False`` is Dr. GRPO (Liu et al. 2025): r - mean_group.
+    A group whose rewards are all equal gets exactly 0 (group statistics are taken of r - r_0, exact for ties).
     """
-    g = _groups(scores, group_size)
+    g = _centred_groups(scores, group_size)
     adv = g - g.mean(dim=0, keepdim=True)
     if scale_by_std:
         if group_size < 2:
@@ -76,11 +85,11 @@ def grpo_advantages(
 def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     """Leave-one-out advantage r_i - mean_{j != i} r_j within a prompt's group (Ahmadian et al. 2024, RLOO).
 
-    scores: [N = k * P] completion-major -> [N]. Needs k >= 2.
+    scores: [N = k * P] completion-major -> [N]. Needs k >= 2. Equal rewards in a group give exactly 0.
     """
     if group_size < 2:
         raise ValueError("rloo needs group_size >= 2 (the baseline is the mean of the other completions)")
-    g = _groups(scores, group_size)
+    g = _centred_groups(scores, group_size)
     others = (g.sum(dim=0, keepdim=True) - g) / (group_size - 1)
     return (g - others).reshape(-1)
 

@@ -324,7 +324,8 @@ class OnlineTrainer:
         coef = self.kl_ctl.value
         kl = torch.zeros_like(mask)
         if exp.ref_logprobs is not None:
-            kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator) * mask
+            kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
+                                  log_ratio_clip=algo.kl.log_ratio_clip)
         exp.kl = kl
         token_rewards, non_score = algos.shaped_token_rewards(exp.scores, kl, mask, coef, self.kl_in_reward)
         adv, exp.returns = self.estimator.fn(token_rewards, mask, values=exp.values, group_size=self.k,
@@ -353,7 +354,8 @@ class OnlineTrainer:
             total = loss - algo.entropy_coef * entropy
             if not self.kl_in_reward and "ref_logprobs" in batch:
                 kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
-                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens)
+                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens,
+                                        log_ratio_clip=algo.kl.log_ratio_clip)
                 total = total + self.kl_ctl.value * kl_l
         self.acc.backward(total * scale)
         return {"loss/policy_avg": loss.detach(), "policy/entropy_avg": entropy.detach(),
