@@ -255,3 +255,53 @@ def test_online_advantages_pass_log_ratio_clip_and_mask():
     assert exp.kl[0, 0].item() == pytest.approx(math.exp(20) - 21, rel=1e-5)
     assert metrics["objective/kl"] == pytest.approx(math.exp(20) - 21, rel=1e-5)
     assert torch.isfinite(exp.advantages).all()
+
+
+# ────────── samples dropped from a step (reward NaN / None) leave their group's statistics ─────────────────────────
+def test_group_baselines_over_valid_members_only():
+    # k = 4, P = 1: rewards [1, 3, 999, 5] with member 2 dropped -> valid [1, 3, 5]: mean 3, unbiased std 2
+    # GRPO: [-1, 0, (dropped) 0, 1] (/ (2 + eps)); Dr. GRPO: [-2, 0, 0, 2]; RLOO: r_i - mean(others): [-3, 0, 0, 3]
+    scores = torch.tensor([1.0, 3.0, 999.0, 5.0])
+    valid = torch.tensor([True, True, False, True])
+    torch.testing.assert_close(grpo_advantages(scores, 4, valid=valid), torch.tensor([-2.0, 0.0, 0.0, 2.0]) / 2.000001)
+    torch.testing.assert_close(grpo_advantages(scores, 4, scale_by_std=False, valid=valid),
+                               torch.tensor([-2.0, 0.0, 0.0, 2.0]))
+    torch.testing.assert_close(rloo_advantages(scores, 4, valid=valid), torch.tensor([-3.0, 0.0, 0.0, 3.0]))
+    # a group with a single valid member (or none) gets 0 everywhere
+    one = torch.tensor([True, False, False, False])
+    for adv in (grpo_advantages(scores, 4, valid=one), rloo_advantages(scores, 4, valid=one),
+                grpo_advantages(scores, 4, valid=torch.zeros(4, dtype=torch.bool))):
+        assert torch.equal(adv, torch.zeros(4))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_group_baselines_with_valid_mask_match_slow_loop(seed):
+    g = torch.Generator().manual_seed(seed)
+    k, P = 5, 7
+    scores = torch.randn(k * P, generator=g, dtype=torch.float64)
+    valid = torch.rand(k * P, generator=g) > 0.3
+    grpo, loo = grpo_advantages(scores, k, valid=valid), rloo_advantages(scores, k, valid=valid)
+    for j in range(P):
+        idx = [i * P + j for i in range(k) if valid[i * P + j]]
+        r = [scores[i].item() for i in idx]
+        for i in range(k):
+            b = i * P + j
+            if b not in idx or len(idx) < 2:
+                assert grpo[b] == 0 and loo[b] == 0
+                continue
+            mean = sum(r) / len(r)
+            std = math.sqrt(sum((x - mean) ** 2 for x in r) / (len(r) - 1))
+            assert grpo[b].item() == pytest.approx((scores[b].item() - mean) / (std + 1e-6), rel=1e-9)
+            others = (sum(r) - scores[b].item()) / (len(r) - 1)
+            assert loo[b].item() == pytest.approx(scores[b].item() - others, rel=1e-9, abs=1e-12)
+
+
+def test_sequence_estimators_leave_rows_without_tokens_out_of_their_group():
+    # the registry's group estimators read a row whose mask is all 0 as dropped: rewards [1, 3, (dropped), 5] on
+    # the last token -> RLOO [-3, 0, 0, 3], broadcast over each row's tokens
+    from rlhfkit.algos import ADVANTAGE_ESTIMATORS
+
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    rewards = torch.tensor([[0.0, 1.0], [3.0, 0.0], [0.0, 999.0], [0.0, 5.0]])
+    adv, _ = ADVANTAGE_ESTIMATORS["rloo"].fn(rewards, mask, group_size=4)
+    torch.testing.assert_close(adv, torch.tensor([[-3.0, -3.0], [0.0, 0.0], [0.0, 0.0], [3.0, 3.0]]))
