@@ -180,7 +180,7 @@ def test_combined_nan_inf_none_samples_dropped_not_propagated():
     # totals: 1 + 2 = 3; dropped -> 0; None + 2 = 2; 2 + 2 * 0 = 2
     assert out.total.tolist() == [3.0, 0.0, 0.0, 2.0, 0.0, 2.0]
     assert torch.isfinite(out.total).all()
-    assert out.metrics["rewards/dropped"] == 3.0
+    assert out.metrics["rewards/dropped"] == 3.0 and out.metrics["rewards/none_frac"] == 0.0
     assert out.metrics["rewards/some_bad/mean"] == 1.5  # over the valid samples with a value: (1 + 2) / 2
     assert out.metrics["rewards/exact_match/mean"] == pytest.approx(2 / 3)
 

@@ -322,7 +322,7 @@ class CombinedRewards:
             bad = present & ~torch.isfinite(scores)
             finite &= ~bad
             total += f.weight * torch.where(present & ~bad, scores, torch.zeros_like(scores))
-            covered |= present & ~bad
+            covered |= present
         valid = covered & finite
         if B and not valid.any() and not allow_all_dropped:
             what = ", ".join(f"{f.label} -> {_summary(v)}" for f, v in zip(self.functions, outputs))

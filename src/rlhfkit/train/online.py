@@ -425,7 +425,7 @@ class OnlineTrainer:
             self.score(exp, shape=False)
             scores.append(exp.raw_scores[exp.mask.bool().any(-1)])  # samples with a finite reward
         scores = torch.cat(scores)
-        return {"eval/scores": scores.mean().item() if len(scores) else float("nan")}
+        return {"eval/scores": scores.mean().item()} if len(scores) else {}
 
     # ── the loop ─────────────────────────────────────────────────────────────────────────────────────────────
     def train(self) -> dict:
