@@ -237,9 +237,21 @@ def check_output_dir(path: str) -> None:
     probe = p
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    if probe.exists() and not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)):
+    if probe.exists() and not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK) and _can_create_in(probe)):
         raise ConfigError(f"output_dir {p} cannot be written ({probe} is not a writable directory)",
                           where="output_dir", fix="choose a directory you can write to")
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Whether an entry can really be made in ``directory`` (``os.access`` says yes to root on read-only or virtual
+    file systems such as /sys): a hidden empty directory is made and removed at once; no file is touched."""
+    import tempfile
+
+    try:
+        Path(tempfile.mkdtemp(prefix=".rlhfkit-probe-", dir=directory)).rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def _check_common(cfg) -> None:
@@ -256,6 +268,21 @@ def _check_common(cfg) -> None:
     if cfg.model.lora.qlora and not cfg.model.lora.enabled:
         raise ConfigError("model.lora.qlora trains LoRA adapters on a 4-bit base", where="model.lora.qlora",
                           fix="also set model.lora.enabled=true")
+    if cfg.model.gguf_file and cfg.model.name.startswith("tiny"):
+        raise ConfigError(f"model.gguf_file={cfg.model.gguf_file!r} names a file inside model.name, but the built-in "
+                          "tiny model has none", where="model.gguf_file",
+                          fix="set model.name to the directory holding the .gguf file, or model.gguf_file=null")
+    _check_backends(cfg.track.backends)
+
+
+TRACK_BACKENDS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}  # backend -> package it needs
+
+
+def _check_backends(backends: list[str]) -> None:
+    for b in backends:
+        if b not in TRACK_BACKENDS:
+            raise ConfigError(f"unknown metrics backend {b!r} in track.backends", where="track.backends",
+                              fix=_did_you_mean(b, list(TRACK_BACKENDS)).replace("valid keys", "choose from"))
 
 
 def _check_online(cfg) -> None:
@@ -286,9 +313,25 @@ def _check_online(cfg) -> None:
 
 
 def _inputs_common(cfg) -> None:
+    import importlib.util
+
     if not cfg.data.train:
         raise ConfigError("no training data given", where="data.train",
                           fix="set data.train=path/to/file.jsonl (see `rlhfkit data make quickstart --out data/`)")
+    for b in cfg.track.backends:
+        package = TRACK_BACKENDS.get(b)
+        if package and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"track.backends={b} needs the {package} package, which is not installed",
+                              where="track.backends", fix=f"pip install {package}, or drop {b} from track.backends")
+    _check_chat_template(cfg.model.chat_template)
+
+
+def _check_chat_template(template: str | None) -> None:
+    """A chat template is Jinja text or the path of a file holding it; text without any Jinja tag that names no
+    existing file is a mistyped path (it would otherwise become the template itself)."""
+    if template and "{" not in template and not Path(template).expanduser().is_file():
+        raise ConfigError(f"model.chat_template file not found: {template}", where="model.chat_template",
+                          fix="give the path of an existing template file, or the Jinja template text itself")
 
 
 def _inputs_online(cfg) -> None:
@@ -823,14 +866,23 @@ def _apply_aliases(tree: dict, recipe: str, source: str) -> dict:
 
 
 _ALIASES_LOGGED: set[str] = set()
+_ALIASES_PENDING: list[tuple[str, str]] = []
 
 
 def _log_alias(key: str, target: str) -> None:
-    if key not in _ALIASES_LOGGED:
-        _ALIASES_LOGGED.add(key)
-        import sys
+    """Note an alias; printed by :func:`_flush_aliases` once the config is valid (a config error stays the one line
+    on stderr)."""
+    if key not in _ALIASES_LOGGED and (key, target) not in _ALIASES_PENDING:
+        _ALIASES_PENDING.append((key, target))
 
+
+def _flush_aliases() -> None:
+    import sys
+
+    for key, target in _ALIASES_PENDING:
+        _ALIASES_LOGGED.add(key)
         print(f"[config] {key} -> {target}", file=sys.stderr)
+    _ALIASES_PENDING.clear()
 
 
 def build_config(recipe: str, data: dict | None = None, overrides: list[str] | tuple[str, ...] = (),
@@ -840,6 +892,7 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe '{recipe}'", where="recipe", fix=_did_you_mean(recipe, list(RECIPES)))
     spec = RECIPES[recipe]
+    _ALIASES_PENDING.clear()
     data = _apply_aliases(_copy(data or {}), recipe, source)
     tree = _merge(_copy(spec.defaults), data)  # never mutate shared defaults
     file_recipe = tree.get("recipe", recipe)
@@ -860,6 +913,7 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
     src = source if not overrides else f"{source} + overrides"
     cfg = _build(spec.config, tree, "", src)
     cfg.check()
+    _flush_aliases()
     return cfg
 
 

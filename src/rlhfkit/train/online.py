@@ -176,8 +176,13 @@ class OnlineTrainer:
         self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
                        else algos.FixedKLController(kl.coef))
         self.moments = RunningMoments()
-        # reward functions first: a bad spec is answered before any weights load
+        # reward functions and prompt records first: a mistake in them is answered before any weights load
         self.functions = CombinedRewards(cfg.reward.functions) if cfg.reward.functions else None
+        self.records = load_records(cfg, "prompt")
+        if self.functions is not None:  # wrong length / type on a few prompts, before the run directory is touched
+            head = self.records[0][:4]
+            self.functions.probe([r["prompt"][-1]["content"] for r in head],
+                                 [{k: v for k, v in r.items() if k != "prompt"} for r in head])
         self._load_models()
         self._load_data()
 
@@ -215,11 +220,7 @@ class OnlineTrainer:
 
     def _load_data(self) -> None:
         cfg = self.cfg
-        train_recs, eval_recs = load_records(cfg, "prompt")
-        if self.functions is not None:  # wrong length / type on a few prompts, before the run directory is touched
-            head = train_recs[:4]
-            self.functions.probe([r["prompt"][-1]["content"] for r in head],
-                                 [{k: v for k, v in r.items() if k != "prompt"} for r in head])
+        train_recs, eval_recs = self.records
         self.prompts = tokenize(self.run, train_recs, "prompt", self.tok, cfg, "prompts")
         self.eval_prompts = tokenize(self.run, eval_recs, "prompt", self.tok, cfg, "eval prompts")
         self.collate = PromptCollator(self.tok.pad_token_id)
