@@ -305,3 +305,31 @@ def test_sequence_estimators_leave_rows_without_tokens_out_of_their_group():
     rewards = torch.tensor([[0.0, 1.0], [3.0, 0.0], [0.0, 999.0], [0.0, 5.0]])
     adv, _ = ADVANTAGE_ESTIMATORS["rloo"].fn(rewards, mask, group_size=4)
     torch.testing.assert_close(adv, torch.tensor([[-3.0, -3.0], [0.0, 0.0], [0.0, 0.0], [3.0, 3.0]]))
+
+
+def test_group_all_tied_compares_valid_members_only():
+    # k = 4, P = 1: [1, 1, 0 (dropped), 1] ties among the valid; [1, 2, ...] with only member 0 valid ties too
+    from rlhfkit.algos import group_all_tied
+
+    assert group_all_tied(torch.tensor([1.0, 1.0, 0.0, 1.0]), 4).tolist() == [False] * 4
+    v = torch.tensor([1, 1, 0, 1])
+    assert group_all_tied(torch.tensor([1.0, 1.0, 0.0, 1.0]), 4, valid=v).tolist() == [True] * 4
+    assert group_all_tied(torch.tensor([1.0, 2.0, 0.0, 1.0]), 4, valid=v).tolist() == [False] * 4
+    assert group_all_tied(torch.tensor([1.0, 2.0]), 2, valid=torch.tensor([1, 0])).tolist() == [True, True]
+
+
+@pytest.mark.parametrize("name", ["simpo", "orpo"])
+def test_length_normalised_losses_with_an_empty_completion_stay_finite(name):
+    # a completion cut away entirely (0 tokens, summed log-prob 0) gives a mean of 0 / max(0, 1) = 0, not 0 / 0
+    from types import SimpleNamespace
+
+    from rlhfkit.algos import PREFERENCE_LOSSES
+
+    chosen = torch.tensor([-2.0, 0.0], requires_grad=True)
+    lp = {"chosen": chosen, "rejected": torch.tensor([-4.0, -3.0]), "chosen_tokens": torch.tensor([2.0, 0.0]),
+          "rejected_tokens": torch.tensor([2.0, 3.0])}
+    params = SimpleNamespace(beta=2.0, simpo_gamma=0.5, orpo_lambda=0.1)
+    loss, stats = PREFERENCE_LOSSES[name].from_logps(lp, params)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(chosen.grad).all()
+    assert all(torch.isfinite(v) for v in stats.values())

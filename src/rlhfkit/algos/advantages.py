@@ -112,13 +112,19 @@ def rloo_advantages(scores: torch.Tensor, group_size: int, valid: torch.Tensor |
     return torch.where(v & (n >= 2), d - others, torch.zeros_like(d)).reshape(-1)
 
 
-def group_all_tied(scores: torch.Tensor, group_size: int, atol: float = 0.0) -> torch.Tensor:
+def group_all_tied(
+    scores: torch.Tensor, group_size: int, atol: float = 0.0, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """True for each member of a group whose scores all tie (within ``atol``) (DAPO dynamic sampling, Yu et al. 2025).
 
-    scores: [N = k * P] completion-major -> bool [N].
+    scores: [N = k * P] completion-major -> bool [N]. ``valid`` [N] bool (optional): only valid members are
+    compared (a group with at most one valid member is tied: it carries no signal either).
     """
     g = _groups(scores, group_size)
-    tied = (g.amax(dim=0) - g.amin(dim=0)) <= atol  # [P]
+    v = torch.ones_like(g, dtype=torch.bool) if valid is None else _groups(valid.bool(), group_size)
+    inf = torch.full_like(g, torch.inf)
+    top, bottom = torch.where(v, g, -inf).amax(dim=0), torch.where(v, g, inf).amin(dim=0)
+    tied = ~(top - bottom > atol)  # [P]; no valid member: -inf - inf = -inf, tied
     return tied.unsqueeze(0).expand_as(g).reshape(-1)
 
 

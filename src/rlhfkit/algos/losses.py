@@ -395,14 +395,19 @@ def _dpo_inputs(lp: dict, params) -> tuple[tuple, dict]:
     return (lp["chosen"], lp["rejected"], lp["ref_chosen"], lp["ref_rejected"]), {"beta": params.beta, **kw}
 
 
+def _avg(lp: dict, side: str) -> torch.Tensor:
+    """Per-token mean log-prob of one side; a completion with no token (cut away entirely) gives 0, not 0 / 0."""
+    return lp[side] / lp[f"{side}_tokens"].clamp_min(1)
+
+
 def _simpo_inputs(lp: dict, params) -> tuple[tuple, dict]:
-    avg_c, avg_r = lp["chosen"] / lp["chosen_tokens"], lp["rejected"] / lp["rejected_tokens"]
+    avg_c, avg_r = _avg(lp, "chosen"), _avg(lp, "rejected")
     return (avg_c, avg_r), {"beta": params.beta, "gamma": params.simpo_gamma}
 
 
 def _orpo_inputs(lp: dict, params) -> tuple[tuple, dict]:
-    avg_c, avg_r = lp["chosen"] / lp["chosen_tokens"], lp["rejected"] / lp["rejected_tokens"]
-    nll = -lp["chosen"].sum() / lp["chosen_tokens"].sum()  # token mean over every chosen completion token
+    avg_c, avg_r = _avg(lp, "chosen"), _avg(lp, "rejected")
+    nll = -lp["chosen"].sum() / lp["chosen_tokens"].sum().clamp_min(1)  # token mean over every chosen token
     return (avg_c, avg_r, nll), {"lam": params.orpo_lambda}
 
 

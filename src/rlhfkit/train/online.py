@@ -350,7 +350,7 @@ class OnlineTrainer:
         if algo.whiten_advantages:
             adv = algos.masked_whiten(adv, mask)
         if algo.filter_tied_groups and self.estimator.group_based:
-            keep = ~algos.group_all_tied(exp.scores, self.k)
+            keep = ~algos.group_all_tied(exp.scores, self.k, valid=mask.bool().any(-1))
             exp.mask = mask * keep.unsqueeze(-1).float()
         exp.advantages = adv * exp.mask
         return {"objective/kl": kl.sum(-1).mean().item(), "objective/non_score_reward": non_score.sum(-1).mean().item(),
