@@ -268,11 +268,64 @@ def _check_common(cfg) -> None:
     if cfg.model.lora.qlora and not cfg.model.lora.enabled:
         raise ConfigError("model.lora.qlora trains LoRA adapters on a 4-bit base", where="model.lora.qlora",
                           fix="also set model.lora.enabled=true")
-    if cfg.model.gguf_file and cfg.model.name.startswith("tiny"):
+    if cfg.model.lora.qlora:
+        import importlib.util
+
+        import torch
+
+        if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
+            raise ConfigError("model.lora.qlora loads the base model in 4-bit, which needs a CUDA GPU and the "
+                              "bitsandbytes package", where="model.lora.qlora",
+                              fix="set model.lora.qlora=false (plain LoRA), or run on a GPU with bitsandbytes")
+    d = cfg.data
+    if d.max_prompt_length is not None and d.max_prompt_length > d.max_length:
+        raise ConfigError(f"data.max_prompt_length={d.max_prompt_length} exceeds data.max_length={d.max_length} "
+                          "(prompt + completion)", where="data.max_prompt_length",
+                          fix="lower data.max_prompt_length or raise data.max_length")
+    if cfg.model.gguf_file and _is_tiny(cfg.model.name):
         raise ConfigError(f"model.gguf_file={cfg.model.gguf_file!r} names a file inside model.name, but the built-in "
                           "tiny model has none", where="model.gguf_file",
                           fix="set model.name to the directory holding the .gguf file, or model.gguf_file=null")
     _check_backends(cfg.track.backends)
+
+
+def _is_tiny(name: str) -> bool:
+    return name == "tiny" or name.startswith("tiny:")
+
+
+def _check_data_format(cfg, *allowed: str) -> None:
+    if cfg.data.format not in ("auto", *allowed):
+        raise ConfigError(f"the {cfg.recipe} recipe reads {' or '.join(allowed)} records, not {cfg.data.format}",
+                          where="data.format", fix=f"set data.format=auto (or {allowed[0]})")
+
+
+def _check_model_source(name: str | None, key: str) -> None:
+    """A local model path that does not exist, or a directory that holds no model, named before anything loads
+    (hub-style ``org/name`` and ``tiny`` are left to the loader, which reads only the local cache)."""
+    if not name or _is_tiny(name):
+        return
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_dir() and not any((path / f).is_file() for f in ("config.json", "adapter_config.json")) \
+                and not any(path.glob("*.gguf")):
+            raise ConfigError(f"{name} is not a model directory (no config.json)", where=key,
+                              fix="point to a directory a stage wrote (config.json + model.safetensors), a .gguf "
+                                  "file, or 'tiny'")
+        return
+    looks_local = name.startswith((".", "/", "~")) or path.suffix == ".gguf" or name.count("/") != 1
+    if looks_local:
+        raise ConfigError(f"model not found: {name}", where=key,
+                          fix="check the path (a stage's output directory holds config.json and model.safetensors), "
+                              "or give a cached hub name org/model or 'tiny'")
+    import os
+
+    if os.environ.get("HF_HUB_OFFLINE", "1") != "0":  # offline (the default): the hub name must be in the cache
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            raise ConfigError(f"model {name!r} is not in the local Hugging Face cache (rlhfkit runs offline)",
+                              where=key, fix="download it once (`huggingface-cli download " + name + "`), or run "
+                                             "with HF_HUB_OFFLINE=0 to let it be fetched, or give a local directory")
 
 
 TRACK_BACKENDS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}  # backend -> package it needs
@@ -289,6 +342,7 @@ def _check_online(cfg) -> None:
     from . import algos
 
     _check_common(cfg)
+    _check_data_format(cfg, "prompt")
     algo = cfg.algo
     est = algos.ADVANTAGE_ESTIMATORS[algo.advantage]
     if est.group_based and algo.num_generations < 2:
@@ -324,6 +378,8 @@ def _inputs_common(cfg) -> None:
             raise ConfigError(f"track.backends={b} needs the {package} package, which is not installed",
                               where="track.backends", fix=f"pip install {package}, or drop {b} from track.backends")
     _check_chat_template(cfg.model.chat_template)
+    _check_model_source(cfg.model.name, "model.name")
+    _check_model_source(getattr(cfg, "ref_model", None), "ref_model")
 
 
 def _check_chat_template(template: str | None) -> None:
@@ -345,6 +401,9 @@ def _inputs_online(cfg) -> None:
     if est.needs_critic and cfg.critic.model is None and cfg.critic.init == "reward" and cfg.reward.model is None:
         raise ConfigError("critic.init=reward needs reward.model", where="critic.init",
                           fix="set critic.init=policy, or give reward.model")
+    _check_model_source(cfg.reward.model, "reward.model")
+    if est.needs_critic:
+        _check_model_source(cfg.critic.model, "critic.model")
 
 
 def _check_preference(cfg) -> None:
@@ -380,6 +439,7 @@ class SFTConfig:
 
     def check(self) -> None:
         _check_common(self)
+        _check_data_format(self, "sft")
 
     def check_inputs(self) -> None:
         _inputs_common(self)
@@ -398,6 +458,7 @@ class RewardModelConfig:
 
     def check(self) -> None:
         _check_common(self)
+        _check_data_format(self, "preference")
 
     def check_inputs(self) -> None:
         _inputs_common(self)

@@ -237,6 +237,30 @@ TABLE = [
     ("reward_scalar", [*_GRPO, _fn("rf.py:scalar")], ["rf.py:scalar", "returned a float", "not a list"]),
     ("reward_weight_nan", [*_GRPO, "reward.functions=[{fn: exact_match, weight: .nan}]"],
      ["reward.functions[0].weight", "finite"]),
+    ("reward_kwarg_misspelt", [*_GRPO, "reward.functions=[{fn: rf.py:scaled, kwargs: {scal: 2}}]"],
+     ["rf.py:scaled", "no parameter 'scal'", "did you mean 'scale'"]),
+    ("reward_rule_missing_option", [*_GRPO, "reward.functions=[{fn: length_target, kwargs: {targt: 3}}]"],
+     ["length_target", "target"]),
+    ("reward_list_of_names", [*_GRPO, "reward.functions=[exact_match]"], ["reward.functions[0]", "mapping"]),
+    # models: every path checked before the first one loads
+    ("model_path_missing", [*_SFT, "model.name=./no/such/model"], ["model.name", "./no/such/model"]),
+    ("model_dir_without_config", [*_SFT, "model.name=readonly"], ["model.name", "not a model directory"]),
+    ("model_hub_name_not_cached", [*_SFT, "model.name=no-org/no-model"], ["model.name", "local Hugging Face cache"]),
+    ("reward_model_missing", [*_GRPO, "reward.model=./no_rm"], ["reward.model", "./no_rm"]),
+    ("reference_model_missing", [*_DPO, "ref_model=./no_ref"], ["ref_model", "./no_ref"]),
+    ("critic_model_missing", ["ppo", "data.train=prompts.jsonl", "output_dir=prev", _fn("exact_match"),
+                              "critic.model=./no_critic"], ["critic.model", "./no_critic"]),
+    pytest.param("qlora_without_gpu", [*_SFT, "model.lora.enabled=true", "model.lora.qlora=true"],
+                 ["model.lora.qlora", "CUDA"], marks=pytest.mark.skipif(_cuda(), reason="QLoRA may work here")),
+    # recipe / data combinations
+    ("sft_with_prompt_format", [*_SFT, "data.format=prompt"], ["data.format", "sft"]),
+    ("kto_on_sft_data", ["kto", "data.train=good.jsonl", "output_dir=prev"], ["good.jsonl", "KTO needs"]),
+    ("rm_margin_field_missing", ["rm", "data.train=pairs.jsonl", "rm.margin_field=margin", "output_dir=prev"],
+     ["pairs.jsonl:1", "'margin'", "rm.margin_field"]),
+    ("prompt_limit_above_length", [*_SFT, "data.max_prompt_length=100", "data.max_length=64"],
+     ["data.max_prompt_length", "data.max_length"]),
+    ("yaml_tab_indent", ["sft", "tabs.yaml"], ["tabs.yaml:2", "invalid YAML"]),
+    ("message_role_unknown", ["sft", "data.train=tool.jsonl", "output_dir=prev"], ["tool.jsonl:1", "'tool'"]),
 ]
 
 _RF = '''
@@ -257,6 +281,10 @@ def scalar(prompts, completions, **fields):
 
 def none_for_all(prompts, completions, **fields):
     return [None for _ in completions]
+
+
+def scaled(prompts, completions, scale=1.0):
+    return [scale for _ in completions]
 '''
 
 
@@ -286,6 +314,9 @@ def _write_table_inputs(root: Path) -> None:
     (root / "list.yaml").write_text("- optim\n- train\n")
     (root / "unknown_nested.yaml").write_text("data:\n  trian: good.jsonl\n")
     (root / "dpo_recipe.yaml").write_text("recipe: dpo\n")
+    (root / "tabs.yaml").write_text("optim:\n\tlr: 1\n")
+    tool = {"role": "tool", "content": "42"}
+    jsonl("tool.jsonl", [{"messages": [user, tool, asst]}])
     (root / "rf.py").write_text(_RF)
     (root / "readonly").mkdir(mode=0o500)
     for name, text in PREVIOUS.items():

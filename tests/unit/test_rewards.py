@@ -459,3 +459,18 @@ def test_online_score_drops_samples_without_finite_reward(tok):
     assert trainer.moments.count == 3 and trainer.moments.mean == pytest.approx(5 / 3)
     want = [(x - 5 / 3) / math.sqrt(2 / 9) if v else 0.0 for x, v in zip([2, 0, 0, 1, 0, 2], [1, 0, 0, 1, 0, 1])]
     assert exp.scores.tolist() == pytest.approx(want, rel=1e-5)
+
+
+def test_kwargs_checked_against_the_signature_at_construction():
+    # only_answer(prompts, completions, answer): "answr" is no parameter of it -> one line with a did-you-mean;
+    # functions taking **fields (the built-in rules) accept any name
+    with pytest.raises(RewardError, match="has no parameter 'answr'.*did you mean 'answer'"):
+        CombinedRewards([{"fn": f"{FNS_FILE}:only_answer", "kwargs": {"answr": "x"}}])
+    CombinedRewards([{"fn": f"{FNS_FILE}:only_answer", "kwargs": {"answer": ["x"]}}])
+    CombinedRewards([{"fn": "length_target", "kwargs": {"target": 3, "anything": 1}}])
+
+
+def test_probe_passes_on_a_rule_complaint():
+    # length_target without its target raises RewardError itself: the probe answers it before weights load
+    with pytest.raises(RewardError, match="target"):
+        CombinedRewards(["length_target"]).probe(["p"], [{}])

@@ -22,6 +22,7 @@ from .formats import (
     drop_tied_pairs,
     normalize_record,
     parse_label,
+    require_field,
     to_messages,
     unpair_preferences,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "parse_label",
     "parse_split",
     "render_completion_ids",
+    "require_field",
     "render_conversation",
     "render_prompt_ids",
     "to_messages",

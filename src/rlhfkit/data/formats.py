@@ -374,6 +374,17 @@ def _norm_unpaired(r: dict, fields, where: str) -> dict:
     return {"prompt": prompt, "completion": completion, "label": label}
 
 
+def require_field(records: list[dict], name: str, key: str) -> None:
+    """Every record carries the (extra) field ``name`` with a number, as config key ``key`` asks; else a
+    :class:`DataError` naming the first record without it."""
+    for r in records:
+        value = r.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            what = "has no field" if name not in r else f"has a non-number {value!r:.30} in field"
+            raise DataError(f"record {what} {name!r} ({key}={name})", where=getattr(r, "where", "record"),
+                            fix=f"give every record a number in '{name}', or unset {key}")
+
+
 def drop_tied_pairs(records: list[dict], source: str = "data") -> tuple[list[dict], list[dict]]:
     """(kept, dropped): preference records whose ``chosen`` equals ``rejected`` (after normalisation) carry no
     preference and are dropped; records of other kinds pass through. Raises :class:`DataError` when every

@@ -269,6 +269,7 @@ class CombinedRewards:
                 )
             kwargs = dict(spec.kwargs or {})
             if kwargs:
+                _check_kwargs(label, fn, kwargs)
                 fn = functools.partial(fn, **kwargs)
             if spec.name:
                 name = spec.name
@@ -343,12 +344,15 @@ class CombinedRewards:
     def probe(self, prompts: Sequence[str], rows: Sequence[dict], completions: Sequence[str] | None = None) -> None:
         """Structural check before any weights load: each function is called on dataset prompts with placeholder
         completions (default: the empty string) and must return a list of one number / None per completion.
-        Wrong length, a non-list, strings: :class:`RewardError`. Exceptions and None / NaN are *not* errors here
+        Wrong length, a non-list, strings, a :class:`RewardError` raised by the function (a built-in rule missing
+        an option): :class:`RewardError`. Other exceptions and None / NaN are *not* errors here
         (a function may legitimately fail on a placeholder); the first real rollout checks those."""
         completions = list(completions) if completions is not None else [""] * len(prompts)
         for f in self.functions:
             try:
                 out = f.fn(list(prompts), list(completions), **self._fields(f, rows))
+            except RewardError:  # a built-in rule's own one-line complaint (a missing option): answer it now
+                raise
             except Exception:  # judged on the first rollout, where the completions are real
                 continue
             self._validate(f.label, out, len(completions), "on a probe with placeholder completions")
@@ -406,6 +410,20 @@ def _summary(values: list[float | None]) -> str:
         key = "None" if v is None else ("a number" if math.isfinite(v) else repr(v))
         counts[key] = counts.get(key, 0) + 1
     return ", ".join(f"{k} x {n}" for k, n in counts.items())
+
+
+def _check_kwargs(label: str, fn: Callable, kwargs: dict) -> None:
+    """The configured ``kwargs`` must be parameters of ``fn`` (unless it takes ``**kwargs``): a misspelt option is
+    answered when the run starts, not as a TypeError on the first rollout."""
+    accepted = _named_params(fn)
+    if accepted is None:
+        return
+    for key in kwargs:
+        if key not in accepted:
+            close = difflib.get_close_matches(key, sorted(accepted - {"prompts", "completions"}), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise RewardError(f"function {label} has no parameter {key!r} (given in kwargs)", where=WHERE,
+                              fix=f"{hint}pass only the function's own keyword arguments")
 
 
 def _named_params(fn: Callable) -> frozenset | None:

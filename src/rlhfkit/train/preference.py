@@ -119,7 +119,14 @@ def load_preference_records(cfg, paired: bool) -> tuple[list[dict], list[dict]]:
     if paired:  # data.format was checked against the loss when the config was built
         return load_records(cfg, "preference")
     detect = cfg if cfg.data.format == "preference" else replace(cfg, data={"format": "auto"})
-    return load_records(detect, "auto")
+    train_recs, eval_recs = load_records(detect, "auto")
+    for label, recs in (("train", train_recs), ("eval", eval_recs)):
+        kinds = {"preference" if "chosen" in r else "unpaired" if "label" in r else "other" for r in recs}
+        if kinds - {"preference", "unpaired"}:
+            raise DataError("KTO needs unpaired records (prompt, completion, label) or preference pairs",
+                            where=cfg.data.train if label == "train" else cfg.data.eval,
+                            fix="give unpaired.jsonl-style or preference.jsonl-style data")
+    return train_recs, eval_recs
 
 
 def load_items(run, cfg, tok, paired: bool, records: tuple[list[dict], list[dict]] | None = None
