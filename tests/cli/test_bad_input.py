@@ -1,8 +1,9 @@
-"""Bad input through the real command line: each mistake exits with code 2 and ONE line on stderr that names the
+"""Bad input through the command line: each mistake exits with code 2 and ONE line on stderr that names the
 file:line or the key, and a failing run loses nothing a previous run wrote.
 
-All cases run as subprocesses started together (each pays the torch / transformers import once), then each test
-checks its own result.
+The cases run in this process through ``rlhfkit.cli.main`` (one import of torch / transformers for all of them); two
+of them also run as a real ``python -m rlhfkit`` subprocess, so the one-line promise holds through the entry point
+(import-time warnings included). Each test then checks its own result.
 """
 
 from __future__ import annotations
@@ -69,30 +70,74 @@ def _write_inputs(root: Path) -> None:
             (root / run / name).write_text(text)
 
 
+SUBPROCESS_CASES = ("malformed_jsonl", "unknown_key")
+
+
+def _in_process(argv: list[str], tripwire: bool = False) -> tuple[int | str, str, str]:
+    """(exit code, stderr, stdout) of ``rlhfkit.cli.main(argv)`` in this process (cwd and environment as the
+    caller set them). With ``tripwire``, loading a model raises :class:`_WeightsLoaded` (exit code "weights
+    loaded"); any other exception, a traceback the CLI would show, becomes the exit code's text."""
+    import contextlib
+    import io
+
+    import rlhfkit.models.loading
+    import rlhfkit.train.online
+    import rlhfkit.train.preference
+    import rlhfkit.train.reward
+    import rlhfkit.train.sft
+    from rlhfkit.cli import main
+
+    err, std = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_PROGRESS_BARS",
+                    "TRANSFORMERS_VERBOSITY", "TRANSFORMERS_NO_ADVISORY_WARNINGS"):  # main() sets these
+            if key in os.environ:
+                mp.setenv(key, os.environ[key])
+            else:
+                mp.delenv(key, raising=False)
+        if tripwire:
+            for module in (rlhfkit.models.loading, rlhfkit.train.sft, rlhfkit.train.reward, rlhfkit.train.preference,
+                           rlhfkit.train.online):
+                for name in ("load_causal_lm", "load_scalar_model"):
+                    if hasattr(module, name):
+                        mp.setattr(module, name, _tripwire)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
+            try:
+                rc = main(list(argv))
+            except _WeightsLoaded:
+                rc = "weights loaded"
+            except Exception as exc:  # a traceback the CLI would have shown: this case fails, not the others
+                rc = f"{type(exc).__name__}: {exc}"
+    return rc, err.getvalue(), std.getvalue()
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, tuple[int, str, str, Path]]:
     root = tmp_path_factory.mktemp("bad-input")
     _write_inputs(root)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "default"}
-    procs = {}
-    for case, (argv, _) in CASES.items():
-        procs[case] = subprocess.Popen([sys.executable, "-m", "rlhfkit", *argv], cwd=root, env=env, text=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    procs = {case: subprocess.Popen([sys.executable, "-m", "rlhfkit", *CASES[case][0]], cwd=root, env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE) for case in SUBPROCESS_CASES}
     out = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        for case, (argv, _) in CASES.items():
+            rc, stderr, stdout = _in_process(argv)
+            out[case] = (rc, stdout, stderr, root)
     for case, p in procs.items():
         stdout, stderr = p.communicate(timeout=600)
-        out[case] = (p.returncode, stdout, stderr, root)
+        out[f"{case} (subprocess)"] = (p.returncode, stdout, stderr, root)
     return out
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*CASES, *(f"{c} (subprocess)" for c in SUBPROCESS_CASES)])
 def test_bad_input_exits_2_with_one_line(case, results):
     rc, stdout, stderr, _ = results[case]
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert rc == 2, f"exit {rc}\nstdout:\n{stdout}\nstderr:\n{stderr}"
     assert len(lines) == 1, "expected one line on stderr, got:\n" + stderr
     assert lines[0].startswith("error: ")
-    for needle in CASES[case][1]:
+    for needle in CASES[case.removesuffix(" (subprocess)")][1]:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
     assert "Traceback" not in stdout + stderr
 
@@ -338,41 +383,16 @@ def _files(root: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def table_results(tmp_path_factory):
-    import contextlib
-    import io
-
-    import rlhfkit.models.loading
-    import rlhfkit.train.online
-    import rlhfkit.train.preference
-    import rlhfkit.train.reward
-    import rlhfkit.train.sft
-    from rlhfkit.cli import main
-
     root = tmp_path_factory.mktemp("bad-input-table")
     _write_table_inputs(root)
     out = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
-        for key in ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM", "HF_HUB_DISABLE_PROGRESS_BARS",
-                    "TRANSFORMERS_VERBOSITY", "TRANSFORMERS_NO_ADVISORY_WARNINGS"):
-            mp.setenv(key, os.environ.get(key, "1" if key == "HF_HUB_OFFLINE" else "false"))
-        for module in (rlhfkit.models.loading, rlhfkit.train.sft, rlhfkit.train.reward, rlhfkit.train.preference,
-                       rlhfkit.train.online):
-            for name in ("load_causal_lm", "load_scalar_model"):
-                if hasattr(module, name):
-                    mp.setattr(module, name, _tripwire)
         for case in TABLE:
             name, argv, _ = case.values if hasattr(case, "values") else case
             before = _files(root)
-            err, std = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(std):
-                try:
-                    rc = main(list(argv))
-                except _WeightsLoaded:
-                    rc = "weights loaded"
-                except Exception as exc:  # a traceback the CLI would have shown: this case fails, not the table
-                    rc = f"{type(exc).__name__}: {exc}"
-            out[name] = (rc, err.getvalue(), std.getvalue(), before == _files(root))
+            rc, stderr, stdout = _in_process(argv, tripwire=True)
+            out[name] = (rc, stderr, stdout, before == _files(root))
     return out
 
 
