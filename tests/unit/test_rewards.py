@@ -474,3 +474,27 @@ def test_probe_passes_on_a_rule_complaint():
     # length_target without its target raises RewardError itself: the probe answers it before weights load
     with pytest.raises(RewardError, match="target"):
         CombinedRewards(["length_target"]).probe(["p"], [{}])
+
+
+def test_online_score_drops_nonfinite_reward_model_scores(tok):
+    # a reward model that scores [1, nan, inf, 3]: samples 1 and 2 are dropped, the model's mean is over the rest
+    from types import MethodType, SimpleNamespace
+
+    from rlhfkit.config import build_config
+    from rlhfkit.train.online import OnlineTrainer, RunningMoments
+
+    cfg = build_config("grpo", {}, ["reward.missing_eos_penalty=0"])
+    scorer = SimpleNamespace(model=None, score=lambda *a: torch.tensor([1.0, math.nan, math.inf, 3.0]))
+    trainer = SimpleNamespace(tok=tok, scorer=scorer, functions=None, device=torch.device("cpu"), cfg=cfg,
+                              moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x))
+    trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
+    ids = torch.tensor([[tok("a", add_special_tokens=False).input_ids[0]]] * 4)
+    rollout = SimpleNamespace(response_ids=ids, response_mask=torch.ones(4, 1, dtype=torch.bool),
+                              ended=torch.ones(4, dtype=torch.bool), sequences=ids,
+                              attention_mask=torch.ones(4, 1, dtype=torch.long))
+    exp = SimpleNamespace(rollout=rollout, rows=[{"prompt": [{"role": "user", "content": "x"}]}] * 4,
+                          mask=torch.ones(4, 1))
+    OnlineTrainer.score(trainer, exp, step=1)
+    assert exp.raw_scores.tolist() == [1.0, 0.0, 0.0, 3.0] and exp.scores.tolist() == [1.0, 0.0, 0.0, 3.0]
+    assert exp.mask.squeeze(-1).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert exp.reward_metrics["rewards/dropped"] == 2.0 and exp.reward_metrics["rewards/model/mean"] == 2.0
