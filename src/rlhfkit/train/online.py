@@ -175,6 +175,13 @@ class OnlineTrainer:
         self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
                        else algos.FixedKLController(kl.coef))
         self.moments = RunningMoments()
+        # reward functions and prompt records first: a mistake in them is answered before any weights load
+        self.functions = CombinedRewards(cfg.reward.functions) if cfg.reward.functions else None
+        self.records = load_records(cfg, "prompt")
+        if self.functions is not None:  # wrong length / type on a few prompts, before the run directory is touched
+            head = self.records[0][:4]
+            self.functions.probe([r["prompt"][-1]["content"] for r in head],
+                                 [{k: v for k, v in r.items() if k != "prompt"} for r in head])
         self._load_models()
         self._load_data()
 
@@ -200,7 +207,6 @@ class OnlineTrainer:
             if not self.scorer.same_tokenizer:
                 run.print(f"[{cfg.recipe}] reward model tokenizer differs from the policy's: responses are "
                           "re-tokenised as text for scoring")
-        self.functions = CombinedRewards(cfg.reward.functions) if cfg.reward.functions else None
         self.critic = None
         if self.estimator.needs_critic:
             source = cfg.critic.model or (cfg.reward.model if cfg.critic.init == "reward" else cfg.model.name)
@@ -213,7 +219,7 @@ class OnlineTrainer:
 
     def _load_data(self) -> None:
         cfg = self.cfg
-        train_recs, eval_recs = load_records(cfg, "prompt")
+        train_recs, eval_recs = self.records
         self.prompts = tokenize(self.run, train_recs, "prompt", self.tok, cfg, "prompts")
         self.eval_prompts = tokenize(self.run, eval_recs, "prompt", self.tok, cfg, "eval prompts")
         self.collate = PromptCollator(self.tok.pad_token_id)
@@ -247,43 +253,54 @@ class OnlineTrainer:
 
     # ── 3. score ─────────────────────────────────────────────────────────────────────────────────────────────
     @torch.no_grad()
-    def score(self, exp: Experience, shape: bool = True) -> None:
+    def score(self, exp: Experience, shape: bool = True, step: int | None = None) -> None:
         """Decoded texts, raw scores (reward model + functions) and their metrics onto ``exp``; with ``shape``,
         also the learning scores (missing-EOS penalty, running normalisation, clipping: this updates the
-        normaliser, so evaluation passes ``shape=False``)."""
+        normaliser, so evaluation passes ``shape=False``). Samples without a finite reward (NaN / inf / None) are
+        dropped from the step: score 0 and an empty mask (``rewards/dropped`` counts them)."""
         rollout, rows = exp.rollout, exp.rows
         texts = self.tok.batch_decode(
             [r[m.bool()] for r, m in zip(rollout.response_ids, rollout.response_mask)], skip_special_tokens=True)
         messages = [row["prompt"] for row in rows]
         total = torch.zeros(len(texts), device=self.device)
+        valid = torch.ones(len(texts), dtype=torch.bool, device=self.device)
         metrics: dict = {}
         if self.scorer is not None:
             with on_device(self.scorer.model, self.device, self.cfg.memory.offload_reward):
                 rm = self.scorer.score(messages, texts, rollout.sequences, rollout.attention_mask).to(self.device)
-            total += rm
-            metrics["rewards/model/mean"] = rm.mean().item()
+            valid &= torch.isfinite(rm)
+            total += torch.where(valid, rm, 0.0)
+            metrics["rewards/model/mean"] = rm[valid].mean().item() if valid.any() else 0.0
         if self.functions is not None:
             prompt_text = [m[-1]["content"] for m in messages]
             fields = [{k: v for k, v in row.items() if k not in ("prompt",)} for row in rows]
-            fn_total, _, fn_metrics = self.functions(prompt_text, texts, fields)
-            total += fn_total.to(self.device)
-            metrics.update(fn_metrics)
+            fn = self.functions(prompt_text, texts, fields, step=step, allow_all_dropped=not shape)
+            total += fn.total.to(self.device)
+            valid &= fn.valid.to(self.device)
+            metrics.update(fn.metrics)
+        total = torch.where(valid, total, 0.0)
+        metrics["rewards/dropped"] = float((~valid).sum())
+        exp.mask = exp.mask * valid.unsqueeze(-1)  # dropped samples take no part in the step
         exp.texts, exp.raw_scores, exp.reward_metrics = texts, total, metrics
         if shape:
-            exp.scores = self.shape_scores(total, rollout.ended)
+            exp.scores = self.shape_scores(total, rollout.ended, valid)
 
-    def shape_scores(self, raw: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
-        """Missing-EOS penalty, then running normalisation, then clipping (each as configured)."""
+    def shape_scores(self, raw: torch.Tensor, ended: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Missing-EOS penalty, then running normalisation (over valid samples), then clipping (each as
+        configured); dropped samples (``valid`` False) stay at 0."""
         rc = self.cfg.reward
         scores = raw.clone()
+        valid = torch.ones_like(ended, dtype=torch.bool) if valid is None else valid
         if rc.missing_eos_penalty:
             scores = scores - rc.missing_eos_penalty * (~ended).float()
         if rc.normalize:
-            self.moments.update(self.acc.gather(scores).float().cpu())
+            kept = self.acc.gather(valid)
+            if kept.any():
+                self.moments.update(self.acc.gather(scores)[kept].float().cpu())
             scores = self.moments.normalize(scores)
         if rc.clip is not None:
             scores = scores.clamp(-rc.clip, rc.clip)
-        return scores
+        return torch.where(valid, scores, 0.0)
 
     # ── 4. forward passes without grad ──────────────────────────────────────────────────────────────────────
     @torch.no_grad()
@@ -323,7 +340,8 @@ class OnlineTrainer:
         coef = self.kl_ctl.value
         kl = torch.zeros_like(mask)
         if exp.ref_logprobs is not None:
-            kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator) * mask
+            kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
+                                  log_ratio_clip=algo.kl.log_ratio_clip)
         exp.kl = kl
         token_rewards, non_score = algos.shaped_token_rewards(exp.scores, kl, mask, coef, self.kl_in_reward)
         adv, exp.returns = self.estimator.fn(token_rewards, mask, values=exp.values, group_size=self.k,
@@ -331,7 +349,7 @@ class OnlineTrainer:
         if algo.whiten_advantages:
             adv = algos.masked_whiten(adv, mask)
         if algo.filter_tied_groups and self.estimator.group_based:
-            keep = ~algos.group_all_tied(exp.scores, self.k)
+            keep = ~algos.group_all_tied(exp.scores, self.k, valid=mask.bool().any(-1))
             exp.mask = mask * keep.unsqueeze(-1).float()
         exp.advantages = adv * exp.mask
         return {"objective/kl": kl.sum(-1).mean().item(), "objective/non_score_reward": non_score.sum(-1).mean().item(),
@@ -352,7 +370,8 @@ class OnlineTrainer:
             total = loss - algo.entropy_coef * entropy
             if not self.kl_in_reward and "ref_logprobs" in batch:
                 kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
-                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens)
+                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens,
+                                        log_ratio_clip=algo.kl.log_ratio_clip)
                 total = total + self.kl_ctl.value * kl_l
         self.acc.backward(total * scale)
         return {"loss/policy_avg": loss.detach(), "policy/entropy_avg": entropy.detach(),
@@ -404,8 +423,9 @@ class OnlineTrainer:
             prompts = self.collate(self.eval_prompts[s: s + 64])
             exp = self.generate(prompts, seed=10_007 + s, k=1)
             self.score(exp, shape=False)
-            scores.append(exp.raw_scores)
-        return {"eval/scores": torch.cat(scores).mean().item()}
+            scores.append(exp.raw_scores[exp.mask.bool().any(-1)])  # samples with a finite reward
+        scores = torch.cat(scores)
+        return {"eval/scores": scores.mean().item()} if len(scores) else {}
 
     # ── the loop ─────────────────────────────────────────────────────────────────────────────────────────────
     def train(self) -> dict:
@@ -446,7 +466,7 @@ class OnlineTrainer:
                 # 1-2. prompts -> responses (the Experience of this step is born here)
                 exp = self.generate(self._prompt_batch(step), seed)
                 # 3. texts, raw scores, shaped scores
-                self.score(exp)
+                self.score(exp, step=step + 1)
                 # 4. old / reference log-probs, values
                 self.forward_passes(exp)
                 # 5. KL, shaped rewards, advantages

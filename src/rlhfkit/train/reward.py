@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..algos import bradley_terry_loss
-from ..data import PreferenceCollator
+from ..data import PreferenceCollator, require_field
 from ..models.heads import sequence_scores
 from ..models.loading import describe, load_scalar_model, load_tokenizer_for, save_model
 from .common import load_records, tokenize
@@ -75,6 +75,8 @@ def _train_rm(cfg, run) -> dict:
     # 2. data records first (a mistake in them costs seconds), then the tokenizer of the base model and the reward
     #    model = its backbone + a 1-output head
     train_recs, eval_recs = load_records(cfg, "preference")
+    if cfg.rm.margin_field:  # every pair needs its margin: answered before any weights load
+        require_field(train_recs + eval_recs, cfg.rm.margin_field, "rm.margin_field")
     tok = load_tokenizer_for(cfg.model)
     model = load_scalar_model(cfg.model.name, cfg.model, tokenizer=tok, device=run.device, seed=cfg.train.seed)
     run.print(f"[rm] reward model from {cfg.model.name}: {describe(model)}")
