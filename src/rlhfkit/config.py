@@ -185,6 +185,8 @@ class OnlineAlgoConfig:
     lam: float = f(0.95, "GAE lambda", ge=0, le=1)
     whiten_advantages: bool = f(True, "normalise advantages over the batch")
     loss_aggregation: str = f("token_mean", "token_mean | seq_mean_token_mean | seq_mean_token_sum_norm")
+    policy_loss: str = f("ppo", "policy loss (see `algos.POLICY_LOSSES`): ppo (token ratio, clipped) | gspo "
+                                "(sequence ratio, length-normalised, clipped per sequence) | gspo_token")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
     total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
@@ -518,6 +520,7 @@ def registry_choices() -> dict[str, tuple[str, ...]]:
         "algo.loss_aggregation": tuple(algos.LOSS_AGGREGATIONS),
         "algo.kl.estimator": tuple(algos.KL_ESTIMATORS),
         "algo.loss": tuple(algos.PREFERENCE_LOSSES),
+        "algo.policy_loss": tuple(algos.POLICY_LOSSES),
     }
 
 
@@ -530,7 +533,8 @@ def choices_of(path: str) -> tuple[str, ...] | None:
     return None
 
 
-_REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss")
+_REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss",
+                  "algo.policy_loss")
 
 # Flat names users bring from TRL / transformers, accepted at the top level of a config or command line
 # (logged once: "learning_rate -> optim.lr"). Per family where the meaning differs (beta).

@@ -31,6 +31,13 @@ from rlhfkit.algos.losses import (
     value_loss,
 )
 from rlhfkit.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rlhfkit.algos.policy_losses import (
+    POLICY_LOSSES,
+    gspo_loss,
+    gspo_token_loss,
+    ppo_clip_loss,
+    sequence_log_ratio,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -40,6 +47,7 @@ __all__ = [
     "FixedKLController",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
     "PreferenceLoss",
     "aggregate_loss",
@@ -47,6 +55,8 @@ __all__ = [
     "dpo_loss",
     "entropy_from_logits",
     "gae",
+    "gspo_loss",
+    "gspo_token_loss",
     "group_all_tied",
     "grpo_advantages",
     "kl_loss",
@@ -58,10 +68,12 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "orpo_loss",
+    "ppo_clip_loss",
     "ppo_policy_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_returns",
     "rloo_advantages",
+    "sequence_log_ratio",
     "sft_loss",
     "shaped_token_rewards",
     "simpo_loss",

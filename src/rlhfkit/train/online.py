@@ -8,7 +8,8 @@ Each step (see DESIGN.md, "Data flow of an online step"):
      missing-EOS penalty, running normalisation, clipping
   4. forward passes without grad: policy (old log-probs), reference (unless no KL is used), critic (PPO)
   5. per-token KL to the reference -> shaped rewards -> advantages / returns by the chosen estimator
-  6. PPO epochs over mini-batches: clipped policy loss (+ KL in loss, - entropy bonus), clipped value loss
+  6. PPO epochs over mini-batches: the policy loss of `algo.policy_loss` (PPO clip, GSPO, ...; times the off-policy
+     weights when a correction is on) (+ KL in loss, - entropy bonus), clipped value loss
   7. metrics (TRL names), sample table, health checks, KL-controller update, checkpoint
 
 How it departs from the papers: KL is computed on the sampled tokens with the chosen estimator (k1 by default in the
@@ -166,6 +167,7 @@ class OnlineTrainer:
         self.cfg, self.run, self.acc = cfg, run, run.accelerator
         algo = cfg.algo
         self.estimator = algos.ADVANTAGE_ESTIMATORS[algo.advantage]  # validated when the config was built
+        self.policy_loss = algos.POLICY_LOSSES[algo.policy_loss]
         self.k = algo.num_generations
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
         placement = algo.kl.placement
@@ -344,10 +346,10 @@ class OnlineTrainer:
         with self.acc.autocast():
             logits = response_logits(self.policy, batch, self.cfg.generation.temperature)
             logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
-            loss, st = algos.ppo_policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["mask"],
-                                             clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                             aggregation=algo.loss_aggregation,
-                                             max_len=self.cfg.generation.max_new_tokens)
+            loss, st = self.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["mask"],
+                                        clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens,
+                                        weights=batch.get("is_weights"))
             ent_logits = logits.detach() if algo.entropy_coef == 0 else logits
             entropy = algos.masked_mean(algos.entropy_from_logits(ent_logits), batch["mask"])
             total = loss - algo.entropy_coef * entropy
