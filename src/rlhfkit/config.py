@@ -169,6 +169,17 @@ class KLConfig:
 
 
 @dataclass(frozen=True)
+class OffPolicyConfig:
+    correction: str = f("none", "rollout / trainer mismatch correction (see `algos.OFF_POLICY_CORRECTIONS`): none | "
+                                "tis (weight min(pi_old / pi_rollout, cap)) | mis (drop tokens / rows outside "
+                                "[low, high])")
+    level: str = f("token", "importance ratio per token, or per sequence (product of the row's token ratios)")
+    cap: float = f(2.0, "TIS: the largest importance weight", ge=1)
+    low: float = f(0.5, "MIS band lower end (also the band of the metric rollout/is_ratio_outside_frac)", ge=0, le=1)
+    high: float = f(2.0, "MIS band upper end (also the band of the metric rollout/is_ratio_outside_frac)", ge=1)
+
+
+@dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
@@ -189,6 +200,8 @@ class OnlineAlgoConfig:
                                 "(sequence ratio, length-normalised, clipped per sequence) | gspo_token")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
+    off_policy: OffPolicyConfig = f(OffPolicyConfig(), "correction for the gap between the rollout engine's sampling "
+                                    "log-probs and the trainer's (metrics rollout/* are always logged)")
     total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
 
 
@@ -506,6 +519,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "algo.kl.placement": ("auto", "reward", "loss"),
     "algo.reference": ("precompute", "on_the_fly"),
     "critic.init": ("reward", "policy"),
+    "algo.off_policy.level": ("token", "sequence"),
 }
 
 
@@ -521,6 +535,7 @@ def registry_choices() -> dict[str, tuple[str, ...]]:
         "algo.kl.estimator": tuple(algos.KL_ESTIMATORS),
         "algo.loss": tuple(algos.PREFERENCE_LOSSES),
         "algo.policy_loss": tuple(algos.POLICY_LOSSES),
+        "algo.off_policy.correction": tuple(algos.OFF_POLICY_CORRECTIONS),
     }
 
 
@@ -534,7 +549,7 @@ def choices_of(path: str) -> tuple[str, ...] | None:
 
 
 _REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss",
-                  "algo.policy_loss")
+                  "algo.policy_loss", "algo.off_policy.correction")
 
 # Flat names users bring from TRL / transformers, accepted at the top level of a config or command line
 # (logged once: "learning_rate -> optim.lr"). Per family where the meaning differs (beta).

@@ -5,8 +5,10 @@ tests/e2e/test_online.py: the SFT policy shouts about 40 % of the time; the exac
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
 
 from rlhfkit.config import build_config
 from rlhfkit.train.online import run_online
@@ -37,3 +39,45 @@ def test_gspo_raises_gold(task_data, sft_dir, gold_of, tmp_path):
     run_online(cfg)
     sft, new = gold_of(sft_dir), gold_of(out)
     assert new > sft + 0.15, (loss, sft, new)
+
+
+def _trainer(task_data, sft_dir, tmp_path, recipe="grpo", *extra):
+    from rlhfkit.train.loop import start_run
+    from rlhfkit.train.online import OnlineTrainer
+
+    cfg = build_config(recipe, {}, overrides(
+        task_data, sft_dir, tmp_path / "t", "algo.rollout_batch_size=4", "algo.num_generations=2",
+        "algo.mini_batch_size=8", "train.batch_size=4", "algo.total_episodes=8", *extra))
+    return OnlineTrainer(cfg, start_run(cfg))
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis"])
+def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sft_dir, tmp_path):
+    """On CPU in float32 the engine's sampling log-probs are the trainer's: tiny mismatch, weights 1, nothing
+    dropped; a mismatch injected into the rollout log-probs shows in the metrics and in the weights / mask."""
+    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", f"algo.off_policy.correction={correction}",
+                       "algo.off_policy.cap=1.5")
+    exp = trainer.generate(trainer._prompt_batch(0), seed=0)
+    trainer.score(exp)
+    trainer.forward_passes(exp)
+    mask0 = exp.mask.clone()
+    metrics = trainer.advantages(exp)
+    assert metrics["rollout/logprob_diff_max"] < 1e-4
+    assert metrics["rollout/is_ratio_outside_frac"] == 0.0
+    torch.testing.assert_close(exp.is_weights[mask0.bool()], torch.ones(int(mask0.sum())), atol=1e-4, rtol=0)
+    assert torch.equal(exp.mask, mask0)
+    # inject: the engine said the first token of every row was 4x less likely than the trainer finds it
+    exp2 = trainer.generate(trainer._prompt_batch(0), seed=0)
+    exp2.rollout.logprobs[:, 0] -= math.log(4.0)
+    trainer.score(exp2)
+    trainer.forward_passes(exp2)
+    metrics = trainer.advantages(exp2)
+    assert metrics["rollout/logprob_diff_max"] == pytest.approx(math.log(4.0), abs=1e-4)
+    assert metrics["rollout/is_ratio_p99"] == pytest.approx(4.0, rel=1e-3)
+    assert metrics["rollout/is_ratio_outside_frac"] > 0
+    if correction == "tis":
+        torch.testing.assert_close(exp2.is_weights[:, 0], torch.full((len(exp2.rollout),), 1.5), atol=1e-4, rtol=0)
+    else:
+        assert torch.all(exp2.mask[:, 0] == 0) and torch.all(exp2.advantages[:, 0] == 0)
+    stats = trainer.policy_micro_step(exp2.rows_of(torch.arange(len(exp2.rollout))), 1.0)
+    assert torch.isfinite(stats["loss/policy_avg"])

@@ -11,6 +11,13 @@ from rlhfkit.algos.advantages import (
     rloo_advantages,
     shaped_token_rewards,
 )
+from rlhfkit.algos.corrections import (
+    OFF_POLICY_CORRECTIONS,
+    importance_log_ratio,
+    masked_is,
+    mismatch_stats,
+    truncated_is,
+)
 from rlhfkit.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfkit.algos.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algos.losses import (
@@ -47,6 +54,7 @@ __all__ = [
     "FixedKLController",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "OFF_POLICY_CORRECTIONS",
     "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
     "PreferenceLoss",
@@ -59,14 +67,17 @@ __all__ = [
     "gspo_token_loss",
     "group_all_tied",
     "grpo_advantages",
+    "importance_log_ratio",
     "kl_loss",
     "kl_penalty",
     "kto_kl_estimate",
     "kto_loss",
+    "masked_is",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mismatch_stats",
     "orpo_loss",
     "ppo_clip_loss",
     "ppo_policy_loss",
@@ -78,5 +89,6 @@ __all__ = [
     "shaped_token_rewards",
     "simpo_loss",
     "token_logprobs",
+    "truncated_is",
     "value_loss",
 ]

@@ -77,6 +77,7 @@ class Experience:
     kl: torch.Tensor | None = None  # 5.
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None  # 5. off-policy correction weights (None: no correction)
 
     @classmethod
     def of(cls, rollout: Rollout, rows: list[dict]) -> Experience:
@@ -93,7 +94,7 @@ class Experience:
         """The tensors of rows ``idx`` needed by one PPO micro-batch."""
         out = {**self.forward_rows(idx), "mask": self.mask[idx], "old_logprobs": self.old_logprobs[idx],
                "advantages": self.advantages[idx]}
-        for name in ("ref_logprobs", "values", "returns"):
+        for name in ("ref_logprobs", "values", "returns", "is_weights"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value[idx]
@@ -337,8 +338,31 @@ class OnlineTrainer:
             keep = ~algos.group_all_tied(exp.scores, self.k)
             exp.mask = mask * keep.unsqueeze(-1).float()
         exp.advantages = adv * exp.mask
-        return {"objective/kl": kl.sum(-1).mean().item(), "objective/non_score_reward": non_score.sum(-1).mean().item(),
-                "objective/kl_coef": coef}
+        metrics = {"objective/kl": kl.sum(-1).mean().item(),
+                   "objective/non_score_reward": non_score.sum(-1).mean().item(), "objective/kl_coef": coef}
+        metrics.update(self.off_policy(exp))
+        return metrics
+
+    def off_policy(self, exp: Experience) -> dict:
+        """Mismatch metrics between the engine's sampling log-probs and the trainer's old log-probs, and the
+        registered correction: per-token weights for the policy loss (``exp.is_weights``) and, for MIS, the mask
+        without the tokens / rows outside the band (out of every loss; their advantages zeroed)."""
+        op = self.cfg.algo.off_policy
+        sampled = exp.rollout.logprobs
+        if sampled is None:
+            if op.correction != "none":
+                raise ConfigError(f"rollout engine {self.cfg.generation.engine!r} reports no sampling log-probs",
+                                  where="algo.off_policy.correction", fix="set algo.off_policy.correction=none")
+            return {}
+        st = algos.mismatch_stats(exp.old_logprobs, sampled, exp.mask, op.low, op.high)
+        if op.correction != "none":
+            weights, mask = algos.OFF_POLICY_CORRECTIONS[op.correction](
+                exp.old_logprobs, sampled, exp.mask, cap=op.cap, low=op.low, high=op.high, level=op.level)
+            exp.mask = mask.to(exp.mask.dtype)
+            exp.advantages = exp.advantages * exp.mask
+            exp.is_weights = weights * exp.mask
+            st["is_weight_mean"] = algos.masked_mean(exp.is_weights, exp.mask)
+        return {f"rollout/{k}": float(v) for k, v in st.items()}
 
     # ── 6. PPO epochs over mini-batches ─────────────────────────────────────────────────────────────────────
     def policy_micro_step(self, batch: dict, scale: float) -> dict:
