@@ -180,6 +180,22 @@ class OffPolicyConfig:
 
 
 @dataclass(frozen=True)
+class OverlongConfig:
+    cache_len: int = f(0, "DAPO soft overlong penalty over the last cache_len tokens before "
+                          "generation.max_new_tokens (linear to -penalty at the limit); 0 = off", ge=0)
+    penalty: float = f(1.0, "size of the overlong penalty at the limit (added to the score before normalisation)",
+                       ge=0)
+    filter: bool = f(False, "DAPO overlong filtering: responses cut at max_new_tokens leave every loss")
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    enabled: bool = f(False, "DAPO dynamic sampling: draw more prompts and keep only groups whose rewards differ "
+                             "until rollout_batch_size groups are kept (group estimators)")
+    max_draws: int = f(4, "most rollout batches drawn per step; at the cap the batch is filled with tied groups", ge=1)
+
+
+@dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
@@ -200,6 +216,8 @@ class OnlineAlgoConfig:
                                 "(sequence ratio, length-normalised, clipped per sequence) | gspo_token")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
+    overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")
+    dynamic_sampling: DynamicSamplingConfig = f(DynamicSamplingConfig(), "DAPO dynamic sampling")
     off_policy: OffPolicyConfig = f(OffPolicyConfig(), "correction for the gap between the rollout engine's sampling "
                                     "log-probs and the trainer's (metrics rollout/* are always logged)")
     total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
@@ -293,6 +311,14 @@ def _check_online(cfg) -> None:
     if cfg.generation.min_new_tokens > cfg.generation.max_new_tokens:
         raise ConfigError("generation.min_new_tokens exceeds generation.max_new_tokens",
                           where="generation.min_new_tokens", fix="lower it (0 = never force length)")
+    if algo.overlong.cache_len > cfg.generation.max_new_tokens:
+        raise ConfigError(f"algo.overlong.cache_len={algo.overlong.cache_len} exceeds generation.max_new_tokens="
+                          f"{cfg.generation.max_new_tokens}", where="algo.overlong.cache_len",
+                          fix="choose a cache_len below max_new_tokens (DAPO: 4096 of 20480)")
+    if algo.dynamic_sampling.enabled and not est.group_based:
+        raise ConfigError(f"dynamic sampling keeps groups whose rewards differ; {algo.advantage} has no groups",
+                          where="algo.dynamic_sampling.enabled",
+                          fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or disable it")
     if algo.kl.adaptive and algo.kl.coef == 0:
         raise ConfigError("the adaptive KL controller cannot move a coefficient of 0", where="algo.kl.coef",
                           fix="give an initial algo.kl.coef > 0")

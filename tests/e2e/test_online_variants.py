@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from rlhfkit.algos import tied_groups
 from rlhfkit.config import build_config
 from rlhfkit.train.online import run_online
 
@@ -81,3 +82,53 @@ def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sf
         assert torch.all(exp2.mask[:, 0] == 0) and torch.all(exp2.advantages[:, 0] == 0)
     stats = trainer.policy_micro_step(exp2.rows_of(torch.arange(len(exp2.rollout))), 1.0)
     assert torch.isfinite(stats["loss/policy_avg"])
+
+
+def test_dynamic_sampling_in_the_loop_keeps_only_informative_groups(task_data, sft_dir, tmp_path):
+    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.dynamic_sampling.enabled=true",
+                       "algo.dynamic_sampling.max_draws=6", "algo.num_generations=4", "algo.mini_batch_size=16",
+                       "reward.missing_eos_penalty=0")
+    exp = trainer.rollout_step(0, seed=0)
+    k, n = trainer.k, trainer.cfg.algo.rollout_batch_size
+    assert len(exp.rollout) == k * n == len(exp.rows) == len(exp.texts) == len(exp.raw_scores)
+    m = exp.reward_metrics
+    assert 1 <= m["rollout/dynamic_draws"] <= 6
+    if m["rollout/degenerate_groups_filled"] == 0:
+        assert not tied_groups(exp.raw_scores.cpu(), k).any()
+    # rows of a group share their prompt, and its texts / scores were carried with it
+    g = exp.raw_scores.reshape(k, n)
+    for p in range(n):
+        prompts = {exp.rows[j * n + p]["prompt"][-1]["content"] for j in range(k)}
+        assert len(prompts) == 1
+    assert torch.isfinite(g).all()
+    assert exp.scores is not None and exp.scores.shape == exp.raw_scores.shape
+
+
+def test_dynamic_sampling_stops_at_its_cap(task_data, sft_dir, tmp_path):
+    const = tmp_path / "const_reward.py"
+    const.write_text("def zero(prompts, completions, **fields):\n    return [0.0] * len(completions)\n")
+    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.dynamic_sampling.enabled=true",
+                       "algo.dynamic_sampling.max_draws=3", "reward.missing_eos_penalty=0",
+                       f"reward.functions=[{{fn: '{const}:zero'}}]")
+    calls = []
+    real = trainer.generate
+    trainer.generate = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    exp = trainer.rollout_step(0, seed=0)
+    assert len(calls) == 3
+    m = exp.reward_metrics
+    assert m["rollout/dynamic_draws"] == 3 and m["rollout/degenerate_groups"] == 3 * 4
+    assert m["rollout/degenerate_groups_filled"] == 4 and len(exp.rollout) == 8
+
+
+def test_overlong_shaping_and_filter(task_data, sft_dir, tmp_path):
+    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.overlong.cache_len=4", "algo.overlong.filter=true",
+                       "generation.max_new_tokens=6", "reward.missing_eos_penalty=0", "reward.normalize=false",
+                       "reward.clip=null")
+    exp = trainer.rollout_step(0, seed=0)
+    want = exp.raw_scores - torch.clamp((exp.rollout.lengths.float() - 2) / 4, 0, 1)
+    torch.testing.assert_close(exp.scores, want)
+    trainer.forward_passes(exp)
+    trainer.advantages(exp)
+    cut = ~exp.rollout.ended
+    assert torch.all(exp.mask[cut] == 0) and torch.all(exp.advantages[cut] == 0)
+    assert "rewards/overlong_penalty/mean" in exp.reward_metrics

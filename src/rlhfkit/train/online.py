@@ -3,11 +3,14 @@ loop, the advantage estimator chosen by name (``algo.advantage``).
 
 Each step (see DESIGN.md, "Data flow of an online step"):
   1. take a batch of prompts (each repeated ``num_generations`` times, completion-major)
-  2. generate with the policy: every response stops at its own EOS; the mask ends at the first EOS
+  2. generate with the policy: every response stops at its own EOS; the mask ends at the first EOS; the engine
+     reports the log-prob each token was sampled with
   3. score: reward model (ids reused, or text re-tokenised when its tokenizer differs) and / or reward functions;
-     missing-EOS penalty, running normalisation, clipping
+     missing-EOS and DAPO overlong penalties, running normalisation, clipping. With DAPO dynamic sampling, steps
+     1-3 repeat on fresh prompts until the batch holds only groups whose rewards differ (or the draws are capped)
   4. forward passes without grad: policy (old log-probs), reference (unless no KL is used), critic (PPO)
-  5. per-token KL to the reference -> shaped rewards -> advantages / returns by the chosen estimator
+  5. per-token KL to the reference -> shaped rewards -> advantages / returns by the chosen estimator; mismatch
+     metrics and the off-policy correction (``algo.off_policy``) from the sampling and the old log-probs
   6. PPO epochs over mini-batches: the policy loss of `algo.policy_loss` (PPO clip, GSPO, ...; times the off-policy
      weights when a correction is on) (+ KL in loss, - entropy bonus), clipped value loss
   7. metrics (TRL names), sample table, health checks, KL-controller update, checkpoint
@@ -249,6 +252,51 @@ class OnlineTrainer:
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 
+    def rollout_step(self, step: int, seed: int) -> Experience:
+        """Steps 1-3: prompts -> responses -> scores. With dynamic sampling (DAPO), more prompt batches are drawn
+        (up to ``max_draws``) and only groups whose penalised scores differ are kept until the batch is full."""
+        ds = self.cfg.algo.dynamic_sampling
+        if not ds.enabled:
+            exp = self.generate(self._prompt_batch(step), seed)
+            self.score(exp)
+            return exp
+
+        def draw(j: int):
+            e = self.generate(self._prompt_batch(step * ds.max_draws + j), seed + 1_000_003 * j)
+            self.score(e, shape=False)
+            return e, self.penalised(e.raw_scores, e.rollout.ended, e.rollout.lengths)
+
+        pick = algos.dynamic_sample(draw, self.cfg.algo.rollout_batch_size, self.k, ds.max_draws)
+        exp = self.merge_groups(pick.results, pick.groups)
+        exp.reward_metrics.update({"rollout/dynamic_draws": float(pick.draws),
+                                   "rollout/degenerate_groups": float(pick.degenerate),
+                                   "rollout/degenerate_groups_filled": float(pick.filled)})
+        exp.scores = self.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths)
+        return exp
+
+    def merge_groups(self, parts: list[Experience], groups: list[tuple[int, int]]) -> Experience:
+        """One scored Experience of the groups ``groups`` ((part, prompt index) pairs) of ``parts``, completion-major
+        (row j * G + g is completion j of the g-th group); reward metrics are averaged over the parts."""
+        offsets, n = [], 0
+        for e in parts:
+            offsets.append(n)
+            n += len(e.rollout)
+        rows: list[int] = []
+        for j in range(self.k):
+            for part, p in groups:
+                P = len(parts[part].rollout) // self.k
+                rows.append(offsets[part] + j * P + p)
+        idx = torch.tensor(rows, dtype=torch.long)
+        rollout = Rollout.concat([e.rollout for e in parts], self.tok.pad_token_id).index_select(idx)
+        all_rows = [r for e in parts for r in e.rows]
+        all_texts = [t for e in parts for t in e.texts]
+        exp = Experience.of(rollout.to(self.device), [all_rows[i] for i in rows])
+        exp.texts = [all_texts[i] for i in rows]
+        exp.raw_scores = torch.cat([e.raw_scores for e in parts])[idx.to(self.device)]
+        keys = set().union(*(e.reward_metrics for e in parts))
+        exp.reward_metrics = {k: sum(e.reward_metrics.get(k, 0.0) for e in parts) / len(parts) for k in keys}
+        return exp
+
     # ── 3. score ─────────────────────────────────────────────────────────────────────────────────────────────
     @torch.no_grad()
     def score(self, exp: Experience, shape: bool = True) -> None:
@@ -272,16 +320,30 @@ class OnlineTrainer:
             fn_total, _, fn_metrics = self.functions(prompt_text, texts, fields)
             total += fn_total.to(self.device)
             metrics.update(fn_metrics)
+        ov = self.cfg.algo.overlong
+        if ov.cache_len:
+            metrics["rewards/overlong_penalty/mean"] = algos.overlong_penalty(
+                rollout.lengths, self.cfg.generation.max_new_tokens, ov.cache_len, ov.penalty).mean().item()
         exp.texts, exp.raw_scores, exp.reward_metrics = texts, total, metrics
         if shape:
-            exp.scores = self.shape_scores(total, rollout.ended)
+            exp.scores = self.shape_scores(total, rollout.ended, rollout.lengths)
 
-    def shape_scores(self, raw: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
-        """Missing-EOS penalty, then running normalisation, then clipping (each as configured)."""
-        rc = self.cfg.reward
+    def penalised(self, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Raw scores with the missing-EOS penalty and DAPO's soft overlong penalty (no running state)."""
+        rc, ov = self.cfg.reward, self.cfg.algo.overlong
         scores = raw.clone()
         if rc.missing_eos_penalty:
             scores = scores - rc.missing_eos_penalty * (~ended).float()
+        if ov.cache_len and lengths is not None:
+            scores = scores + algos.overlong_penalty(lengths, self.cfg.generation.max_new_tokens, ov.cache_len,
+                                                     ov.penalty).to(scores.device)
+        return scores
+
+    def shape_scores(self, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+        """Missing-EOS and overlong penalties, then running normalisation, then clipping (each as configured)."""
+        rc = self.cfg.reward
+        scores = self.penalised(raw, ended, lengths)
         if rc.normalize:
             self.moments.update(self.acc.gather(scores).float().cpu())
             scores = self.moments.normalize(scores)
@@ -337,6 +399,8 @@ class OnlineTrainer:
         if algo.filter_tied_groups and self.estimator.group_based:
             keep = ~algos.group_all_tied(exp.scores, self.k)
             exp.mask = mask * keep.unsqueeze(-1).float()
+        if algo.overlong.filter:  # DAPO overlong filtering: truncated responses leave every loss
+            exp.mask = exp.mask * exp.rollout.ended.unsqueeze(-1).float()
         exp.advantages = adv * exp.mask
         metrics = {"objective/kl": kl.sum(-1).mean().item(),
                    "objective/non_score_reward": non_score.sum(-1).mean().item(), "objective/kl_coef": coef}
@@ -475,10 +539,8 @@ class OnlineTrainer:
                       is_main=run.is_main and cfg.track.progress, initial=step) as progress:
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
-                # 1-2. prompts -> responses (the Experience of this step is born here)
-                exp = self.generate(self._prompt_batch(step), seed)
-                # 3. texts, raw scores, shaped scores
-                self.score(exp)
+                # 1-3. prompts -> responses (the Experience of this step is born here) -> texts, raw / shaped scores
+                exp = self.rollout_step(step, seed)
                 # 4. old / reference log-probs, values
                 self.forward_passes(exp)
                 # 5. KL, shaped rewards, advantages
