@@ -224,6 +224,15 @@ class OnlineAlgoConfig:
 
 
 @dataclass(frozen=True)
+class EnvConfig:
+    name: str | None = f(None, "multi-turn environment: null = single-turn (reward model / functions) | calculator "
+                               "(built-in) | package.module:Class | path/to/file.py:Class")
+    kwargs: dict[str, Any] = f({}, "keyword arguments of the environment class")
+    max_turns: int = f(4, "most assistant turns per episode", ge=1)
+    max_total_tokens: int = f(256, "most tokens per episode after the first prompt (model + environment)", ge=1)
+
+
+@dataclass(frozen=True)
 class CriticConfig:
     init: str = f("reward", "reward (from the reward model, DeepSpeed-Chat) | policy (from the policy)")
     model: str | None = f(None, "explicit critic initialisation directory (overrides init)")
@@ -334,9 +343,13 @@ def _inputs_online(cfg) -> None:
     from . import algos
 
     _inputs_common(cfg)
-    if cfg.reward.model is None and not cfg.reward.functions:
+    if cfg.env.name:
+        from .envs import load_environment
+
+        load_environment(cfg.env.name)  # an unloadable environment stops the run here, before any weights load
+    if cfg.reward.model is None and not cfg.reward.functions and not cfg.env.name:
         raise ConfigError("no reward: give a reward model or reward functions", where="reward",
-                          fix="set reward.model=runs/rm or reward.functions=[{fn: exact_match}]")
+                          fix="set reward.model=runs/rm, reward.functions=[{fn: exact_match}] or env.name")
     est = algos.ADVANTAGE_ESTIMATORS[cfg.algo.advantage]
     if est.needs_critic and cfg.critic.model is None and cfg.critic.init == "reward" and cfg.reward.model is None:
         raise ConfigError("critic.init=reward needs reward.model", where="critic.init",
@@ -414,6 +427,7 @@ class OnlineConfig:
     algo: OnlineAlgoConfig = f(OnlineAlgoConfig(), "PPO / GRPO / RLOO / REINFORCE++")
     critic: CriticConfig = f(CriticConfig(), "value model (PPO only)")
     memory: MemoryConfig = f(MemoryConfig(), "memory savers")
+    env: EnvConfig = f(EnvConfig(), "multi-turn environment (tool calls); its rewards add to the reward's")
 
     def check(self) -> None:
         _check_online(self)

@@ -24,6 +24,9 @@ class Rollout:
                                  (after temperature / top-k / top-p), as the engine computed it; 0 after the end.
                                  None when the engine does not report them. The trainer's own log-probs may differ
                                  (other kernels, precision, top-p): the off-policy correction compares the two.
+    action_mask    [B, R] long   multi-turn episodes (``envs``): 1 on the model's own tokens, 0 on tool /
+                                 environment tokens (which ``response_mask`` covers: the model attends to them).
+                                 None for single-turn rollouts, where it equals ``response_mask``.
 
     Padding is never found by comparing ids with the pad id (pad may equal EOS); use the masks.
     """
@@ -35,6 +38,7 @@ class Rollout:
     ended: torch.Tensor
     lengths: torch.Tensor
     logprobs: torch.Tensor | None = None
+    action_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -103,4 +107,7 @@ class Rollout:
             lengths=torch.cat([r.lengths for r in rollouts]),
             logprobs=None if any(r.logprobs is None for r in rollouts)
             else torch.cat([pad(r.logprobs, R, 0.0, False) for r in rollouts]),
+            action_mask=None if all(r.action_mask is None for r in rollouts)
+            else torch.cat([pad(r.response_mask if r.action_mask is None else r.action_mask, R, 0, False)
+                            for r in rollouts]),
         )

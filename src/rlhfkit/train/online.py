@@ -81,11 +81,14 @@ class Experience:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None  # 5. off-policy correction weights (None: no correction)
+    env_returns: torch.Tensor | None = None  # 2. multi-turn: [B] sum of the environment's per-turn rewards
+    env_metrics: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, rollout: Rollout, rows: list[dict]) -> Experience:
+        action = rollout.response_mask if rollout.action_mask is None else rollout.action_mask
         return cls(rollout=rollout, rows=rows, position_ids=position_ids_of(rollout.attention_mask),
-                   mask=rollout.response_mask.float())
+                   mask=action.float())
 
     def forward_rows(self, idx) -> dict:
         """What a forward pass over rows ``idx`` (a slice or an index tensor) needs."""
@@ -216,6 +219,11 @@ class OnlineTrainer:
             disable_dropout(self.critic)
             run.print(f"[{cfg.recipe}] critic from {source}: {describe(self.critic)}")
         self.engine = get_engine(cfg.generation.engine)
+        self.env_cls = None
+        if cfg.env.name:
+            from ..envs import load_environment
+
+            self.env_cls = load_environment(cfg.env.name)
         self.eos_ids = stop_token_ids(self.tok, getattr(self.policy, "generation_config", None))
 
     def _load_data(self) -> None:
@@ -243,7 +251,10 @@ class OnlineTrainer:
 
     # ── 2. generate ──────────────────────────────────────────────────────────────────────────────────────────
     def generate(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
-        """``k`` responses per prompt (completion-major: the prompt batch repeated k times), as a new Experience."""
+        """``k`` responses per prompt (completion-major: the prompt batch repeated k times), as a new Experience;
+        with an environment, ``k`` multi-turn episodes per prompt."""
+        if self.env_cls is not None:
+            return self.play_episodes(prompts, seed, k)
         k = self.k if k is None else k
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
         rollout = self.engine.generate(self.policy, ids * k, **self.sampling.engine_kwargs(),
@@ -251,6 +262,30 @@ class OnlineTrainer:
                                        tokenizer=self.tok, seed=seed)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
+
+    def play_episodes(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
+        """Multi-turn: ``k`` episodes per prompt with the environment (``env``), as a new Experience whose mask
+        holds only the model's own tokens."""
+        from ..envs import run_episodes
+
+        k = self.k if k is None else k
+        n = len(prompts["input_ids"])
+        rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(n)] * k
+        ec = self.cfg.env
+        rollout, episodes = run_episodes(
+            self.engine, self.policy, self.tok, self.env_cls, ec.kwargs, ec.name, rows,
+            sampling_kwargs=self.sampling.engine_kwargs(), eos_token_ids=self.eos_ids,
+            pad_token_id=self.tok.pad_token_id, seed=seed, max_turns=ec.max_turns, max_total_tokens=ec.max_total_tokens)
+        exp = Experience.of(rollout.to(self.device), rows)
+        exp.env_returns = torch.tensor([sum(e.turn_rewards) for e in episodes], device=self.device)
+        per_ep = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]
+        keys = set().union(*per_ep)
+        exp.env_metrics = {f"env/{key}": sum(float(m.get(key, 0.0)) for m in per_ep) / len(per_ep) for key in keys}
+        exp.env_metrics.update({
+            "env/turns_mean": sum(len(e.turn_rewards) for e in episodes) / len(episodes),
+            "env/turn_reward_mean": sum(sum(e.turn_rewards) / len(e.turn_rewards) for e in episodes) / len(episodes),
+            "env/episode_reward_mean": exp.env_returns.mean().item()})
+        return exp
 
     def rollout_step(self, step: int, seed: int) -> Experience:
         """Steps 1-3: prompts -> responses -> scores. With dynamic sampling (DAPO), more prompt batches are drawn
@@ -309,6 +344,9 @@ class OnlineTrainer:
         messages = [row["prompt"] for row in rows]
         total = torch.zeros(len(texts), device=self.device)
         metrics: dict = {}
+        if exp.env_returns is not None:
+            total += exp.env_returns
+            metrics.update(exp.env_metrics)
         if self.scorer is not None:
             with on_device(self.scorer.model, self.device, self.cfg.memory.offload_reward):
                 rm = self.scorer.score(messages, texts, rollout.sequences, rollout.attention_mask).to(self.device)
@@ -575,7 +613,8 @@ class OnlineTrainer:
         return last
 
     def rollout_metrics(self, exp: Experience, step: int, per_step: int, t0: float) -> dict:
-        mask = exp.rollout.response_mask.float()
+        r = exp.rollout
+        mask = (r.response_mask if r.action_mask is None else r.action_mask).float()  # the model's own tokens
         g = lambda x: self.acc.gather(x.detach().float().reshape(-1)).mean().item()  # noqa: E731
         entropy = (-exp.old_logprobs * mask).sum(-1)
         non_score = -(self.kl_ctl.value * exp.kl * mask).sum(-1) if self.kl_in_reward else torch.zeros_like(entropy)
