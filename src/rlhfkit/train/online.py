@@ -439,7 +439,10 @@ class OnlineTrainer:
         resume_update = step * self.updates_per_step if resumed is not None else -1
         open_sink(run, resume_step=resume_update)
         samples = SampleLogger(run.run_dir, is_main=run.is_main, resume_step=resume_update)
-        health = HealthMonitor(batch_size=cfg.algo.rollout_batch_size * self.k)
+        health = HealthMonitor(batch_size=cfg.algo.rollout_batch_size * self.k, resume_step=resume_update,
+                               repeat_every=10 * self.updates_per_step,
+                               run_dir=run.run_dir if run.is_main else None,
+                               stop_on_critical=cfg.track.stop_on_critical)
         episodes_per_step = cfg.algo.rollout_batch_size * self.k * run.world_size
         every = max(1, math.ceil(cfg.train.save_every / self.updates_per_step)) if cfg.train.save_every > 0 else 0
         show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean")
@@ -470,7 +473,7 @@ class OnlineTrainer:
                 last = metrics
                 progress.update(1, {k: v for k, v in metrics.items() if k in show})
                 if run.is_main:
-                    health.report(metrics, step)
+                    health.report(metrics, update, texts=exp.texts)  # steps of metrics.jsonl
                 if cfg.track.sample_every > 0 and (step % cfg.track.sample_every == 0 or step == 1):
                     samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
                                 exp.raw_scores.tolist())
@@ -479,6 +482,7 @@ class OnlineTrainer:
                               state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
                                      "moments": self.moments.state_dict()})
         samples.close()
+        health.close()
         acc.wait_for_everyone()
         if run.is_main:
             save_model(acc.unwrap_model(self.policy), self.tok, run.run_dir)
