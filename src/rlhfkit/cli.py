@@ -263,8 +263,9 @@ def cmd_train(command: str, tokens: list[str]) -> int:
     _quiet_libraries()
     started = time.time()
     RECIPES[command].run(cfg)
-    print(f"[rlhfkit] {command} finished in {time.time() - started:.0f} s; run directory {run_dir.resolve()}",
-          flush=True)
+    from .track.progress import run_summary_line
+
+    print(run_summary_line(command, run_dir, time.time() - started, since=started), flush=True)
     return EXIT_OK
 
 

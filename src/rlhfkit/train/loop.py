@@ -409,7 +409,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                                                 cfg.train.seed, epoch, acc.process_index)
         return job.collate([job.train_items[j] for j in batches_cache[epoch][pos]])
 
-    with Progress(n_updates, desc=job.name, unit="update", show=job.show, is_main=run.is_main,
+    with Progress(n_updates, desc=job.name, unit="update", show=None, is_main=run.is_main and cfg.track.progress,
                   initial=step) as progress:
         while step < n_updates:
             stats = []
@@ -438,8 +438,8 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             if metrics:
                 run.log(metrics, step)
                 last.update(metrics)
-            progress.update(1, {k.split("/")[-1]: v for k, v in metrics.items()
-                                if k.split("/")[-1] in job.show or k in job.show})
+            # full names: the bar shows eval/loss as eval_loss, never under the train name
+            progress.update(1, {k: v for k, v in metrics.items() if k.split("/")[-1] in job.show or k in job.show})
             if cfg.train.save_every > 0 and step % cfg.train.save_every == 0 and step != n_updates:
                 ckpt.save(step, models={"model": model}, optimizers={"model": optimizer},
                           schedulers={"model": scheduler}, state={"micro": micro, "extra": job.extra_state})
