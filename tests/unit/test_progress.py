@@ -8,7 +8,8 @@ import torch
 from rich.console import Console
 
 from rlhfkit.config import build_config
-from rlhfkit.track import MetricsSink, Progress, SampleLogger, console as console_mod
+from rlhfkit.track import MetricsSink, Progress, SampleLogger
+from rlhfkit.track import console as console_mod
 from rlhfkit.track.progress import run_summary_line, short_name
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
