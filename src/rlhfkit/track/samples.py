@@ -33,6 +33,8 @@ class SampleLogger:
     """Appends generated samples to ``run_dir/samples.jsonl`` and prints the first ``max_rows`` as a table.
 
     ``is_main=False`` makes ``log`` a no-op. Texts in the table are cut to ``max_chars``; the file keeps them whole.
+    With ``sink`` (a :class:`~rlhfkit.track.metrics.MetricsSink`) every logged step's table also goes to its
+    trackers (``sink.log_table("samples", ...)``), whole.
     """
 
     def __init__(
@@ -43,12 +45,14 @@ class SampleLogger:
         console: Console | None = None,
         max_chars: int = 80,
         resume_step: int | None = None,
+        sink: Any = None,
     ):
         self.run_dir = Path(run_dir)
         self.is_main = is_main
         self.max_rows = max_rows
         self.max_chars = max_chars
         self.console = console
+        self.sink = sink  # a MetricsSink: the table also goes to TensorBoard / W&B / accelerate trackers
         self._writer: JsonlWriter | None = None
         if is_main:
             path = self.run_dir / "samples.jsonl"
@@ -77,6 +81,9 @@ class SampleLogger:
             row.update({k: (to_json_value(v[i]) if v is not None else None) for k, v in columns.items()})
             self._writer.write(row)
             rows.append(row)
+        if self.sink is not None and rows:
+            keys = [k for k in rows[0] if k != "step"]
+            self.sink.log_table("samples", keys, [[row[k] for k in keys] for row in rows], step)
         if self.max_rows > 0 and rows:
             console = self.console or get_console()
             if console.is_terminal:

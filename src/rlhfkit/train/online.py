@@ -438,7 +438,7 @@ class OnlineTrainer:
         # resumed: drop the lines logged after the checkpoint; starting over: drop every line (-1)
         resume_update = step * self.updates_per_step if resumed is not None else -1
         open_sink(run, resume_step=resume_update)
-        samples = SampleLogger(run.run_dir, is_main=run.is_main, resume_step=resume_update)
+        samples = SampleLogger(run.run_dir, is_main=run.is_main, resume_step=resume_update, sink=run.sink)
         health = HealthMonitor(batch_size=cfg.algo.rollout_batch_size * self.k, resume_step=resume_update,
                                repeat_every=10 * self.updates_per_step,
                                run_dir=run.run_dir if run.is_main else None,
