@@ -153,3 +153,29 @@ def test_supervised_bar_shows_eval_loss_as_eval_loss(tmp_path, monkeypatch):
     out = _toy_supervised(tmp_path / "a", monkeypatch)
     assert "eval_loss=100" in out and not re.search(r"(?<!eval_)loss=100", out)
     assert _toy_supervised(tmp_path / "b", monkeypatch, "track.progress=false") == ""
+
+
+def test_gguf_one_time_conversion_says_what_and_where(tmp_path, monkeypatch, capsys):
+    import rlhfkit.models.loading as loading
+
+    monkeypatch.setenv("RLHFKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RANK", raising=False)
+    gguf = tmp_path / "SmolLM2-135M.Q8_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    calls = []
+
+    def fake_convert(path, out):  # the conversion itself is tested with a real model in tests/e2e
+        calls.append(path)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(loading, "_convert_gguf", fake_convert)
+    first, _ = loading.resolve_source(str(gguf))
+    again, _ = loading.resolve_source(str(gguf))
+    assert first == again and calls == [gguf] and first.startswith(str(tmp_path / "cache" / "gguf"))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"[gguf] one-time conversion of {gguf}: dequantising its weights to a float32 safetensors "
+                        f"model directory in {first} (about 30 s per 100M parameters; set RLHFKIT_CACHE to cache "
+                        "elsewhere)")
+    assert lines[1].startswith("[gguf] converted in 0 s; later runs load") and first in lines[1]
+    assert lines[2] == f"[gguf] SmolLM2-135M.Q8_0.gguf: using the cached conversion in {first}"
