@@ -448,7 +448,7 @@ class OnlineTrainer:
         show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean")
         last: dict = {}
         t_start = time.time()
-        with Progress(self.total_steps, desc=cfg.recipe, unit="step", show=show,
+        with Progress(self.total_steps, desc=cfg.recipe, unit="rollout", show=show,
                       is_main=run.is_main and cfg.track.progress, initial=step) as progress:
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
