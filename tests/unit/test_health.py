@@ -87,6 +87,9 @@ def test_entropy_collapse_and_explosion_against_the_first_window():
     assert collapse[-2:] == [[], ["entropy_collapse"]]
     explode = _names(HealthMonitor(), base + [{"policy/entropy_avg": 2.5}, {"policy/entropy_avg": 3.5}])
     assert explode[-2:] == [[], ["entropy_explosion"]]
+    # a collapse inside the first window is measured from the highest early value
+    early = _names(HealthMonitor(), [{"policy/entropy_avg": v} for v in (2.9, 0.01, 1e-4, 1e-5, 1e-6, 1e-9)])
+    assert early[-1] == ["entropy_collapse"]
     # a model that starts near-deterministic is not collapsing
     low = _names(HealthMonitor(), [{"policy/entropy_avg": 0.05}] * 10)
     assert all(f == [] for f in low)
@@ -161,3 +164,27 @@ def test_report_prints_one_line_per_warning_with_severity():
     lines = console.file.getvalue().splitlines()
     assert len(lines) == 2 and lines[0].startswith("warning: step 4: val/ratio=3")
     assert lines[1].startswith("critical: step 4: objective/kl=80")
+
+
+@pytest.mark.slow
+def test_grpo_run_stops_on_a_critical_warning_with_one_line_and_a_report(tmp_path, monkeypatch, capsys):
+    from rlhfkit.cli import main
+    from rlhfkit.track import health
+
+    def always(m, prev, mon):  # a critical rule that fires on the first step: the wiring, not the threshold
+        return "objective/kl=99 nats is above 20 nats: test; lower optim.lr"
+
+    monkeypatch.setitem(health.RULES, "kl_blowup", health.Rule(always, health.CRITICAL, "optim.lr"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "shout: w{i}", "answer": "W{i}"}}\n' for i in range(8)))
+    out = tmp_path / "run"
+    code = main(["grpo", f"output_dir={out}", "model.name=tiny:hidden=32,layers=1", f"data.train={prompts}",
+                 "reward.functions=[{fn: exact_match}]", "algo.rollout_batch_size=2", "algo.num_generations=2",
+                 "algo.mini_batch_size=4", "train.batch_size=4", "algo.total_episodes=16",
+                 "generation.max_new_tokens=4", "track.sample_every=0", "track.stop_on_critical=true"])
+    err = capsys.readouterr().err.strip().splitlines()
+    # step 2 of metrics.jsonl: the first rollout makes ppo_epochs (2) x 4 / 4 = 2 optimizer updates
+    assert code == 2 and err[-1].startswith("error: step 2: stopped on a critical health warning: objective/kl=99")
+    assert [r["name"] for r in read_warnings(out)] == ["kl_blowup"]
+    assert "Health warnings (1, 1 critical)" in (out / "report.html").read_text()
+    assert not (out / "model.safetensors").exists()  # stopped before the final model

@@ -188,11 +188,12 @@ def token_entropy(m: Mapping[str, float]) -> float | None:
 
 
 def entropy_collapse(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
-    """Per-token entropy below 10% of its early median (first ``window`` checks) and below 0.1 nats."""
+    """Per-token entropy below 10% of its early level (the highest of the first ``window`` checks, so a collapse
+    inside the first checks still counts) and below 0.1 nats."""
     ent, early = token_entropy(m), list(prev.get("entropy/token", []))[: mon.window]
     if ent is None or len(early) < mon.window:
         return None
-    start = statistics.median(early)
+    start = max(early)
     if ent < 0.1 * start and ent < 0.1:
         return (f"per-token entropy {fmt(ent)} fell from {fmt(start)}: the policy became near-deterministic and "
                 "explores no more; lower optim.lr, raise algo.entropy_coef or algo.kl.coef")

@@ -41,7 +41,7 @@ from ..models.loading import (
 )
 from ..rewards import CombinedRewards, RewardModelScorer
 from ..rollout import Rollout, SamplingParams, get_engine
-from ..track import HealthMonitor, Progress, SampleLogger
+from ..track import CriticalHealthStop, HealthMonitor, Progress, SampleLogger
 from .common import load_records, tokenize, write_report
 from .loop import (
     Checkpointer,
@@ -531,7 +531,13 @@ def run_online(cfg: OnlineConfig) -> dict:
     cfg.check_inputs()
     run = start_run(cfg)
     trainer = OnlineTrainer(cfg, run)
-    metrics = trainer.train()
+    try:
+        metrics = trainer.train()
+    except CriticalHealthStop:  # track.stop_on_critical: the report shows what happened up to the stop
+        if run.sink is not None:
+            run.sink.close()
+        write_report(run)
+        raise
     run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
     write_report(run)
     return metrics
