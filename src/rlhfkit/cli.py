@@ -258,7 +258,8 @@ def cmd_train(command: str, tokens: list[str]) -> int:
     cfg = load_config(command, config_path, overrides)  # validates every key before anything is written
     from .track.trackers import check_backends
 
-    check_backends(cfg.track.backends)  # a tracker's missing package: one line, before weights load
+    if hasattr(cfg, "track"):  # a tracker's missing package: one line, before weights load (pipeline: per stage)
+        check_backends(cfg.track.backends)
     run_dir = Path(cfg.output_dir)
     _STATE["run_dir"] = run_dir
     print(f"[rlhfkit] {command}: run directory {run_dir.resolve()}"
