@@ -33,8 +33,9 @@ def test_issue_12_grpo_collapse_kl_70_to_82_nats_scores_to_zero_is_caught(tmp_pa
     assert all(not x for x in lines[:6])  # silent while healthy
     records = read_warnings(tmp_path)
     by_name = {r["name"]: r for r in records}
-    # step 6: 3.0 is 6x the running median 0.5 (quiet); step 7: 12.0 is 24x it, the first warning
-    assert by_name["kl_blowup"]["step"] == 7
+    # step 6: 3.0 is 6x the running median 0.5 (quiet); step 7: 12.0 is 24x it, a warning; step 8: 70 > 20 nats
+    assert by_name["kl_spike"]["step"] == 7 and by_name["kl_spike"]["severity"] == "warning"
+    assert by_name["kl_blowup"]["step"] == 8
     assert by_name["kl_blowup"]["severity"] == "critical" and by_name["kl_blowup"]["knob"] == "optim.lr"
     assert "algo.kl.coef" in by_name["kl_blowup"]["message"]
     assert "reward_collapse" in by_name and by_name["reward_collapse"]["severity"] == "critical"
@@ -51,11 +52,18 @@ def test_kl_blowup_absolute_bound_fires_on_the_first_step():
     assert [w.name for w in HealthMonitor(kl_max=100).evaluate({"objective/kl": 70.0}, 1)] == []
 
 
+def test_kl_bound_is_per_token_when_the_length_is_logged():
+    # 30 nats over 300 tokens is 0.1 nat per token: a long answer, not a blow-up; over 30 tokens it is 1 per token
+    assert HealthMonitor().evaluate({"objective/kl": 30.0, "response/length_mean": 300.0}, 1) == []
+    (w,) = HealthMonitor().evaluate({"objective/kl": 30.0, "response/length_mean": 30.0}, 1)
+    assert w.name == "kl_blowup" and "(1 per token)" in w.message
+
+
 def test_kl_relative_needs_history_and_the_floor():
     mon = HealthMonitor()
     # 10x a median of 0.05 is 0.5 nats: under the 1-nat floor, quiet; 1.2 is above both
     seq = [{"objective/kl": v} for v in (0.05, 0.05, 0.05, 0.6, 1.2)]
-    assert _names(mon, seq) == [[], [], [], [], ["kl_blowup"]]
+    assert _names(mon, seq) == [[], [], [], [], ["kl_spike"]]
 
 
 def test_healthy_noisy_run_is_silent():

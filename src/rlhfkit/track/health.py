@@ -138,20 +138,31 @@ def negative_kl(m: dict[str, float], prev: History, mon: HealthMonitor) -> str |
     return None
 
 
-def kl_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
-    """KL to the reference above ``mon.kl_max`` nats, or above ``mon.kl_factor`` x its running median."""
+def kl_spike(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """KL to the reference above ``mon.kl_factor`` x its running median (and above ``mon.kl_floor`` nats)."""
     kl, history = m.get("objective/kl"), list(prev.get("objective/kl", []))[-50:]
-    if kl is None or not math.isfinite(kl):
+    if kl is None or not math.isfinite(kl) or len(history) < 3:
         return None
-    median = statistics.median(history) if len(history) >= 3 else None
-    if kl > mon.kl_max:
-        why = f"above {fmt(mon.kl_max)} nats"
-    elif median is not None and median > 0 and kl > mon.kl_factor * median and kl > mon.kl_floor:
-        why = f"{kl / median:.0f}x its running median {fmt(median)}"
-    else:
+    median = statistics.median(history)
+    if median > 0 and kl > mon.kl_factor * median and kl > mon.kl_floor:
+        return (f"objective/kl={fmt(kl)} nats is {kl / median:.0f}x its running median {fmt(median)}: the policy is "
+                "running away from the reference; lower optim.lr, raise algo.kl.coef (or set algo.kl.adaptive=true)")
+    return None
+
+
+def kl_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """KL to the reference above ``mon.kl_max`` nats per response, and (when the response length is logged) above
+    ``mon.kl_token_max`` nats per token, so long responses with a moderate per-token KL do not trip it."""
+    kl = m.get("objective/kl")
+    if kl is None or not math.isfinite(kl) or kl <= mon.kl_max:
         return None
-    return (f"objective/kl={fmt(kl)} nats is {why}: the policy is running away from the reference; "
-            "lower optim.lr, raise algo.kl.coef (or set algo.kl.adaptive=true)")
+    length = m.get("response/length_mean")
+    per_token = kl / length if length else None
+    if per_token is not None and per_token <= mon.kl_token_max:
+        return None
+    per = f" ({fmt(per_token)} per token)" if per_token is not None else ""
+    return (f"objective/kl={fmt(kl)} nats{per} is above {fmt(mon.kl_max)} nats: the policy has run away from the "
+            "reference; lower optim.lr, raise algo.kl.coef (or set algo.kl.adaptive=true)")
 
 
 def _rolling_means(values: Sequence[float], w: int) -> list[float]:
@@ -286,6 +297,7 @@ RULES: dict[str, Rule] = {
     "eos": Rule(few_eos, WARNING, "generation.max_new_tokens"),
     "all_truncated": Rule(all_truncated, WARNING, "generation.max_new_tokens"),
     "negative_kl": Rule(negative_kl, WARNING, "algo.kl.estimator"),
+    "kl_spike": Rule(kl_spike, WARNING, "optim.lr"),
     "kl_blowup": Rule(kl_blowup, CRITICAL, "optim.lr"),
     "reward_collapse": Rule(reward_collapse, CRITICAL, "optim.lr"),
     "entropy_collapse": Rule(entropy_collapse, WARNING, "algo.entropy_coef"),
@@ -309,10 +321,10 @@ class HealthMonitor:
 
     def __init__(self, window: int = 5, repeat_every: int = 10, batch_size: int | None = None, *,
                  run_dir: str | Path | None = None, stop_on_critical: bool = False, resume_step: int | None = None,
-                 kl_max: float = 20.0, kl_factor: float = 10.0, kl_floor: float = 1.0,
+                 kl_max: float = 20.0, kl_token_max: float = 0.2, kl_factor: float = 10.0, kl_floor: float = 1.0,
                  repetition_max: float = 0.5, gibberish_max: float = 0.3, texts_frac: float = 0.5):
         self.window, self.repeat_every, self.batch_size = window, repeat_every, batch_size
-        self.kl_max, self.kl_factor, self.kl_floor = kl_max, kl_factor, kl_floor
+        self.kl_max, self.kl_token_max, self.kl_factor, self.kl_floor = kl_max, kl_token_max, kl_factor, kl_floor
         self.repetition_max, self.gibberish_max, self.texts_frac = repetition_max, gibberish_max, texts_frac
         self.stop_on_critical = stop_on_critical
         self.history: dict[str, list[float]] = {k: [] for k in (*TRACKED, "entropy/token")}
