@@ -127,6 +127,8 @@ def test_repetition_score_hand_values():
 
 def test_gibberish_score_hand_values():
     assert gibberish_score("Hello, world! 42.") == 0.0
+    assert gibberish_score("2 × 3 = 6 — «ok» … 5 €, x^2; 東京は晴れ。") == 0.0  # any script, punctuation, math
+    assert gibberish_score("ok \U0001F600") == pytest.approx(1 / 4)  # an emoji is an odd symbol
     assert gibberish_score("ab\ufffd\ufffd") == pytest.approx(0.5)  # two replacement characters of four
     assert gibberish_score("x" * 50) == 1.0  # one 50-character word
     assert gibberish_score("  ") == 0.0

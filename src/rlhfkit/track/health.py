@@ -245,18 +245,24 @@ def repetition_score(text: str, n: int = 3) -> float:
     return 1.0 - len(set(units)) / len(units)
 
 
-_PUNCT_OK = set(".,;:!?'\"()[]{}-_/\\*#&%$@+=<>|~`^")
+def _odd_char(ch: str) -> bool:
+    """Neither a letter or digit (any script), whitespace, punctuation, nor a math / currency / modifier symbol: the
+    replacement character, control / private-use / unassigned code points, box drawing, emoji and other symbols."""
+    if ch == "\ufffd":
+        return True
+    if ch.isalnum() or ch.isspace():
+        return False
+    cat = unicodedata.category(ch)
+    return not (cat.startswith("P") or cat in ("Sm", "Sc", "Sk"))
 
 
 def gibberish_score(text: str) -> float:
-    """Fraction of characters that are neither letters, digits, whitespace nor common punctuation (replacement
-    characters, control and private-use characters, stray symbols), or 1.0 when the mean word is longer than 20
+    """Fraction of characters that are odd (:func:`_odd_char`), or 1.0 when the mean word is longer than 20
     characters (runs of tokens without spaces). 0 for empty text."""
     stripped = text.strip()
     if not stripped:
         return 0.0
-    odd = sum(1 for ch in stripped if not (ch.isalnum() or ch.isspace() or ch in _PUNCT_OK)
-              or ch == "\ufffd" or unicodedata.category(ch) in ("Cc", "Co", "Cn"))
+    odd = sum(_odd_char(ch) for ch in stripped)
     words = stripped.split()
     if len(stripped) >= 40 and sum(map(len, words)) / len(words) > 20:
         return 1.0
