@@ -380,6 +380,7 @@ def _plot(title: str, series: Series) -> str:
 
 def _png(title: str, series: Series) -> str:
     from matplotlib.figure import Figure  # no pyplot: leaves the user's backend alone
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(4.8, 3.0), dpi=90)
     ax = fig.add_subplot()
@@ -392,6 +393,7 @@ def _png(title: str, series: Series) -> str:
             ax.plot(steps, values, label=key, color=color, linewidth=1.3)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel(X_LABEL, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole updates
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
     if len(series) > 1 or title not in series:
