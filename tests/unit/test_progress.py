@@ -88,13 +88,10 @@ def test_sample_lines_off_a_tty_one_per_sample(tmp_path):
     assert lines[2] == "  [-1] p2 -> r2" and len(lines) == 3
 
 
-def test_sample_table_on_a_tty_is_compact():
+def test_sample_table_on_a_tty_is_compact(tmp_path):
     console = Console(file=io.StringIO(), width=100, force_terminal=True)
-    SampleLogger("unused", is_main=True, max_rows=3, console=console)._writer.close()
-    logger = SampleLogger.__new__(SampleLogger)
-    logger.console, logger.max_chars = console, 80
-    console.print(logger._table(4, [{"step": 4, "prompt": f"p{i}", "response": f"r{i}", "score": 1.0}
-                                    for i in range(3)], 3))
+    with SampleLogger(tmp_path, max_rows=3, console=console) as samples:
+        samples.log(4, [f"p{i}" for i in range(3)], [f"r{i}" for i in range(3)], [1.0] * 3)
     text = ANSI.sub("", console.file.getvalue())
     assert "samples at step 4 (3)" in text and "├" not in text and "│" not in text  # no row separators / boxes
     assert len([x for x in text.splitlines() if x.strip()]) == 6  # title, header, rule, three rows
