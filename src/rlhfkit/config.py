@@ -111,7 +111,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class TrackConfig:
-    backends: list[str] = f(["jsonl"], "metric sinks: jsonl (always) + tensorboard | wandb")
+    backends: list[str] = f(["jsonl"], "trackers: jsonl (always) + tensorboard | wandb | mlflow | comet_ml | aim | "
+                                       "clearml | dvclive | swanlab | trackio (the last via accelerate)")
     sample_every: int = f(10, "print and save a table of samples every N steps (online recipes)", ge=0)
     progress: bool = f(True, "show a progress bar with ETA (off: no bar; metrics still go to metrics.jsonl)")
     report: bool = f(True, "write report.html at the end of the run")

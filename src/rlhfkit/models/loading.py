@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 
@@ -77,7 +78,14 @@ def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | 
             raise ModelError(f"GGUF file not found: {gguf_path}", where="model.name", fix="check the path")
         cache = _gguf_cache_dir(gguf_path)
         if not (cache / "config.json").is_file():
+            _say(f"[gguf] one-time conversion of {gguf_path}: dequantising its weights to a float32 safetensors model "
+                 f"directory in {cache} (about 30 s per 100M parameters; set RLHFKIT_CACHE to cache elsewhere)")
+            started = time.time()
             _convert_gguf(gguf_path, cache)
+            _say(f"[gguf] converted in {time.time() - started:.0f} s; later runs load {cache} directly "
+                 "(delete it to convert again)")
+        else:
+            _say(f"[gguf] {gguf_path.name}: using the cached conversion in {cache}")
         return str(cache), None
     if path.exists():
         if path.is_dir() and not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
@@ -94,6 +102,12 @@ def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | 
         return name, None
     raise ModelError(f"model not found: {name!r}", where="model.name",
                      fix="give a model directory, a cached hub name, a .gguf file or 'tiny'")
+
+
+def _say(message: str) -> None:
+    """One line on stdout from the main process (``RANK`` unset or 0); models/ sits above track/, so plain print."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, flush=True)
 
 
 def _convert_gguf(gguf_path: Path, out: Path) -> None:

@@ -1,4 +1,5 @@
-"""The metrics sink: ``metrics.jsonl`` always, TensorBoard and Weights & Biases when asked.
+"""The metrics sink: ``metrics.jsonl`` always, TensorBoard and Weights & Biases when asked, and any other tracker
+accelerate knows (MLflow, Comet, Aim, ...) through :mod:`rlhfkit.track.trackers`.
 
 One line per ``log`` call: ``{"step": 12, "time": 1712345678.9, "loss": 1.23, ...}``. The file is opened in
 append mode and flushed every line; a resumed run passes ``resume_step=N`` so lines past step N (logged after
@@ -17,8 +18,9 @@ from typing import Any
 
 from ..errors import UserError
 from .jsonl import JsonlWriter, read_jsonl, to_json_value
+from .trackers import AccelerateTrackers, check_backends
 
-BACKENDS = ("jsonl", "tensorboard", "wandb")
+BACKENDS = ("jsonl", "tensorboard", "wandb")  # written here; the others through accelerate (trackers.py)
 _RESERVED = ("step", "time")
 
 
@@ -51,18 +53,14 @@ class MetricsSink:
         staged: bool = False,
         on_first_line: Callable[[], None] | None = None,
     ):
-        unknown = [b for b in backends if b not in BACKENDS]
-        if unknown:
-            raise UserError(
-                f"unknown tracking backend(s) {unknown}",
-                where="track.backends",
-                fix=f"use some of {BACKENDS}",
-            )
+        if is_main:  # unknown name or missing package: one line, before anything is written
+            check_backends(backends)
         self.run_dir = Path(run_dir)
         self.is_main = is_main
         self._jsonl: JsonlWriter | None = None
         self._tb = None
         self._wandb = None
+        self._others: AccelerateTrackers | None = None
         if not is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -70,6 +68,8 @@ class MetricsSink:
             self._tb = _open_tensorboard(self.run_dir / "tb", resume_step)
         if "wandb" in backends:
             self._wandb = _open_wandb(self.run_dir, _config_dict(config))
+        if any(b not in BACKENDS for b in backends):
+            self._others = AccelerateTrackers(self.run_dir, backends, config)
         # always: the report and resume read it. staged: an earlier run's file is replaced only after the first line
         self._jsonl = JsonlWriter(self.run_dir / "metrics.jsonl", keep_until=resume_step, staged=staged)
         self._on_first_line = on_first_line
@@ -93,6 +93,23 @@ class MetricsSink:
                 self._tb.add_scalar(key, value, global_step=step)
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
+        if self._others is not None:
+            self._others.log(scalars, step)
+
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """A table of text (samples) to the trackers that show one: W&B (``wandb.Table``), TensorBoard (a markdown
+        table under the Text tab), and accelerate's trackers with ``log_table``. ``metrics.jsonl`` keeps scalars
+        only (the samples have ``samples.jsonl``)."""
+        if not self.is_main:
+            return
+        if self._tb is not None:
+            self._tb.add_text(name, markdown_table(columns, rows), global_step=step)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
+        if self._others is not None:
+            self._others.log_table(name, columns, rows, step)
 
     def commit(self) -> None:
         """Staged: swap the new ``metrics.jsonl`` in place of the earlier run's."""
@@ -114,12 +131,25 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+        if self._others is not None:
+            self._others.finish()
+            self._others = None
 
     def __enter__(self) -> MetricsSink:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table (TensorBoard renders it), ``|`` and newlines in cells escaped."""
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(map(cell, columns)) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def _as_float(value: Any) -> float | None:

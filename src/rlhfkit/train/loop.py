@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import os
 import pickle
 import random
@@ -141,24 +140,32 @@ def build_optimizer(params, optim, lr: float | None = None) -> torch.optim.Optim
                              betas=tuple(optim.betas), eps=optim.eps)
 
 
+# our schedule names -> transformers.get_scheduler's
+HF_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
+
+
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    """Multiplier of the peak LR after ``step`` updates: linear warm-up, then linear / cosine decay or constant."""
+    """Multiplier of the peak LR after ``step`` updates: linear warm-up, then linear / cosine decay or constant.
+
+    The curves are ``transformers.get_scheduler``'s, read one update ahead during warm-up: transformers runs the
+    first update at LR 0 (``step / warmup``); here it runs at ``1 / warmup`` of the peak and the warm-up's last
+    update at the peak, so no update is wasted. Past ``total`` the multiplier stays at its end value (cosine would
+    rise again).
+    """
+    from transformers import get_scheduler
+
+    dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)  # only to read transformers' curve
+    curve = get_scheduler(HF_SCHEDULES[schedule], dummy, num_warmup_steps=warmup,
+                          num_training_steps=total).lr_lambdas[0]
 
     def fn(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        progress = (step - warmup) / max(1, total - warmup)
-        progress = min(max(progress, 0.0), 1.0)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return max(0.0, 1.0 - progress)
+        return float(curve(step + 1) if step < warmup else curve(min(step, max(total, warmup))))
 
     return fn
 
 
 def build_scheduler(optimizer, optim, total_updates: int):
+    """``LambdaLR`` over :func:`lr_lambda` (transformers' schedules), stepped once per optimizer update."""
     warmup = optim.warmup_steps if optim.warmup_steps > 0 else int(optim.warmup_ratio * total_updates)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optim.schedule, warmup, total_updates))
 
@@ -587,7 +594,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                                                 cfg.train.seed, epoch, acc.process_index)
         return job.collate([job.train_items[j] for j in batches_cache[epoch][pos]])
 
-    with Progress(n_updates, desc=job.name, unit="update", show=job.show, is_main=run.is_main,
+    with Progress(n_updates, desc=job.name, unit="update", show=None, is_main=run.is_main and cfg.track.progress,
                   initial=step) as progress:
         while step < n_updates:
             stats = []
@@ -617,8 +624,8 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             if metrics:
                 run.log(metrics, step)
                 last.update(metrics)
-            progress.update(1, {k.split("/")[-1]: v for k, v in metrics.items()
-                                if k.split("/")[-1] in job.show or k in job.show})
+            # full names: the bar shows eval/loss as eval_loss, never under the train name
+            progress.update(1, {k: v for k, v in metrics.items() if k.split("/")[-1] in job.show or k in job.show})
             if cfg.train.save_every > 0 and step % cfg.train.save_every == 0 and step != n_updates:
                 session.save(step, models={"model": model}, optimizers={"model": optimizer},
                              schedulers={"model": scheduler}, state={"micro": micro, "extra": job.extra_state})

@@ -45,8 +45,8 @@ from ..models.loading import (
 )
 from ..rewards import CombinedRewards, RewardModelScorer
 from ..rollout import Rollout, SamplingParams, get_engine
-from ..track import HealthMonitor, Progress
-from .common import load_records, tokenize
+from ..track import CriticalHealthStop, Progress
+from .common import load_records, tokenize, write_report
 from .loop import (
     Checkpointer,  # noqa: F401 - tests patch online.Checkpointer.save (the class every Session saves with)
     Run,
@@ -585,13 +585,14 @@ class OnlineTrainer:
             self.moments.load_state_dict(state["moments"])
         session.open_sink()
         samples = session.open_samples()
-        health = HealthMonitor(batch_size=cfg.algo.rollout_batch_size * self.k)
+        health = session.open_health(batch_size=cfg.algo.rollout_batch_size * self.k,
+                                     repeat_every=10 * self.updates_per_step)
         episodes_per_step = cfg.algo.rollout_batch_size * self.k * run.world_size
         every = max(1, math.ceil(cfg.train.save_every / self.updates_per_step)) if cfg.train.save_every > 0 else 0
         show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean")
         last: dict = {}
         t_start = time.time()
-        with Progress(self.total_steps, desc=cfg.recipe, unit="step", show=show,
+        with Progress(self.total_steps, desc=cfg.recipe, unit="rollout", show=show,
                       is_main=run.is_main and cfg.track.progress, initial=step) as progress:
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
@@ -614,7 +615,7 @@ class OnlineTrainer:
                 last = metrics
                 progress.update(1, {k: v for k, v in metrics.items() if k in show})
                 if run.is_main:
-                    health.report(metrics, step)
+                    health.report(metrics, update, texts=exp.texts)  # steps of metrics.jsonl
                 if cfg.track.sample_every > 0 and (step % cfg.track.sample_every == 0 or step == 1):
                     samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
                                 exp.raw_scores.tolist())
@@ -670,6 +671,12 @@ def run_online(cfg: OnlineConfig) -> dict:
         done = run.session.begin()
         if done is not None:
             return done
-        metrics = OnlineTrainer(cfg, run).train()
+        try:
+            metrics = OnlineTrainer(cfg, run).train()
+        except CriticalHealthStop:  # track.stop_on_critical: the report shows what happened up to the stop
+            if run.sink is not None:
+                run.sink.close()
+            write_report(run)
+            raise
         run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
         return metrics

@@ -48,7 +48,7 @@ from typing import Any
 
 from ..config import save_config
 from ..errors import RunError
-from ..track import MetricsSink, SampleLogger, read_metrics
+from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
 from .loop import (
     Checkpointer,
     Run,
@@ -201,6 +201,7 @@ class Session:
         self.resumed_from: Path | None = None
         self.resume_step = -1  # -1: starting over (every earlier line dropped)
         self.samples: SampleLogger | None = None
+        self.health: HealthMonitor | None = None
         self._old_checkpoints: list[Path] = []
         self._guards: list = []
         self._chosen, self._resume_path, self._diff = False, None, []
@@ -318,8 +319,15 @@ class Session:
 
     def open_samples(self) -> SampleLogger:
         self.samples = SampleLogger(self.run.run_dir, is_main=self.run.is_main, resume_step=self.resume_step,
-                                    staged=True)
+                                    staged=True, sink=self.run.sink)
         return self.samples
+
+    def open_health(self, **kwargs) -> HealthMonitor:
+        """The health monitor; its ``warnings.jsonl`` is staged like the metrics (``track.stop_on_critical``)."""
+        self.health = HealthMonitor(run_dir=self.run.run_dir if self.run.is_main else None,
+                                    resume_step=self.resume_step, staged=True,
+                                    stop_on_critical=self.cfg.track.stop_on_critical, **kwargs)
+        return self.health
 
     def commit(self) -> None:
         """The run has produced its first line (or checkpoint): from here it owns the directory. Writes
@@ -338,6 +346,8 @@ class Session:
                 self.run.sink.commit()
             if self.samples is not None:
                 self.samples.commit()
+            if self.health is not None:
+                self.health.commit()
         except OSError as err:
             raise RunError(f"writing the run's files failed: {err.strerror or err}", where=str(run_dir),
                            fix="free disk space / check permissions and rerun") from None
@@ -382,6 +392,8 @@ class Session:
         acc.wait_for_everyone()
         if self.samples is not None:
             self.samples.close()
+        if self.health is not None:
+            self.health.close()
         if run.sink is not None:
             run.sink.close()
         if run.is_main:
@@ -409,6 +421,8 @@ class Session:
                     self.run.sink.discard()
                 if self.samples is not None:
                     self.samples.discard()
+                if self.health is not None:
+                    self.health.discard()
         finally:
             self.lock.release()
         if failed and not self.committed and self.created and self.run.is_main:
