@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from ..models.loading import trainable_state_dict
 from ..track import MetricsSink, Progress
 from ..track.console import get_console
+from .distributed import get_strategy
 
 # ───────────────────────────────────────────────────── run ────────────────────────────────────────────────────
 
@@ -91,7 +92,7 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     AcceleratorState._reset_state()
     # cpu=True without CUDA: only then does accelerate set up DDP (gloo) for processes started by torchrun
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision),
-                              cpu=not torch.cuda.is_available())
+                              cpu=not torch.cuda.is_available(), **get_strategy(cfg).accelerator_kwargs(cfg))
     run_dir = Path(cfg.output_dir)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +154,7 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
     norm = None
     if max_grad_norm is not None and max_grad_norm > 0:
         norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -210,10 +212,14 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         acc.wait_for_everyone()  # tmp exists for every process
         torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
+        strategy = get_strategy(self.run.cfg)
+        if strategy.sharded_state:  # every process writes its shards of models and optimizers (tmp/sharded)
+            strategy.save_state(tmp, models, optimizers)
         if acc.is_main_process:
             payload = {
-                "models": {k: trainable_state_dict(acc.unwrap_model(m)) for k, m in models.items()},
-                "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
+                "models": {} if strategy.sharded_state else
+                {k: trainable_state_dict(acc.unwrap_model(m)) for k, m in models.items()},
+                "optimizers": {} if strategy.sharded_state else {k: o.state_dict() for k, o in optimizers.items()},
                 "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
             }
             torch.save(payload, tmp / "trainer_state.pt")
@@ -259,6 +265,9 @@ class Checkpointer:
     def load(self, path: Path, *, models: dict, optimizers: dict, schedulers: dict) -> dict:
         acc = self.run.accelerator
         payload = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+        if (path / "sharded").is_dir():  # written by a sharded strategy: models and optimizers from the shards
+            get_strategy(self.run.cfg).load_state(path, models, optimizers)
+            models, optimizers = {}, {}
         for k, m in models.items():
             missing = acc.unwrap_model(m).load_state_dict(payload["models"][k], strict=False)
             unexpected = getattr(missing, "unexpected_keys", [])
@@ -371,10 +380,14 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     n_updates, per_epoch = total_updates(cfg, len(job.train_items), run.world_size)
     ga = cfg.train.grad_accum
 
-    # 2. prepare model + optimizer (the scheduler stays ours: stepped once per update)
-    optimizer = build_optimizer(job.model.parameters(), cfg.optim)
+    # 2. prepare model + optimizer (the scheduler stays ours: stepped once per update); the strategy shards the
+    #    model first (fsdp2) so the optimizer holds the shards
+    strategy = get_strategy(cfg)
+    model = strategy.wrap(job.model, cfg, run.device)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, n_updates)
-    model, optimizer = acc.prepare(job.model, optimizer)
+    model, optimizer = strategy.prepare(acc, model, optimizer)
+    evaluate = job.eval_fn and (lambda m, b: _gathered_eval(strategy, job.eval_fn, m, b))
 
     # 3. resume from the newest checkpoint when there is one
     ckpt = Checkpointer(run, keep=cfg.train.save_total_limit)
@@ -394,7 +407,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     evals = eval_batches(run, job)
     last: dict = {}
     if step == 0 and job.eval_fn is not None and evals:
-        last = {f"eval/{k}": v for k, v in job.eval_fn(model, evals).items()}
+        last = {f"eval/{k}": v for k, v in evaluate(model, evals).items()}
         run.log(last, step=0)
 
     # 4. update loop
@@ -434,7 +447,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             # every eval_every updates and after the last one, in the same line: one metrics line per step
             if job.eval_fn is not None and evals and (step == n_updates or
                                                      (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0)):
-                metrics.update({f"eval/{k}": v for k, v in job.eval_fn(model, evals).items()})
+                metrics.update({f"eval/{k}": v for k, v in evaluate(model, evals).items()})
             if metrics:
                 run.log(metrics, step)
                 last.update(metrics)
@@ -444,13 +457,21 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                 ckpt.save(step, models={"model": model}, optimizers={"model": optimizer},
                           schedulers={"model": scheduler}, state={"micro": micro, "extra": job.extra_state})
 
-    # 5. final model (the final evaluation was logged with the last update)
+    # 5. final model, one ordinary HF directory whatever the strategy (the final evaluation was logged with the
+    #    last update)
     acc.wait_for_everyone()
+    full = strategy.full_model(acc, model)  # every process takes part (gathers shards); the model on the main one
     if run.is_main and job.on_save is not None:
-        job.on_save(acc.unwrap_model(model), run.run_dir)
+        job.on_save(full, run.run_dir)
     acc.wait_for_everyone()
     if run.sink is not None:
         run.sink.close()
-    job.model = acc.unwrap_model(model)
+    job.model = strategy.local_model(acc, model)
     return last
+
+
+def _gathered_eval(strategy, eval_fn, model, batches):
+    """Evaluation on full weights gathered once (ranks may hold different numbers of eval batches)."""
+    with strategy.gathered(model):
+        return eval_fn(model, batches)
 
