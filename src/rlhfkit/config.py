@@ -281,9 +281,23 @@ def _check_distributed(cfg) -> None:
     if dist.strategy == "fsdp2" and cfg.train.mixed_precision == "fp16":
         raise ConfigError("fsdp2 here supports bf16 or fp32, not fp16 (no sharded gradient scaler)",
                           where="train.mixed_precision", fix="use train.mixed_precision=bf16")
-    if dist.strategy == "deepspeed" and not dist.deepspeed_config.strip():
-        raise ConfigError("distributed.deepspeed_config is empty", where="distributed.deepspeed_config",
-                          fix="use zero2, zero3 or a DeepSpeed JSON path")
+    if dist.strategy == "deepspeed":
+        if not dist.deepspeed_config.strip():
+            raise ConfigError("distributed.deepspeed_config is empty", where="distributed.deepspeed_config",
+                              fix="use zero2, zero3 or a DeepSpeed JSON path")
+        # deepspeed steps the optimizer in every backward: one backward per update
+        if cfg.train.grad_accum != 1:
+            raise ConfigError("distributed.strategy=deepspeed runs one backward per optimizer update",
+                              where="train.grad_accum", fix="set train.grad_accum=1 (raise train.batch_size instead)")
+        algo = getattr(cfg, "algo", None)
+        if hasattr(algo, "mini_batch_size") and algo.mini_batch_size != cfg.train.batch_size:
+            raise ConfigError("distributed.strategy=deepspeed runs one backward per optimizer update",
+                              where="algo.mini_batch_size", fix=f"set train.batch_size={algo.mini_batch_size}")
+        from . import algos
+
+        if hasattr(algo, "advantage") and algos.ADVANTAGE_ESTIMATORS[algo.advantage].needs_critic:
+            raise ConfigError("distributed.strategy=deepspeed trains one model; PPO's critic is a second one",
+                              where="distributed.strategy", fix="use fsdp2 for PPO, or a critic-free estimator")
 
 
 def _inputs_distributed(cfg) -> None:

@@ -213,7 +213,8 @@ def suggest(cfg, world: int, device: str, budget: float) -> list[tuple[str, floa
                            {"train": {"batch_size": b, "grad_accum": ga}}))
     if world > 1 and cfg.distributed.strategy == "ddp" and not cfg.model.lora.enabled:
         candidates.append(("distributed.strategy=fsdp2", {"distributed": {"strategy": "fsdp2"}}))
-    if world > 1 and not cfg.model.lora.enabled and device == "cuda":
+    if (world > 1 and not cfg.model.lora.enabled and device == "cuda" and cfg.train.grad_accum == 1
+            and RECIPES[cfg.recipe].family != "online"):
         candidates.append(("distributed.strategy=deepspeed distributed.deepspeed_config=zero3",
                            {"distributed": {"strategy": "deepspeed", "deepspeed_config": "zero3"}}))
     if device == "cuda" and cfg.distributed.strategy != "ddp" and not cfg.distributed.cpu_offload:

@@ -174,15 +174,17 @@ class FSDP2Strategy(DDPStrategy):
 
 class DeepSpeedStrategy(DDPStrategy):
     """accelerate's DeepSpeed integration (ZeRO-2 / ZeRO-3 from the shipped or a given JSON). CUDA only; the
-    environment is checked by the config's ``check_inputs`` before anything loads. Not measured here."""
+    environment is checked by the config's ``check_inputs`` before anything loads. DeepSpeed steps the optimizer in
+    every ``backward``, so the config requires one backward per update (``train.grad_accum=1``; online:
+    ``algo.mini_batch_size = train.batch_size``) and one trained model (no PPO critic). Not measured here."""
 
     name = "deepspeed"
+    sharded_state = True
 
     def accelerator_kwargs(self, cfg) -> dict:
         from accelerate.utils import DeepSpeedPlugin
 
-        ds = ds_config(cfg)
-        return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds)}
+        return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds_config(cfg))}
 
     @contextlib.contextmanager
     def gathered(self, model):
@@ -197,30 +199,36 @@ class DeepSpeedStrategy(DDPStrategy):
             yield model
 
     def full_model(self, accelerator, model):
-        state = accelerator.get_state_dict(model)  # gathers ZeRO-3 shards onto the main process
+        state = accelerator.get_state_dict(model)  # every process: ZeRO-3 gathers the shards onto the main one
         if not accelerator.is_main_process:
             return None
-        plain = accelerator.unwrap_model(model)
-        plain = copy.deepcopy(plain) if state is None else plain
-        if state is not None:
-            fresh = type(plain)(copy.deepcopy(plain.config))
-            fresh.load_state_dict(state)
-            fresh.generation_config = copy.deepcopy(getattr(plain, "generation_config", None))
-            plain = fresh
+        inner = accelerator.unwrap_model(model)
+        plain = type(inner)(copy.deepcopy(inner.config))
+        plain.load_state_dict(state)
+        if getattr(inner, "generation_config", None) is not None:
+            plain.generation_config = copy.deepcopy(inner.generation_config)
         return plain
+
+    def save_state(self, path: Path, models: dict, optimizers: dict) -> None:
+        for k, engine in models.items():  # the engine writes its own shards (model + optimizer) per process
+            engine.save_checkpoint(str(Path(path) / "sharded" / k))
+
+    def load_state(self, path: Path, models: dict, optimizers: dict) -> None:
+        for k, engine in models.items():
+            engine.load_checkpoint(str(Path(path) / "sharded" / k))
 
 
 def ds_config(cfg) -> dict:
-    """The DeepSpeed JSON with the run's micro-batch, accumulation and clipping filled in (its "auto" values)."""
+    """The DeepSpeed JSON with this run's values in place of its "auto" ones (see configs/deepspeed/README.md)."""
     name = cfg.distributed.deepspeed_config
     path = CONFIG_DIR / SHIPPED_DS[name] if name in SHIPPED_DS else Path(name)
     ds = json.loads(path.read_text())
     ds["train_micro_batch_size_per_gpu"] = cfg.train.batch_size
-    ds["gradient_accumulation_steps"] = cfg.train.grad_accum
+    ds["gradient_accumulation_steps"] = 1
     ds["gradient_clipping"] = cfg.optim.max_grad_norm or 0.0
     ds.pop("train_batch_size", None)
     mp = cfg.train.mixed_precision
-    ds["bf16"] = {"enabled": mp in ("bf16", "auto")}
+    ds["bf16"] = {"enabled": mp == "bf16" or (mp == "auto" and torch.cuda.is_available())}
     ds["fp16"] = {"enabled": mp == "fp16"}
     if cfg.distributed.cpu_offload:
         zero = ds.setdefault("zero_optimization", {})
