@@ -51,7 +51,7 @@ class Plan:
     roles: list[ModelRole]
     phases: list[Phase]
     gpu_memory: float | None
-    suggestions: list[tuple[str, float]] = field(default_factory=list)  # (overrides, peak)
+    suggestions: list[tuple[str, float]] = field(default_factory=list)  # (overrides, peak): alone, then combined
     checks: list[Check] = field(default_factory=list)
 
     @property
@@ -94,11 +94,11 @@ class Plan:
                         f": does NOT fit in {fmt_bytes(self.gpu_memory)} ({pct:.0f}%)")
         lines.append(verdict)
         if self.gpu_memory is not None and not self.fits:
-            if self.suggestions:
-                lines.append("changes that fit (peak per device):")
-                lines.extend(f"  {fmt_bytes(p):>11}  {o}" for o, p in self.suggestions)
-            else:
-                lines.append("no single change considered here fits: use more devices or a smaller model")
+            lines.append("what a change gives (peak per device; the last line combines changes until one fits):")
+            lines.extend(f"  {'fits' if p <= self.gpu_memory else 'no':<4}  {fmt_bytes(p):>11}  {o}"
+                         for o, p in self.suggestions)
+            if not any(p <= self.gpu_memory for _, p in self.suggestions):
+                lines.append("  nothing considered here fits: more devices (--world-size) or a smaller model")
         lines.append("estimates: activations counted per tensor autograd keeps (models/memory.py); validated "
                      "within 25% of measured CPU peaks, CUDA terms not measured here")
         if self.checks:
@@ -231,22 +231,20 @@ def suggest(cfg, world: int, device: str, budget: float) -> list[tuple[str, floa
         candidates.append(("model.lora.enabled=true model.lora.qlora=true",
                            {"model": {"lora": {"enabled": True, "qlora": True}}, "distributed": {"strategy": "ddp"}}))
     out: list[tuple[str, float]] = []
-    for text, change in candidates:
-        peak = _peak(replace(cfg, **change), world, device)
+    for text, change in candidates:  # each change alone
+        out.append((text, _peak(replace(cfg, **change), world, device)))
+    acc, texts = cfg, []
+    for text, change in candidates:  # cumulatively, cheapest first, until it fits
+        if "qlora" in text:
+            continue
+        acc, peak = replace(acc, **change), None
+        texts.append(text)
+        peak = _peak(acc, world, device)
         if peak <= budget:
-            out.append((text, peak))
-    if not out:  # cumulatively, in the order above (the cheapest changes first)
-        acc, texts = cfg, []
-        for text, change in candidates:
-            if "qlora" in text or ("lora" in text and cfg.distributed.strategy != "ddp"):
-                continue
-            acc = replace(acc, **change)
-            texts.append(text)
-            peak = _peak(acc, world, device)
-            if peak <= budget:
+            if len(texts) > 1:
                 out.append((" ".join(texts), peak))
-                break
-    return sorted(out, key=lambda x: -x[1])
+            break
+    return out
 
 
 # ───────────────────────────────────────────────── pre-flight checks ──────────────────────────────────────────
@@ -257,8 +255,8 @@ def _tokenizer(mcfg):
 
     try:
         return load_tokenizer_for(mcfg), None
-    except UserError as err:
-        return None, err.message
+    except UserError:
+        return None, f"none loadable from {mcfg.name}"
 
 
 def _records(cfg, kind: str, limit: int = 2000):
@@ -296,7 +294,7 @@ def preflight(cfg, arch: Architecture, world: int) -> list[Check]:
     checks: list[Check] = []
     tok, why = _tokenizer(cfg.model)
     if tok is None:
-        checks.append(Check("skip", "tokenizer checks", f"no tokenizer ({why})"))
+        checks.append(Check("skip", "tokenizer checks", f"no tokenizer: {why}"))
     else:
         if tok.pad_token_id == tok.eos_token_id:
             checks.append(Check("warn", "EOS vs pad", f"pad is EOS ({tok.eos_token!r}, id {tok.eos_token_id}): "

@@ -4,6 +4,7 @@ when it does not fit, and the pre-flight checks (each can fail) on the tiny mode
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -40,11 +41,16 @@ def test_sft_7b_on_one_80gb_card_does_not_fit_and_says_what_would(llama_dir):
     assert step.items["policy activations"] == 4 * 1024 * 32 * 268_288
     assert p.fits is False
     fixes = dict(p.suggestions)
-    assert "model.lora.enabled=true" in fixes  # bf16 base + adapters + activations
-    assert all(peak <= 80 * GiB for peak in fixes.values())
+    assert fixes["model.lora.enabled=true"] <= 80 * GiB  # bf16 base + adapters + activations
+    # checkpointing alone removes the activations but not the 12 B per parameter of weights, grads and AdamW
+    assert P7B * 12 < fixes["model.gradient_checkpointing=true"] < step.total
     assert "distributed.strategy=fsdp2" not in fixes  # one device: nothing to shard over
+    combined, peak = p.suggestions[-1]
+    assert combined.startswith("model.gradient_checkpointing=true ") and peak <= 80 * GiB
     text = p.render()
-    assert "does NOT fit in 80.00 GiB" in text and "6.74B x 4 B" in text and "model.lora.enabled=true" in text
+    assert "does NOT fit in 80.00 GiB" in text and "6.74B x 4 B" in text
+    assert re.search(r"\n  fits +\d+\.\d+ GiB  model\.lora\.enabled=true\n", text), text
+    assert re.search(r"\n  no +\d+\.\d+ GiB  model\.gradient_checkpointing=true\n", text), text
 
 
 def test_fsdp2_over_8_devices_shards_the_states(llama_dir):
