@@ -91,6 +91,13 @@ def runs(task_data, tmp_path_factory) -> Path:
     return root
 
 
+def alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
 def ranks(out: Path) -> list[dict]:
     return [json.loads((out / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
 
@@ -161,8 +168,14 @@ def test_sigkill_then_resume_gives_the_same_final_weights(runs, task_data):
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         assert time.time() < deadline
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
+    workers = [int(x) for x in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    assert len(workers) >= 2
+    os.killpg(proc.pid, signal.SIGKILL)  # the launcher only: torchrun starts each worker in a session of its own
     proc.wait()
+    deadline = time.time() + 30
+    while any(alive(w) for w in workers):
+        assert time.time() < deadline, "workers outlived their killed launcher"
+        time.sleep(0.2)
     assert not (out / "model.safetensors").exists()  # killed before the end
     launch(job, runs)  # the same command again: resume=auto finds checkpoint-3
     resumed, straight = load_file(out / "model.safetensors"), load_file(runs / "sft" / "model.safetensors")

@@ -247,6 +247,29 @@ def get_strategy(cfg):
     return STRATEGIES[dist.strategy if dist is not None else "ddp"]
 
 
+def die_with_launcher() -> None:
+    """Under torchrun, make this worker die when its launcher dies (Linux ``PR_SET_PDEATHSIG``).
+
+    torchrun starts each worker in a session of its own, so a SIGKILL of the launcher (``kill -9``, a scheduler
+    killing the job step) would leave the workers running on, still writing checkpoints into the run directory
+    while the job is restarted; with this, the workers go with it and the same command resumes cleanly."""
+    import os
+    import signal
+    import sys
+
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):  # pragma: no cover - no prctl: workers behave as torchrun makes them
+        return
+    if os.getppid() == 1:  # the launcher died before we asked
+        os._exit(1)
+
+
 def layer_units(model) -> list[torch.nn.Module]:
     """The modules FSDP shards one by one: instances of the classes in ``model._no_split_modules`` (transformers'
     per-architecture list of blocks that must stay whole: ``LlamaDecoderLayer``, ``Qwen2DecoderLayer``, …)."""

@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from ..models.loading import trainable_state_dict
 from ..track import MetricsSink, Progress
 from ..track.console import get_console
-from .distributed import get_strategy
+from .distributed import die_with_launcher, get_strategy
 
 # ───────────────────────────────────────────────────── run ────────────────────────────────────────────────────
 
@@ -90,6 +90,7 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     # accelerate keeps one state per process, but a pipeline (or a test session) runs stage after stage in one
     # process, each with its own mixed precision: forget the last stage's (the process group itself is kept)
     AcceleratorState._reset_state()
+    die_with_launcher()  # torchrun: a killed launcher takes its workers with it
     # cpu=True without CUDA: only then does accelerate set up DDP (gloo) for processes started by torchrun
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision),
                               cpu=not torch.cuda.is_available(), **get_strategy(cfg).accelerator_kwargs(cfg))
