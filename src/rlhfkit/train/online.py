@@ -47,6 +47,7 @@ from ..rewards import CombinedRewards, RewardModelScorer
 from ..rollout import Rollout, SamplingParams, get_engine
 from ..track import CriticalHealthStop, Progress
 from .common import load_records, tokenize, write_report
+from .distributed import get_strategy
 from .loop import (
     Checkpointer,  # noqa: F401 - tests patch online.Checkpointer.save (the class every Session saves with)
     Run,
@@ -180,6 +181,7 @@ class OnlineTrainer:
         placement = algo.kl.placement
         self.kl_in_reward = self.estimator.kl_in_reward_default if placement == "auto" else placement == "reward"
         self.device = run.device
+        self.strategy = get_strategy(cfg)
         self.sampling = SamplingParams.from_config(cfg.generation)
         kl = algo.kl
         self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
@@ -263,9 +265,10 @@ class OnlineTrainer:
             return self.play_episodes(prompts, seed, k)
         k = self.k if k is None else k
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
-        rollout = self.engine.generate(self.policy, ids * k, **self.sampling.engine_kwargs(),
-                                       eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id,
-                                       tokenizer=self.tok, seed=seed)
+        with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for the whole rollout
+            rollout = self.engine.generate(self.policy, ids * k, **self.sampling.engine_kwargs(),
+                                           eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id,
+                                           tokenizer=self.tok, seed=seed)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 
@@ -563,17 +566,21 @@ class OnlineTrainer:
     def train(self) -> dict:
         cfg, run, acc = self.cfg, self.run, self.acc
         n_updates = self.total_steps * self.updates_per_step
+        # the strategy shards the trained models first (fsdp2), so their optimizers hold the shards
+        self.policy = self.strategy.wrap(self.policy, cfg, self.device)
+        if self.critic is not None:
+            self.critic = self.strategy.wrap(self.critic, cfg, self.device)
         self.opt = build_optimizer(self.policy.parameters(), cfg.optim)
         self.sched = build_scheduler(self.opt, cfg.optim, n_updates)
         models, opts, scheds = {"policy": self.policy}, {"policy": self.opt}, {"policy": self.sched}
         if self.critic is not None:
             self.critic_opt = build_optimizer(self.critic.parameters(), cfg.optim, lr=cfg.critic.lr)
             self.critic_sched = build_scheduler(self.critic_opt, cfg.optim, n_updates)
-            self.policy, self.opt, self.critic, self.critic_opt = acc.prepare(self.policy, self.opt, self.critic,
-                                                                              self.critic_opt)
+            self.policy, self.opt, self.critic, self.critic_opt = self.strategy.prepare(
+                acc, self.policy, self.opt, self.critic, self.critic_opt)
             models["critic"], opts["critic"], scheds["critic"] = self.critic, self.critic_opt, self.critic_sched
         else:
-            self.policy, self.opt = acc.prepare(self.policy, self.opt)
+            self.policy, self.opt = self.strategy.prepare(acc, self.policy, self.opt)
         models["policy"], opts["policy"] = self.policy, self.opt
 
         # resume the newest valid checkpoint of the same run, or start over; files staged until the first line
@@ -623,7 +630,7 @@ class OnlineTrainer:
                     session.save(update, models=models, optimizers=opts, schedulers=scheds,
                                  state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
                                         "moments": self.moments.state_dict()})
-        # final policy, finished marker, report
+        # final policy (gathered by the strategy: one HF directory), finished marker, report
         session.finish(self.policy, lambda m, d: save_model(m, self.tok, d), step * self.updates_per_step)
         return last
 

@@ -376,15 +376,17 @@ class Session:
         """Final model (``save_fn(unwrapped model, run_dir)``, main process, never non-finite), close the files,
         write ``finished.json``, then ``report.html``. Every process calls it."""
         from .common import write_report
+        from .distributed import get_strategy
 
         acc, run = self.run.accelerator, self.run
         acc.wait_for_everyone()
-        unwrapped = acc.unwrap_model(model)
-        check_finite({"model": unwrapped}, "the final model")
+        full = get_strategy(self.cfg).full_model(acc, model)  # every process takes part (sharded: a gather)
+        if run.is_main:
+            check_finite({"model": full}, "the final model")
         self.commit()
         if run.is_main and save_fn is not None:
             try:
-                save_fn(unwrapped, run.run_dir)
+                save_fn(full, run.run_dir)
             except OSError as err:
                 shutil.rmtree(run.run_dir / ".saving", ignore_errors=True)
                 raise RunError(f"saving the final model failed: {err.strerror or err}", where=str(run.run_dir),
