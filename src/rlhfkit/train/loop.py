@@ -31,6 +31,7 @@ from ..errors import ConfigError, NonFiniteError, RunError
 from ..models.loading import trainable_state_dict
 from ..track import MetricsSink, Progress
 from ..track.console import get_console
+from .common import to_device
 from .distributed import die_with_launcher, get_strategy
 
 # ───────────────────────────────────────────────────── run ────────────────────────────────────────────────────
@@ -528,10 +529,6 @@ class SupervisedJob:
     extra_state: dict = field(default_factory=dict)
 
 
-def _to_device(batch: dict, device) -> dict:
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-
-
 def _mean_stats(accelerator, stats: list[dict]) -> dict[str, float]:
     """Each stat averaged over the micro-batches of one update, then over processes (one all-reduce; every process
     must call it, with the same keys)."""
@@ -561,7 +558,7 @@ def eval_batches(run: Run, job: SupervisedJob) -> list[dict]:
     n = len(job.eval_items)
     # shard by rank, every item evaluated exactly once
     idx = list(range(run.accelerator.process_index, n, run.world_size))
-    return [_to_device(job.collate([job.eval_items[i] for i in idx[s: s + bs]]), run.device)
+    return [to_device(job.collate([job.eval_items[i] for i in idx[s: s + bs]]), run.device)
             for s in range(0, len(idx), bs)]
 
 
@@ -614,7 +611,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
         while step < n_updates:
             stats = []
             for k in range(ga):
-                batch = _to_device(micro_batch(micro), run.device)
+                batch = to_device(micro_batch(micro), run.device)
                 micro += 1
                 sync = contextlib.nullcontext() if k == ga - 1 else acc.no_sync(model)  # all-reduce on the last
                 with sync:
