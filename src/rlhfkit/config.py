@@ -463,6 +463,11 @@ def _check_online(cfg) -> None:
     if est.group_based and algo.num_generations < 2:
         raise ConfigError(f"{algo.advantage} compares completions of a prompt and needs num_generations >= 2",
                           where="algo.num_generations", fix="set algo.num_generations=4 (or more)")
+    if cfg.train.grad_accum != 1:  # TRL's gradient_accumulation_steps lands here: say where it goes instead
+        raise ConfigError(
+            f"train.grad_accum={cfg.train.grad_accum} is not read by the online recipes: an update accumulates "
+            "algo.mini_batch_size / train.batch_size micro-batches", where="train.grad_accum",
+            fix=f"set train.grad_accum=1 and algo.mini_batch_size={cfg.train.batch_size * cfg.train.grad_accum}")
     batch = algo.rollout_batch_size * algo.num_generations
     if batch % algo.mini_batch_size or algo.mini_batch_size % cfg.train.batch_size:
         raise ConfigError(
