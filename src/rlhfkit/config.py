@@ -277,7 +277,19 @@ def _check_common(cfg) -> None:
             raise ConfigError("model.lora.qlora loads the base model in 4-bit, which needs a CUDA GPU and the "
                               "bitsandbytes package", where="model.lora.qlora",
                               fix="set model.lora.qlora=false (plain LoRA), or run on a GPU with bitsandbytes")
+    if not cfg.model.name.strip():
+        raise ConfigError("'model.name' is empty", where="model.name",
+                          fix="give a model directory, a .gguf file, a cached hub name, or tiny")
     d = cfg.data
+    for key in ("split", "eval_split"):
+        if getattr(d, key):
+            from .data import parse_split
+            from .errors import DataError
+
+            try:
+                parse_split(getattr(d, key))
+            except DataError as err:
+                raise ConfigError(err.message, where=f"data.{key}", fix=err.fix) from None
     if d.max_prompt_length is not None and d.max_prompt_length > d.max_length:
         raise ConfigError(f"data.max_prompt_length={d.max_prompt_length} exceeds data.max_length={d.max_length} "
                           "(prompt + completion)", where="data.max_prompt_length",
@@ -358,6 +370,9 @@ def _check_online(cfg) -> None:
         if not fn.fn.strip():
             raise ConfigError(f"reward.functions[{i}] names no function", where=f"reward.functions[{i}].fn",
                               fix="give fn: package.module:function, file.py:function or a built-in name")
+    if any(not text for text in cfg.generation.stop_strings):
+        raise ConfigError("generation.stop_strings holds an empty string (every response would stop at once)",
+                          where="generation.stop_strings", fix="remove the empty entry")
     if cfg.generation.min_new_tokens > cfg.generation.max_new_tokens:
         raise ConfigError("generation.min_new_tokens exceeds generation.max_new_tokens",
                           where="generation.min_new_tokens", fix="lower it (0 = never force length)")
