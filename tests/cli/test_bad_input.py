@@ -282,6 +282,7 @@ TABLE = [
     ("reward_scalar", [*_GRPO, _fn("rf.py:scalar")], ["rf.py:scalar", "returned a float", "not a list"]),
     ("reward_weight_nan", [*_GRPO, "reward.functions=[{fn: exact_match, weight: .nan}]"],
      ["reward.functions[0].weight", "finite"]),
+    ("reward_takes_one_argument", [*_GRPO, _fn("rf.py:one_argument")], ["rf.py:one_argument", "takes (completions)"]),
     ("reward_kwarg_misspelt", [*_GRPO, "reward.functions=[{fn: rf.py:scaled, kwargs: {scal: 2}}]"],
      ["rf.py:scaled", "no parameter 'scal'", "did you mean 'scale'"]),
     ("reward_rule_missing_option", [*_GRPO, "reward.functions=[{fn: length_target, kwargs: {targt: 3}}]"],
@@ -334,6 +335,10 @@ def scalar(prompts, completions, **fields):
 
 def none_for_all(prompts, completions, **fields):
     return [None for _ in completions]
+
+
+def one_argument(completions):
+    return [1.0 for _ in completions]
 
 
 def scaled(prompts, completions, scale=1.0):
