@@ -111,7 +111,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class TrackConfig:
-    backends: list[str] = f(["jsonl"], "metric sinks: jsonl (always) + tensorboard | wandb")
+    backends: list[str] = f(["jsonl"], "trackers: jsonl (always) + tensorboard | wandb | mlflow | comet_ml | aim | "
+                                       "clearml | dvclive | swanlab | trackio (the last via accelerate)")
     sample_every: int = f(10, "print and save a table of samples every N steps (online recipes)", ge=0)
     progress: bool = f(True, "show a progress bar with ETA (off: no bar; metrics still go to metrics.jsonl)")
     report: bool = f(True, "write report.html at the end of the run")
@@ -171,6 +172,33 @@ class KLConfig:
 
 
 @dataclass(frozen=True)
+class OffPolicyConfig:
+    correction: str = f("none", "rollout / trainer mismatch correction (see `algos.OFF_POLICY_CORRECTIONS`): none | "
+                                "tis (weight min(pi_old / pi_rollout, cap)) | mis (drop tokens / rows outside "
+                                "[low, high])")
+    level: str = f("token", "importance ratio per token, or per sequence (product of the row's token ratios)")
+    cap: float = f(2.0, "TIS: the largest importance weight", ge=1)
+    low: float = f(0.5, "MIS band lower end (also the band of the metric rollout/is_ratio_outside_frac)", ge=0, le=1)
+    high: float = f(2.0, "MIS band upper end (also the band of the metric rollout/is_ratio_outside_frac)", ge=1)
+
+
+@dataclass(frozen=True)
+class OverlongConfig:
+    cache_len: int = f(0, "DAPO soft overlong penalty over the last cache_len tokens before "
+                          "generation.max_new_tokens (linear to -penalty at the limit); 0 = off", ge=0)
+    penalty: float = f(1.0, "size of the overlong penalty at the limit (added to the score before normalisation)",
+                       ge=0)
+    filter: bool = f(False, "DAPO overlong filtering: responses cut at max_new_tokens leave every loss")
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    enabled: bool = f(False, "DAPO dynamic sampling: draw more prompts and keep only groups whose rewards differ "
+                             "until rollout_batch_size groups are kept (group estimators)")
+    max_draws: int = f(4, "most rollout batches drawn per step; at the cap the batch is filled with tied groups", ge=1)
+
+
+@dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
@@ -187,9 +215,24 @@ class OnlineAlgoConfig:
     lam: float = f(0.95, "GAE lambda", ge=0, le=1)
     whiten_advantages: bool = f(True, "normalise advantages over the batch")
     loss_aggregation: str = f("token_mean", "token_mean | seq_mean_token_mean | seq_mean_token_sum_norm")
+    policy_loss: str = f("ppo", "policy loss (see `algos.POLICY_LOSSES`): ppo (token ratio, clipped) | gspo "
+                                "(sequence ratio, length-normalised, clipped per sequence) | gspo_token")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
+    overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")
+    dynamic_sampling: DynamicSamplingConfig = f(DynamicSamplingConfig(), "DAPO dynamic sampling")
+    off_policy: OffPolicyConfig = f(OffPolicyConfig(), "correction for the gap between the rollout engine's sampling "
+                                    "log-probs and the trainer's (metrics rollout/* are always logged)")
     total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str | None = f(None, "multi-turn environment: null = single-turn (reward model / functions) | calculator "
+                               "(built-in) | package.module:Class | path/to/file.py:Class")
+    kwargs: dict[str, Any] = f({}, "keyword arguments of the environment class")
+    max_turns: int = f(4, "most assistant turns per episode", ge=1)
+    max_total_tokens: int = f(256, "most tokens per episode after the first prompt (model + environment)", ge=1)
 
 
 @dataclass(frozen=True)
@@ -376,6 +419,14 @@ def _check_online(cfg) -> None:
     if cfg.generation.min_new_tokens > cfg.generation.max_new_tokens:
         raise ConfigError("generation.min_new_tokens exceeds generation.max_new_tokens",
                           where="generation.min_new_tokens", fix="lower it (0 = never force length)")
+    if algo.overlong.cache_len > cfg.generation.max_new_tokens:
+        raise ConfigError(f"algo.overlong.cache_len={algo.overlong.cache_len} exceeds generation.max_new_tokens="
+                          f"{cfg.generation.max_new_tokens}", where="algo.overlong.cache_len",
+                          fix="choose a cache_len below max_new_tokens (DAPO: 4096 of 20480)")
+    if algo.dynamic_sampling.enabled and not est.group_based:
+        raise ConfigError(f"dynamic sampling keeps groups whose rewards differ; {algo.advantage} has no groups",
+                          where="algo.dynamic_sampling.enabled",
+                          fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or disable it")
     if algo.kl.adaptive and algo.kl.coef == 0:
         raise ConfigError("the adaptive KL controller cannot move a coefficient of 0", where="algo.kl.coef",
                           fix="give an initial algo.kl.coef > 0")
@@ -409,9 +460,13 @@ def _inputs_online(cfg) -> None:
     from . import algos
 
     _inputs_common(cfg)
-    if cfg.reward.model is None and not cfg.reward.functions:
+    if cfg.env.name:
+        from .envs import load_environment
+
+        load_environment(cfg.env.name)  # an unloadable environment stops the run here, before any weights load
+    if cfg.reward.model is None and not cfg.reward.functions and not cfg.env.name:
         raise ConfigError("no reward: give a reward model or reward functions", where="reward",
-                          fix="set reward.model=runs/rm or reward.functions=[{fn: exact_match}]")
+                          fix="set reward.model=runs/rm, reward.functions=[{fn: exact_match}] or env.name")
     est = algos.ADVANTAGE_ESTIMATORS[cfg.algo.advantage]
     if est.needs_critic and cfg.critic.model is None and cfg.critic.init == "reward" and cfg.reward.model is None:
         raise ConfigError("critic.init=reward needs reward.model", where="critic.init",
@@ -494,6 +549,7 @@ class OnlineConfig:
     algo: OnlineAlgoConfig = f(OnlineAlgoConfig(), "PPO / GRPO / RLOO / REINFORCE++")
     critic: CriticConfig = f(CriticConfig(), "value model (PPO only)")
     memory: MemoryConfig = f(MemoryConfig(), "memory savers")
+    env: EnvConfig = f(EnvConfig(), "multi-turn environment (tool calls); its rewards add to the reward's")
 
     def check(self) -> None:
         _check_online(self)
@@ -625,6 +681,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "algo.kl.placement": ("auto", "reward", "loss"),
     "algo.reference": ("precompute", "on_the_fly"),
     "critic.init": ("reward", "policy"),
+    "algo.off_policy.level": ("token", "sequence"),
 }
 
 
@@ -639,6 +696,8 @@ def registry_choices() -> dict[str, tuple[str, ...]]:
         "algo.loss_aggregation": tuple(algos.LOSS_AGGREGATIONS),
         "algo.kl.estimator": tuple(algos.KL_ESTIMATORS),
         "algo.loss": tuple(algos.PREFERENCE_LOSSES),
+        "algo.policy_loss": tuple(algos.POLICY_LOSSES),
+        "algo.off_policy.correction": tuple(algos.OFF_POLICY_CORRECTIONS),
     }
 
 
@@ -651,7 +710,8 @@ def choices_of(path: str) -> tuple[str, ...] | None:
     return None
 
 
-_REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss")
+_REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss",
+                  "algo.policy_loss", "algo.off_policy.correction")
 
 # Flat names users bring from TRL / transformers, accepted at the top level of a config or command line
 # (logged once: "learning_rate -> optim.lr"). Per family where the meaning differs (beta).

@@ -247,7 +247,7 @@ def test_online_advantages_pass_log_ratio_clip_and_mask():
     cfg = build_config("reinforce", {}, ["algo.kl.estimator=k3"])
     assert cfg.algo.kl.log_ratio_clip == 20.0
     trainer = SimpleNamespace(cfg=cfg, kl_ctl=FixedKLController(0.0), estimator=ADVANTAGE_ESTIMATORS["reinforce_pp"],
-                              k=1, kl_in_reward=True)
+                              k=1, kl_in_reward=True, off_policy=lambda e: {})
     exp = SimpleNamespace(mask=torch.tensor([[1.0, 1.0, 0.0]]), old_logprobs=torch.tensor([[-100.0, -1.0, NAN]]),
                           ref_logprobs=torch.tensor([[0.0, -1.0, 0.0]]), scores=torch.tensor([1.0]), values=None)
     metrics = OnlineTrainer.advantages(trainer, exp)

@@ -442,13 +442,15 @@ def test_online_score_drops_samples_without_finite_reward(tok):
                               acc=SimpleNamespace(gather=lambda x: x),
                               functions=CombinedRewards([f"{FNS_FILE}:some_bad", "exact_match"]))
     trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
+    trainer.penalised = MethodType(OnlineTrainer.penalised, trainer)
     ids = [tok("a", add_special_tokens=False).input_ids[0], tok("b", add_special_tokens=False).input_ids[0]]
     response_ids = torch.tensor([[ids[0]]] * 5 + [[ids[1]]])
     rollout = SimpleNamespace(response_ids=response_ids, response_mask=torch.ones(6, 1, dtype=torch.bool),
                               ended=torch.ones(6, dtype=torch.bool), sequences=response_ids,
-                              attention_mask=torch.ones(6, 1, dtype=torch.long))
+                              attention_mask=torch.ones(6, 1, dtype=torch.long),
+                              lengths=torch.ones(6, dtype=torch.long))
     rows = [{"prompt": [{"role": "user", "content": "say a"}], "answer": "a"}] * 6
-    exp = SimpleNamespace(rollout=rollout, rows=rows, mask=torch.ones(6, 1))
+    exp = SimpleNamespace(rollout=rollout, rows=rows, mask=torch.ones(6, 1), env_returns=None)
     OnlineTrainer.score(trainer, exp, step=1)
     assert exp.texts == ["a"] * 5 + ["b"]
     assert exp.raw_scores.tolist() == [2.0, 0.0, 0.0, 1.0, 0.0, 2.0]
@@ -487,11 +489,14 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
     trainer = SimpleNamespace(tok=tok, scorer=scorer, functions=None, device=torch.device("cpu"), cfg=cfg,
                               moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x))
     trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
+    trainer.penalised = MethodType(OnlineTrainer.penalised, trainer)
     ids = torch.tensor([[tok("a", add_special_tokens=False).input_ids[0]]] * 4)
     rollout = SimpleNamespace(response_ids=ids, response_mask=torch.ones(4, 1, dtype=torch.bool),
                               ended=torch.ones(4, dtype=torch.bool), sequences=ids,
-                              attention_mask=torch.ones(4, 1, dtype=torch.long))
-    exp = SimpleNamespace(rollout=rollout, rows=[{"prompt": [{"role": "user", "content": "x"}]}] * 4,
+                              attention_mask=torch.ones(4, 1, dtype=torch.long),
+                              lengths=torch.ones(4, dtype=torch.long))
+    exp = SimpleNamespace(rollout=rollout, env_returns=None,
+                          rows=[{"prompt": [{"role": "user", "content": "x"}]}] * 4,
                           mask=torch.ones(4, 1))
     OnlineTrainer.score(trainer, exp, step=1)
     assert exp.raw_scores.tolist() == [1.0, 0.0, 0.0, 3.0] and exp.scores.tolist() == [1.0, 0.0, 0.0, 3.0]

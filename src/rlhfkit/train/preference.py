@@ -42,7 +42,7 @@ from ..data import PreferenceCollator, UnpairedCollator
 from ..errors import DataError
 from ..models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
 from ..rollout import eval_mode
-from .common import load_records, to_device, tokenize, write_report
+from .common import load_records, to_device, tokenize
 from .loop import SupervisedJob, start_run, train_supervised
 
 CACHE_FILE = "reference_logps.pt"
@@ -386,12 +386,18 @@ def run_preference(cfg) -> dict:
     """Train with the loss ``cfg.algo.loss``, evaluate on held-out pairs, save; returns the final metrics
     (``eval/rewards/accuracies``, ``eval/rewards/margins``, ``train/loss``, …)."""
     cfg.check_inputs()
+    # 1. data records first (a mistake in them costs seconds and touches nothing)
+    records = load_preference_records(cfg, PREFERENCE_LOSSES[cfg.algo.loss].paired)
+    # 2. run directory (locked), accelerator, seed; a finished run is not trained again
+    with start_run(cfg) as run:
+        done = run.session.begin()
+        return done if done is not None else _train_preference(cfg, run, records)
+
+
+def _train_preference(cfg, run, records) -> dict:
     spec = PREFERENCE_LOSSES[cfg.algo.loss]
     name = cfg.recipe
-    # 1. run directory, accelerator, seed
-    run = start_run(cfg)
-    # 2. data records first (a mistake in them costs seconds, not a model load), then policy and tokenizer
-    records = load_preference_records(cfg, spec.paired)
+    # 2. policy and tokenizer
     model, tok = load_causal_lm(cfg.model, device=run.device, seed=cfg.train.seed)
     model.to(run.device)
     run.print(f"[{name}] {cfg.algo.loss} from {cfg.model.name}: {describe(model)}")
@@ -413,9 +419,8 @@ def run_preference(cfg) -> dict:
         on_save=lambda m, d: save_model(m, tok, d),
     )
     metrics = train_supervised(run, job)
-    # 6. summary and report
+    # 6. summary (the report was written when the run finished)
     if "eval/rewards/accuracies" in metrics:
         run.print(f"[{name}] done: model saved to {run.run_dir}; held-out preference accuracy "
                   f"{metrics['eval/rewards/accuracies']:.3f}, margin {metrics['eval/rewards/margins']:.3f}")
-    write_report(run)
     return metrics
