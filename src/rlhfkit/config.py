@@ -341,7 +341,6 @@ def _check_common(cfg) -> None:
         raise ConfigError(f"model.gguf_file={cfg.model.gguf_file!r} names a file inside model.name, but the built-in "
                           "tiny model has none", where="model.gguf_file",
                           fix="set model.name to the directory holding the .gguf file, or model.gguf_file=null")
-    _check_backends(cfg.track.backends)
 
 
 def _is_tiny(name: str) -> bool:
@@ -381,16 +380,6 @@ def _check_model_source(name: str | None, key: str) -> None:
             raise ConfigError(f"model {name!r} is not in the local Hugging Face cache (rlhfkit runs offline)",
                               where=key, fix="download it once (`huggingface-cli download " + name + "`), or run "
                                              "with HF_HUB_OFFLINE=0 to let it be fetched, or give a local directory")
-
-
-TRACK_BACKENDS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}  # backend -> package it needs
-
-
-def _check_backends(backends: list[str]) -> None:
-    for b in backends:
-        if b not in TRACK_BACKENDS:
-            raise ConfigError(f"unknown metrics backend {b!r} in track.backends", where="track.backends",
-                              fix=_did_you_mean(b, list(TRACK_BACKENDS)).replace("valid keys", "choose from"))
 
 
 def _check_online(cfg) -> None:
@@ -433,16 +422,9 @@ def _check_online(cfg) -> None:
 
 
 def _inputs_common(cfg) -> None:
-    import importlib.util
-
     if not cfg.data.train:
         raise ConfigError("no training data given", where="data.train",
                           fix="set data.train=path/to/file.jsonl (see `rlhfkit data make quickstart --out data/`)")
-    for b in cfg.track.backends:
-        package = TRACK_BACKENDS.get(b)
-        if package and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"track.backends={b} needs the {package} package, which is not installed",
-                              where="track.backends", fix=f"pip install {package}, or drop {b} from track.backends")
     _check_chat_template(cfg.model.chat_template)
     _check_model_source(cfg.model.name, "model.name")
     _check_model_source(getattr(cfg, "ref_model", None), "ref_model")
