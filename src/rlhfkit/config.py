@@ -334,7 +334,19 @@ def _check_common(cfg) -> None:
             raise ConfigError("model.lora.qlora loads the base model in 4-bit, which needs a CUDA GPU and the "
                               "bitsandbytes package", where="model.lora.qlora",
                               fix="set model.lora.qlora=false (plain LoRA), or run on a GPU with bitsandbytes")
+    if not cfg.model.name.strip():
+        raise ConfigError("'model.name' is empty", where="model.name",
+                          fix="give a model directory, a .gguf file, a cached hub name, or tiny")
     d = cfg.data
+    for key in ("split", "eval_split"):
+        if getattr(d, key):
+            from .data import parse_split
+            from .errors import DataError
+
+            try:
+                parse_split(getattr(d, key))
+            except DataError as err:
+                raise ConfigError(err.message, where=f"data.{key}", fix=err.fix) from None
     if d.max_prompt_length is not None and d.max_prompt_length > d.max_length:
         raise ConfigError(f"data.max_prompt_length={d.max_prompt_length} exceeds data.max_length={d.max_length} "
                           "(prompt + completion)", where="data.max_prompt_length",
@@ -343,7 +355,6 @@ def _check_common(cfg) -> None:
         raise ConfigError(f"model.gguf_file={cfg.model.gguf_file!r} names a file inside model.name, but the built-in "
                           "tiny model has none", where="model.gguf_file",
                           fix="set model.name to the directory holding the .gguf file, or model.gguf_file=null")
-    _check_backends(cfg.track.backends)
     _check_distributed(cfg)
 
 
@@ -384,16 +395,6 @@ def _check_model_source(name: str | None, key: str) -> None:
             raise ConfigError(f"model {name!r} is not in the local Hugging Face cache (rlhfkit runs offline)",
                               where=key, fix="download it once (`huggingface-cli download " + name + "`), or run "
                                              "with HF_HUB_OFFLINE=0 to let it be fetched, or give a local directory")
-
-
-TRACK_BACKENDS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}  # backend -> package it needs
-
-
-def _check_backends(backends: list[str]) -> None:
-    for b in backends:
-        if b not in TRACK_BACKENDS:
-            raise ConfigError(f"unknown metrics backend {b!r} in track.backends", where="track.backends",
-                              fix=_did_you_mean(b, list(TRACK_BACKENDS)).replace("valid keys", "choose from"))
 
 
 def _check_distributed(cfg) -> None:
@@ -478,6 +479,9 @@ def _check_online(cfg) -> None:
         if not fn.fn.strip():
             raise ConfigError(f"reward.functions[{i}] names no function", where=f"reward.functions[{i}].fn",
                               fix="give fn: package.module:function, file.py:function or a built-in name")
+    if any(not text for text in cfg.generation.stop_strings):
+        raise ConfigError("generation.stop_strings holds an empty string (every response would stop at once)",
+                          where="generation.stop_strings", fix="remove the empty entry")
     if cfg.generation.min_new_tokens > cfg.generation.max_new_tokens:
         raise ConfigError("generation.min_new_tokens exceeds generation.max_new_tokens",
                           where="generation.min_new_tokens", fix="lower it (0 = never force length)")
@@ -495,17 +499,11 @@ def _check_online(cfg) -> None:
 
 
 def _inputs_common(cfg) -> None:
-    import importlib.util
 
     _inputs_distributed(cfg)
     if not cfg.data.train:
         raise ConfigError("no training data given", where="data.train",
                           fix="set data.train=path/to/file.jsonl (see `rlhfkit data make quickstart --out data/`)")
-    for b in cfg.track.backends:
-        package = TRACK_BACKENDS.get(b)
-        if package and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"track.backends={b} needs the {package} package, which is not installed",
-                              where="track.backends", fix=f"pip install {package}, or drop {b} from track.backends")
     _check_chat_template(cfg.model.chat_template)
     _check_model_source(cfg.model.name, "model.name")
     _check_model_source(getattr(cfg, "ref_model", None), "ref_model")

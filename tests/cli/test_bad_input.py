@@ -282,6 +282,7 @@ TABLE = [
     ("reward_scalar", [*_GRPO, _fn("rf.py:scalar")], ["rf.py:scalar", "returned a float", "not a list"]),
     ("reward_weight_nan", [*_GRPO, "reward.functions=[{fn: exact_match, weight: .nan}]"],
      ["reward.functions[0].weight", "finite"]),
+    ("reward_takes_one_argument", [*_GRPO, _fn("rf.py:one_argument")], ["rf.py:one_argument", "takes (completions)"]),
     ("reward_kwarg_misspelt", [*_GRPO, "reward.functions=[{fn: rf.py:scaled, kwargs: {scal: 2}}]"],
      ["rf.py:scaled", "no parameter 'scal'", "did you mean 'scale'"]),
     ("reward_rule_missing_option", [*_GRPO, "reward.functions=[{fn: length_target, kwargs: {targt: 3}}]"],
@@ -306,6 +307,14 @@ TABLE = [
      ["data.max_prompt_length", "data.max_length"]),
     ("yaml_tab_indent", ["sft", "tabs.yaml"], ["tabs.yaml:2", "invalid YAML"]),
     ("message_role_unknown", ["sft", "data.train=tool.jsonl", "output_dir=prev"], ["tool.jsonl:1", "'tool'"]),
+    ("model_name_empty", [*_SFT, "model.name="], ["model.name", "empty"]),
+    ("stop_string_empty", [*_GRPO, _fn("exact_match"), "generation.stop_strings=['']"], ["generation.stop_strings"]),
+    ("eval_split_unparsable", [*_SFT, "data.eval=good.jsonl", "data.eval_split=x["], ["data.eval_split", "x["]),
+    ("fewer_prompts_than_a_rollout_batch", ["grpo", "data.train=prompts.jsonl", "output_dir=prev", _fn("exact_match"),
+                                            "algo.rollout_batch_size=32", "algo.mini_batch_size=8",
+                                            "train.batch_size=4"], ["algo.rollout_batch_size", "prompts do not fill"]),
+    ("jsonl_null_line", ["sft", "data.train=nullline.jsonl", "output_dir=prev"], ["nullline.jsonl:2", "JSON object"]),
+    ("data_dir_with_a_broken_file", ["sft", "data.train=bad_dir", "output_dir=prev"], ["a.jsonl:1", "invalid JSON"]),
 ]
 
 _RF = '''
@@ -326,6 +335,10 @@ def scalar(prompts, completions, **fields):
 
 def none_for_all(prompts, completions, **fields):
     return [None for _ in completions]
+
+
+def one_argument(completions):
+    return [1.0 for _ in completions]
 
 
 def scaled(prompts, completions, scale=1.0):
@@ -360,6 +373,9 @@ def _write_table_inputs(root: Path) -> None:
     (root / "unknown_nested.yaml").write_text("data:\n  trian: good.jsonl\n")
     (root / "dpo_recipe.yaml").write_text("recipe: dpo\n")
     (root / "tabs.yaml").write_text("optim:\n\tlr: 1\n")
+    (root / "nullline.jsonl").write_text(json.dumps(GOOD[0]) + "\nnull\n")
+    (root / "bad_dir").mkdir()
+    (root / "bad_dir" / "a.jsonl").write_text("{broken\n")
     tool = {"role": "tool", "content": "42"}
     jsonl("tool.jsonl", [{"messages": [user, tool, asst]}])
     (root / "rf.py").write_text(_RF)

@@ -141,10 +141,8 @@ def test_output_dir_that_cannot_really_be_created(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the probe left nothing behind
 
 
-def test_backends_chat_template_and_gguf_checked_before_loading(tmp_path):
+def test_chat_template_and_gguf_checked_before_loading(tmp_path):
     out = {"output_dir": str(tmp_path / "r")}
-    with pytest.raises(ConfigError, match="did you mean 'tensorboard'"):
-        build_config("sft", out, ["track.backends=[tensorbord]"])
     with pytest.raises(ConfigError, match="model.gguf_file"):
         build_config("sft", out, ["model.gguf_file=x.gguf"])
     cfg = build_config("sft", {**out, "data": {"train": "x.jsonl"}}, ["model.chat_template=missing.jinja"])

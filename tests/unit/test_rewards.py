@@ -260,7 +260,6 @@ def test_combined_fields_kwargs_and_duplicates():
         ("one_short", "returned 3 values for 4 completions"),
         ("returns_text", "returned a str ('good') at index 0"),
         ("returns_scalar", "returned a float (1.0), not a list"),
-        ("returns_bool", "returned a bool (True) at index 0"),
     ],
 )
 def test_combined_validates_returns(name, message):
@@ -503,3 +502,10 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
     assert exp.raw_scores.tolist() == [1.0, 0.0, 0.0, 3.0] and exp.scores.tolist() == [1.0, 0.0, 0.0, 3.0]
     assert exp.mask.squeeze(-1).tolist() == [1.0, 0.0, 0.0, 1.0]
     assert exp.reward_metrics["rewards/dropped"] == 2.0 and exp.reward_metrics["rewards/model/mean"] == 2.0
+
+
+def test_bools_count_as_numbers_and_signature_is_checked_at_construction():
+    # [c == "a" for c in completions] is a common reward: True / False are 1.0 / 0.0
+    assert CombinedRewards([f"{FNS_FILE}:returns_bool"])(["p"] * 2, ["a", "b"], [{}] * 2).total.tolist() == [1.0, 1.0]
+    with pytest.raises(RewardError, match=r"takes \(completions\), not \(prompts, completions, \*\*fields\)"):
+        CombinedRewards([f"{FNS_FILE}:one_argument"])

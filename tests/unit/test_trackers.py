@@ -68,6 +68,9 @@ def test_missing_tracker_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_cli_rejects_a_missing_tracker_before_the_run_directory_exists(tmp_path, monkeypatch, capsys):
+    import rlhfkit.config
+
+    monkeypatch.setattr(rlhfkit.config, "_ALIASES_LOGGED", set())  # an earlier test may have logged report_to
     _installed(monkeypatch)
     out = tmp_path / "run"
     assert main(["sft", f"output_dir={out}", "model.name=tiny:hidden=32,layers=1", "data.train=x.jsonl",

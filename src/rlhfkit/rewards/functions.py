@@ -215,7 +215,7 @@ def _to_float(value: Any, label: str, index: int, at: str = "") -> float | None:
             value = value.item()
         except (TypeError, ValueError):
             pass
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not isinstance(value, numbers.Real):  # bools are accepted as 1.0 / 0.0
         raise RewardError(
             f"function {label} returned a {type(value).__name__} ({value!r:.40}) at index {index}{at}",
             where=WHERE,
@@ -267,6 +267,7 @@ class CombinedRewards:
                 raise RewardError(
                     f"function {label} has weight {spec.weight!r}", where=WHERE, fix="use a finite number"
                 )
+            _check_positional(label, fn)
             kwargs = dict(spec.kwargs or {})
             if kwargs:
                 _check_kwargs(label, fn, kwargs)
@@ -410,6 +411,22 @@ def _summary(values: list[float | None]) -> str:
         key = "None" if v is None else ("a number" if math.isfinite(v) else repr(v))
         counts[key] = counts.get(key, 0) + 1
     return ", ".join(f"{k} x {n}" for k, n in counts.items())
+
+
+def _check_positional(label: str, fn: Callable) -> None:
+    """``fn`` must take (prompts, completions) positionally: a function written for one argument is answered when
+    the run starts, not as a TypeError on the first rollout."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2:
+        names = ", ".join(p.name for p in params) or "no parameters"
+        raise RewardError(f"function {label} takes ({names}), not (prompts, completions, **fields)", where=WHERE,
+                          fix="define it as def fn(prompts, completions, **fields) -> list[float | None]")
 
 
 def _check_kwargs(label: str, fn: Callable, kwargs: dict) -> None:

@@ -190,6 +190,8 @@ class OnlineTrainer:
         # reward functions and prompt records first: a mistake in them is answered before any weights load
         self.functions = CombinedRewards(cfg.reward.functions) if cfg.reward.functions else None
         self.records = load_records(cfg, "prompt")
+        if len(self.records[0]) < cfg.algo.rollout_batch_size * run.world_size:
+            raise _too_few_prompts(len(self.records[0]), cfg.algo.rollout_batch_size, run.world_size)
         if self.functions is not None:  # wrong length / type on a few prompts, before the run directory is touched
             head = self.records[0][:4]
             self.functions.probe([r["prompt"][-1]["content"] for r in head],
@@ -245,9 +247,7 @@ class OnlineTrainer:
         self.total_steps = max(1, cfg.algo.total_episodes // per_step)
         self.per_epoch = len(self.prompts) // (cfg.algo.rollout_batch_size * world)
         if self.per_epoch == 0:
-            raise ConfigError(f"{len(self.prompts)} prompts do not fill one rollout batch of "
-                              f"{cfg.algo.rollout_batch_size} x {world} processes", where="algo.rollout_batch_size",
-                              fix="lower algo.rollout_batch_size or give more prompts")
+            raise _too_few_prompts(len(self.prompts), cfg.algo.rollout_batch_size, world)
         batch = cfg.algo.rollout_batch_size * self.k  # its divisibility was checked when the config was built
         self.updates_per_step = cfg.algo.ppo_epochs * (batch // cfg.algo.mini_batch_size)
 
@@ -665,6 +665,11 @@ def disable_dropout(model) -> None:
     for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
         if isinstance(getattr(model.config, key, None), float):
             setattr(model.config, key, 0.0)
+
+
+def _too_few_prompts(n: int, batch: int, world: int) -> ConfigError:
+    return ConfigError(f"{n} prompts do not fill one rollout batch of {batch} x {world} processes",
+                       where="algo.rollout_batch_size", fix="lower algo.rollout_batch_size or give more prompts")
 
 
 def _with_name(mcfg, name: str):
