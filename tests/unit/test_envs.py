@@ -225,3 +225,13 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
     for key in st_a:
         torch.testing.assert_close(st_a[key], st_b[key], msg=key)
     torch.testing.assert_close(g_a, g_b, rtol=0, atol=0)
+
+
+def test_calculator_system_prompt_and_config_file():
+    from rlhfkit.config import load_config
+
+    msgs = CalculatorEnv().reset({"prompt": "What is 1 + 2?"})
+    assert msgs[0]["role"] == "system" and "<tool_call>" in msgs[0]["content"] and len(msgs) == 2
+    assert len(CalculatorEnv(system_prompt="").reset({"prompt": "What is 1 + 2?"})) == 1
+    cfg = load_config("grpo", "configs/multiturn_calculator.yaml")
+    assert cfg.env.name == "calculator" and not cfg.reward.functions
