@@ -176,6 +176,8 @@ class OnlineTrainer:
         algo = cfg.algo
         self.estimator = algos.ADVANTAGE_ESTIMATORS[algo.advantage]  # validated when the config was built
         self.policy_loss = algos.POLICY_LOSSES[algo.policy_loss]
+        # the constant normaliser of seq_mean_token_sum_norm: the longest response (multi-turn: the whole episode)
+        self.max_response_len = cfg.env.max_total_tokens if cfg.env.name else cfg.generation.max_new_tokens
         self.k = algo.num_generations
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
         placement = algo.kl.placement
@@ -498,14 +500,14 @@ class OnlineTrainer:
             logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
             loss, st = self.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["mask"],
                                         clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens,
+                                        aggregation=algo.loss_aggregation, max_len=self.max_response_len,
                                         weights=batch.get("is_weights"))
             ent_logits = logits.detach() if algo.entropy_coef == 0 else logits
             entropy = algos.masked_mean(algos.entropy_from_logits(ent_logits), batch["mask"])
             total = loss - algo.entropy_coef * entropy
             if not self.kl_in_reward and "ref_logprobs" in batch:
                 kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
-                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens,
+                                        aggregation=algo.loss_aggregation, max_len=self.max_response_len,
                                         log_ratio_clip=algo.kl.log_ratio_clip)
                 total = total + self.kl_ctl.value * kl_l
         self.acc.backward(total * scale)
