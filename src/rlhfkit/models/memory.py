@@ -412,6 +412,9 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
                 lp = role.arch.layer_params()
                 wb = 2 if setup.device == "cuda" else role.weight_bytes
                 ph.add(f"{role.name} gathered layers", 2 * lp * wb, f"2 layers x {_n(lp)} x {wb:g} B (current + next)")
+                rp = role_params(role) - role.arch.layers * lp
+                ph.add(f"{role.name} gathered root", rp * wb,
+                       f"{_n(rp)} (embeddings, final norm, head) x {wb:g} B, forward to backward")
         # AdamW's foreach step needs temporaries about the size of the (sharded) gradients; the peak of the step
         # is the larger of backward (activations, logits) and the optimizer step (temporaries)
         act = sum(v for k, v in ph.items.items() if "activations" in k or "logits" in k or "autocast" in k)
