@@ -131,8 +131,8 @@ def test_preflight_eos_equal_to_pad_is_flagged(tmp_path, task_data):
 
 
 def test_cli_plan_prints_the_figures_and_exits_0(llama_dir, capsys):
-    rc = main(["plan", "configs/sft.yaml", f"model.name={llama_dir}", "data.train=null", "--world-size", "8",
-               "--gpu-memory", "80GiB"])
+    rc = main(["plan", "configs/sft.yaml", "--world-size", "8", f"model.name={llama_dir}", "--gpu-memory=80GiB",
+               "data.train=null"])  # plan's flags may sit between the overrides
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "6.738B parameters" in out and "strategy ddp x 8 device(s)" in out
@@ -145,6 +145,8 @@ def test_cli_plan_bad_input_is_one_line_exit_2(llama_dir, capsys):
     assert main(["plan", "configs/sft.yaml", "model.name=/nowhere/model"]) == 2
     assert "model.name" in capsys.readouterr().err
     assert main(["plan", "configs/pipeline.yaml"]) == 2
+    assert main(["plan", "configs/sft.yaml", f"model.name={llama_dir}", "--world-size", "zero"]) == 2
+    assert "--world-size" in capsys.readouterr().err
 
 
 def test_preflight_reward_model_tokenizer(task_data, tmp_path):

@@ -231,7 +231,8 @@ class ModelRole:
     weight_bytes: float  # per parameter (fp32 4, bf16 2, 4-bit ~0.52)
     head: str = "lm"  # lm (vocabulary logits) | scalar (reward / value head)
     sharded: bool = True  # frozen models under fsdp2 / zero3: sharded or replicated
-    offloaded: bool = False  # kept in CPU memory between uses (memory.offload_reference / offload_reward)
+    offloaded: bool = False  # not on the device during training (offloaded between uses, or freed)
+    note: str = "kept in CPU memory between uses"  # why it is not on the device, when ``offloaded``
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ def model_states(role: ModelRole, setup: Setup) -> dict[str, tuple[float, str]]:
     d = _div(setup, shard_w)
     offload_params = setup.offload and setup.strategy in ("fsdp2", "zero3") and role.trainable == "full"
     if role.offloaded:
-        out[f"{role.name} weights"] = (0.0, "kept in CPU memory between uses")
+        out[f"{role.name} weights"] = (0.0, role.note)
     elif offload_params:
         out[f"{role.name} weights"] = (0.0, "offloaded to CPU memory")
     else:
