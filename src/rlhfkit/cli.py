@@ -270,6 +270,10 @@ def cmd_train(command: str, tokens: list[str]) -> int:
 
     config_path, overrides = split_overrides(tokens)
     cfg = load_config(command, config_path, overrides)  # validates every key before anything is written
+    from .track.trackers import check_backends
+
+    if hasattr(cfg, "track"):  # a tracker's missing package: one line, before weights load (pipeline: per stage)
+        check_backends(cfg.track.backends)
     run_dir = Path(cfg.output_dir)
     _STATE["run_dir"] = run_dir
     print(f"[rlhfkit] {command}: run directory {run_dir.resolve()}"
@@ -277,8 +281,9 @@ def cmd_train(command: str, tokens: list[str]) -> int:
     _quiet_libraries()
     started = time.time()
     RECIPES[command].run(cfg)
-    print(f"[rlhfkit] {command} finished in {time.time() - started:.0f} s; run directory {run_dir.resolve()}",
-          flush=True)
+    from .track.progress import run_summary_line
+
+    print(run_summary_line(command, run_dir, time.time() - started, since=started), flush=True)
     return EXIT_OK
 
 

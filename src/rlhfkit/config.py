@@ -111,7 +111,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class TrackConfig:
-    backends: list[str] = f(["jsonl"], "metric sinks: jsonl (always) + tensorboard | wandb")
+    backends: list[str] = f(["jsonl"], "trackers: jsonl (always) + tensorboard | wandb | mlflow | comet_ml | aim | "
+                                       "clearml | dvclive | swanlab | trackio (the last via accelerate)")
     sample_every: int = f(10, "print and save a table of samples every N steps (online recipes)", ge=0)
     progress: bool = f(True, "show a progress bar with ETA (off: no bar; metrics still go to metrics.jsonl)")
     report: bool = f(True, "write report.html at the end of the run")
@@ -180,6 +181,35 @@ class KLConfig:
     adaptive: bool = f(False, "Ziegler et al. (2019) adaptive coefficient towards `target`")
     target: float = f(6.0, "target sequence KL for the adaptive controller", gt=0)
     horizon: int = f(10000, "adaptive controller horizon in episodes", ge=1)
+    log_ratio_clip: float | None = f(20.0, "clamp log pi - log ref to [-c, c] before the KL estimator (k3 is inf "
+                                           "in float32 beyond 88); null = off", gt=0)
+
+
+@dataclass(frozen=True)
+class OffPolicyConfig:
+    correction: str = f("none", "rollout / trainer mismatch correction (see `algos.OFF_POLICY_CORRECTIONS`): none | "
+                                "tis (weight min(pi_old / pi_rollout, cap)) | mis (drop tokens / rows outside "
+                                "[low, high])")
+    level: str = f("token", "importance ratio per token, or per sequence (product of the row's token ratios)")
+    cap: float = f(2.0, "TIS: the largest importance weight", ge=1)
+    low: float = f(0.5, "MIS band lower end (also the band of the metric rollout/is_ratio_outside_frac)", ge=0, le=1)
+    high: float = f(2.0, "MIS band upper end (also the band of the metric rollout/is_ratio_outside_frac)", ge=1)
+
+
+@dataclass(frozen=True)
+class OverlongConfig:
+    cache_len: int = f(0, "DAPO soft overlong penalty over the last cache_len tokens before "
+                          "generation.max_new_tokens (linear to -penalty at the limit); 0 = off", ge=0)
+    penalty: float = f(1.0, "size of the overlong penalty at the limit (added to the score before normalisation)",
+                       ge=0)
+    filter: bool = f(False, "DAPO overlong filtering: responses cut at max_new_tokens leave every loss")
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    enabled: bool = f(False, "DAPO dynamic sampling: draw more prompts and keep only groups whose rewards differ "
+                             "until rollout_batch_size groups are kept (group estimators)")
+    max_draws: int = f(4, "most rollout batches drawn per step; at the cap the batch is filled with tied groups", ge=1)
 
 
 @dataclass(frozen=True)
@@ -199,9 +229,24 @@ class OnlineAlgoConfig:
     lam: float = f(0.95, "GAE lambda", ge=0, le=1)
     whiten_advantages: bool = f(True, "normalise advantages over the batch")
     loss_aggregation: str = f("token_mean", "token_mean | seq_mean_token_mean | seq_mean_token_sum_norm")
+    policy_loss: str = f("ppo", "policy loss (see `algos.POLICY_LOSSES`): ppo (token ratio, clipped) | gspo "
+                                "(sequence ratio, length-normalised, clipped per sequence) | gspo_token")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
+    overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")
+    dynamic_sampling: DynamicSamplingConfig = f(DynamicSamplingConfig(), "DAPO dynamic sampling")
+    off_policy: OffPolicyConfig = f(OffPolicyConfig(), "correction for the gap between the rollout engine's sampling "
+                                    "log-probs and the trainer's (metrics rollout/* are always logged)")
     total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str | None = f(None, "multi-turn environment: null = single-turn (reward model / functions) | calculator "
+                               "(built-in) | package.module:Class | path/to/file.py:Class")
+    kwargs: dict[str, Any] = f({}, "keyword arguments of the environment class")
+    max_turns: int = f(4, "most assistant turns per episode", ge=1)
+    max_total_tokens: int = f(256, "most tokens per episode after the first prompt (model + environment)", ge=1)
 
 
 @dataclass(frozen=True)
@@ -249,9 +294,21 @@ def check_output_dir(path: str) -> None:
     probe = p
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    if probe.exists() and not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)):
+    if probe.exists() and not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK) and _can_create_in(probe)):
         raise ConfigError(f"output_dir {p} cannot be written ({probe} is not a writable directory)",
                           where="output_dir", fix="choose a directory you can write to")
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Whether an entry can really be made in ``directory`` (``os.access`` says yes to root on read-only or virtual
+    file systems such as /sys): a hidden empty directory is made and removed at once; no file is touched."""
+    import tempfile
+
+    try:
+        Path(tempfile.mkdtemp(prefix=".rlhfkit-probe-", dir=directory)).rmdir()
+    except OSError:
+        return False
+    return True
 
 
 def _check_common(cfg) -> None:
@@ -268,7 +325,75 @@ def _check_common(cfg) -> None:
     if cfg.model.lora.qlora and not cfg.model.lora.enabled:
         raise ConfigError("model.lora.qlora trains LoRA adapters on a 4-bit base", where="model.lora.qlora",
                           fix="also set model.lora.enabled=true")
+    if cfg.model.lora.qlora:
+        import importlib.util
+
+        import torch
+
+        if not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
+            raise ConfigError("model.lora.qlora loads the base model in 4-bit, which needs a CUDA GPU and the "
+                              "bitsandbytes package", where="model.lora.qlora",
+                              fix="set model.lora.qlora=false (plain LoRA), or run on a GPU with bitsandbytes")
+    d = cfg.data
+    if d.max_prompt_length is not None and d.max_prompt_length > d.max_length:
+        raise ConfigError(f"data.max_prompt_length={d.max_prompt_length} exceeds data.max_length={d.max_length} "
+                          "(prompt + completion)", where="data.max_prompt_length",
+                          fix="lower data.max_prompt_length or raise data.max_length")
+    if cfg.model.gguf_file and _is_tiny(cfg.model.name):
+        raise ConfigError(f"model.gguf_file={cfg.model.gguf_file!r} names a file inside model.name, but the built-in "
+                          "tiny model has none", where="model.gguf_file",
+                          fix="set model.name to the directory holding the .gguf file, or model.gguf_file=null")
+    _check_backends(cfg.track.backends)
     _check_distributed(cfg)
+
+
+def _is_tiny(name: str) -> bool:
+    return name == "tiny" or name.startswith("tiny:")
+
+
+def _check_data_format(cfg, *allowed: str) -> None:
+    if cfg.data.format not in ("auto", *allowed):
+        raise ConfigError(f"the {cfg.recipe} recipe reads {' or '.join(allowed)} records, not {cfg.data.format}",
+                          where="data.format", fix=f"set data.format=auto (or {allowed[0]})")
+
+
+def _check_model_source(name: str | None, key: str) -> None:
+    """A local model path that does not exist, or a directory that holds no model, named before anything loads
+    (hub-style ``org/name`` and ``tiny`` are left to the loader, which reads only the local cache)."""
+    if not name or _is_tiny(name):
+        return
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_dir() and not any((path / f).is_file() for f in ("config.json", "adapter_config.json")) \
+                and not any(path.glob("*.gguf")):
+            raise ConfigError(f"{name} is not a model directory (no config.json)", where=key,
+                              fix="point to a directory a stage wrote (config.json + model.safetensors), a .gguf "
+                                  "file, or 'tiny'")
+        return
+    looks_local = name.startswith((".", "/", "~")) or path.suffix == ".gguf" or name.count("/") != 1
+    if looks_local:
+        raise ConfigError(f"model not found: {name}", where=key,
+                          fix="check the path (a stage's output directory holds config.json and model.safetensors), "
+                              "or give a cached hub name org/model or 'tiny'")
+    import os
+
+    if os.environ.get("HF_HUB_OFFLINE", "1") != "0":  # offline (the default): the hub name must be in the cache
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(name, "config.json"), str):
+            raise ConfigError(f"model {name!r} is not in the local Hugging Face cache (rlhfkit runs offline)",
+                              where=key, fix="download it once (`huggingface-cli download " + name + "`), or run "
+                                             "with HF_HUB_OFFLINE=0 to let it be fetched, or give a local directory")
+
+
+TRACK_BACKENDS = {"jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}  # backend -> package it needs
+
+
+def _check_backends(backends: list[str]) -> None:
+    for b in backends:
+        if b not in TRACK_BACKENDS:
+            raise ConfigError(f"unknown metrics backend {b!r} in track.backends", where="track.backends",
+                              fix=_did_you_mean(b, list(TRACK_BACKENDS)).replace("valid keys", "choose from"))
 
 
 def _check_distributed(cfg) -> None:
@@ -332,6 +457,7 @@ def _check_online(cfg) -> None:
     from . import algos
 
     _check_common(cfg)
+    _check_data_format(cfg, "prompt")
     algo = cfg.algo
     est = algos.ADVANTAGE_ESTIMATORS[algo.advantage]
     if est.group_based and algo.num_generations < 2:
@@ -350,29 +476,62 @@ def _check_online(cfg) -> None:
     if cfg.generation.min_new_tokens > cfg.generation.max_new_tokens:
         raise ConfigError("generation.min_new_tokens exceeds generation.max_new_tokens",
                           where="generation.min_new_tokens", fix="lower it (0 = never force length)")
+    if algo.overlong.cache_len > cfg.generation.max_new_tokens:
+        raise ConfigError(f"algo.overlong.cache_len={algo.overlong.cache_len} exceeds generation.max_new_tokens="
+                          f"{cfg.generation.max_new_tokens}", where="algo.overlong.cache_len",
+                          fix="choose a cache_len below max_new_tokens (DAPO: 4096 of 20480)")
+    if algo.dynamic_sampling.enabled and not est.group_based:
+        raise ConfigError(f"dynamic sampling keeps groups whose rewards differ; {algo.advantage} has no groups",
+                          where="algo.dynamic_sampling.enabled",
+                          fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or disable it")
     if algo.kl.adaptive and algo.kl.coef == 0:
         raise ConfigError("the adaptive KL controller cannot move a coefficient of 0", where="algo.kl.coef",
                           fix="give an initial algo.kl.coef > 0")
 
 
 def _inputs_common(cfg) -> None:
+    import importlib.util
+
     _inputs_distributed(cfg)
     if not cfg.data.train:
         raise ConfigError("no training data given", where="data.train",
                           fix="set data.train=path/to/file.jsonl (see `rlhfkit data make quickstart --out data/`)")
+    for b in cfg.track.backends:
+        package = TRACK_BACKENDS.get(b)
+        if package and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"track.backends={b} needs the {package} package, which is not installed",
+                              where="track.backends", fix=f"pip install {package}, or drop {b} from track.backends")
+    _check_chat_template(cfg.model.chat_template)
+    _check_model_source(cfg.model.name, "model.name")
+    _check_model_source(getattr(cfg, "ref_model", None), "ref_model")
+
+
+def _check_chat_template(template: str | None) -> None:
+    """A chat template is Jinja text or the path of a file holding it; text without any Jinja tag that names no
+    existing file is a mistyped path (it would otherwise become the template itself)."""
+    if template and "{" not in template and not Path(template).expanduser().is_file():
+        raise ConfigError(f"model.chat_template file not found: {template}", where="model.chat_template",
+                          fix="give the path of an existing template file, or the Jinja template text itself")
 
 
 def _inputs_online(cfg) -> None:
     from . import algos
 
     _inputs_common(cfg)
-    if cfg.reward.model is None and not cfg.reward.functions:
+    if cfg.env.name:
+        from .envs import load_environment
+
+        load_environment(cfg.env.name)  # an unloadable environment stops the run here, before any weights load
+    if cfg.reward.model is None and not cfg.reward.functions and not cfg.env.name:
         raise ConfigError("no reward: give a reward model or reward functions", where="reward",
-                          fix="set reward.model=runs/rm or reward.functions=[{fn: exact_match}]")
+                          fix="set reward.model=runs/rm, reward.functions=[{fn: exact_match}] or env.name")
     est = algos.ADVANTAGE_ESTIMATORS[cfg.algo.advantage]
     if est.needs_critic and cfg.critic.model is None and cfg.critic.init == "reward" and cfg.reward.model is None:
         raise ConfigError("critic.init=reward needs reward.model", where="critic.init",
                           fix="set critic.init=policy, or give reward.model")
+    _check_model_source(cfg.reward.model, "reward.model")
+    if est.needs_critic:
+        _check_model_source(cfg.critic.model, "critic.model")
 
 
 def _check_preference(cfg) -> None:
@@ -409,6 +568,7 @@ class SFTConfig:
 
     def check(self) -> None:
         _check_common(self)
+        _check_data_format(self, "sft")
 
     def check_inputs(self) -> None:
         _inputs_common(self)
@@ -428,6 +588,7 @@ class RewardModelConfig:
 
     def check(self) -> None:
         _check_common(self)
+        _check_data_format(self, "preference")
 
     def check_inputs(self) -> None:
         _inputs_common(self)
@@ -449,6 +610,7 @@ class OnlineConfig:
     algo: OnlineAlgoConfig = f(OnlineAlgoConfig(), "PPO / GRPO / RLOO / REINFORCE++")
     critic: CriticConfig = f(CriticConfig(), "value model (PPO only)")
     memory: MemoryConfig = f(MemoryConfig(), "memory savers")
+    env: EnvConfig = f(EnvConfig(), "multi-turn environment (tool calls); its rewards add to the reward's")
 
     def check(self) -> None:
         _check_online(self)
@@ -581,6 +743,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "algo.kl.placement": ("auto", "reward", "loss"),
     "algo.reference": ("precompute", "on_the_fly"),
     "critic.init": ("reward", "policy"),
+    "algo.off_policy.level": ("token", "sequence"),
     "distributed.strategy": ("ddp", "fsdp2", "deepspeed"),
 }
 
@@ -596,6 +759,8 @@ def registry_choices() -> dict[str, tuple[str, ...]]:
         "algo.loss_aggregation": tuple(algos.LOSS_AGGREGATIONS),
         "algo.kl.estimator": tuple(algos.KL_ESTIMATORS),
         "algo.loss": tuple(algos.PREFERENCE_LOSSES),
+        "algo.policy_loss": tuple(algos.POLICY_LOSSES),
+        "algo.off_policy.correction": tuple(algos.OFF_POLICY_CORRECTIONS),
     }
 
 
@@ -608,7 +773,8 @@ def choices_of(path: str) -> tuple[str, ...] | None:
     return None
 
 
-_REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss")
+_REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss",
+                  "algo.policy_loss", "algo.off_policy.correction")
 
 # Flat names users bring from TRL / transformers, accepted at the top level of a config or command line
 # (logged once: "learning_rate -> optim.lr"). Per family where the meaning differs (beta).
@@ -899,14 +1065,23 @@ def _apply_aliases(tree: dict, recipe: str, source: str) -> dict:
 
 
 _ALIASES_LOGGED: set[str] = set()
+_ALIASES_PENDING: list[tuple[str, str]] = []
 
 
 def _log_alias(key: str, target: str) -> None:
-    if key not in _ALIASES_LOGGED:
-        _ALIASES_LOGGED.add(key)
-        import sys
+    """Note an alias; printed by :func:`_flush_aliases` once the config is valid (a config error stays the one line
+    on stderr)."""
+    if key not in _ALIASES_LOGGED and (key, target) not in _ALIASES_PENDING:
+        _ALIASES_PENDING.append((key, target))
 
+
+def _flush_aliases() -> None:
+    import sys
+
+    for key, target in _ALIASES_PENDING:
+        _ALIASES_LOGGED.add(key)
         print(f"[config] {key} -> {target}", file=sys.stderr)
+    _ALIASES_PENDING.clear()
 
 
 def build_config(recipe: str, data: dict | None = None, overrides: list[str] | tuple[str, ...] = (),
@@ -916,6 +1091,7 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe '{recipe}'", where="recipe", fix=_did_you_mean(recipe, list(RECIPES)))
     spec = RECIPES[recipe]
+    _ALIASES_PENDING.clear()
     data = _apply_aliases(_copy(data or {}), recipe, source)
     tree = _merge(_copy(spec.defaults), data)  # never mutate shared defaults
     file_recipe = tree.get("recipe", recipe)
@@ -936,6 +1112,7 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
     src = source if not overrides else f"{source} + overrides"
     cfg = _build(spec.config, tree, "", src)
     cfg.check()
+    _flush_aliases()
     return cfg
 
 

@@ -41,3 +41,13 @@ class ModelError(UserError):
 
 class RewardError(UserError):
     """A reward function that cannot be imported, called, or returns the wrong thing."""
+
+
+class RunError(UserError):
+    """The run directory cannot be used as asked: locked by another run, holding a different run, unreadable or
+    damaged checkpoints, a full disk while saving."""
+
+
+class NonFiniteError(UserError):
+    """Training diverged: too many consecutive non-finite losses / gradients, or non-finite weights about to be
+    saved."""

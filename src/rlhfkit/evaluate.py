@@ -311,7 +311,7 @@ def evaluate(
     # 4. reward functions, each by name
     if rewards is not None:
         rows = [{k: v for k, v in r.items() if k != "prompt"} for r in records]
-        _, per_fn, _ = rewards([_prompt_arg(r) for r in records], texts, rows)
+        per_fn = rewards([_prompt_arg(r) for r in records], texts, rows).per_function
         result["rewards"] = {}
         for name, values in per_fn.items():
             present = values[~torch.isnan(values)]

@@ -18,6 +18,7 @@ from pathlib import Path
 from .config import RECIPES, PipelineConfig, build_config, save_config
 from .errors import ConfigError
 from .track.console import get_console
+from .track.trackers import check_backends
 
 STAGE_KEYS = {"name", "recipe", "config"}
 
@@ -118,6 +119,8 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
             make_task_data(cfg.task, out / "data", n=cfg.task_size, n_eval=cfg.eval_prompts)
             console.print(f"[pipeline] wrote the {cfg.task} task's data to {out / 'data'}", markup=False)
     stages = plan_stages(cfg)
+    for _, _, stage_cfg in stages:  # a tracker's missing package stops the pipeline before its first stage
+        check_backends(stage_cfg.track.backends)
     save_config(cfg, out)
     state_path = out / "pipeline_state.json"
     state = _load_state(state_path)
@@ -133,20 +136,21 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
                                "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
         _save_state(state_path, state)
     # 3. gold metric of the base model and of every policy, side by side
-    gold = _gold_table(cfg, stages) if cfg.task else {}
+    gold, answers = _gold_table(cfg, stages) if cfg.task else ({}, {})
     summary = {"stages": state["done"], "gold": gold}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     # 4. report
     from .report import build_report
 
-    report = build_report(out, title=f"rlhfkit pipeline: {out}", gold=gold or None, stages=[
+    report = build_report(out, title=f"rlhfkit pipeline: {out}", gold=gold or None, answers=answers or None, stages=[
         {"name": n, "run_dir": state["done"][n]["output_dir"], "summary": _short(state["done"][n])}
         for n, _, _ in stages])
     _print_summary(console, stages, state, gold, report)
     return summary
 
 
-def _gold_table(cfg: PipelineConfig, stages) -> dict:
+def _gold_table(cfg: PipelineConfig, stages) -> tuple[dict, dict]:
+    """(gold metric per model, its sampled answers ``[(prompt, answer, score)]`` to the same held-out prompts)."""
     from .config import ModelConfig
     from .models.loading import load_causal_lm
     from .tasks import get_task
@@ -154,12 +158,13 @@ def _gold_table(cfg: PipelineConfig, stages) -> dict:
 
     task = get_task(cfg.task)
     prompts = [json.loads(x) for x in (Path(cfg.output_dir) / "data" / "eval_prompts.jsonl").read_text().splitlines()]
-    gold = {}
+    gold, answers = {}, {}
     models = [("untrained", cfg.base_model)] + [(n, c.output_dir) for n, r, c in stages if RECIPES[r].makes_policy]
     for name, path in models:
         model, tok = load_causal_lm(ModelConfig(name=path), trainable=False, seed=0)
-        gold[name] = gold_metric(model, tok, task, prompts, seed=1234)["gold"]
-    return gold
+        result = gold_metric(model, tok, task, prompts, seed=1234)
+        gold[name], answers[name] = result["gold"], result["samples"]
+    return gold, answers
 
 
 def _short(done: dict) -> dict:

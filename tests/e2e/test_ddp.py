@@ -80,8 +80,8 @@ def test_resume_under_ddp_matches_the_straight_run(ddp_run):
     r0, _ = ranks(ddp_run)
     assert r0["resumed_from"] == "checkpoint-3"
     ckpt = ddp_run / "checkpoint-3"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["rng_state_0.pt", "rng_state_1.pt", "state.json",
-                                                      "trainer_state.pt"]
+    assert sorted(p.name for p in ckpt.iterdir()) == ["manifest.json", "rng_state_0.pt", "rng_state_1.pt",
+                                                      "state.json", "trainer_state.pt"]
     assert json.loads((ckpt / "state.json").read_text())["micro"] == 6  # 3 updates x 2 micro-batches per rank
     assert r0["resumed"] == r0["straight"]  # bit for bit
     straight = {x["step"]: x["train/loss"] for x in read_metrics(ddp_run) if "train/loss" in x}

@@ -50,6 +50,7 @@ def test_small_pipeline_runs_reports_and_skips_finished_stages(tmp_path, capsys)
     assert set(summary["gold"]) == {"untrained", "sft", "ppo"}
     html = (out / "report.html").read_text()
     assert "untrained" in html and "ppo" in html
+    assert "Same prompts, every stage" in html and "<table class='stages'>" in html  # side by side
     assert json.loads((out / "summary.json").read_text())["stages"]["rm"]["recipe"] == "rm"
     mtime = (out / "sft" / "model.safetensors").stat().st_mtime
     capsys.readouterr()

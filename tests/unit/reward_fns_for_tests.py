@@ -39,3 +39,23 @@ def returns_scalar(prompts, completions, **fields):
 def echo_pattern(prompts, completions, pattern="default", **fields):
     """1.0 when `pattern` (a kwarg, possibly shadowed by a dataset column) is "from-config"."""
     return [1.0 if pattern == "from-config" else 0.0 for _ in completions]
+
+
+def returns_none(prompts, completions, **fields):
+    return [None] * len(completions)
+
+
+def returns_bool(prompts, completions, **fields):
+    return [True] * len(completions)
+
+
+def some_bad(prompts, completions, **fields):
+    """[1, nan, inf, None, -inf, 2] (for 6 completions)."""
+    return [1.0, float("nan"), float("inf"), None, float("-inf"), 2.0][: len(completions)]
+
+
+def raises_on_b(prompts, completions, **fields):
+    """1.0 per completion, but a completion "b" divides by zero."""
+    if "b" in completions:
+        raise ZeroDivisionError("no b allowed")
+    return [1.0] * len(completions)

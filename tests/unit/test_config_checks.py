@@ -4,6 +4,7 @@ recipe table, TRL-style aliases — every mistake one ConfigError naming the key
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -128,3 +129,32 @@ def test_grpo_kl_goes_in_the_loss_by_default():
     cfg = build_config("grpo", {})
     assert cfg.algo.kl.placement == "auto"
     assert not algos.ADVANTAGE_ESTIMATORS[cfg.algo.advantage].kl_in_reward_default
+
+
+def test_output_dir_that_cannot_really_be_created(tmp_path):
+    # os.access says yes to root on /sys; a real probe (an empty hidden directory made and removed) says no
+    if not Path("/sys").is_dir():
+        pytest.skip("no /sys on this system")
+    with pytest.raises(ConfigError, match="cannot be written"):
+        build_config("sft", {"output_dir": "/sys/rlhfkit-run"})
+    build_config("sft", {"output_dir": str(tmp_path / "ok")})
+    assert list(tmp_path.iterdir()) == []  # the probe left nothing behind
+
+
+def test_backends_chat_template_and_gguf_checked_before_loading(tmp_path):
+    out = {"output_dir": str(tmp_path / "r")}
+    with pytest.raises(ConfigError, match="did you mean 'tensorboard'"):
+        build_config("sft", out, ["track.backends=[tensorbord]"])
+    with pytest.raises(ConfigError, match="model.gguf_file"):
+        build_config("sft", out, ["model.gguf_file=x.gguf"])
+    cfg = build_config("sft", {**out, "data": {"train": "x.jsonl"}}, ["model.chat_template=missing.jinja"])
+    with pytest.raises(ConfigError, match="model.chat_template file not found"):
+        cfg.check_inputs()
+    build_config("sft", {**out, "data": {"train": "x.jsonl"}},
+                 ["model.chat_template={{ messages[0].content }}"]).check_inputs()  # Jinja text is fine
+
+
+def test_alias_notice_only_once_the_config_is_valid(capsys):
+    with pytest.raises(ConfigError):
+        build_config("dpo", {}, ["beta=-1"])
+    assert capsys.readouterr().err == ""  # the error stays the one line the CLI prints

@@ -202,3 +202,32 @@ def test_record_carries_where_and_pickles():
     assert isinstance(r, Record) and r.where == "a.jsonl:3"
     r2 = pickle.loads(pickle.dumps(r))
     assert r2 == r and r2.where == "a.jsonl:3"
+
+
+# ───────────────────────────── issue 13: SFT conversations end with the assistant; tied pairs ─────────────────────
+@pytest.mark.parametrize("last", [{"role": "user", "content": "and now?"}, {"role": "system", "content": "be nice"}])
+def test_sft_messages_must_end_with_the_assistant(last):
+    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, last]}
+    with pytest.raises(DataError) as info:
+        normalize_record(row, "sft", where="train.jsonl:7")
+    text = str(info.value)
+    assert text.startswith("train.jsonl:7: ") and f"ends with a {last['role']!r} turn" in text and "fix:" in text
+    # ending with the assistant stays fine
+    assert normalize_record({"messages": row["messages"][:2]}, "sft")["messages"][-1]["role"] == "assistant"
+
+
+def test_drop_tied_pairs_keeps_the_others_and_errors_when_all_tie():
+    from rlhfkit.data import drop_tied_pairs
+
+    pair = lambda c, r, n: normalize_record({"prompt": "q", "chosen": c, "rejected": r}, "preference",  # noqa: E731
+                                            where=f"p.jsonl:{n}")
+    recs = [pair("a", "b", 1), pair("same", "same", 2), pair("x", "y", 3)]
+    kept, dropped = drop_tied_pairs(recs)
+    assert kept == [recs[0], recs[2]] and dropped == [recs[1]]
+    assert drop_tied_pairs(recs[:1]) == (recs[:1], [])
+    with pytest.raises(DataError) as info:
+        drop_tied_pairs([recs[1], pair("z", "z", 4)], "p.jsonl")
+    assert "p.jsonl: all 2 preference pairs have chosen equal to rejected (first at p.jsonl:2)" in str(info.value)
+    # other kinds pass through
+    prompts = [normalize_record({"prompt": "q"}, "prompt")]
+    assert drop_tied_pairs(prompts) == (prompts, [])

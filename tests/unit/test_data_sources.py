@@ -144,3 +144,16 @@ def test_save_to_disk_directory(tmp_path):
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
     rows = load_rows(str(tmp_path / "saved"), split="train[:2]")
     assert [r for _, r in rows] == ROWS[:2]
+
+
+def test_tied_preference_pairs_dropped_with_a_count(tmp_path, capsys):
+    rows = [{"prompt": "q", "chosen": "a", "rejected": "b"}, {"prompt": "q", "chosen": "s", "rejected": "s"},
+            {"prompt": "q", "chosen": [{"role": "assistant", "content": "t"}], "rejected": "t"}]
+    p = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    recs = load_dataset_records(str(p), "preference")
+    assert [r.where for r in recs] == [f"{p}:1"]
+    out = capsys.readouterr().out
+    assert f"dropped 2 of 3 preference pairs whose chosen equals rejected ({p}:2, {p}:3)" in out
+    q = write_jsonl(tmp_path / "tied.jsonl", rows[1:])
+    with pytest.raises(DataError, match="all 2 preference pairs have chosen equal to rejected"):
+        load_dataset_records(str(q), "auto")

@@ -365,3 +365,15 @@ def test_runs_of_another_precision_in_the_same_process(tmp_path):
     assert first.accelerator.mixed_precision == "bf16"
     second = start_run(build_config("sft", {}, [f"output_dir={tmp_path}", "train.mixed_precision='no'"]))
     assert second.accelerator.mixed_precision == "no"
+
+
+@pytest.mark.parametrize("schedule, hf_name", [("linear", "linear"), ("cosine", "cosine"),
+                                                ("constant", "constant_with_warmup")])
+def test_schedule_is_transformers_curve_one_update_ahead_in_warmup(schedule, hf_name):
+    from transformers import get_scheduler
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    hf = get_scheduler(hf_name, opt, num_warmup_steps=3, num_training_steps=12).lr_lambdas[0]
+    fn = lr_lambda(schedule, warmup=3, total=12)
+    assert [fn(s) for s in range(3)] == pytest.approx([hf(s + 1) for s in range(3)])  # 1/3, 2/3, 1 (not 0)
+    assert [fn(s) for s in range(3, 13)] == pytest.approx([hf(s) for s in range(3, 13)])

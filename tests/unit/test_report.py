@@ -1,9 +1,15 @@
 """The self-contained HTML report: plots inline, gold table, escaped samples, graceful when empty."""
 
 import re
+import shutil
+import subprocess
 import sys
+from html.parser import HTMLParser
+
+import pytest
 
 from rlhfkit.report import build_report
+from rlhfkit.report.html import is_sparse, sample_steps
 from rlhfkit.track import MetricsSink, SampleLogger
 
 
@@ -30,8 +36,9 @@ def test_report_has_plots_gold_and_escaped_samples(tmp_path):
     path = build_report(tmp_path, title="PPO & friends", gold=gold)
     assert path == tmp_path / "report.html"
     page = path.read_text()
-    # one plot per group present (reward, KL, entropy, losses, length) + lr in "other metrics"
-    assert page.count("data:image/png;base64,") == 6
+    # one plot per group present (reward, KL, entropy, losses, length); lr is constant (NaN aside): listed instead
+    assert page.count("data:image/png;base64,") == 5
+    assert "Constant, not plotted: lr=0.0001" in page
     assert "<title>PPO &amp; friends</title>" in page
     assert (
         "0.02" in page and "0.41" in page and "0.83" in page and "&lt;ppo&gt;" in page and "<ppo>" not in page
@@ -56,7 +63,7 @@ def test_svg_fallback_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     page = build_report(tmp_path).read_text()
     assert "data:image/png" not in page
-    assert page.count("<polyline") >= 6 and "<svg" in page
+    assert page.count("<polyline") >= 5 and "<svg" in page
 
 
 def test_empty_or_missing_metrics_still_writes_a_report(tmp_path):
@@ -81,3 +88,151 @@ def test_pipeline_report_with_stages(tmp_path):
     # sft: losses; ppo: reward and KL; nothing for the pipeline dir itself
     assert page.count("data:image/png;base64,") == 3
     assert "No metrics yet" not in page
+
+
+class Page(HTMLParser):
+    """The parsed page: tags in order (checked for balance), ids of sections, tables as lists of row texts."""
+
+    VOID = {"meta", "img", "br", "circle", "rect", "polyline", "text"}
+
+    def __init__(self, text):
+        super().__init__()
+        self.order, self.stack, self.tables, self.imgs, self.details = [], [], [], [], []
+        self._row = self._cell = None
+        self.feed(text)
+        assert self.stack == [], f"unclosed tags {self.stack}"
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.order.append((tag, attrs))
+        if tag == "img":
+            self.imgs.append(attrs.get("alt"))
+        if tag == "details":
+            self.details.append("open" in attrs)
+        if tag == "table":
+            self.tables.append((attrs.get("class"), []))
+        if tag == "tr":
+            self._row = []
+            self.tables[-1][1].append(self._row)
+        if tag in ("td", "th"):
+            self._cell = []
+            self._row.append(self._cell)
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        assert self.stack and self.stack[-1] == tag, (self.stack[-3:], tag)
+        self.stack.pop()
+        if tag in ("td", "th"):
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def table(self, cls):
+        (rows,) = [rows for c, rows in self.tables if c == cls]
+        return [["".join(cell).strip() for cell in row] for row in rows]
+
+    def index(self, tag, **attrs):
+        return next(i for i, (t, a) in enumerate(self.order) if t == tag and all(a.get(k) == v
+                                                                                    for k, v in attrs.items()))
+
+
+def _sft_like_run(run_dir, steps=30, eval_every=10):
+    with MetricsSink(run_dir) as sink:
+        sink.log({"data/train_kept": 100}, 0)
+        for step in range(1, steps + 1):
+            m = {"train/loss": 3.0 - 0.05 * step, "lr": 1e-4, "train/grad_norm": 1.0 + 0.01 * step}
+            if step % eval_every == 0:
+                m["eval/loss"] = 3.1 - 0.05 * step
+            sink.log(m, step)
+    with SampleLogger(run_dir, max_rows=0) as samples:
+        for step in range(1, steps + 1, 3):  # steps 1, 4, ..., 28
+            samples.log(step, [f"prompt {step} a", f"prompt {step} b"], [f"answer {step}", "x"], [0.1, 0.2])
+    (run_dir / "config.yaml").write_text("optim:\n  lr: 1.0e-4\n")
+    for name in ("config.json", "model.safetensors"):
+        (run_dir / name).write_text("{}")
+    (run_dir / "adapter").mkdir()
+    (run_dir / "warnings.jsonl").write_text(
+        '{"step": 12, "name": "kl_blowup", "severity": "critical", "knob": "optim.lr", '
+        '"message": "objective/kl=70 nats is above 20 nats: lower optim.lr"}\n')
+
+
+def test_summary_opens_the_page_with_model_key_metrics_and_warnings(tmp_path):
+    _sft_like_run(tmp_path)
+    text = build_report(tmp_path).read_text()
+    page = Page(text)
+    summary = page.index("section", id="summary")
+    assert summary < page.index("img") and summary < page.index("details")
+    key = page.table("key-metrics")
+    assert key[0] == ["metric", "start", "at step", "", "end", "at step"]
+    assert ["train/loss", "2.95", "1", "\u2192", "1.5", "30"] in key
+    assert ["eval/loss", "2.6", "10", "\u2192", "1.6", "30"] in key
+    warnings = page.table("warnings")
+    assert warnings[1] == ["12", "critical", "optim.lr", "objective/kl=70 nats is above 20 nats: lower optim.lr"]
+    assert f"Model: <code>{tmp_path.resolve()}</code>" in text and "LoRA adapter" in text
+    assert page.details == [False, False]  # config and the table of last values: collapsed
+
+
+def test_train_and_eval_overlaid_evals_as_points_no_constant_panels_x_in_log_unit(tmp_path):
+    _sft_like_run(tmp_path)
+    page = Page(build_report(tmp_path).read_text())
+    # one panel "loss" holds train/loss and eval/loss; grad_norm alone; lr and data/train_kept constant
+    assert page.imgs == ["loss", "train/grad_norm"]
+    text = build_report(tmp_path).read_text()
+    assert "Constant, not plotted: data/train_kept=100, lr=0.0001" in text
+    assert "x-axis: step (optimizer updates, as in metrics.jsonl)" in text
+    assert is_sparse(([10, 20, 30], [1.0, 2.0, 3.0]), densest=30)
+    assert not is_sparse((list(range(30)), [1.0] * 30), densest=30)
+    assert is_sparse((list(range(8)), [1.0] * 8), densest=30) and not is_sparse((list(range(8)), [1.0] * 8), 20)
+
+
+def test_svg_fallback_draws_sparse_evals_as_points(tmp_path, monkeypatch):
+    _sft_like_run(tmp_path)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    text = build_report(tmp_path).read_text()
+    Page(text)
+    assert text.count("<circle") == 3  # eval/loss at steps 10, 20, 30
+    assert text.count("<polyline") == 2  # train/loss, train/grad_norm
+
+
+def test_samples_from_first_middle_and_last_steps(tmp_path):
+    assert sample_steps([5, 1, 1, 9, 3]) == [(1, "first"), (5, "middle"), (9, "last")]  # distinct: 1 3 5 9
+    assert sample_steps([4, 4]) == [(4, "last")] and sample_steps([]) == []
+    _sft_like_run(tmp_path)
+    rows = Page(build_report(tmp_path).read_text()).table("samples")
+    assert rows[0] == ["step", "prompt", "response", "score"]
+    assert [r[0] for r in rows[1:]] == ["1 (first)"] * 2 + ["16 (middle)"] * 2 + ["28 (last)"] * 2
+    assert rows[3][1:] == ["prompt 16 a", "answer 16", "0.1"]
+
+
+def test_pipeline_same_prompts_side_by_side_and_stage_table(tmp_path):
+    _sft_like_run(tmp_path / "sft", steps=3, eval_every=3)
+    answers = {"untrained": [("shout: cat", "cat", 0.0), ("shout: dog", "dg", 0.0)],
+               "sft": [("shout: cat", "CAT", 1.0), ("shout: dog", "dog", 0.0)]}
+    stages = [{"name": "sft", "run_dir": "sft", "summary": {"eval/loss": 2.95}}]
+    page = Page(build_report(tmp_path, stages=stages, answers=answers).read_text())
+    side = page.table("side-by-side")
+    assert side[0] == ["prompt", "untrained", "sft"]
+    assert side[1] == ["shout: cat", "cat [0]", "CAT [1]"]
+    stage_rows = page.table("stages")
+    assert stage_rows[0] == ["stage", "model directory", "health warnings", "eval/loss"]
+    assert stage_rows[1][0] == "sft" and stage_rows[1][2:] == ["1 (1 critical)", "2.95"]
+
+
+@pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")),
+                    reason="no headless Chromium on this machine (the check is documented in report/html.py)")
+def test_headless_chromium_screenshot(tmp_path):
+    _sft_like_run(tmp_path)
+    path = build_report(tmp_path)
+    browser = next(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b))
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1280,2000", path.resolve().as_uri()], check=True, timeout=60,
+                   capture_output=True)
+    assert shot.stat().st_size > 10_000  # a rendered page, not a blank one

@@ -148,7 +148,7 @@ def test_combined_weights_none_and_metrics():
     prompts = ["p0", "p1", "p2", "p3"]
     completions = ["ab", "ab", "abcd", "ab"]
     rows = [{"answer": "ab"}, {"answer": "zz"}, {"answer": None}, {"answer": "ab", "extra": 1}]
-    total, per_fn, metrics = combo(prompts, completions, rows)
+    total, per_fn, metrics, valid = combo(prompts, completions, rows)
     # exact: [1, 0, None, 1]; half: [None, 1, None, 1]; length (target 2): [0, 0, -1, 0]
     # total = 2*exact + 0.5*half + length = [2, 0.5, -1, 2.5]
     assert total.dtype == torch.float32
@@ -158,15 +158,72 @@ def test_combined_weights_none_and_metrics():
     assert metrics["rewards/exact_match/mean"] == pytest.approx(2 / 3)
     assert metrics["rewards/half/mean"] == 1.0
     assert metrics["rewards/length_target/mean"] == pytest.approx(-0.25)
-    assert metrics["rewards/none_frac"] == 0.0
+    assert metrics["rewards/none_frac"] == 0.0 and metrics["rewards/dropped"] == 0.0
+    assert valid.tolist() == [True] * 4
 
 
-def test_combined_all_none_sample_counts_as_none():
+def test_combined_all_none_sample_is_dropped():
     combo = CombinedRewards([f"{FNS_FILE}:half_none", RewardFunctionSpec("exact_match", weight=3.0)])
-    total, per_fn, metrics = combo(["a", "b"], ["x", "y"], [{"answer": None}, {"answer": "y"}])
-    assert total.tolist() == [0.0, 4.0]  # row 0: no function had a value -> 0
-    assert metrics["rewards/none_frac"] == 0.5
+    total, per_fn, metrics, valid = combo(["a", "b"], ["x", "y"], [{"answer": None}, {"answer": "y"}])
+    assert total.tolist() == [0.0, 4.0]  # row 0: no function had a value -> dropped, total 0
+    assert valid.tolist() == [False, True]
+    assert metrics["rewards/none_frac"] == 0.5 and metrics["rewards/dropped"] == 1.0
     assert "rewards/half_none/mean" in metrics and metrics["rewards/exact_match/mean"] == 1.0
+
+
+def test_combined_nan_inf_none_samples_dropped_not_propagated():
+    # some_bad: [1, nan, inf, None, -inf, 2]; exact_match (weight 2) scores every sample: a NaN / inf from one
+    # function drops the sample even when another has a value; a None from one function skips only that function
+    combo = CombinedRewards([f"{FNS_FILE}:some_bad", RewardFunctionSpec("exact_match", weight=2.0)])
+    out = combo(["p"] * 6, ["a", "a", "a", "a", "a", "b"], [{"answer": "a"}] * 6)
+    assert out.valid.tolist() == [True, False, False, True, False, True]
+    # totals: 1 + 2 = 3; dropped -> 0; None + 2 = 2; 2 + 2 * 0 = 2
+    assert out.total.tolist() == [3.0, 0.0, 0.0, 2.0, 0.0, 2.0]
+    assert torch.isfinite(out.total).all()
+    assert out.metrics["rewards/dropped"] == 3.0 and out.metrics["rewards/none_frac"] == 0.0
+    assert out.metrics["rewards/some_bad/mean"] == 1.5  # over the valid samples with a value: (1 + 2) / 2
+    assert out.metrics["rewards/exact_match/mean"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("name", ["returns_none", "returns_nan"])
+def test_combined_no_valid_sample_is_one_line_error(name):
+    spec = f"{FNS_FILE}:{name}"
+    with pytest.raises(RewardError) as info:
+        CombinedRewards([spec])(["p"] * 4, ["c"] * 4, [{}] * 4, step=7)
+    text = str(info.value)
+    assert "\n" not in text and "at step 7" in text and spec in text
+    assert ("None x 4" if name == "returns_none" else "nan x 4") in text
+
+
+def test_combined_function_that_raises_names_function_and_step():
+    from rlhfkit.rewards import RewardFunctionError
+
+    spec = f"{FNS_FILE}:raises_on_b"
+    combo = CombinedRewards([spec])
+    assert combo(["p"], ["a"], [{}]).total.tolist() == [1.0]
+    with pytest.raises(RewardFunctionError) as info:
+        combo(["p", "q"], ["a", "b"], [{}, {}], step=3)
+    text = str(info.value)
+    assert isinstance(info.value, RewardError)  # a UserError: the CLI prints one line, exit 2
+    assert f"reward function {spec} raised ZeroDivisionError: no b allowed at step 3" in text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize("name, message", [("one_short", "returned 3 values for 4 completions"),
+                                           ("returns_text", "returned a str ('good') at index 0"),
+                                           ("returns_scalar", "returned a float (1.0), not a list")])
+def test_probe_checks_structure_before_weights_load(name, message):
+    spec = f"{FNS_FILE}:{name}"
+    with pytest.raises(RewardError) as info:
+        CombinedRewards([spec]).probe(["p"] * 4, [{}] * 4)
+    assert f"function {spec} {message}" in str(info.value) and "placeholder" in str(info.value)
+
+
+def test_probe_tolerates_exceptions_and_none_on_placeholders():
+    # a function may fail or abstain on an empty completion: only the first real rollout judges that
+    combo = CombinedRewards([f"{FNS_FILE}:raises_on_b", f"{FNS_FILE}:returns_none", "exact_match"])
+    combo.probe(["p", "q"], [{"answer": "x"}, {"answer": "y"}], completions=["a", "b"])
+    combo.probe(["p"], [{"answer": "x"}])
 
 
 def test_combined_fields_kwargs_and_duplicates():
@@ -187,7 +244,7 @@ def test_combined_fields_kwargs_and_duplicates():
     )
     assert combo.names == ["only_answer", "echo_pattern", "echo_pattern_2"]
     rows = [{"answer": "abc", "pattern": "from-data", "other": 0}]
-    _, per_fn, _ = combo(["p"], ["c"], rows)
+    per_fn = combo(["p"], ["c"], rows).per_function
     assert per_fn["only_answer"].tolist() == [3.0]
     assert per_fn["echo_pattern"].tolist() == [1.0]  # kwargs pattern, not the column
     assert per_fn["echo_pattern_2"].tolist() == [0.0]  # no kwargs: the column is passed
@@ -202,16 +259,16 @@ def test_combined_fields_kwargs_and_duplicates():
     [
         ("one_short", "returned 3 values for 4 completions"),
         ("returns_text", "returned a str ('good') at index 0"),
-        ("returns_nan", "returned nan at index 0"),
-        ("returns_scalar", "returned a float, not a list"),
+        ("returns_scalar", "returned a float (1.0), not a list"),
+        ("returns_bool", "returned a bool (True) at index 0"),
     ],
 )
 def test_combined_validates_returns(name, message):
     spec = f"{FNS_FILE}:{name}"
     combo = CombinedRewards([spec])
     with pytest.raises(RewardError) as info:
-        combo(["p"] * 4, ["c"] * 4, [{}] * 4)
-    assert f"function {spec} {message}" in str(info.value)
+        combo(["p"] * 4, ["c"] * 4, [{}] * 4, step=2)
+    assert f"function {spec} {message} at step 2" in str(info.value)
 
 
 # ───────────────────────────────────────────── reward model ─────────────────────────────────────────────
@@ -367,3 +424,82 @@ def test_scorer_truncates_from_the_left(tok):
     direct = sequence_scores(rm, torch.tensor([ids]), torch.ones(1, 12, dtype=torch.long))
     torch.testing.assert_close(scorer.score([msgs(long_prompt)], ["ok"]), direct, atol=1e-5, rtol=1e-5)
     assert RewardModelScorer(rm, tok, tok).max_length == TINY_DEFAULTS["context"]
+
+
+# ───────────────────────────────────────────── the online loop drops invalid samples ─────────────────────────────
+
+
+def test_online_score_drops_samples_without_finite_reward(tok):
+    # step 3 of the online loop on a stub trainer: some_bad gives [1, nan, inf, None, -inf, 2] and exact_match
+    # (answer "a") [1, 1, 1, 1, 1, 0] -> valid [T, F, F, T, F, T], raw totals [2, 0, 0, 1, 0, 2]. Dropped samples
+    # get score 0 and an empty mask; the running normaliser sees only the 3 valid ones
+    from types import MethodType, SimpleNamespace
+
+    from rlhfkit.config import build_config
+    from rlhfkit.train.online import OnlineTrainer, RunningMoments
+
+    cfg = build_config("ppo", {}, ["reward.missing_eos_penalty=0", "reward.clip=null"])
+    trainer = SimpleNamespace(tok=tok, scorer=None, device=torch.device("cpu"), cfg=cfg, moments=RunningMoments(),
+                              acc=SimpleNamespace(gather=lambda x: x),
+                              functions=CombinedRewards([f"{FNS_FILE}:some_bad", "exact_match"]))
+    trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
+    trainer.penalised = MethodType(OnlineTrainer.penalised, trainer)
+    ids = [tok("a", add_special_tokens=False).input_ids[0], tok("b", add_special_tokens=False).input_ids[0]]
+    response_ids = torch.tensor([[ids[0]]] * 5 + [[ids[1]]])
+    rollout = SimpleNamespace(response_ids=response_ids, response_mask=torch.ones(6, 1, dtype=torch.bool),
+                              ended=torch.ones(6, dtype=torch.bool), sequences=response_ids,
+                              attention_mask=torch.ones(6, 1, dtype=torch.long),
+                              lengths=torch.ones(6, dtype=torch.long))
+    rows = [{"prompt": [{"role": "user", "content": "say a"}], "answer": "a"}] * 6
+    exp = SimpleNamespace(rollout=rollout, rows=rows, mask=torch.ones(6, 1), env_returns=None)
+    OnlineTrainer.score(trainer, exp, step=1)
+    assert exp.texts == ["a"] * 5 + ["b"]
+    assert exp.raw_scores.tolist() == [2.0, 0.0, 0.0, 1.0, 0.0, 2.0]
+    assert exp.mask.squeeze(-1).tolist() == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+    assert exp.reward_metrics["rewards/dropped"] == 3.0
+    # normalised over the valid [2, 1, 2]: mean 5/3, population var 2/9
+    assert trainer.moments.count == 3 and trainer.moments.mean == pytest.approx(5 / 3)
+    want = [(x - 5 / 3) / math.sqrt(2 / 9) if v else 0.0 for x, v in zip([2, 0, 0, 1, 0, 2], [1, 0, 0, 1, 0, 1])]
+    assert exp.scores.tolist() == pytest.approx(want, rel=1e-5)
+
+
+def test_kwargs_checked_against_the_signature_at_construction():
+    # only_answer(prompts, completions, answer): "answr" is no parameter of it -> one line with a did-you-mean;
+    # functions taking **fields (the built-in rules) accept any name
+    with pytest.raises(RewardError, match="has no parameter 'answr'.*did you mean 'answer'"):
+        CombinedRewards([{"fn": f"{FNS_FILE}:only_answer", "kwargs": {"answr": "x"}}])
+    CombinedRewards([{"fn": f"{FNS_FILE}:only_answer", "kwargs": {"answer": ["x"]}}])
+    CombinedRewards([{"fn": "length_target", "kwargs": {"target": 3, "anything": 1}}])
+
+
+def test_probe_passes_on_a_rule_complaint():
+    # length_target without its target raises RewardError itself: the probe answers it before weights load
+    with pytest.raises(RewardError, match="target"):
+        CombinedRewards(["length_target"]).probe(["p"], [{}])
+
+
+def test_online_score_drops_nonfinite_reward_model_scores(tok):
+    # a reward model that scores [1, nan, inf, 3]: samples 1 and 2 are dropped, the model's mean is over the rest
+    from types import MethodType, SimpleNamespace
+
+    from rlhfkit.config import build_config
+    from rlhfkit.train.online import OnlineTrainer, RunningMoments
+
+    cfg = build_config("grpo", {}, ["reward.missing_eos_penalty=0"])
+    scorer = SimpleNamespace(model=None, score=lambda *a: torch.tensor([1.0, math.nan, math.inf, 3.0]))
+    trainer = SimpleNamespace(tok=tok, scorer=scorer, functions=None, device=torch.device("cpu"), cfg=cfg,
+                              moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x))
+    trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
+    trainer.penalised = MethodType(OnlineTrainer.penalised, trainer)
+    ids = torch.tensor([[tok("a", add_special_tokens=False).input_ids[0]]] * 4)
+    rollout = SimpleNamespace(response_ids=ids, response_mask=torch.ones(4, 1, dtype=torch.bool),
+                              ended=torch.ones(4, dtype=torch.bool), sequences=ids,
+                              attention_mask=torch.ones(4, 1, dtype=torch.long),
+                              lengths=torch.ones(4, dtype=torch.long))
+    exp = SimpleNamespace(rollout=rollout, env_returns=None,
+                          rows=[{"prompt": [{"role": "user", "content": "x"}]}] * 4,
+                          mask=torch.ones(4, 1))
+    OnlineTrainer.score(trainer, exp, step=1)
+    assert exp.raw_scores.tolist() == [1.0, 0.0, 0.0, 3.0] and exp.scores.tolist() == [1.0, 0.0, 0.0, 3.0]
+    assert exp.mask.squeeze(-1).tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert exp.reward_metrics["rewards/dropped"] == 2.0 and exp.reward_metrics["rewards/model/mean"] == 2.0

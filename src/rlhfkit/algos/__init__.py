@@ -11,6 +11,13 @@ from rlhfkit.algos.advantages import (
     rloo_advantages,
     shaped_token_rewards,
 )
+from rlhfkit.algos.corrections import (
+    OFF_POLICY_CORRECTIONS,
+    importance_log_ratio,
+    masked_is,
+    mismatch_stats,
+    truncated_is,
+)
 from rlhfkit.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfkit.algos.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algos.losses import (
@@ -31,40 +38,63 @@ from rlhfkit.algos.losses import (
     value_loss,
 )
 from rlhfkit.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rlhfkit.algos.policy_losses import (
+    POLICY_LOSSES,
+    gspo_loss,
+    gspo_token_loss,
+    ppo_clip_loss,
+    sequence_log_ratio,
+)
+from rlhfkit.algos.shaping import DynamicSample, dynamic_sample, group_rows, overlong_penalty, tied_groups
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdaptiveKLController",
     "AdvantageEstimator",
     "DPO_LOSS_TYPES",
+    "DynamicSample",
     "FixedKLController",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "OFF_POLICY_CORRECTIONS",
+    "POLICY_LOSSES",
     "PREFERENCE_LOSSES",
     "PreferenceLoss",
     "aggregate_loss",
     "bradley_terry_loss",
     "dpo_loss",
+    "dynamic_sample",
     "entropy_from_logits",
     "gae",
+    "gspo_loss",
+    "gspo_token_loss",
     "group_all_tied",
+    "group_rows",
     "grpo_advantages",
+    "importance_log_ratio",
     "kl_loss",
     "kl_penalty",
     "kto_kl_estimate",
     "kto_loss",
+    "masked_is",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mismatch_stats",
     "orpo_loss",
+    "overlong_penalty",
+    "ppo_clip_loss",
     "ppo_policy_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_returns",
     "rloo_advantages",
+    "sequence_log_ratio",
     "sft_loss",
     "shaped_token_rewards",
     "simpo_loss",
+    "tied_groups",
     "token_logprobs",
+    "truncated_is",
     "value_loss",
 ]

@@ -56,42 +56,75 @@ def _groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     return scores.reshape(group_size, -1)
 
 
+def _group_moments(scores: torch.Tensor, group_size: int, valid: torch.Tensor | None):
+    """Per-prompt statistics over the valid members of each group, shifted for exactness.
+
+    -> (d [k, P]: r - pivot, 0 where invalid; v [k, P] bool; n [P] valid count; sum of d [P]). The pivot is one
+    valid member of the group (the largest): d is exactly 0 for equal rewards, so a group of ties gets a mean and a
+    std of exactly 0 (a float32 mean of eight 1.2s is not 1.2, and that rounding divided by eps gave every member an
+    advantage of ~0.1). Baselines are shift-invariant, so nothing else changes."""
+    g = _groups(scores, group_size)
+    v = torch.ones_like(g, dtype=torch.bool) if valid is None else _groups(valid.bool(), group_size)
+    with torch.no_grad():
+        top = torch.where(v, g, torch.full_like(g, -torch.inf)).amax(dim=0, keepdim=True)
+        pivot = torch.where(torch.isneginf(top), torch.zeros_like(top), top)
+    d = torch.where(v, g - pivot, torch.zeros_like(g))
+    n = v.sum(dim=0, keepdim=True).to(g.dtype)
+    return d, v, n, d.sum(dim=0, keepdim=True)
+
+
 def grpo_advantages(
-    scores: torch.Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
+    scores: torch.Tensor,
+    group_size: int,
+    scale_by_std: bool = True,
+    eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GRPO advantage (r - group mean) / (group std + eps) (Shao et al. 2024, DeepSeekMath, GRPO).
 
     scores: [N = k * P] completion-major -> [N]. std is the unbiased (n - 1) sample std over the k completions
     (torch's default, as in TRL / verl); ``scale_by_std=False`` is Dr. GRPO (Liu et al. 2025): r - mean_group.
+    A group whose rewards are all equal gets exactly 0. ``valid`` [N] bool (optional): only valid members enter
+    their group's mean and std, and invalid ones (samples dropped from the step) get 0; a group with fewer than two
+    valid members gets 0 (its std is undefined; with ``scale_by_std=False`` a single member is its own mean).
     """
-    g = _groups(scores, group_size)
-    adv = g - g.mean(dim=0, keepdim=True)
+    if scale_by_std and group_size < 2:
+        raise ValueError("grpo with scale_by_std needs group_size >= 2 (std of one sample is undefined)")
+    d, v, n, total = _group_moments(scores, group_size, valid)
+    adv = torch.where(v, d - total / n.clamp_min(1), torch.zeros_like(d))
     if scale_by_std:
-        if group_size < 2:
-            raise ValueError("grpo with scale_by_std needs group_size >= 2 (std of one sample is undefined)")
-        adv = adv / (g.std(dim=0, keepdim=True) + eps)
+        std = (adv.square().sum(dim=0, keepdim=True) / (n - 1).clamp_min(1)).sqrt()
+        adv = adv / (std + eps)
     return adv.reshape(-1)
 
 
-def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+def rloo_advantages(scores: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """Leave-one-out advantage r_i - mean_{j != i} r_j within a prompt's group (Ahmadian et al. 2024, RLOO).
 
-    scores: [N = k * P] completion-major -> [N]. Needs k >= 2.
+    scores: [N = k * P] completion-major -> [N]. Needs k >= 2. Equal rewards in a group give exactly 0.
+    ``valid`` [N] bool (optional): the baseline averages the other *valid* members; invalid members, and the members
+    of a group with fewer than two valid ones, get 0.
     """
     if group_size < 2:
         raise ValueError("rloo needs group_size >= 2 (the baseline is the mean of the other completions)")
-    g = _groups(scores, group_size)
-    others = (g.sum(dim=0, keepdim=True) - g) / (group_size - 1)
-    return (g - others).reshape(-1)
+    d, v, n, total = _group_moments(scores, group_size, valid)
+    others = (total - d) / (n - 1).clamp_min(1)
+    return torch.where(v & (n >= 2), d - others, torch.zeros_like(d)).reshape(-1)
 
 
-def group_all_tied(scores: torch.Tensor, group_size: int, atol: float = 0.0) -> torch.Tensor:
+def group_all_tied(
+    scores: torch.Tensor, group_size: int, atol: float = 0.0, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """True for each member of a group whose scores all tie (within ``atol``) (DAPO dynamic sampling, Yu et al. 2025).
 
-    scores: [N = k * P] completion-major -> bool [N].
+    scores: [N = k * P] completion-major -> bool [N]. ``valid`` [N] bool (optional): only valid members are
+    compared (a group with at most one valid member is tied: it carries no signal either).
     """
     g = _groups(scores, group_size)
-    tied = (g.amax(dim=0) - g.amin(dim=0)) <= atol  # [P]
+    v = torch.ones_like(g, dtype=torch.bool) if valid is None else _groups(valid.bool(), group_size)
+    inf = torch.full_like(g, torch.inf)
+    top, bottom = torch.where(v, g, -inf).amax(dim=0), torch.where(v, g, inf).amin(dim=0)
+    tied = ~(top - bottom > atol)  # [P]; no valid member: -inf - inf = -inf, tied
     return tied.unsqueeze(0).expand_as(g).reshape(-1)
 
 
@@ -141,7 +174,8 @@ def shaped_token_rewards(
 #   fn(token_rewards [B, T], mask [B, T], *, values [B, T] | None, group_size k, gamma, lam)
 #       -> (advantages [B, T] (0 where mask is 0), returns [B, T] for a critic | None)
 # Group estimators reduce the token rewards to one sequence reward (their masked sum: the score plus the KL
-# penalty when it lives in the reward) and broadcast the sequence advantage over the sequence's tokens.
+# penalty when it lives in the reward) and broadcast the sequence advantage over the sequence's tokens. A row whose
+# mask is all 0 (a sample dropped from the step, e.g. its reward was NaN) takes no part in its group's statistics.
 
 
 def _gae_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
@@ -153,7 +187,8 @@ def _gae_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0,
 def _sequence_estimator(fn: Callable[[torch.Tensor, int], torch.Tensor]):
     def estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
         seq = _where(token_rewards, mask.bool()).sum(-1)
-        return fn(seq, group_size).unsqueeze(-1) * mask, None
+        valid = mask.bool().any(-1)  # a row with no token (a sample dropped from the step) is not in its group
+        return fn(seq, group_size, valid=valid).unsqueeze(-1) * mask, None
 
     name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "estimator")
     estimator.__doc__ = f"{name} over the sequence rewards, broadcast over each sequence's tokens."

@@ -10,6 +10,7 @@ divergence", http://joschu.net/blog/kl-approx.html, with r = ref / pi = exp(-log
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -45,8 +46,10 @@ def kl_penalty(
     """Per-token estimate of KL(pi || ref) from tokens sampled from pi (Schulman 2020, estimators k1 / k2 / k3).
 
     logprobs, ref_logprobs: [B, T] -> [B, T]. ``mask`` [B, T] (optional): positions where it is 0 are returned as 0.
-    ``log_ratio_clip`` (optional): clamp log pi - log ref to [-c, c] first (k3 overflows for very negative ratios;
-    OpenRLHF uses c = 10). No reduction: sum or average with :mod:`rlhfkit.algos.masked` as the caller needs.
+    ``log_ratio_clip`` (optional): clamp log pi - log ref to [-c, c] first (k3 = e^-x - 1 + x is inf in float32
+    for x < -88; OpenRLHF uses c = 10, the online loop ``algo.kl.log_ratio_clip``); the clamp has no gradient
+    outside [-c, c]. Masked positions are set to 0 *before* the estimator, so NaN / inf there reaches neither the
+    value nor the gradient. No reduction: sum or average with :mod:`rlhfkit.algos.masked` as the caller needs.
     """
     try:
         fn = KL_ESTIMATORS[estimator]
@@ -55,6 +58,8 @@ def kl_penalty(
             f"unknown KL estimator {estimator!r}; choose one of {sorted(KL_ESTIMATORS)}"
         ) from None
     log_ratio = logprobs - ref_logprobs
+    if mask is not None:
+        log_ratio = _where(log_ratio, mask)  # before the nonlinearity: padding gives exactly 0 KL and 0 gradient
     if log_ratio_clip is not None:
         log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
     kl = fn(log_ratio)
@@ -68,7 +73,10 @@ def _as_float(x) -> float:
 class AdaptiveKLController:
     """KL coefficient steered towards a target KL (Ziegler et al. 2019, eq. 2).
 
-    e = clip(KL / target - 1, -0.2, 0.2);  beta <- beta * (1 + e * n_steps / horizon).
+    e = clip(KL / target - 1, -0.2, 0.2);  beta <- beta * (1 + e * min(n_steps / horizon, 1)).
+
+    Departure from the paper: n_steps / horizon is capped at 1, so one update moves beta by at most 20% and beta
+    stays > 0 (uncapped, a batch of more than 5 x horizon samples at low KL made it negative).
     """
 
     def __init__(self, init_coef: float, target: float, horizon: float):
@@ -80,8 +88,11 @@ class AdaptiveKLController:
 
     def update(self, current_kl: float, n_steps: int) -> float:
         """Move the coefficient after a batch whose mean KL was ``current_kl`` over ``n_steps`` samples; returns it."""
-        error = min(max(_as_float(current_kl) / self.target - 1.0, -0.2), 0.2)
-        self.value = self.value * (1.0 + error * n_steps / self.horizon)
+        kl = _as_float(current_kl)
+        if not math.isfinite(kl):  # a NaN / inf KL carries no direction; keep beta rather than poison it
+            return self.value
+        error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.value = self.value * (1.0 + error * min(n_steps / self.horizon, 1.0))
         return self.value
 
     def state_dict(self) -> dict[str, float]:

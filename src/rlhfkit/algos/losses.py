@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.algos.kl import kl_penalty
-from rlhfkit.algos.masked import _count, masked_mean, masked_sum, masked_var
+from rlhfkit.algos.masked import _count, _where, masked_mean, masked_sum, masked_var
 
 Stats = dict[str, torch.Tensor]
 
@@ -116,18 +116,26 @@ def ppo_policy_loss(
     clip_high: float | None = None,
     aggregation: str = "token_mean",
     max_len: int | None = None,
+    log_ratio_clip: float | None = 20.0,
 ) -> tuple[torch.Tensor, Stats]:
     """PPO clipped surrogate max(-A r, -A clip(r, 1 - e_lo, 1 + e_hi)) (Schulman et al. 2017 eq. 7; DAPO clip-higher).
 
     logprobs, old_logprobs, mask: [B, T]; advantages: [B, T] or [B] (one per sequence, broadcast over tokens).
     ``clip_high=None`` uses ``clip_low``. Reduced with :func:`aggregate_loss` (``aggregation``, ``max_len``).
+    ``log_ratio_clip``: log r is clamped to [-c, c] before exp (as verl, c = 20: e^20 ~ 5e8), since e^x is inf in
+    float32 beyond 88; inside the clamp nothing changes. Masked positions (and their advantages) are set to 0 before
+    any arithmetic, so NaN / inf in padding reaches neither the loss nor the gradient.
     stats (token means over masked tokens): clipfrac (clipped term chosen: pg_losses2 > pg_losses1),
     approxkl = 0.5 * mean((logp - old)^2), ratio_mean, ratio_var (unbiased, over masked tokens).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     clip_high = clip_low if clip_high is None else clip_high
-    log_ratio = logprobs - old_logprobs
+    valid = mask.bool()
+    advantages = _where(advantages, valid)
+    log_ratio = _where(logprobs - old_logprobs, valid)  # before exp: padding gives ratio 1 and no gradient
+    if log_ratio_clip is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
     ratio = torch.exp(log_ratio)
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -153,8 +161,11 @@ def value_loss(
     """0.5 max((V - R)^2, (clip(V, V_old +- c) - R)^2), token mean (PPO2 value clipping; Engstrom et al. 2020).
 
     values, old_values, returns, mask: [B, T] -> scalar. ``clip_range=None``: plain 0.5 * (V - R)^2.
+    Masked positions are set to 0 before the square (no NaN / inf from padding in the gradient).
     stats (token means over masked tokens): clipfrac (clipped term larger), value_mean, error (mean (V - R)^2).
     """
+    valid = mask.bool()
+    values, old_values, returns = _where(values, valid), _where(old_values, valid), _where(returns, valid)
     err_unclipped = (values - returns).square()
     if clip_range is None:
         per_token = err_unclipped
@@ -181,13 +192,15 @@ def kl_loss(
     estimator: str = "k3",
     aggregation: str = "token_mean",
     max_len: int | None = None,
+    log_ratio_clip: float | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """KL(pi || ref) as a loss term, the beta * D_KL of GRPO (Shao et al. 2024, eq. 3-4; k3 estimator by default).
 
     logprobs, ref_logprobs, mask: [B, T] -> scalar (unscaled: the caller multiplies by beta), reduced with
-    :func:`aggregate_loss`. stats: kl = token mean of the per-token estimate over masked tokens.
+    :func:`aggregate_loss`. ``log_ratio_clip`` as in :func:`~rlhfkit.algos.kl.kl_penalty`; masked positions are
+    zeroed before the estimator. stats: kl = token mean of the per-token estimate over masked tokens.
     """
-    per_token = kl_penalty(logprobs, ref_logprobs, estimator)
+    per_token = kl_penalty(logprobs, ref_logprobs, estimator, mask=mask, log_ratio_clip=log_ratio_clip)
     loss = aggregate_loss(per_token, mask, aggregation, max_len)
     return loss, {"kl": masked_mean(per_token.detach(), mask)}
 
@@ -274,9 +287,22 @@ def simpo_loss(
     return loss, _reward_stats(chosen_rewards, rejected_rewards, chosen_avg_logps, rejected_avg_logps)
 
 
+_LN2 = 0.6931471805599453
+
+
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 - exp(x)) for x < 0, stable on both ends (Mächler 2012, "Accurately computing log(1 - exp(-|a|))")."""
-    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    """log(1 - exp(x)) for x < 0, stable on both ends (Mächler 2012, "Accurately computing log(1 - exp(-|a|))").
+
+    Each branch of the ``where`` gets an input that is safe for it (the unused branch's gradient is multiplied by
+    0, and 0 * inf = NaN: log1p(-e^x) at x ~ -1e-8 in float32 is log(0)). x is first clamped to <= -tiny (the
+    smallest normal of its dtype): at x = 0 (a completion of probability 1) the value is log(tiny) ~ -87 in float32
+    rather than -inf, and the gradient there is 0.
+    """
+    x = x.clamp(max=-torch.finfo(x.dtype).tiny)
+    near = x > -_LN2
+    x_near = torch.where(near, x, torch.full_like(x, -_LN2))  # log(-expm1(x)) needs x < 0
+    x_far = torch.where(near, torch.full_like(x, -_LN2), x)  # log1p(-exp(x)) needs exp(x) < 1 in the dtype
+    return torch.where(near, torch.log(-torch.expm1(x_near)), torch.log1p(-torch.exp(x_far)))
 
 
 def orpo_loss(
@@ -369,14 +395,19 @@ def _dpo_inputs(lp: dict, params) -> tuple[tuple, dict]:
     return (lp["chosen"], lp["rejected"], lp["ref_chosen"], lp["ref_rejected"]), {"beta": params.beta, **kw}
 
 
+def _avg(lp: dict, side: str) -> torch.Tensor:
+    """Per-token mean log-prob of one side; a completion with no token (cut away entirely) gives 0, not 0 / 0."""
+    return lp[side] / lp[f"{side}_tokens"].clamp_min(1)
+
+
 def _simpo_inputs(lp: dict, params) -> tuple[tuple, dict]:
-    avg_c, avg_r = lp["chosen"] / lp["chosen_tokens"], lp["rejected"] / lp["rejected_tokens"]
+    avg_c, avg_r = _avg(lp, "chosen"), _avg(lp, "rejected")
     return (avg_c, avg_r), {"beta": params.beta, "gamma": params.simpo_gamma}
 
 
 def _orpo_inputs(lp: dict, params) -> tuple[tuple, dict]:
-    avg_c, avg_r = lp["chosen"] / lp["chosen_tokens"], lp["rejected"] / lp["rejected_tokens"]
-    nll = -lp["chosen"].sum() / lp["chosen_tokens"].sum()  # token mean over every chosen completion token
+    avg_c, avg_r = _avg(lp, "chosen"), _avg(lp, "rejected")
+    nll = -lp["chosen"].sum() / lp["chosen_tokens"].sum().clamp_min(1)  # token mean over every chosen token
     return (avg_c, avg_r, nll), {"lam": params.orpo_lambda}
 
 

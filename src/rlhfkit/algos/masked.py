@@ -1,7 +1,9 @@
 """Masked reductions: sums, means, variances and whitening over the positions where ``mask`` is 1.
 
 ``mask`` may be bool, integer or float 0/1 and must broadcast to ``x``. Masked-out positions never reach the
-arithmetic (they are selected away with ``torch.where``, so a NaN or inf in padding cannot leak into a mean).
+arithmetic: they are selected away with ``torch.where`` *before* any nonlinearity, so a NaN or inf in padding
+reaches neither a value nor a gradient (``where`` routes a zero gradient to the unselected side without multiplying,
+whereas ``0 * inf`` in the backward of a square or product would be NaN).
 Sums and counts are accumulated in at least float32, so a bfloat16 ``x`` yields float32 results (a bf16 sum or
 count is inexact above 256).
 An empty mask gives a mean of 0 rather than NaN (the denominator is clamped to 1).
@@ -31,6 +33,15 @@ def _count(x: torch.Tensor, mask: torch.Tensor, dim: int | None) -> torch.Tensor
     return m.sum() if dim is None else m.sum(dim)
 
 
+def _pivot(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One masked value of ``x`` (the largest; 0 when the mask is empty), detached. Variances are taken of x - pivot
+    (shift-invariant, and exact for ties: a float32 mean of equal values is not that value, and the rounding left in
+    x - mean, divided by sqrt(eps), gave whitened ties values of ~1e-3 instead of 0)."""
+    with torch.no_grad():
+        top = torch.where(mask.bool(), x, torch.full((), -torch.inf, dtype=x.dtype, device=x.device)).amax()
+        return torch.where(torch.isneginf(top), torch.zeros_like(top), top)
+
+
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sum of ``x`` over positions where ``mask`` is 1; ``dim=None`` sums everything to a scalar.
 
@@ -54,8 +65,10 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     x: [...]; mask: broadcastable to x -> scalar. ``unbiased`` applies Bessel's correction n / (n - 1)
     (n = number of masked positions; for n <= 1 the correction is skipped and the variance is 0).
     """
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+    x = _where(x, mask)  # padding out before the square: its gradient would be 0 * (x - mean) = NaN for inf x
+    d = x - _pivot(x, mask)
+    mean = masked_mean(d, mask)
+    var = masked_mean((d - mean) ** 2, mask)
     if unbiased:
         n = _count(x, mask, None)
         var = var * n / (n - 1).clamp_min(1.0)
@@ -67,13 +80,14 @@ def masked_whiten(
 ) -> torch.Tensor:
     """Normalise ``x`` to zero mean and unit (unbiased) variance over the masked positions of the whole tensor.
 
-    x: [...]; mask: broadcastable to x -> same shape as x, with masked-out positions set to 0.
-    ``shift_mean=False`` rescales only (the mean is added back), as in PPO reward whitening.
+    x: [...]; mask: broadcastable to x -> same shape as x, with masked-out positions set to 0. Equal values give
+    exactly 0. ``shift_mean=False`` rescales only (the mean is added back), as in PPO reward whitening.
     (Standard advantage normalisation, e.g. torchtune ``rlhf.whiten`` / OpenAI baselines.)
     """
-    mean = masked_mean(x, mask)
+    x = _where(x, mask)  # padding out before the product with rsqrt(var): 0 * inf in its backward is NaN
+    d = x - _pivot(x, mask)
     var = masked_var(x, mask, unbiased=True)
-    whitened = (x - mean) * torch.rsqrt(var + eps)
+    whitened = (d - masked_mean(d, mask)) * torch.rsqrt(var + eps)
     if not shift_mean:
-        whitened = whitened + mean
+        whitened = whitened + masked_mean(x, mask)
     return _where(whitened, mask)

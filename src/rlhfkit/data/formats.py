@@ -22,6 +22,9 @@ A plain string prompt becomes one user turn, a plain string completion one assis
 Columns with other names are mapped with ``fields`` (canonical name -> column), e.g. ``{"prompt": "question"}``,
 which the config spells ``data.fields.prompt=question``.
 
+Preference pairs whose chosen equals rejected are dropped by :func:`drop_tied_pairs` (an error when all are).
+An SFT conversation must end with the assistant's turn.
+
 Normalised records are :class:`Record` objects: plain dicts that also remember ``where`` they came from
 (``"train.jsonl:12"``), so later stages (tokenisation, length checks) can name the offending line.
 """
@@ -271,6 +274,10 @@ def _norm_sft(r: dict, fields, where: str) -> dict:
         if not any(m["role"] == "assistant" for m in msgs):
             raise DataError("'messages' has no assistant turn to train on", where=where,
                             fix="add the assistant's reply to the conversation")
+        if msgs[-1]["role"] != "assistant":
+            raise DataError(f"'messages' ends with a {msgs[-1]['role']!r} turn, not the assistant's reply",
+                            where=where, fix="end each SFT conversation with the assistant turn to train on "
+                                             "(drop the trailing turns, or use the row as a prompt)")
         return {"messages": msgs}
     if _get(r, "text") is not None:
         text = r["text"]
@@ -365,6 +372,32 @@ def _norm_unpaired(r: dict, fields, where: str) -> dict:
     _prompt_ends_with_user(prompt, where=where, field="prompt")
     _require_role(completion, ("assistant",), where=where, field="completion")
     return {"prompt": prompt, "completion": completion, "label": label}
+
+
+def require_field(records: list[dict], name: str, key: str) -> None:
+    """Every record carries the (extra) field ``name`` with a number, as config key ``key`` asks; else a
+    :class:`DataError` naming the first record without it."""
+    for r in records:
+        value = r.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            what = "has no field" if name not in r else f"has a non-number {value!r:.30} in field"
+            raise DataError(f"record {what} {name!r} ({key}={name})", where=getattr(r, "where", "record"),
+                            fix=f"give every record a number in '{name}', or unset {key}")
+
+
+def drop_tied_pairs(records: list[dict], source: str = "data") -> tuple[list[dict], list[dict]]:
+    """(kept, dropped): preference records whose ``chosen`` equals ``rejected`` (after normalisation) carry no
+    preference and are dropped; records of other kinds pass through. Raises :class:`DataError` when every
+    pair is tied (naming ``source``)."""
+    dropped = [r for r in records if "chosen" in r and "rejected" in r and r["chosen"] == r["rejected"]]
+    if not dropped:
+        return records, []
+    if len(dropped) == len(records):
+        raise DataError(f"all {len(records)} preference pairs have chosen equal to rejected (first at "
+                        f"{getattr(dropped[0], 'where', 'record')})", where=source,
+                        fix="give pairs whose chosen and rejected completions differ")
+    ids = {id(r) for r in dropped}
+    return [r for r in records if id(r) not in ids], dropped
 
 
 def unpair_preferences(records: list[dict]) -> list[Record]:

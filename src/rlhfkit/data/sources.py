@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 
 from ..errors import DataError
-from .formats import Record, detect_kind, normalize_record
+from .formats import Record, detect_kind, drop_tied_pairs, normalize_record
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 _SPLIT_RE = re.compile(r"^\s*(?P<name>[\w\-.]*)\s*(?:\[\s*(?P<start>-?\d+%?)?\s*(?::\s*(?P<stop>-?\d+%?)?\s*)?\])?\s*$")
@@ -294,11 +294,19 @@ def load_dataset_records(
 ) -> list[Record]:
     """:func:`load_rows` then :func:`~rlhfkit.data.formats.normalize_record` on each (the first ``limit`` rows).
 
-    ``kind="auto"`` detects the kind from the first row and holds every other row to it.
+    ``kind="auto"`` detects the kind from the first row and holds every other row to it. Preference pairs whose
+    chosen equals rejected are dropped, their count printed (:func:`~rlhfkit.data.formats.drop_tied_pairs`; a
+    :class:`DataError` when every pair is tied).
     """
     rows = load_rows(source, split=split)
     if limit is not None:
         rows = rows[: max(0, int(limit))]
     if kind == "auto" and rows:
         kind = detect_kind(rows[0][1], fields, rows[0][0])
-    return [normalize_record(row, kind, fields, where) for where, row in rows]
+    records = [normalize_record(row, kind, fields, where) for where, row in rows]
+    records, tied = drop_tied_pairs(records, source)
+    if tied:
+        first = ", ".join(getattr(r, "where", "record") for r in tied[:3]) + (", ..." if len(tied) > 3 else "")
+        print(f"[data] {source}: dropped {len(tied)} of {len(records) + len(tied)} preference pairs whose chosen "
+              f"equals rejected ({first})", flush=True)
+    return records

@@ -15,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 import warnings
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from ..errors import ModelError
 from .tiny import tiny_llama_config
@@ -76,7 +78,14 @@ def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | 
             raise ModelError(f"GGUF file not found: {gguf_path}", where="model.name", fix="check the path")
         cache = _gguf_cache_dir(gguf_path)
         if not (cache / "config.json").is_file():
+            _say(f"[gguf] one-time conversion of {gguf_path}: dequantising its weights to a float32 safetensors model "
+                 f"directory in {cache} (about 30 s per 100M parameters; set RLHFKIT_CACHE to cache elsewhere)")
+            started = time.time()
             _convert_gguf(gguf_path, cache)
+            _say(f"[gguf] converted in {time.time() - started:.0f} s; later runs load {cache} directly "
+                 "(delete it to convert again)")
+        else:
+            _say(f"[gguf] {gguf_path.name}: using the cached conversion in {cache}")
         return str(cache), None
     if path.exists():
         if path.is_dir() and not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
@@ -93,6 +102,12 @@ def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | 
         return name, None
     raise ModelError(f"model not found: {name!r}", where="model.name",
                      fix="give a model directory, a cached hub name, a .gguf file or 'tiny'")
+
+
+def _say(message: str) -> None:
+    """One line on stdout from the main process (``RANK`` unset or 0); models/ sits above track/, so plain print."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, flush=True)
 
 
 def _convert_gguf(gguf_path: Path, out: Path) -> None:
@@ -163,10 +178,42 @@ def load_tokenizer_for(mcfg) -> object:
     return tok
 
 
+def check_safetensors(path: Path) -> None:
+    """One line naming ``path`` when a ``.safetensors`` file is truncated or torn: its header must parse and the
+    tensors it lists must end exactly at the end of the file (reads the header only)."""
+    import json
+    import struct
+
+    size = path.stat().st_size
+    problem = None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                problem = f"{size} bytes, no header"
+            else:
+                (n,) = struct.unpack("<Q", head)
+                if n > size - 8:
+                    problem = "its header runs past the end of the file"
+                else:
+                    header = json.loads(f.read(n))
+                    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+                    if 8 + n + end != size:
+                        problem = f"{size} bytes where its header lists {8 + n + end}"
+    except (ValueError, KeyError, TypeError, IndexError):
+        problem = "its header is not valid"
+    if problem is not None:
+        raise ModelError(f"{path} is truncated or damaged ({problem})", where="model.name",
+                         fix="copy or save the model again (a stage's output directory is rewritten by rerunning it)")
+
+
 def _from_pretrained(cls, source: str, dtype: torch.dtype, **kwargs):
+    if Path(source).is_dir():
+        for weights in sorted(Path(source).glob("*.safetensors")):
+            check_safetensors(weights)
     try:
         return cls.from_pretrained(source, dtype=dtype, **_hub_kwargs(), **kwargs)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"cannot load model from {source!r}: {first}", where="model.name",
                          fix="give a local model directory (or a hub name already in the local cache)") from None

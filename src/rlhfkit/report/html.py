@@ -1,8 +1,18 @@
 """A self-contained HTML report of a run (or of a pipeline of runs): one file, no external assets.
 
+The page opens with a summary: where the model is, the key metrics from start to end, and the health warnings of
+the run (``warnings.jsonl``) with their step and the knob to turn. Then the plots: a train metric and its eval twin
+share a panel (``train/loss`` with ``eval/loss``), sparse series such as evaluations are drawn as points, metrics
+that never change are listed instead of plotted, and the x-axis is the step of ``metrics.jsonl`` (optimizer
+updates). Then samples from the first, middle and last logged steps; for a pipeline the same prompts answered by
+every stage side by side; the config last, collapsed.
+
 Plots are inline base64 PNGs drawn by matplotlib's Agg renderer (no pyplot, no global backend change); without
 matplotlib they fall back to inline SVG polylines. Every piece of text from the run is HTML-escaped. Apart from
-the "generated at" timestamp the output is a function of the run directory.
+the "generated at" timestamp the output is a function of its inputs.
+
+Checked in a browser: ``chromium --headless --screenshot=shot.png --window-size=1280,4000 file://$PWD/report.html``
+(``tests/unit/test_report.py::test_headless_chromium_screenshot`` does it when Chromium is installed).
 """
 
 from __future__ import annotations
@@ -17,20 +27,31 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..track.health import read_warnings
 from ..track.metrics import read_metrics
 from ..track.samples import read_samples
 
-# (section title, which metric keys belong to it), in the order they are shown
+X_LABEL = "step (optimizer updates, as in metrics.jsonl)"
+# (panel title, which metric keys belong to it), in the order they are shown; train/X + eval/X pairs come next
 GROUPS: list[tuple[str, Callable[[str], bool]]] = [
-    ("Reward", lambda k: k in ("objective/scores", "objective/rlhf_reward")),
+    ("Reward", lambda k: k in ("objective/scores", "objective/rlhf_reward", "eval/scores")),
     ("KL", lambda k: k == "objective/kl"),
-    ("Entropy", lambda k: k in ("objective/entropy", "policy/entropy_avg")),
-    ("Losses", lambda k: k == "loss" or k.startswith("loss/") or k == "eval/loss"),
+    ("Entropy per token", lambda k: k == "policy/entropy_avg"),
+    ("Sequence entropy", lambda k: k == "objective/entropy"),
+    ("Losses", lambda k: k == "loss" or k.startswith("loss/")),
     ("Response length", lambda k: k in ("response/length_mean", "val/response_length")),
 ]
+# the metrics the summary shows from start to end, when the run logged them (at most MAX_KEY_METRICS)
+KEY_METRICS = (
+    "objective/scores", "eval/scores", "objective/kl", "policy/entropy_avg", "train/loss", "eval/loss",
+    "train/accuracy", "eval/accuracy", "train/rewards/accuracies", "eval/rewards/accuracies",
+    "eval/rewards/margins", "response/length_mean", "val/eos_frac",
+)
+MAX_KEY_METRICS = 8
 MAX_OTHER_PLOTS = 12
-MAX_SAMPLE_ROWS = 20
+SAMPLES_PER_STEP = 4
 MAX_CELL_CHARS = 2000
+MAX_SIDE_BY_SIDE = 8
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 Series = dict[str, tuple[list[int], list[float]]]  # metric -> (steps, values)
 
@@ -41,8 +62,11 @@ h1{margin-bottom:0}.muted{color:#777;font-size:.9em}
 table{border-collapse:collapse;font-size:.9em;margin:.5em 0}
 td,th{border:1px solid #ddd;padding:4px 8px;vertical-align:top;text-align:left}
 td.text{white-space:pre-wrap;max-width:480px;font-family:monospace;font-size:.85em}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.critical td{background:#fde8e8}tr.warning td{background:#fff6e0}
 pre{background:#f6f6f6;padding:1em;overflow:auto;font-size:.85em}
 .side{display:flex;gap:24px;align-items:center}section{margin-bottom:2em}
+#summary{border:1px solid #ddd;border-radius:6px;padding:.5em 1em;background:#fafafa}
 """
 
 
@@ -52,26 +76,31 @@ def build_report(
     title: str | None = None,
     gold: Mapping[str, float] | None = None,
     stages: Sequence[Mapping[str, Any]] | None = None,
+    answers: Mapping[str, Sequence[Sequence[Any]]] | None = None,
 ) -> Path:
     """Write the HTML report of ``run_dir`` (default ``run_dir/report.html``) and return its path.
 
     ``gold``: gold metric per model, e.g. ``{"untrained": 0.02, "sft": 0.41, "ppo": 0.83}``.
     ``stages``: ``[{"name", "run_dir", "summary"}]`` for a pipeline; relative stage dirs are looked up under
-    ``run_dir``.
+    ``run_dir``. ``answers``: per model, ``[(prompt, answer, score), ...]`` on the same prompts in the same order,
+    shown side by side.
     """
     run_dir = Path(run_dir)
     out_path = Path(out_path) if out_path is not None else run_dir / "report.html"
     title = title or f"rlhfkit report: {run_dir.name}"
+    has_metrics = (run_dir / "metrics.jsonl").exists()
     body = [f"<h1>{_e(title)}</h1>", f'<p class="muted">{_e(str(run_dir))}</p>']
+    body.append(_summary(run_dir, stages, out_path.parent) if stages else _summary(run_dir))
     if gold:
         body.append(_gold_section(gold))
-    body.append(_config_block(run_dir, open_=True))
-    has_metrics = (run_dir / "metrics.jsonl").exists()
+    if answers:
+        body.append(_side_by_side(answers))
     if has_metrics or not stages:
         body.append(_metrics_block(run_dir))
-        body.append(_samples_block(run_dir, MAX_SAMPLE_ROWS))
+        body.append(_samples_block(run_dir))
     for stage in stages or ():
         body.append(_stage_section(stage, run_dir, out_path.parent))
+    body.append(_config_block(run_dir))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     body.append(f'<p class="muted">generated by rlhfkit at {stamp}</p>')
     page = (
@@ -85,30 +114,138 @@ def build_report(
     return out_path
 
 
+# -- summary --------------------------------------------------------------------------------------------------
+def _summary(run_dir: Path, stages: Sequence[Mapping[str, Any]] | None = None, out_dir: Path | None = None) -> str:
+    parts = ["<section id='summary'><h2>Summary</h2>"]
+    if stages:
+        parts.append(_stages_table(stages, run_dir))
+    else:
+        parts.append(f"<p>{_where_model(run_dir)}</p>")
+        series = _series(read_metrics(run_dir))
+        parts.append(_key_metrics(series))
+        parts.append(_warnings_table(read_warnings(run_dir), (run_dir / "warnings.jsonl").exists()))
+    parts.append("</section>")
+    return "\n".join(p for p in parts if p)
+
+
+def _where_model(run_dir: Path) -> str:
+    """Where the trained model is: the merged model directory, the LoRA adapter, or the newest checkpoint."""
+    saved = [p for p in run_dir.glob("*.safetensors")] + [p for p in run_dir.glob("pytorch_model*.bin")]
+    out = []
+    if saved and (run_dir / "config.json").exists():
+        out.append(f"Model: <code>{_e(run_dir.resolve())}</code> (a Hugging Face model directory: "
+                   "<code>AutoModelForCausalLM.from_pretrained</code>, <code>rlhfkit eval</code>, the next stage)")
+    if (run_dir / "adapter").is_dir():
+        out.append(f"LoRA adapter: <code>{_e((run_dir / 'adapter').resolve())}</code>")
+    ckpts = sorted((p for p in run_dir.glob("checkpoint-*") if p.is_dir() and not p.name.endswith(".tmp")),
+                   key=lambda p: _int_suffix(p.name))
+    if ckpts:
+        out.append(f"Newest checkpoint: <code>{_e(ckpts[-1].name)}</code> (resume with train.resume=auto)")
+    if not out:
+        return "No model saved in this directory yet (the run did not finish)."
+    return "<br>".join(out)
+
+
+def _int_suffix(name: str) -> int:
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _key_metrics(series: Series) -> str:
+    keys = [k for k in KEY_METRICS if k in series][:MAX_KEY_METRICS]
+    if not keys:  # a run with other names: its first varying metrics
+        keys = [k for k in series if not _constant(series[k]) and not k.startswith("data/")][:MAX_KEY_METRICS]
+    rows = []
+    for key in keys:
+        finite = [(s, v) for s, v in zip(*series[key]) if math.isfinite(v)]
+        (s0, v0), (s1, v1) = finite[0], finite[-1]
+        rows.append(f"<tr><td>{_e(key)}</td><td class='num'>{_num(v0)}</td><td class='num'>{s0}</td>"
+                    f"<td>&rarr;</td><td class='num'>{_num(v1)}</td><td class='num'>{s1}</td></tr>")
+    if not rows:
+        return "<p>No metrics yet (metrics.jsonl is missing or empty).</p>"
+    head = "<tr><th>metric</th><th>start</th><th>at step</th><th></th><th>end</th><th>at step</th></tr>"
+    return f"<table class='key-metrics'>{head}{''.join(rows)}</table>"
+
+
+def _warnings_table(records: list[dict], checked: bool) -> str:
+    if not records:
+        return "<p>Health checks: no warnings.</p>" if checked else ""
+    rows = "".join(
+        f"<tr class='{_e(r.get('severity', ''))}'><td class='num'>{_e(r.get('step', ''))}</td>"
+        f"<td>{_e(r.get('severity', ''))}</td><td><code>{_e(r.get('knob', ''))}</code></td>"
+        f"<td>{_e(r.get('message', ''))}</td></tr>" for r in records)
+    n_crit = sum(r.get("severity") == "critical" for r in records)
+    head = "<tr><th>step</th><th>severity</th><th>knob</th><th>warning</th></tr>"
+    return (f"<h3>Health warnings ({len(records)}, {n_crit} critical)</h3>"
+            f"<table class='warnings'>{head}{rows}</table>")
+
+
+def _stages_table(stages: Sequence[Mapping[str, Any]], base: Path) -> str:
+    """One row per stage: its output directory, its health warnings and its summary metrics side by side."""
+    keys = list(dict.fromkeys(k for s in stages for k in (s.get("summary") or {})))
+    head = "<tr><th>stage</th><th>model directory</th><th>health warnings</th>" + "".join(
+        f"<th>{_e(k)}</th>" for k in keys) + "</tr>"
+    rows = []
+    for stage in stages:
+        stage_dir = _stage_dir(stage, base)
+        warns = read_warnings(stage_dir)
+        crit = sum(w.get("severity") == "critical" for w in warns)
+        summary = stage.get("summary") or {}
+        rows.append(f"<tr><td>{_e(stage.get('name', 'stage'))}</td><td><code>{_e(stage_dir)}</code></td>"
+                    f"<td class='num'>{len(warns)} ({crit} critical)</td>"
+                    + "".join(f"<td class='num'>{_cell(summary.get(k))}</td>" for k in keys) + "</tr>")
+    return f"<table class='stages'>{head}{''.join(rows)}</table>"
+
+
 # -- sections -------------------------------------------------------------------------------------------------
-def _config_block(run_dir: Path, open_: bool) -> str:
+def _config_block(run_dir: Path) -> str:
     path = run_dir / "config.yaml"
     if not path.exists():
         return ""
     text = path.read_text(encoding="utf-8", errors="replace")
-    return f"<details{' open' if open_ else ''}><summary>config.yaml</summary><pre>{_e(text)}</pre></details>"
+    return f"<details><summary>config.yaml</summary><pre>{_e(text)}</pre></details>"
 
 
 def _metrics_block(run_dir: Path, heading: str = "h2") -> str:
     series = _series(read_metrics(run_dir))
     if not series:
         return f"<{heading}>Metrics</{heading}><p>No metrics yet (metrics.jsonl is missing or empty).</p>"
-    figures, used = [], set()
+    constant = {k: v for k, v in series.items() if _constant(v)}
+    varying = {k: v for k, v in series.items() if k not in constant}
+    panels = _panels(varying)
+    others = [(name, group) for name, group, other in panels if other]
+    figures = [_plot(name, group) for name, group, other in panels if not other]
+    figures += [_plot(name, group) for name, group in others[:MAX_OTHER_PLOTS]]
+    notes = []
+    if len(others) > MAX_OTHER_PLOTS:
+        notes.append(f"{len(others) - MAX_OTHER_PLOTS} more metrics not plotted (see the table below).")
+    if constant:
+        notes.append("Constant, not plotted: " + ", ".join(
+            f"{_e(k)}={_num(_finite(v)[-1])}" for k, v in constant.items()) + ".")
+    note = "".join(f"<p class='muted'>{n}</p>" for n in notes)
+    return (f"<{heading}>Metrics</{heading}><p class='muted'>x-axis: {_e(X_LABEL)}; "
+            f"points: sparse series (evaluations)</p><div class='grid'>{''.join(figures)}</div>{note}"
+            f"{_last_values(series)}")
+
+
+def _panels(series: Series) -> list[tuple[str, Series, bool]]:
+    """(title, series, is_other): the fixed groups, then train/X with eval/X overlaid, then one panel per metric."""
+    out, used = [], set()
     for name, belongs in GROUPS:
         group = {k: v for k, v in series.items() if belongs(k)}
         if group:
-            figures.append(_plot(name, group))
+            out.append((name, group, False))
             used |= set(group)
-    others = [k for k in series if k not in used]
-    figures += [_plot(k, {k: series[k]}) for k in others[:MAX_OTHER_PLOTS]]
-    n_hidden = len(others) - MAX_OTHER_PLOTS
-    more = f"<p class='muted'>{n_hidden} more metrics not plotted.</p>" if n_hidden > 0 else ""
-    return f"<{heading}>Metrics</{heading}>{_last_values(series)}<div class='grid'>{''.join(figures)}</div>{more}"
+    for key in series:
+        if key in used or not key.startswith("train/"):
+            continue
+        twin = "eval/" + key[len("train/"):]
+        group = {k: series[k] for k in (key, twin) if k in series and k not in used}
+        if twin in group:
+            out.append((key[len("train/"):], group, False))
+            used |= set(group)
+    out += [(k, {k: series[k]}, True) for k in series if k not in used]
+    return out
 
 
 def _last_values(series: Series) -> str:
@@ -119,19 +256,54 @@ def _last_values(series: Series) -> str:
             cells.append(f"<tr><td>{_e(key)}</td><td>{_num(finite[-1][1])}</td><td>{finite[-1][0]}</td></tr>")
     rows = "".join(cells)
     head = "<tr><th>metric</th><th>value</th><th>step</th></tr>"
-    return f"<details><summary>last values</summary><table>{head}{rows}</table></details>"
+    return f"<details><summary>last values of every metric</summary><table>{head}{rows}</table></details>"
 
 
-def _samples_block(run_dir: Path, n_rows: int, heading: str = "h2") -> str:
-    rows = read_samples(run_dir)[-n_rows:]
-    if not rows:
+def sample_steps(steps: Sequence[int]) -> list[tuple[int, str]]:
+    """The first, middle and last of the distinct ``steps`` (fewer when there are fewer), labelled."""
+    distinct = sorted(set(steps))
+    if not distinct:
+        return []
+    picked = {distinct[0]: "first", distinct[len(distinct) // 2]: "middle", distinct[-1]: "last"}
+    return sorted(picked.items())
+
+
+def _samples_block(run_dir: Path, heading: str = "h2", per_step: int = SAMPLES_PER_STEP) -> str:
+    rows = read_samples(run_dir)
+    chosen = sample_steps([r["step"] for r in rows if isinstance(r.get("step"), int)])
+    if not chosen:
         return ""
-    keys = list(dict.fromkeys(k for row in rows for k in row))
-    head = "".join(f"<th>{_e(k)}</th>" for k in keys)
-    body = "".join(
-        "<tr>" + "".join(f"<td class='text'>{_cell(row.get(k))}</td>" for k in keys) + "</tr>" for row in rows
-    )
-    return f"<{heading}>Samples (last {len(rows)})</{heading}><table><tr>{head}</tr>{body}</table>"
+    keys = [k for k in dict.fromkeys(k for row in rows for k in row) if k != "step"]
+    head = "<tr><th>step</th>" + "".join(f"<th>{_e(k)}</th>" for k in keys) + "</tr>"
+    body = []
+    for step, label in chosen:
+        of_step = [r for r in rows if r.get("step") == step][:per_step]
+        for row in of_step:
+            body.append(f"<tr><td class='num'>{step} ({label})</td>"
+                        + "".join(f"<td class='text'>{_cell(row.get(k))}</td>" for k in keys) + "</tr>")
+    steps = ", ".join(f"{s} ({label})" for s, label in chosen)
+    return (f"<{heading}>Samples across training</{heading}><p class='muted'>up to {per_step} per step at steps "
+            f"{_e(steps)}; all of them in samples.jsonl</p><table class='samples'>{head}{''.join(body)}</table>")
+
+
+def _side_by_side(answers: Mapping[str, Sequence[Sequence[Any]]]) -> str:
+    """The same prompts answered by every model: one row per prompt, one column per model."""
+    names = list(answers)
+    first = answers[names[0]]
+    head = "<tr><th>prompt</th>" + "".join(f"<th>{_e(n)}</th>" for n in names) + "</tr>"
+    rows = []
+    for i, item in enumerate(first[:MAX_SIDE_BY_SIDE]):
+        cells = []
+        for name in names:
+            got = answers[name][i] if i < len(answers[name]) else None
+            if got is None or got[0] != item[0]:
+                cells.append("<td class='text'></td>")
+                continue
+            score = f" <span class='muted'>[{_num(got[2])}]</span>" if len(got) > 2 and got[2] is not None else ""
+            cells.append(f"<td class='text'>{_cell(got[1])}{score}</td>")
+        rows.append(f"<tr><td class='text'>{_cell(item[0])}</td>{''.join(cells)}</tr>")
+    return ("<section><h2>Same prompts, every stage</h2><p class='muted'>sampled answers to held-out prompts "
+            f"[score]</p><table class='side-by-side'>{head}{''.join(rows)}</table></section>")
 
 
 def _gold_section(gold: Mapping[str, float]) -> str:
@@ -140,23 +312,25 @@ def _gold_section(gold: Mapping[str, float]) -> str:
     return f"<section><h2>Gold metric</h2><div class='side'>{table}{_bar_svg(gold)}</div></section>"
 
 
-def _stage_section(stage: Mapping[str, Any], base: Path, out_dir: Path) -> str:
-    name = str(stage.get("name", "stage"))
+def _stage_dir(stage: Mapping[str, Any], base: Path) -> Path:
     stage_dir = Path(stage["run_dir"])
     if not stage_dir.is_absolute() and (base / stage_dir).exists():
         stage_dir = base / stage_dir
+    return stage_dir
+
+
+def _stage_section(stage: Mapping[str, Any], base: Path, out_dir: Path) -> str:
+    name = str(stage.get("name", "stage"))
+    stage_dir = _stage_dir(stage, base)
     parts = [f"<section><h2>Stage: {_e(name)}</h2>"]
     if (stage_dir / "report.html").exists():
         href = os.path.relpath(stage_dir / "report.html", out_dir).replace(os.sep, "/")
         parts.append(f"<p><a href='{_e(href)}'>full report of this stage</a></p>")
-    summary = stage.get("summary") or {}
-    if summary:
-        rows = "".join(f"<tr><td>{_e(k)}</td><td>{_cell(v)}</td></tr>" for k, v in summary.items())
-        parts.append(f"<table>{rows}</table>")
+    parts.append(_warnings_table(read_warnings(stage_dir), False))
     parts += [
-        _config_block(stage_dir, open_=False),
         _metrics_block(stage_dir, "h3"),
-        _samples_block(stage_dir, 5, "h3"),
+        _samples_block(stage_dir, "h3", per_step=2),
+        _config_block(stage_dir),
         "</section>",
     ]
     return "\n".join(p for p in parts if p)
@@ -179,6 +353,22 @@ def _series(rows: list[dict]) -> Series:
     return {k: v for k, v in series.items() if any(math.isfinite(x) for x in v[1])}
 
 
+def _finite(s: tuple[list[int], list[float]]) -> list[float]:
+    return [v for v in s[1] if math.isfinite(v)]
+
+
+def _constant(s: tuple[list[int], list[float]]) -> bool:
+    """All finite values equal (to 1e-9 relative): a flat line tells nothing a number does not."""
+    vals = _finite(s)
+    return max(vals) - min(vals) <= 1e-9 * max(1.0, abs(max(vals)))
+
+
+def is_sparse(s: tuple[list[int], list[float]], densest: int) -> bool:
+    """Drawn as points: at most 3 values, or fewer than a third of the densest series of its panel."""
+    n = len(_finite(s))
+    return n <= 3 or 3 * n < densest
+
+
 # -- drawing --------------------------------------------------------------------------------------------------
 def _plot(title: str, series: Series) -> str:
     try:
@@ -190,13 +380,20 @@ def _plot(title: str, series: Series) -> str:
 
 def _png(title: str, series: Series) -> str:
     from matplotlib.figure import Figure  # no pyplot: leaves the user's backend alone
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(4.8, 3.0), dpi=90)
     ax = fig.add_subplot()
+    densest = max(len(_finite(s)) for s in series.values())
     for i, (key, (steps, values)) in enumerate(series.items()):
-        ax.plot(steps, values, label=key, color=COLORS[i % len(COLORS)], linewidth=1.3)
+        color = COLORS[i % len(COLORS)]
+        if is_sparse((steps, values), densest):
+            ax.plot(steps, values, label=key, color=color, linestyle=":", linewidth=0.8, marker="o", markersize=5)
+        else:
+            ax.plot(steps, values, label=key, color=color, linewidth=1.3)
     ax.set_title(title, fontsize=10)
-    ax.set_xlabel("step", fontsize=8)
+    ax.set_xlabel(X_LABEL, fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole updates
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.3)
     if len(series) > 1 or title not in series:
@@ -229,8 +426,18 @@ def _line_svg(title: str, series: Series, w: int = 430, h: int = 270) -> str:
         f"<text x='{left}' y='{top + ph + 14}'>{x0}</text>",
         f"<text x='{left + pw}' y='{top + ph + 14}' text-anchor='end'>step {x1}</text>",
     ]
+    densest = max(len(_finite(s)) for s in series.values())
     for i, (key, (steps, values)) in enumerate(series.items()):
         color, runs, run = COLORS[i % len(COLORS)], [], []
+        if is_sparse((steps, values), densest):
+            for s, v in zip(steps, values):
+                if math.isfinite(v):
+                    cx, cy = xy(s, v).split(",")
+                    out.append(f"<circle cx='{cx}' cy='{cy}' r='3.5' fill='{color}'/>")
+            out.append(
+                f"<text x='{left + (i % 2) * 200}' y='{h - 12 - 12 * (i // 2)}' fill='{color}'>{_e(key)}</text>"
+            )
+            continue
         for s, v in zip(steps, values):
             if math.isfinite(v):
                 run.append(xy(s, v))

@@ -3,6 +3,19 @@ short names, and :class:`CombinedRewards`, the weighted sum of several functions
 
 A reward function is called as ``fn(prompts, completions, **fields)`` (see :mod:`rlhfkit.rewards.rules`) and
 returns one ``float`` or ``None`` per completion; ``None`` skips that function for that sample.
+
+What a run does with what a function returns (:meth:`CombinedRewards.__call__`):
+
+- a list of the wrong length, a non-list (a scalar, a string), a string or other non-number in the list:
+  :class:`~rlhfkit.errors.RewardError` naming the function and what it returned (one line, exit 2);
+- NaN or inf for a sample, or a sample no function has a value for (``None`` from every function): that sample is
+  *dropped* from the step (``valid`` is False, its total is 0, counted in ``rewards/dropped``), never propagated;
+- ``None`` (or NaN / inf) for every sample of a batch: ``RewardError`` (nothing to learn from, almost always a bug);
+- an exception inside the function: :class:`RewardFunctionError` naming the function, the exception and the step.
+
+The first call (on the first rollout) is the check: it raises before a trainer writes anything, when the trainer
+scores its first rollout before it touches the run directory. :meth:`CombinedRewards.probe` runs the same
+structural checks on dataset prompts with placeholder completions, before any weights load.
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -31,6 +44,10 @@ WHERE = "reward.functions"
 FORMS = (
     "write package.module:function, path/to/file.py:function, or a built-in name (" + ", ".join(RULES) + ")"
 )
+
+
+class RewardFunctionError(RewardError):
+    """A reward function raised an exception while scoring (named with the step, in one line)."""
 
 
 def _fail(spec: str, reason: str, fix: str = FORMS) -> RewardError:
@@ -187,7 +204,8 @@ class _Loaded:
     accepts: frozenset | None  # named parameters, or None when the function takes **fields
 
 
-def _to_float(value: Any, label: str, index: int) -> float | None:
+def _to_float(value: Any, label: str, index: int, at: str = "") -> float | None:
+    """One returned value as a float (NaN / inf kept: the caller drops those samples) or None."""
     if value is None:
         return None
     if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -197,27 +215,39 @@ def _to_float(value: Any, label: str, index: int) -> float | None:
             value = value.item()
         except (TypeError, ValueError):
             pass
-    if not isinstance(value, numbers.Real):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise RewardError(
-            f"function {label} returned a {type(value).__name__} ({value!r:.40}) at index {index}",
+            f"function {label} returned a {type(value).__name__} ({value!r:.40}) at index {index}{at}",
             where=WHERE,
             fix="return a list with one float (or None to skip the sample) per completion",
         )
-    out = float(value)
-    if not math.isfinite(out):
-        raise RewardError(
-            f"function {label} returned {out} at index {index}",
-            where=WHERE,
-            fix="return a finite float, or None to skip the sample",
-        )
-    return out
+    return float(value)
+
+
+def _at(step: int | None) -> str:
+    return "" if step is None else f" at step {step}"
+
+
+class RewardScores(NamedTuple):
+    """What :class:`CombinedRewards` returns for a batch of B completions.
+
+    total: [B] float32, the weighted sum (0 where not ``valid``); per_function: {name: [B] float32, NaN where the
+    function gave None}; metrics: ``rewards/<name>/mean`` (over valid samples with a value), ``rewards/none_frac``,
+    ``rewards/dropped`` (number of samples dropped); valid: [B] bool, False for the samples dropped from the step.
+    """
+
+    total: torch.Tensor
+    per_function: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+    valid: torch.Tensor
 
 
 class CombinedRewards:
-    """The weighted sum of reward functions, skipping ``None`` values.
+    """The weighted sum of reward functions, skipping ``None`` values and dropping samples without a finite value.
 
     ``total[b] = sum_f weight_f * r_f[b]`` over the functions with a value for sample ``b`` (a ``None`` contributes
-    nothing); a sample with no value from any function gets 0 and counts in ``rewards/none_frac``.
+    nothing). Sample ``b`` is dropped (``valid[b]`` False, total 0) when a function returned NaN / inf for it or no
+    function gave it a value; see the module docstring for every other case.
     """
 
     def __init__(self, specs: Sequence[RewardFunctionSpec | str | dict | Any]):
@@ -239,6 +269,7 @@ class CombinedRewards:
                 )
             kwargs = dict(spec.kwargs or {})
             if kwargs:
+                _check_kwargs(label, fn, kwargs)
                 fn = functools.partial(fn, **kwargs)
             if spec.name:
                 name = spec.name
@@ -267,68 +298,132 @@ class CombinedRewards:
         return [f.name for f in self.functions]
 
     def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
-        """Score ``completions`` -> ``(total [B] float32, {name: [B] float32 with NaN where None}, metrics)``.
+        self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict], *, step: int | None = None,
+        allow_all_dropped: bool = False,
+    ) -> RewardScores:
+        """Score ``completions`` -> :class:`RewardScores` (total, per_function, metrics, valid).
 
-        ``rows`` are the dataset records of the prompts (their columns become the functions' ``**fields``).
+        ``rows`` are the dataset records of the prompts (their columns become the functions' ``**fields``);
+        ``step`` (optional) is named in errors. Raises :class:`RewardError` / :class:`RewardFunctionError` as the
+        module docstring says (``allow_all_dropped``: a batch without any valid sample is returned, not an error —
+        for evaluation, whose batches may be a single prompt); never returns a non-finite total.
         """
         B = len(completions)
         if len(prompts) != B or len(rows) != B:
             raise ValueError(f"got {len(prompts)} prompts, {B} completions and {len(rows)} rows")
-        columns: dict[str, list] = {}
-        for row in rows:
-            for key in row:
-                columns.setdefault(key, [])
-        for key in columns:
-            columns[key] = [row.get(key) for row in rows]
-
+        outputs = self._call_each(prompts, completions, rows, step)
         total = torch.zeros(B, dtype=torch.float32)
         covered = torch.zeros(B, dtype=torch.bool)
+        finite = torch.ones(B, dtype=torch.bool)
         per_function: dict[str, torch.Tensor] = {}
-        metrics: dict[str, float] = {}
-        for f in self.functions:
-            fields = {
-                k: v
-                for k, v in columns.items()
-                if k not in f.reserved and (f.accepts is None or k in f.accepts)
-            }
-            try:
-                out = f.fn(list(prompts), list(completions), **fields)
-            except RewardError:
-                raise
-            except Exception as exc:
-                if hasattr(exc, "add_note"):
-                    exc.add_note(f"(raised by reward function {f.label})")
-                raise
-            values = self._validate(f.label, out, B)
+        for f, values in zip(self.functions, outputs):
             present = torch.tensor([v is not None for v in values], dtype=torch.bool)
             scores = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)
             per_function[f.name] = scores
-            total += f.weight * torch.where(present, scores, torch.zeros_like(scores))
+            bad = present & ~torch.isfinite(scores)
+            finite &= ~bad
+            total += f.weight * torch.where(present & ~bad, scores, torch.zeros_like(scores))
             covered |= present
-            if present.any():
-                metrics[f"rewards/{f.name}/mean"] = float(scores[present].mean())
+        valid = covered & finite
+        if B and not valid.any() and not allow_all_dropped:
+            what = ", ".join(f"{f.label} -> {_summary(v)}" for f, v in zip(self.functions, outputs))
+            raise RewardError(f"no completion of the batch{_at(step)} got a finite reward ({what})", where=WHERE,
+                              fix="return a float for (most) completions; None only for those a function cannot "
+                                  "judge")
+        total = torch.where(valid, total, torch.zeros_like(total))
+        metrics: dict[str, float] = {}
+        for f in self.functions:
+            scores = per_function[f.name]
+            kept = valid & ~torch.isnan(scores)
+            if kept.any():
+                metrics[f"rewards/{f.name}/mean"] = float(scores[kept].mean())
         metrics["rewards/none_frac"] = float((~covered).float().mean()) if B else 0.0
-        return total, per_function, metrics
+        metrics["rewards/dropped"] = float((~valid).sum())
+        return RewardScores(total, per_function, metrics, valid)
+
+    def probe(self, prompts: Sequence[str], rows: Sequence[dict], completions: Sequence[str] | None = None) -> None:
+        """Structural check before any weights load: each function is called on dataset prompts with placeholder
+        completions (default: the empty string) and must return a list of one number / None per completion.
+        Wrong length, a non-list, strings, a :class:`RewardError` raised by the function (a built-in rule missing
+        an option): :class:`RewardError`. Other exceptions and None / NaN are *not* errors here
+        (a function may legitimately fail on a placeholder); the first real rollout checks those."""
+        completions = list(completions) if completions is not None else [""] * len(prompts)
+        for f in self.functions:
+            try:
+                out = f.fn(list(prompts), list(completions), **self._fields(f, rows))
+            except RewardError:  # a built-in rule's own one-line complaint (a missing option): answer it now
+                raise
+            except Exception:  # judged on the first rollout, where the completions are real
+                continue
+            self._validate(f.label, out, len(completions), "on a probe with placeholder completions")
 
     @staticmethod
-    def _validate(label: str, out: Any, n: int) -> list[float | None]:
+    def _fields(f: _Loaded, rows: Sequence[dict]) -> dict[str, list]:
+        """The dataset columns ``f`` takes, as lists over ``rows`` (missing values None)."""
+        names: dict[str, None] = {}
+        for row in rows:
+            names.update(dict.fromkeys(row))
+        return {k: [row.get(k) for row in rows] for k in names
+                if k not in f.reserved and (f.accepts is None or k in f.accepts)}
+
+    def _call_each(self, prompts, completions, rows, step: int | None) -> list[list[float | None]]:
+        outputs = []
+        for f in self.functions:
+            try:
+                out = f.fn(list(prompts), list(completions), **self._fields(f, rows))
+            except RewardError:
+                raise
+            except Exception as exc:
+                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise RewardFunctionError(
+                    f"reward function {f.label} raised {type(exc).__name__}{': ' + detail if detail else ''}"
+                    f"{_at(step)}", where=WHERE,
+                    fix="fix the function (call it on these completions in Python to see the traceback), or "
+                        "return None for completions it cannot judge") from exc
+            outputs.append(self._validate(f.label, out, len(completions), _at(step).strip()))
+        return outputs
+
+    @staticmethod
+    def _validate(label: str, out: Any, n: int, when: str = "") -> list[float | None]:
+        at = f" {when}" if when else ""
         if isinstance(out, torch.Tensor) or type(out).__module__ == "numpy":
             out = out.tolist() if hasattr(out, "tolist") else out
         if not isinstance(out, (list, tuple)):
             raise RewardError(
-                f"function {label} returned a {type(out).__name__}, not a list",
+                f"function {label} returned a {type(out).__name__} ({out!r:.40}), not a list{at}",
                 where=WHERE,
                 fix="return a list with one float (or None) per completion",
             )
         if len(out) != n:
             raise RewardError(
-                f"function {label} returned {len(out)} values for {n} completions",
+                f"function {label} returned {len(out)} values for {n} completions{at}",
                 where=WHERE,
                 fix="return exactly one value per completion (None to skip one)",
             )
-        return [_to_float(v, label, i) for i, v in enumerate(out)]
+        return [_to_float(v, label, i, at) for i, v in enumerate(out)]
+
+
+def _summary(values: list[float | None]) -> str:
+    """What a function returned for a batch, in a few words: "None x 8", "nan x 3, None x 5"."""
+    counts: dict[str, int] = {}
+    for v in values:
+        key = "None" if v is None else ("a number" if math.isfinite(v) else repr(v))
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{k} x {n}" for k, n in counts.items())
+
+
+def _check_kwargs(label: str, fn: Callable, kwargs: dict) -> None:
+    """The configured ``kwargs`` must be parameters of ``fn`` (unless it takes ``**kwargs``): a misspelt option is
+    answered when the run starts, not as a TypeError on the first rollout."""
+    accepted = _named_params(fn)
+    if accepted is None:
+        return
+    for key in kwargs:
+        if key not in accepted:
+            close = difflib.get_close_matches(key, sorted(accepted - {"prompts", "completions"}), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise RewardError(f"function {label} has no parameter {key!r} (given in kwargs)", where=WHERE,
+                              fix=f"{hint}pass only the function's own keyword arguments")
 
 
 def _named_params(fn: Callable) -> frozenset | None:

@@ -6,7 +6,8 @@ everything after is set to the pad id and masked. The pad id is never used to fi
 
 :class:`HFGenerateEngine` wraps ``model.generate`` (transformers 5): left-padded micro-batches, KV cache on,
 ``min_new_tokens`` 0 unless asked (a response is never forced to the maximum length), every EOS id passed so each
-row stops at its own end, greedy when ``do_sample=False`` or ``temperature == 0``.
+row stops at its own end, greedy when ``do_sample=False`` or ``temperature == 0``. It reports the log-prob of each
+sampled token under the distribution it was drawn from (``Rollout.logprobs``).
 """
 
 from __future__ import annotations
@@ -172,6 +173,50 @@ def _stop_criterion(stop_strings: Sequence[str], tokenizer, prompt_width: int):
     return StopOnStrings()
 
 
+def _sampling_processors(temperature: float, top_k: int, top_p: float, sample: bool):
+    """transformers' own warpers, in the order ``generate`` applies them (temperature, top-k, top-p), followed by a
+    recorder of the log-probs of the distribution each token is then drawn from. We pass the warpers ourselves
+    (and neutral values in the GenerationConfig) because ``generate`` runs user processors *before* its own
+    warpers, so a recorder could not otherwise see the distribution actually sampled."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    procs = LogitsProcessorList()
+    if sample and temperature != 1.0:
+        procs.append(TemperatureLogitsWarper(float(temperature)))
+    if sample and top_k > 0:
+        procs.append(TopKLogitsWarper(top_k=int(top_k)))
+    if sample and top_p < 1.0:
+        procs.append(TopPLogitsWarper(top_p=float(top_p)))
+    recorder = _SampledLogprobs()
+    procs.append(recorder)
+    return procs, recorder
+
+
+class _SampledLogprobs:
+    """A logits processor (``generate`` calls it with (input_ids, scores)) that keeps log softmax of the final,
+    warped scores of each step; at the next step, where ``input_ids`` ends with the token drawn from them, it
+    records that token's log-prob. ``finish`` records the last token."""
+
+    def __init__(self):
+        self.prev: torch.Tensor | None = None
+        self.out: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.out.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, generated: torch.Tensor) -> torch.Tensor:
+        """Log-probs [B, R] of the R generated tokens (``generated``: [B, R] ids)."""
+        if self.prev is not None and len(self.out) < generated.shape[1]:
+            self.out.append(self.prev.gather(-1, generated[:, len(self.out)].unsqueeze(-1)).squeeze(-1))
+        self.prev = None
+        if len(self.out) != generated.shape[1]:
+            raise RuntimeError(f"recorded {len(self.out)} sampling log-probs for {generated.shape[1]} tokens")
+        return torch.stack(self.out, dim=1)
+
+
 # ───────────────────────────────────────────── engines ─────────────────────────────────────────────
 
 
@@ -264,8 +309,8 @@ class HFGenerateEngine:
         # Set explicitly, so nothing is inherited from the model's generation_config (a checkpoint's top_k=20 would
         # silently change the sampling distribution). Greedy ignores them; there we give transformers' own neutral
         # defaults, which it does not warn about.
-        if sample:
-            gen_kwargs.update(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
+        if sample:  # the warpers go in as processors (see _sampling_processors), neutral values here
+            gen_kwargs.update(temperature=1.0, top_p=1.0, top_k=0)
         else:
             gen_kwargs.update(temperature=1.0, top_p=1.0, top_k=50)
         gen_kwargs.update(typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
@@ -286,13 +331,16 @@ class HFGenerateEngine:
                 criteria = StoppingCriteriaList()
                 if stop_strings:
                     criteria.append(_stop_criterion(stop_strings, tokenizer, ids.shape[1]))
+                processors, recorder = _sampling_processors(temperature, top_k, top_p, sample)
                 out = outer.generate(
                     input_ids=ids,
                     attention_mask=mask,
                     generation_config=gen_config,
                     stopping_criteria=criteria,
+                    logits_processor=processors,
                 )
                 raw = out[:, ids.shape[1] :]
+                sampled_lp = recorder.finish(raw)
                 r_ids, r_mask, ended, lengths = finalize_responses(
                     raw,
                     eos_token_ids=eos_token_ids,
@@ -300,13 +348,15 @@ class HFGenerateEngine:
                     stop_strings=stop_strings,
                     tokenizer=tokenizer,
                 )
-                parts.append(Rollout(ids, mask, r_ids, r_mask, ended, lengths))
+                sampled_lp = torch.where(r_mask.bool(), sampled_lp, torch.zeros((), device=sampled_lp.device))
+                parts.append(Rollout(ids, mask, r_ids, r_mask, ended, lengths, logprobs=sampled_lp))
 
         rollout = Rollout.concat(parts, pad_token_id)
         width = max(int(rollout.lengths.max()), 1)  # drop columns that are padding in every row
         if width < rollout.response_ids.shape[1]:
             rollout.response_ids = rollout.response_ids[:, :width].contiguous()
             rollout.response_mask = rollout.response_mask[:, :width].contiguous()
+            rollout.logprobs = rollout.logprobs[:, :width].contiguous()
         return rollout
 
 

@@ -20,6 +20,13 @@ class Rollout:
     ended          [B]    bool   True when the response ended with EOS / a stop string, False when it was cut at
                                  ``max_new_tokens``
     lengths        [B]    long   ``response_mask.sum(-1)``
+    logprobs       [B, R] float  log-probability of each response token under the distribution it was SAMPLED from
+                                 (after temperature / top-k / top-p), as the engine computed it; 0 after the end.
+                                 None when the engine does not report them. The trainer's own log-probs may differ
+                                 (other kernels, precision, top-p): the off-policy correction compares the two.
+    action_mask    [B, R] long   multi-turn episodes (``envs``): 1 on the model's own tokens, 0 on tool /
+                                 environment tokens (which ``response_mask`` covers: the model attends to them).
+                                 None for single-turn rollouts, where it equals ``response_mask``.
 
     Padding is never found by comparing ids with the pad id (pad may equal EOS); use the masks.
     """
@@ -30,6 +37,8 @@ class Rollout:
     response_mask: torch.Tensor
     ended: torch.Tensor
     lengths: torch.Tensor
+    logprobs: torch.Tensor | None = None
+    action_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -50,7 +59,8 @@ class Rollout:
         return int(self.prompt_ids.shape[1])
 
     def _map(self, fn) -> Rollout:
-        return Rollout(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
+        return Rollout(**{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
+                          for f in fields(self)})
 
     def to(self, device) -> Rollout:
         """A copy with every tensor on ``device``."""
@@ -82,7 +92,7 @@ class Rollout:
         P = max(r.prompt_ids.shape[1] for r in rollouts)
         R = max(r.response_ids.shape[1] for r in rollouts)
 
-        def pad(t: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
+        def pad(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
             extra = width - t.shape[1]
             if extra == 0:
                 return t
@@ -95,4 +105,9 @@ class Rollout:
             response_mask=torch.cat([pad(r.response_mask, R, 0, False) for r in rollouts]),
             ended=torch.cat([r.ended for r in rollouts]),
             lengths=torch.cat([r.lengths for r in rollouts]),
+            logprobs=None if any(r.logprobs is None for r in rollouts)
+            else torch.cat([pad(r.logprobs, R, 0.0, False) for r in rollouts]),
+            action_mask=None if all(r.action_mask is None for r in rollouts)
+            else torch.cat([pad(r.response_mask if r.action_mask is None else r.action_mask, R, 0, False)
+                            for r in rollouts]),
         )

@@ -1,13 +1,15 @@
 """Tracking: metrics sink, sample tables, progress with ETA, health checks, the shared console."""
 
 from .console import get_console, print0
-from .health import HealthMonitor
+from .health import CriticalHealthStop, HealthMonitor, HealthWarning, read_warnings
 from .metrics import MetricsSink, read_metrics
 from .progress import Progress
 from .samples import SampleLogger, read_samples
 
 __all__ = [
+    "CriticalHealthStop",
     "HealthMonitor",
+    "HealthWarning",
     "MetricsSink",
     "Progress",
     "SampleLogger",
@@ -15,4 +17,5 @@ __all__ = [
     "print0",
     "read_metrics",
     "read_samples",
+    "read_warnings",
 ]

@@ -17,8 +17,10 @@ def _stdout_is_tty() -> bool:
 
 @lru_cache(maxsize=1)
 def get_console() -> Console:
-    """The one console everything in rlhfkit prints to: stdout, no colours when stdout is not a TTY."""
-    return Console(stderr=False, no_color=not _stdout_is_tty())
+    """The one console everything in rlhfkit prints to: stdout; off a TTY no colours and no wrapping (a log keeps
+    one message per line, however long)."""
+    tty = _stdout_is_tty()
+    return Console(stderr=False, no_color=not tty, soft_wrap=not tty)
 
 
 def print0(*args, is_main: bool = True, console: Console | None = None, **kwargs) -> None:

@@ -1,29 +1,64 @@
 """Health checks that explain bad training dynamics in one line: what is wrong, the likely cause, the knob.
 
-Each rule is a small function over this step's metrics (TRL names) and the values seen at earlier checks;
-``HealthMonitor.check`` runs them all and returns each distinct warning at most once every ``repeat_every``
-steps. ``check`` only returns strings; ``report`` also prints them. The knobs named are keys of
-``rlhfkit.config`` (``optim.lr``, ``algo.clip_low``, ``critic.lr``, ``reward.normalize``, ...).
+Each rule is a pure function over this step's metrics (TRL names) and the values seen at earlier checks
+(``history``: metric -> every earlier finite value, oldest first), returning a message or None. Rules over the
+generated texts (repetition, gibberish) are pure functions over the responses of one step. ``HealthMonitor``
+runs them all, keeps each distinct warning to at most once every ``repeat_every`` steps, and (``report``) prints
+each as one line, appends it to ``run_dir/warnings.jsonl`` as ``{"step", "name", "severity", "knob",
+"message"}``, and, with ``stop_on_critical``, raises :class:`CriticalHealthStop` on a critical one (the CLI
+prints it as one line, exit 2). The knobs named are keys of ``rlhfkit.config``.
+
+The thresholds are heuristics, chosen to stay silent on the healthy runs of the tests and the quickstart and to
+fire on the collapse of issue 12 (GRPO at lr 3e-2: KL 70-82 nats, scores falling to 0); each is a constructor
+argument of ``HealthMonitor``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
-from collections import deque
-from collections.abc import Callable, Mapping
+import unicodedata
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
+from ..errors import UserError
 from .console import get_console
+from .jsonl import JsonlWriter, read_jsonl
 from .progress import format_number as fmt
 
 DRIFT_FIX = "lower optim.lr or algo.ppo_epochs, or tighten algo.clip_low / algo.clip_high"
+WARNING, CRITICAL = "warning", "critical"
+History = Mapping[str, Sequence[float]]
 
 
-def ratio_out_of_range(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonitor) -> str | None:
+class CriticalHealthStop(UserError):
+    """A critical health warning with ``track.stop_on_critical=true``: the run stops (one line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class HealthWarning:
+    """One warning: the step, the rule's name, ``warning`` or ``critical``, the knob to turn, the message."""
+
+    step: int
+    name: str
+    severity: str
+    knob: str
+    message: str
+
+    def line(self) -> str:
+        return f"step {self.step}: {self.message}"
+
+
+# ── rules over metrics: (metrics of this step, history, monitor) -> message or None ─────────────────────────────
+
+
+def ratio_out_of_range(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
     r = m.get("val/ratio")
     if r is not None and not 0.5 <= r <= 2.0:
         return (f"val/ratio={fmt(r)} is outside [0.5, 2.0]: the policy moved too far from the rollout policy; "
@@ -31,11 +66,11 @@ def ratio_out_of_range(m: dict[str, float], prev: dict[str, list[float]], mon: H
     return None
 
 
-def approxkl_spike(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonitor) -> str | None:
-    kl, history = m.get("policy/approxkl_avg"), prev["policy/approxkl_avg"]
+def approxkl_spike(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    kl, history = m.get("policy/approxkl_avg"), prev.get("policy/approxkl_avg", [])
     if kl is None or len(history) < 3:
         return None
-    median = statistics.median(history)
+    median = statistics.median(history[-50:])
     if kl > 0.01 and kl > 5 * median:
         return (
             f"policy/approxkl_avg={fmt(kl)} jumped above 5x its running median {fmt(median)}: "
@@ -44,11 +79,11 @@ def approxkl_spike(m: dict[str, float], prev: dict[str, list[float]], mon: Healt
     return None
 
 
-def value_loss_rising(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonitor) -> str | None:
+def value_loss_rising(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
     loss = m.get("loss/value_avg")
     if loss is None or not math.isfinite(loss):
         return None
-    recent = prev["loss/value_avg"][-(mon.window - 1) :] + [loss]
+    recent = list(prev.get("loss/value_avg", []))[-(mon.window - 1):] + [loss]
     if len(recent) < mon.window:
         return None
     increasing = all(a < b for a, b in zip(recent, recent[1:]))
@@ -60,11 +95,17 @@ def value_loss_rising(m: dict[str, float], prev: dict[str, list[float]], mon: He
     return None
 
 
-def few_eos(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonitor) -> str | None:
+def eos_fraction(m: Mapping[str, float], batch_size: int | None) -> float | None:
+    """The fraction of responses that ended with EOS: ``val/eos_frac``, else ``val/num_eos_tokens / batch``."""
     frac = m.get("val/eos_frac")
-    if frac is None and m.get("val/num_eos_tokens") is not None and mon.batch_size:
-        frac = m["val/num_eos_tokens"] / mon.batch_size
-    if frac is not None and frac < 0.1:
+    if frac is None and m.get("val/num_eos_tokens") is not None and batch_size:
+        frac = m["val/num_eos_tokens"] / batch_size
+    return frac
+
+
+def few_eos(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    frac = eos_fraction(m, mon.batch_size)
+    if frac is not None and 0 < frac < 0.1:
         return (
             f"only {frac:.0%} of responses end with EOS: almost all are cut at the length limit and scored "
             "unfinished; raise generation.max_new_tokens, or set reward.missing_eos_penalty"
@@ -72,7 +113,15 @@ def few_eos(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonito
     return None
 
 
-def negative_kl(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonitor) -> str | None:
+def all_truncated(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    frac = eos_fraction(m, mon.batch_size)
+    if frac is not None and frac == 0:
+        return ("every response was cut at generation.max_new_tokens (none ended with EOS): the scores judge "
+                "unfinished text; raise generation.max_new_tokens, or set reward.missing_eos_penalty")
+    return None
+
+
+def negative_kl(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
     kl = m.get("objective/kl")
     if kl is None:
         return None
@@ -89,7 +138,92 @@ def negative_kl(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMo
     return None
 
 
-def nonfinite_loss(m: dict[str, float], prev: dict[str, list[float]], mon: HealthMonitor) -> str | None:
+def kl_spike(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """KL to the reference above ``mon.kl_factor`` x its running median (and above ``mon.kl_floor`` nats)."""
+    kl, history = m.get("objective/kl"), list(prev.get("objective/kl", []))[-50:]
+    if kl is None or not math.isfinite(kl) or len(history) < 3:
+        return None
+    median = statistics.median(history)
+    if median > 0 and kl > mon.kl_factor * median and kl > mon.kl_floor:
+        return (f"objective/kl={fmt(kl)} nats is {kl / median:.0f}x its running median {fmt(median)}: the policy is "
+                "running away from the reference; lower optim.lr, raise algo.kl.coef (or set algo.kl.adaptive=true)")
+    return None
+
+
+def kl_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """KL to the reference above ``mon.kl_max`` nats per response, and (when the response length is logged) above
+    ``mon.kl_token_max`` nats per token, so long responses with a moderate per-token KL do not trip it."""
+    kl = m.get("objective/kl")
+    if kl is None or not math.isfinite(kl) or kl <= mon.kl_max:
+        return None
+    length = m.get("response/length_mean")
+    per_token = kl / length if length else None
+    if per_token is not None and per_token <= mon.kl_token_max:
+        return None
+    per = f" ({fmt(per_token)} per token)" if per_token is not None else ""
+    return (f"objective/kl={fmt(kl)} nats{per} is above {fmt(mon.kl_max)} nats: the policy has run away from the "
+            "reference; lower optim.lr, raise algo.kl.coef (or set algo.kl.adaptive=true)")
+
+
+def _rolling_means(values: Sequence[float], w: int) -> list[float]:
+    return [sum(values[i: i + w]) / w for i in range(len(values) - w + 1)]
+
+
+def reward_collapse(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """The mean of the last ``window`` scores fell from its best by more than half of max(|best|, 2 std)."""
+    score = m.get("objective/scores")
+    if score is None or not math.isfinite(score):
+        return None
+    values = list(prev.get("objective/scores", [])) + [score]
+    w = mon.window
+    if len(values) < 2 * w:
+        return None
+    means = _rolling_means(values, w)
+    best, now = max(means), means[-1]
+    scale = max(abs(best), 2 * statistics.pstdev(values))
+    if scale > 0 and best - now > 0.5 * scale:
+        return (f"objective/scores collapsed: mean of the last {w} steps {fmt(now)} vs best {fmt(best)}; "
+                "the policy is unlearning (often after a KL blow-up or reward hacking); lower optim.lr, "
+                "raise algo.kl.coef, and check the samples")
+    return None
+
+
+def token_entropy(m: Mapping[str, float]) -> float | None:
+    """Mean per-token entropy: ``policy/entropy_avg``, else ``objective/entropy / response/length_mean``."""
+    if m.get("policy/entropy_avg") is not None:
+        return m["policy/entropy_avg"]
+    seq, length = m.get("objective/entropy"), m.get("response/length_mean")
+    if seq is not None and length:
+        return seq / length
+    return None
+
+
+def entropy_collapse(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """Per-token entropy below 10% of its early level (the highest of the first ``window`` checks, so a collapse
+    inside the first checks still counts) and below 0.1 nats."""
+    ent, early = token_entropy(m), list(prev.get("entropy/token", []))[: mon.window]
+    if ent is None or len(early) < mon.window:
+        return None
+    start = max(early)
+    if ent < 0.1 * start and ent < 0.1:
+        return (f"per-token entropy {fmt(ent)} fell from {fmt(start)}: the policy became near-deterministic and "
+                "explores no more; lower optim.lr, raise algo.entropy_coef or algo.kl.coef")
+    return None
+
+
+def entropy_explosion(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """Per-token entropy above 3x its early median and at least 1 nat above it: the outputs turn to noise."""
+    ent, early = token_entropy(m), list(prev.get("entropy/token", []))[: mon.window]
+    if ent is None or not math.isfinite(ent) or len(early) < mon.window:
+        return None
+    start = statistics.median(early)
+    if ent > 3 * start and ent - start > 1.0:
+        return (f"per-token entropy {fmt(ent)} rose from {fmt(start)}: the policy is turning to noise; "
+                "lower optim.lr or generation.temperature, raise algo.kl.coef")
+    return None
+
+
+def nonfinite_loss(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
     bad = [k for k, v in m.items() if (k == "loss" or k.startswith("loss/")) and not math.isfinite(v)]
     if bad:
         return (f"{', '.join(bad)} not finite: training diverged (step size too large or a bad batch); "
@@ -97,51 +231,174 @@ def nonfinite_loss(m: dict[str, float], prev: dict[str, list[float]], mon: Healt
     return None
 
 
-Rule = Callable[[dict[str, float], dict[str, list[float]], "HealthMonitor"], "str | None"]
+# ── rules over the generated texts ─────────────────────────────────────────────────────────────────────────────
+
+
+def repetition_score(text: str, n: int = 3) -> float:
+    """1 - distinct / total word n-grams (character 4-grams when there are fewer than 2n words): 0 = no
+    repetition, near 1 = one phrase over and over. Texts too short to have 4 n-grams score 0."""
+    words = text.split()
+    units = [tuple(words[i: i + n]) for i in range(len(words) - n + 1)] if len(words) >= 2 * n else \
+        [text[i: i + 4] for i in range(len(text) - 3)]
+    if len(units) < 4:
+        return 0.0
+    return 1.0 - len(set(units)) / len(units)
+
+
+def _odd_char(ch: str) -> bool:
+    """Neither a letter or digit (any script), whitespace, punctuation, nor a math / currency / modifier symbol: the
+    replacement character, control / private-use / unassigned code points, box drawing, emoji and other symbols."""
+    if ch == "\ufffd":
+        return True
+    if ch.isalnum() or ch.isspace():
+        return False
+    cat = unicodedata.category(ch)
+    return not (cat.startswith("P") or cat in ("Sm", "Sc", "Sk"))
+
+
+def gibberish_score(text: str) -> float:
+    """Fraction of characters that are odd (:func:`_odd_char`), or 1.0 when the mean word is longer than 20
+    characters (runs of tokens without spaces). 0 for empty text."""
+    stripped = text.strip()
+    if not stripped:
+        return 0.0
+    odd = sum(_odd_char(ch) for ch in stripped)
+    words = stripped.split()
+    if len(stripped) >= 40 and sum(map(len, words)) / len(words) > 20:
+        return 1.0
+    return odd / len(stripped)
+
+
+def repeated_texts(texts: Sequence[str], mon: HealthMonitor) -> str | None:
+    scores = [repetition_score(t) for t in texts]
+    frac = sum(s > mon.repetition_max for s in scores) / len(scores) if scores else 0.0
+    if frac >= mon.texts_frac:
+        return (f"{frac:.0%} of responses repeat themselves (over {mon.repetition_max:.0%} repeated n-grams): "
+                "degenerate text the reward does not punish; lower optim.lr, raise algo.kl.coef, "
+                "or set reward.missing_eos_penalty")
+    return None
+
+
+def gibberish_texts(texts: Sequence[str], mon: HealthMonitor) -> str | None:
+    scores = [gibberish_score(t) for t in texts]
+    frac = sum(s > mon.gibberish_max for s in scores) / len(scores) if scores else 0.0
+    if frac >= mon.texts_frac:
+        return (f"{frac:.0%} of responses look like gibberish (symbols, broken characters, no word breaks): "
+                "the policy collapsed; lower optim.lr, raise algo.kl.coef")
+    return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    fn: Callable[..., str | None]
+    severity: str
+    knob: str
+    on: str = "metrics"  # "metrics": fn(m, history, mon); "texts": fn(texts, mon)
+
+
 RULES: dict[str, Rule] = {
-    "ratio": ratio_out_of_range,
-    "approxkl": approxkl_spike,
-    "value_loss": value_loss_rising,
-    "eos": few_eos,
-    "negative_kl": negative_kl,
-    "nonfinite_loss": nonfinite_loss,
+    "ratio": Rule(ratio_out_of_range, WARNING, "optim.lr"),
+    "approxkl": Rule(approxkl_spike, WARNING, "optim.lr"),
+    "value_loss": Rule(value_loss_rising, WARNING, "critic.lr"),
+    "eos": Rule(few_eos, WARNING, "generation.max_new_tokens"),
+    "all_truncated": Rule(all_truncated, WARNING, "generation.max_new_tokens"),
+    "negative_kl": Rule(negative_kl, WARNING, "algo.kl.estimator"),
+    "kl_spike": Rule(kl_spike, WARNING, "optim.lr"),
+    "kl_blowup": Rule(kl_blowup, CRITICAL, "optim.lr"),
+    "reward_collapse": Rule(reward_collapse, CRITICAL, "optim.lr"),
+    "entropy_collapse": Rule(entropy_collapse, WARNING, "algo.entropy_coef"),
+    "entropy_explosion": Rule(entropy_explosion, CRITICAL, "optim.lr"),
+    "nonfinite_loss": Rule(nonfinite_loss, CRITICAL, "optim.lr"),
+    "repetition": Rule(repeated_texts, WARNING, "algo.kl.coef", on="texts"),
+    "gibberish": Rule(gibberish_texts, CRITICAL, "optim.lr", on="texts"),
 }
-TRACKED = ("policy/approxkl_avg", "loss/value_avg", "objective/kl")  # metrics whose past values the rules read
+TRACKED = ("policy/approxkl_avg", "loss/value_avg", "objective/kl", "objective/scores")  # rules read their past
+_SPACE = re.compile(r"\s+")
 
 
 class HealthMonitor:
     """Runs every rule in ``RULES`` on each logged step; remembers what it said so it does not repeat itself.
 
-    ``batch_size`` turns ``val/num_eos_tokens`` into a fraction when ``val/eos_frac`` is not logged.
+    ``batch_size`` turns ``val/num_eos_tokens`` into a fraction when ``val/eos_frac`` is not logged. With
+    ``run_dir`` (main process), ``report`` appends each warning to ``run_dir/warnings.jsonl`` (``resume_step``:
+    lines past that step are dropped first, -1 drops them all). ``stop_on_critical``: ``report`` raises
+    :class:`CriticalHealthStop` on a critical warning, after writing it.
     """
 
-    def __init__(self, window: int = 5, repeat_every: int = 10, batch_size: int | None = None):
+    def __init__(self, window: int = 5, repeat_every: int = 10, batch_size: int | None = None, *,
+                 run_dir: str | Path | None = None, stop_on_critical: bool = False, resume_step: int | None = None,
+                 staged: bool = False,
+                 kl_max: float = 20.0, kl_token_max: float = 0.2, kl_factor: float = 10.0, kl_floor: float = 1.0,
+                 repetition_max: float = 0.5, gibberish_max: float = 0.3, texts_frac: float = 0.5):
         self.window, self.repeat_every, self.batch_size = window, repeat_every, batch_size
-        self._prev: dict[str, deque[float]] = {k: deque(maxlen=max(window, 50)) for k in TRACKED}
+        self.kl_max, self.kl_token_max, self.kl_factor, self.kl_floor = kl_max, kl_token_max, kl_factor, kl_floor
+        self.repetition_max, self.gibberish_max, self.texts_frac = repetition_max, gibberish_max, texts_frac
+        self.stop_on_critical = stop_on_critical
+        self.history: dict[str, list[float]] = {k: [] for k in (*TRACKED, "entropy/token")}
         self._last_warned: dict[str, int] = {}
+        self._writer: JsonlWriter | None = None
+        if run_dir is not None:  # staged: an earlier run's file is replaced only when the run commits
+            self._writer = JsonlWriter(Path(run_dir) / "warnings.jsonl", keep_until=resume_step, staged=staged)
 
-    def check(self, metrics: Mapping[str, Any], step: int) -> list[str]:
-        """The warnings this step raises (each prefixed with the step), minus ones given < repeat_every ago."""
+    def evaluate(self, metrics: Mapping[str, Any], step: int, texts: Sequence[str] | None = None
+                 ) -> list[HealthWarning]:
+        """The warnings this step raises, minus ones given < ``repeat_every`` steps ago; then records history."""
         m = {k: v for k, v in ((k, _to_float(v)) for k, v in metrics.items()) if v is not None}
-        prev = {k: list(q) for k, q in self._prev.items()}
-        warnings = []
+        out = []
         for name, rule in RULES.items():
-            message = rule(m, prev, self)
+            if rule.on == "texts":
+                message = rule.fn(list(texts), self) if texts else None
+            else:
+                message = rule.fn(m, self.history, self)
             last = self._last_warned.get(name)
             if message and (last is None or step - last >= self.repeat_every):
                 self._last_warned[name] = step
-                warnings.append(f"step {step}: {message}")
+                out.append(HealthWarning(int(step), name, rule.severity, rule.knob, _SPACE.sub(" ", message)))
         for key in TRACKED:
             if key in m and math.isfinite(m[key]):
-                self._prev[key].append(m[key])
-        return warnings
+                self.history[key].append(m[key])
+        ent = token_entropy(m)
+        if ent is not None and math.isfinite(ent):
+            self.history["entropy/token"].append(ent)
+        return out
 
-    def report(self, metrics: Mapping[str, Any], step: int, console: Console | None = None) -> list[str]:
-        """``check``, then print each warning in yellow; returns the warnings."""
-        warnings = self.check(metrics, step)
-        for warning in warnings:
-            (console or get_console()).print(Text(f"warning: {warning}", style="yellow"), soft_wrap=True)
-        return warnings
+    def check(self, metrics: Mapping[str, Any], step: int, texts: Sequence[str] | None = None) -> list[str]:
+        """``evaluate`` as lines: ``step N: message``."""
+        return [w.line() for w in self.evaluate(metrics, step, texts)]
+
+    def report(self, metrics: Mapping[str, Any], step: int, console: Console | None = None,
+               texts: Sequence[str] | None = None) -> list[str]:
+        """``evaluate``; print each warning as one line, append it to ``warnings.jsonl``; with ``stop_on_critical``
+        raise :class:`CriticalHealthStop` on the first critical one. Returns the lines."""
+        warnings = self.evaluate(metrics, step, texts)
+        for w in warnings:
+            style = "bold red" if w.severity == CRITICAL else "yellow"
+            (console or get_console()).print(Text(f"{w.severity}: {w.line()}", style=style), soft_wrap=True)
+            if self._writer is not None:
+                self._writer.write(asdict(w))
+        critical = [w for w in warnings if w.severity == CRITICAL]
+        if self.stop_on_critical and critical:
+            w = critical[0]
+            raise CriticalHealthStop(f"stopped on a critical health warning: {w.message}", where=f"step {w.step}",
+                                     fix=f"turn {w.knob} (see warnings.jsonl), or set track.stop_on_critical=false")
+        return [w.line() for w in warnings]
+
+    def commit(self) -> None:
+        if self._writer is not None:
+            self._writer.commit()
+
+    def discard(self) -> None:
+        if self._writer is not None:
+            self._writer.discard()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def read_warnings(run_dir: str | Path) -> list[dict]:
+    """Every record of ``run_dir/warnings.jsonl`` ([] when there is none)."""
+    return read_jsonl(Path(run_dir) / "warnings.jsonl")
 
 
 def _to_float(value: Any) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,17 @@ def truncate_after_step(path: Path, step: int) -> None:
     """Rewrite ``path`` keeping only records with ``step <= step`` (a resumed run must not duplicate steps)."""
     if not path.exists():
         return
+    kept = _kept_lines(path, step)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _kept_lines(path: Path, step: int) -> list[str]:
+    """The well-formed lines of ``path`` whose ``step <= step``."""
     kept = []
+    if not path.exists():
+        return kept
     with path.open(encoding="utf-8") as f:
         for line in f:
             try:
@@ -67,23 +78,37 @@ def truncate_after_step(path: Path, step: int) -> None:
                 continue
             if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
                 kept.append(line if line.endswith("\n") else line + "\n")
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    return kept
 
 
 class JsonlWriter:
-    """Appends one JSON object per line and flushes it, so a crash loses at most the line being written."""
+    """Appends one JSON object per line and flushes it, so a crash loses at most the line being written.
 
-    def __init__(self, path: Path):
+    ``keep_until=N``: the lines past step N are dropped first (a resumed run must not duplicate steps; -1 drops
+    every line). ``staged=True``: the earlier file is left untouched; the writer appends to ``<name>.new`` (a copy of
+    the lines kept) until :meth:`commit` swaps it in (an atomic rename), or :meth:`discard` removes it — so a run that
+    fails before its first line leaves an earlier run's file byte-identical.
+    """
+
+    def __init__(self, path: Path, keep_until: int | None = None, staged: bool = False):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._file = path.open("a", encoding="utf-8")
+        self.path, self.staged = path, staged
+        self._target = path.with_name(path.name + ".new") if staged else path
+        if staged:
+            if keep_until is not None:
+                self._target.write_text("".join(_kept_lines(path, keep_until)), encoding="utf-8")
+            elif path.exists():
+                shutil.copyfile(path, self._target)
+            else:
+                self._target.write_text("", encoding="utf-8")
+        elif keep_until is not None:
+            truncate_after_step(path, keep_until)
+        self._file = self._target.open("a", encoding="utf-8")
         if self._file.tell() > 0 and not self._ends_with_newline():
             self._file.write("\n")  # close a torn line from a crash; read_jsonl skips it
 
     def _ends_with_newline(self) -> bool:
-        with self.path.open("rb") as f:
+        with self._target.open("rb") as f:
             f.seek(-1, os.SEEK_END)
             return f.read(1) == b"\n"
 
@@ -91,6 +116,36 @@ class JsonlWriter:
         self._file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
         self._file.flush()
 
+    def commit(self) -> None:
+        """Swap the staged file in place of the earlier one (durably); later lines append to it."""
+        if not self.staged:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        os.replace(self._target, self.path)  # the open handle follows the renamed file
+        _fsync_dir(self.path.parent)
+        self.staged, self._target = False, self.path
+
+    def discard(self) -> None:
+        """Close; a staged file that was never committed is removed (the earlier file stays as it was)."""
+        self.close()
+        if self.staged:
+            self._target.unlink(missing_ok=True)
+            self.staged = False
+
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,8 +1,10 @@
-"""The metrics sink: ``metrics.jsonl`` always, TensorBoard and Weights & Biases when asked.
+"""The metrics sink: ``metrics.jsonl`` always, TensorBoard and Weights & Biases when asked, and any other tracker
+accelerate knows (MLflow, Comet, Aim, ...) through :mod:`rlhfkit.track.trackers`.
 
 One line per ``log`` call: ``{"step": 12, "time": 1712345678.9, "loss": 1.23, ...}``. The file is opened in
 append mode and flushed every line; a resumed run passes ``resume_step=N`` so lines past step N (logged after
-the checkpoint it resumes from) are dropped first and no step appears twice.
+the checkpoint it resumes from) are dropped first and no step appears twice. ``staged=True`` (what a run uses)
+writes beside the earlier file and swaps it in with the first line (see :class:`~rlhfkit.track.jsonl.JsonlWriter`).
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from .jsonl import JsonlWriter, read_jsonl, to_json_value, truncate_after_step
+from .jsonl import JsonlWriter, read_jsonl, to_json_value
+from .trackers import AccelerateTrackers, check_backends
 
-BACKENDS = ("jsonl", "tensorboard", "wandb")
+BACKENDS = ("jsonl", "tensorboard", "wandb")  # written here; the others through accelerate (trackers.py)
 _RESERVED = ("step", "time")
 
 
@@ -47,19 +50,17 @@ class MetricsSink:
         is_main: bool = True,
         config: Mapping | Any | None = None,
         resume_step: int | None = None,
+        staged: bool = False,
+        on_first_line: Callable[[], None] | None = None,
     ):
-        unknown = [b for b in backends if b not in BACKENDS]
-        if unknown:
-            raise UserError(
-                f"unknown tracking backend(s) {unknown}",
-                where="track.backends",
-                fix=f"use some of {BACKENDS}",
-            )
+        if is_main:  # unknown name or missing package: one line, before anything is written
+            check_backends(backends)
         self.run_dir = Path(run_dir)
         self.is_main = is_main
         self._jsonl: JsonlWriter | None = None
         self._tb = None
         self._wandb = None
+        self._others: AccelerateTrackers | None = None
         if not is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -67,10 +68,11 @@ class MetricsSink:
             self._tb = _open_tensorboard(self.run_dir / "tb", resume_step)
         if "wandb" in backends:
             self._wandb = _open_wandb(self.run_dir, _config_dict(config))
-        path = self.run_dir / "metrics.jsonl"
-        if resume_step is not None:
-            truncate_after_step(path, resume_step)
-        self._jsonl = JsonlWriter(path)  # always: the report and resume read it
+        if any(b not in BACKENDS for b in backends):
+            self._others = AccelerateTrackers(self.run_dir, backends, config)
+        # always: the report and resume read it. staged: an earlier run's file is replaced only after the first line
+        self._jsonl = JsonlWriter(self.run_dir / "metrics.jsonl", keep_until=resume_step, staged=staged)
+        self._on_first_line = on_first_line
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """Record ``metrics`` (floats, ints or 1-element tensors) at ``step``."""
@@ -81,6 +83,9 @@ class MetricsSink:
             raise ValueError(f"metric names {clash} are reserved by the metrics file")
         values = {k: to_json_value(v) for k, v in metrics.items()}
         self._jsonl.write({"step": int(step), "time": round(time.time(), 3), **values})
+        if self._on_first_line is not None:
+            callback, self._on_first_line = self._on_first_line, None
+            callback()
         scalars = {k: _as_float(v) for k, v in metrics.items()}
         scalars = {k: v for k, v in scalars.items() if v is not None}
         if self._tb is not None:
@@ -88,6 +93,34 @@ class MetricsSink:
                 self._tb.add_scalar(key, value, global_step=step)
         if self._wandb is not None:
             self._wandb.log(scalars, step=step)
+        if self._others is not None:
+            self._others.log(scalars, step)
+
+    def log_table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """A table of text (samples) to the trackers that show one: W&B (``wandb.Table``), TensorBoard (a markdown
+        table under the Text tab), and accelerate's trackers with ``log_table``. ``metrics.jsonl`` keeps scalars
+        only (the samples have ``samples.jsonl``)."""
+        if not self.is_main:
+            return
+        if self._tb is not None:
+            self._tb.add_text(name, markdown_table(columns, rows), global_step=step)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({name: wandb.Table(columns=columns, data=rows)}, step=step)
+        if self._others is not None:
+            self._others.log_table(name, columns, rows, step)
+
+    def commit(self) -> None:
+        """Staged: swap the new ``metrics.jsonl`` in place of the earlier run's."""
+        if self._jsonl is not None:
+            self._jsonl.commit()
+
+    def discard(self) -> None:
+        """Staged and never committed: remove the new file, leave the earlier one as it was."""
+        if self._jsonl is not None:
+            self._jsonl.discard()
+        self.close()
 
     def close(self) -> None:
         if self._jsonl is not None:
@@ -98,12 +131,25 @@ class MetricsSink:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+        if self._others is not None:
+            self._others.finish()
+            self._others = None
 
     def __enter__(self) -> MetricsSink:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def markdown_table(columns: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table (TensorBoard renders it), ``|`` and newlines in cells escaped."""
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(map(cell, columns)) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(map(cell, row)) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def _as_float(value: Any) -> float | None:

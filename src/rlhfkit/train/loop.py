@@ -12,11 +12,14 @@ renamed, so a crash never leaves a half checkpoint.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
-import math
+import os
+import pickle
 import random
 import shutil
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +27,7 @@ from typing import Any
 
 import torch
 
-from ..config import save_config
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteError, RunError
 from ..models.loading import trainable_state_dict
 from ..track import MetricsSink, Progress
 from ..track.console import get_console
@@ -43,6 +45,14 @@ class Run:
     run_dir: Path
     sink: MetricsSink | None = None
     started: float = field(default_factory=time.time)
+    session: Any = None  # the lifecycle of the run directory (train/session.py), made by start_run
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.session is not None:
+            self.session.close(failed=exc_type is not None)
 
     @property
     def is_main(self) -> bool:
@@ -62,7 +72,13 @@ class Run:
 
     def log(self, metrics: dict, step: int) -> None:
         if self.sink is not None:
-            self.sink.log(metrics, step)
+            extra = self.session.skip_metrics() if self.session is not None else {}
+            try:
+                self.sink.log({**metrics, **extra}, step)
+            except OSError as err:
+                raise RunError(f"writing metrics.jsonl failed at step {step}: {err.strerror or err}",
+                               where=str(self.run_dir), fix="free disk space and rerun (it resumes from the newest "
+                                                            "checkpoint)") from None
 
 
 def set_seed(seed: int) -> None:
@@ -83,9 +99,12 @@ def mixed_precision(name: str) -> str:
 
 
 def start_run(cfg, *, resume_step: int | None = None) -> Run:
-    """Create the accelerator and the run directory, seed everything (the config is saved by :func:`open_sink`)."""
+    """Create the accelerator and the run directory, lock it, seed everything. Use as ``with start_run(cfg) as
+    run:`` so the directory is released (and, after a failure before the first line, left as it was)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
+
+    from .session import Session
 
     # accelerate keeps one state per process, but a pipeline (or a test session) runs stage after stage in one
     # process, each with its own mixed precision: forget the last stage's (the process group itself is kept)
@@ -95,21 +114,16 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision),
                               cpu=not torch.cuda.is_available(), **get_strategy(cfg).accelerator_kwargs(cfg))
     run_dir = Path(cfg.output_dir)
+    created = not run_dir.exists()
+    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
+    run = Run(cfg=cfg, accelerator=accelerator, run_dir=run_dir)
+    run.session = Session(run, created=created)
+    run.session.acquire()
     set_seed(cfg.train.seed)
-    return Run(cfg=cfg, accelerator=accelerator, run_dir=run_dir)
-
-
-def open_sink(run: Run, resume_step: int | None) -> MetricsSink:
-    """Start writing the run directory: the resolved config and the metrics. Called when training starts, after the
-    model and data loaded, so a run that fails on bad input leaves the files of a previous run alone."""
-    if run.is_main:
-        save_config(run.cfg, run.run_dir)
-    run.sink = MetricsSink(run.run_dir, backends=tuple(run.cfg.track.backends), is_main=run.is_main,
-                           config=run.cfg, resume_step=resume_step)
-    return run.sink
+    return run
 
 
 # ────────────────────────────────────────────── optimizer & schedule ─────────────────────────────────────────
@@ -128,49 +142,117 @@ def build_optimizer(params, optim, lr: float | None = None) -> torch.optim.Optim
                              betas=tuple(optim.betas), eps=optim.eps)
 
 
+# our schedule names -> transformers.get_scheduler's
+HF_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
+
+
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    """Multiplier of the peak LR after ``step`` updates: linear warm-up, then linear / cosine decay or constant."""
+    """Multiplier of the peak LR after ``step`` updates: linear warm-up, then linear / cosine decay or constant.
+
+    The curves are ``transformers.get_scheduler``'s, read one update ahead during warm-up: transformers runs the
+    first update at LR 0 (``step / warmup``); here it runs at ``1 / warmup`` of the peak and the warm-up's last
+    update at the peak, so no update is wasted. Past ``total`` the multiplier stays at its end value (cosine would
+    rise again).
+    """
+    from transformers import get_scheduler
+
+    dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)  # only to read transformers' curve
+    curve = get_scheduler(HF_SCHEDULES[schedule], dummy, num_warmup_steps=warmup,
+                          num_training_steps=total).lr_lambdas[0]
 
     def fn(step: int) -> float:
-        if warmup > 0 and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        progress = (step - warmup) / max(1, total - warmup)
-        progress = min(max(progress, 0.0), 1.0)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return max(0.0, 1.0 - progress)
+        return float(curve(step + 1) if step < warmup else curve(min(step, max(total, warmup))))
 
     return fn
 
 
 def build_scheduler(optimizer, optim, total_updates: int):
+    """``LambdaLR`` over :func:`lr_lambda` (transformers' schedules), stepped once per optimizer update."""
     warmup = optim.warmup_steps if optim.warmup_steps > 0 else int(optim.warmup_ratio * total_updates)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optim.schedule, warmup, total_updates))
 
 
-def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float | None) -> torch.Tensor | None:
-    """Clip gradients (when asked), step optimizer and schedule, zero gradients. Returns the pre-clip grad norm."""
-    norm = None
-    if max_grad_norm is not None and max_grad_norm > 0:
-        norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
+class NonFiniteGuard:
+    """Counts updates skipped for a non-finite loss or gradient norm; stops the run after ``max_consecutive`` in a
+    row. One per optimizer (see :func:`guard_of`); ``updates`` is the number of updates seen (set on resume)."""
+
+    def __init__(self, max_consecutive: int = 5, name: str = "model"):
+        self.max_consecutive, self.name = max_consecutive, name
+        self.consecutive = self.skipped = self.updates = 0
+
+
+_GUARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def guard_of(optimizer, max_consecutive: int = 5, name: str = "model") -> NonFiniteGuard:
+    """The guard of ``optimizer`` (made on first use; :class:`~rlhfkit.train.session.Session` makes them with the
+    configured ``train.max_nonfinite_skips``)."""
+    guard = _GUARDS.get(optimizer)
+    if guard is None:
+        guard = _GUARDS[optimizer] = NonFiniteGuard(max_consecutive, name)
+    return guard
+
+
+def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float | None, *,
+                  loss: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Clip gradients (when asked), step optimizer and schedule, zero gradients. Returns the pre-clip grad norm.
+
+    NaN guard (every recipe steps through here): when the gradient norm (or ``loss``, when given) is not finite,
+    the update is skipped (gradients zeroed, the optimizer not stepped; the schedule still steps, so update counts
+    and LR stay aligned with the data position), counted (``train/skipped_updates``) and warned about; after
+    ``train.max_nonfinite_skips`` consecutive skips the run stops with :class:`NonFiniteError` (nothing saved).
+    This costs one host sync per update."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    clip = max_grad_norm if max_grad_norm is not None and max_grad_norm > 0 else float("inf")
+    norm = accelerator.clip_grad_norm_(model.parameters(), clip) if params else torch.zeros(())
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
+    bad = ~torch.isfinite(torch.as_tensor(norm, dtype=torch.float32))
+    if loss is not None:
+        bad = bad | ~torch.isfinite(loss.detach().float()).all().to(bad.device)
+    if accelerator.num_processes > 1:
+        bad = accelerator.reduce(bad.float().to(accelerator.device), "max") > 0
+    guard = guard_of(optimizer)
+    guard.updates += 1
+    if bool(bad) and getattr(accelerator, "scaler", None) is not None:
+        bad = torch.zeros((), dtype=torch.bool)  # fp16: the grad scaler skips this step and lowers its scale
+    if bool(bad):
+        guard.skipped += 1
+        guard.consecutive += 1
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        lr = optimizer.param_groups[0]["lr"]
+        knob = (f"lower optim.max_grad_norm (now {max_grad_norm:g})" if max_grad_norm else "set optim.max_grad_norm")
+        if guard.consecutive >= guard.max_consecutive:
+            raise NonFiniteError(
+                f"update {guard.updates} of the {guard.name}: loss or gradient not finite in {guard.consecutive} "
+                f"consecutive updates; stopped, nothing more saved (earlier checkpoints are intact)", where="optim.lr",
+                fix=f"lower optim.lr (now {lr:g}) or {knob}; train.max_nonfinite_skips sets the patience")
+        if accelerator.is_main_process:
+            get_console().print(
+                f"[nan] warning: update {guard.updates} of the {guard.name}: loss or gradient norm not finite "
+                f"({float(norm):g}); update skipped ({guard.consecutive} in a row, stop at {guard.max_consecutive}). "
+                f"If it repeats: lower optim.lr (now {lr:g}) or {knob}", markup=False,
+                highlight=False)
+        return norm if max_grad_norm is not None and max_grad_norm > 0 else None
+    guard.consecutive = 0
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return norm
+    return norm if max_grad_norm is not None and max_grad_norm > 0 else None
 
 
 # ───────────────────────────────────────────────── checkpoints ────────────────────────────────────────────────
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """Every RNG stream as tensors / lists / numbers only, so it loads with ``torch.load(weights_only=True)``."""
+    version, internal, gauss = random.getstate()
+    state: dict = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
     try:
         import numpy as np
 
-        state["numpy"] = np.random.get_state()
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
     except ImportError:
         pass
     if torch.cuda.is_available():
@@ -179,14 +261,58 @@ def _rng_state() -> dict:
 
 
 def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
     if "numpy" in state:
         import numpy as np
 
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+MANIFEST = "manifest.json"
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename / creation inside ``path`` durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_finite(models: dict, what: str) -> None:
+    """Refuse to save non-finite weights (a diverged run must never leave a NaN model to resume or to use)."""
+    for name, model in models.items():
+        for pname, p in model.named_parameters():
+            local = p.detach().to_local() if hasattr(p, "to_local") else p.detach()  # FSDP2: this process's shard
+            if p.requires_grad and not bool(torch.isfinite(local).all()):
+                raise NonFiniteError(f"the {name} weight {pname} is not finite (NaN / inf); {what} not saved",
+                                     where="optim.lr",
+                                     fix="lower optim.lr or set optim.max_grad_norm, then rerun (the last good "
+                                         "checkpoint is kept)")
 
 
 class Checkpointer:
@@ -195,8 +321,14 @@ class Checkpointer:
     ``state`` is a JSON-able dict (data position, KL controller, reward normaliser, …). Weights, optimizers and
     schedulers are the same on every process and written once, by the main process; the RNG state is written by
     every process (``rng_state_<rank>.pt``), because the streams of the ranks part as soon as they draw different
-    amounts (dropout over batches of different shapes, sampling). Everything goes to ``checkpoint-N.tmp``, renamed
-    when complete; only the newest ``keep`` are kept. Every process must call :meth:`save` (it has barriers).
+    amounts (dropout over batches of different shapes, sampling). Everything goes to ``checkpoint-N.tmp``; last, the
+    main process writes ``manifest.json`` (every file with its size and sha256, and the run's fingerprint), fsyncs
+    the files and the directory, renames it to ``checkpoint-N`` and fsyncs the run directory; only the newest
+    ``keep`` are kept. Every process must call :meth:`save` (it has barriers).
+
+    Everything is loaded with ``torch.load(weights_only=True)``: tensors, lists, numbers and strings only, so a
+    planted ``checkpoint-N/`` can never run code. A checkpoint whose manifest is missing or does not match its files
+    (torn, truncated, a file missing) is not used: :meth:`find` falls back to the newest valid one with a warning.
     """
 
     def __init__(self, run: Run, keep: int = 2):
@@ -207,29 +339,48 @@ class Checkpointer:
         acc = self.run.accelerator
         final = self.run.run_dir / f"checkpoint-{step}"
         tmp = self.run.run_dir / f"checkpoint-{step}.tmp"
+        check_finite({k: acc.unwrap_model(m) for k, m in models.items()}, f"checkpoint-{step}")
         acc.wait_for_everyone()
-        if acc.is_main_process:
+        try:
+            if acc.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            acc.wait_for_everyone()  # tmp exists for every process
+            rng = tmp / f"rng_state_{acc.process_index}.pt"
+            torch.save(_rng_state(), rng)
+            _fsync_file(rng)
+            strategy = get_strategy(self.run.cfg)
+            if strategy.sharded_state:  # every process writes its shards of models and optimizers (tmp/sharded)
+                strategy.save_state(tmp, models, optimizers)
+                models, optimizers = {}, {}
+            if acc.is_main_process:
+                payload = {
+                    "models": {k: trainable_state_dict(acc.unwrap_model(m)) for k, m in models.items()},
+                    "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
+                    "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
+                }
+                torch.save(payload, tmp / "trainer_state.pt")
+                (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1, default=float))
+            acc.wait_for_everyone()  # every RNG file is written
+            if acc.is_main_process:
+                files = {}
+                for p in sorted(q for q in tmp.rglob("*") if q.is_file()):  # sharded/: the shards of every process
+                    _fsync_file(p)
+                    files[p.relative_to(tmp).as_posix()] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+                from .session import run_fingerprint
+
+                manifest = {"step": step, "files": files, "fingerprint": run_fingerprint(self.run.cfg)}
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+                _fsync_file(tmp / MANIFEST)
+                fsync_dir(tmp)
+                shutil.rmtree(final, ignore_errors=True)
+                tmp.replace(final)
+                fsync_dir(self.run.run_dir)
+                self._prune()
+        except OSError as err:
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()  # tmp exists for every process
-        torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
-        strategy = get_strategy(self.run.cfg)
-        if strategy.sharded_state:  # every process writes its shards of models and optimizers (tmp/sharded)
-            strategy.save_state(tmp, models, optimizers)
-        if acc.is_main_process:
-            payload = {
-                "models": {} if strategy.sharded_state else
-                {k: trainable_state_dict(acc.unwrap_model(m)) for k, m in models.items()},
-                "optimizers": {} if strategy.sharded_state else {k: o.state_dict() for k, o in optimizers.items()},
-                "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
-            }
-            torch.save(payload, tmp / "trainer_state.pt")
-            (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1, default=float))
-        acc.wait_for_everyone()  # every RNG file is written
-        if acc.is_main_process:
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.replace(final)
-            self._prune()
+            raise RunError(f"writing checkpoint-{step} failed: {err.strerror or err}", where=str(final),
+                           fix="free disk space (the previous checkpoints are intact) and rerun to resume") from None
         acc.wait_for_everyone()
         return final
 
@@ -238,49 +389,90 @@ class Checkpointer:
         for _, path in ckpts[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
 
-    def clear(self) -> None:
-        """Starting over: delete this run directory's checkpoints (a later ``resume=auto`` must not find them)."""
-        acc = self.run.accelerator
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            old = sorted(self.run.run_dir.glob("checkpoint-*"))
-            for path in old:
-                shutil.rmtree(path, ignore_errors=True)
-            if old:
-                self.run.print(f"[ckpt] starting over: removed {', '.join(p.name for p in old)}")
-        acc.wait_for_everyone()
-
     def find(self, resume: str) -> Path | None:
-        """The checkpoint to resume from: ``auto`` = newest complete one, ``never`` = none, else a path."""
+        """The checkpoint to resume from: ``auto`` / ``force`` = newest valid one (damaged ones skipped with a
+        warning), ``never`` = none, else a path (which must be valid)."""
         if resume == "never":
             return None
-        if resume == "auto":
-            ckpts = list_checkpoints(self.run.run_dir)
-            return max(ckpts)[1] if ckpts else None
+        if resume in ("auto", "force"):
+            for _, path in sorted(list_checkpoints(self.run.run_dir), reverse=True):
+                problem = validate_checkpoint(path)
+                if problem is None:
+                    return path
+                self.run.print(f"[ckpt] warning: {path.name} is damaged ({problem}); trying an older checkpoint")
+            return None
         path = Path(resume)
         if not (path / "trainer_state.pt").is_file():
             raise ConfigError(f"no checkpoint at {path}", where="train.resume",
                               fix="use auto, never, or a checkpoint-N directory of this run")
+        problem = validate_checkpoint(path)
+        if problem is not None:
+            raise RunError(f"checkpoint {path} is damaged ({problem})", where="train.resume",
+                           fix="use train.resume=auto (the newest valid checkpoint) or never")
         return path
 
     def load(self, path: Path, *, models: dict, optimizers: dict, schedulers: dict) -> dict:
         acc = self.run.accelerator
-        payload = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+        own = path / f"rng_state_{acc.process_index}.pt"  # rank 0's when the run had fewer processes
+        try:
+            payload = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+            rng = torch.load(own if own.is_file() else path / "rng_state_0.pt", weights_only=True)
+            state = json.loads((path / "state.json").read_text())
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            raise RunError(f"{path.name} cannot be loaded safely: {first}", where=str(path),
+                           fix="delete it (rlhfkit writes tensors only, never other objects) or set "
+                               "train.resume=never") from None
         if (path / "sharded").is_dir():  # written by a sharded strategy: models and optimizers from the shards
             get_strategy(self.run.cfg).load_state(path, models, optimizers)
             models, optimizers = {}, {}
-        for k, m in models.items():
-            missing = acc.unwrap_model(m).load_state_dict(payload["models"][k], strict=False)
-            unexpected = getattr(missing, "unexpected_keys", [])
-            if unexpected:
-                raise RuntimeError(f"checkpoint {path} does not match model {k}: {unexpected[:3]}")
-        for k, o in optimizers.items():
-            o.load_state_dict(payload["optimizers"][k])
-        for k, s in schedulers.items():
-            s.load_state_dict(payload["schedulers"][k])
-        own = path / f"rng_state_{acc.process_index}.pt"  # rank 0's when the run had fewer processes
-        _set_rng_state(torch.load(own if own.is_file() else path / "rng_state_0.pt", weights_only=False))
-        return json.loads((path / "state.json").read_text())
+        try:
+            for k, m in models.items():
+                missing = acc.unwrap_model(m).load_state_dict(payload["models"][k], strict=False)
+                unexpected = getattr(missing, "unexpected_keys", [])
+                if unexpected:
+                    raise ValueError(f"unexpected tensors {unexpected[:3]}")
+            for k, o in optimizers.items():
+                o.load_state_dict(payload["optimizers"][k])
+            for k, s in schedulers.items():
+                s.load_state_dict(payload["schedulers"][k])
+        except (KeyError, ValueError, RuntimeError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            raise RunError(f"{path.name} does not fit this run's models: {first}", where=str(path),
+                           fix="resume with the model it was written for, or set train.resume=never / a new "
+                               "output_dir") from None
+        _set_rng_state(rng)
+        return state
+
+
+def validate_checkpoint(path: Path) -> str | None:
+    """Why ``path`` cannot be used (no / torn manifest, a file missing, truncated or changed), or None if it is
+    complete. Reads every file once (sha256)."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return "no manifest.json: not completely written, or written by an older rlhfkit"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "manifest.json is torn"
+    if "trainer_state.pt" not in files or "state.json" not in files or "rng_state_0.pt" not in files:
+        return "the manifest lacks trainer_state.pt, state.json or rng_state_0.pt"
+    for name, meta in files.items():
+        p = path / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != meta.get("size"):
+            return f"{name} has {p.stat().st_size} bytes, the manifest says {meta.get('size')}"
+        if _sha256(p) != meta.get("sha256"):
+            return f"{name} does not match its checksum"
+    return None
+
+
+def checkpoint_fingerprint(path: Path) -> dict | None:
+    try:
+        return json.loads((path / MANIFEST).read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
@@ -390,20 +582,14 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     model, optimizer = strategy.prepare(acc, model, optimizer)
     evaluate = job.eval_fn and (lambda m, b: _gathered_eval(strategy, job.eval_fn, m, b))
 
-    # 3. resume from the newest checkpoint when there is one
-    ckpt = Checkpointer(run, keep=cfg.train.save_total_limit)
+    # 3. resume from the newest valid checkpoint of the same run, or start over (run/session.py)
+    session = run.session
     step, micro = 0, 0  # optimizer updates done; micro-batches consumed
-    resume_from = ckpt.find(cfg.train.resume)
-    if resume_from is not None:
-        state = ckpt.load(resume_from, models={"model": model}, optimizers={"model": optimizer},
-                          schedulers={"model": scheduler})
+    state = session.resume(models={"model": model}, optimizers={"model": optimizer}, schedulers={"model": scheduler})
+    if state is not None:
         step, micro = state["step"], state["micro"]
         job.extra_state.update(state.get("extra", {}))
-        run.print(f"[{job.name}] resumed from {resume_from} at update {step}")
-    else:
-        ckpt.clear()  # what an earlier attempt in this directory left must not be resumed later
-    # resumed: drop the lines logged after the checkpoint; starting over: drop every line (-1)
-    open_sink(run, resume_step=step if resume_from is not None else -1)
+    session.open_sink()  # staged: the earlier run's files are replaced with the first line
 
     evals = eval_batches(run, job)
     last: dict = {}
@@ -423,7 +609,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                                                 cfg.train.seed, epoch, acc.process_index)
         return job.collate([job.train_items[j] for j in batches_cache[epoch][pos]])
 
-    with Progress(n_updates, desc=job.name, unit="update", show=job.show, is_main=run.is_main,
+    with Progress(n_updates, desc=job.name, unit="update", show=None, is_main=run.is_main and cfg.track.progress,
                   initial=step) as progress:
         while step < n_updates:
             stats = []
@@ -436,7 +622,8 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                         loss, st = job.loss_fn(model, batch)
                     acc.backward(loss / ga)
                 stats.append({"loss": loss.detach(), **st})
-            grad_norm = clip_and_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+            grad_norm = clip_and_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm,
+                                      loss=torch.stack([s["loss"] for s in stats]))
             step += 1
 
             metrics = {}
@@ -452,21 +639,15 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             if metrics:
                 run.log(metrics, step)
                 last.update(metrics)
-            progress.update(1, {k.split("/")[-1]: v for k, v in metrics.items()
-                                if k.split("/")[-1] in job.show or k in job.show})
+            # full names: the bar shows eval/loss as eval_loss, never under the train name
+            progress.update(1, {k: v for k, v in metrics.items() if k.split("/")[-1] in job.show or k in job.show})
             if cfg.train.save_every > 0 and step % cfg.train.save_every == 0 and step != n_updates:
-                ckpt.save(step, models={"model": model}, optimizers={"model": optimizer},
-                          schedulers={"model": scheduler}, state={"micro": micro, "extra": job.extra_state})
+                session.save(step, models={"model": model}, optimizers={"model": optimizer},
+                             schedulers={"model": scheduler}, state={"micro": micro, "extra": job.extra_state})
 
-    # 5. final model, one ordinary HF directory whatever the strategy (the final evaluation was logged with the
-    #    last update)
-    acc.wait_for_everyone()
-    full = strategy.full_model(acc, model)  # every process takes part (gathers shards); the model on the main one
-    if run.is_main and job.on_save is not None:
-        job.on_save(full, run.run_dir)
-    acc.wait_for_everyone()
-    if run.sink is not None:
-        run.sink.close()
+    # 5. final model (one ordinary HF directory whatever the strategy; the final evaluation was logged with the
+    #    last update), finished marker, report
+    session.finish(model, job.on_save, step)
     job.model = strategy.local_model(acc, model)
     return last
 

@@ -3,12 +3,16 @@ loop, the advantage estimator chosen by name (``algo.advantage``).
 
 Each step (see DESIGN.md, "Data flow of an online step"):
   1. take a batch of prompts (each repeated ``num_generations`` times, completion-major)
-  2. generate with the policy: every response stops at its own EOS; the mask ends at the first EOS
+  2. generate with the policy: every response stops at its own EOS; the mask ends at the first EOS; the engine
+     reports the log-prob each token was sampled with
   3. score: reward model (ids reused, or text re-tokenised when its tokenizer differs) and / or reward functions;
-     missing-EOS penalty, running normalisation, clipping
+     missing-EOS and DAPO overlong penalties, running normalisation, clipping. With DAPO dynamic sampling, steps
+     1-3 repeat on fresh prompts until the batch holds only groups whose rewards differ (or the draws are capped)
   4. forward passes without grad: policy (old log-probs), reference (unless no KL is used), critic (PPO)
-  5. per-token KL to the reference -> shaped rewards -> advantages / returns by the chosen estimator
-  6. PPO epochs over mini-batches: clipped policy loss (+ KL in loss, - entropy bonus), clipped value loss
+  5. per-token KL to the reference -> shaped rewards -> advantages / returns by the chosen estimator; mismatch
+     metrics and the off-policy correction (``algo.off_policy``) from the sampling and the old log-probs
+  6. PPO epochs over mini-batches: the policy loss of `algo.policy_loss` (PPO clip, GSPO, ...; times the off-policy
+     weights when a correction is on) (+ KL in loss, - entropy bonus), clipped value loss
   7. metrics (TRL names), sample table, health checks, KL-controller update, checkpoint
 
 How it departs from the papers: KL is computed on the sampled tokens with the chosen estimator (k1 by default in the
@@ -41,16 +45,15 @@ from ..models.loading import (
 )
 from ..rewards import CombinedRewards, RewardModelScorer
 from ..rollout import Rollout, SamplingParams, get_engine
-from ..track import HealthMonitor, Progress, SampleLogger
+from ..track import CriticalHealthStop, Progress
 from .common import load_records, tokenize, write_report
 from .distributed import get_strategy
 from .loop import (
-    Checkpointer,
+    Checkpointer,  # noqa: F401 - tests patch online.Checkpointer.save (the class every Session saves with)
     Run,
     build_optimizer,
     build_scheduler,
     clip_and_step,
-    open_sink,
     plan_batches,
     start_run,
 )
@@ -77,11 +80,16 @@ class Experience:
     kl: torch.Tensor | None = None  # 5.
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None  # 5. off-policy correction weights (None: no correction)
+    valid: torch.Tensor | None = None  # 3. [B] bool: the sample has a finite reward (False: dropped from the step)
+    env_returns: torch.Tensor | None = None  # 2. multi-turn: [B] sum of the environment's per-turn rewards
+    env_metrics: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, rollout: Rollout, rows: list[dict]) -> Experience:
+        action = rollout.response_mask if rollout.action_mask is None else rollout.action_mask
         return cls(rollout=rollout, rows=rows, position_ids=position_ids_of(rollout.attention_mask),
-                   mask=rollout.response_mask.float())
+                   mask=action.float())
 
     def forward_rows(self, idx) -> dict:
         """What a forward pass over rows ``idx`` (a slice or an index tensor) needs."""
@@ -93,7 +101,7 @@ class Experience:
         """The tensors of rows ``idx`` needed by one PPO micro-batch."""
         out = {**self.forward_rows(idx), "mask": self.mask[idx], "old_logprobs": self.old_logprobs[idx],
                "advantages": self.advantages[idx]}
-        for name in ("ref_logprobs", "values", "returns"):
+        for name in ("ref_logprobs", "values", "returns", "is_weights"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value[idx]
@@ -167,6 +175,7 @@ class OnlineTrainer:
         self.cfg, self.run, self.acc = cfg, run, run.accelerator
         algo = cfg.algo
         self.estimator = algos.ADVANTAGE_ESTIMATORS[algo.advantage]  # validated when the config was built
+        self.policy_loss = algos.POLICY_LOSSES[algo.policy_loss]
         self.k = algo.num_generations
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
         placement = algo.kl.placement
@@ -178,6 +187,13 @@ class OnlineTrainer:
         self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
                        else algos.FixedKLController(kl.coef))
         self.moments = RunningMoments()
+        # reward functions and prompt records first: a mistake in them is answered before any weights load
+        self.functions = CombinedRewards(cfg.reward.functions) if cfg.reward.functions else None
+        self.records = load_records(cfg, "prompt")
+        if self.functions is not None:  # wrong length / type on a few prompts, before the run directory is touched
+            head = self.records[0][:4]
+            self.functions.probe([r["prompt"][-1]["content"] for r in head],
+                                 [{k: v for k, v in r.items() if k != "prompt"} for r in head])
         self._load_models()
         self._load_data()
 
@@ -203,7 +219,6 @@ class OnlineTrainer:
             if not self.scorer.same_tokenizer:
                 run.print(f"[{cfg.recipe}] reward model tokenizer differs from the policy's: responses are "
                           "re-tokenised as text for scoring")
-        self.functions = CombinedRewards(cfg.reward.functions) if cfg.reward.functions else None
         self.critic = None
         if self.estimator.needs_critic:
             source = cfg.critic.model or (cfg.reward.model if cfg.critic.init == "reward" else cfg.model.name)
@@ -212,11 +227,16 @@ class OnlineTrainer:
             disable_dropout(self.critic)
             run.print(f"[{cfg.recipe}] critic from {source}: {describe(self.critic)}")
         self.engine = get_engine(cfg.generation.engine)
+        self.env_cls = None
+        if cfg.env.name:
+            from ..envs import load_environment
+
+            self.env_cls = load_environment(cfg.env.name)
         self.eos_ids = stop_token_ids(self.tok, getattr(self.policy, "generation_config", None))
 
     def _load_data(self) -> None:
         cfg = self.cfg
-        train_recs, eval_recs = load_records(cfg, "prompt")
+        train_recs, eval_recs = self.records
         self.prompts = tokenize(self.run, train_recs, "prompt", self.tok, cfg, "prompts")
         self.eval_prompts = tokenize(self.run, eval_recs, "prompt", self.tok, cfg, "eval prompts")
         self.collate = PromptCollator(self.tok.pad_token_id)
@@ -239,7 +259,10 @@ class OnlineTrainer:
 
     # ── 2. generate ──────────────────────────────────────────────────────────────────────────────────────────
     def generate(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
-        """``k`` responses per prompt (completion-major: the prompt batch repeated k times), as a new Experience."""
+        """``k`` responses per prompt (completion-major: the prompt batch repeated k times), as a new Experience;
+        with an environment, ``k`` multi-turn episodes per prompt."""
+        if self.env_cls is not None:
+            return self.play_episodes(prompts, seed, k)
         k = self.k if k is None else k
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
         with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for the whole rollout
@@ -249,45 +272,147 @@ class OnlineTrainer:
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 
+    def play_episodes(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
+        """Multi-turn: ``k`` episodes per prompt with the environment (``env``), as a new Experience whose mask
+        holds only the model's own tokens."""
+        from ..envs import run_episodes
+
+        k = self.k if k is None else k
+        n = len(prompts["input_ids"])
+        rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(n)] * k
+        ec = self.cfg.env
+        with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for all the episodes
+            rollout, episodes = run_episodes(
+                self.engine, self.policy, self.tok, self.env_cls, ec.kwargs, ec.name, rows,
+                sampling_kwargs=self.sampling.engine_kwargs(), eos_token_ids=self.eos_ids,
+                pad_token_id=self.tok.pad_token_id, seed=seed, max_turns=ec.max_turns,
+                max_total_tokens=ec.max_total_tokens)
+        exp = Experience.of(rollout.to(self.device), rows)
+        exp.env_returns = torch.tensor([sum(e.turn_rewards) for e in episodes], device=self.device)
+        per_ep = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]
+        keys = set().union(*per_ep)
+        exp.env_metrics = {f"env/{key}": sum(float(m.get(key, 0.0)) for m in per_ep) / len(per_ep) for key in keys}
+        exp.env_metrics.update({
+            "env/turns_mean": sum(len(e.turn_rewards) for e in episodes) / len(episodes),
+            "env/turn_reward_mean": sum(sum(e.turn_rewards) / len(e.turn_rewards) for e in episodes) / len(episodes),
+            "env/episode_reward_mean": exp.env_returns.mean().item()})
+        return exp
+
+    def rollout_step(self, step: int, seed: int) -> Experience:
+        """Steps 1-3: prompts -> responses -> scores. With dynamic sampling (DAPO), more prompt batches are drawn
+        (up to ``max_draws``) and only groups whose penalised scores differ are kept until the batch is full."""
+        ds = self.cfg.algo.dynamic_sampling
+        if not ds.enabled:
+            exp = self.generate(self._prompt_batch(step), seed)
+            self.score(exp, step=step + 1)
+            return exp
+
+        def draw(j: int):
+            e = self.generate(self._prompt_batch(step * ds.max_draws + j), seed + 1_000_003 * j)
+            self.score(e, shape=False, step=step + 1)
+            return e, self.penalised(e.raw_scores, e.rollout.ended, e.rollout.lengths)
+
+        pick = algos.dynamic_sample(draw, self.cfg.algo.rollout_batch_size, self.k, ds.max_draws)
+        exp = self.merge_groups(pick.results, pick.groups)
+        exp.reward_metrics.update({"rollout/dynamic_draws": float(pick.draws),
+                                   "rollout/degenerate_groups": float(pick.degenerate),
+                                   "rollout/degenerate_groups_filled": float(pick.filled)})
+        exp.scores = self.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths, exp.valid)
+        return exp
+
+    def merge_groups(self, parts: list[Experience], groups: list[tuple[int, int]]) -> Experience:
+        """One scored Experience of the groups ``groups`` ((part, prompt index) pairs) of ``parts``, completion-major
+        (row j * G + g is completion j of the g-th group); reward metrics are averaged over the parts."""
+        offsets, n = [], 0
+        for e in parts:
+            offsets.append(n)
+            n += len(e.rollout)
+        rows: list[int] = []
+        for j in range(self.k):
+            for part, p in groups:
+                P = len(parts[part].rollout) // self.k
+                rows.append(offsets[part] + j * P + p)
+        idx = torch.tensor(rows, dtype=torch.long)
+        rollout = Rollout.concat([e.rollout for e in parts], self.tok.pad_token_id).index_select(idx)
+        all_rows = [r for e in parts for r in e.rows]
+        all_texts = [t for e in parts for t in e.texts]
+        exp = Experience.of(rollout.to(self.device), [all_rows[i] for i in rows])
+        exp.texts = [all_texts[i] for i in rows]
+        exp.raw_scores = torch.cat([e.raw_scores for e in parts])[idx.to(self.device)]
+        exp.valid = torch.cat([e.valid for e in parts])[idx.to(self.device)]
+        exp.mask = exp.mask * exp.valid.unsqueeze(-1)  # dropped samples stay out of the step
+        keys = set().union(*(e.reward_metrics for e in parts))
+        exp.reward_metrics = {k: sum(e.reward_metrics.get(k, 0.0) for e in parts) / len(parts) for k in keys}
+        return exp
+
     # ── 3. score ─────────────────────────────────────────────────────────────────────────────────────────────
     @torch.no_grad()
-    def score(self, exp: Experience, shape: bool = True) -> None:
+    def score(self, exp: Experience, shape: bool = True, step: int | None = None) -> None:
         """Decoded texts, raw scores (reward model + functions) and their metrics onto ``exp``; with ``shape``,
         also the learning scores (missing-EOS penalty, running normalisation, clipping: this updates the
-        normaliser, so evaluation passes ``shape=False``)."""
+        normaliser, so evaluation passes ``shape=False``). Samples without a finite reward (NaN / inf / None) are
+        dropped from the step: score 0 and an empty mask (``rewards/dropped`` counts them)."""
         rollout, rows = exp.rollout, exp.rows
         texts = self.tok.batch_decode(
             [r[m.bool()] for r, m in zip(rollout.response_ids, rollout.response_mask)], skip_special_tokens=True)
         messages = [row["prompt"] for row in rows]
         total = torch.zeros(len(texts), device=self.device)
+        valid = torch.ones(len(texts), dtype=torch.bool, device=self.device)
         metrics: dict = {}
+        if exp.env_returns is not None:
+            total += exp.env_returns
+            metrics.update(exp.env_metrics)
         if self.scorer is not None:
             with on_device(self.scorer.model, self.device, self.cfg.memory.offload_reward):
                 rm = self.scorer.score(messages, texts, rollout.sequences, rollout.attention_mask).to(self.device)
-            total += rm
-            metrics["rewards/model/mean"] = rm.mean().item()
+            valid &= torch.isfinite(rm)
+            total += torch.where(valid, rm, 0.0)
+            metrics["rewards/model/mean"] = rm[valid].mean().item() if valid.any() else 0.0
         if self.functions is not None:
             prompt_text = [m[-1]["content"] for m in messages]
             fields = [{k: v for k, v in row.items() if k not in ("prompt",)} for row in rows]
-            fn_total, _, fn_metrics = self.functions(prompt_text, texts, fields)
-            total += fn_total.to(self.device)
-            metrics.update(fn_metrics)
+            fn = self.functions(prompt_text, texts, fields, step=step, allow_all_dropped=not shape)
+            total += fn.total.to(self.device)
+            valid &= fn.valid.to(self.device)
+            metrics.update(fn.metrics)
+        ov = self.cfg.algo.overlong
+        if ov.cache_len:
+            metrics["rewards/overlong_penalty/mean"] = algos.overlong_penalty(
+                rollout.lengths, self.cfg.generation.max_new_tokens, ov.cache_len, ov.penalty).mean().item()
+        total = torch.where(valid, total, 0.0)
+        metrics["rewards/dropped"] = float((~valid).sum())
+        exp.valid = valid
+        exp.mask = exp.mask * valid.unsqueeze(-1)  # dropped samples take no part in the step
         exp.texts, exp.raw_scores, exp.reward_metrics = texts, total, metrics
         if shape:
-            exp.scores = self.shape_scores(total, rollout.ended)
+            exp.scores = self.shape_scores(total, rollout.ended, rollout.lengths, valid)
 
-    def shape_scores(self, raw: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
-        """Missing-EOS penalty, then running normalisation, then clipping (each as configured)."""
-        rc = self.cfg.reward
+    def penalised(self, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """Raw scores with the missing-EOS penalty and DAPO's soft overlong penalty (no running state)."""
+        rc, ov = self.cfg.reward, self.cfg.algo.overlong
         scores = raw.clone()
         if rc.missing_eos_penalty:
             scores = scores - rc.missing_eos_penalty * (~ended).float()
+        if ov.cache_len and lengths is not None:
+            scores = scores + algos.overlong_penalty(lengths, self.cfg.generation.max_new_tokens, ov.cache_len,
+                                                     ov.penalty).to(scores.device)
+        return scores
+
+    def shape_scores(self, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None,
+                     valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Missing-EOS and overlong penalties, then running normalisation (over valid samples), then clipping (each
+        as configured); dropped samples (``valid`` False) stay at 0."""
+        rc = self.cfg.reward
+        scores = self.penalised(raw, ended, lengths)
+        valid = torch.ones_like(ended, dtype=torch.bool) if valid is None else valid
         if rc.normalize:
-            self.moments.update(self.acc.gather(scores).float().cpu())
+            kept = self.acc.gather(valid)
+            if kept.any():
+                self.moments.update(self.acc.gather(scores)[kept].float().cpu())
             scores = self.moments.normalize(scores)
         if rc.clip is not None:
             scores = scores.clamp(-rc.clip, rc.clip)
-        return scores
+        return torch.where(valid, scores, 0.0)
 
     # ── 4. forward passes without grad ──────────────────────────────────────────────────────────────────────
     @torch.no_grad()
@@ -327,7 +452,8 @@ class OnlineTrainer:
         coef = self.kl_ctl.value
         kl = torch.zeros_like(mask)
         if exp.ref_logprobs is not None:
-            kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator) * mask
+            kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
+                                  log_ratio_clip=algo.kl.log_ratio_clip)
         exp.kl = kl
         token_rewards, non_score = algos.shaped_token_rewards(exp.scores, kl, mask, coef, self.kl_in_reward)
         adv, exp.returns = self.estimator.fn(token_rewards, mask, values=exp.values, group_size=self.k,
@@ -335,11 +461,36 @@ class OnlineTrainer:
         if algo.whiten_advantages:
             adv = algos.masked_whiten(adv, mask)
         if algo.filter_tied_groups and self.estimator.group_based:
-            keep = ~algos.group_all_tied(exp.scores, self.k)
+            keep = ~algos.group_all_tied(exp.scores, self.k, valid=mask.bool().any(-1))
             exp.mask = mask * keep.unsqueeze(-1).float()
+        if algo.overlong.filter:  # DAPO overlong filtering: truncated responses leave every loss
+            exp.mask = exp.mask * exp.rollout.ended.unsqueeze(-1).float()
         exp.advantages = adv * exp.mask
-        return {"objective/kl": kl.sum(-1).mean().item(), "objective/non_score_reward": non_score.sum(-1).mean().item(),
-                "objective/kl_coef": coef}
+        metrics = {"objective/kl": kl.sum(-1).mean().item(),
+                   "objective/non_score_reward": non_score.sum(-1).mean().item(), "objective/kl_coef": coef}
+        metrics.update(self.off_policy(exp))
+        return metrics
+
+    def off_policy(self, exp: Experience) -> dict:
+        """Mismatch metrics between the engine's sampling log-probs and the trainer's old log-probs, and the
+        registered correction: per-token weights for the policy loss (``exp.is_weights``) and, for MIS, the mask
+        without the tokens / rows outside the band (out of every loss; their advantages zeroed)."""
+        op = self.cfg.algo.off_policy
+        sampled = exp.rollout.logprobs
+        if sampled is None:
+            if op.correction != "none":
+                raise ConfigError(f"rollout engine {self.cfg.generation.engine!r} reports no sampling log-probs",
+                                  where="algo.off_policy.correction", fix="set algo.off_policy.correction=none")
+            return {}
+        st = algos.mismatch_stats(exp.old_logprobs, sampled, exp.mask, op.low, op.high)
+        if op.correction != "none":
+            weights, mask = algos.OFF_POLICY_CORRECTIONS[op.correction](
+                exp.old_logprobs, sampled, exp.mask, cap=op.cap, low=op.low, high=op.high, level=op.level)
+            exp.mask = mask.to(exp.mask.dtype)
+            exp.advantages = exp.advantages * exp.mask
+            exp.is_weights = weights * exp.mask
+            st["is_weight_mean"] = algos.masked_mean(exp.is_weights, exp.mask)
+        return {f"rollout/{k}": float(v) for k, v in st.items()}
 
     # ── 6. PPO epochs over mini-batches ─────────────────────────────────────────────────────────────────────
     def policy_micro_step(self, batch: dict, scale: float) -> dict:
@@ -347,16 +498,17 @@ class OnlineTrainer:
         with self.acc.autocast():
             logits = response_logits(self.policy, batch, self.cfg.generation.temperature)
             logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
-            loss, st = algos.ppo_policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["mask"],
-                                             clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                             aggregation=algo.loss_aggregation,
-                                             max_len=self.cfg.generation.max_new_tokens)
+            loss, st = self.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["mask"],
+                                        clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens,
+                                        weights=batch.get("is_weights"))
             ent_logits = logits.detach() if algo.entropy_coef == 0 else logits
             entropy = algos.masked_mean(algos.entropy_from_logits(ent_logits), batch["mask"])
             total = loss - algo.entropy_coef * entropy
             if not self.kl_in_reward and "ref_logprobs" in batch:
                 kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
-                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens)
+                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens,
+                                        log_ratio_clip=algo.kl.log_ratio_clip)
                 total = total + self.kl_ctl.value * kl_l
         self.acc.backward(total * scale)
         return {"loss/policy_avg": loss.detach(), "policy/entropy_avg": entropy.detach(),
@@ -408,8 +560,9 @@ class OnlineTrainer:
             prompts = self.collate(self.eval_prompts[s: s + 64])
             exp = self.generate(prompts, seed=10_007 + s, k=1)
             self.score(exp, shape=False)
-            scores.append(exp.raw_scores)
-        return {"eval/scores": torch.cat(scores).mean().item()}
+            scores.append(exp.raw_scores[exp.mask.bool().any(-1)])  # samples with a finite reward
+        scores = torch.cat(scores)
+        return {"eval/scores": scores.mean().item()} if len(scores) else {}
 
     # ── the loop ─────────────────────────────────────────────────────────────────────────────────────────────
     def train(self) -> dict:
@@ -432,34 +585,28 @@ class OnlineTrainer:
             self.policy, self.opt = self.strategy.prepare(acc, self.policy, self.opt)
         models["policy"], opts["policy"] = self.policy, self.opt
 
-        ckpt = Checkpointer(run, keep=cfg.train.save_total_limit)
-        step, resumed = 0, ckpt.find(cfg.train.resume)
-        if resumed is not None:
-            state = ckpt.load(resumed, models=models, optimizers=opts, schedulers=scheds)
+        # resume the newest valid checkpoint of the same run, or start over; files staged until the first line
+        session, step = run.session, 0
+        state = session.resume(models=models, optimizers=opts, schedulers=scheds)
+        if state is not None:
             step = state["step_rollout"]
             self.kl_ctl.load_state_dict(state["kl_ctl"])
             self.moments.load_state_dict(state["moments"])
-            run.print(f"[{cfg.recipe}] resumed from {resumed} at step {step}")
-        else:
-            ckpt.clear()  # what an earlier attempt in this directory left must not be resumed later
-        # resumed: drop the lines logged after the checkpoint; starting over: drop every line (-1)
-        resume_update = step * self.updates_per_step if resumed is not None else -1
-        open_sink(run, resume_step=resume_update)
-        samples = SampleLogger(run.run_dir, is_main=run.is_main, resume_step=resume_update)
-        health = HealthMonitor(batch_size=cfg.algo.rollout_batch_size * self.k)
+        session.open_sink()
+        samples = session.open_samples()
+        health = session.open_health(batch_size=cfg.algo.rollout_batch_size * self.k,
+                                     repeat_every=10 * self.updates_per_step)
         episodes_per_step = cfg.algo.rollout_batch_size * self.k * run.world_size
         every = max(1, math.ceil(cfg.train.save_every / self.updates_per_step)) if cfg.train.save_every > 0 else 0
         show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean")
         last: dict = {}
         t_start = time.time()
-        with Progress(self.total_steps, desc=cfg.recipe, unit="step", show=show,
+        with Progress(self.total_steps, desc=cfg.recipe, unit="rollout", show=show,
                       is_main=run.is_main and cfg.track.progress, initial=step) as progress:
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
-                # 1-2. prompts -> responses (the Experience of this step is born here)
-                exp = self.generate(self._prompt_batch(step), seed)
-                # 3. texts, raw scores, shaped scores
-                self.score(exp)
+                # 1-3. prompts -> responses (the Experience of this step is born here) -> texts, raw / shaped scores
+                exp = self.rollout_step(step, seed)
                 # 4. old / reference log-probs, values
                 self.forward_passes(exp)
                 # 5. KL, shaped rewards, advantages
@@ -477,25 +624,21 @@ class OnlineTrainer:
                 last = metrics
                 progress.update(1, {k: v for k, v in metrics.items() if k in show})
                 if run.is_main:
-                    health.report(metrics, step)
+                    health.report(metrics, update, texts=exp.texts)  # steps of metrics.jsonl
                 if cfg.track.sample_every > 0 and (step % cfg.track.sample_every == 0 or step == 1):
                     samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
                                 exp.raw_scores.tolist())
                 if every and step % every == 0 and step != self.total_steps:
-                    ckpt.save(update, models=models, optimizers=opts, schedulers=scheds,
-                              state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
-                                     "moments": self.moments.state_dict()})
-        samples.close()
-        acc.wait_for_everyone()
-        full = self.strategy.full_model(acc, self.policy)  # every process gathers; one HF directory from the main
-        if run.is_main:
-            save_model(full, self.tok, run.run_dir)
-        acc.wait_for_everyone()
-        run.sink.close()
+                    session.save(update, models=models, optimizers=opts, schedulers=scheds,
+                                 state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
+                                        "moments": self.moments.state_dict()})
+        # final policy, finished marker, report
+        session.finish(self.policy, lambda m, d: save_model(m, self.tok, d), step * self.updates_per_step)
         return last
 
     def rollout_metrics(self, exp: Experience, step: int, per_step: int, t0: float) -> dict:
-        mask = exp.rollout.response_mask.float()
+        r = exp.rollout
+        mask = (r.response_mask if r.action_mask is None else r.action_mask).float()  # the model's own tokens
         g = lambda x: self.acc.gather(x.detach().float().reshape(-1)).mean().item()  # noqa: E731
         entropy = (-exp.old_logprobs * mask).sum(-1)
         non_score = -(self.kl_ctl.value * exp.kl * mask).sum(-1) if self.kl_in_reward else torch.zeros_like(entropy)
@@ -533,9 +676,16 @@ def _with_name(mcfg, name: str):
 def run_online(cfg: OnlineConfig) -> dict:
     """PPO / GRPO / RLOO / REINFORCE++ from ``cfg``; returns the last step's metrics."""
     cfg.check_inputs()
-    run = start_run(cfg)
-    trainer = OnlineTrainer(cfg, run)
-    metrics = trainer.train()
-    run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
-    write_report(run)
-    return metrics
+    with start_run(cfg) as run:
+        done = run.session.begin()
+        if done is not None:
+            return done
+        try:
+            metrics = OnlineTrainer(cfg, run).train()
+        except CriticalHealthStop:  # track.stop_on_critical: the report shows what happened up to the stop
+            if run.sink is not None:
+                run.sink.close()
+            write_report(run)
+            raise
+        run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
+        return metrics

@@ -42,7 +42,7 @@ from ..data import PreferenceCollator, UnpairedCollator
 from ..errors import DataError
 from ..models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
 from ..rollout import eval_mode
-from .common import load_records, to_device, tokenize, write_report
+from .common import load_records, to_device, tokenize
 from .loop import SupervisedJob, start_run, train_supervised
 
 CACHE_FILE = "reference_logps.pt"
@@ -113,15 +113,30 @@ def assign_kl_partners(items: list[dict], seed: int, max_length: int) -> None:
         items[i]["kl_completion_ids"] = list(items[order[j - 1]]["completion_ids"])[:room]
 
 
-def load_items(run, cfg, tok, paired: bool) -> tuple[list[dict], list[dict]]:
-    """(train, eval) tokenised examples: pairs, or KTO examples (unpaired records, or pairs split in two)."""
+def load_preference_records(cfg, paired: bool) -> tuple[list[dict], list[dict]]:
+    """(train, eval) records, read before any weights load: pairs, or for KTO what each file holds (unpaired
+    records or pairs) unless data.format=preference."""
     if paired:  # data.format was checked against the loss when the config was built
-        train_recs, eval_recs = load_records(cfg, "preference")
-        return (tokenize(run, train_recs, "preference", tok, cfg, "train"),
-                tokenize(run, eval_recs, "preference", tok, cfg, "eval"))
-    # KTO: each file is read as what it holds (unpaired records or pairs) unless data.format=preference
+        return load_records(cfg, "preference")
     detect = cfg if cfg.data.format == "preference" else replace(cfg, data={"format": "auto"})
     train_recs, eval_recs = load_records(detect, "auto")
+    for label, recs in (("train", train_recs), ("eval", eval_recs)):
+        kinds = {"preference" if "chosen" in r else "unpaired" if "label" in r else "other" for r in recs}
+        if kinds - {"preference", "unpaired"}:
+            raise DataError("KTO needs unpaired records (prompt, completion, label) or preference pairs",
+                            where=cfg.data.train if label == "train" else cfg.data.eval,
+                            fix="give unpaired.jsonl-style or preference.jsonl-style data")
+    return train_recs, eval_recs
+
+
+def load_items(run, cfg, tok, paired: bool, records: tuple[list[dict], list[dict]] | None = None
+               ) -> tuple[list[dict], list[dict]]:
+    """(train, eval) tokenised examples: pairs, or KTO examples (unpaired records, or pairs split in two).
+    ``records``: those of :func:`load_preference_records` (read here when None)."""
+    train_recs, eval_recs = records if records is not None else load_preference_records(cfg, paired)
+    if paired:
+        return (tokenize(run, train_recs, "preference", tok, cfg, "train"),
+                tokenize(run, eval_recs, "preference", tok, cfg, "eval"))
     out = []
     for label, recs in (("train", train_recs), ("eval", eval_recs)):
         kinds = {"preference" if "chosen" in r else "unpaired" if "label" in r else "other" for r in recs}
@@ -371,16 +386,23 @@ def run_preference(cfg) -> dict:
     """Train with the loss ``cfg.algo.loss``, evaluate on held-out pairs, save; returns the final metrics
     (``eval/rewards/accuracies``, ``eval/rewards/margins``, ``train/loss``, …)."""
     cfg.check_inputs()
+    # 1. data records first (a mistake in them costs seconds and touches nothing)
+    records = load_preference_records(cfg, PREFERENCE_LOSSES[cfg.algo.loss].paired)
+    # 2. run directory (locked), accelerator, seed; a finished run is not trained again
+    with start_run(cfg) as run:
+        done = run.session.begin()
+        return done if done is not None else _train_preference(cfg, run, records)
+
+
+def _train_preference(cfg, run, records) -> dict:
     spec = PREFERENCE_LOSSES[cfg.algo.loss]
     name = cfg.recipe
-    # 1. run directory, accelerator, seed
-    run = start_run(cfg)
     # 2. policy and tokenizer
     model, tok = load_causal_lm(cfg.model, device=run.device, seed=cfg.train.seed)
     model.to(run.device)
     run.print(f"[{name}] {cfg.algo.loss} from {cfg.model.name}: {describe(model)}")
     # 3. data: pairs -> prompt / chosen / rejected ids (KTO: labelled completions + their mismatched pairs)
-    train, evals = load_items(run, cfg, tok, spec.paired)
+    train, evals = load_items(run, cfg, tok, spec.paired, records)
     collate = PairCollator(tok.pad_token_id) if spec.paired else KTOCollator(tok.pad_token_id)
     # 4. reference log-probs: cached on the examples once, or a reference forward each step (none for SimPO / ORPO)
     reference = None
@@ -397,9 +419,8 @@ def run_preference(cfg) -> dict:
         on_save=lambda m, d: save_model(m, tok, d),
     )
     metrics = train_supervised(run, job)
-    # 6. summary and report
+    # 6. summary (the report was written when the run finished)
     if "eval/rewards/accuracies" in metrics:
         run.print(f"[{name}] done: model saved to {run.run_dir}; held-out preference accuracy "
                   f"{metrics['eval/rewards/accuracies']:.3f}, margin {metrics['eval/rewards/margins']:.3f}")
-    write_report(run)
     return metrics

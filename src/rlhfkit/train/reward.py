@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from ..algos import bradley_terry_loss
-from ..data import PreferenceCollator
+from ..data import PreferenceCollator, require_field
 from ..models.heads import sequence_scores
 from ..models.loading import describe, load_scalar_model, load_tokenizer_for, save_model
-from .common import load_records, tokenize, write_report
+from .common import load_records, tokenize
 from .loop import SupervisedJob, start_run, train_supervised
 
 
@@ -64,12 +64,19 @@ class MarginCollator(PreferenceCollator):
 
 
 def run_rm(cfg) -> dict:
-    # 1. run directory, accelerator, seed
+    # 1. run directory (locked), accelerator, seed; a finished run is not trained again
     cfg.check_inputs()
-    run = start_run(cfg)
+    with start_run(cfg) as run:
+        done = run.session.begin()
+        return done if done is not None else _train_rm(cfg, run)
+
+
+def _train_rm(cfg, run) -> dict:
     # 2. data records first (a mistake in them costs seconds), then the tokenizer of the base model and the reward
     #    model = its backbone + a 1-output head
     train_recs, eval_recs = load_records(cfg, "preference")
+    if cfg.rm.margin_field:  # every pair needs its margin: answered before any weights load
+        require_field(train_recs + eval_recs, cfg.rm.margin_field, "rm.margin_field")
     tok = load_tokenizer_for(cfg.model)
     model = load_scalar_model(cfg.model.name, cfg.model, tokenizer=tok, device=run.device, seed=cfg.train.seed)
     run.print(f"[rm] reward model from {cfg.model.name}: {describe(model)}")
@@ -91,7 +98,6 @@ def run_rm(cfg) -> dict:
     if "eval/accuracy" in metrics:
         run.print(f"[rm] done: saved to {run.run_dir}; held-out accuracy {metrics['eval/accuracy']:.3f}, "
                   f"chosen {metrics['eval/chosen_mean']:.3f} vs rejected {metrics['eval/rejected_mean']:.3f}")
-    write_report(run)
     return metrics
 
 

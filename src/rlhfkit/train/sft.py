@@ -10,7 +10,7 @@ import torch
 from ..algos import sft_loss
 from ..data import IGNORE_INDEX, SFTCollator, pack_sequences
 from ..models.loading import describe, load_causal_lm, save_model
-from .common import completion_logprobs, load_records, tokenize, write_report
+from .common import completion_logprobs, load_records, tokenize
 from .loop import SupervisedJob, start_run, train_supervised
 
 
@@ -44,9 +44,14 @@ def sft_eval(accelerator, model, batches: list[dict]) -> dict:
 
 def run_sft(cfg) -> dict:
     """Train, evaluate and save; returns the final metrics (``eval/loss``, ``eval/ppl``, ``train/loss``, …)."""
-    # 1. run directory, accelerator, seed
+    # 1. run directory (locked), accelerator, seed; a finished run is not trained again
     cfg.check_inputs()
-    run = start_run(cfg)
+    with start_run(cfg) as run:
+        done = run.session.begin()
+        return done if done is not None else _train_sft(cfg, run)
+
+
+def _train_sft(cfg, run) -> dict:
     # 2. data records first (a mistake in them costs seconds, not a model load), then model and tokenizer (the
     #    tokenizer carries the chat template every later stage uses)
     train_recs, eval_recs = load_records(cfg, "sft")
@@ -70,5 +75,4 @@ def run_sft(cfg) -> dict:
     run.print(f"[sft] done: model saved to {run.run_dir}"
               + (f"; eval loss {metrics['eval/loss']:.4f} (ppl {metrics['eval/ppl']:.2f})"
                  if "eval/loss" in metrics else ""))
-    write_report(run)
     return metrics

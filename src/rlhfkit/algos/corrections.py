@@ -1,0 +1,92 @@
+"""Off-policy corrections for the rollout / trainer mismatch, one registry (``OFF_POLICY_CORRECTIONS``, config key
+``algo.off_policy.correction``), and the metrics that show the mismatch's tail.
+
+The rollout engine samples token y_t with probability pi_rollout(y_t); the trainer's forward pass at the same weights
+gives pi_old(y_t) (other kernels, precision, top-p / top-k renormalisation, or an engine holding stale weights). The
+PPO ratio pi / pi_old corrects for the trainer's own updates, not for this gap, so the gradient is biased. The
+importance ratio rho_t = pi_old(y_t) / pi_rollout(y_t) measures it (Yao et al. 2025, "Your efficient RL framework
+secretly brings you off-policy RL training"; Liu et al. 2025, masked IS).
+
+Every entry: ``fn(old_logprobs, rollout_logprobs, mask, *, cap, low, high, level) -> (weights, mask)``,
+all [B, T]; ``weights`` (no grad) multiply the per-token policy loss, the returned mask replaces the policy-loss mask.
+``level``: ``token`` (a ratio per token) or ``sequence`` (the product of the row's token ratios, one per row).
+
+- ``none``: weights 1, mask unchanged.
+- ``tis``: truncated IS, w = min(rho, cap) (Yao et al. 2025).
+- ``mis``: masked IS, w = rho where low <= rho <= high, and the token (or the whole row) is dropped from the mask
+  outside that band.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+_MAX_LOG = 20.0  # log-ratios are clamped to +-20 before exp (a row's sum can be large; e^20 is far past any cap)
+
+
+def importance_log_ratio(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                         level: str = "token") -> torch.Tensor:
+    """log rho: per token (``token``) or the row's sum broadcast to its tokens (``sequence``); [B, T], 0 off mask."""
+    diff = torch.where(mask.bool(), (old_logprobs - rollout_logprobs).detach(), torch.zeros_like(old_logprobs))
+    if level == "token":
+        return diff
+    if level == "sequence":
+        return diff.sum(-1, keepdim=True).expand_as(diff) * mask
+    raise ValueError(f"unknown importance-ratio level {level!r}; choose token or sequence")
+
+
+def no_correction(old_logprobs, rollout_logprobs, mask, *, cap=2.0, low=0.5, high=2.0, level="token"):
+    """No correction: weights 1, mask unchanged."""
+    return torch.ones_like(old_logprobs), mask
+
+
+def truncated_is(old_logprobs, rollout_logprobs, mask, *, cap=2.0, low=0.5, high=2.0, level="token"):
+    """TIS: w = min(pi_old / pi_rollout, cap) per token or per sequence (Yao et al. 2025); mask unchanged."""
+    log_rho = importance_log_ratio(old_logprobs, rollout_logprobs, mask, level).clamp(-_MAX_LOG, _MAX_LOG)
+    return torch.exp(log_rho).clamp(max=cap), mask
+
+
+def masked_is(old_logprobs, rollout_logprobs, mask, *, cap=2.0, low=0.5, high=2.0, level="token"):
+    """MIS: w = pi_old / pi_rollout inside [low, high]; tokens (``token``) or whole rows (``sequence``) outside the
+    band leave the mask (Liu et al. 2025, masked importance sampling)."""
+    log_rho = importance_log_ratio(old_logprobs, rollout_logprobs, mask, level).clamp(-_MAX_LOG, _MAX_LOG)
+    rho = torch.exp(log_rho)
+    inside = (rho >= low) & (rho <= high)
+    keep = mask.bool() & inside
+    return torch.where(keep, rho, torch.zeros_like(rho)), keep.to(mask.dtype)
+
+
+CorrectionFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+OFF_POLICY_CORRECTIONS: dict[str, CorrectionFn] = {
+    "none": no_correction,
+    "tis": truncated_is,
+    "mis": masked_is,
+}
+
+
+def mismatch_stats(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                   low: float = 0.5, high: float = 2.0) -> dict[str, torch.Tensor]:
+    """How far the rollout engine's log-probs are from the trainer's, tail included (detached scalars).
+
+    logprob_diff_mean / _max: mean / max of |log pi_old - log pi_rollout| over masked tokens; is_ratio_mean,
+    is_ratio_p99: mean and 99th percentile of the token ratio rho; is_ratio_outside_frac: fraction of tokens with
+    rho outside [low, high]. An empty mask gives zeros (ratio stats 1).
+    """
+    with torch.no_grad():
+        m = mask.bool()
+        diff = (old_logprobs - rollout_logprobs).float()[m]
+        if diff.numel() == 0:
+            zero, one = torch.zeros(()), torch.ones(())
+            return {"logprob_diff_mean": zero, "logprob_diff_max": zero, "is_ratio_mean": one, "is_ratio_p99": one,
+                    "is_ratio_outside_frac": zero}
+        rho = torch.exp(diff.clamp(-_MAX_LOG, _MAX_LOG))
+        return {"logprob_diff_mean": diff.abs().mean(), "logprob_diff_max": diff.abs().max(),
+                "is_ratio_mean": rho.mean(), "is_ratio_p99": torch.quantile(rho, 0.99),
+                "is_ratio_outside_frac": ((rho < low) | (rho > high)).float().mean()}
+
+
+__all__ = ["OFF_POLICY_CORRECTIONS", "importance_log_ratio", "masked_is", "mismatch_stats", "no_correction",
+           "truncated_is"]

@@ -1,0 +1,152 @@
+"""Policy losses of the online loop, one registry (``POLICY_LOSSES``, config key ``algo.policy_loss``).
+
+Every entry has the same calling convention::
+
+    fn(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, aggregation, max_len, weights=None)
+        -> (loss, stats)
+
+logprobs (with grad), old_logprobs, mask: [B, T]; advantages: [B, T] or [B]; ``weights``: optional [B, T] per-token
+factors without grad (the off-policy correction of :mod:`rlhfkit.algos.corrections`; ``None`` = 1) that multiply
+the per-token loss before it is reduced by :func:`~rlhfkit.algos.losses.aggregate_loss`. stats are detached
+scalars: clipfrac, approxkl, ratio_mean, ratio_var (token means over the mask).
+
+- ``ppo``: token-level clipped ratio (Schulman et al. 2017, eq. 7; DAPO clip-higher): the loss of
+  :func:`~rlhfkit.algos.losses.ppo_policy_loss`, with weights.
+- ``gspo``: one importance ratio per sequence, the length-normalised likelihood ratio
+  s_i = exp(mean_t log(pi / pi_old)), clipped per sequence (Zheng et al. 2025, GSPO, eq. 5-7).
+- ``gspo_token``: GSPO-token (Zheng et al. 2025, eq. 13-14): s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)] — the value
+  of s_i, the gradient of the token's own log-prob — so per-token advantages are allowed.
+
+GSPO uses the sequence advantage A_i = the masked mean of the row's advantages (exact for the group estimators,
+whose advantage is the same at every token). Its per-sequence loss is spread over the row's tokens before the
+aggregation, so ``seq_mean_token_mean`` gives the paper's mean over sequences (the ``gspo`` recipe's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rlhfkit.algos.losses import aggregate_loss
+from rlhfkit.algos.masked import masked_mean, masked_var
+
+Stats = dict[str, torch.Tensor]
+
+
+def _clipped(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float | None):
+    """max(-A r, -A clip(r, 1 - lo, 1 + hi)) and whether the clipped term was taken (same shape as ratio)."""
+    clip_high = clip_low if clip_high is None else clip_high
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def _stats(ratio: torch.Tensor, log_ratio: torch.Tensor, was_clipped: torch.Tensor, mask: torch.Tensor) -> Stats:
+    with torch.no_grad():
+        return {"clipfrac": masked_mean(was_clipped.float(), mask),
+                "approxkl": 0.5 * masked_mean(log_ratio.detach().square(), mask),
+                "ratio_mean": masked_mean(ratio.detach(), mask),
+                "ratio_var": masked_var(ratio.detach(), mask)}
+
+
+def _weighted(per_token: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    return per_token if weights is None else per_token * weights.detach()
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    aggregation: str = "token_mean",
+    max_len: int | None = None,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """Token-level PPO clip w_t * max(-A r_t, -A clip(r_t)), r_t = pi / pi_old (Schulman et al. 2017, eq. 7).
+
+    Shapes in the module doc; with ``weights=None`` it equals :func:`~rlhfkit.algos.losses.ppo_policy_loss`.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    per_token, was_clipped = _clipped(ratio, advantages, clip_low, clip_high)
+    loss = aggregate_loss(_weighted(per_token, weights), mask, aggregation, max_len)
+    return loss, _stats(ratio, log_ratio, was_clipped, mask)
+
+
+def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO's length-normalised sequence log-ratio log s_i = (1 / |y_i|) sum_t log(pi / pi_old) (Zheng et al. 2025,
+    eq. 7). [B, T] -> [B] (0 for a row without tokens)."""
+    return masked_mean(logprobs - old_logprobs, mask, dim=-1)
+
+
+def _sequence_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
+
+
+def gspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float | None = 4e-4,
+    aggregation: str = "seq_mean_token_mean",
+    max_len: int | None = None,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """GSPO: max(-A_i s_i, -A_i clip(s_i, 1 - lo, 1 + hi)) per sequence, s_i = exp(mean_t log pi / pi_old)
+    (Zheng et al. 2025, eq. 5-7); the sequence loss is placed on each of its tokens, then aggregated.
+
+    Shapes in the module doc; ``advantages`` [B, T] are reduced to one per row by their masked mean.
+    """
+    log_s = sequence_log_ratio(logprobs, old_logprobs, mask)  # [B]
+    s = torch.exp(log_s)
+    per_seq, was_clipped = _clipped(s, _sequence_advantage(advantages, mask), clip_low, clip_high)
+    per_token = per_seq.unsqueeze(-1).expand_as(logprobs)
+    loss = aggregate_loss(_weighted(per_token, weights), mask, aggregation, max_len)
+    B_T = logprobs.shape
+    return loss, _stats(s.unsqueeze(-1).expand(B_T), log_s.unsqueeze(-1).expand(B_T),
+                        was_clipped.unsqueeze(-1).expand(B_T), mask)
+
+
+def gspo_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float | None = 4e-4,
+    aggregation: str = "seq_mean_token_mean",
+    max_len: int | None = None,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """GSPO-token: s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)], loss max(-A_t s_{i,t}, -A_t clip(s_{i,t})) per token
+    (Zheng et al. 2025, eq. 13-14). Equals :func:`gspo_loss` in value and gradient when A is constant per row.
+
+    Shapes in the module doc.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    log_s = sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # [B], no gradient through s_i
+    log_ratio = logprobs - logprobs.detach() + log_s.unsqueeze(-1)  # value log s_i, gradient d log pi(y_t)
+    ratio = torch.exp(log_ratio)
+    per_token, was_clipped = _clipped(ratio, advantages, clip_low, clip_high)
+    loss = aggregate_loss(_weighted(per_token, weights), mask, aggregation, max_len)
+    return loss, _stats(ratio, log_ratio, was_clipped, mask)
+
+
+PolicyLossFn = Callable[..., tuple[torch.Tensor, Stats]]
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {
+    "ppo": ppo_clip_loss,
+    "gspo": gspo_loss,
+    "gspo_token": gspo_token_loss,
+}

@@ -1,0 +1,84 @@
+"""DAPO's reward shaping and batch shaping (Yu et al. 2025): the soft overlong penalty, and dynamic sampling, which
+over-samples prompts and keeps only groups whose rewards differ (a tied group has zero group-relative advantage,
+so it carries no learning signal).
+
+Layout: a rollout of P prompts with k completions each is completion-major, row j * P + p is completion j of prompt
+p (as everywhere in the online loop, see :func:`~rlhfkit.algos.advantages.group_all_tied`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int, factor: float = 1.0) -> torch.Tensor:
+    """Soft overlong punishment (DAPO, Yu et al. 2025, eq. 13): 0 up to max_len - cache_len tokens, then a linear
+    ramp ((max_len - cache_len) - L) / cache_len down to -1 at max_len, -1 beyond; times ``factor``.
+
+    lengths: [B] response lengths -> [B] float penalties (<= 0). ``cache_len`` 0 gives zeros.
+    """
+    lengths = lengths.float()
+    if cache_len <= 0:
+        return torch.zeros_like(lengths)
+    if cache_len > max_len:
+        raise ValueError(f"cache_len {cache_len} exceeds max_len {max_len}")
+    start = max_len - cache_len
+    ramp = (start - lengths) / cache_len
+    pen = torch.where(lengths <= start, torch.zeros_like(lengths), ramp.clamp(min=-1.0))
+    return factor * pen
+
+
+def group_rows(groups: list[int], n_prompts: int, group_size: int) -> list[int]:
+    """Row indices, completion-major, of the groups (prompt indices) ``groups`` of a rollout of ``n_prompts``
+    prompts: [j * n_prompts + p for j in range(k) for p in groups]."""
+    return [j * n_prompts + p for j in range(group_size) for p in groups]
+
+
+def tied_groups(scores: torch.Tensor, group_size: int, atol: float = 0.0) -> torch.Tensor:
+    """[P] bool: the groups of ``scores`` ([k * P], completion-major) whose rewards all tie within ``atol``."""
+    g = scores.reshape(group_size, -1)
+    return (g.amax(dim=0) - g.amin(dim=0)) <= atol
+
+
+@dataclass
+class DynamicSample:
+    """What :func:`dynamic_sample` chose: ``groups`` a list of (draw, prompt index), the draws' results, and
+    counts: draws made, degenerate (tied) groups seen, degenerate groups used to fill the batch at the cap."""
+
+    groups: list[tuple[int, int]]
+    results: list = field(default_factory=list)
+    draws: int = 0
+    degenerate: int = 0
+    filled: int = 0
+
+
+def dynamic_sample(draw: Callable[[int], tuple[object, torch.Tensor]], need: int, group_size: int,
+                   max_draws: int, atol: float = 0.0) -> DynamicSample:
+    """DAPO dynamic sampling (Yu et al. 2025, eq. 11): call ``draw(j)`` (j = 0, 1, ...) — it returns (result,
+    scores [k * P]) for a fresh batch of P prompts — and keep the groups whose scores differ until ``need`` groups
+    are kept, or ``max_draws`` draws were made. At the cap, the batch is filled with tied groups (in draw order),
+    so its size never changes; ``filled`` says how many.
+    """
+    if need < 1 or max_draws < 1:
+        raise ValueError("need and max_draws must be >= 1")
+    out = DynamicSample(groups=[])
+    spare: list[tuple[int, int]] = []
+    while len(out.groups) < need and out.draws < max_draws:
+        result, scores = draw(out.draws)
+        tied = tied_groups(scores, group_size, atol).tolist()
+        for p, is_tied in enumerate(tied):
+            if is_tied:
+                spare.append((out.draws, p))
+            elif len(out.groups) < need:
+                out.groups.append((out.draws, p))
+        out.degenerate += sum(tied)
+        out.results.append(result)
+        out.draws += 1
+    missing = need - len(out.groups)
+    if missing > 0:
+        out.groups.extend(spare[:missing])
+        out.filled = min(missing, len(spare))
+    return out

@@ -1,0 +1,435 @@
+"""The run lifecycle in its ``output_dir``, shared by the supervised and the online loops.
+
+A :class:`Session` (made by :func:`~rlhfkit.train.loop.start_run`, held as ``run.session``) owns, in order:
+
+1. **the directory**: an exclusive lock (``.rlhfkit.lock``, ``flock``: a second run into the same directory exits 2
+   naming the first's pid; the lock of a dead process is released by the kernel and taken over);
+   :meth:`Session.begin` answers a rerun of a finished command (exit 0, nothing retrained).
+2. **resume or start over** (chosen by :meth:`Session.begin` before anything loads, loaded by
+   :meth:`Session.resume`; ``train.resume``): ``auto`` takes the newest *valid*
+   checkpoint (damaged ones are skipped with a warning) if its fingerprint matches this run, and refuses one of
+   another run; ``force`` resumes it even when settings changed; ``never`` starts over; a path resumes that one.
+3. **the files** (:meth:`Session.open_sink`, :meth:`Session.open_samples`): new ``metrics.jsonl`` /
+   ``samples.jsonl`` are written beside the earlier run's (``.new``) and swapped in, together with
+   ``config.yaml``, only when the run *commits*: at its first metrics line (or first checkpoint). Starting over
+   deletes the earlier run's checkpoints at that moment too; resuming deletes those newer than the one resumed
+   (damaged ones, or the future an explicit ``train.resume=PATH`` rewrites). A run that fails before leaves every
+   earlier file byte-identical, and a directory it created empty is removed.
+4. **checkpoints** (:meth:`Session.save`): never of non-finite weights; a full disk ends in one line.
+5. **the end** (:meth:`Session.finish`): the final model, ``finished.json`` (fingerprint, run length), the report.
+
+**The fingerprint** of a run is every config key that defines what is trained: the recipe, model, reference and
+reward / critic models, data (files, split, format, lengths, packing), optimizer and schedule, batch geometry
+(batch size, accumulation), seed, mixed precision, generation and algorithm settings. Not in it
+(:data:`NOT_FINGERPRINTED`): where it is written and how it is watched (``output_dir``, ``track.*``, the
+``log_every`` / ``eval_every`` / ``save_every`` / ``save_total_limit`` / ``eval_batch_size`` / ``resume`` /
+``max_nonfinite_skips`` keys of ``train``), memory savers (``memory.*``, ``model.gradient_checkpointing``), and the
+run length (``train.epochs``, ``train.max_steps``, ``algo.total_episodes``): a resumed run may be made longer or
+shorter; the LR schedule is then recomputed for the new length from the update reached.
+
+**``train.resume=force``** (and an explicit checkpoint path whose fingerprint differs) keeps from the checkpoint: the
+trainable weights, the optimizer moments (AdamW ``exp_avg`` / ``exp_avg_sq`` / ``step``), the number of updates done
+(the schedule position), the data position (micro-batches / rollout steps consumed), the RNG streams and the recipe
+state (KL controller, reward normaliser, …). Every setting of the new config applies from there: the peak LR and
+schedule, AdamW betas / eps / weight decay, and everything else; ``config.yaml`` is the new config. Weights of
+another shape cannot be kept: that ends in one line naming the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import save_config
+from ..errors import RunError
+from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
+from .distributed import get_strategy
+from .loop import (
+    Checkpointer,
+    Run,
+    check_finite,
+    checkpoint_fingerprint,
+    fsync_dir,
+    guard_of,
+)
+
+LOCK_FILE = ".rlhfkit.lock"
+FINISHED_FILE = "finished.json"
+#: config keys (and sections, by prefix) that do not define the run: changing them never blocks a resume
+NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpointing", "train.resume",
+                     "train.log_every", "train.eval_every", "train.save_every", "train.save_total_limit",
+                     "train.eval_batch_size", "train.max_nonfinite_skips", "train.epochs", "train.max_steps",
+                     "algo.total_episodes")
+#: the run length: a finished run rerun with the same length is finished; with another, it resumes
+LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
+
+
+# ─────────────────────────────────────────────────── fingerprint ─────────────────────────────────────────────
+
+
+def _flat(obj, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for fl in dataclasses.fields(obj):
+        value = getattr(obj, fl.name)
+        key = f"{prefix}{fl.name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.update(_flat(value, key + "."))
+        else:
+            if isinstance(value, (list, tuple)):
+                value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+            out[key] = json.loads(json.dumps(value, default=str))  # the JSON form, as it is stored
+    return out
+
+
+def _excluded(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_FINGERPRINTED)
+
+
+def run_fingerprint(cfg) -> dict[str, Any]:
+    """The settings that define the run (dotted key -> JSON value); see the module doc for what is left out."""
+    return {k: v for k, v in _flat(cfg).items() if not _excluded(k)}
+
+
+def run_length(cfg) -> dict[str, Any]:
+    flat = _flat(cfg)
+    return {k: flat[k] for k in LENGTH_KEYS if k in flat}
+
+
+def fingerprint_diff(old: dict, new: dict) -> list[str]:
+    """``key: old -> new`` for every key that differs (keys on one side only included), recipe first."""
+    keys = sorted(set(old) | set(new), key=lambda k: (k != "recipe", k))
+    missing = "(unset)"
+    return [f"{k}: {old.get(k, missing)} -> {new.get(k, missing)}" for k in keys if old.get(k, missing) !=
+            new.get(k, missing)]
+
+
+def _mismatch(run_dir: Path, what: str, diff: list[str]) -> RunError:
+    shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
+    return RunError(f"{what} was made with other settings ({shown}); refusing to resume it", where=str(run_dir),
+                    fix="train.resume=never to start over here, a new output_dir, or train.resume=force to keep its "
+                        "weights, optimizer state and data position under the new settings")
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name.split("-", 1)[1].removesuffix(".tmp"))
+    except ValueError:
+        return -1
+
+
+# ───────────────────────────────────────────────────── lock ──────────────────────────────────────────────────
+
+_HELD: dict[str, RunLock] = {}  # locks this process holds, by path: a run of this process that died takes over
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``run_dir/.rlhfkit.lock`` holding ``pid host``. The kernel drops it when the
+    process dies (even by SIGKILL), so a stale lock file is simply taken over."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_FILE
+        self.key = os.path.realpath(self.path)
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: no lock
+            return
+        held = _HELD.pop(self.key, None)
+        if held is not None:  # an earlier run of this process never closed (a test, a crash caught by a caller)
+            held.release()
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.read(fd, 200).decode(errors="replace").split()
+                os.close(fd)
+                pid = holder[0] if holder else "unknown"
+                host = f" on {holder[1]}" if len(holder) > 1 else ""
+                raise RunError(f"another run (pid {pid}{host}) is writing into this directory",
+                               where=str(self.path.parent),
+                               fix="wait for it to end or stop it, or choose another output_dir") from None
+            try:  # the previous holder may have removed the file between our open and our lock: lock the new one
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        self.fd = fd
+        _HELD[self.key] = self
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        import fcntl
+
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None
+        if _HELD.get(self.key) is self:
+            del _HELD[self.key]
+
+
+# ──────────────────────────────────────────────────── session ────────────────────────────────────────────────
+
+
+class Session:
+    """One run's lifecycle in ``run.run_dir`` (see the module doc). Every process makes one; files are written by
+    the main process; :meth:`save` and :meth:`finish` have barriers, so every process calls them."""
+
+    def __init__(self, run: Run, *, created: bool = False):
+        self.run, self.cfg = run, run.cfg
+        self.ckpt = Checkpointer(run, keep=run.cfg.train.save_total_limit)
+        self.fingerprint = run_fingerprint(run.cfg)
+        self.created = created  # this run made run_dir: a run that fails before committing removes it
+        self.lock = RunLock(run.run_dir)
+        self.committed = False
+        self.resumed_from: Path | None = None
+        self.resume_step = -1  # -1: starting over (every earlier line dropped)
+        self.samples: SampleLogger | None = None
+        self.health: HealthMonitor | None = None
+        self._old_checkpoints: list[Path] = []
+        self._guards: list = []
+        self._chosen, self._resume_path, self._diff = False, None, []
+
+    @property
+    def name(self) -> str:
+        return self.cfg.recipe
+
+    # ── 1. the directory ─────────────────────────────────────────────────────────────────────────────────────
+    def acquire(self) -> None:
+        """Lock the run directory (main process); every process raises if another run holds it."""
+        acc = self.run.accelerator
+        error = None
+        if acc.is_main_process:
+            try:
+                self.lock.acquire()
+            except RunError as err:
+                error = err
+        if acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            message = [error.one_line() if error else None]
+            broadcast_object_list(message)
+            if message[0] and error is None:
+                error = RunError(message[0])
+        if error is not None:
+            raise error
+
+    def begin(self) -> dict | None:
+        """Before anything loads: a rerun of a finished command (``train.resume=auto``, same settings, same
+        length) prints that it is finished and returns the run's last metrics; a finished run or a checkpoint made
+        with other settings is refused (exit 2) unless ``train.resume=force``. Returns None when there is
+        something to train (the checkpoint to resume, if any, is chosen here)."""
+        cfg, run = self.cfg, self.run
+        if cfg.train.resume in ("auto", "force"):
+            try:
+                marker = json.loads((run.run_dir / FINISHED_FILE).read_text())
+            except (OSError, ValueError):
+                marker = None
+            if marker is not None:
+                diff = fingerprint_diff(marker.get("fingerprint", {}), self.fingerprint)
+                if diff and cfg.train.resume != "force":
+                    raise _mismatch(run.run_dir, f"the finished run in {run.run_dir}", diff)
+                if not diff and marker.get("length") == run_length(cfg):
+                    last: dict = {}
+                    for line in read_metrics(run.run_dir):
+                        last.update({k: v for k, v in line.items() if k not in ("step", "time")})
+                    run.print(f"[{self.name}] {run.run_dir} is already finished (update {marker.get('step')}): "
+                              "nothing to do (to train again: train.resume=never or a new output_dir)")
+                    return last
+        self._choose_checkpoint()
+        return None
+
+    def _choose_checkpoint(self) -> None:
+        """The checkpoint to resume (``train.resume``), refused when another run made it (see :meth:`begin`)."""
+        cfg = self.cfg
+        self._old_checkpoints = sorted(self.run.run_dir.glob("checkpoint-*"))
+        path = self.ckpt.find(cfg.train.resume)
+        self._diff = fingerprint_diff(checkpoint_fingerprint(path) or {}, self.fingerprint) if path else []
+        if self._diff and cfg.train.resume == "auto":  # force and an explicit path adopt the new settings
+            raise _mismatch(self.run.run_dir, path.name, self._diff)
+        self._resume_path = path
+        self._chosen = True
+
+    # ── 2. resume or start over ──────────────────────────────────────────────────────────────────────────────
+    def resume(self, *, models: dict, optimizers: dict, schedulers: dict) -> dict | None:
+        """Load the checkpoint ``train.resume`` names (its ``state.json``), or None when starting over. Also arms
+        the NaN guard of every optimizer with ``train.max_nonfinite_skips``."""
+        cfg, run = self.cfg, self.run
+        self._guards = []
+        for name, opt in optimizers.items():
+            guard = guard_of(opt, cfg.train.max_nonfinite_skips, name)
+            guard.max_consecutive, guard.name = cfg.train.max_nonfinite_skips, name
+            self._guards.append(guard)
+        if not self._chosen:
+            self._choose_checkpoint()
+        path, diff = self._resume_path, self._diff
+        if path is None:
+            return None
+        # the new config's hyper-parameters, to re-apply over the checkpoint's (equal unless forced)
+        fresh = {k: [{h: v for h, v in g.items() if h not in ("params", "lr")} for g in o.param_groups]
+                 for k, o in optimizers.items()}
+        base_lrs = {k: list(s.base_lrs) for k, s in schedulers.items()}
+        state = self.ckpt.load(path, models=models, optimizers=optimizers, schedulers=schedulers)
+        for k, opt in optimizers.items():
+            for group, hyper in zip(opt.param_groups, fresh[k]):
+                group.update(hyper)
+        for k, sched in schedulers.items():
+            sched.base_lrs = base_lrs[k]
+            lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
+            for group, lr in zip(sched.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            sched._last_lr = lrs
+        for guard in self._guards:
+            guard.updates = int(state["step"])
+        self.resumed_from, self.resume_step = path, int(state["step"])
+        if diff:
+            run.print(f"[{self.name}] warning: {path.name} was made with other settings ({'; '.join(diff[:6])}); "
+                      "kept: weights, optimizer moments, update count, data position, RNG; the new settings apply")
+        run.print(f"[{self.name}] resumed from {path} at update {state['step']}")
+        return state
+
+    # ── 3. the files ─────────────────────────────────────────────────────────────────────────────────────────
+    def open_sink(self) -> MetricsSink:
+        """The metrics sink, staged: the first line commits the run (see :meth:`commit`)."""
+        run = self.run
+        try:
+            run.sink = MetricsSink(run.run_dir, backends=tuple(self.cfg.track.backends), is_main=run.is_main,
+                                   config=self.cfg, resume_step=self.resume_step, staged=True,
+                                   on_first_line=self.commit)
+        except OSError as err:
+            raise RunError(f"cannot write the metrics file: {err.strerror or err}", where=str(run.run_dir),
+                           fix="free disk space / check permissions") from None
+        return run.sink
+
+    def open_samples(self) -> SampleLogger:
+        self.samples = SampleLogger(self.run.run_dir, is_main=self.run.is_main, resume_step=self.resume_step,
+                                    staged=True, sink=self.run.sink)
+        return self.samples
+
+    def open_health(self, **kwargs) -> HealthMonitor:
+        """The health monitor; its ``warnings.jsonl`` is staged like the metrics (``track.stop_on_critical``)."""
+        self.health = HealthMonitor(run_dir=self.run.run_dir if self.run.is_main else None,
+                                    resume_step=self.resume_step, staged=True,
+                                    stop_on_critical=self.cfg.track.stop_on_critical, **kwargs)
+        return self.health
+
+    def commit(self) -> None:
+        """The run has produced its first line (or checkpoint): from here it owns the directory. Writes
+        ``config.yaml``, swaps in the new metrics / samples files, removes ``finished.json`` and, when starting
+        over, the checkpoints an earlier run left. Main process only, no barrier."""
+        if self.committed:
+            return
+        if not self.run.is_main:
+            self.committed = True
+            return
+        run_dir = self.run.run_dir
+        try:
+            save_config(self.cfg, run_dir)  # the one write that needs space: before anything is swapped
+            self.committed = True
+            if self.run.sink is not None:
+                self.run.sink.commit()
+            if self.samples is not None:
+                self.samples.commit()
+            if self.health is not None:
+                self.health.commit()
+        except OSError as err:
+            raise RunError(f"writing the run's files failed: {err.strerror or err}", where=str(run_dir),
+                           fix="free disk space / check permissions and rerun") from None
+        (run_dir / FINISHED_FILE).unlink(missing_ok=True)
+        old = [p for p in self._old_checkpoints if p.exists()]
+        if self.resumed_from is not None:  # keep those up to the one resumed; newer ones (damaged, or a future this
+            old = [p for p in old if _step_of(p) > self.resume_step]  # run rewrites) must not be resumed later
+        for path in old:
+            shutil.rmtree(path, ignore_errors=True)
+        if old:
+            self.run.print(f"[ckpt] {'starting over' if self.resumed_from is None else 'resumed'}: removed "
+                           f"{', '.join(p.name for p in old)}")
+        fsync_dir(run_dir)
+
+    def skip_metrics(self) -> dict:
+        """``train/skipped_updates``: updates skipped for a non-finite loss / gradient so far (every optimizer)."""
+        return {"train/skipped_updates": sum(g.skipped for g in self._guards)} if self._guards else {}
+
+    # ── 4. checkpoints ───────────────────────────────────────────────────────────────────────────────────────
+    def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict) -> Path | None:
+        self.commit()
+        return self.ckpt.save(step, models=models, optimizers=optimizers, schedulers=schedulers, state=state)
+
+    # ── 5. the end ───────────────────────────────────────────────────────────────────────────────────────────
+    def finish(self, model, save_fn, step: int, *, report: bool = True) -> None:
+        """Final model (``save_fn(unwrapped model, run_dir)``, main process, never non-finite), close the files,
+        write ``finished.json``, then ``report.html``. Every process calls it."""
+        from .common import write_report
+
+        acc, run = self.run.accelerator, self.run
+        acc.wait_for_everyone()
+        strategy = get_strategy(self.cfg)
+        check_finite({"model": strategy.local_model(acc, model)}, "the final model")
+        full = strategy.full_model(acc, model)  # every process: FSDP2 gathers the shards; the model on the main one
+        self.commit()
+        if run.is_main and save_fn is not None:
+            try:
+                save_fn(full, run.run_dir)
+            except OSError as err:
+                shutil.rmtree(run.run_dir / ".saving", ignore_errors=True)
+                raise RunError(f"saving the final model failed: {err.strerror or err}", where=str(run.run_dir),
+                               fix="free disk space and rerun (it resumes from the newest checkpoint)") from None
+        acc.wait_for_everyone()
+        if self.samples is not None:
+            self.samples.close()
+        if self.health is not None:
+            self.health.close()
+        if run.sink is not None:
+            run.sink.close()
+        if run.is_main:
+            marker = {"step": step, "time": time.time(), "fingerprint": self.fingerprint,
+                      "length": run_length(self.cfg)}
+            tmp = run.run_dir / (FINISHED_FILE + ".tmp")
+            try:
+                tmp.write_text(json.dumps(marker, indent=1))
+                tmp.replace(run.run_dir / FINISHED_FILE)
+            except OSError as err:
+                tmp.unlink(missing_ok=True)
+                raise RunError(f"the model is saved, but marking the run finished failed: {err.strerror or err}",
+                               where=str(run.run_dir), fix="free disk space; rerunning retrains only the tail "
+                                                           "after the newest checkpoint") from None
+            fsync_dir(run.run_dir)
+        if report:
+            write_report(run)
+
+    def close(self, failed: bool) -> None:
+        """Release the directory. A run that failed before committing removes its staged files, and the run
+        directory when it made it and left it empty."""
+        try:
+            if failed and not self.committed and self.run.is_main:
+                if self.run.sink is not None:
+                    self.run.sink.discard()
+                if self.samples is not None:
+                    self.samples.discard()
+                if self.health is not None:
+                    self.health.discard()
+        finally:
+            self.lock.release()
+        if failed and not self.committed and self.created and self.run.is_main:
+            try:
+                self.run.run_dir.rmdir()  # only if empty
+            except OSError:
+                pass
+

@@ -1,0 +1,134 @@
+"""End-to-end runs of the online variants of issue 11 on the tiny model: GSPO, DAPO (dynamic sampling, overlong
+shaping), off-policy correction, and the multi-turn calculator environment. Same task and reward as
+tests/e2e/test_online.py: the SFT policy shouts about 40 % of the time; the exact-match reward prefers shouting."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlhfkit.algos import tied_groups
+from rlhfkit.config import build_config
+from rlhfkit.train.online import run_online
+
+REWARD_FN = "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]"
+
+
+def overrides(task_data, sft_dir, out, *extra) -> list[str]:
+    return [f"data.train={task_data / 'prompts.jsonl'}", f"data.eval={task_data / 'eval_prompts.jsonl'}",
+            f"output_dir={out}", f"model.name={sft_dir}", "optim.lr=1e-4", "train.batch_size=32",
+            "generation.max_new_tokens=12", "track.report=false", "data.max_length=64", "track.sample_every=0",
+            "train.resume=never", REWARD_FN, *extra]
+
+
+def metrics_of(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_gspo_raises_gold(task_data, sft_dir, gold_of, tmp_path):
+    """GSPO-token equals GSPO in value and gradient for group advantages (unit test), so only GSPO runs here."""
+    loss = "gspo"
+    out = tmp_path / loss
+    cfg = build_config("grpo", {}, overrides(
+        task_data, sft_dir, out, f"algo.policy_loss={loss}", "algo.clip_low=3e-3", "algo.clip_high=4e-3",
+        "algo.rollout_batch_size=8", "algo.num_generations=4", "algo.mini_batch_size=16", "train.batch_size=16",
+        "algo.total_episodes=1024"))
+    run_online(cfg)
+    sft, new = gold_of(sft_dir), gold_of(out)
+    assert new > sft + 0.15, (loss, sft, new)
+
+
+def _trainer(task_data, sft_dir, tmp_path, recipe="grpo", *extra):
+    from rlhfkit.train.loop import start_run
+    from rlhfkit.train.online import OnlineTrainer
+
+    cfg = build_config(recipe, {}, overrides(
+        task_data, sft_dir, tmp_path / "t", "algo.rollout_batch_size=4", "algo.num_generations=2",
+        "algo.mini_batch_size=8", "train.batch_size=4", "algo.total_episodes=8", *extra))
+    return OnlineTrainer(cfg, start_run(cfg))
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis"])
+def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sft_dir, tmp_path):
+    """On CPU in float32 the engine's sampling log-probs are the trainer's: tiny mismatch, weights 1, nothing
+    dropped; a mismatch injected into the rollout log-probs shows in the metrics and in the weights / mask."""
+    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", f"algo.off_policy.correction={correction}",
+                       "algo.off_policy.cap=1.5")
+    exp = trainer.generate(trainer._prompt_batch(0), seed=0)
+    trainer.score(exp)
+    trainer.forward_passes(exp)
+    mask0 = exp.mask.clone()
+    metrics = trainer.advantages(exp)
+    assert metrics["rollout/logprob_diff_max"] < 1e-4
+    assert metrics["rollout/is_ratio_outside_frac"] == 0.0
+    torch.testing.assert_close(exp.is_weights[mask0.bool()], torch.ones(int(mask0.sum())), atol=1e-4, rtol=0)
+    assert torch.equal(exp.mask, mask0)
+    # inject: the engine said the first token of every row was 4x less likely than the trainer finds it
+    exp2 = trainer.generate(trainer._prompt_batch(0), seed=0)
+    exp2.rollout.logprobs[:, 0] -= math.log(4.0)
+    trainer.score(exp2)
+    trainer.forward_passes(exp2)
+    metrics = trainer.advantages(exp2)
+    assert metrics["rollout/logprob_diff_max"] == pytest.approx(math.log(4.0), abs=1e-4)
+    assert metrics["rollout/is_ratio_p99"] == pytest.approx(4.0, rel=1e-3)
+    assert metrics["rollout/is_ratio_outside_frac"] > 0
+    if correction == "tis":
+        torch.testing.assert_close(exp2.is_weights[:, 0], torch.full((len(exp2.rollout),), 1.5), atol=1e-4, rtol=0)
+    else:
+        assert torch.all(exp2.mask[:, 0] == 0) and torch.all(exp2.advantages[:, 0] == 0)
+    stats = trainer.policy_micro_step(exp2.rows_of(torch.arange(len(exp2.rollout))), 1.0)
+    assert torch.isfinite(stats["loss/policy_avg"])
+
+
+def test_dynamic_sampling_in_the_loop_keeps_only_informative_groups(task_data, sft_dir, tmp_path):
+    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.dynamic_sampling.enabled=true",
+                       "algo.dynamic_sampling.max_draws=6", "algo.num_generations=4", "algo.mini_batch_size=16",
+                       "reward.missing_eos_penalty=0")
+    exp = trainer.rollout_step(0, seed=0)
+    k, n = trainer.k, trainer.cfg.algo.rollout_batch_size
+    assert len(exp.rollout) == k * n == len(exp.rows) == len(exp.texts) == len(exp.raw_scores)
+    m = exp.reward_metrics
+    assert 1 <= m["rollout/dynamic_draws"] <= 6
+    if m["rollout/degenerate_groups_filled"] == 0:
+        assert not tied_groups(exp.raw_scores.cpu(), k).any()
+    # rows of a group share their prompt, and its texts / scores were carried with it
+    g = exp.raw_scores.reshape(k, n)
+    for p in range(n):
+        prompts = {exp.rows[j * n + p]["prompt"][-1]["content"] for j in range(k)}
+        assert len(prompts) == 1
+    assert torch.isfinite(g).all()
+    assert exp.scores is not None and exp.scores.shape == exp.raw_scores.shape
+
+
+def test_dynamic_sampling_stops_at_its_cap(task_data, sft_dir, tmp_path):
+    const = tmp_path / "const_reward.py"
+    const.write_text("def zero(prompts, completions, **fields):\n    return [0.0] * len(completions)\n")
+    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.dynamic_sampling.enabled=true",
+                       "algo.dynamic_sampling.max_draws=3", "reward.missing_eos_penalty=0",
+                       f"reward.functions=[{{fn: '{const}:zero'}}]")
+    calls = []
+    real = trainer.generate
+    trainer.generate = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    exp = trainer.rollout_step(0, seed=0)
+    assert len(calls) == 3
+    m = exp.reward_metrics
+    assert m["rollout/dynamic_draws"] == 3 and m["rollout/degenerate_groups"] == 3 * 4
+    assert m["rollout/degenerate_groups_filled"] == 4 and len(exp.rollout) == 8
+
+
+def test_overlong_shaping_and_filter(task_data, sft_dir, tmp_path):
+    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.overlong.cache_len=4", "algo.overlong.filter=true",
+                       "generation.max_new_tokens=6", "reward.missing_eos_penalty=0", "reward.normalize=false",
+                       "reward.clip=null")
+    exp = trainer.rollout_step(0, seed=0)
+    want = exp.raw_scores - torch.clamp((exp.rollout.lengths.float() - 2) / 4, 0, 1)
+    torch.testing.assert_close(exp.scores, want)
+    trainer.forward_passes(exp)
+    trainer.advantages(exp)
+    cut = ~exp.rollout.ended
+    assert torch.all(exp.mask[cut] == 0) and torch.all(exp.advantages[cut] == 0)
+    assert "rewards/overlong_penalty/mean" in exp.reward_metrics

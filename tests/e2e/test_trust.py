@@ -1,0 +1,263 @@
+"""Runs you can trust, end to end through the command line (``cli.main`` in this process, so each case costs a tiny
+SFT run, not a torch import): a planted checkpoint never runs code, a changed run is refused by name, a finished run
+is not trained again, damaged checkpoints fall back, a full disk and a diverging run end in one line, and a failed
+run leaves an earlier run's files byte-identical."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import rlhfkit.train.sft as sft_mod
+from rlhfkit.cli import main
+from rlhfkit.config import build_config
+from rlhfkit.errors import DataError
+from rlhfkit.track import read_metrics
+from rlhfkit.train.loop import validate_checkpoint
+from rlhfkit.train.session import run_fingerprint
+
+TINY = "tiny:hidden=32,layers=1,intermediate=64"
+GOOD = [{"prompt": f"shout: {w}", "completion": w.upper()} for w in ["cat", "dog", "owl", "bee"] * 8]
+pytestmark = pytest.mark.slow
+
+PAIRS = [{"prompt": f"shout: {w}", "chosen": w.upper(), "rejected": w} for w in ["cat", "dog", "owl", "bee"] * 8]
+
+
+def sft_args(root: Path, out: str, *extra: str) -> list[str]:
+    return ["sft", f"data.train={root / 'good.jsonl'}", f"model.name={TINY}", f"output_dir={root / out}",
+            "train.batch_size=4", "train.max_steps=6", "train.save_every=2", "data.eval_fraction=0",
+            "data.max_length=32", "track.report=false", "optim.lr=1e-3", *extra]
+
+
+def checksums(run_dir: Path) -> dict[str, str]:
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """Inputs, and a finished SFT run (checkpoints 2 and 4 kept, final model at 6) every test copies."""
+    root = tmp_path_factory.mktemp("trust")
+    (root / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in GOOD))
+    (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in PAIRS))
+    assert main(sft_args(root, "base")) == 0
+    assert sorted(p.name for p in (root / "base").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert (root / "base" / "finished.json").is_file()
+    return root
+
+
+def copy_run(root: Path, name: str, crashed: bool = False) -> Path:
+    """A copy of the finished run; ``crashed``: as if it died after checkpoint-4 (no final model, not finished)."""
+    out = root / name
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(root / "base", out)
+    if crashed:
+        for name in ("finished.json", "model.safetensors"):
+            (out / name).unlink()
+    return out
+
+
+def last_error(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_planted_pickle_checkpoint_never_runs(root, capsys):
+    out = root / "planted"
+    marker = root / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    ckpt = out / "checkpoint-4"
+    ckpt.mkdir(parents=True)
+    torch.save({"models": Payload()}, ckpt / "trainer_state.pt")
+    torch.save({"python": Payload()}, ckpt / "rng_state_0.pt")
+    (ckpt / "state.json").write_text('{"step": 4, "micro": 4}')
+    # a manifest that matches, and the fingerprint of the command below: everything but the content is right
+    files = {p.name: {"size": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+             for p in ckpt.iterdir()}
+    cfg = build_config("sft", {}, sft_args(root, "planted")[1:])
+    (ckpt / "manifest.json").write_text(json.dumps({"files": files, "fingerprint": run_fingerprint(cfg)}))
+    before = checksums(out)
+    assert main(sft_args(root, "planted")) == 2
+    assert "cannot be loaded safely" in last_error(capsys)
+    assert not marker.exists()
+    assert checksums(out) == before  # the failed run changed nothing
+
+    (ckpt / "manifest.json").unlink()  # without a manifest it is not a checkpoint: skipped, the run starts over
+    assert main(sft_args(root, "planted")) == 0
+    assert "checkpoint-4 is damaged" in capsys.readouterr().out
+    assert not marker.exists() and (out / "finished.json").is_file()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]  # its own now
+
+
+def test_rerunning_a_finished_run_trains_nothing(root, capsys):
+    out = copy_run(root, "finished")
+    before = checksums(out)
+    assert main(sft_args(root, "finished")) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert checksums(out) == before
+
+
+def test_a_changed_setting_is_refused_by_name_and_forced_on_request(root, capsys):
+    out = copy_run(root, "changed", crashed=True)
+    before = checksums(out)
+    assert main(sft_args(root, "changed", "optim.lr=5e-3")) == 2
+    err = last_error(capsys)
+    assert "optim.lr: 0.001 -> 0.005" in err and "train.resume=never" in err and "train.resume=force" in err
+    assert checksums(out) == before  # config.yaml still says what ran
+
+    # the finished run is refused the same way
+    assert main(sft_args(root, "finished2", "optim.lr=5e-3")) == 0  # a new directory is fine
+    copy = copy_run(root, "changed_finished")
+    assert main(sft_args(root, "changed_finished", "train.batch_size=8")) == 2
+    assert "train.batch_size: 4 -> 8" in last_error(capsys)
+    assert (copy / "finished.json").is_file()
+
+    # force: weights / optimizer / position from checkpoint-4, the new LR from there on, and config.yaml says so
+    assert main(sft_args(root, "changed", "optim.lr=5e-3", "train.resume=force")) == 0
+    assert "resumed from" in capsys.readouterr().out
+    lines = {x["step"]: x for x in read_metrics(out)}
+    assert sorted(lines) == [1, 2, 3, 4, 5, 6]
+    assert lines[5]["lr"] == pytest.approx(5e-3 * (1 - 5 / 6))  # linear decay of the new peak, at update 5
+    assert lines[4]["lr"] == pytest.approx(1e-3 * (1 - 4 / 6))  # the kept lines of the first run
+    assert "lr: 0.005" in (out / "config.yaml").read_text()
+
+
+def test_a_preference_run_refuses_an_sft_directory(root, capsys):
+    out = copy_run(root, "dpo_in_sft", crashed=True)
+    before = checksums(out)
+    argv = ["dpo", f"data.train={root / 'pairs.jsonl'}", f"model.name={TINY}", f"output_dir={out}",
+            "train.batch_size=4", "train.max_steps=2", "track.report=false"]
+    assert main(argv) == 2
+    assert "recipe: sft -> dpo" in last_error(capsys)
+    assert checksums(out) == before
+
+
+def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(root, capsys):
+    out = copy_run(root, "damaged", crashed=True)
+    state = out / "checkpoint-4" / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    assert main(sft_args(root, "damaged")) == 0
+    text = capsys.readouterr().out
+    assert "checkpoint-4 is damaged" in text and "resumed from" in text and "checkpoint-2" in text
+    assert [x["step"] for x in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
+    assert all(validate_checkpoint(p) is None for p in out.glob("checkpoint-*"))  # the damaged one rewritten
+    assert (out / "checkpoint-4").is_dir()
+
+
+def test_a_full_disk_at_the_final_save_ends_in_one_line(root, capsys, monkeypatch):
+    out = copy_run(root, "full", crashed=True)
+
+    def full_disk(model, tok, out_dir):
+        (Path(out_dir) / ".saving").mkdir()
+        (Path(out_dir) / ".saving" / "model.safetensors").write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sft_mod, "save_model", full_disk)
+    assert main(sft_args(root, "full")) == 2
+    assert "No space left on device" in last_error(capsys)
+    assert not (out / ".saving").exists() and not (out / "finished.json").exists()
+    assert all(validate_checkpoint(p) is None for p in out.glob("checkpoint-*"))
+
+
+def test_a_run_failing_before_its_first_line_changes_nothing(root, capsys, monkeypatch):
+    out = copy_run(root, "kept")
+    (out / "samples.jsonl").write_text('{"step": 1}\n')
+    before = checksums(out)
+
+    def broken(model, batch):
+        raise DataError("a record the first step cannot use", where="data.train", fix="fix it")
+
+    monkeypatch.setattr(sft_mod, "sft_forward", broken)
+    assert main(sft_args(root, "kept", "train.resume=never", "train.max_steps=3")) == 2
+    assert "a record the first step cannot use" in last_error(capsys)
+    assert checksums(out) == before
+
+    # a command rejected on its data leaves no directory behind
+    (root / "bad.jsonl").write_text('{"prompt": "x"}\n')
+    argv = sft_args(root, "never_made")
+    argv[1] = f"data.train={root / 'bad.jsonl'}"
+    assert main(argv) == 2
+    assert not (root / "never_made").exists()
+
+
+def test_non_finite_updates_are_skipped_and_nan_is_never_saved(root, capsys, monkeypatch):
+    # a loss that turns NaN from update 3 on: updates skipped, then the run stops in one line; checkpoint-2 stays
+    real, calls = sft_mod.sft_forward, []
+
+    def nan_from_3(model, batch):
+        calls.append(1)
+        loss, stats = real(model, batch)
+        return (loss * float("nan") if len(calls) >= 3 else loss), stats
+
+    monkeypatch.setattr(sft_mod, "sft_forward", nan_from_3)
+    assert main(sft_args(root, "nan", "train.max_nonfinite_skips=3")) == 2
+    captured = capsys.readouterr()
+    assert "3 consecutive" in [x for x in captured.err.splitlines() if x.startswith("error:")][0]
+    assert "update 3" in captured.out and "optim.lr" in captured.out
+    out = root / "nan"
+    assert not (out / "model.safetensors").exists() and not (out / "finished.json").exists()
+    # updates 3 and 4 skipped and logged; update 5, the third in a row, stops the run before its line
+    assert [(x["step"], x["train/skipped_updates"]) for x in read_metrics(out)][-3:] == [(2, 0), (3, 1), (4, 2)]
+    assert validate_checkpoint(out / "checkpoint-2") is None
+    monkeypatch.setattr(sft_mod, "sft_forward", real)
+
+    # an absurd learning rate: whatever happens, every tensor saved (checkpoints and model) is finite
+    code = main(sft_args(root, "huge_lr", "optim.lr=1e30", "optim.max_grad_norm=null"))
+    assert code in (0, 2)
+    saved = root / "huge_lr"
+    for path in [saved / "model.safetensors", *saved.glob("checkpoint-*/trainer_state.pt")]:
+        if not path.exists():
+            continue
+        tensors = load_file(path) if path.suffix == ".safetensors" else torch.load(path, weights_only=True)["models"]
+        flat = tensors.items() if path.suffix == ".safetensors" else tensors["model"].items()
+        for name, t in flat:
+            assert torch.isfinite(t).all(), (path, name)
+
+
+def test_a_truncated_model_file_is_one_line_naming_it(root, capsys):
+    model_dir = root / "truncated_model"
+    shutil.copytree(root / "base", model_dir, ignore=shutil.ignore_patterns("checkpoint-*"))
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    argv = sft_args(root, "from_truncated")
+    argv[2] = f"model.name={model_dir}"
+    assert main(argv) == 2
+    err = last_error(capsys)
+    assert str(weights) in err and "truncated" in err
+    assert not (root / "from_truncated").exists()
+
+
+def test_an_online_run_failing_in_its_first_step_keeps_the_earlier_run(root, capsys):
+    fns = Path(__file__).parents[1] / "unit" / "reward_fns_for_tests.py"
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in GOOD))
+
+    def grpo(fn: str, *extra: str) -> list[str]:
+        return ["grpo", f"data.train={root / 'prompts.jsonl'}", f"model.name={TINY}", f"output_dir={root / 'online'}",
+                f"reward.functions=[{{fn: '{fns}:{fn}'}}]", "algo.rollout_batch_size=2", "algo.num_generations=2",
+                "algo.mini_batch_size=4", "train.batch_size=4", "algo.total_episodes=8", "train.save_every=2",
+                "generation.max_new_tokens=4", "data.eval_fraction=0", "track.report=false", "track.sample_every=1",
+                *extra]
+
+    assert main(grpo("contains_yes")) == 0
+    out = root / "online"
+    assert (out / "samples.jsonl").stat().st_size > 0 and (out / "checkpoint-2").is_dir()
+    before = checksums(out)
+    # a reward function returning one score too few is only found on the first rollout: exit 2, nothing changed
+    assert main(grpo("one_short", "train.resume=never")) == 2
+    last_error(capsys)
+    assert checksums(out) == before
+    assert main(grpo("contains_yes")) == 0  # the first run is intact, and finished
+    assert "already finished" in capsys.readouterr().out
+    assert checksums(out) == before

@@ -1,0 +1,148 @@
+"""Policy-loss registry: PPO clip (with weights), GSPO and GSPO-token against hand values, a slow per-sequence loop,
+gradients, and the registry / config wiring."""
+
+import math
+
+import pytest
+import torch
+
+from rlhfkit.algos import POLICY_LOSSES, gspo_loss, gspo_token_loss, ppo_clip_loss, ppo_policy_loss, sequence_log_ratio
+
+
+def _random(B=5, T=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    old = logp + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([7, 3, 1, 5, 0][:B])
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(-1)).long()
+    return logp, old, adv, mask
+
+
+def _slow_gspo(logp, old, adv, mask, lo, hi):
+    """The paper's objective written out per sequence: mean over non-empty sequences of
+    max(-A s, -A clip(s)), s = (prod_t pi / pi_old) ** (1 / |y|)."""
+    losses = []
+    for i in range(logp.shape[0]):
+        n = int(mask[i].sum())
+        if n == 0:
+            continue
+        prod = 1.0
+        for t in range(n):
+            prod *= math.exp(float(logp[i, t] - old[i, t]))
+        s = prod ** (1.0 / n)
+        a = float(adv[i])
+        losses.append(max(-a * s, -a * min(max(s, 1 - lo), 1 + hi)))
+    return sum(losses) / len(losses)
+
+
+def test_registry_holds_the_three_losses():
+    assert set(POLICY_LOSSES) >= {"ppo", "gspo", "gspo_token"}
+    assert POLICY_LOSSES["gspo"] is gspo_loss
+
+
+def test_ppo_clip_loss_equals_ppo_policy_loss_and_weights_scale_tokens():
+    logp, old, adv, mask = _random()
+    for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):
+        a, sa = ppo_clip_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation=agg, max_len=7)
+        b, sb = ppo_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, aggregation=agg, max_len=7)
+        torch.testing.assert_close(a, b)
+        for k in sb:
+            torch.testing.assert_close(sa[k], sb[k])
+    # all weights 2 -> twice the loss; weights 1 -> exactly the plain loss
+    plain, _ = ppo_clip_loss(logp, old, adv, mask)
+    ones, _ = ppo_clip_loss(logp, old, adv, mask, weights=torch.ones_like(logp))
+    twos, _ = ppo_clip_loss(logp, old, adv, mask, weights=torch.full_like(logp, 2.0))
+    assert torch.equal(plain, ones)
+    torch.testing.assert_close(twos, 2 * plain)
+
+
+def test_gspo_hand_values():
+    # row 0: log-ratios [0.2, 0.4] -> log s = 0.3, s = e^0.3 = 1.349859; A = 1, clip 0.2 -> min(-1.3499, -1.2) ...
+    # max(-A s, -A clip(s)) = max(-1.349859, -1.2) = -1.2 (clipped)
+    # row 1: log-ratio [-0.1] -> s = e^-0.1 = 0.904837; A = -2 -> max(1.809675, 2 * 0.904837) = 1.809675 (unclipped)
+    logp = torch.tensor([[0.2, 0.4, 9.0], [-0.1, 9.0, 9.0]], requires_grad=True)
+    old = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    adv = torch.tensor([1.0, -2.0])
+    torch.testing.assert_close(sequence_log_ratio(logp, old, mask), torch.tensor([0.3, -0.1]))
+    loss, st = gspo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, aggregation="seq_mean_token_mean")
+    assert loss.item() == pytest.approx((-1.2 + 2 * math.exp(-0.1)) / 2, rel=1e-6)
+    # clipfrac as a token mean: row 0's two tokens clipped, row 1's one not -> 2 / 3
+    assert st["clipfrac"].item() == pytest.approx(2 / 3)
+    loss.backward()
+    # row 0 is clipped: no gradient. row 1: d/dlogp [-A exp(logp)] / 2 sequences = 2 e^-0.1 / 2 = e^-0.1
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 0.0, 0.0], [math.exp(-0.1), 0.0, 0.0]]))
+    assert all(not v.requires_grad for v in st.values())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gspo_matches_slow_loop_on_random_inputs(seed):
+    logp, old, adv, mask = _random(seed=seed)
+    loss, _ = gspo_loss(logp, old, adv, mask, clip_low=0.1, clip_high=0.15, aggregation="seq_mean_token_mean")
+    assert loss.item() == pytest.approx(_slow_gspo(logp, old, adv, mask, 0.1, 0.15), rel=1e-9)
+
+
+def test_gspo_gradient_matches_autograd_of_slow_formula():
+    """d loss / d logp from the vectorised loss == the gradient of the per-sequence formula in plain torch ops."""
+    logp, old, adv, mask = _random(seed=3)
+    logp = logp.clone().requires_grad_(True)
+    loss, _ = gspo_loss(logp, old, adv, mask, clip_low=0.1, clip_high=0.1, aggregation="seq_mean_token_mean")
+    (g_fast,) = torch.autograd.grad(loss, logp)
+    x = logp.detach().clone().requires_grad_(True)
+    terms = []
+    for i in range(x.shape[0]):
+        n = int(mask[i].sum())
+        if n == 0:
+            continue
+        s = torch.exp((x[i, :n] - old[i, :n]).sum() / n)
+        terms.append(torch.maximum(-adv[i] * s, -adv[i] * s.clamp(0.9, 1.1)))
+    (g_slow,) = torch.autograd.grad(torch.stack(terms).mean(), x)
+    torch.testing.assert_close(g_fast, g_slow)
+    assert torch.all(g_fast[mask == 0] == 0)
+
+
+def test_gspo_token_equals_gspo_in_value_and_gradient_for_sequence_advantages():
+    logp, old, adv, mask = _random(seed=4)
+    a = logp.clone().requires_grad_(True)
+    b = logp.clone().requires_grad_(True)
+    adv_tok = adv.unsqueeze(-1).expand_as(logp) * mask  # per-token, constant over each row
+    la, _ = gspo_loss(a, old, adv, mask, clip_low=0.1, clip_high=0.2, aggregation="seq_mean_token_mean")
+    lb, _ = gspo_token_loss(b, old, adv_tok, mask, clip_low=0.1, clip_high=0.2, aggregation="seq_mean_token_mean")
+    torch.testing.assert_close(la, lb)
+    la.backward()
+    lb.backward()
+    torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_gspo_token_uses_per_token_advantages():
+    # one row, log-ratios [0, 0] -> s = 1 (inside the clip); A = [1, -3]
+    # per token: -A_t * s -> [-1, 3], token mean over the row = 1; gradient -A_t * s / 2 = [-0.5, 1.5]
+    logp = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = gspo_token_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, -3.0]]), torch.ones(1, 2),
+                              clip_low=0.2, clip_high=0.2, aggregation="seq_mean_token_mean")
+    assert loss.item() == pytest.approx(1.0)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.5, 1.5]]))
+
+
+def test_gspo_ratio_is_one_on_policy_and_empty_rows_are_harmless():
+    logp, _, adv, mask = _random(seed=5)
+    for fn in (gspo_loss, gspo_token_loss):
+        loss, st = fn(logp, logp.clone(), adv, mask)
+        assert st["ratio_mean"].item() == pytest.approx(1.0)
+        assert st["clipfrac"].item() == 0.0
+        assert torch.isfinite(loss)
+    # all rows empty: loss 0, no NaN
+    loss, _ = gspo_loss(logp, logp, adv, torch.zeros_like(mask))
+    assert loss.item() == 0.0
+
+
+def test_config_reads_policy_loss_from_registry():
+    from rlhfkit.config import build_config
+    from rlhfkit.errors import ConfigError
+
+    cfg = build_config("grpo", {}, ["algo.policy_loss=gspo"])
+    assert cfg.algo.policy_loss == "gspo"
+    with pytest.raises(ConfigError, match="gspo"):
+        build_config("grpo", {}, ["algo.policy_loss=gpso"])

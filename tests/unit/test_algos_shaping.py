@@ -1,0 +1,86 @@
+"""DAPO shaping: the soft overlong penalty (hand values, slow loop) and dynamic sampling (fills with non-degenerate
+groups only, stops at its cap, fills with tied groups there), and the completion-major row layout."""
+
+import pytest
+import torch
+
+from rlhfkit.algos import dynamic_sample, group_rows, overlong_penalty, tied_groups
+
+
+def test_overlong_penalty_hand_values():
+    # max 20, cache 4: free up to 16; 17 -> -1/4, 18 -> -2/4, 20 -> -1, beyond -> -1
+    got = overlong_penalty(torch.tensor([0, 16, 17, 18, 20, 25]), max_len=20, cache_len=4, factor=1.0)
+    torch.testing.assert_close(got, torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0, -1.0]))
+    torch.testing.assert_close(overlong_penalty(torch.tensor([18]), 20, 4, factor=0.5), torch.tensor([-0.25]))
+    assert torch.all(overlong_penalty(torch.tensor([20, 5]), 20, 0) == 0)
+    with pytest.raises(ValueError):
+        overlong_penalty(torch.tensor([1]), 4, 8)
+
+
+def test_overlong_penalty_matches_the_paper_formula_in_a_loop():
+    L_max, L_cache = 12, 5
+    lengths = torch.arange(0, 16)
+    got = overlong_penalty(lengths, L_max, L_cache)
+    for L, g in zip(lengths.tolist(), got.tolist()):
+        want = 0.0 if L <= L_max - L_cache else ((L_max - L_cache - L) / L_cache if L <= L_max else -1.0)
+        assert g == pytest.approx(want)
+
+
+def test_group_rows_and_tied_groups_are_completion_major():
+    # 3 prompts, k = 2: rows [p0 p1 p2 | p0 p1 p2]
+    assert group_rows([2, 0], 3, 2) == [2, 0, 5, 3]
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0])  # p0: (1, 1) tied; p1: (0, 1); p2: (1, 0)
+    assert tied_groups(scores, 2).tolist() == [True, False, False]
+
+
+def _fake_draws(tied_pattern: list[list[bool]], k=2):
+    """draw(j) -> (j, scores) where group p of draw j ties when tied_pattern[j][p]."""
+    calls = []
+
+    def draw(j):
+        calls.append(j)
+        pattern = tied_pattern[j]
+        P = len(pattern)
+        scores = torch.zeros(k * P)
+        for p, tied in enumerate(pattern):
+            if not tied:
+                scores[P + p] = 1.0  # completion 1 of prompt p differs
+        return j, scores
+    return draw, calls
+
+
+def test_dynamic_sampling_fills_with_non_degenerate_groups_only():
+    draw, calls = _fake_draws([[True, False, True, False], [False, True, True, True], [False, False, False, False]])
+    out = dynamic_sample(draw, need=4, group_size=2, max_draws=10)
+    # draw 0 gives p1, p3; draw 1 gives p0; draw 2 gives p0 (the 4th) and stops
+    assert out.groups == [(0, 1), (0, 3), (1, 0), (2, 0)]
+    assert calls == [0, 1, 2] and out.draws == 3
+    assert out.degenerate == 2 + 3 + 0 and out.filled == 0
+    assert out.results == [0, 1, 2]
+
+
+def test_dynamic_sampling_stops_at_its_cap_and_fills_with_tied_groups():
+    draw, calls = _fake_draws([[True, True, True], [True, False, True], [False] * 3, [False] * 3])
+    out = dynamic_sample(draw, need=3, group_size=2, max_draws=2)
+    assert calls == [0, 1] and out.draws == 2  # never a third draw
+    assert out.groups == [(1, 1), (0, 0), (0, 1)]  # the one informative group, then tied ones in draw order
+    assert out.filled == 2 and out.degenerate == 5
+
+
+def test_dynamic_sampling_first_draw_enough():
+    draw, calls = _fake_draws([[False, False]])
+    out = dynamic_sample(draw, need=2, group_size=2, max_draws=3)
+    assert calls == [0] and out.groups == [(0, 0), (0, 1)] and out.filled == 0
+
+
+def test_config_rules_for_dapo_keys():
+    from rlhfkit.config import build_config, load_config
+    from rlhfkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algo.overlong.cache_len"):
+        build_config("grpo", {}, ["algo.overlong.cache_len=100", "generation.max_new_tokens=64"])
+    with pytest.raises(ConfigError, match="algo.dynamic_sampling.enabled"):
+        build_config("ppo", {}, ["algo.dynamic_sampling.enabled=true"])
+    cfg = load_config("grpo", "configs/dapo.yaml")
+    assert cfg.algo.dynamic_sampling.enabled and cfg.algo.overlong.cache_len == 4 and cfg.algo.clip_high == 0.28
+    assert load_config("grpo", "configs/gspo.yaml").algo.policy_loss == "gspo"

@@ -1,0 +1,156 @@
+"""Multi-turn environments: the calculator (tool-call parsing, safe evaluation, per-turn / per-episode rewards), the
+episode runner (model ids carried verbatim, environment tokens masked, limits), user environments from a file, and
+a failing environment stopping the run with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlhfkit.config import ModelConfig
+from rlhfkit.envs import CalculatorEnv, EnvError, load_environment, parse_tool_calls, run_episodes, safe_eval
+from rlhfkit.models.loading import load_tokenizer_for
+from rlhfkit.rollout import Rollout, finalize_responses, left_pad
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 3"}}</tool_call>'
+
+
+def test_safe_eval_and_parse_tool_calls():
+    assert safe_eval("12 * 3 + (4 - 1) ** 2") == 45
+    assert safe_eval("-7 // 2") == -4
+    for bad in ("__import__('os')", "a + 1", "2 ** 1000", "1 / 0", "[1]"):
+        with pytest.raises(ValueError):
+            safe_eval(bad)
+    calls = parse_tool_calls("x " + CALL + ' y <tool_call>{"name": "calculator", "arguments": "{\\"expression\\": '
+                             '\\"1+1\\"}"}</tool_call> <tool_call>not json</tool_call>')
+    assert calls[0] == {"name": "calculator", "arguments": {"expression": "12 * 3"}}
+    assert calls[1]["arguments"] == {"expression": "1+1"}  # arguments given as a JSON string (OpenAI style)
+    assert calls[2]["name"] is None
+    assert parse_tool_calls("The answer is 36") == []
+
+
+def test_calculator_rewards_per_turn_and_per_episode():
+    env = CalculatorEnv(tool_reward=0.2, answer_reward=1.0)
+    msgs = env.reset({"prompt": [{"role": "user", "content": "What is 12 * 3?"}]})  # answer from the question
+    new, r, done = env.step(msgs, CALL)
+    assert new == [{"role": "tool", "content": "36"}] and r == pytest.approx(0.2) and not done
+    new, r, done = env.step(msgs, "It is 36")
+    assert new == [] and r == 1.0 and done
+    assert env.metrics() == {"tool_calls": 1.0, "tool_call_success": 1.0, "correct": 1.0}
+    env2 = CalculatorEnv()
+    env2.reset({"prompt": "What is it?", "expression": "2 + 2"})
+    new, r, _ = env2.step([], '<tool_call>{"name": "calc", "arguments": {}}</tool_call>')
+    assert r == 0 and new[0]["content"].startswith("error")
+    assert env2.step([], "5")[1] == 0.0 and env2.metrics()["tool_call_success"] == 0.0
+
+
+class ScriptedEngine:
+    """Stands in for a rollout engine: answers turn t of every episode with script[t] (text), as token ids."""
+
+    def __init__(self, tok, script):
+        self.tok, self.script, self.turn, self.prompts = tok, script, 0, []
+
+    def generate(self, model, prompt_ids, *, max_new_tokens, eos_token_ids, pad_token_id, tokenizer=None, seed=None,
+                 **kw):
+        self.prompts.append([list(p) for p in prompt_ids])
+        text = self.script[min(self.turn, len(self.script) - 1)]
+        self.turn += 1
+        ids = self.tok(text, add_special_tokens=False)["input_ids"] + [eos_token_ids[0]]
+        raw = torch.tensor([ids[:max_new_tokens]] * len(prompt_ids))
+        r_ids, r_mask, ended, lengths = finalize_responses(raw, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
+        p_ids, p_mask = left_pad(prompt_ids, pad_token_id)
+        lp = torch.full(r_ids.shape, -0.5) * r_mask
+        return Rollout(p_ids, p_mask, r_ids, r_mask, ended, lengths, logprobs=lp)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer_for(ModelConfig(name="tiny"))
+
+
+def _episodes(tok, script, rows=None, **limits):
+    rows = rows or [{"prompt": [{"role": "user", "content": "What is 12 * 3?"}]}] * 2
+    eng = ScriptedEngine(tok, script)
+    kw = {"max_turns": 4, "max_total_tokens": 400, **limits}
+    rollout, eps = run_episodes(eng, None, tok, CalculatorEnv, {}, "calculator", rows,
+                                sampling_kwargs={"max_new_tokens": 120}, eos_token_ids=[tok.eos_token_id],
+                                pad_token_id=tok.pad_token_id, seed=0, **kw)
+    return rollout, eps, eng
+
+
+def test_episode_tokens_masks_and_rewards(tok):
+    rollout, eps, eng = _episodes(tok, [CALL, "The answer is 36"])
+    e = eps[0]
+    assert e.turn_rewards == [pytest.approx(0.2), 1.0] and e.done and e.ended
+    call_ids = tok(CALL, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    answer_ids = tok("The answer is 36", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    n1, n2 = len(call_ids), len(answer_ids)
+    row_ids = rollout.response_ids[0].tolist()
+    act = rollout.action_mask[0].tolist()
+    # the model's ids verbatim, then environment tokens (masked), then the model's second turn
+    assert row_ids[:n1] == call_ids and act[:n1] == [1] * n1
+    n_env = len(e.ids) - n1 - n2
+    assert n_env > 0 and act[n1:n1 + n_env] == [0] * n_env
+    assert row_ids[n1 + n_env:n1 + n_env + n2] == answer_ids and act[n1 + n_env:len(e.ids)] == [1] * n2
+    env_text = tok.decode(row_ids[n1:n1 + n_env])
+    assert "tool" in env_text and "36" in env_text and env_text.rstrip().endswith("assistant")
+    # the second turn's prompt is exactly prompt + everything so far (no re-tokenising)
+    assert eng.prompts[1][0] == e.prompt_ids + call_ids + row_ids[n1:n1 + n_env]
+    assert rollout.response_mask[0].sum() == len(e.ids)
+    assert torch.all(rollout.logprobs[0][rollout.action_mask[0] == 0] == 0)
+    # the whole conversation re-rendered by the template gives the same tokens (markup-wise consistent)
+    assert e.messages[-1] == {"role": "assistant", "content": "The answer is 36"}
+
+
+def test_episode_limits(tok):
+    _, eps, eng = _episodes(tok, [CALL], max_turns=3)
+    assert len(eps[0].turn_rewards) == 3 and eng.turn == 3  # tool calls every turn: stopped by max_turns
+    rollout, eps, _ = _episodes(tok, [CALL], max_total_tokens=60)
+    assert all(len(e.ids) <= 60 for e in eps) and not any(e.ended for e in eps)
+    assert rollout.response_ids.shape[1] <= 60
+
+
+def test_user_environment_from_file_and_failures(tmp_path, tok):
+    f = tmp_path / "my_env.py"
+    f.write_text(
+        "class Echo:\n"
+        "    def __init__(self, bonus=0.0):\n        self.bonus = bonus\n"
+        "    def reset(self, row):\n        return row['prompt']\n"
+        "    def step(self, messages, completion):\n        return [], 1.0 + self.bonus, True\n"
+        "class Broken:\n"
+        "    def reset(self, row):\n        return row['prompt']\n"
+        "    def step(self, messages, completion):\n        raise KeyError('boom')\n")
+    cls = load_environment(f"{f}:Echo")
+    rows = [{"prompt": [{"role": "user", "content": "hi"}]}]
+    eng = ScriptedEngine(tok, ["ok"])
+    _, eps = run_episodes(eng, None, tok, cls, {"bonus": 0.5}, "x", rows, sampling_kwargs={"max_new_tokens": 8},
+                          eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, seed=0, max_turns=2,
+                          max_total_tokens=50)
+    assert eps[0].turn_rewards == [1.5]
+    with pytest.raises(EnvError, match="failed in step.*KeyError"):
+        run_episodes(ScriptedEngine(tok, ["ok"]), None, tok, load_environment(f"{f}:Broken"), {}, "b", rows,
+                     sampling_kwargs={"max_new_tokens": 8}, eos_token_ids=[tok.eos_token_id],
+                     pad_token_id=tok.pad_token_id, seed=0, max_turns=2, max_total_tokens=50)
+    for spec, match in ((f"{f}:Nope", "no attribute"), ("calculater", "did you mean 'calculator'"),
+                        ("no.such.module:Env", "not found")):
+        with pytest.raises(EnvError, match=match):
+            load_environment(spec)
+
+
+def test_cli_unloadable_environment_is_one_line_exit_2(tmp_path):
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 1 + 1?"}) + "\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "rlhfkit", "grpo", f"data.train={data}", f"output_dir={out}",
+                           "env.name=missing_env.py:Env", "model.name=tiny:hidden=32,layers=1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "env.name" in lines[0] and "missing_env.py" in lines[0], proc.stderr
+    assert not out.exists()

@@ -1,0 +1,272 @@
+"""The run lifecycle (train/session.py) piece by piece: fingerprints, the directory lock, files staged until the
+first line, checkpoint manifests and fallback, loads that never unpickle code, and the NaN guard of clip_and_step.
+The whole recipes under these faults are in tests/e2e/test_trust.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import rlhfkit.train.loop as loop
+from rlhfkit.config import build_config
+from rlhfkit.errors import NonFiniteError, RunError
+from rlhfkit.track import MetricsSink, read_metrics
+from rlhfkit.track.jsonl import JsonlWriter
+from rlhfkit.train.loop import Checkpointer, build_optimizer, build_scheduler, start_run, validate_checkpoint
+from rlhfkit.train.session import NOT_FINGERPRINTED, fingerprint_diff, run_fingerprint, run_length
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.lin(x).squeeze(-1)
+
+
+def _cfg(tmp_path, *extra, recipe="sft"):
+    return build_config(recipe, {}, [f"output_dir={tmp_path / 'run'}", *extra])
+
+
+def _parts(seed=0):
+    from rlhfkit.config import OptimConfig
+
+    model = Tiny(seed)
+    opt = build_optimizer(model.parameters(), OptimConfig(lr=1e-2))
+    sched = build_scheduler(opt, OptimConfig(lr=1e-2), 10)
+    return {"models": {"m": model}, "optimizers": {"m": opt}, "schedulers": {"m": sched}}
+
+
+# ───────────────────────────────────────────────── fingerprint ─────────────────────────────────────────────────
+
+
+def test_fingerprint_holds_what_defines_a_run_and_not_where_or_how_long(tmp_path):
+    base = run_fingerprint(_cfg(tmp_path))
+    assert {"recipe", "model.name", "data.train", "optim.lr", "optim.schedule", "train.batch_size",
+            "train.grad_accum", "train.seed"} <= set(base)
+    assert not any(k.startswith(("track.", "output_dir")) for k in base)
+    assert "train.max_steps" not in base and "train.save_every" not in base
+    # harmless: another directory, logging, checkpoint cadence, a longer run
+    same = run_fingerprint(build_config("sft", {}, [f"output_dir={tmp_path / 'other'}", "train.log_every=5",
+                                                     "train.save_every=3", "train.max_steps=99",
+                                                     "track.report=false"]))
+    assert fingerprint_diff(base, same) == []
+    changed = run_fingerprint(_cfg(tmp_path, "optim.lr=1e-3", "train.batch_size=4"))
+    assert fingerprint_diff(base, changed) == ["optim.lr: 2e-05 -> 0.001", "train.batch_size: 8 -> 4"]
+    # another recipe: the recipe is named first
+    dpo = run_fingerprint(_cfg(tmp_path, recipe="dpo"))
+    assert fingerprint_diff(base, dpo)[0] == "recipe: sft -> dpo"
+    assert run_length(_cfg(tmp_path, "train.max_steps=7")) == {"train.epochs": 1.0, "train.max_steps": 7}
+    assert all(k in ("output_dir",) or "." in k for k in NOT_FINGERPRINTED)
+
+
+# ───────────────────────────────────────────────────── lock ────────────────────────────────────────────────────
+
+
+def test_a_second_run_into_a_locked_directory_names_the_first_pid(tmp_path):
+    cfg = _cfg(tmp_path)
+    (tmp_path / "run").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(tmp_path / 'run' / '.rlhfkit.lock')!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{{os.getpid()}} host\\n".encode())
+        print("locked", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunError, match=f"pid {holder.pid}") as err:
+            start_run(cfg)
+        assert "another run" in str(err.value) and "output_dir" in err.value.fix
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    # the holder died (SIGKILL): its lock is gone with it, the stale file is taken over
+    with start_run(cfg) as run:
+        assert (run.run_dir / ".rlhfkit.lock").read_text().split()[0] == str(os.getpid())
+    assert not (tmp_path / "run" / ".rlhfkit.lock").exists()  # released and removed at the end
+
+
+def test_a_failed_run_removes_the_directory_it_created(tmp_path):
+    with pytest.raises(ValueError), start_run(_cfg(tmp_path)):
+        raise ValueError("bad data")
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "keep.txt").write_text("x")
+    with pytest.raises(ValueError), start_run(_cfg(tmp_path)):
+        raise ValueError("bad data")
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["keep.txt"]
+
+
+# ─────────────────────────────────────────────── staged files ──────────────────────────────────────────────────
+
+
+def test_staged_jsonl_leaves_the_earlier_file_until_commit(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n')
+    before = path.read_bytes()
+    w = JsonlWriter(path, keep_until=-1, staged=True)
+    w.write({"step": 1, "a": 9})
+    assert path.read_bytes() == before  # not yet committed
+    w.discard()
+    assert path.read_bytes() == before and not (tmp_path / "metrics.jsonl.new").exists()
+
+    w = JsonlWriter(path, keep_until=1, staged=True)  # resumed at step 1: line 2 dropped, line 1 kept
+    w.write({"step": 2, "a": 5})
+    w.commit()
+    w.write({"step": 3, "a": 6})  # later lines follow the renamed file
+    w.close()
+    assert [(r["step"], r["a"]) for r in read_metrics(tmp_path)] == [(1, 1), (2, 5), (3, 6)]
+
+
+def test_sink_commits_the_run_with_its_first_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "old": 1}\n')
+    calls = []
+    sink = MetricsSink(tmp_path, resume_step=-1, staged=True, on_first_line=lambda: calls.append(1) or sink.commit())
+    assert read_metrics(tmp_path) == [{"step": 1, "old": 1}]
+    sink.log({"new": 1.0}, step=1)
+    sink.log({"new": 2.0}, step=2)
+    sink.close()
+    assert calls == [1] and [r["new"] for r in read_metrics(tmp_path)] == [1.0, 2.0]
+
+
+# ─────────────────────────────────────────────────── checkpoints ───────────────────────────────────────────────
+
+
+def test_checkpoint_has_a_manifest_and_loads_without_pickle(tmp_path):
+    run = start_run(_cfg(tmp_path))
+    path = Checkpointer(run).save(3, **_parts(), state={"micro": 6})
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"trainer_state.pt", "state.json", "rng_state_0.pt"}
+    assert manifest["fingerprint"] == run_fingerprint(run.cfg)
+    assert validate_checkpoint(path) is None
+    for name in ("trainer_state.pt", "rng_state_0.pt"):
+        torch.load(path / name, weights_only=True)  # tensors / lists / numbers only
+
+
+@pytest.mark.parametrize("damage", ["truncate_state", "empty_state", "torn_json", "missing_rng", "no_manifest",
+                                    "torn_manifest"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage, capsys):
+    run = start_run(_cfg(tmp_path))
+    ckpt = Checkpointer(run, keep=3)
+    ckpt.save(2, **_parts(), state={})
+    newest = ckpt.save(4, **_parts(), state={})
+    target = {"truncate_state": "trainer_state.pt", "empty_state": "trainer_state.pt", "torn_json": "state.json",
+              "missing_rng": "rng_state_0.pt", "no_manifest": "manifest.json", "torn_manifest": "manifest.json"}[damage]
+    data = (newest / target).read_bytes()
+    if damage in ("missing_rng", "no_manifest"):
+        (newest / target).unlink()
+    elif damage == "empty_state":
+        (newest / target).write_bytes(b"")
+    else:
+        (newest / target).write_bytes(data[: len(data) // 2])
+    assert validate_checkpoint(newest) is not None
+    assert ckpt.find("auto") == run.run_dir / "checkpoint-2"
+    assert "checkpoint-4 is damaged" in capsys.readouterr().out
+    with pytest.raises(RunError, match="damaged"):
+        ckpt.find(str(newest))  # named explicitly: one line, no fallback
+
+
+def test_a_pickled_payload_is_never_executed(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    run = start_run(_cfg(tmp_path))
+    ckpt = Checkpointer(run)
+    path = ckpt.save(1, **_parts(), state={})
+    torch.save({"models": Payload()}, path / "trainer_state.pt")
+    with pytest.raises(RunError, match="cannot be loaded safely"):
+        ckpt.load(path, **_parts())
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_full_disk_while_checkpointing_removes_the_partial_directory(tmp_path, monkeypatch):
+    run = start_run(_cfg(tmp_path))
+    ckpt = Checkpointer(run)
+    ckpt.save(1, **_parts(), state={})
+    real = torch.save
+
+    def full(obj, f, *a, **kw):
+        if str(f).endswith("trainer_state.pt"):
+            with open(f, "wb") as fh:
+                fh.write(b"partial")
+            raise OSError(28, "No space left on device")
+        return real(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(RunError, match="No space left on device"):
+        ckpt.save(2, **_parts(), state={})
+    assert sorted(p.name for p in run.run_dir.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert validate_checkpoint(run.run_dir / "checkpoint-1") is None
+
+
+def test_nan_weights_are_never_saved(tmp_path):
+    run = start_run(_cfg(tmp_path))
+    parts = _parts()
+    with torch.no_grad():
+        parts["models"]["m"].lin.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="not finite"):
+        Checkpointer(run).save(1, **parts, state={})
+    assert not list(run.run_dir.glob("checkpoint-*"))
+
+
+# ───────────────────────────────────────────────────── NaN guard ───────────────────────────────────────────────
+
+
+def test_clip_and_step_skips_non_finite_updates_and_stops_after_too_many(tmp_path, capsys):
+    run = start_run(_cfg(tmp_path))
+    parts = _parts()
+    model, opt, sched = parts["models"]["m"], parts["optimizers"]["m"], parts["schedulers"]["m"]
+    loop.guard_of(opt).max_consecutive = 3
+    x = torch.randn(8, 4)
+
+    def update(bad: bool):
+        loss = model(x).pow(2).mean() * (float("nan") if bad else 1.0)
+        loss.backward()
+        return loop.clip_and_step(run.accelerator, model, opt, sched, 1.0, loss=loss.detach())
+
+    update(False)
+    good = {k: v.clone() for k, v in model.state_dict().items()}
+    for _ in range(2):
+        update(True)
+    assert all(torch.equal(v, good[k]) for k, v in model.state_dict().items())  # skipped: weights unchanged
+    assert all(p.grad is None for p in model.parameters())  # gradients zeroed
+    assert loop.guard_of(opt).skipped == 2 and sched.last_epoch == 3  # the schedule still counts updates
+    assert "update 3" in capsys.readouterr().out
+    update(False)  # a good update resets the run of skips
+    assert loop.guard_of(opt).consecutive == 0
+    for _ in range(2):
+        update(True)
+    with pytest.raises(NonFiniteError, match="3 consecutive") as err:
+        update(True)
+    assert "optim.lr" in err.value.fix and "optim.max_grad_norm" in err.value.fix
+
+
+def test_full_disk_at_the_first_line_leaves_the_earlier_files(tmp_path, monkeypatch):
+    import rlhfkit.train.session as session_mod
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "old": 1}\n')
+    (run_dir / "config.yaml").write_text("# old\n")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+
+    def full(cfg, run_dir):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(session_mod, "save_config", full)
+    with pytest.raises(RunError, match="No space left"), start_run(_cfg(tmp_path)) as run:
+        run.session.open_sink()
+        run.log({"loss": 1.0}, step=1)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # no .new, no lock, nothing changed
