@@ -376,28 +376,64 @@ def cmd_config(args) -> int:
     return EXIT_OK
 
 
-def cmd_plan(args) -> int:
+_PLAN_FLAGS = {"--gpu-memory": "gpu_memory", "--world-size": "world_size", "--device": "device", "--recipe": "recipe"}
+
+
+def parse_plan_args(tokens: list[str]) -> dict:
+    """``plan``'s own flags, anywhere on the line (``--world-size 8`` or ``--world-size=8``); every other token is
+    the config file or an override, as for a training command."""
+    opts: dict = {"gpu_memory": None, "world_size": None, "device": "cuda", "recipe": None, "checks": True}
+    rest: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        flag, eq, value = tok.partition("=")
+        if flag in _PLAN_FLAGS:
+            if not eq:
+                if i + 1 >= len(tokens):
+                    raise UsageError(f"{flag} needs a value", where="rlhfkit plan", fix="see `rlhfkit plan --help`")
+                value, i = tokens[i + 1], i + 1
+            opts[_PLAN_FLAGS[flag]] = value
+        elif tok == "--no-checks":
+            opts["checks"] = False
+        else:
+            rest.append(tok)
+        i += 1
+    opts["config"], opts["overrides"] = split_overrides(rest)
+    if opts["device"] not in ("cuda", "cpu"):
+        raise UsageError(f"bad --device {opts['device']!r}", where="--device", fix="use cuda or cpu")
+    if opts["world_size"] is not None:
+        try:
+            opts["world_size"] = int(opts["world_size"])
+        except ValueError:
+            opts["world_size"] = 0
+        if opts["world_size"] < 1:
+            raise UsageError("--world-size must be a number of devices >= 1", where="--world-size",
+                             fix="give the number of devices, e.g. --world-size 8")
+    return opts
+
+
+def cmd_plan(tokens: list[str]) -> int:
     from .config import load_config, read_yaml
     from .models.memory import parse_size
     from .plan import plan
 
-    config_path, overrides = split_overrides([*([args.config] if args.config else []), *args.overrides])
-    recipe = args.recipe or (read_yaml(config_path).get("recipe") if config_path else None) or "sft"
+    args = parse_plan_args(tokens)
+    config_path, overrides = args["config"], args["overrides"]
+    recipe = args["recipe"] or (read_yaml(config_path).get("recipe") if config_path else None) or "sft"
     if recipe not in RECIPES or RECIPES[recipe].family == "pipeline":
         raise UsageError(f"cannot plan recipe {recipe!r}", where="rlhfkit plan",
                          fix=f"give --recipe one of {', '.join(r for r in RECIPES if r != 'pipeline')}")
     gpu = None
-    if args.gpu_memory:
+    if args["gpu_memory"]:
         try:
-            gpu = parse_size(args.gpu_memory)
+            gpu = parse_size(args["gpu_memory"])
         except ValueError:
-            raise UsageError(f"bad --gpu-memory {args.gpu_memory!r}", where="--gpu-memory",
+            raise UsageError(f"bad --gpu-memory {args['gpu_memory']!r}", where="--gpu-memory",
                              fix="write a size such as 80GiB, 24GB or 512MiB") from None
-    if args.world_size is not None and args.world_size < 1:
-        raise UsageError("--world-size must be at least 1", where="--world-size", fix="give the number of devices")
     cfg = load_config(recipe, config_path, overrides)
     _quiet_libraries()
-    result = plan(cfg, world=args.world_size, gpu_memory=gpu, device=args.device, checks=args.checks)
+    result = plan(cfg, world=args["world_size"], gpu_memory=gpu, device=args["device"], checks=args["checks"])
     print(result.render())
     return EXIT_OK if not any(c.status == "fail" for c in result.checks) else EXIT_USER_ERROR
 
@@ -415,6 +451,8 @@ def _last_checkpoint(run_dir: Path | None) -> Path | None:
 def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] in RECIPES and not any(a in ("-h", "--help") for a in argv[1:]):
         return cmd_train(argv[0], argv[1:])
+    if argv and argv[0] == "plan" and not any(a in ("-h", "--help") for a in argv[1:]):
+        return cmd_plan(argv[1:])  # its flags may sit between overrides, which argparse cannot take
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         import difflib
 
@@ -427,7 +465,7 @@ def _dispatch(argv: list[str]) -> int:
         return EXIT_OK
     args = parser.parse_args(argv)
     handlers = {"quickstart": cmd_quickstart, "eval": cmd_eval, "generate": cmd_generate, "export": cmd_export,
-                "data": cmd_data, "config": cmd_config, "plan": cmd_plan}
+                "data": cmd_data, "config": cmd_config}
     return handlers[args.command](args)
 
 

@@ -77,7 +77,7 @@ class Plan:
                  + (f", rollout {s.rollout_batch} sequences x ({s.prompt_len} + {s.new_tokens}) tokens"
                     if s.rollout_batch else ""),
                  "  models: " + ", ".join(f"{r.name} ({r.trainable}, {r.weight_bytes:g} B/param"
-                                          + (", offloaded" if r.offloaded else "") + ")" for r in self.roles),
+                                          + (", off the device" if r.offloaded else "") + ")" for r in self.roles),
                  ""]
         for ph in self.phases:
             lines.append(f"phase: {ph.name}{' (peak)' if ph is self.peak else ''}")
@@ -152,8 +152,9 @@ def roles_of(cfg, device: str, notes: list[Check]) -> list[ModelRole]:
         spec = algos.PREFERENCE_LOSSES[cfg.algo.loss]
         if spec.needs_reference and not (lora and cfg.ref_model in (None, cfg.model.name)):
             ref = _arch_or_policy(cfg.ref_model, policy, notes, "reference model")
-            roles.append(ModelRole("reference", ref, "frozen", frozen_wb, sharded=False,
-                                   offloaded=cfg.algo.reference == "precompute"))
+            pre = cfg.algo.reference == "precompute"
+            roles.append(ModelRole("reference", ref, "frozen", frozen_wb, sharded=False, offloaded=pre,
+                                   note="log-probs precomputed before training, then freed" if pre else ""))
     elif family == "online":
         use_kl = cfg.algo.kl.coef > 0 or cfg.algo.kl.adaptive
         if use_kl and not (lora and cfg.ref_model is None):

@@ -50,7 +50,8 @@ def main(jobs: list[dict]) -> None:
 
     def wrap(self, model, cfg, device):
         model = real_wrap(self, model, cfg, device)
-        record.setdefault("local_fraction", D.local_param_fraction(model))
+        record.setdefault("local_fraction", D.local_param_fraction(model))  # the policy (first wrapped)
+        record.setdefault("local_fractions", []).append(D.local_param_fraction(model))  # + the critic
         return model
 
     @contextlib.contextmanager

@@ -2,7 +2,7 @@
 
 - SFT and DPO loss curves match the single-process run at equal global batch (2 x 4 vs 1 x 8);
 - GRPO under FSDP2 matches GRPO under DDP with the same seeds, and its rollouts run on weights gathered once per
-  rollout phase (no parameter all-gather inside it, while the run does gather);
+  rollout phase (no parameter all-gather inside it, while the run does gather); PPO shards policy and critic;
 - each process holds half of the parameters; the final directory loads with plain transformers;
 - SIGKILL after a sharded checkpoint, then the same command again, gives the final weights of the run that never
   stopped.
@@ -84,6 +84,9 @@ def runs(task_data, tmp_path_factory) -> Path:
         {"name": "dpo", "recipe": "dpo", "overrides": dpo_args(task_data, root / "dpo", 4, *fsdp)},
         {"name": "grpo", "recipe": "grpo", "overrides": grpo_args(task_data, root / "grpo", *fsdp)},
         {"name": "grpo-ddp", "recipe": "grpo", "overrides": grpo_args(task_data, root / "grpo-ddp")},
+        {"name": "ppo", "recipe": "ppo", "overrides": grpo_args(
+            task_data, root / "ppo", *fsdp, "algo.advantage=gae", "algo.num_generations=1", "algo.rollout_batch_size=8",
+            "algo.mini_batch_size=8", "critic.init=policy", "algo.total_episodes=32")},
     ], root)
     # the single-process runs at the same global batch (1 x 8 = 2 x 4)
     RECIPES["sft"].run(build_config("sft", {}, sft_args(task_data, root / "sft-1", 8, "train.save_every=0")))
@@ -126,6 +129,14 @@ def test_grpo_under_fsdp2_matches_ddp_with_the_same_seeds(runs):
     assert first[0] == pytest.approx(other[0], rel=1e-4, abs=1e-6)
     for a, b in zip(first, other):
         assert a["objective/scores"] == pytest.approx(b["objective/scores"], abs=0.15)
+
+
+def test_ppo_shards_policy_and_critic(runs):
+    for r in ranks(runs / "ppo"):
+        assert r["local_fractions"] == pytest.approx([0.5, 0.5], abs=0.02)  # policy, then critic (scalar head)
+        assert r["all_gathers_inside_rollouts"] == [0, 0, 0]  # 2 rollouts + the final evaluation
+    rows = [x for x in read_metrics(runs / "ppo") if "loss/value_avg" in x]
+    assert len(rows) == 2 and all(torch.isfinite(torch.tensor(x["loss/value_avg"])) for x in rows)
 
 
 def test_parameters_are_sharded_and_rollouts_gather_once(runs):

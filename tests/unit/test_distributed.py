@@ -68,3 +68,13 @@ def test_fsdp2_units_are_the_decoder_layers_and_one_process_is_left_whole():
     assert D.get_strategy(cfg).wrap(model, cfg, "cpu") is model  # no process group: nothing to shard over
     assert D.local_param_fraction(model) == 1.0
     assert D.get_strategy(build_config("sft", {}, [TINY])).name == "ddp"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, CPU offload is a valid choice")
+def test_fsdp2_cpu_offload_without_gpu_is_one_line(task_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["sft", TINY, f"data.train={task_data / 'sft.jsonl'}", f"output_dir={out}",
+               "distributed.strategy=fsdp2", "distributed.cpu_offload=true"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "distributed.cpu_offload" in err
+    assert not out.exists()

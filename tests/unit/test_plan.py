@@ -61,6 +61,7 @@ def test_fsdp2_over_8_devices_shards_the_states(llama_dir):
     assert step.items["policy weights"] == P7B * 4 / 8
     assert step.items["policy gradients"] == P7B * 4 / 8
     assert step.items["policy gathered layers"] == 2 * 202_383_360 * 2  # current + next layer, bf16
+    assert step.items["policy gathered root"] == (2 * 32000 * 4096 + 4096) * 2  # embeddings, LM head, final norm
     assert p.fits is True and p.suggestions == []
     assert "fits in 80.00 GiB" in p.render()
 
@@ -130,8 +131,8 @@ def test_preflight_eos_equal_to_pad_is_flagged(tmp_path, task_data):
 
 
 def test_cli_plan_prints_the_figures_and_exits_0(llama_dir, capsys):
-    rc = main(["plan", "configs/sft.yaml", f"model.name={llama_dir}", "data.train=null", "--world-size", "8",
-               "--gpu-memory", "80GiB"])
+    rc = main(["plan", "configs/sft.yaml", "--world-size", "8", f"model.name={llama_dir}", "--gpu-memory=80GiB",
+               "data.train=null"])  # plan's flags may sit between the overrides
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "6.738B parameters" in out and "strategy ddp x 8 device(s)" in out
@@ -144,3 +145,26 @@ def test_cli_plan_bad_input_is_one_line_exit_2(llama_dir, capsys):
     assert main(["plan", "configs/sft.yaml", "model.name=/nowhere/model"]) == 2
     assert "model.name" in capsys.readouterr().err
     assert main(["plan", "configs/pipeline.yaml"]) == 2
+    assert main(["plan", "configs/sft.yaml", f"model.name={llama_dir}", "--world-size", "zero"]) == 2
+    assert "--world-size" in capsys.readouterr().err
+
+
+def test_preflight_reward_model_tokenizer(task_data, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlhfkit.models.tiny import build_tiny_tokenizer
+
+    def rm_dir(name: str, extra_token: str | None):
+        d = build_tiny_tokenizer(tmp_path / name)
+        if extra_token:
+            tok = AutoTokenizer.from_pretrained(d)
+            tok.add_tokens([extra_token])
+            tok.save_pretrained(d)
+        (d / "config.json").write_text(json.dumps({**SMOLLM2_135M, "vocab_size": 101}))
+        return d
+
+    base = [f"data.train={task_data / 'prompts.jsonl'}", "model.name=tiny:hidden=32,layers=1", "data.limit=64"]
+    for name, extra, status in (("same", None, "ok"), ("other", "<extra>", "warn")):
+        cfg = build_config("grpo", {}, [*base, f"reward.model={rm_dir(name, extra)}"])
+        checks = {c.name: c for c in plan(cfg, device="cpu").checks}
+        assert checks["reward-model tokenizer"].status == status, checks["reward-model tokenizer"]

@@ -231,7 +231,8 @@ class ModelRole:
     weight_bytes: float  # per parameter (fp32 4, bf16 2, 4-bit ~0.52)
     head: str = "lm"  # lm (vocabulary logits) | scalar (reward / value head)
     sharded: bool = True  # frozen models under fsdp2 / zero3: sharded or replicated
-    offloaded: bool = False  # kept in CPU memory between uses (memory.offload_reference / offload_reward)
+    offloaded: bool = False  # not on the device during training (offloaded between uses, or freed)
+    note: str = "kept in CPU memory between uses"  # why it is not on the device, when ``offloaded``
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,7 @@ def model_states(role: ModelRole, setup: Setup) -> dict[str, tuple[float, str]]:
     d = _div(setup, shard_w)
     offload_params = setup.offload and setup.strategy in ("fsdp2", "zero3") and role.trainable == "full"
     if role.offloaded:
-        out[f"{role.name} weights"] = (0.0, "kept in CPU memory between uses")
+        out[f"{role.name} weights"] = (0.0, role.note)
     elif offload_params:
         out[f"{role.name} weights"] = (0.0, "offloaded to CPU memory")
     else:
@@ -412,6 +413,9 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
                 lp = role.arch.layer_params()
                 wb = 2 if setup.device == "cuda" else role.weight_bytes
                 ph.add(f"{role.name} gathered layers", 2 * lp * wb, f"2 layers x {_n(lp)} x {wb:g} B (current + next)")
+                rp = role_params(role) - role.arch.layers * lp
+                ph.add(f"{role.name} gathered root", rp * wb,
+                       f"{_n(rp)} (embeddings, final norm, head) x {wb:g} B, forward to backward")
         # AdamW's foreach step needs temporaries about the size of the (sharded) gradients; the peak of the step
         # is the larger of backward (activations, logits) and the optimizer step (temporaries)
         act = sum(v for k, v in ph.items.items() if "activations" in k or "logits" in k or "autocast" in k)

@@ -14,7 +14,8 @@ The recipes do not know which one runs; they ask the strategy (:func:`get_strate
 accelerate 1.15 ignores its FSDP plugin on CPU (it wraps the model in DDP there), while ``fully_shard`` itself works
 on CPU with gloo, so the same path is tested on CPU and used on GPUs. Each decoder layer (the classes a
 ``transformers`` model lists in ``_no_split_modules``, i.e. what its authors say must not be split) is one FSDP unit,
-then the root (embeddings, final norm, LM head: tied weights stay in one unit). Mixed precision follows
+then the root (embeddings, final norm, LM head or scalar head: tied weights stay in one unit; kept gathered from
+forward to backward). Mixed precision follows
 ``train.mixed_precision`` (bf16: ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``), activation
 checkpointing follows ``model.gradient_checkpointing``, ``distributed.cpu_offload`` uses ``CPUOffloadPolicy``.
 Frozen models (reference, reward) are not sharded: each process holds them whole (bf16 on CUDA).
@@ -93,7 +94,12 @@ class FSDP2Strategy(DDPStrategy):
                               where="distributed.strategy", fix="use distributed.strategy=ddp for this model")
         for unit in units:
             fully_shard(unit, **kwargs)
-        fully_shard(model, **kwargs)
+            unit.rlhfkit_reshard_after_forward = kwargs["reshard_after_forward"]  # restored after a gathered phase
+        model.rlhfkit_reshard_after_forward = False
+        # the root (embeddings, final norm, a tied LM head) stays gathered from forward to backward: reward models and
+        # critics take their loss from the head's output captured by a hook, not from the root's output, so the
+        # root's pre-backward hook (which would gather it again) never runs
+        fully_shard(model, **{**kwargs, "reshard_after_forward": False})
         return model
 
     def prepare(self, accelerator, *objects):
@@ -118,7 +124,7 @@ class FSDP2Strategy(DDPStrategy):
         finally:
             for unit in units:
                 unit.reshard()
-                unit.set_reshard_after_forward(True, recurse=False)
+                unit.set_reshard_after_forward(getattr(unit, "rlhfkit_reshard_after_forward", True), recurse=False)
 
     def full_model(self, accelerator, model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -424,6 +424,9 @@ class Checkpointer:
             raise RunError(f"{path.name} cannot be loaded safely: {first}", where=str(path),
                            fix="delete it (rlhfkit writes tensors only, never other objects) or set "
                                "train.resume=never") from None
+        if (path / "sharded").is_dir():  # written by a sharded strategy: models and optimizers from the shards
+            get_strategy(self.run.cfg).load_state(path, models, optimizers)
+            models, optimizers = {}, {}
         try:
             if (path / "sharded").is_dir():  # written by a sharded strategy: models and optimizers from the shards
                 get_strategy(self.run.cfg).load_state(path, models, optimizers)

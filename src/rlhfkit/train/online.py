@@ -283,10 +283,12 @@ class OnlineTrainer:
         n = len(prompts["input_ids"])
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(n)] * k
         ec = self.cfg.env
-        rollout, episodes = run_episodes(
-            self.engine, self.policy, self.tok, self.env_cls, ec.kwargs, ec.name, rows,
-            sampling_kwargs=self.sampling.engine_kwargs(), eos_token_ids=self.eos_ids,
-            pad_token_id=self.tok.pad_token_id, seed=seed, max_turns=ec.max_turns, max_total_tokens=ec.max_total_tokens)
+        with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for all the episodes
+            rollout, episodes = run_episodes(
+                self.engine, self.policy, self.tok, self.env_cls, ec.kwargs, ec.name, rows,
+                sampling_kwargs=self.sampling.engine_kwargs(), eos_token_ids=self.eos_ids,
+                pad_token_id=self.tok.pad_token_id, seed=seed, max_turns=ec.max_turns,
+                max_total_tokens=ec.max_total_tokens)
         exp = Experience.of(rollout.to(self.device), rows)
         exp.env_returns = torch.tensor([sum(e.turn_rewards) for e in episodes], device=self.device)
         per_ep = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]

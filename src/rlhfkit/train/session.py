@@ -49,6 +49,7 @@ from typing import Any
 from ..config import save_config
 from ..errors import RunError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
+from .distributed import get_strategy
 from .loop import (
     Checkpointer,
     Run,
@@ -376,13 +377,12 @@ class Session:
         """Final model (``save_fn(unwrapped model, run_dir)``, main process, never non-finite), close the files,
         write ``finished.json``, then ``report.html``. Every process calls it."""
         from .common import write_report
-        from .distributed import get_strategy
 
         acc, run = self.run.accelerator, self.run
         acc.wait_for_everyone()
-        full = get_strategy(self.cfg).full_model(acc, model)  # every process takes part (sharded: a gather)
-        if run.is_main:
-            check_finite({"model": full}, "the final model")
+        strategy = get_strategy(self.cfg)
+        check_finite({"model": strategy.local_model(acc, model)}, "the final model")
+        full = strategy.full_model(acc, model)  # every process: FSDP2 gathers the shards; the model on the main one
         self.commit()
         if run.is_main and save_fn is not None:
             try:
