@@ -270,3 +270,16 @@ def test_full_disk_at_the_first_line_leaves_the_earlier_files(tmp_path, monkeypa
         run.session.open_sink()
         run.log({"loss": 1.0}, step=1)
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before  # no .new, no lock, nothing changed
+
+
+def test_a_filesystem_without_flock_warns_and_runs(tmp_path, monkeypatch, capsys):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with start_run(_cfg(tmp_path)):
+        pass
+    assert "cannot lock" in capsys.readouterr().out

@@ -38,6 +38,7 @@ another shape cannot be kept: that ends in one line naming the checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -49,6 +50,7 @@ from typing import Any
 from ..config import save_config
 from ..errors import RunError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
+from ..track.console import get_console
 from .distributed import get_strategy
 from .loop import (
     Checkpointer,
@@ -149,7 +151,12 @@ class RunLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):  # no flock on this filesystem
+                    os.close(fd)
+                    get_console().print(f"[lock] warning: cannot lock {self.path} ({err.strerror}); make sure no "
+                                        "other run writes into this directory", markup=False, highlight=False)
+                    return
                 holder = os.read(fd, 200).decode(errors="replace").split()
                 os.close(fd)
                 pid = holder[0] if holder else "unknown"
