@@ -31,6 +31,7 @@ OTHER_COMMANDS: dict[str, str] = {
     "export": "write a full merged model directory (LoRA merged) and verify that it reloads identically",
     "data": "data helpers: `rlhfkit data make quickstart --out DIR` writes the built-in task's files",
     "config": "config helpers: `rlhfkit config show RECIPE` prints the commented default config",
+    "plan": "per-device memory of each phase and pre-flight checks of a run, before any weights load",
 }
 
 COMMANDS = (*RECIPES, *OTHER_COMMANDS)
@@ -203,6 +204,19 @@ def build_parser() -> _Parser:
     m.add_argument("--n-eval", dest="n_eval", type=int, default=200, help="records per eval file (default 200)")
     m.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
 
+    p = sub.add_parser("plan", help=OTHER_COMMANDS["plan"], description=OTHER_COMMANDS["plan"] + ".",
+                       epilog="example: rlhfkit plan configs/grpo.yaml model.name=path/to/llama-7b "
+                              "--world-size 8 --gpu-memory 80GiB")
+    p.add_argument("config", nargs="?", help="the run's YAML config (its `recipe:` key names the recipe)")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    p.add_argument("--recipe", help="recipe when the config file has no `recipe:` key (default: sft)")
+    p.add_argument("--gpu-memory", dest="gpu_memory", help="memory of one device, e.g. 80GiB, 24GB")
+    p.add_argument("--world-size", dest="world_size", type=int, help="devices in the run (default: $WORLD_SIZE "
+                                                                      "or 1)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="what the run trains on (default "
+                                                                              "cuda; cpu: fp32, no autocast)")
+    p.add_argument("--no-checks", dest="checks", action="store_false", help="memory only, no pre-flight checks")
+
     p = sub.add_parser("config", help=OTHER_COMMANDS["config"], description=OTHER_COMMANDS["config"] + ".")
     csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True)
     s = csub.add_parser("show", help="print a recipe's default config as commented YAML")
@@ -362,6 +376,68 @@ def cmd_config(args) -> int:
     return EXIT_OK
 
 
+_PLAN_FLAGS = {"--gpu-memory": "gpu_memory", "--world-size": "world_size", "--device": "device", "--recipe": "recipe"}
+
+
+def parse_plan_args(tokens: list[str]) -> dict:
+    """``plan``'s own flags, anywhere on the line (``--world-size 8`` or ``--world-size=8``); every other token is
+    the config file or an override, as for a training command."""
+    opts: dict = {"gpu_memory": None, "world_size": None, "device": "cuda", "recipe": None, "checks": True}
+    rest: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        flag, eq, value = tok.partition("=")
+        if flag in _PLAN_FLAGS:
+            if not eq:
+                if i + 1 >= len(tokens):
+                    raise UsageError(f"{flag} needs a value", where="rlhfkit plan", fix="see `rlhfkit plan --help`")
+                value, i = tokens[i + 1], i + 1
+            opts[_PLAN_FLAGS[flag]] = value
+        elif tok == "--no-checks":
+            opts["checks"] = False
+        else:
+            rest.append(tok)
+        i += 1
+    opts["config"], opts["overrides"] = split_overrides(rest)
+    if opts["device"] not in ("cuda", "cpu"):
+        raise UsageError(f"bad --device {opts['device']!r}", where="--device", fix="use cuda or cpu")
+    if opts["world_size"] is not None:
+        try:
+            opts["world_size"] = int(opts["world_size"])
+        except ValueError:
+            opts["world_size"] = 0
+        if opts["world_size"] < 1:
+            raise UsageError("--world-size must be a number of devices >= 1", where="--world-size",
+                             fix="give the number of devices, e.g. --world-size 8")
+    return opts
+
+
+def cmd_plan(tokens: list[str]) -> int:
+    from .config import load_config, read_yaml
+    from .models.memory import parse_size
+    from .plan import plan
+
+    args = parse_plan_args(tokens)
+    config_path, overrides = args["config"], args["overrides"]
+    recipe = args["recipe"] or (read_yaml(config_path).get("recipe") if config_path else None) or "sft"
+    if recipe not in RECIPES or RECIPES[recipe].family == "pipeline":
+        raise UsageError(f"cannot plan recipe {recipe!r}", where="rlhfkit plan",
+                         fix=f"give --recipe one of {', '.join(r for r in RECIPES if r != 'pipeline')}")
+    gpu = None
+    if args["gpu_memory"]:
+        try:
+            gpu = parse_size(args["gpu_memory"])
+        except ValueError:
+            raise UsageError(f"bad --gpu-memory {args['gpu_memory']!r}", where="--gpu-memory",
+                             fix="write a size such as 80GiB, 24GB or 512MiB") from None
+    cfg = load_config(recipe, config_path, overrides)
+    _quiet_libraries()
+    result = plan(cfg, world=args["world_size"], gpu_memory=gpu, device=args["device"], checks=args["checks"])
+    print(result.render())
+    return EXIT_OK if not any(c.status == "fail" for c in result.checks) else EXIT_USER_ERROR
+
+
 # ───────────────────────────────────────────────── main ───────────────────────────────────────────────────────
 
 
@@ -375,6 +451,8 @@ def _last_checkpoint(run_dir: Path | None) -> Path | None:
 def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] in RECIPES and not any(a in ("-h", "--help") for a in argv[1:]):
         return cmd_train(argv[0], argv[1:])
+    if argv and argv[0] == "plan" and not any(a in ("-h", "--help") for a in argv[1:]):
+        return cmd_plan(argv[1:])  # its flags may sit between overrides, which argparse cannot take
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         import difflib
 

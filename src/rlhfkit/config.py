@@ -131,6 +131,20 @@ class GenerationConfig:
     batch_size: int | None = f(None, "generation micro-batch; null = whole rollout batch", ge=1)
 
 
+@dataclass(frozen=True)
+class DistributedConfig:
+    strategy: str = f("ddp", "ddp (data parallel through accelerate) | fsdp2 (PyTorch fully_shard: parameters, "
+                             "gradients and optimizer states sharded per layer; CPU with gloo too) | deepspeed "
+                             "(accelerate's DeepSpeed ZeRO; needs CUDA and the deepspeed package; not measured here)")
+    deepspeed_config: str = f("zero2", "deepspeed: zero2 | zero3 (the shipped configs/deepspeed/*.json) or a path to "
+                                       "a DeepSpeed JSON file (batch sizes and clipping are filled from this config)")
+    cpu_offload: bool = f(False, "fsdp2: sharded parameters, gradients and optimizer states live in CPU memory "
+                                 "(needs CUDA); deepspeed: optimizer states (zero3: and parameters) offloaded to CPU")
+    reshard_after_forward: bool = f(True, "fsdp2: free each layer's gathered parameters after its forward (ZeRO-3 "
+                                          "like); false keeps them until backward (ZeRO-2 like: more memory, less "
+                                          "communication)")
+
+
 # ─────────────────────────────────────────────── recipe sections ──────────────────────────────────────────────
 
 
@@ -341,6 +355,7 @@ def _check_common(cfg) -> None:
         raise ConfigError(f"model.gguf_file={cfg.model.gguf_file!r} names a file inside model.name, but the built-in "
                           "tiny model has none", where="model.gguf_file",
                           fix="set model.name to the directory holding the .gguf file, or model.gguf_file=null")
+    _check_distributed(cfg)
 
 
 def _is_tiny(name: str) -> bool:
@@ -382,6 +397,63 @@ def _check_model_source(name: str | None, key: str) -> None:
                                              "with HF_HUB_OFFLINE=0 to let it be fetched, or give a local directory")
 
 
+def _check_distributed(cfg) -> None:
+    """Combinations the strategies do not support (the environment itself is checked by ``check_inputs``)."""
+    dist = cfg.distributed
+    if dist.strategy == "fsdp2" and cfg.model.lora.enabled:
+        raise ConfigError("distributed.strategy=fsdp2 with LoRA is not built (adapters are small: data parallel "
+                          "suffices)", where="distributed.strategy",
+                          fix="use distributed.strategy=ddp with LoRA, or train all weights under fsdp2")
+    if dist.strategy == "fsdp2" and cfg.train.mixed_precision == "fp16":
+        raise ConfigError("fsdp2 here supports bf16 or fp32, not fp16 (no sharded gradient scaler)",
+                          where="train.mixed_precision", fix="use train.mixed_precision=bf16")
+    if dist.strategy == "deepspeed":
+        if not dist.deepspeed_config.strip():
+            raise ConfigError("distributed.deepspeed_config is empty", where="distributed.deepspeed_config",
+                              fix="use zero2, zero3 or a DeepSpeed JSON path")
+        # deepspeed steps the optimizer in every backward: one backward per update
+        if cfg.train.grad_accum != 1:
+            raise ConfigError("distributed.strategy=deepspeed runs one backward per optimizer update",
+                              where="train.grad_accum", fix="set train.grad_accum=1 (raise train.batch_size instead)")
+        algo = getattr(cfg, "algo", None)
+        if hasattr(algo, "mini_batch_size") and algo.mini_batch_size != cfg.train.batch_size:
+            raise ConfigError("distributed.strategy=deepspeed runs one backward per optimizer update",
+                              where="algo.mini_batch_size", fix=f"set train.batch_size={algo.mini_batch_size}")
+        from . import algos
+
+        if hasattr(algo, "advantage") and algos.ADVANTAGE_ESTIMATORS[algo.advantage].needs_critic:
+            raise ConfigError("distributed.strategy=deepspeed trains one model; PPO's critic is a second one",
+                              where="distributed.strategy", fix="use fsdp2 for PPO, or a critic-free estimator")
+
+
+def _inputs_distributed(cfg) -> None:
+    """What the chosen strategy needs from this machine, checked before any weight loads."""
+    import importlib.util
+
+    dist = cfg.distributed
+    if dist.strategy == "deepspeed":
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError("distributed.strategy=deepspeed needs the deepspeed package",
+                              where="distributed.strategy",
+                              fix="pip install deepspeed (on a CUDA machine), or use fsdp2")
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("distributed.strategy=deepspeed needs a CUDA GPU", where="distributed.strategy",
+                              fix="use distributed.strategy=fsdp2 (works on CPU) or ddp")
+        name = dist.deepspeed_config
+        if name not in ("zero2", "zero3") and not Path(name).is_file():
+            raise ConfigError(f"DeepSpeed config not found: {name}", where="distributed.deepspeed_config",
+                              fix="use zero2, zero3 or a path to a DeepSpeed JSON file")
+    if dist.cpu_offload and dist.strategy == "fsdp2":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("distributed.cpu_offload moves sharded state from GPU to CPU memory; without a GPU "
+                              "everything already is in CPU memory", where="distributed.cpu_offload",
+                              fix="set distributed.cpu_offload=false on CPU")
+
+
 def _check_online(cfg) -> None:
     from . import algos
 
@@ -392,6 +464,11 @@ def _check_online(cfg) -> None:
     if est.group_based and algo.num_generations < 2:
         raise ConfigError(f"{algo.advantage} compares completions of a prompt and needs num_generations >= 2",
                           where="algo.num_generations", fix="set algo.num_generations=4 (or more)")
+    if cfg.train.grad_accum != 1:  # TRL's gradient_accumulation_steps lands here: say where it goes instead
+        raise ConfigError(
+            f"train.grad_accum={cfg.train.grad_accum} is not read by the online recipes: an update accumulates "
+            "algo.mini_batch_size / train.batch_size micro-batches", where="train.grad_accum",
+            fix=f"set train.grad_accum=1 and algo.mini_batch_size={cfg.train.batch_size * cfg.train.grad_accum}")
     batch = algo.rollout_batch_size * algo.num_generations
     if batch % algo.mini_batch_size or algo.mini_batch_size % cfg.train.batch_size:
         raise ConfigError(
@@ -422,6 +499,8 @@ def _check_online(cfg) -> None:
 
 
 def _inputs_common(cfg) -> None:
+
+    _inputs_distributed(cfg)
     if not cfg.data.train:
         raise ConfigError("no training data given", where="data.train",
                           fix="set data.train=path/to/file.jsonl (see `rlhfkit data make quickstart --out data/`)")
@@ -488,6 +567,7 @@ class SFTConfig:
     optim: OptimConfig = f(OptimConfig(lr=2e-5), "optimizer")
     train: TrainConfig = f(TrainConfig(), "loop")
     track: TrackConfig = f(TrackConfig(), "tracking")
+    distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
 
     def check(self) -> None:
         _check_common(self)
@@ -506,6 +586,7 @@ class RewardModelConfig:
     optim: OptimConfig = f(OptimConfig(lr=1e-5), "optimizer")
     train: TrainConfig = f(TrainConfig(), "loop")
     track: TrackConfig = f(TrackConfig(), "tracking")
+    distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
     rm: RMConfig = f(RMConfig(), "reward-model loss")
 
     def check(self) -> None:
@@ -526,6 +607,7 @@ class OnlineConfig:
     optim: OptimConfig = f(OptimConfig(lr=1e-6, schedule="constant"), "actor optimizer")
     train: TrainConfig = f(TrainConfig(), "loop (batch_size = micro-batch of forward/backward)")
     track: TrackConfig = f(TrackConfig(), "tracking")
+    distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
     generation: GenerationConfig = f(GenerationConfig(), "rollout sampling")
     reward: RewardConfig = f(RewardConfig(), "reward model and / or functions")
     algo: OnlineAlgoConfig = f(OnlineAlgoConfig(), "PPO / GRPO / RLOO / REINFORCE++")
@@ -550,6 +632,7 @@ class PreferenceConfig:
     optim: OptimConfig = f(OptimConfig(lr=5e-7), "optimizer")
     train: TrainConfig = f(TrainConfig(), "loop")
     track: TrackConfig = f(TrackConfig(), "tracking")
+    distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
     algo: PreferenceAlgoConfig = f(PreferenceAlgoConfig(), "preference loss")
 
     def check(self) -> None:
@@ -664,6 +747,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "algo.reference": ("precompute", "on_the_fly"),
     "critic.init": ("reward", "policy"),
     "algo.off_policy.level": ("token", "sequence"),
+    "distributed.strategy": ("ddp", "fsdp2", "deepspeed"),
 }
 
 

@@ -154,3 +154,84 @@ def test_cli_unloadable_environment_is_one_line_exit_2(tmp_path):
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "env.name" in lines[0] and "missing_env.py" in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeypatch):
+    """A PPO step (policy + critic + reference KL + TIS) on a scripted two-turn episode: at environment tokens the
+    KL, advantages and returns are 0; garbage written into every per-token quantity there (old / reference / sampling
+    log-probs, values, returns) changes no loss and no gradient; and the gradient of the losses with respect to the
+    logits and values at environment positions is exactly 0."""
+    from rlhfkit.config import build_config
+    from rlhfkit.envs import make_arithmetic_prompts
+    from rlhfkit.train import online
+    from rlhfkit.train.loop import start_run
+    from rlhfkit.train.online import OnlineTrainer
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in make_arithmetic_prompts(8)))
+    cfg = build_config("ppo", {}, [f"data.train={data}", f"output_dir={tmp_path / 'run'}", "env.name=calculator",
+                                   "model.name=tiny:hidden=32,layers=1", "critic.init=policy", "algo.kl.coef=0.1",
+                                   "algo.off_policy.correction=tis", "algo.rollout_batch_size=2",
+                                   "algo.mini_batch_size=2", "train.batch_size=2", "track.report=false",
+                                   "train.resume=never", "data.eval_fraction=0.25", "generation.max_new_tokens=120"])
+    trainer = OnlineTrainer(cfg, start_run(cfg))
+    trainer.engine = ScriptedEngine(trainer.tok, [CALL, "The answer is 36"])
+    exp = trainer.generate(trainer._prompt_batch(0), seed=0)
+    trainer.score(exp)
+    trainer.forward_passes(exp)
+    trainer.advantages(exp)
+    env_pos = (exp.rollout.response_mask == 1) & (exp.rollout.action_mask == 0)
+    assert env_pos.any() and torch.all(exp.mask[env_pos] == 0)
+    for name in ("kl", "advantages", "returns"):
+        assert torch.all(getattr(exp, name)[env_pos] == 0), name
+
+    seen = {}
+    real_logits, real_values = online.response_logits, online.response_values
+
+    def logits_hook(model, batch, temperature):
+        out = real_logits(model, batch, temperature)
+        if out.requires_grad:
+            out.retain_grad()
+            seen["logits"] = out
+        return out
+
+    def values_hook(critic, batch):
+        out = real_values(critic, batch)
+        if out.requires_grad:
+            out.retain_grad()
+            seen["values"] = out
+        return out
+
+    monkeypatch.setattr(online, "response_logits", logits_hook)
+    monkeypatch.setattr(online, "response_values", values_hook)
+
+    def step(e):
+        trainer.policy.zero_grad()
+        trainer.critic.zero_grad()
+        batch = e.rows_of(torch.arange(len(e.rollout)))
+        st = {**trainer.policy_micro_step(batch, 1.0), **trainer.critic_micro_step(batch, 1.0)}
+        grads = torch.cat([p.grad.flatten() for m in (trainer.policy, trainer.critic) for p in m.parameters()
+                           if p.grad is not None])
+        return st, grads
+
+    st_a, g_a = step(exp)
+    assert torch.all(seen["logits"].grad[env_pos] == 0)
+    assert torch.all(seen["values"].grad[env_pos] == 0)
+    assert g_a.abs().sum() > 0
+    garbage = torch.randn_like(exp.old_logprobs) * 10
+    for name in ("old_logprobs", "ref_logprobs", "values", "returns", "is_weights"):
+        setattr(exp, name, torch.where(env_pos, garbage, getattr(exp, name)))
+    st_b, g_b = step(exp)
+    for key in st_a:
+        torch.testing.assert_close(st_a[key], st_b[key], msg=key)
+    torch.testing.assert_close(g_a, g_b, rtol=0, atol=0)
+
+
+def test_calculator_system_prompt_and_config_file():
+    from rlhfkit.config import load_config
+
+    msgs = CalculatorEnv().reset({"prompt": "What is 1 + 2?"})
+    assert msgs[0]["role"] == "system" and "<tool_call>" in msgs[0]["content"] and len(msgs) == 2
+    assert len(CalculatorEnv(system_prompt="").reset({"prompt": "What is 1 + 2?"})) == 1
+    cfg = load_config("grpo", "configs/multiturn_calculator.yaml")
+    assert cfg.env.name == "calculator" and not cfg.reward.functions

@@ -79,11 +79,17 @@ def _fmt(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
 
 
-class CalculatorEnv:
-    """Arithmetic with a calculator tool (see the module doc). kwargs: tool_reward, answer_reward."""
+SYSTEM_PROMPT = ('You can use a calculator. To call it, write <tool_call>{"name": "calculator", "arguments": '
+                 '{"expression": "..."}}</tool_call> and wait for its result; then give the answer as a number.')
 
-    def __init__(self, tool_reward: float = 0.2, answer_reward: float = 1.0):
+
+class CalculatorEnv:
+    """Arithmetic with a calculator tool (see the module doc). kwargs: tool_reward, answer_reward, system_prompt
+    (put first when the conversation has no system turn; "" = none)."""
+
+    def __init__(self, tool_reward: float = 0.2, answer_reward: float = 1.0, system_prompt: str = SYSTEM_PROMPT):
         self.tool_reward, self.answer_reward = float(tool_reward), float(answer_reward)
+        self.system_prompt = system_prompt
         self.answer: float | None = None
         self.calls = self.successes = 0
         self.correct = False
@@ -93,6 +99,8 @@ class CalculatorEnv:
                                                                                 "content": str(row["prompt"])}]
         expression = row.get("expression") or _expression_in(messages[-1]["content"])
         self.answer = safe_eval(expression)
+        if self.system_prompt and messages[0].get("role") != "system":
+            return [{"role": "system", "content": self.system_prompt}, *messages]
         return list(messages)
 
     def step(self, messages: list[dict], completion: str) -> tuple[list[dict], float, bool]:

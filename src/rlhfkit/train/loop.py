@@ -31,6 +31,8 @@ from ..errors import ConfigError, NonFiniteError, RunError
 from ..models.loading import trainable_state_dict
 from ..track import MetricsSink, Progress
 from ..track.console import get_console
+from .common import to_device
+from .distributed import die_with_launcher, get_strategy
 
 # ───────────────────────────────────────────────────── run ────────────────────────────────────────────────────
 
@@ -108,9 +110,10 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     # accelerate keeps one state per process, but a pipeline (or a test session) runs stage after stage in one
     # process, each with its own mixed precision: forget the last stage's (the process group itself is kept)
     AcceleratorState._reset_state()
+    die_with_launcher()  # torchrun: a killed launcher takes its workers with it
     # cpu=True without CUDA: only then does accelerate set up DDP (gloo) for processes started by torchrun
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision),
-                              cpu=not torch.cuda.is_available())
+                              cpu=not torch.cuda.is_available(), **get_strategy(cfg).accelerator_kwargs(cfg))
     run_dir = Path(cfg.output_dir)
     created = not run_dir.exists()
     accelerator.wait_for_everyone()
@@ -203,6 +206,7 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
     params = [p for p in model.parameters() if p.grad is not None]
     clip = max_grad_norm if max_grad_norm is not None and max_grad_norm > 0 else float("inf")
     norm = accelerator.clip_grad_norm_(model.parameters(), clip) if params else torch.zeros(())
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
     bad = ~torch.isfinite(torch.as_tensor(norm, dtype=torch.float32))
     if loss is not None:
         bad = bad | ~torch.isfinite(loss.detach().float()).all().to(bad.device)
@@ -304,7 +308,8 @@ def check_finite(models: dict, what: str) -> None:
     """Refuse to save non-finite weights (a diverged run must never leave a NaN model to resume or to use)."""
     for name, model in models.items():
         for pname, p in model.named_parameters():
-            if p.requires_grad and not bool(torch.isfinite(p.detach()).all()):
+            local = p.detach().to_local() if hasattr(p, "to_local") else p.detach()  # FSDP2: this rank's shard
+            if p.requires_grad and not bool(torch.isfinite(local).all()):
                 raise NonFiniteError(f"the {name} weight {pname} is not finite (NaN / inf); {what} not saved",
                                      where="optim.lr",
                                      fix="lower optim.lr or set optim.max_grad_norm, then rerun (the last good "
@@ -345,10 +350,14 @@ class Checkpointer:
             rng = tmp / f"rng_state_{acc.process_index}.pt"
             torch.save(_rng_state(), rng)
             _fsync_file(rng)
+            strategy = get_strategy(self.run.cfg)
+            if strategy.sharded_state:  # every process writes its shards of models and optimizers (tmp/sharded)
+                strategy.save_state(tmp, models, optimizers)
             if acc.is_main_process:
                 payload = {
-                    "models": {k: trainable_state_dict(acc.unwrap_model(m)) for k, m in models.items()},
-                    "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
+                    "models": {} if strategy.sharded_state else
+                    {k: trainable_state_dict(acc.unwrap_model(m)) for k, m in models.items()},
+                    "optimizers": {} if strategy.sharded_state else {k: o.state_dict() for k, o in optimizers.items()},
                     "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
                 }
                 torch.save(payload, tmp / "trainer_state.pt")
@@ -356,9 +365,9 @@ class Checkpointer:
             acc.wait_for_everyone()  # every RNG file is written
             if acc.is_main_process:
                 files = {}
-                for p in sorted(tmp.iterdir()):
+                for p in sorted(q for q in tmp.rglob("*") if q.is_file()):  # sharded/: the strategy's shards
                     _fsync_file(p)
-                    files[p.name] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+                    files[p.relative_to(tmp).as_posix()] = {"size": p.stat().st_size, "sha256": _sha256(p)}
                 from .session import run_fingerprint
 
                 manifest = {"step": step, "files": files, "fingerprint": run_fingerprint(self.run.cfg)}
@@ -415,7 +424,13 @@ class Checkpointer:
             raise RunError(f"{path.name} cannot be loaded safely: {first}", where=str(path),
                            fix="delete it (rlhfkit writes tensors only, never other objects) or set "
                                "train.resume=never") from None
+        if (path / "sharded").is_dir():  # written by a sharded strategy: models and optimizers from the shards
+            get_strategy(self.run.cfg).load_state(path, models, optimizers)
+            models, optimizers = {}, {}
         try:
+            if (path / "sharded").is_dir():  # written by a sharded strategy: models and optimizers from the shards
+                get_strategy(self.run.cfg).load_state(path, models, optimizers)
+                models, optimizers = {}, {}
             for k, m in models.items():
                 missing = acc.unwrap_model(m).load_state_dict(payload["models"][k], strict=False)
                 unexpected = getattr(missing, "unexpected_keys", [])
@@ -517,10 +532,6 @@ class SupervisedJob:
     extra_state: dict = field(default_factory=dict)
 
 
-def _to_device(batch: dict, device) -> dict:
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-
-
 def _mean_stats(accelerator, stats: list[dict]) -> dict[str, float]:
     """Each stat averaged over the micro-batches of one update, then over processes (one all-reduce; every process
     must call it, with the same keys)."""
@@ -550,7 +561,7 @@ def eval_batches(run: Run, job: SupervisedJob) -> list[dict]:
     n = len(job.eval_items)
     # shard by rank, every item evaluated exactly once
     idx = list(range(run.accelerator.process_index, n, run.world_size))
-    return [_to_device(job.collate([job.eval_items[i] for i in idx[s: s + bs]]), run.device)
+    return [to_device(job.collate([job.eval_items[i] for i in idx[s: s + bs]]), run.device)
             for s in range(0, len(idx), bs)]
 
 
@@ -562,10 +573,14 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     n_updates, per_epoch = total_updates(cfg, len(job.train_items), run.world_size)
     ga = cfg.train.grad_accum
 
-    # 2. prepare model + optimizer (the scheduler stays ours: stepped once per update)
-    optimizer = build_optimizer(job.model.parameters(), cfg.optim)
+    # 2. prepare model + optimizer (the scheduler stays ours: stepped once per update); the strategy shards the
+    #    model first (fsdp2) so the optimizer holds the shards
+    strategy = get_strategy(cfg)
+    model = strategy.wrap(job.model, cfg, run.device)
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, n_updates)
-    model, optimizer = acc.prepare(job.model, optimizer)
+    model, optimizer = strategy.prepare(acc, model, optimizer)
+    evaluate = job.eval_fn and (lambda m, b: _gathered_eval(strategy, job.eval_fn, m, b))
 
     # 3. resume from the newest valid checkpoint of the same run, or start over (run/session.py)
     session = run.session
@@ -579,7 +594,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     evals = eval_batches(run, job)
     last: dict = {}
     if step == 0 and job.eval_fn is not None and evals:
-        last = {f"eval/{k}": v for k, v in job.eval_fn(model, evals).items()}
+        last = {f"eval/{k}": v for k, v in evaluate(model, evals).items()}
         run.log(last, step=0)
 
     # 4. update loop
@@ -599,7 +614,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
         while step < n_updates:
             stats = []
             for k in range(ga):
-                batch = _to_device(micro_batch(micro), run.device)
+                batch = to_device(micro_batch(micro), run.device)
                 micro += 1
                 sync = contextlib.nullcontext() if k == ga - 1 else acc.no_sync(model)  # all-reduce on the last
                 with sync:
@@ -620,7 +635,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             # every eval_every updates and after the last one, in the same line: one metrics line per step
             if job.eval_fn is not None and evals and (step == n_updates or
                                                      (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0)):
-                metrics.update({f"eval/{k}": v for k, v in job.eval_fn(model, evals).items()})
+                metrics.update({f"eval/{k}": v for k, v in evaluate(model, evals).items()})
             if metrics:
                 run.log(metrics, step)
                 last.update(metrics)
@@ -630,8 +645,15 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                 session.save(step, models={"model": model}, optimizers={"model": optimizer},
                              schedulers={"model": scheduler}, state={"micro": micro, "extra": job.extra_state})
 
-    # 5. final model (the final evaluation was logged with the last update), finished marker, report
+    # 5. final model, one ordinary HF directory whatever the strategy (the final evaluation was logged with the
+    #    last update), finished marker, report
     session.finish(model, job.on_save, step)
-    job.model = acc.unwrap_model(model)
+    job.model = strategy.local_model(acc, model)
     return last
+
+
+def _gathered_eval(strategy, eval_fn, model, batches):
+    """Evaluation on full weights gathered once (ranks may hold different numbers of eval batches)."""
+    with strategy.gathered(model):
+        return eval_fn(model, batches)
 

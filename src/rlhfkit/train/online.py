@@ -47,6 +47,7 @@ from ..rewards import CombinedRewards, RewardModelScorer
 from ..rollout import Rollout, SamplingParams, get_engine
 from ..track import CriticalHealthStop, Progress
 from .common import load_records, tokenize, write_report
+from .distributed import get_strategy
 from .loop import (
     Checkpointer,  # noqa: F401 - tests patch online.Checkpointer.save (the class every Session saves with)
     Run,
@@ -175,11 +176,14 @@ class OnlineTrainer:
         algo = cfg.algo
         self.estimator = algos.ADVANTAGE_ESTIMATORS[algo.advantage]  # validated when the config was built
         self.policy_loss = algos.POLICY_LOSSES[algo.policy_loss]
+        # the constant normaliser of seq_mean_token_sum_norm: the longest response (multi-turn: the whole episode)
+        self.max_response_len = cfg.env.max_total_tokens if cfg.env.name else cfg.generation.max_new_tokens
         self.k = algo.num_generations
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
         placement = algo.kl.placement
         self.kl_in_reward = self.estimator.kl_in_reward_default if placement == "auto" else placement == "reward"
         self.device = run.device
+        self.strategy = get_strategy(cfg)
         self.sampling = SamplingParams.from_config(cfg.generation)
         kl = algo.kl
         self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
@@ -263,9 +267,10 @@ class OnlineTrainer:
             return self.play_episodes(prompts, seed, k)
         k = self.k if k is None else k
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
-        rollout = self.engine.generate(self.policy, ids * k, **self.sampling.engine_kwargs(),
-                                       eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id,
-                                       tokenizer=self.tok, seed=seed)
+        with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for the whole rollout
+            rollout = self.engine.generate(self.policy, ids * k, **self.sampling.engine_kwargs(),
+                                           eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id,
+                                           tokenizer=self.tok, seed=seed)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 
@@ -278,10 +283,12 @@ class OnlineTrainer:
         n = len(prompts["input_ids"])
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(n)] * k
         ec = self.cfg.env
-        rollout, episodes = run_episodes(
-            self.engine, self.policy, self.tok, self.env_cls, ec.kwargs, ec.name, rows,
-            sampling_kwargs=self.sampling.engine_kwargs(), eos_token_ids=self.eos_ids,
-            pad_token_id=self.tok.pad_token_id, seed=seed, max_turns=ec.max_turns, max_total_tokens=ec.max_total_tokens)
+        with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for all the episodes
+            rollout, episodes = run_episodes(
+                self.engine, self.policy, self.tok, self.env_cls, ec.kwargs, ec.name, rows,
+                sampling_kwargs=self.sampling.engine_kwargs(), eos_token_ids=self.eos_ids,
+                pad_token_id=self.tok.pad_token_id, seed=seed, max_turns=ec.max_turns,
+                max_total_tokens=ec.max_total_tokens)
         exp = Experience.of(rollout.to(self.device), rows)
         exp.env_returns = torch.tensor([sum(e.turn_rewards) for e in episodes], device=self.device)
         per_ep = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]
@@ -495,14 +502,14 @@ class OnlineTrainer:
             logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
             loss, st = self.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["mask"],
                                         clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens,
+                                        aggregation=algo.loss_aggregation, max_len=self.max_response_len,
                                         weights=batch.get("is_weights"))
             ent_logits = logits.detach() if algo.entropy_coef == 0 else logits
             entropy = algos.masked_mean(algos.entropy_from_logits(ent_logits), batch["mask"])
             total = loss - algo.entropy_coef * entropy
             if not self.kl_in_reward and "ref_logprobs" in batch:
                 kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
-                                        aggregation=algo.loss_aggregation, max_len=self.cfg.generation.max_new_tokens,
+                                        aggregation=algo.loss_aggregation, max_len=self.max_response_len,
                                         log_ratio_clip=algo.kl.log_ratio_clip)
                 total = total + self.kl_ctl.value * kl_l
         self.acc.backward(total * scale)
@@ -563,17 +570,21 @@ class OnlineTrainer:
     def train(self) -> dict:
         cfg, run, acc = self.cfg, self.run, self.acc
         n_updates = self.total_steps * self.updates_per_step
+        # the strategy shards the trained models first (fsdp2), so their optimizers hold the shards
+        self.policy = self.strategy.wrap(self.policy, cfg, self.device)
+        if self.critic is not None:
+            self.critic = self.strategy.wrap(self.critic, cfg, self.device)
         self.opt = build_optimizer(self.policy.parameters(), cfg.optim)
         self.sched = build_scheduler(self.opt, cfg.optim, n_updates)
         models, opts, scheds = {"policy": self.policy}, {"policy": self.opt}, {"policy": self.sched}
         if self.critic is not None:
             self.critic_opt = build_optimizer(self.critic.parameters(), cfg.optim, lr=cfg.critic.lr)
             self.critic_sched = build_scheduler(self.critic_opt, cfg.optim, n_updates)
-            self.policy, self.opt, self.critic, self.critic_opt = acc.prepare(self.policy, self.opt, self.critic,
-                                                                              self.critic_opt)
+            self.policy, self.opt, self.critic, self.critic_opt = self.strategy.prepare(
+                acc, self.policy, self.opt, self.critic, self.critic_opt)
             models["critic"], opts["critic"], scheds["critic"] = self.critic, self.critic_opt, self.critic_sched
         else:
-            self.policy, self.opt = acc.prepare(self.policy, self.opt)
+            self.policy, self.opt = self.strategy.prepare(acc, self.policy, self.opt)
         models["policy"], opts["policy"] = self.policy, self.opt
 
         # resume the newest valid checkpoint of the same run, or start over; files staged until the first line
@@ -623,7 +634,7 @@ class OnlineTrainer:
                     session.save(update, models=models, optimizers=opts, schedulers=scheds,
                                  state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
                                         "moments": self.moments.state_dict()})
-        # final policy, finished marker, report
+        # final policy (gathered by the strategy: one HF directory), finished marker, report
         session.finish(self.policy, lambda m, d: save_model(m, self.tok, d), step * self.updates_per_step)
         return last
 

@@ -49,6 +49,7 @@ from typing import Any
 from ..config import save_config
 from ..errors import RunError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
+from .distributed import get_strategy
 from .loop import (
     Checkpointer,
     Run,
@@ -379,12 +380,13 @@ class Session:
 
         acc, run = self.run.accelerator, self.run
         acc.wait_for_everyone()
-        unwrapped = acc.unwrap_model(model)
-        check_finite({"model": unwrapped}, "the final model")
+        strategy = get_strategy(self.cfg)
+        check_finite({"model": strategy.local_model(acc, model)}, "the final model")
+        full = strategy.full_model(acc, model)  # every process: FSDP2 gathers the shards; the model on the main one
         self.commit()
         if run.is_main and save_fn is not None:
             try:
-                save_fn(unwrapped, run.run_dir)
+                save_fn(full, run.run_dir)
             except OSError as err:
                 shutil.rmtree(run.run_dir / ".saving", ignore_errors=True)
                 raise RunError(f"saving the final model failed: {err.strerror or err}", where=str(run.run_dir),

@@ -1,0 +1,476 @@
+"""Per-device memory of a run, by arithmetic from the architecture alone (no weights loaded).
+
+:func:`read_architecture` reads sizes from a model directory's ``config.json``, a hub name's cached ``config.json``,
+a ``tiny:`` spec or a GGUF file's header; :func:`estimate` turns them and a :class:`Setup` (strategy, world size,
+dtypes, LoRA / QLoRA, offload, batch and lengths) into the bytes each phase of a step holds on one device.
+
+The counts, per token and decoder layer of a Llama-style block (RMSNorm, attention through SDPA / flash, SwiGLU
+MLP), of the tensors autograd keeps for backward (``9H + 2*KV + 4I`` elements, H hidden, KV = kv_heads x head_dim,
+I intermediate):
+
+- each RMSNorm keeps its input, the normalised input and its output (3H; two norms per layer: 6H);
+- attention keeps the rotated q (H), rotated k and v (2 KV), the SDPA output (H) and its contiguous transpose,
+  the input of ``o_proj`` (H): 3H + 2KV (SDPA's log-sum-exp is heads x 1, ignored; eager attention adds the
+  heads x T scores, which we do not model);
+- the MLP keeps gate and up (2I), silu(gate) (I) and the product fed to ``down_proj`` (I): 4I.
+
+With gradient checkpointing only each layer's input (H) is kept, plus one layer's full set while it is recomputed.
+Under CUDA autocast the linear layers' outputs are bf16 and the norms' tensors stay in the weights' dtype; each
+linear also keeps its own bf16 cast of its input (q/k/v: 3H, gate/up: 2H) and the cast weights are cached for the
+step (2 bytes per parameter). Logits: the LM head output ``[B, T, V]`` is kept for backward and its gradient of the
+same size exists during backward, plus one float32 softmax block (rlhfkit's chunked log-probs: at most 2**26
+elements; never a float32 copy of the whole logits). With checkpointing, backward frees the logits before it
+recomputes a layer, so the larger of the two counts.
+
+Model states per device (P parameters, T trainable; ``shard`` = world size for what the strategy shards, else 1):
+weights P x bytes / shard(fsdp2, zero3); gradients T x 4 / shard(fsdp2, zero2, zero3); AdamW states T x 8 /
+shard(same). fp32 master weights for trained models (``model.dtype=auto``), bf16 for frozen ones and a LoRA base,
+about 0.52 bytes per parameter for a 4-bit QLoRA base (NF4 + double-quantised scales; embeddings stay bf16).
+Offload removes what the strategy offloads from the device. AdamW's foreach step needs about one extra copy of the
+trainable gradients as temporaries.
+
+Validated on CPU against process RSS peaks (tests/unit/test_memory.py, table ``MEASURED``); the CUDA-only terms
+(autocast copies, QLoRA, offload) follow the same arithmetic and are not measured here.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ModelError
+
+GiB = 1024**3
+MiB = 1024**2
+SOFTMAX_BLOCK_ELEMENTS = 2**26  # rlhfkit.algos.logprobs: float32 elements of one log-softmax block
+
+
+# ───────────────────────────────────────────────── architecture ───────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The sizes of a decoder-only transformer that decide its memory."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    tied: bool
+    context: int
+    head_dim: int = 0  # 0: hidden // heads
+    model_type: str = "llama"
+    source: str = ""
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.hd
+
+    def linears(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of one decoder layer."""
+        H, q = self.hidden, self.heads * self.hd
+        return {"q_proj": (H, q), "k_proj": (H, self.kv_dim), "v_proj": (H, self.kv_dim), "o_proj": (q, H),
+                "gate_proj": (H, self.intermediate), "up_proj": (H, self.intermediate),
+                "down_proj": (self.intermediate, H)}
+
+    def layer_params(self) -> int:
+        return sum(i * o for i, o in self.linears().values()) + 2 * self.hidden  # + two RMSNorm weights
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    def params(self) -> int:
+        return self.embedding_params() + self.layers * self.layer_params() + self.hidden  # + final norm
+
+    def lora_params(self, r: int, targets: list[str] | None = None) -> int:
+        """Trainable LoRA parameters: r x (in + out) per adapted linear (default: all seven of a layer)."""
+        lin = self.linears()
+        names = [t for t in (targets or list(lin)) if t in lin]
+        return self.layers * sum(r * (lin[n][0] + lin[n][1]) for n in names)
+
+
+def _arch_from_hf(cfg: dict, source: str) -> Architecture:
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    try:
+        hidden, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
+        return Architecture(
+            vocab=int(text["vocab_size"]), hidden=hidden, layers=int(text["num_hidden_layers"]), heads=heads,
+            kv_heads=int(text.get("num_key_value_heads") or heads),
+            intermediate=int(text.get("intermediate_size") or 4 * hidden),
+            tied=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            context=int(text.get("max_position_embeddings") or 2048), head_dim=int(text.get("head_dim") or 0),
+            model_type=str(cfg.get("model_type", "")), source=source)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"config.json lacks the size {exc}", where=source,
+                         fix="give a decoder-only model's config.json (hidden_size, num_hidden_layers, ...)") from None
+
+
+# GGUF metadata value types (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md)
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def read_gguf_metadata(path: str | Path) -> dict:
+    """The key / value header of a GGUF file, plus ``"__tensors__"``: the tensor names (their data is not read).
+    Arrays longer than 16 items are returned as their length. Own code rather than the ``gguf`` package: that is
+    an optional extra, and the header is a dozen lines of ``struct`` reading."""
+    p = Path(path)
+    with p.open("rb") as fh:
+        def read(fmt: str):
+            size = struct.calcsize(fmt)
+            data = fh.read(size)
+            if len(data) != size:
+                raise ModelError("truncated GGUF header", where=str(p), fix="check the file")
+            return struct.unpack(fmt, data)[0]
+
+        def read_str() -> str:
+            return fh.read(read("<Q")).decode("utf-8", errors="replace")
+
+        def value(kind: int):
+            if kind in _GGUF_SCALARS:
+                return read(_GGUF_SCALARS[kind])
+            if kind == 8:
+                return read_str()
+            if kind == 9:
+                sub, n = read("<I"), read("<Q")
+                items = [value(sub) for _ in range(n)]
+                return items if n <= 16 else n
+            raise ModelError(f"unknown GGUF value type {kind}", where=str(p), fix="check the file")
+
+        if fh.read(4) != b"GGUF":
+            raise ModelError("not a GGUF file (bad magic)", where=str(p), fix="give a .gguf file")
+        version = read("<I")
+        if version < 2:
+            raise ModelError(f"GGUF version {version} is too old", where=str(p), fix="convert with a recent llama.cpp")
+        n_tensors, n_kv = read("<Q"), read("<Q")
+        meta = {read_str(): value(read("<I")) for _ in range(n_kv)}
+        names = []
+        for _ in range(n_tensors):
+            names.append(read_str())
+            n_dims = read("<I")
+            fh.read(8 * n_dims + 4 + 8)  # dims, type, offset
+        meta["__tensors__"] = names
+        return meta
+
+
+def _arch_from_gguf(path: Path) -> Architecture:
+    meta = read_gguf_metadata(path)
+    arch = meta.get("general.architecture", "llama")
+
+    def get(key, default=None):
+        v = meta.get(f"{arch}.{key}", default)
+        if v is None:
+            raise ModelError(f"GGUF header lacks {arch}.{key}", where=str(path), fix="give a decoder-only model")
+        return int(v)
+
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab = tokens if isinstance(tokens, int) else len(tokens or []) or get("vocab_size")
+    heads = get("attention.head_count")
+    hidden = get("embedding_length")
+    return Architecture(vocab=vocab, hidden=hidden, layers=get("block_count"), heads=heads,
+                        kv_heads=get("attention.head_count_kv", heads), intermediate=get("feed_forward_length"),
+                        tied="output.weight" not in meta["__tensors__"],
+                        context=get("context_length", 2048), head_dim=int(meta.get(f"{arch}.attention.key_length", 0)),
+                        model_type=arch, source=str(path))
+
+
+def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
+    """Sizes of ``model.name`` without loading weights: ``tiny:`` spec, model directory / ``config.json`` path,
+    a ``.gguf`` file (its header), or a hub name whose ``config.json`` is in the local cache."""
+    from .tiny import CHARS, SPECIAL_TOKENS, parse_tiny_spec
+
+    if name == "tiny" or name.startswith("tiny:"):
+        s = parse_tiny_spec(name)
+        return Architecture(vocab=len(SPECIAL_TOKENS) + len(CHARS), hidden=s["hidden"], layers=s["layers"],
+                            heads=s["heads"], kv_heads=s["kv_heads"], intermediate=s["intermediate"], tied=True,
+                            context=s["context"], source=name)
+    path = Path(name).expanduser()
+    if gguf_file:
+        path = path / gguf_file
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"GGUF file not found: {path}", where="model.name", fix="check the path")
+        return _arch_from_gguf(path)
+    cfg_path = path if path.name == "config.json" else path / "config.json"
+    if not cfg_path.is_file() and not path.exists() and name.count("/") == 1:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json")
+            if isinstance(cached, str):
+                cfg_path = Path(cached)
+        except ImportError:  # pragma: no cover - a dependency of transformers
+            pass
+    if not cfg_path.is_file():
+        raise ModelError(f"no config.json for {name!r}", where="model.name",
+                         fix="give a model directory (or its config.json), a .gguf file, a cached hub name or tiny:")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"invalid JSON ({exc.msg})", where=f"{cfg_path}:{exc.lineno}", fix="fix the file") from None
+    return _arch_from_hf(cfg, str(cfg_path))
+
+
+# ───────────────────────────────────────────────── estimate ───────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class ModelRole:
+    """One model of a run: its architecture and how it is held."""
+
+    name: str  # policy | reference | reward | critic
+    arch: Architecture
+    trainable: str  # full | lora | frozen
+    weight_bytes: float  # per parameter (fp32 4, bf16 2, 4-bit ~0.52)
+    head: str = "lm"  # lm (vocabulary logits) | scalar (reward / value head)
+    sharded: bool = True  # frozen models under fsdp2 / zero3: sharded or replicated
+    offloaded: bool = False  # not on the device during training (offloaded between uses, or freed)
+    note: str = "kept in CPU memory between uses"  # why it is not on the device, when ``offloaded``
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What decides memory besides the architectures."""
+
+    strategy: str = "ddp"  # ddp | fsdp2 | zero2 | zero3
+    world: int = 1
+    device: str = "cuda"  # cuda | cpu (cpu: no autocast, everything fp32)
+    autocast: bool = True  # bf16 autocast of a fp32 model (train.mixed_precision bf16 / auto on CUDA)
+    gradient_checkpointing: bool = False
+    offload: bool = False
+    lora_r: int = 16
+    lora_targets: tuple[str, ...] | None = None
+    micro_batch: int = 8  # sequences per forward / backward
+    seq_len: int = 512  # tokens per sequence (prompt + response)
+    # online recipes
+    rollout_batch: int = 0  # sequences generated at once (0: not an online run)
+    prompt_len: int = 0
+    new_tokens: int = 0
+
+
+@dataclass
+class Phase:
+    """Bytes one device holds at the peak of one phase, by item, with how each figure is computed."""
+
+    name: str
+    items: dict[str, float] = field(default_factory=dict)
+    how: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.items.values())
+
+    def add(self, key: str, value: float, how: str = "") -> None:
+        self.items[key] = float(value)
+        self.how[key] = how
+
+    def extend(self, other: dict[str, tuple[float, str]], prefix: str = "") -> None:
+        for k, (v, how) in other.items():
+            self.add(prefix + k, v, how)
+
+
+SHARDS_WEIGHTS = {"ddp": False, "fsdp2": True, "zero2": False, "zero3": True}
+SHARDS_STATES = {"ddp": False, "fsdp2": True, "zero2": True, "zero3": True}  # gradients and optimizer states
+
+
+def _div(setup: Setup, sharded: bool) -> int:
+    return setup.world if sharded else 1
+
+
+def _n(x: float) -> str:
+    """1234567 -> 1.23M (parameter and token counts in the formulas)."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:g}"
+
+
+def role_params(role: ModelRole) -> int:
+    """Parameters of a role's model: a scalar head (reward model, critic) replaces the LM head by hidden x 1."""
+    a = role.arch
+    if role.head == "scalar":
+        return a.params() - (0 if a.tied else a.vocab * a.hidden) + a.hidden
+    return a.params()
+
+
+def model_states(role: ModelRole, setup: Setup) -> dict[str, tuple[float, str]]:
+    """Weights, gradients, optimizer states of one model on one device (resident between phases)."""
+    P, out = role_params(role), {}
+    shard_w = SHARDS_WEIGHTS[setup.strategy] and (role.trainable != "frozen" or role.sharded)
+    d = _div(setup, shard_w)
+    offload_params = setup.offload and setup.strategy in ("fsdp2", "zero3") and role.trainable == "full"
+    if role.offloaded:
+        out[f"{role.name} weights"] = (0.0, role.note)
+    elif offload_params:
+        out[f"{role.name} weights"] = (0.0, "offloaded to CPU memory")
+    else:
+        out[f"{role.name} weights"] = (P * role.weight_bytes / d, f"{_n(P)} x {role.weight_bytes:g} B" +
+                                       (f" / {d}" if d > 1 else ""))
+    if role.trainable == "frozen":
+        return out
+    T = P if role.trainable == "full" else role.arch.lora_params(setup.lora_r, list(setup.lora_targets or []) or None)
+    ds = _div(setup, SHARDS_STATES[setup.strategy])
+    shard = f" / {ds}" if ds > 1 else ""
+    offload_states = setup.offload and setup.strategy != "ddp"
+    if role.trainable == "lora":
+        out[f"{role.name} LoRA adapters"] = (T * 4, f"{_n(T)} x 4 B (r={setup.lora_r})")
+    if offload_states and setup.strategy == "fsdp2":
+        out[f"{role.name} gradients"] = (0.0, "offloaded to CPU memory")
+    else:
+        out[f"{role.name} gradients"] = (T * 4 / ds, f"{_n(T)} x 4 B{shard}")
+    if offload_states:
+        out[f"{role.name} optimizer (AdamW)"] = (0.0, "offloaded to CPU memory")
+    else:
+        out[f"{role.name} optimizer (AdamW)"] = (T * 8 / ds, f"{_n(T)} x 2 states x 4 B{shard}")
+    return out
+
+
+def _dtypes(setup: Setup) -> tuple[int, int]:
+    """(c, r): bytes of linear outputs (bf16 on CUDA) and of the residual stream / norms (the weights' dtype:
+    fp32 on CPU and under autocast of fp32 weights, bf16 for a bf16 model)."""
+    if setup.device == "cpu":
+        return 4, 4
+    return 2, (4 if setup.autocast else 2)
+
+
+def activation_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool,
+                     head: str = "lm") -> dict[str, tuple[float, str]]:
+    """Bytes of the activations of a forward of ``tokens`` tokens (``grad``: kept for backward) and its logits."""
+    H, KV, I_, L = arch.hidden, arch.kv_dim, arch.intermediate, arch.layers
+    c, r = _dtypes(setup)
+    casts = 5 * H if (setup.device == "cuda" and setup.autocast) else 0
+    per_layer = r * 6 * H + c * (3 * H + 2 * KV + 4 * I_ + casts)
+    formula = f"{r}x6H + {c}x(3H + 2KV + 4I{' + 5H' if casts else ''}) = {_n(per_layer)} B per token per layer"
+    out = {}
+    logits: dict[str, tuple[float, str]] = {}
+    if head == "lm":
+        k = 2 if grad else 1
+        logits["logits" + (" + gradient" if grad else "")] = (
+            tokens * arch.vocab * c * k,
+            f"{_n(tokens)} tokens x {_n(arch.vocab)} vocab x {c} B" + (" x 2" if grad else ""))
+        block = min(tokens * arch.vocab, SOFTMAX_BLOCK_ELEMENTS)
+        logits["one float32 softmax block"] = (block * 4, f"min({_n(tokens)} x {_n(arch.vocab)}, 2^26) x 4 B")
+    if grad and setup.gradient_checkpointing:
+        # backward meets the logits (and frees them) before it recomputes any layer: the larger of the two
+        layer = tokens * per_layer
+        head_bytes = sum(v for v, _ in logits.values())
+        out["activations (checkpointed)"] = (tokens * L * r * H + max(0.0, layer - head_bytes),
+                                             f"{_n(tokens)} tokens x {L} layers x {r}H, + one recomputed layer "
+                                             f"({formula}) beyond the logits")
+    elif grad:
+        out["activations"] = (tokens * L * per_layer, f"{_n(tokens)} tokens x {L} layers x ({formula})")
+    else:
+        out["activations (no grad, two layers live)"] = (tokens * 2 * per_layer,
+                                                          f"{_n(tokens)} tokens x 2 x ({formula})")
+    out.update(logits)
+    return out
+
+
+def kv_cache_bytes(arch: Architecture, setup: Setup, sequences: int, length: int) -> float:
+    """Keys and values of every layer for ``sequences`` x ``length`` tokens, in the compute dtype."""
+    c, _ = _dtypes(setup)
+    return 2 * arch.layers * sequences * length * arch.kv_dim * c
+
+
+def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
+    """Per-device peak of each phase of a step. ``roles[0]`` is the trained policy (or reward model).
+
+    supervised / reward: one ``train step``; preference: ``train step`` on chosen + rejected (2 x micro-batch);
+    online: ``rollout`` (generation on full weights gathered once, KV cache), ``scoring and forward passes``,
+    ``train step``.
+    """
+    resident = Phase("resident")
+    for role in roles:
+        resident.extend(model_states(role, setup))
+    policy = roles[0]
+    trainables = [r for r in roles if r.trainable != "frozen"]
+    c, _ = _dtypes(setup)
+    gathers = SHARDS_WEIGHTS[setup.strategy] and setup.world > 1
+
+    def base(name: str, keep_grads: bool) -> Phase:
+        ph = Phase(name)
+        for k, v in resident.items.items():
+            if keep_grads or "gradients" not in k:
+                ph.add(k, v, resident.how[k])
+        return ph
+
+    def train_step(seqs: int) -> Phase:
+        ph = base("train step", True)
+        tokens = seqs * setup.seq_len
+        for role in trainables:
+            ph.extend(activation_bytes(role.arch, setup, tokens, grad=True, head=role.head), f"{role.name} ")
+            if setup.device == "cuda" and setup.autocast and role.trainable == "full" and not gathers:
+                P = role_params(role)
+                ph.add(f"{role.name} bf16 autocast copies of weights", P * 2, f"{_n(P)} x 2 B")
+            if gathers:
+                lp = role.arch.layer_params()
+                wb = 2 if setup.device == "cuda" else role.weight_bytes
+                ph.add(f"{role.name} gathered layers", 2 * lp * wb, f"2 layers x {_n(lp)} x {wb:g} B (current + next)")
+                rp = role_params(role) - role.arch.layers * lp
+                ph.add(f"{role.name} gathered root", rp * wb,
+                       f"{_n(rp)} (embeddings, final norm, head) x {wb:g} B, forward to backward")
+        # AdamW's foreach step needs temporaries about the size of the (sharded) gradients; the peak of the step
+        # is the larger of backward (activations, logits) and the optimizer step (temporaries)
+        act = sum(v for k, v in ph.items.items() if "activations" in k or "logits" in k or "autocast" in k)
+        temps = sum(v for k, v in ph.items.items() if "gradients" in k)
+        if temps > act:
+            ph.add("optimizer step temporaries", temps - act, "AdamW temporaries (grad-sized) exceed activations")
+        return ph
+
+    phases = []
+    if family == "online":
+        n, length = setup.rollout_batch, setup.prompt_len + setup.new_tokens
+        ph = base("rollout (generation)", False)
+        if gathers:
+            P = role_params(policy)
+            wb = 2 if setup.device == "cuda" else policy.weight_bytes
+            ph.add("policy weights gathered for generation", P * wb, f"{_n(P)} x {wb:g} B, gathered once per rollout")
+        ph.add("KV cache", kv_cache_bytes(policy.arch, setup, n, length),
+               f"2 x {policy.arch.layers} layers x {n} seqs x {length} tokens x {policy.arch.kv_dim} x {c} B")
+        ph.add("logits of one decode step", n * policy.arch.vocab * 4, f"{n} seqs x {_n(policy.arch.vocab)} x 4 B")
+        phases.append(ph)
+        ph = base("scoring and forward passes", False)
+        big = max(roles, key=role_params)
+        ph.extend(activation_bytes(big.arch, setup, setup.micro_batch * length, grad=False, head=big.head),
+                  f"{big.name} ")
+        phases.append(ph)
+        phases.append(train_step(setup.micro_batch))
+    elif family == "preference":
+        phases.append(train_step(2 * setup.micro_batch))
+    else:
+        phases.append(train_step(setup.micro_batch))
+    return phases
+
+
+def weight_bytes_of(dtype: str, *, trainable: str, device: str, qlora: bool = False) -> float:
+    """Bytes per parameter as rlhfkit loads the model (``model.dtype`` and ``resolve_dtype``'s auto rule)."""
+    if qlora and trainable == "lora":
+        return 0.52
+    named = {"float32": 4, "bfloat16": 2, "float16": 2}
+    if dtype in named:
+        return named[dtype]
+    if device == "cpu":
+        return 4
+    return 4 if trainable == "full" else 2
+
+
+def fmt_bytes(n: float) -> str:
+    if n >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / MiB:.1f} MiB"
+
+
+def parse_size(text: str) -> float:
+    """``80GiB``, ``80GB``, ``24 GiB``, ``512MiB``, ``1.5e9`` -> bytes (GB read as GiB, as GPUs are sold)."""
+    t = str(text).strip().lower().replace(" ", "")
+    for suffix, mult in (("gib", GiB), ("gb", GiB), ("g", GiB), ("mib", MiB), ("mb", MiB), ("m", MiB)):
+        if t.endswith(suffix):
+            return float(t[: -len(suffix)]) * mult
+    return float(t)

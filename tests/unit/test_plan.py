@@ -1,0 +1,170 @@
+"""`rlhfkit plan`: per-phase figures a reader can follow for a 7B Llama config.json (no weights), what to change
+when it does not fit, and the pre-flight checks (each can fail) on the tiny model and the built-in data."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from rlhfkit.cli import main
+from rlhfkit.config import build_config
+from rlhfkit.models.memory import GiB
+from rlhfkit.plan import plan
+
+LLAMA2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+             "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 32, "max_position_embeddings": 4096, "tie_word_embeddings": False}
+SMOLLM2_135M = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
+                "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                "max_position_embeddings": 8192, "tie_word_embeddings": True}
+
+P7B = 6_738_415_616
+
+
+@pytest.fixture()
+def llama_dir(tmp_path):
+    d = tmp_path / "llama-7b"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA2_7B))
+    return d
+
+
+def test_sft_7b_on_one_80gb_card_does_not_fit_and_says_what_would(llama_dir):
+    cfg = build_config("sft", {}, [f"model.name={llama_dir}", "train.batch_size=4", "data.max_length=1024"])
+    p = plan(cfg, world=1, gpu_memory=80 * GiB, checks=False)
+    step = p.phases[0]
+    assert step.name == "train step"
+    assert step.items["policy weights"] == P7B * 4
+    assert step.items["policy optimizer (AdamW)"] == P7B * 8
+    assert step.items["policy activations"] == 4 * 1024 * 32 * 268_288
+    assert p.fits is False
+    fixes = dict(p.suggestions)
+    assert fixes["model.lora.enabled=true"] <= 80 * GiB  # bf16 base + adapters + activations
+    # checkpointing alone removes the activations but not the 12 B per parameter of weights, grads and AdamW
+    assert P7B * 12 < fixes["model.gradient_checkpointing=true"] < step.total
+    assert "distributed.strategy=fsdp2" not in fixes  # one device: nothing to shard over
+    combined, peak = p.suggestions[-1]
+    assert combined.startswith("model.gradient_checkpointing=true ") and peak <= 80 * GiB
+    text = p.render()
+    assert "does NOT fit in 80.00 GiB" in text and "6.74B x 4 B" in text
+    assert re.search(r"\n  fits +\d+\.\d+ GiB  model\.lora\.enabled=true\n", text), text
+    assert re.search(r"\n  no +\d+\.\d+ GiB  model\.gradient_checkpointing=true\n", text), text
+
+
+def test_fsdp2_over_8_devices_shards_the_states(llama_dir):
+    cfg = build_config("sft", {}, [f"model.name={llama_dir}", "distributed.strategy=fsdp2",
+                                   "model.gradient_checkpointing=true", "train.batch_size=4", "data.max_length=1024"])
+    p = plan(cfg, world=8, gpu_memory=80 * GiB, checks=False)
+    step = p.phases[0]
+    assert step.items["policy weights"] == P7B * 4 / 8
+    assert step.items["policy gradients"] == P7B * 4 / 8
+    assert step.items["policy gathered layers"] == 2 * 202_383_360 * 2  # current + next layer, bf16
+    assert step.items["policy gathered root"] == (2 * 32000 * 4096 + 4096) * 2  # embeddings, LM head, final norm
+    assert p.fits is True and p.suggestions == []
+    assert "fits in 80.00 GiB" in p.render()
+
+
+def test_deepspeed_zero_stage_read_from_its_config(llama_dir, tmp_path):
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    for name, expected in (("zero2", "zero2"), ("zero3", "zero3"), (str(ds), "zero3")):
+        cfg = build_config("sft", {}, [f"model.name={llama_dir}", "distributed.strategy=deepspeed",
+                                       f"distributed.deepspeed_config={name}"])
+        assert plan(cfg, world=4, checks=False).setup.strategy == expected
+
+
+def test_smollm2_grpo_plan_on_cpu(tmp_path):
+    d = tmp_path / "smollm2"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    cfg = build_config("grpo", {}, [f"model.name={d}"])
+    p = plan(cfg, world=2, device="cpu", checks=False)
+    assert [ph.name for ph in p.phases] == ["rollout (generation)", "scoring and forward passes", "train step"]
+    assert p.roles[1].name == "reference" and p.roles[1].weight_bytes == 4  # CPU: fp32 everywhere
+    assert p.phases[0].items["KV cache"] == 2 * 30 * (16 * 4) * (512 + 64) * 192 * 4
+
+
+def test_preflight_passes_on_the_tiny_model_and_builtin_data(task_data):
+    cfg = build_config("sft", {}, [f"data.train={task_data / 'sft.jsonl'}", "model.name=tiny:hidden=32,layers=1"])
+    checks = {c.name: c for c in plan(cfg, world=2, device="cpu").checks}
+    assert {c.status for c in checks.values()} == {"ok"}, checks
+    assert "global batch = 8 x 1 accumulation x 2 device(s) = 16" in checks["batch divisibility"].message
+    assert set(checks) == {"EOS vs pad", "batch divisibility", "template prefix stability", "longest sample",
+                           "context"}
+
+
+def test_preflight_failures(task_data, tmp_path):
+    data = f"data.train={task_data / 'sft.jsonl'}"
+    # batch divisibility: 10 records cannot fill a global batch of 8 x 2 x 2
+    cfg = build_config("sft", {}, [data, "model.name=tiny:hidden=32,layers=1", "data.limit=10", "train.grad_accum=2"])
+    checks = {c.name: c for c in plan(cfg, world=2, device="cpu").checks}
+    assert checks["batch divisibility"].status == "fail"
+    # context: the tiny model's context cut to 16 tokens
+    cfg = build_config("sft", {}, [data, "model.name=tiny:hidden=32,layers=1,context=16"])
+    checks = {c.name: c for c in plan(cfg, device="cpu").checks}
+    assert checks["context"].status == "fail" and "context 16" in checks["context"].message
+    # template prefix stability: the prompt alone ends "assistant", the conversation writes "bot"
+    tpl = tmp_path / "unstable.jinja"
+    tpl.write_text("{% for m in messages %}<|im_start|>{{ 'bot' if m['role'] == 'assistant' else m['role'] }}\n"
+                   "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    cfg = build_config("sft", {}, [data, "model.name=tiny:hidden=32,layers=1", f"model.chat_template={tpl}"])
+    checks = {c.name: c for c in plan(cfg, device="cpu").checks}
+    assert checks["template prefix stability"].status == "fail"
+
+
+def test_preflight_eos_equal_to_pad_is_flagged(tmp_path, task_data):
+    from rlhfkit.models.tiny import build_tiny_tokenizer
+
+    tok_dir = build_tiny_tokenizer(tmp_path / "tok")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    tok.pad_token = tok.eos_token
+    tok.save_pretrained(tok_dir)
+    (tok_dir / "config.json").write_text(json.dumps({**SMOLLM2_135M, "vocab_size": 100}))
+    cfg = build_config("sft", {}, [f"data.train={task_data / 'sft.jsonl'}", f"model.name={tok_dir}"])
+    checks = {c.name: c for c in plan(cfg, device="cpu").checks}
+    assert checks["EOS vs pad"].status == "warn"
+
+
+def test_cli_plan_prints_the_figures_and_exits_0(llama_dir, capsys):
+    rc = main(["plan", "configs/sft.yaml", "--world-size", "8", f"model.name={llama_dir}", "--gpu-memory=80GiB",
+               "data.train=null"])  # plan's flags may sit between the overrides
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "6.738B parameters" in out and "strategy ddp x 8 device(s)" in out
+    assert "skip  data checks: no data.train given" in out
+
+
+def test_cli_plan_bad_input_is_one_line_exit_2(llama_dir, capsys):
+    assert main(["plan", "configs/sft.yaml", f"model.name={llama_dir}", "--gpu-memory", "lots"]) == 2
+    assert "bad --gpu-memory" in capsys.readouterr().err
+    assert main(["plan", "configs/sft.yaml", "model.name=/nowhere/model"]) == 2
+    assert "model.name" in capsys.readouterr().err
+    assert main(["plan", "configs/pipeline.yaml"]) == 2
+    assert main(["plan", "configs/sft.yaml", f"model.name={llama_dir}", "--world-size", "zero"]) == 2
+    assert "--world-size" in capsys.readouterr().err
+
+
+def test_preflight_reward_model_tokenizer(task_data, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlhfkit.models.tiny import build_tiny_tokenizer
+
+    def rm_dir(name: str, extra_token: str | None):
+        d = build_tiny_tokenizer(tmp_path / name)
+        if extra_token:
+            tok = AutoTokenizer.from_pretrained(d)
+            tok.add_tokens([extra_token])
+            tok.save_pretrained(d)
+        (d / "config.json").write_text(json.dumps({**SMOLLM2_135M, "vocab_size": 101}))
+        return d
+
+    base = [f"data.train={task_data / 'prompts.jsonl'}", "model.name=tiny:hidden=32,layers=1", "data.limit=64"]
+    for name, extra, status in (("same", None, "ok"), ("other", "<extra>", "warn")):
+        cfg = build_config("grpo", {}, [*base, f"reward.model={rm_dir(name, extra)}"])
+        checks = {c.name: c for c in plan(cfg, device="cpu").checks}
+        assert checks["reward-model tokenizer"].status == status, checks["reward-model tokenizer"]
