@@ -84,3 +84,15 @@ def test_config_rules_for_dapo_keys():
     cfg = load_config("grpo", "configs/dapo.yaml")
     assert cfg.algo.dynamic_sampling.enabled and cfg.algo.overlong.cache_len == 4 and cfg.algo.clip_high == 0.28
     assert load_config("grpo", "configs/gspo.yaml").algo.policy_loss == "gspo"
+
+
+def test_shaped_token_rewards_put_the_score_on_the_last_token_of_a_mask_with_holes():
+    """Multi-turn masks have holes (environment tokens): the score must land on the last model token, not at
+    position (number of tokens - 1), which may be an environment token where it would be masked away."""
+    from rlhfkit.algos import shaped_token_rewards
+
+    mask = torch.tensor([[1, 1, 0, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0, 0, 0], [0] * 8])
+    rewards, _ = shaped_token_rewards(torch.tensor([2.0, 3.0, 5.0]), torch.zeros(3, 8), mask, 0.0, True)
+    want = torch.zeros(3, 8)
+    want[0, 6], want[1, 2] = 2.0, 3.0
+    torch.testing.assert_close(rewards, want)
