@@ -355,6 +355,9 @@ def _check_common(cfg) -> None:
         raise ConfigError(f"model.gguf_file={cfg.model.gguf_file!r} names a file inside model.name, but the built-in "
                           "tiny model has none", where="model.gguf_file",
                           fix="set model.name to the directory holding the .gguf file, or model.gguf_file=null")
+    from .track.trackers import check_backends
+
+    check_backends(cfg.track.backends)  # unknown tracker or missing package: part of the config, like fp16 on CPU
     _check_distributed(cfg)
 
 

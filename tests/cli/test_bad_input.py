@@ -425,6 +425,7 @@ def test_bad_input_table(name, argv, needles, table_results):
     assert unchanged, "a file under the working directory (the previous run's among them) changed"
 
 
+@pytest.mark.slow
 def test_first_rollout_with_no_valid_reward_keeps_the_previous_run(tmp_path, monkeypatch, capsys):
     # a reward function returning None for every sample can only be seen on the first rollout (after the model
     # loaded): one line naming the function and the step, exit 2, and the previous run's files untouched
@@ -440,3 +441,21 @@ def test_first_rollout_with_no_valid_reward_keeps_the_previous_run(tmp_path, mon
     assert rc == 2 and len(lines) == 1, lines
     assert "rf.py:none_for_all -> None x 8" in lines[0] and "at step 1" in lines[0]
     assert _files(tmp_path / "prev") == before
+
+
+@pytest.mark.slow
+def test_reward_function_raising_mid_run_is_one_line_naming_the_step(tmp_path, monkeypatch):
+    # the function fails on its 4th call: the probe before weights load is call 1, steps 1 and 2 are calls 2 and 3,
+    # so step 3 raises -> exit 2, one line naming the function, the exception and the step (no traceback)
+    (tmp_path / "flaky.py").write_text(
+        "CALLS = []\n\n\ndef flaky(prompts, completions, **fields):\n    CALLS.append(1)\n"
+        "    if len(CALLS) == 4:\n        raise RuntimeError('judge server down')\n"
+        "    return [float(len(c)) for c in completions]\n")
+    _write_table_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    rc, stderr, stdout = _in_process([*_GRPO, "output_dir=flaky_run", _fn("flaky.py:flaky"),
+                                      "model.name=tiny:hidden=32,layers=1", "generation.max_new_tokens=4",
+                                      "algo.total_episodes=40", "track.progress=false", "track.sample_every=0"])
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1, stderr
+    assert "reward function flaky.py:flaky raised RuntimeError: judge server down at step 3" in lines[0]

@@ -39,6 +39,7 @@ def test_gspo_raises_gold(task_data, sft_dir, gold_of, tmp_path):
         "algo.total_episodes=1024"))
     run_online(cfg)
     sft, new = gold_of(sft_dir), gold_of(out)
+    print(f"[gspo] gold {sft:.3f} (sft) -> {new:.3f}")
     assert new > sft + 0.15, (loss, sft, new)
 
 

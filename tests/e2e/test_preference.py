@@ -124,9 +124,8 @@ def test_resumed_run_reuses_the_reference_cache_and_repeats_the_losses(task_data
     _, lines = _train("dpo", args)
     first = [x["train/loss"] for x in lines if "train/loss" in x]
     assert (out / "checkpoint-3").is_dir()
-    # as if it had died after checkpoint-3 (a finished run rerun says so and trains nothing), run again in the same
-    # directory: resumes at update 3, reads the cached reference log-probs (no copy loaded)
-    (out / "finished.json").unlink()
+    (out / "finished.json").unlink()  # as if killed before the end (a finished run is not trained again)
+    # run again in the same directory: resumes at update 3, reads the cached reference log-probs (no copy loaded)
     calls = _count_loads_and_forwards(monkeypatch)
     _, lines = _train("dpo", args)
     assert calls["loads"] == 1

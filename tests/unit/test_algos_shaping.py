@@ -84,3 +84,35 @@ def test_config_rules_for_dapo_keys():
     cfg = load_config("grpo", "configs/dapo.yaml")
     assert cfg.algo.dynamic_sampling.enabled and cfg.algo.overlong.cache_len == 4 and cfg.algo.clip_high == 0.28
     assert load_config("grpo", "configs/gspo.yaml").algo.policy_loss == "gspo"
+
+
+def test_shaped_token_rewards_put_the_score_on_the_last_token_of_a_mask_with_holes():
+    """Multi-turn masks have holes (environment tokens): the score must land on the last model token, not at
+    position (number of tokens - 1), which may be an environment token where it would be masked away."""
+    from rlhfkit.algos import shaped_token_rewards
+
+    mask = torch.tensor([[1, 1, 0, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0, 0, 0], [0] * 8])
+    rewards, _ = shaped_token_rewards(torch.tensor([2.0, 3.0, 5.0]), torch.zeros(3, 8), mask, 0.0, True)
+    want = torch.zeros(3, 8)
+    want[0, 6], want[1, 2] = 2.0, 3.0
+    torch.testing.assert_close(rewards, want)
+
+
+def test_turn_reward_shift_hand_values_and_zero_sum():
+    from rlhfkit.algos import turn_reward_shift
+
+    # row 0: turns end at 1 (reward 0.2) and 6 (reward 1.0), environment tokens 2-4 -> +0.2 at 1, -0.2 at 6
+    mask = torch.tensor([[1, 1, 0, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
+    turns = torch.zeros(2, 8)
+    turns[0, 1], turns[0, 6], turns[1, 2] = 0.2, 1.0, 0.5
+    shift = turn_reward_shift(turns, mask)
+    want = torch.zeros(2, 8)
+    want[0, 1], want[0, 6] = 0.2, -0.2
+    torch.testing.assert_close(shift, want)
+    # with the episode score (1.2) on the last token, the per-token rewards become 0.2 at turn 1, 1.0 at turn 2
+    from rlhfkit.algos import shaped_token_rewards
+
+    rewards, _ = shaped_token_rewards(torch.tensor([1.2, 0.5]), torch.zeros(2, 8), mask, 0.0, True)
+    total = rewards + shift
+    assert total[0, 1].item() == pytest.approx(0.2) and total[0, 6].item() == pytest.approx(1.0)
+    torch.testing.assert_close(total.sum(-1), torch.tensor([1.2, 0.5]))

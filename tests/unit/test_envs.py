@@ -235,3 +235,16 @@ def test_calculator_system_prompt_and_config_file():
     assert len(CalculatorEnv(system_prompt="").reset({"prompt": "What is 1 + 2?"})) == 1
     cfg = load_config("grpo", "configs/multiturn_calculator.yaml")
     assert cfg.env.name == "calculator" and not cfg.reward.functions
+
+
+def test_turn_rewards_sit_on_each_turns_last_model_token(tok):
+    from rlhfkit.envs.episodes import turn_reward_tensor
+
+    rollout, eps, _ = _episodes(tok, [CALL, "The answer is 36"])
+    turns = turn_reward_tensor(eps, rollout.response_ids.shape[1])
+    e = eps[0]
+    n1 = len(tok(CALL, add_special_tokens=False)["input_ids"]) + 1
+    assert e.turn_ends == [n1 - 1, len(e.ids) - 1]
+    assert turns[0, n1 - 1].item() == pytest.approx(0.2) and turns[0, len(e.ids) - 1].item() == 1.0
+    assert turns[0].sum().item() == pytest.approx(1.2)
+    assert torch.all(turns[rollout.action_mask == 0] == 0)

@@ -45,7 +45,14 @@ from rlhfkit.algos.policy_losses import (
     ppo_clip_loss,
     sequence_log_ratio,
 )
-from rlhfkit.algos.shaping import DynamicSample, dynamic_sample, group_rows, overlong_penalty, tied_groups
+from rlhfkit.algos.shaping import (
+    DynamicSample,
+    dynamic_sample,
+    group_rows,
+    overlong_penalty,
+    tied_groups,
+    turn_reward_shift,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -96,5 +103,6 @@ __all__ = [
     "tied_groups",
     "token_logprobs",
     "truncated_is",
+    "turn_reward_shift",
     "value_loss",
 ]

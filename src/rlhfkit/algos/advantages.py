@@ -160,10 +160,12 @@ def shaped_token_rewards(
     the per-token KL when the KL lives in the reward (Ziegler et al. 2019, eq. 2; Ouyang et al. 2022, eq. 2).
 
     scores [B], kl [B, T], mask [B, T] -> (token_rewards [B, T], non_score [B, T] = the KL part alone), both 0 where
-    ``mask`` is 0. A row with an empty mask gets no score (there is no token to put it on).
+    ``mask`` is 0. The score goes on the last position where ``mask`` is 1 (a multi-turn mask has holes at the
+    environment's tokens). A row with an empty mask gets no score (there is no token to put it on).
     """
     valid = mask.bool()
-    last = (valid.long().sum(-1) - 1).clamp(min=0).unsqueeze(-1)
+    positions = torch.arange(valid.shape[-1], device=valid.device).expand_as(valid)
+    last = torch.where(valid, positions, torch.zeros_like(positions)).amax(-1, keepdim=True)  # masks may have holes
     score = torch.zeros_like(kl).scatter(-1, last, scores.unsqueeze(-1).to(kl.dtype))
     non_score = -kl_coef * kl if kl_in_reward else torch.zeros_like(kl)
     return _where(score + non_score, valid), _where(non_score, valid)

@@ -82,3 +82,17 @@ def dynamic_sample(draw: Callable[[int], tuple[object, torch.Tensor]], need: int
         out.groups.extend(spare[:missing])
         out.filled = min(missing, len(spare))
     return out
+
+
+def turn_reward_shift(turn_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-turn credit for multi-turn episodes: each turn's reward on the turn's last token, taken off the episode's
+    last token (where the episode score, which includes it, is placed). turn_rewards, mask: [B, T] -> [B, T], 0 off
+    the mask; every row sums to 0, so estimators that use only the sequence's total (GRPO, RLOO) are unchanged
+    while token-level ones (GAE, REINFORCE++) credit each reward to the turn that earned it.
+    """
+    valid = mask.bool()
+    kept = torch.where(valid, turn_rewards, torch.zeros_like(turn_rewards))
+    positions = torch.arange(valid.shape[-1], device=valid.device).expand_as(valid)
+    last = torch.where(valid, positions, torch.zeros_like(positions)).amax(-1, keepdim=True)
+    total = torch.zeros_like(kept).scatter(-1, last, kept.sum(-1, keepdim=True))
+    return torch.where(valid, kept - total, torch.zeros_like(kept))

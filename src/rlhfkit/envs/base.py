@@ -64,7 +64,10 @@ def load_environment(spec: str) -> type:
     try:
         obj = load_reward_function(text)  # the same import rules (module or file, cwd on the path, one-line errors)
     except RewardError as exc:
-        raise EnvError(f"cannot load environment {text!r}: {exc.message}", where=WHERE, fix=exc.fix) from None
+        prefix = f"cannot load reward function {text!r}: "
+        reason = exc.message[len(prefix):] if exc.message.startswith(prefix) else exc.message
+        fix = (exc.fix or "").replace("function", "Class")
+        raise EnvError(f"cannot load environment {text!r}: {reason}", where=WHERE, fix=fix) from None
     if not isinstance(obj, type) or not callable(getattr(obj, "reset", None)) or not callable(getattr(obj, "step",
                                                                                                        None)):
         raise EnvError(f"{text!r} is not a class with reset(row) and step(messages, completion)", where=WHERE,

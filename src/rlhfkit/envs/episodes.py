@@ -33,6 +33,7 @@ class Episode:
     action: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)  # index in ``ids`` of each turn's last model token (-1: none)
     done: bool = False
     ended: bool = True
 
@@ -74,6 +75,7 @@ def run_episodes(engine, model, tok, env_cls, env_kwargs: dict, spec: str, rows:
             n_fit = min(n, max_total_tokens - len(e.ids))
             comp = out.response_ids[i, :n_fit].tolist()
             e.ids += comp
+            e.turn_ends.append(len(e.ids) - 1 if comp else -1)
             e.action += [1] * len(comp)
             e.logprobs += out.logprobs[i, :n_fit].tolist() if out.logprobs is not None else [0.0] * len(comp)
             text = tok.decode(comp, skip_special_tokens=True)
@@ -115,3 +117,13 @@ def to_rollout(episodes: list[Episode], pad_token_id: int) -> Rollout:
         lp[b, :n] = torch.tensor(e.logprobs, dtype=torch.float32)
     return Rollout(prompt_ids, prompt_mask, ids, mask, torch.tensor([e.ended for e in episodes]),
                    mask.sum(-1), logprobs=lp, action_mask=action)
+
+
+def turn_reward_tensor(episodes: list[Episode], width: int) -> torch.Tensor:
+    """[B, width] float: each turn's reward on its last model token (turns without a token are dropped)."""
+    out = torch.zeros((len(episodes), width), dtype=torch.float32)
+    for b, e in enumerate(episodes):
+        for end, reward in zip(e.turn_ends, e.turn_rewards):
+            if end >= 0:
+                out[b, end] += reward
+    return out

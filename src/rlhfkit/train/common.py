@@ -67,6 +67,15 @@ def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Te
     return token_logprobs(logits[:, :-1], input_ids[:, 1:])
 
 
+def gather_rows(acc, rows: torch.Tensor) -> torch.Tensor:
+    """Rows [n, k] of every process (different n allowed, 0 too), each once, in process order."""
+    if acc.num_processes == 1:
+        return rows
+    valid = torch.ones(rows.shape[0], 1, dtype=rows.dtype, device=rows.device)
+    every = acc.gather(acc.pad_across_processes(torch.cat([rows, valid], dim=1), dim=0))
+    return every[every[:, -1] > 0, :-1]
+
+
 def to_device(batch: dict, device) -> dict:
     """The batch with every tensor on ``device`` (other values as they are)."""
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}

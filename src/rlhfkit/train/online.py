@@ -84,6 +84,7 @@ class Experience:
     valid: torch.Tensor | None = None  # 3. [B] bool: the sample has a finite reward (False: dropped from the step)
     env_returns: torch.Tensor | None = None  # 2. multi-turn: [B] sum of the environment's per-turn rewards
     env_metrics: dict = field(default_factory=dict)
+    turn_rewards: torch.Tensor | None = None  # multi-turn: [B, R] each turn's reward on its last model token
 
     @classmethod
     def of(cls, rollout: Rollout, rows: list[dict]) -> Experience:
@@ -277,7 +278,7 @@ class OnlineTrainer:
     def play_episodes(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
         """Multi-turn: ``k`` episodes per prompt with the environment (``env``), as a new Experience whose mask
         holds only the model's own tokens."""
-        from ..envs import run_episodes
+        from ..envs.episodes import run_episodes, turn_reward_tensor
 
         k = self.k if k is None else k
         n = len(prompts["input_ids"])
@@ -291,6 +292,7 @@ class OnlineTrainer:
                 max_total_tokens=ec.max_total_tokens)
         exp = Experience.of(rollout.to(self.device), rows)
         exp.env_returns = torch.tensor([sum(e.turn_rewards) for e in episodes], device=self.device)
+        exp.turn_rewards = turn_reward_tensor(episodes, rollout.response_ids.shape[1]).to(self.device)
         per_ep = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]
         keys = set().union(*per_ep)
         exp.env_metrics = {f"env/{key}": sum(float(m.get(key, 0.0)) for m in per_ep) / len(per_ep) for key in keys}
@@ -343,6 +345,10 @@ class OnlineTrainer:
         exp.raw_scores = torch.cat([e.raw_scores for e in parts])[idx.to(self.device)]
         exp.valid = torch.cat([e.valid for e in parts])[idx.to(self.device)]
         exp.mask = exp.mask * exp.valid.unsqueeze(-1)  # dropped samples stay out of the step
+        if all(e.turn_rewards is not None for e in parts):
+            R = rollout.response_ids.shape[1]
+            padded = [torch.nn.functional.pad(e.turn_rewards, (0, R - e.turn_rewards.shape[1])) for e in parts]
+            exp.turn_rewards = torch.cat(padded)[idx.to(self.device)]
         keys = set().union(*(e.reward_metrics for e in parts))
         exp.reward_metrics = {k: sum(e.reward_metrics.get(k, 0.0) for e in parts) / len(parts) for k in keys}
         return exp
@@ -458,6 +464,9 @@ class OnlineTrainer:
                                   log_ratio_clip=algo.kl.log_ratio_clip)
         exp.kl = kl
         token_rewards, non_score = algos.shaped_token_rewards(exp.scores, kl, mask, coef, self.kl_in_reward)
+        if exp.turn_rewards is not None:  # multi-turn: each turn's reward credited to its turn (sums unchanged)
+            scale = 1.0 / math.sqrt(max(self.moments.var, 1e-8)) if self.cfg.reward.normalize else 1.0
+            token_rewards = token_rewards + scale * algos.turn_reward_shift(exp.turn_rewards, mask)
         adv, exp.returns = self.estimator.fn(token_rewards, mask, values=exp.values, group_size=self.k,
                                              gamma=algo.gamma, lam=algo.lam)
         if algo.whiten_advantages:

@@ -42,7 +42,7 @@ from ..data import PreferenceCollator, UnpairedCollator
 from ..errors import DataError
 from ..models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
 from ..rollout import eval_mode
-from .common import load_records, to_device, tokenize
+from .common import gather_rows, load_records, to_device, tokenize
 from .loop import SupervisedJob, start_run, train_supervised
 
 CACHE_FILE = "reference_logps.pt"
@@ -328,15 +328,6 @@ def make_forward(run, cfg, reference: Reference | None):
 # ─────────────────────────────────────────────────── evaluation ───────────────────────────────────────────────
 
 
-def _gather_rows(acc, rows: torch.Tensor) -> torch.Tensor:
-    """Rows [n, k] of every process (different n allowed), each once."""
-    if acc.num_processes == 1:
-        return rows
-    valid = torch.ones(rows.shape[0], 1, dtype=rows.dtype, device=rows.device)
-    every = acc.gather(acc.pad_across_processes(torch.cat([rows, valid], dim=1), dim=0))
-    return every[every[:, -1] > 0, :-1]
-
-
 def _paired_accuracy(rewards: torch.Tensor, labels: torch.Tensor, pair: torch.Tensor) -> torch.Tensor | None:
     """Fraction of pairs (split into KTO examples) whose chosen reward beats the rejected one's."""
     if not bool((pair >= 0).any()):
@@ -367,7 +358,7 @@ def evaluate(run, cfg, reference: Reference | None, model, batches: list[dict]) 
                 lp = pair_logps(model, batch, reference)
                 rows.append(torch.stack([lp[k].float() for k in PAIR_COLUMNS], dim=1))
     width = 6
-    table = _gather_rows(acc, torch.cat(rows) if rows else torch.zeros(0, width, device=acc.device))
+    table = gather_rows(acc, torch.cat(rows) if rows else torch.zeros(0, width, device=acc.device))
     if not paired:
         logps, ref, kl_logps, kl_ref, labels, pair = table.unbind(1)
         loss, stats = kto_objective(algo, logps, ref, labels.bool(), kl_logps, kl_ref)

@@ -14,7 +14,7 @@ from ..algos import bradley_terry_loss
 from ..data import PreferenceCollator, require_field
 from ..models.heads import sequence_scores
 from ..models.loading import describe, load_scalar_model, load_tokenizer_for, save_model
-from .common import load_records, tokenize
+from .common import gather_rows, load_records, tokenize
 from .loop import SupervisedJob, start_run, train_supervised
 
 
@@ -44,8 +44,11 @@ def rm_eval(accelerator, model, batches: list[dict]) -> dict:
         chosen.append(c)
         rejected.append(r)
     model.train(was_training)
-    c = accelerator.gather_for_metrics(torch.cat(chosen))
-    r = accelerator.gather_for_metrics(torch.cat(rejected))
+    # every process's pairs once (processes may hold different numbers of eval batches, or none)
+    local = torch.stack([torch.cat(chosen), torch.cat(rejected)], dim=1) if chosen else \
+        torch.zeros(0, 2, device=accelerator.device)
+    both = gather_rows(accelerator, local.float())
+    c, r = both[:, 0], both[:, 1]
     loss, stats = bradley_terry_loss(c, r)
     return {"loss": loss.item(), "accuracy": stats["accuracy"].item(), "chosen_mean": c.mean().item(),
             "rejected_mean": r.mean().item(), "margin_mean": (c - r).mean().item()}
