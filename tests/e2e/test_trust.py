@@ -261,3 +261,28 @@ def test_an_online_run_failing_in_its_first_step_keeps_the_earlier_run(root, cap
     assert main(grpo("contains_yes")) == 0  # the first run is intact, and finished
     assert "already finished" in capsys.readouterr().out
     assert checksums(out) == before
+
+
+def test_a_second_run_into_a_busy_directory_names_the_first(root, capsys):
+    import subprocess
+    import sys
+    import time
+
+    out = root / "busy"
+    script = Path(__file__).with_name("ddp_sft_script.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_TEST_SLOW_AFTER": "1"}  # 0.3 s per update after the first
+    proc = subprocess.Popen([sys.executable, str(script), str(out), str(root / "good.jsonl"), "train.batch_size=4",
+                             "train.max_steps=200", "data.eval_fraction=0"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not read_metrics(out):  # training, holding the lock
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        assert main(sft_args(root, "busy")) == 2
+        err = last_error(capsys)
+        assert f"pid {proc.pid}" in err and "another run" in err
+    finally:
+        proc.kill()
+        proc.wait()
+    assert main(sft_args(root, "busy", "train.resume=never", "train.max_steps=2")) == 0  # its lock died with it
