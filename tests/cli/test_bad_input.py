@@ -455,7 +455,11 @@ def test_reward_function_raising_mid_run_is_one_line_naming_the_step(tmp_path, m
     monkeypatch.chdir(tmp_path)
     rc, stderr, stdout = _in_process([*_GRPO, "output_dir=flaky_run", _fn("flaky.py:flaky"),
                                       "model.name=tiny:hidden=32,layers=1", "generation.max_new_tokens=4",
-                                      "algo.total_episodes=40", "track.progress=false", "track.sample_every=0"])
+                                      "algo.total_episodes=40", "track.progress=false", "track.sample_every=0",
+                                      "train.save_every=32"])
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1, stderr
     assert "reward function flaky.py:flaky raised RuntimeError: judge server down at step 3" in lines[0]
+    # the two finished rollout steps are not lost (checkpoints every 32 updates would have saved none): a checkpoint
+    # of step 2 = update 4 (2 PPO epochs x 1 mini-batch per step) was written before stopping
+    assert [p.name for p in (tmp_path / "flaky_run").glob("checkpoint-*")] == ["checkpoint-4"]

@@ -43,7 +43,7 @@ from ..models.loading import (
     load_tokenizer_for,
     save_model,
 )
-from ..rewards import CombinedRewards, RewardModelScorer
+from ..rewards import CombinedRewards, RewardFunctionError, RewardModelScorer
 from ..rollout import Rollout, SamplingParams, get_engine
 from ..track import CriticalHealthStop, Progress
 from .common import load_records, tokenize, write_report
@@ -614,10 +614,20 @@ class OnlineTrainer:
         t_start = time.time()
         with Progress(self.total_steps, desc=cfg.recipe, unit="rollout", show=show,
                       is_main=run.is_main and cfg.track.progress, initial=step) as progress:
+            saved = step  # the rollout step the newest checkpoint holds
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
                 # 1-3. prompts -> responses (the Experience of this step is born here) -> texts, raw / shaped scores
-                exp = self.rollout_step(step, seed)
+                try:
+                    exp = self.rollout_step(step, seed)
+                except RewardFunctionError:
+                    # a reward function failed mid-run: keep the work since the last checkpoint (one process only:
+                    # with several, the others are not here to join the save's barriers), then one line
+                    if every and step > saved and run.world_size == 1:
+                        session.save(step * self.updates_per_step, models=models, optimizers=opts, schedulers=scheds,
+                                     state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
+                                            "moments": self.moments.state_dict()})
+                    raise
                 # 4. old / reference log-probs, values
                 self.forward_passes(exp)
                 # 5. KL, shaped rewards, advantages
@@ -643,6 +653,7 @@ class OnlineTrainer:
                     session.save(update, models=models, optimizers=opts, schedulers=scheds,
                                  state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
                                         "moments": self.moments.state_dict()})
+                    saved = step
         # final policy (gathered by the strategy: one HF directory), finished marker, report
         session.finish(self.policy, lambda m, d: save_model(m, self.tok, d), step * self.updates_per_step)
         return last
