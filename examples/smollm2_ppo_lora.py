@@ -101,17 +101,17 @@ class TimedTrainer(OnlineTrainer):
         self._current[phase] += time.perf_counter() - t
         return out
 
-    def generate(self, prompts, seed, k=None, greedy=False):
+    def generate(self, prompts, seed, k=None):
         if k is not None:  # evaluation: not part of a training step
-            return super().generate(prompts, seed, k=k, greedy=greedy)
-        rollout, rows = self._timed("rollout", super().generate, prompts, seed, k=k, greedy=greedy)
-        self.rollouts.append(rollout)
-        self._current["lengths"] = rollout.lengths.tolist()
-        self._current["ended"] = rollout.ended.tolist()
-        return rollout, rows
+            return super().generate(prompts, seed, k=k)
+        exp = self._timed("rollout", super().generate, prompts, seed)
+        self.rollouts.append(exp.rollout)
+        self._current["lengths"] = exp.rollout.lengths.tolist()
+        self._current["ended"] = exp.rollout.ended.tolist()
+        return exp
 
-    def score(self, rollout, rows):
-        return self._timed("reward", super().score, rollout, rows)
+    def score(self, exp, shape=True, step=None):
+        return self._timed("reward", super().score, exp, shape, step)
 
     def evaluate(self, step):
         current = self._current
@@ -119,8 +119,8 @@ class TimedTrainer(OnlineTrainer):
         self._current = current  # drop what evaluation's scoring added
         return out
 
-    def make_experience(self, rollout, raw, scores):
-        return self._timed("forward", super().make_experience, rollout, raw, scores)
+    def forward_passes(self, exp):
+        return self._timed("forward", super().forward_passes, exp)
 
     def ppo_update(self, exp, step):
         out = self._timed("update", super().ppo_update, exp, step)
@@ -134,12 +134,15 @@ def run_timed(cfg, trainer_cls=TimedTrainer, check=None):
     ``check(trainer)`` runs after the models are loaded and before training. Returns (trainer, last metrics)."""
     from rlhfkit.train.loop import start_run
 
-    run = start_run(cfg)
-    trainer = trainer_cls(cfg, run)
-    if check is not None:
-        check(trainer)
-    metrics = trainer.train()
-    run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
+    cfg.check_inputs()
+    with start_run(cfg) as run:  # the run's Session: lock, resume or start over, staged files, finish
+        if run.session.begin() is not None:
+            raise SystemExit(f"{run.run_dir} holds a finished run: give another --out or delete it")
+        trainer = trainer_cls(cfg, run)
+        if check is not None:
+            check(trainer)
+        metrics = trainer.train()
+        run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
     return trainer, metrics
 
 

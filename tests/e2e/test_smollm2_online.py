@@ -129,11 +129,11 @@ def test_ppo_lora_with_reward_model_from_smollm2(tiny_rm, prompts_file, tmp_path
             super().__init__(*args, **kwargs)
             self.rollouts: list = []
 
-        def generate(self, prompts, seed, k=None, greedy=False):
-            rollout, rows = super().generate(prompts, seed, k=k, greedy=greedy)
+        def generate(self, prompts, seed, k=None):
+            exp = super().generate(prompts, seed, k=k)
             if k is None:
-                self.rollouts.append(rollout)
-            return rollout, rows
+                self.rollouts.append(exp.rollout)
+            return exp
 
     out = tmp_path / "ppo"
     cfg = build_config("ppo", {}, [
@@ -143,11 +143,13 @@ def test_ppo_lora_with_reward_model_from_smollm2(tiny_rm, prompts_file, tmp_path
         "algo.mini_batch_size=4", "train.batch_size=2", "algo.total_episodes=8", "algo.kl.coef=0.05",
         "optim.lr=1e-4", "critic.lr=1e-4", "track.report=false", "track.progress=false", "track.sample_every=0",
     ])
-    trainer = Recording(cfg, start_run(cfg))
-    # LoRA: the reference is the policy with its adapter disabled; no second causal LM is loaded
-    assert trainer.ref is None and is_peft(trainer.policy)
-    assert trainer.critic is not None and trainer.scorer is not None and trainer.scorer.same_tokenizer
-    last = trainer.train()
+    with start_run(cfg) as run:
+        assert run.session.begin() is None
+        trainer = Recording(cfg, run)
+        # LoRA: the reference is the policy with its adapter disabled; no second causal LM is loaded
+        assert trainer.ref is None and is_peft(trainer.policy)
+        assert trainer.critic is not None and trainer.scorer is not None and trainer.scorer.same_tokenizer
+        last = trainer.train()
 
     rows = _metrics(out)
     assert len(rows) == 2
