@@ -283,3 +283,26 @@ def test_a_filesystem_without_flock_warns_and_runs(tmp_path, monkeypatch, capsys
     with start_run(_cfg(tmp_path)):
         pass
     assert "cannot lock" in capsys.readouterr().out
+
+
+def test_full_disk_while_logging_samples_or_warnings_is_one_line(tmp_path, monkeypatch):
+    # every run file goes through JsonlWriter: a full disk mid-run is a RunError naming the file, not a traceback
+    from rlhfkit.track import SampleLogger
+    from rlhfkit.track import jsonl as J
+
+    samples = SampleLogger(tmp_path, max_rows=0)
+    samples.log(1, ["p"], ["r"], [1.0])
+
+    class Full:
+        closed = False
+
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(samples._writer, "_file", Full())
+    with pytest.raises(RunError, match=r"writing samples\.jsonl failed: No space left on device"):
+        samples.log(2, ["p"], ["r"], [1.0])
+    assert J.read_jsonl(tmp_path / "samples.jsonl")[0]["step"] == 1

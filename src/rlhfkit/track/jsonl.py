@@ -113,8 +113,16 @@ class JsonlWriter:
             return f.read(1) == b"\n"
 
     def write(self, record: dict) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-        self._file.flush()
+        """Append one line; a full disk (or any OS error) is one line naming the file, not a traceback (the run
+        keeps everything up to its newest checkpoint)."""
+        try:
+            self._file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+            self._file.flush()
+        except OSError as err:
+            from ..errors import RunError
+
+            raise RunError(f"writing {self.path.name} failed: {err.strerror or err}", where=str(self.path.parent),
+                           fix="free disk space and rerun (it resumes from the newest checkpoint)") from None
 
     def commit(self) -> None:
         """Swap the staged file in place of the earlier one (durably); later lines append to it."""
