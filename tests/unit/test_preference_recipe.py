@@ -110,7 +110,9 @@ def test_reference_cache_reused_then_recomputed_when_data_changes(tmp_path, monk
 
     first = _pairs()
     assert P.precompute_reference(run, cfg, model, tok, collate, first[:2], first[2:]) is True
-    assert (tmp_path / P.CACHE_FILE).is_file() and len(loads) == 1
+    (cache,) = tmp_path.glob(P.CACHE_GLOB)
+    before = cache.read_bytes()
+    assert len(loads) == 1
     # a resumed run: same reference, same data -> read from the cache, no reference model loaded
     again = _pairs()
     assert P.precompute_reference(run, cfg, model, tok, collate, again[:2], again[2:]) is False
@@ -123,6 +125,8 @@ def test_reference_cache_reused_then_recomputed_when_data_changes(tmp_path, monk
     assert len(loads) == 2
     assert changed[0]["ref_logps"][1] != first[0]["ref_logps"][1]
     assert changed[1]["ref_logps"] == first[1]["ref_logps"]
+    # ... into a file of its own: the earlier run's cache is untouched (a run that then fails changes nothing)
+    assert cache.read_bytes() == before and len(list(tmp_path.glob(P.CACHE_GLOB))) == 2
     # another reference model -> recomputed too
     other = _cfg(tmp_path, "ref_model=tiny:hidden=32,layers=1,heads=2,kv_heads=2,intermediate=32")
     assert P.precompute_reference(run, other, model, tok, collate, _pairs()[:2], _pairs()[2:]) is True

@@ -10,7 +10,7 @@ the reference log-probabilities come with the batch (``algo.reference=precompute
 
 The reference model is the policy with its LoRA adapter disabled under ``model.lora.enabled`` (no second copy),
 else a frozen copy of ``ref_model`` (default: ``model.name``). Precomputed log-probabilities are cached in
-``run_dir/reference_logps.pt`` under a hash of the reference model and the tokenised data, so a resumed run reads
+``run_dir/reference_logps-<key>.pt`` under a hash of the reference model and the tokenised data, so a resumed run reads
 them and a changed setup recomputes them. SimPO and ORPO use no reference model at all.
 
 Departures, on purpose:
@@ -45,7 +45,13 @@ from ..rollout import eval_mode
 from .common import gather_rows, load_records, to_device, tokenize
 from .loop import SupervisedJob, start_run, train_supervised
 
-CACHE_FILE = "reference_logps.pt"
+CACHE_GLOB = "reference_logps*.pt"  # one file per key; a finished run keeps only its own
+
+
+def cache_path(run_dir: Path, key: str) -> Path:
+    """The cache of reference log-probs for ``key``: named by the key, so a run with other data or another reference
+    never overwrites an earlier run's cache before it has produced anything (stale ones go when a run finishes)."""
+    return Path(run_dir) / f"reference_logps-{key[:16]}.pt"
 
 # ─────────────────────────────────────────────── sequence log-probs ───────────────────────────────────────────
 
@@ -237,7 +243,8 @@ def _reference_table(run, reference: Reference, policy, collate, items: list[dic
 def precompute_reference(run, cfg, policy, tok, collate, train: list[dict], evals: list[dict]) -> bool:
     """Store ``ref_logps`` on every train / eval example, computed once (batched, no grad) and cached in the run
     directory; a cache with the same key is reused. Returns True when they were computed."""
-    path, key, acc = run.run_dir / CACHE_FILE, reference_key(cfg, train, evals), run.accelerator
+    key, acc = reference_key(cfg, train, evals), run.accelerator
+    path = run.reference_cache = cache_path(run.run_dir, key)
     computed = False
     acc.wait_for_everyone()
     if run.is_main and _read_cache(path, key) is None:
@@ -382,7 +389,14 @@ def run_preference(cfg) -> dict:
     # 2. run directory (locked), accelerator, seed; a finished run is not trained again
     with start_run(cfg) as run:
         done = run.session.begin()
-        return done if done is not None else _train_preference(cfg, run, records)
+        if done is not None:
+            return done
+        metrics = _train_preference(cfg, run, records)
+        if run.is_main:  # finished: caches of other keys (earlier runs in this directory) are stale now
+            for stale in run.run_dir.glob(CACHE_GLOB):
+                if stale != run.reference_cache:
+                    stale.unlink(missing_ok=True)
+        return metrics
 
 
 def _train_preference(cfg, run, records) -> dict:
