@@ -209,9 +209,12 @@ def suggest(cfg, world: int, device: str, budget: float) -> list[tuple[str, floa
         candidates.append(("model.gradient_checkpointing=true", {"model": {"gradient_checkpointing": True}}))
     if cfg.train.batch_size > 1:
         b = max(1, cfg.train.batch_size // 2)
-        ga = cfg.train.grad_accum * (cfg.train.batch_size // b)
-        candidates.append((f"train.batch_size={b} train.grad_accum={ga}",
-                           {"train": {"batch_size": b, "grad_accum": ga}}))
+        if RECIPES[cfg.recipe].family == "online":  # an update already accumulates mini_batch_size / batch_size
+            candidates.append((f"train.batch_size={b}", {"train": {"batch_size": b}}))
+        else:
+            ga = cfg.train.grad_accum * (cfg.train.batch_size // b)
+            candidates.append((f"train.batch_size={b} train.grad_accum={ga}",
+                               {"train": {"batch_size": b, "grad_accum": ga}}))
     if world > 1 and cfg.distributed.strategy == "ddp" and not cfg.model.lora.enabled:
         candidates.append(("distributed.strategy=fsdp2", {"distributed": {"strategy": "fsdp2"}}))
     if (world > 1 and not cfg.model.lora.enabled and device == "cuda" and cfg.train.grad_accum == 1

@@ -168,3 +168,16 @@ def test_preflight_reward_model_tokenizer(task_data, tmp_path):
         cfg = build_config("grpo", {}, [*base, f"reward.model={rm_dir(name, extra)}"])
         checks = {c.name: c for c in plan(cfg, device="cpu").checks}
         assert checks["reward-model tokenizer"].status == status, checks["reward-model tokenizer"]
+
+
+@pytest.mark.parametrize("recipe", ["sft", "grpo", "dpo"])
+def test_every_suggestion_is_a_config_that_builds(llama_dir, recipe):
+    # what plan proposes must pass the config's own checks (online recipes refuse train.grad_accum != 1)
+    cfg = build_config(recipe, {}, [f"model.name={llama_dir}", "train.batch_size=8", "data.max_length=1024"])
+    p = plan(cfg, world=1, gpu_memory=80 * GiB, checks=False)
+    assert p.suggestions
+    for overrides, _ in p.suggestions:
+        if "qlora" in overrides:  # needs CUDA + bitsandbytes, checked by check_inputs, not by the config
+            continue
+        build_config(recipe, {}, [f"model.name={llama_dir}", "train.batch_size=8", "data.max_length=1024",
+                                  *overrides.split()])
