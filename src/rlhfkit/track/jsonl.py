@@ -131,7 +131,7 @@ class JsonlWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         os.replace(self._target, self.path)  # the open handle follows the renamed file
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         self.staged, self._target = False, self.path
 
     def discard(self) -> None:
@@ -146,7 +146,8 @@ class JsonlWriter:
             self._file.close()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename / creation inside ``path`` durable (no-op where directories cannot be opened)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -31,6 +31,7 @@ from ..errors import ConfigError, NonFiniteError, RunError
 from ..models.loading import trainable_state_dict
 from ..track import MetricsSink, Progress
 from ..track.console import get_console
+from ..track.jsonl import fsync_dir
 from .common import to_device
 from .distributed import die_with_launcher, get_strategy
 
@@ -281,20 +282,6 @@ MANIFEST = "manifest.json"
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename / creation inside ``path`` durable (no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _sha256(path: Path) -> str:

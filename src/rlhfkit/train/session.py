@@ -51,13 +51,13 @@ from ..config import save_config
 from ..errors import RunError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
 from ..track.console import get_console
+from ..track.jsonl import fsync_dir
 from .distributed import get_strategy
 from .loop import (
     Checkpointer,
     Run,
     check_finite,
     checkpoint_fingerprint,
-    fsync_dir,
     guard_of,
 )
 
