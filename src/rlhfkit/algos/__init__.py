@@ -42,7 +42,6 @@ from rlhfkit.algos.policy_losses import (
     POLICY_LOSSES,
     gspo_loss,
     gspo_token_loss,
-    ppo_clip_loss,
     sequence_log_ratio,
 )
 from rlhfkit.algos.shaping import (
@@ -91,7 +90,6 @@ __all__ = [
     "mismatch_stats",
     "orpo_loss",
     "overlong_penalty",
-    "ppo_clip_loss",
     "ppo_policy_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_returns",

@@ -117,6 +117,8 @@ def ppo_policy_loss(
     aggregation: str = "token_mean",
     max_len: int | None = None,
     log_ratio_clip: float | None = 20.0,
+    *,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """PPO clipped surrogate max(-A r, -A clip(r, 1 - e_lo, 1 + e_hi)) (Schulman et al. 2017 eq. 7; DAPO clip-higher).
 
@@ -127,6 +129,8 @@ def ppo_policy_loss(
     any arithmetic, so NaN / inf in padding reaches neither the loss nor the gradient.
     stats (token means over masked tokens): clipfrac (clipped term chosen: pg_losses2 > pg_losses1),
     approxkl = 0.5 * mean((logp - old)^2), ratio_mean, ratio_var (unbiased, over masked tokens).
+    ``weights`` (optional [B, T], no gradient): per-token factors on the loss before it is reduced (the off-policy
+    correction); this is the ``ppo`` entry of :data:`~rlhfkit.algos.policy_losses.POLICY_LOSSES`.
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
@@ -140,6 +144,8 @@ def ppo_policy_loss(
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(pg_losses1, pg_losses2)
+    if weights is not None:
+        per_token = per_token * weights.detach()
     loss = aggregate_loss(per_token, mask, aggregation, max_len)
     with torch.no_grad():
         stats = {
