@@ -129,6 +129,19 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     return run
 
 
+def run_recipe(cfg, train: Callable[..., dict], *, prepare: Callable[[Any], Any] | None = None) -> dict:
+    """What every runner does around its training: check the inputs, ``prepare(cfg)`` (what can be read before the
+    run directory is locked, e.g. data records; passed on to ``train``), lock and start the run, answer a finished
+    one, then ``train(cfg, run[, prepared])`` inside the run's Session. Returns the final metrics."""
+    cfg.check_inputs()
+    prepared = prepare(cfg) if prepare is not None else None
+    with start_run(cfg) as run:
+        done = run.session.begin()
+        if done is not None:
+            return done
+        return train(cfg, run) if prepare is None else train(cfg, run, prepared)
+
+
 # ────────────────────────────────────────────── optimizer & schedule ─────────────────────────────────────────
 
 

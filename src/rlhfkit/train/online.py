@@ -55,7 +55,7 @@ from .loop import (
     build_scheduler,
     clip_and_step,
     plan_batches,
-    start_run,
+    run_recipe,
 )
 
 # ─────────────────────────────────────────────────── pieces ───────────────────────────────────────────────────
@@ -702,17 +702,16 @@ def _with_name(mcfg, name: str):
 
 def run_online(cfg: OnlineConfig) -> dict:
     """PPO / GRPO / RLOO / REINFORCE++ from ``cfg``; returns the last step's metrics."""
-    cfg.check_inputs()
-    with start_run(cfg) as run:
-        done = run.session.begin()
-        if done is not None:
-            return done
-        try:
-            metrics = OnlineTrainer(cfg, run).train()
-        except CriticalHealthStop:  # track.stop_on_critical: the report shows what happened up to the stop
-            if run.sink is not None:
-                run.sink.close()
-            write_report(run)
-            raise
-        run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
-        return metrics
+    return run_recipe(cfg, _train_online)
+
+
+def _train_online(cfg: OnlineConfig, run: Run) -> dict:
+    try:
+        metrics = OnlineTrainer(cfg, run).train()
+    except CriticalHealthStop:  # track.stop_on_critical: the report shows what happened up to the stop
+        if run.sink is not None:
+            run.sink.close()
+        write_report(run)
+        raise
+    run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
+    return metrics

@@ -43,7 +43,7 @@ from ..errors import DataError
 from ..models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
 from ..rollout import eval_mode
 from .common import gather_rows, load_records, to_device, tokenize
-from .loop import SupervisedJob, start_run, train_supervised
+from .loop import SupervisedJob, run_recipe, train_supervised
 
 CACHE_GLOB = "reference_logps*.pt"  # one file per key; a finished run keeps only its own
 
@@ -135,22 +135,18 @@ def load_preference_records(cfg, paired: bool) -> tuple[list[dict], list[dict]]:
     return train_recs, eval_recs
 
 
-def load_items(run, cfg, tok, paired: bool, records: tuple[list[dict], list[dict]] | None = None
+def load_items(run, cfg, tok, paired: bool, records: tuple[list[dict], list[dict]]
                ) -> tuple[list[dict], list[dict]]:
     """(train, eval) tokenised examples: pairs, or KTO examples (unpaired records, or pairs split in two).
-    ``records``: those of :func:`load_preference_records` (read here when None)."""
-    train_recs, eval_recs = records if records is not None else load_preference_records(cfg, paired)
+    ``records``: those of :func:`load_preference_records` (which checked their kinds)."""
+    train_recs, eval_recs = records
     if paired:
         return (tokenize(run, train_recs, "preference", tok, cfg, "train"),
                 tokenize(run, eval_recs, "preference", tok, cfg, "eval"))
     out = []
     for label, recs in (("train", train_recs), ("eval", eval_recs)):
-        kinds = {"preference" if "chosen" in r else "unpaired" if "label" in r else "other" for r in recs}
-        if kinds - {"preference", "unpaired"}:
-            raise DataError("KTO needs unpaired records (prompt, completion, label) or preference pairs",
-                            where=cfg.data.train if label == "train" else cfg.data.eval,
-                            fix="give unpaired.jsonl-style or preference.jsonl-style data")
-        items = tokenize(run, recs, kinds.pop() if kinds else "unpaired", tok, cfg, label)
+        kind = "preference" if recs and "chosen" in recs[0] else "unpaired"
+        items = tokenize(run, recs, kind, tok, cfg, label)
         items = unpair_items(items) if items and "chosen_ids" in items[0] else items
         assign_kl_partners(items, cfg.train.seed + (label == "eval"), cfg.data.max_length)
         out.append(items)
@@ -383,20 +379,10 @@ def evaluate(run, cfg, reference: Reference | None, model, batches: list[dict]) 
 def run_preference(cfg) -> dict:
     """Train with the loss ``cfg.algo.loss``, evaluate on held-out pairs, save; returns the final metrics
     (``eval/rewards/accuracies``, ``eval/rewards/margins``, ``train/loss``, …)."""
-    cfg.check_inputs()
-    # 1. data records first (a mistake in them costs seconds and touches nothing)
-    records = load_preference_records(cfg, PREFERENCE_LOSSES[cfg.algo.loss].paired)
-    # 2. run directory (locked), accelerator, seed; a finished run is not trained again
-    with start_run(cfg) as run:
-        done = run.session.begin()
-        if done is not None:
-            return done
-        metrics = _train_preference(cfg, run, records)
-        if run.is_main:  # finished: caches of other keys (earlier runs in this directory) are stale now
-            for stale in run.run_dir.glob(CACHE_GLOB):
-                if stale != run.reference_cache:
-                    stale.unlink(missing_ok=True)
-        return metrics
+    # 1. data records first (a mistake in them costs seconds and touches nothing), then the run directory (locked),
+    #    accelerator, seed; a finished run is not trained again
+    return run_recipe(cfg, _train_preference,
+                      prepare=lambda c: load_preference_records(c, PREFERENCE_LOSSES[c.algo.loss].paired))
 
 
 def _train_preference(cfg, run, records) -> dict:
@@ -424,6 +410,10 @@ def _train_preference(cfg, run, records) -> dict:
         on_save=lambda m, d: save_model(m, tok, d),
     )
     metrics = train_supervised(run, job)
+    if run.is_main:  # finished: caches of other keys (earlier runs in this directory) are stale now
+        for stale in run.run_dir.glob(CACHE_GLOB):
+            if stale != run.reference_cache:
+                stale.unlink(missing_ok=True)
     # 6. summary (the report was written when the run finished)
     if "eval/rewards/accuracies" in metrics:
         run.print(f"[{name}] done: model saved to {run.run_dir}; held-out preference accuracy "

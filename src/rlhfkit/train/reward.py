@@ -15,7 +15,7 @@ from ..data import PreferenceCollator, require_field
 from ..models.heads import sequence_scores
 from ..models.loading import describe, load_scalar_model, load_tokenizer_for, save_model
 from .common import gather_rows, load_records, tokenize
-from .loop import SupervisedJob, start_run, train_supervised
+from .loop import SupervisedJob, run_recipe, train_supervised
 
 
 def pair_scores(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,10 +68,7 @@ class MarginCollator(PreferenceCollator):
 
 def run_rm(cfg) -> dict:
     # 1. run directory (locked), accelerator, seed; a finished run is not trained again
-    cfg.check_inputs()
-    with start_run(cfg) as run:
-        done = run.session.begin()
-        return done if done is not None else _train_rm(cfg, run)
+    return run_recipe(cfg, _train_rm)
 
 
 def _train_rm(cfg, run) -> dict:

@@ -11,7 +11,7 @@ from ..algos import sft_loss
 from ..data import IGNORE_INDEX, SFTCollator, pack_sequences
 from ..models.loading import describe, load_causal_lm, save_model
 from .common import completion_logprobs, load_records, tokenize
-from .loop import SupervisedJob, start_run, train_supervised
+from .loop import SupervisedJob, run_recipe, train_supervised
 
 
 def sft_forward(model, batch: dict) -> tuple[torch.Tensor, dict]:
@@ -45,10 +45,7 @@ def sft_eval(accelerator, model, batches: list[dict]) -> dict:
 def run_sft(cfg) -> dict:
     """Train, evaluate and save; returns the final metrics (``eval/loss``, ``eval/ppl``, ``train/loss``, …)."""
     # 1. run directory (locked), accelerator, seed; a finished run is not trained again
-    cfg.check_inputs()
-    with start_run(cfg) as run:
-        done = run.session.begin()
-        return done if done is not None else _train_sft(cfg, run)
+    return run_recipe(cfg, _train_sft)
 
 
 def _train_sft(cfg, run) -> dict:
