@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -13,12 +14,11 @@ from rlhfkit.config import build_config
 from rlhfkit.models.memory import GiB
 from rlhfkit.plan import plan
 
-LLAMA2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
-             "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-             "num_key_value_heads": 32, "max_position_embeddings": 4096, "tie_word_embeddings": False}
-SMOLLM2_135M = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 576,
-                "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-                "max_position_embeddings": 8192, "tie_word_embeddings": True}
+# the architecture-only configs shipped for planning without downloads (configs/models/); the hand figures below
+# (parameter counts, bytes) are computed independently of them
+_MODELS = Path(__file__).resolve().parents[2] / "configs" / "models"
+LLAMA2_7B = json.loads((_MODELS / "llama2-7b" / "config.json").read_text())
+SMOLLM2_135M = json.loads((_MODELS / "smollm2-135m" / "config.json").read_text())
 
 P7B = 6_738_415_616
 
