@@ -1,11 +1,21 @@
-"""Plain (non-TTY) progress lines: every ~10%, ETA from this process's rate, resume offset."""
+"""Progress and logs: plain (non-TTY) lines every ~10% with ETA from this process's rate and the resume offset; short
+metric names so counter and ETA fit in 100 columns, eval values never under a train name, one record per line off a
+TTY, compact sample tables, the closing summary line."""
 
 import io
+import re
 
+import torch
 from rich.console import Console
 
-from rlhfkit.track import Progress
-from rlhfkit.track.progress import format_number
+from rlhfkit.config import build_config
+from rlhfkit.track import MetricsSink, Progress, SampleLogger
+from rlhfkit.track import console as console_mod
+from rlhfkit.track.progress import format_number, run_summary_line, short_name
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ONLINE = {"objective/scores": 0.123456, "objective/kl": 12.3456, "val/ratio": 0.99871,
+          "response/length_mean": 37.25, "policy/entropy_avg": 1.2345, "loss/policy_avg": -0.012345}
 
 
 class FakeClock:
@@ -77,3 +87,156 @@ def test_tty_uses_live_bar():
         bar.update(4, {"loss": 0.5})
     out = console.file.getvalue()
     assert "grpo [x]" in out and "4/4" in out and "loss=0.5" in out
+
+
+def test_short_names():
+    assert [short_name(k) for k in ("objective/scores", "objective/kl", "val/ratio", "response/length_mean",
+                                    "train/loss", "eval/loss", "lr", "eval/rewards/accuracies", "train/mae",
+                                    "eval/scores")] == \
+        ["score", "kl", "ratio", "len", "loss", "eval_loss", "lr", "eval_acc", "mae", "eval_scores"]
+
+
+def test_tty_bar_keeps_counter_and_eta_within_100_columns():
+    console = Console(file=io.StringIO(), width=100, force_terminal=True)
+    clock = FakeClock()
+    with Progress(1000, "grpo-with-a-long-name", show=tuple(ONLINE), console=console, clock=clock) as bar:
+        for _ in range(3):
+            clock.t += 2.0
+            bar.update(1, ONLINE)
+        stats = bar._live_stats(60)
+    lines = [x for x in ANSI.sub("", console.file.getvalue()).replace("\r", "\n").splitlines() if x.strip()]
+    last = lines[-1]
+    assert "3/1000" in last and "0:00:06<0:33:14" in last and "score=0.1235" in last
+    assert 90 <= max(len(x) for x in lines) <= 100 and last.endswith("…")  # uses the width, cuts the metrics
+    # the time part is whole; the metrics are cut to the budget
+    assert stats.startswith("0:00:06<0:33:14 2.0 s/step score=0.1235") and len(stats) == 60 and stats[-1] == "…"
+
+
+def test_plain_lines_use_short_names_and_eval_never_under_a_train_name():
+    console = Console(file=io.StringIO(), width=80)  # not a terminal
+    with Progress(2, "sft", show=None, console=console) as bar:
+        bar.update(1, {"train/loss": 1.5, "lr": 1e-4})
+        bar.update(1, {"train/loss": 1.25, "eval/loss": 2.5})
+    out = console.file.getvalue()
+    lines = out.splitlines()
+    assert lines[-1].endswith("loss=1.25 lr=1e-4 eval_loss=2.5")
+    assert "\r" not in out and not re.search(r"(?<!eval_)loss=2\.5", out)
+
+
+def test_plain_lines_are_never_wrapped_at_80_columns():
+    console = Console(file=io.StringIO(), width=80)
+    with Progress(1, "grpo", show=tuple(ONLINE), console=console) as bar:
+        bar.update(1, ONLINE)
+    (line,) = console.file.getvalue().splitlines()
+    assert len(line) > 80 and line.endswith("ent=1.234 pg_loss=-0.01235")
+
+
+def test_shared_console_does_not_wrap_off_a_tty(monkeypatch):
+    monkeypatch.setattr(console_mod, "_stdout_is_tty", lambda: False)
+    console_mod.get_console.cache_clear()
+    try:
+        console = console_mod.get_console()
+        assert console.soft_wrap and console.no_color
+    finally:
+        console_mod.get_console.cache_clear()
+
+
+def test_sample_lines_off_a_tty_one_per_sample(tmp_path):
+    console = Console(file=io.StringIO(), width=80)
+    with SampleLogger(tmp_path, max_rows=2, console=console) as samples:
+        samples.log(10, ["Write a poem\nabout cats", "p2", "p3"], ["line one\nline two " + "x" * 200, "r2", "r3"],
+                    [0.5, -1.0, 2.0])
+    lines = console.file.getvalue().splitlines()
+    assert lines[0] == "samples at step 10 (2 of 3):"
+    assert lines[1].startswith("  [0.5] Write a poem⏎about cats -> line one⏎line two xxx") and lines[1][-1] == "…"
+    assert lines[2] == "  [-1] p2 -> r2" and len(lines) == 3
+
+
+def test_sample_table_on_a_tty_is_compact(tmp_path):
+    console = Console(file=io.StringIO(), width=100, force_terminal=True)
+    with SampleLogger(tmp_path, max_rows=3, console=console) as samples:
+        samples.log(4, [f"p{i}" for i in range(3)], [f"r{i}" for i in range(3)], [1.0] * 3)
+    text = ANSI.sub("", console.file.getvalue())
+    assert "samples at step 4 (3)" in text and "├" not in text and "│" not in text  # no row separators / boxes
+    assert len([x for x in text.splitlines() if x.strip()]) == 6  # title, header, rule, three rows
+
+
+def test_run_summary_line(tmp_path):
+    with MetricsSink(tmp_path) as sink:
+        for step, (score, kl) in enumerate([(0.1, 0.0), (0.3, 1.0), (0.6, 3.2)], start=1):
+            sink.log({"objective/scores": score, "objective/kl": kl, "lr": 1e-5}, step)
+    (tmp_path / "warnings.jsonl").write_text('{"step": 2, "name": "kl_blowup", "severity": "critical"}\n')
+    line = run_summary_line("grpo", tmp_path, 23.4)
+    assert line == (f"[grpo] finished in 0:00:23: score 0.1 -> 0.6, kl 0 -> 3.2; 1 health warning (1 critical, "
+                    f"warnings.jsonl); run directory {tmp_path.resolve()}")
+    (tmp_path / "report.html").write_text("x")
+    assert run_summary_line("grpo", tmp_path).endswith(f"; report {(tmp_path / 'report.html').resolve()}")
+    assert run_summary_line("grpo", tmp_path, since=4e9).endswith("; run directory " + str(tmp_path.resolve()))
+    assert run_summary_line("sft", tmp_path / "empty") == f"[sft] finished; run directory {(tmp_path / 'empty')}"
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.lin(x).squeeze(-1)
+
+
+def _toy_supervised(tmp_path, monkeypatch, *overrides):
+    import rlhfkit.track.progress as progress_mod
+    from rlhfkit.train.loop import SupervisedJob, start_run, train_supervised
+
+    console = Console(file=io.StringIO(), width=80)
+    monkeypatch.setattr(progress_mod, "get_console", lambda: console)
+    xs = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
+    items = [{"x": x, "y": x.sum()} for x in xs]
+
+    def collate(batch):
+        return {"x": torch.stack([b["x"] for b in batch]), "y": torch.stack([b["y"] for b in batch])}
+
+    def loss_fn(model, batch):
+        return (model(batch["x"]) - batch["y"]).pow(2).mean(), {}
+
+    def eval_fn(model, batches):
+        return {"loss": 100.0}  # far from any train loss: its name on the bar is unambiguous
+
+    job = SupervisedJob(name="toy", model=Tiny(), tokenizer=None, train_items=items, collate=collate,
+                        loss_fn=loss_fn, eval_items=items[:4], eval_fn=eval_fn, show=("loss",))
+    cfg = build_config("sft", {}, [f"output_dir={tmp_path}", "train.max_steps=4", "train.batch_size=8",
+                                   "train.eval_every=2", "train.mixed_precision='no'", *overrides])
+    train_supervised(start_run(cfg), job)
+    return console.file.getvalue()
+
+
+def test_supervised_bar_shows_eval_loss_as_eval_loss(tmp_path, monkeypatch):
+    out = _toy_supervised(tmp_path / "a", monkeypatch)
+    assert "eval_loss=100" in out and not re.search(r"(?<!eval_)loss=100", out)
+    assert _toy_supervised(tmp_path / "b", monkeypatch, "track.progress=false") == ""
+
+
+def test_gguf_one_time_conversion_says_what_and_where(tmp_path, monkeypatch, capsys):
+    import rlhfkit.models.loading as loading
+
+    monkeypatch.setenv("RLHFKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RANK", raising=False)
+    gguf = tmp_path / "SmolLM2-135M.Q8_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    calls = []
+
+    def fake_convert(path, out):  # the conversion itself is tested with a real model in tests/e2e
+        calls.append(path)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(loading, "_convert_gguf", fake_convert)
+    first, _ = loading.resolve_source(str(gguf))
+    again, _ = loading.resolve_source(str(gguf))
+    assert first == again and calls == [gguf] and first.startswith(str(tmp_path / "cache" / "gguf"))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"[gguf] one-time conversion of {gguf}: dequantising its weights to a float32 safetensors "
+                        f"model directory in {first} (about 30 s per 100M parameters; set RLHFKIT_CACHE to cache "
+                        "elsewhere)")
+    assert lines[1].startswith("[gguf] converted in 0 s; later runs load") and first in lines[1]
+    assert lines[2] == f"[gguf] SmolLM2-135M.Q8_0.gguf: using the cached conversion in {first}"
