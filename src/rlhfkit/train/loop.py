@@ -48,7 +48,6 @@ class Run:
     sink: MetricsSink | None = None
     started: float = field(default_factory=time.time)
     session: Any = None  # the lifecycle of the run directory (train/session.py), made by start_run
-    reference_cache: Path | None = None  # DPO family: this run's cached reference log-probs (train/preference.py)
 
     def __enter__(self) -> Run:
         return self

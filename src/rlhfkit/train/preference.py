@@ -53,6 +53,7 @@ def cache_path(run_dir: Path, key: str) -> Path:
     never overwrites an earlier run's cache before it has produced anything (stale ones go when a run finishes)."""
     return Path(run_dir) / f"reference_logps-{key[:16]}.pt"
 
+
 # ─────────────────────────────────────────────── sequence log-probs ───────────────────────────────────────────
 
 
@@ -236,11 +237,13 @@ def _reference_table(run, reference: Reference, policy, collate, items: list[dic
     return torch.cat(rows)
 
 
-def precompute_reference(run, cfg, policy, tok, collate, train: list[dict], evals: list[dict]) -> bool:
+def precompute_reference(run, cfg, policy, tok, collate, train: list[dict], evals: list[dict],
+                         key: str | None = None) -> bool:
     """Store ``ref_logps`` on every train / eval example, computed once (batched, no grad) and cached in the run
-    directory; a cache with the same key is reused. Returns True when they were computed."""
-    key, acc = reference_key(cfg, train, evals), run.accelerator
-    path = run.reference_cache = cache_path(run.run_dir, key)
+    directory under ``key`` (default :func:`reference_key`); a cache with the same key is reused. Returns True when
+    they were computed."""
+    key, acc = key or reference_key(cfg, train, evals), run.accelerator
+    path = cache_path(run.run_dir, key)
     computed = False
     acc.wait_for_everyone()
     if run.is_main and _read_cache(path, key) is None:
@@ -396,9 +399,11 @@ def _train_preference(cfg, run, records) -> dict:
     train, evals = load_items(run, cfg, tok, spec.paired, records)
     collate = PairCollator(tok.pad_token_id) if spec.paired else KTOCollator(tok.pad_token_id)
     # 4. reference log-probs: cached on the examples once, or a reference forward each step (none for SimPO / ORPO)
-    reference = None
+    reference, cache = None, None
     if spec.needs_reference and cfg.algo.reference == "precompute":
-        precompute_reference(run, cfg, model, tok, collate, train, evals)
+        key = reference_key(cfg, train, evals)
+        cache = cache_path(run.run_dir, key)
+        precompute_reference(run, cfg, model, tok, collate, train, evals, key=key)
         reference = Reference(run.accelerator)  # reads the batch's ref_logps
     elif spec.needs_reference:
         reference = open_reference(run, cfg, tok)
@@ -412,7 +417,7 @@ def _train_preference(cfg, run, records) -> dict:
     metrics = train_supervised(run, job)
     if run.is_main:  # finished: caches of other keys (earlier runs in this directory) are stale now
         for stale in run.run_dir.glob(CACHE_GLOB):
-            if stale != run.reference_cache:
+            if stale != cache:
                 stale.unlink(missing_ok=True)
     # 6. summary (the report was written when the run finished)
     if "eval/rewards/accuracies" in metrics:
