@@ -615,6 +615,12 @@ class OnlineTrainer:
         with Progress(self.total_steps, desc=cfg.recipe, unit="rollout", show=show,
                       is_main=run.is_main and cfg.track.progress, initial=step) as progress:
             saved = step  # the rollout step the newest checkpoint holds
+
+            def save(at: int) -> None:  # a checkpoint of rollout step ``at`` (update at * updates_per_step)
+                session.save(at * self.updates_per_step, models=models, optimizers=opts, schedulers=scheds,
+                             state={"step_rollout": at, "kl_ctl": self.kl_ctl.state_dict(),
+                                    "moments": self.moments.state_dict()})
+
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
                 # 1-3. prompts -> responses (the Experience of this step is born here) -> texts, raw / shaped scores
@@ -624,9 +630,7 @@ class OnlineTrainer:
                     # a reward function failed mid-run: keep the work since the last checkpoint (one process only:
                     # with several, the others are not here to join the save's barriers), then one line
                     if every and step > saved and run.world_size == 1:
-                        session.save(step * self.updates_per_step, models=models, optimizers=opts, schedulers=scheds,
-                                     state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
-                                            "moments": self.moments.state_dict()})
+                        save(step)
                     raise
                 # 4. old / reference log-probs, values
                 self.forward_passes(exp)
@@ -650,9 +654,7 @@ class OnlineTrainer:
                     samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
                                 exp.raw_scores.tolist())
                 if every and step % every == 0 and step != self.total_steps:
-                    session.save(update, models=models, optimizers=opts, schedulers=scheds,
-                                 state={"step_rollout": step, "kl_ctl": self.kl_ctl.state_dict(),
-                                        "moments": self.moments.state_dict()})
+                    save(step)
                     saved = step
         # final policy (gathered by the strategy: one HF directory), finished marker, report
         session.finish(self.policy, lambda m, d: save_model(m, self.tok, d), step * self.updates_per_step)
