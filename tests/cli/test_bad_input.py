@@ -306,7 +306,9 @@ TABLE = [
     ("prompt_limit_above_length", [*_SFT, "data.max_prompt_length=100", "data.max_length=64"],
      ["data.max_prompt_length", "data.max_length"]),
     ("yaml_tab_indent", ["sft", "tabs.yaml"], ["tabs.yaml:2", "invalid YAML"]),
-    ("message_role_unknown", ["sft", "data.train=tool.jsonl", "output_dir=prev"], ["tool.jsonl:1", "'tool'"]),
+    ("message_role_unknown", ["sft", "data.train=robot.jsonl", "output_dir=prev"], ["robot.jsonl:1", "'robot'"]),
+    ("structured_tool_calls", ["sft", "data.train=toolcalls.jsonl", "output_dir=prev"],
+     ["toolcalls.jsonl:1", "'tool_calls'", "<tool_call>"]),
     ("model_name_empty", [*_SFT, "model.name="], ["model.name", "empty"]),
     ("stop_string_empty", [*_GRPO, _fn("exact_match"), "generation.stop_strings=['']"], ["generation.stop_strings"]),
     ("eval_split_unparsable", [*_SFT, "data.eval=good.jsonl", "data.eval_split=x["], ["data.eval_split", "x["]),
@@ -376,8 +378,9 @@ def _write_table_inputs(root: Path) -> None:
     (root / "nullline.jsonl").write_text(json.dumps(GOOD[0]) + "\nnull\n")
     (root / "bad_dir").mkdir()
     (root / "bad_dir" / "a.jsonl").write_text("{broken\n")
-    tool = {"role": "tool", "content": "42"}
-    jsonl("tool.jsonl", [{"messages": [user, tool, asst]}])
+    jsonl("robot.jsonl", [{"messages": [user, {"role": "robot", "content": "42"}, asst]}])
+    call = {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "calc"}}]}
+    jsonl("toolcalls.jsonl", [{"messages": [user, call, {"role": "tool", "content": "42"}, asst]}])
     (root / "rf.py").write_text(_RF)
     (root / "readonly").mkdir(mode=0o500)
     for name, text in PREVIOUS.items():

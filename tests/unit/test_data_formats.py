@@ -35,6 +35,16 @@ def test_sharegpt_conversations():
     assert normalize_record(row, "sft") == {"messages": [U, A]}
 
 
+def test_tool_turns_in_conversations():
+    """A tool's result is a turn of its own (multi-turn tool-use demonstrations); ShareGPT's observation too."""
+    call = {"role": "assistant", "content": '<tool_call>{"name": "calculator"}</tool_call>'}
+    tool = {"role": "tool", "content": "4"}
+    assert normalize_record({"messages": [U, call, tool, A]}, "sft") == {"messages": [U, call, tool, A]}
+    row = {"conversations": [{"from": "human", "value": "What is 2+2?"}, {"from": "gpt", "value": call["content"]},
+                             {"from": "observation", "value": "4"}, {"from": "gpt", "value": "4"}]}
+    assert normalize_record(row, "sft") == {"messages": [U, call, tool, A]}
+
+
 def test_extra_message_keys_are_dropped_and_text_parts_joined():
     row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is "},
                                                      {"type": "text", "text": "2+2?"}], "name": "x"}, A]}

@@ -36,11 +36,12 @@ from typing import Any
 from ..errors import DataError
 
 KINDS = ("sft", "preference", "prompt", "unpaired")
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # tool: a tool's result in a multi-turn conversation
 CANONICAL_FIELDS = ("prompt", "completion", "chosen", "rejected", "messages", "text", "label")
 
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                   "system": "system", "model": "assistant", "bot": "assistant"}
+                   "system": "system", "model": "assistant", "bot": "assistant", "tool": "tool",
+                   "observation": "tool", "function_response": "tool"}
 _TRUE = {"true", "1", "yes", "y", "t"}
 _FALSE = {"false", "0", "no", "n", "f"}
 
@@ -124,7 +125,11 @@ def to_messages(value: Any, default_role: str, *, where: str, field: str) -> lis
                             fix='write messages as {"role": "user", "content": "..."}')
         if role not in ROLES:
             raise DataError(f"'{field}[{i}]' has role {role!r}", where=where,
-                            fix="use one of the roles 'system', 'user', 'assistant'")
+                            fix="use one of the roles 'system', 'user', 'assistant', 'tool'")
+        if content is None and m.get("tool_calls"):
+            raise DataError(f"'{field}[{i}]' has structured 'tool_calls' and no 'content'", where=where,
+                            fix="write the call into 'content' as the model writes it, e.g. "
+                                '<tool_call>{"name": ..., "arguments": {...}}</tool_call>')
         if content is None:
             raise DataError(f"'{field}[{i}]' has no 'content'", where=where,
                             fix="give every message a non-empty 'content' string")
