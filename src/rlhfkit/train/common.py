@@ -76,6 +76,36 @@ def gather_rows(acc, rows: torch.Tensor) -> torch.Tensor:
     return every[every[:, -1] > 0, :-1]
 
 
+# Step metrics that are counts (summed over processes); every other scalar is a per-process mean over equal shares
+SUMMED_METRICS = frozenset({"rewards/dropped", "rollout/degenerate_groups", "rollout/degenerate_groups_filled"})
+
+
+def reduce_metrics(acc, metrics: dict) -> dict:
+    """One step's scalar metrics, the same on every process: the processes' values averaged (each process holds
+    the same number of samples, so the mean of their means is the global mean), summed for the counts of
+    :data:`SUMMED_METRICS`, the largest for ``*_max`` and the smallest for ``*_min`` keys. A key some process lacks
+    is reduced over those that have it. Metrics already computed on gathered tensors are the same everywhere and
+    come back unchanged. Statistics that do not reduce this way (a percentile) must be computed on gathered data
+    before. One ``all_gather_object`` per call; on one process ``metrics`` comes back as is."""
+    if acc.num_processes == 1:
+        return metrics
+    from accelerate.utils import gather_object
+
+    every = gather_object([{k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}])
+    out = dict(metrics)
+    for key in set().union(*every):
+        values = [m[key] for m in every if key in m]
+        if key in SUMMED_METRICS:
+            out[key] = sum(values)
+        elif key.endswith("_max"):
+            out[key] = max(values)
+        elif key.endswith("_min"):
+            out[key] = min(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
 def to_device(batch: dict, device) -> dict:
     """The batch with every tensor on ``device`` (other values as they are)."""
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}

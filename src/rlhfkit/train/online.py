@@ -46,7 +46,7 @@ from ..models.loading import (
 from ..rewards import CombinedRewards, RewardFunctionError, RewardModelScorer
 from ..rollout import Rollout, SamplingParams, get_engine
 from ..track import CriticalHealthStop, Progress
-from .common import load_records, tokenize, write_report
+from .common import load_records, reduce_metrics, tokenize, write_report
 from .distributed import get_strategy
 from .loop import (
     Checkpointer,  # noqa: F401 - tests patch online.Checkpointer.save (the class every Session saves with)
@@ -493,7 +493,11 @@ class OnlineTrainer:
                 raise ConfigError(f"rollout engine {self.cfg.generation.engine!r} reports no sampling log-probs",
                                   where="algo.off_policy.correction", fix="set algo.off_policy.correction=none")
             return {}
-        st = algos.mismatch_stats(exp.old_logprobs, sampled, exp.mask, op.low, op.high)
+        if self.acc.num_processes > 1:  # the tail (p99, max) of every process's tokens, not a mean of tails
+            every = lambda t: self.acc.gather(self.acc.pad_across_processes(t.contiguous(), dim=1))  # noqa: E731
+            st = algos.mismatch_stats(every(exp.old_logprobs), every(sampled), every(exp.mask), op.low, op.high)
+        else:
+            st = algos.mismatch_stats(exp.old_logprobs, sampled, exp.mask, op.low, op.high)
         if op.correction != "none":
             weights, mask = algos.OFF_POLICY_CORRECTIONS[op.correction](
                 exp.old_logprobs, sampled, exp.mask, cap=op.cap, low=op.low, high=op.high, level=op.level)
@@ -642,6 +646,7 @@ class OnlineTrainer:
                 # 7. metrics, samples, health, KL controller, checkpoint
                 update = step * self.updates_per_step
                 metrics.update(self.rollout_metrics(exp, step, episodes_per_step, t_start))
+                metrics = reduce_metrics(acc, metrics)  # one value per key on every process (KL controller too)
                 self.kl_ctl.update(metrics["objective/kl"], episodes_per_step)
                 if step == self.total_steps or (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0):
                     metrics.update(self.evaluate(step))
