@@ -29,7 +29,7 @@ OTHER_COMMANDS: dict[str, str] = {
     "eval": "evaluate a model: gold metric, reward functions, reward-model score, win rate vs a reference",
     "generate": "chat with a model through its chat template (one --prompt, or an interactive loop)",
     "export": "write a full merged model directory (LoRA merged) and verify that it reloads identically",
-    "data": "data helpers: `rlhfkit data make quickstart --out DIR` writes the built-in task's files",
+    "data": "data helpers: `rlhfkit data make quickstart|calculator --out DIR` writes a built-in task's files",
     "config": "config helpers: `rlhfkit config show RECIPE` prints the commented default config",
     "plan": "per-device memory of each phase and pre-flight checks of a run, before any weights load",
 }
@@ -168,7 +168,7 @@ def build_parser() -> _Parser:
     p.add_argument("--field", dest="fields", action="append", default=[], metavar="NAME=COLUMN",
                    help="map a canonical field to your column, as data.fields does in training "
                         "(e.g. --field prompt=question --field answer=solution)")
-    p.add_argument("--task", help="built-in task whose gold metric to compute (quickstart)")
+    p.add_argument("--task", help="built-in task whose gold metric to compute (quickstart | calculator)")
     p.add_argument("--n", type=int, help="evaluate the first N prompts (default: all)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--greedy", action="store_true", help="greedy decoding")
@@ -197,8 +197,9 @@ def build_parser() -> _Parser:
 
     p = sub.add_parser("data", help=OTHER_COMMANDS["data"], description=OTHER_COMMANDS["data"] + ".")
     dsub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True)
-    m = dsub.add_parser("make", help="write a built-in task's data files (sft, preference, prompts, unpaired, eval)")
-    m.add_argument("task", help="built-in task (quickstart)")
+    m = dsub.add_parser("make", help="write a built-in task's data files (quickstart: sft, preference, prompts, "
+                                     "unpaired, eval; calculator: tool-use sft, prompts, eval)")
+    m.add_argument("task", help="built-in task: quickstart | calculator")
     m.add_argument("--out", required=True, help="directory for the files")
     m.add_argument("--n", type=int, default=2000, help="records per training file (default 2000)")
     m.add_argument("--n-eval", dest="n_eval", type=int, default=200, help="records per eval file (default 200)")
@@ -339,17 +340,6 @@ def cmd_export(args) -> int:
     return EXIT_OK
 
 
-DATA_FILES = {  # file -> (what it holds, which commands read it)
-    "sft.jsonl": ("SFT demonstrations as messages (40% shout the word, the rest echo it)", "rlhfkit sft"),
-    "preference.jsonl": ("preference pairs: prompt, chosen, rejected", "rlhfkit rm / dpo / ipo / simpo / orpo"),
-    "prompts.jsonl": ("prompts with the reference answer: prompt, answer",
-                      "rlhfkit ppo / grpo / rloo / reinforce (answer feeds reward functions)"),
-    "unpaired.jsonl": ("single completions labelled good / bad: prompt, completion, label", "rlhfkit kto"),
-    "eval_prompts.jsonl": ("held-out prompts (another seed)", "rlhfkit eval --data ... --task quickstart"),
-    "eval_preference.jsonl": ("held-out preference pairs (another seed)", "data.eval of rm / dpo / ..."),
-}
-
-
 def cmd_data(args) -> int:
     from .tasks import get_task, make_task_data
 
@@ -362,7 +352,7 @@ def cmd_data(args) -> int:
         with open(path) as fh:
             first = fh.readline().strip()
         count = sum(1 for _ in open(path))
-        what, used_by = DATA_FILES.get(fname, ("", ""))
+        what, used_by = get_task(args.task).FILES[fname][2:]
         print(f"\n  {path}  ({count} records)\n    what: {what}\n    for:  {used_by}\n    e.g.: {first}")
     return EXIT_OK
 

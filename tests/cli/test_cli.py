@@ -239,6 +239,15 @@ def test_data_make_writes_and_describes_the_files(tmp_path, capsys):
     assert "rlhfkit sft" in text and "rlhfkit kto" in text
 
 
+def test_data_make_calculator_writes_tool_use_demonstrations(tmp_path, capsys):
+    out = tmp_path / "calc"
+    assert main(["data", "make", "calculator", "--out", str(out), "--n", "30", "--n-eval", "5"]) == 0
+    text = capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["eval_prompts.jsonl", "prompts.jsonl", "sft.jsonl"]
+    assert "tool-use demonstrations" in text and "env.name=calculator" in text
+    assert any('"role": "tool"' in line for line in (out / "sft.jsonl").read_text().splitlines())
+
+
 def test_data_make_unknown_task(tmp_path, capsys):
     assert main(["data", "make", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown task 'nope'" in capsys.readouterr().err

@@ -75,7 +75,7 @@ def parse_tool_calls(text: str) -> list[dict]:
     return calls
 
 
-def _fmt(value: float) -> str:
+def format_number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
 
 
@@ -97,7 +97,7 @@ class CalculatorEnv:
     def reset(self, row: dict) -> list[dict]:
         messages = row["prompt"] if isinstance(row.get("prompt"), list) else [{"role": "user",
                                                                                 "content": str(row["prompt"])}]
-        expression = row.get("expression") or _expression_in(messages[-1]["content"])
+        expression = row.get("expression") or expression_in(messages[-1]["content"])
         self.answer = safe_eval(expression)
         if self.system_prompt and messages[0].get("role") != "system":
             return [{"role": "system", "content": self.system_prompt}, *messages]
@@ -124,7 +124,7 @@ class CalculatorEnv:
                 continue
             self.successes += 1
             reward += self.tool_reward
-            out.append({"role": "tool", "content": _fmt(value)})
+            out.append({"role": "tool", "content": format_number(value)})
         return out, reward, False
 
     def metrics(self) -> dict[str, float]:
@@ -132,7 +132,7 @@ class CalculatorEnv:
                 "correct": float(self.correct)}
 
 
-def _expression_in(question: str) -> str:
+def expression_in(question: str) -> str:
     m = re.search(r"([-\d\s().+*/%]+[-\d)])\s*\??\s*$", question)
     if not m:
         raise ValueError(f"no arithmetic expression in {question!r}; give the row an 'expression' field")

@@ -6,16 +6,11 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from .base import EVAL_SEED_OFFSET, DataFile
+from .calculator import TASK as CALCULATOR
 from .quickstart import TASK as QUICKSTART
 
-TASKS = {"quickstart": QUICKSTART}
-
-FILES = {
-    "sft.jsonl": "sft_records",
-    "preference.jsonl": "preference_records",
-    "prompts.jsonl": "prompt_records",
-    "unpaired.jsonl": "unpaired_records",
-}
+TASKS = {"quickstart": QUICKSTART, "calculator": CALCULATOR}
 
 
 def get_task(name: str):
@@ -34,19 +29,16 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def make_task_data(name: str, out_dir: str | Path, n: int = 2000, n_eval: int = 200, seed: int = 0) -> dict[str, Path]:
-    """Write the task's files: sft / preference / prompts / unpaired (n records each) and eval files.
-
-    ``eval_prompts.jsonl`` and ``eval_preference.jsonl`` come from another seed than the training files.
-    """
+    """Write the task's files (``task.FILES``): n records per training file, n_eval per held-out file (those from
+    another seed than the training files). Returns {file name: path}."""
     task = get_task(name)
     out = Path(out_dir)
     written = {}
-    for fname, method in FILES.items():
-        path = out / fname
-        write_jsonl(path, getattr(task, method)(n, seed=seed))
-        written[fname] = path
-    written["eval_prompts.jsonl"] = out / "eval_prompts.jsonl"
-    write_jsonl(written["eval_prompts.jsonl"], task.prompt_records(n_eval, seed=seed + 10_000))
-    written["eval_preference.jsonl"] = out / "eval_preference.jsonl"
-    write_jsonl(written["eval_preference.jsonl"], task.preference_records(n_eval, seed=seed + 10_000))
+    for fname, spec in task.FILES.items():
+        count, file_seed = (n_eval, seed + EVAL_SEED_OFFSET) if spec.held_out else (n, seed)
+        written[fname] = out / fname
+        write_jsonl(written[fname], getattr(task, spec.method)(count, seed=file_seed))
     return written
+
+
+__all__ = ["TASKS", "DataFile", "get_task", "make_task_data", "write_jsonl"]

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import DataFile
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 # A fixed vocabulary keeps the task learnable from scratch in seconds: a 90k-parameter model memorises the
@@ -37,6 +40,21 @@ WORDS = (
 class ShoutTask:
     name: str = "quickstart"
     good_fraction: float = 0.4
+
+    FILES: ClassVar[dict[str, DataFile]] = {
+        "sft.jsonl": DataFile("sft_records", False, "SFT demonstrations as messages (40% shout the word, the rest "
+                              "echo it)", "rlhfkit sft"),
+        "preference.jsonl": DataFile("preference_records", False, "preference pairs: prompt, chosen, rejected",
+                                     "rlhfkit rm / dpo / ipo / simpo / orpo"),
+        "prompts.jsonl": DataFile("prompt_records", False, "prompts with the reference answer: prompt, answer",
+                                  "rlhfkit ppo / grpo / rloo / reinforce (answer feeds reward functions)"),
+        "unpaired.jsonl": DataFile("unpaired_records", False, "single completions labelled good / bad: prompt, "
+                                   "completion, label", "rlhfkit kto"),
+        "eval_prompts.jsonl": DataFile("prompt_records", True, "held-out prompts (another seed)",
+                                       "rlhfkit eval --data ... --task quickstart"),
+        "eval_preference.jsonl": DataFile("preference_records", True, "held-out preference pairs (another seed)",
+                                          "data.eval of rm / dpo / ..."),
+    }
 
     # ── records ──────────────────────────────────────────────────────────────────────────────────────────────
     @staticmethod

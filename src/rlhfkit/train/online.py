@@ -570,14 +570,19 @@ class OnlineTrainer:
     def evaluate(self, step: int) -> dict:
         if not self.eval_prompts:
             return {}
-        scores = []
+        scores, env = [], {}
         for s in range(0, len(self.eval_prompts), 64):
             prompts = self.collate(self.eval_prompts[s: s + 64])
             exp = self.generate(prompts, seed=10_007 + s, k=1)
             self.score(exp, shape=False)
             scores.append(exp.raw_scores[exp.mask.bool().any(-1)])  # samples with a finite reward
+            for key, value in exp.env_metrics.items():  # multi-turn: the environment's metrics, per episode
+                env[key] = env.get(key, 0.0) + value * len(exp.rollout)
         scores = torch.cat(scores)
-        return {"eval/scores": scores.mean().item()} if len(scores) else {}
+        out = {f"eval/{key}": total / len(self.eval_prompts) for key, total in env.items()}
+        if len(scores):
+            out["eval/scores"] = scores.mean().item()
+        return out
 
     # ── the loop ─────────────────────────────────────────────────────────────────────────────────────────────
     def train(self) -> dict:
