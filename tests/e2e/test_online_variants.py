@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -250,3 +251,39 @@ def test_user_environment_run_end_to_end(task_data, tmp_path):
     last = run_online(cfg)
     assert "env/turns_seen" in last and 1.0 <= last["env/turns_mean"] <= 2.0
     assert 0.0 <= last["env/episode_reward_mean"] <= 2.0
+
+
+MY_REWARD = '''
+def shouted(prompts, completions, target, **fields):
+    """1 for the exact target word, 0.5 for it in any case, else 0."""
+    return [1.0 if c.strip() == t else 0.5 if c.strip().lower() == t.lower() else 0.0
+            for c, t in zip(completions, target)]
+'''
+
+
+@pytest.mark.parametrize("config", ["configs/gspo.yaml", "configs/dapo.yaml"])
+def test_shipped_gspo_and_dapo_configs_on_your_own_prompts_and_reward(config, task_data, sft_dir, tmp_path,
+                                                                      monkeypatch):
+    """What a user does with the shipped configs: their own prompt file (their own column names) and reward
+    function file, through the CLI. The run must finish, use the config's variant and call the user's function."""
+    from rlhfkit.cli import main
+
+    rows = [json.loads(x) for x in (task_data / "prompts.jsonl").read_text().splitlines()[:64]]
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question": r["prompt"], "target": r["answer"]}) for r in rows))
+    (tmp_path / "my_reward.py").write_text(MY_REWARD)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    code = main(["grpo", str(Path(__file__).parents[2] / config), f"model.name={sft_dir}", f"data.train={prompts}",
+                 "data.eval=null", "data.fields={prompt: question}", f"output_dir={out}",
+                 "reward.functions=[{fn: my_reward.py:shouted}]", "algo.rollout_batch_size=8",
+                 "algo.num_generations=4", "algo.mini_batch_size=16", "train.batch_size=16", "algo.total_episodes=64",
+                 "generation.max_new_tokens=12", "data.max_length=64", "track.report=false", "track.progress=false"])
+    assert code == 0
+    rows_out = metrics_of(out)
+    assert any("rewards/shouted/mean" in r for r in rows_out)
+    saved = (out / "config.yaml").read_text()
+    assert ("policy_loss: gspo" in saved) == config.endswith("gspo.yaml")
+    assert ("enabled: true" in saved) == config.endswith("dapo.yaml")  # dynamic sampling on in DAPO only
+    if config.endswith("dapo.yaml"):
+        assert any("rollout/dynamic_draws" in r for r in rows_out)
