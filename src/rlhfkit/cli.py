@@ -178,6 +178,13 @@ def build_parser() -> _Parser:
     p.add_argument("--batch-size", dest="batch_size", type=int, default=64, help="generation batch (default 64)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--out", help="results JSON (default: MODEL/eval.json for a directory, else ./eval.json)")
+    p.add_argument("--env", help="play each prompt as a multi-turn episode with this environment (calculator, "
+                                 "package.module:Class or file.py:Class) and report its metrics")
+    p.add_argument("--env-kwargs", dest="env_kwargs", default="{}", metavar="YAML",
+                   help="keyword arguments of the environment, e.g. \"{system_prompt: ''}\" (as env.kwargs)")
+    p.add_argument("--max-turns", dest="max_turns", type=int, default=3, help="assistant turns per episode (default 3)")
+    p.add_argument("--max-total-tokens", dest="max_total_tokens", type=int, default=384,
+                   help="tokens per episode after the prompt (default 384)")
 
     p = sub.add_parser("generate", help=OTHER_COMMANDS["generate"], description=OTHER_COMMANDS["generate"] + ".")
     p.add_argument("model", help="model or run directory, or a tiny[:...] spec")
@@ -307,9 +314,26 @@ def cmd_eval(args) -> int:
         args.model, args.data, reference=args.reference, reward_model=args.reward_model, functions=args.functions,
         task=args.task, n=args.n, temperature=0.0 if args.greedy else args.temperature,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, out=args.out,
-        fields=_field_map(args.fields),
+        fields=_field_map(args.fields), env=args.env, env_kwargs=_yaml_mapping(args.env_kwargs, "--env-kwargs"),
+        max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
     )
     return EXIT_OK
+
+
+def _yaml_mapping(text: str, flag: str) -> dict:
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{flag} is not valid YAML: {str(exc).splitlines()[0]}", where=flag,
+                         fix="write a mapping, e.g. \"{tool_reward: 0.5}\"") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UsageError(f"{flag} must be a mapping, got {type(value).__name__}", where=flag,
+                         fix="write a mapping, e.g. \"{tool_reward: 0.5}\"")
+    return value
 
 
 def _field_map(items: list[str]) -> dict[str, str]:

@@ -222,6 +222,35 @@ def generate_answers(model, tok, prompts: Sequence[list[dict]], *, max_new_token
             "lengths": rollout.lengths.cpu().tolist()}
 
 
+def play_answers(model, tok, records: Sequence[dict], env_cls: type, env_spec: str, env_kwargs: dict, *,
+                 max_new_tokens: int, temperature: float, max_turns: int, max_total_tokens: int, seed: int | None = 0,
+                 batch_size: int = 64) -> dict:
+    """One multi-turn episode per record with the environment (``--env``), played by the training's episode code:
+    ``{"texts": the final assistant turns, "ended", "lengths": episode tokens, "env": {metric: mean},
+    "transcripts": the messages after each prompt}``. The environment's metrics are those the training logs as
+    ``env/*`` (its own ``metrics()``, plus turns and episode reward)."""
+    from .data.chat import stop_token_ids
+    from .envs import run_episodes
+    from .rollout import SamplingParams, get_engine
+
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, do_sample=temperature > 0,
+                            batch_size=max(1, batch_size))
+    rows = [dict(r) for r in records]  # prompt as messages and every other field, as training's rows
+    with torch.no_grad():
+        _, episodes = run_episodes(
+            get_engine("hf"), model, tok, env_cls, env_kwargs, env_spec, rows, sampling_kwargs=params.engine_kwargs(),
+            eos_token_ids=stop_token_ids(tok, getattr(model, "generation_config", None)),
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            seed=0 if seed is None else seed, max_turns=max_turns, max_total_tokens=max_total_tokens)
+    per = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]
+    env = {k: _mean([float(m.get(k, 0.0)) for m in per]) for k in sorted(set().union(*per))}
+    env["turns_mean"] = _mean([len(e.turn_rewards) for e in episodes])
+    env["episode_reward_mean"] = _mean([sum(e.turn_rewards) for e in episodes])
+    finals = [next((m["content"] for m in reversed(e.messages) if m["role"] == "assistant"), "") for e in episodes]
+    return {"texts": finals, "ended": [e.ended for e in episodes], "lengths": [len(e.ids) for e in episodes],
+            "env": env, "transcripts": [e.messages[e.n_first:] for e in episodes]}
+
+
 # ─────────────────────────────────────────────────── evaluation ───────────────────────────────────────────────
 
 
@@ -258,9 +287,16 @@ def evaluate(
     device: str | None = None,
     show: bool = True,
     fields: dict[str, str] | None = None,
+    env: str | None = None,
+    env_kwargs: dict | None = None,
+    max_turns: int = 3,
+    max_total_tokens: int = 384,
 ) -> dict:
     """Evaluate ``model`` on the prompts of ``data`` (module docstring); writes ``out`` (default
-    ``<model>/eval.json``) and returns the results dict."""
+    ``<model>/eval.json``) and returns the results dict. With ``env`` (a built-in environment, ``module:Class`` or
+    ``file.py:Class``), each prompt is a multi-turn episode (``env_kwargs``, ``max_turns``, ``max_total_tokens`` as
+    ``env.*`` in training); the environment's metrics are reported and the final assistant turn is the answer the
+    gold metric, reward functions and reward model score."""
     from .rewards import CombinedRewards, RewardModelScorer
     from .tasks import get_task
 
@@ -269,6 +305,20 @@ def evaluate(
         raise ConfigError("a win rate needs a judge", where="--reference",
                           fix="add --reward-model DIR (the reward model judges model vs reference pairwise)")
     the_task = get_task(task) if task else None
+    env_cls = None
+    if env is not None:
+        from .envs import EnvError, load_environment
+        from .envs.base import make_environment
+
+        try:  # the class, and one instance from the kwargs, before any weights load
+            env_cls = load_environment(env)
+            make_environment(env_cls, dict(env_kwargs or {}), env)
+        except EnvError as err:  # training's keys are env.name / env.kwargs; here the flags are --env / --env-kwargs
+            flag = "--env-kwargs" if err.where == "env.kwargs" else "--env"
+            raise EnvError(err.message, where=flag, fix=err.fix) from None
+        if max_turns < 1 or max_total_tokens < 1:
+            raise ConfigError("--max-turns and --max-total-tokens must be at least 1", where="--max-turns",
+                              fix="give positive limits")
     records = load_prompts(data, n, fields)
     try:
         rewards = CombinedRewards(list(functions)) if functions else None
@@ -286,7 +336,15 @@ def evaluate(
                   wheres=[getattr(r, "where", f"record {i}") for i, r in enumerate(records)])
     say(f"[eval] {model}: answering {len(prompts)} prompts from {data} "
         f"({'greedy' if temperature <= 0 else f'temperature {temperature}'}, max {max_new_tokens} new tokens)")
-    answers = generate_answers(policy, tok, prompts, **gen_kw)
+    if env_cls is not None:
+        def answer(model_, tok_):  # one episode per prompt
+            return play_answers(model_, tok_, records, env_cls, env, dict(env_kwargs or {}),
+                                max_new_tokens=max_new_tokens, temperature=temperature, max_turns=max_turns,
+                                max_total_tokens=max_total_tokens, seed=seed, batch_size=batch_size)
+    else:
+        def answer(model_, tok_):
+            return generate_answers(model_, tok_, prompts, **gen_kw)
+    answers = answer(policy, tok)
     texts = answers["texts"]
     result: dict = {
         "model": str(model), "data": str(data), "n": len(records),
@@ -296,6 +354,11 @@ def evaluate(
                       "eos_frac": _mean([float(e) for e in answers["ended"]])},
     }
     samples = [{"prompt": _last_user_text(r), "response": t} for r, t in zip(records, texts)]
+    if env_cls is not None:
+        result["env"] = {"name": env, "kwargs": dict(env_kwargs or {}), "max_turns": max_turns,
+                         "max_total_tokens": max_total_tokens, **answers["env"]}
+        for s, transcript in zip(samples, answers["transcripts"]):
+            s["transcript"] = transcript
 
     # 3. gold metric of a built-in task
     if the_task is not None:
@@ -330,7 +393,7 @@ def evaluate(
             s["rm_score"] = v
         if ref is not None:
             say(f"[eval] reference {reference}: answering the same prompts")
-            ref_answers = generate_answers(ref[0], ref[1], prompts, **gen_kw)
+            ref_answers = answer(ref[0], ref[1])
             ref_scores = scorer.score(prompts, ref_answers["texts"]).tolist()
             wr = win_rate(scores, ref_scores)
             result["win_rate"] = {"reference": str(reference), "judge": str(reward_model), **wr,
@@ -386,6 +449,13 @@ def print_results(result: dict) -> None:
                       f"95% CI [{lo:.3f}, {hi:.3f}]; {w['wins']} wins, {w['ties']} ties, {w['losses']} losses "
                       f"of {w['n']} vs {w['reference']} (judge: reward model; reference RM mean "
                       f"{w['reference_rm_mean']:.4f})")
+    if "env" in result:
+        env = result["env"]
+        detail = f"mean over episodes ({env['name']}, at most {env['max_turns']} turns)"
+        for key, value in env.items():
+            if isinstance(value, float):
+                table.add_row(f"env: {key}", f"{value:.3f}", detail)
+                detail = ""
     resp = result["responses"]
     table.add_row("response length", f"{resp['mean_tokens']:.1f}", "mean tokens, EOS included")
     table.add_row("ended with EOS", f"{resp['eos_frac']:.3f}", "fraction; the rest hit --max-new-tokens")

@@ -42,6 +42,12 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "generate_missing_model": (["generate", "./no/such/model", "--prompt", "hi"], ["./no/such/model"]),
     "export_missing_model": (["export", "./no/such/run", "--out", "exported"], ["./no/such/run"]),
     "eval_usage": (["eval", TINY], ["--data"]),
+    "eval_unknown_env": (["eval", TINY, "--data", "prompts.jsonl", "--env", "calculater"],
+                         ["--env", "did you mean 'calculator'"]),
+    "eval_env_kwargs_not_a_mapping": (["eval", TINY, "--data", "prompts.jsonl", "--env", "calculator",
+                                       "--env-kwargs", "[1, 2]"], ["--env-kwargs", "mapping"]),
+    "eval_env_kwargs_unknown": (["eval", TINY, "--data", "prompts.jsonl", "--env", "calculator",
+                                 "--env-kwargs", "{tool_rewrd: 1}"], ["--env-kwargs", "tool_rewrd"]),
     # a previous run's directory: the failing runs below must not destroy what it holds
     "keeps_previous_bad_data": (["sft", "data.train=bad.jsonl", f"model.name={TINY}", "output_dir=prev1"],
                                 ["bad.jsonl:3"]),

@@ -36,6 +36,7 @@ class Episode:
     turn_ends: list[int] = field(default_factory=list)  # index in ``ids`` of each turn's last model token (-1: none)
     done: bool = False
     ended: bool = True
+    n_first: int = 0  # messages returned by reset(): messages[n_first:] are the episode's turns
 
 
 def _env_suffix_ids(tok, messages: list[dict], new_messages: list[dict]) -> list[int]:
@@ -60,7 +61,8 @@ def run_episodes(engine, model, tok, env_cls, env_kwargs: dict, spec: str, rows:
         if not isinstance(messages, list) or not messages:
             raise EnvError(f"environment {spec!r}: reset() must return a non-empty list of messages", where="env.name",
                            fix="return [{'role': 'user', 'content': ...}, ...] from reset()")
-        episodes.append(Episode(env, list(messages), render_prompt_ids(tok, messages, add_generation_prompt=True)))
+        episodes.append(Episode(env, list(messages), render_prompt_ids(tok, messages, add_generation_prompt=True),
+                                n_first=len(messages)))
     max_new = sampling_kwargs["max_new_tokens"]
     for turn in range(max_turns):
         live = [e for e in episodes if not e.done]
