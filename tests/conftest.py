@@ -85,3 +85,34 @@ def gold_of(eval_prompts):
         return gold_metric(model, tok, get_task("quickstart"), eval_prompts, seed=1)["gold"]
 
     return fn
+
+
+TWO_QUESTIONS = '''
+class TwoQuestions:
+    """A user-written environment without tools: asks a follow-up question after the first answer; rewards answers
+    that are short (a stand-in for any check a user writes)."""
+
+    def __init__(self, limit=6):
+        self.limit, self.turns = limit, 0
+
+    def reset(self, row):
+        return row["prompt"]
+
+    def step(self, messages, completion):
+        self.turns += 1
+        reward = 1.0 if len(completion) <= self.limit else 0.0
+        if self.turns == 1:
+            return [{"role": "user", "content": "and again?"}], reward, False
+        return [], reward, True
+
+    def metrics(self):
+        return {"turns_seen": float(self.turns)}
+'''
+
+
+@pytest.fixture
+def two_questions_env(tmp_path) -> str:
+    """``file.py:Class`` of a user-written two-turn environment (written to the test's directory)."""
+    path = tmp_path / "two_questions.py"
+    path.write_text(TWO_QUESTIONS)
+    return f"{path}:TwoQuestions"

@@ -291,44 +291,21 @@ def test_generate_interactive_keeps_the_conversation(sft_dir, monkeypatch, capsy
     assert len(captured.out.strip().splitlines()) == 3 and "/exit" in captured.err
 
 
-ASK_TWICE = '''
-class AskTwice:
-    """Asks a follow-up after the first answer; rewards answers of at most `limit` characters."""
-
-    def __init__(self, limit=6):
-        self.limit, self.turns = limit, 0
-
-    def reset(self, row):
-        return row["prompt"]
-
-    def step(self, messages, completion):
-        self.turns += 1
-        reward = float(len(completion) <= self.limit)
-        if self.turns == 1:
-            return [{"role": "user", "content": "and again?"}], reward, False
-        return [], reward, True
-
-    def metrics(self):
-        return {"asked": float(self.turns)}
-'''
-
-
-def test_eval_plays_episodes_with_an_environment(sft_dir, task_data, tmp_path, capsys):
+def test_eval_plays_episodes_with_an_environment(sft_dir, task_data, two_questions_env, tmp_path, capsys):
     """--env: each prompt is an episode of the training's episode code; the environment's metrics, the whole
     transcript per prompt, and the final turn as the answer the gold metric scores."""
-    (tmp_path / "ask.py").write_text(ASK_TWICE)
     out = tmp_path / "eval.json"
     rc = main(["eval", str(sft_dir), "--data", str(task_data / "eval_prompts.jsonl"), "--n", "16", "--task",
-               "quickstart", "--env", f"{tmp_path / 'ask.py'}:AskTwice", "--env-kwargs", "{limit: 100}",
+               "quickstart", "--env", two_questions_env, "--env-kwargs", "{limit: 100}",
                "--max-turns", "3", "--max-new-tokens", "12", "--out", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
     env = result["env"]
-    assert env["asked"] == 2.0 and env["turns_mean"] == 2.0  # the environment ended every episode after 2 turns
+    assert env["turns_seen"] == 2.0 and env["turns_mean"] == 2.0  # the environment ended every episode after 2 turns
     assert env["episode_reward_mean"] == 2.0  # two turns, each of at most 12 tokens <= limit 100: reward 1 each
     for s in result["samples"]:
         roles = [m["role"] for m in s["transcript"]]
         assert roles == ["assistant", "user", "assistant"] and s["transcript"][1]["content"] == "and again?"
         assert s["response"] == s["transcript"][-1]["content"]  # the final turn is the scored answer
     assert 0.0 <= result["gold"]["mean"] <= 1.0
-    assert "env: asked" in capsys.readouterr().out
+    assert "env: turns_seen" in capsys.readouterr().out

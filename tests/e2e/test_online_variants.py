@@ -215,36 +215,11 @@ def test_calculator_tool_use_is_learned(tmp_path):
     assert last["eval/env/tool_call_success"] > before + 0.15
 
 
-USER_ENV = '''
-class TwoQuestions:
-    """A user-written environment without tools: asks a follow-up question after the first answer; rewards answers
-    that are short (a stand-in for any check a user writes)."""
-
-    def __init__(self, limit=6):
-        self.limit, self.turns = limit, 0
-
-    def reset(self, row):
-        return row["prompt"]
-
-    def step(self, messages, completion):
-        self.turns += 1
-        reward = 1.0 if len(completion) <= self.limit else 0.0
-        if self.turns == 1:
-            return [{"role": "user", "content": "and again?"}], reward, False
-        return [], reward, True
-
-    def metrics(self):
-        return {"turns_seen": float(self.turns)}
-'''
-
-
-def test_user_environment_run_end_to_end(task_data, tmp_path):
-    env_file = tmp_path / "two_questions.py"
-    env_file.write_text(USER_ENV)
+def test_user_environment_run_end_to_end(task_data, two_questions_env, tmp_path):
     out = tmp_path / "user_env"
     cfg = build_config("grpo", {}, [
         f"data.train={task_data / 'prompts.jsonl'}", f"output_dir={out}", "model.name=tiny:hidden=32,layers=1",
-        f"env.name={env_file}:TwoQuestions", "env.kwargs={limit: 8}", "env.max_turns=3", "env.max_total_tokens=40",
+        f"env.name={two_questions_env}", "env.kwargs={limit: 8}", "env.max_turns=3", "env.max_total_tokens=40",
         "generation.max_new_tokens=8", "algo.rollout_batch_size=4", "algo.num_generations=2",
         "algo.mini_batch_size=8", "train.batch_size=8", "algo.total_episodes=16", "track.report=false",
         "track.sample_every=0", "train.resume=never", "data.limit=64"])
