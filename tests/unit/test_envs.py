@@ -49,6 +49,18 @@ def test_calculator_rewards_per_turn_and_per_episode():
     assert env2.step([], "5")[1] == 0.0 and env2.metrics()["tool_call_success"] == 0.0
 
 
+def test_calculator_pays_the_tool_reward_once_per_episode():
+    """Calling again (in the same turn or the next) earns nothing more: the reward cannot be farmed up to
+    env.max_turns; the calls are still answered and counted."""
+    env = CalculatorEnv(tool_reward=0.2)
+    msgs = env.reset({"prompt": "What is 12 * 3?"})
+    new, r, _ = env.step(msgs, CALL + CALL)
+    assert r == pytest.approx(0.2) and new == [{"role": "tool", "content": "36"}] * 2
+    new, r, done = env.step(msgs, CALL)
+    assert r == 0.0 and new == [{"role": "tool", "content": "36"}] and not done
+    assert env.metrics()["tool_calls"] == 3.0 and env.metrics()["tool_call_success"] == 1.0
+
+
 class ScriptedEngine:
     """Stands in for a rollout engine: answers turn t of every episode with script[t] (text), as token ids."""
 

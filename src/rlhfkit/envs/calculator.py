@@ -4,7 +4,8 @@ Tool calls are parsed from the model's text in the Hermes / Qwen chat-template f
 ``<tool_call>{"name": "calculator", "arguments": {"expression": "37 * 41"}}</tool_call>``; the tool's result comes
 back as a ``tool`` message. A turn without a tool call is the final answer: reward ``answer_reward`` when it
 contains the right number (computed by the program from the row's ``expression``, or from the question), else 0.
-Each successful tool call earns ``tool_reward`` (per-turn reward). ``metrics()`` reports tool calls, their
+The episode's first successful tool call earns ``tool_reward`` (a per-turn reward; later calls earn nothing more,
+so a policy cannot farm the reward by calling again and again until ``env.max_turns``). ``metrics()`` reports tool calls, their
 success, and correctness.
 
 Expressions are evaluated by walking Python's ``ast`` (numbers, + - * / // % **, parentheses, unary minus; no names
@@ -123,7 +124,8 @@ class CalculatorEnv:
                 out.append({"role": "tool", "content": f"error: {exc}"})
                 continue
             self.successes += 1
-            reward += self.tool_reward
+            if self.successes == 1:
+                reward += self.tool_reward
             out.append({"role": "tool", "content": format_number(value)})
         return out, reward, False
 
