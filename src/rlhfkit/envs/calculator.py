@@ -5,8 +5,8 @@ Tool calls are parsed from the model's text in the Hermes / Qwen chat-template f
 back as a ``tool`` message. A turn without a tool call is the final answer: reward ``answer_reward`` when it
 contains the right number (computed by the program from the row's ``expression``, or from the question), else 0.
 The episode's first successful tool call earns ``tool_reward`` (a per-turn reward; later calls earn nothing more,
-so a policy cannot farm the reward by calling again and again until ``env.max_turns``). ``metrics()`` reports tool calls, their
-success, and correctness.
+so a policy cannot farm the reward by calling again and again until ``env.max_turns``). ``metrics()`` reports tool
+calls, their success, and correctness.
 
 Expressions are evaluated by walking Python's ``ast`` (numbers, + - * / // % **, parentheses, unary minus; no names
 and no calls), so nothing a model writes is executed.
