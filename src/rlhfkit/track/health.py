@@ -29,7 +29,7 @@ from rich.text import Text
 
 from ..errors import UserError
 from .console import get_console
-from .jsonl import JsonlWriter, read_jsonl
+from .jsonl import JsonlWriter, StagedFile, read_jsonl
 from .progress import format_number as fmt
 
 DRIFT_FIX = "lower optim.lr or algo.ppo_epochs, or tighten algo.clip_low / algo.clip_high"
@@ -316,7 +316,7 @@ TRACKED = ("policy/approxkl_avg", "loss/value_avg", "objective/kl", "objective/s
 _SPACE = re.compile(r"\s+")
 
 
-class HealthMonitor:
+class HealthMonitor(StagedFile):
     """Runs every rule in ``RULES`` on each logged step; remembers what it said so it does not repeat itself.
 
     ``batch_size`` turns ``val/num_eos_tokens`` into a fraction when ``val/eos_frac`` is not logged. With
@@ -383,17 +383,6 @@ class HealthMonitor:
                                      fix=f"turn {w.knob} (see warnings.jsonl), or set track.stop_on_critical=false")
         return [w.line() for w in warnings]
 
-    def commit(self) -> None:
-        if self._writer is not None:
-            self._writer.commit()
-
-    def discard(self) -> None:
-        if self._writer is not None:
-            self._writer.discard()
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
 
 
 def read_warnings(run_dir: str | Path) -> list[dict]:

@@ -146,6 +146,29 @@ class JsonlWriter:
             self._file.close()
 
 
+class StagedFile:
+    """``commit`` / ``discard`` / ``close`` of a run file written through an optional :class:`JsonlWriter`
+    (``self._writer``; None on the processes that write nothing): what the metrics sink, the sample logger and the
+    health monitor share, so the run's lifecycle (``train.session``) treats them alike."""
+
+    _writer: JsonlWriter | None = None
+
+    def commit(self) -> None:
+        """Staged: swap the new file in place of the earlier run's."""
+        if self._writer is not None:
+            self._writer.commit()
+
+    def discard(self) -> None:
+        """Staged and never committed: remove the new file (closing it), leave the earlier one as it was."""
+        if self._writer is not None:
+            self._writer.discard()
+        self.close()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename / creation inside ``path`` durable (no-op where directories cannot be opened)."""
     try:

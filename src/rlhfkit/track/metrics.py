@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from .jsonl import JsonlWriter, read_jsonl, to_json_value
+from .jsonl import JsonlWriter, StagedFile, read_jsonl, to_json_value
 from .trackers import AccelerateTrackers, check_backends
 
 BACKENDS = ("jsonl", "tensorboard", "wandb")  # written here; the others through accelerate (trackers.py)
@@ -37,7 +37,7 @@ def _config_dict(config: Any) -> dict | None:
     return dict(config)
 
 
-class MetricsSink:
+class MetricsSink(StagedFile):
     """Writes scalar metrics per step to the run directory and the chosen backends.
 
     ``is_main=False`` (non-zero ranks of a multi-process run) makes every method a no-op.
@@ -57,7 +57,7 @@ class MetricsSink:
             check_backends(backends)
         self.run_dir = Path(run_dir)
         self.is_main = is_main
-        self._jsonl: JsonlWriter | None = None
+        self._writer: JsonlWriter | None = None
         self._tb = None
         self._wandb = None
         self._others: AccelerateTrackers | None = None
@@ -71,7 +71,7 @@ class MetricsSink:
         if any(b not in BACKENDS for b in backends):
             self._others = AccelerateTrackers(self.run_dir, backends, config)
         # always: the report and resume read it. staged: an earlier run's file is replaced only after the first line
-        self._jsonl = JsonlWriter(self.run_dir / "metrics.jsonl", keep_until=resume_step, staged=staged)
+        self._writer = JsonlWriter(self.run_dir / "metrics.jsonl", keep_until=resume_step, staged=staged)
         self._on_first_line = on_first_line
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
@@ -82,7 +82,7 @@ class MetricsSink:
         if clash:
             raise ValueError(f"metric names {clash} are reserved by the metrics file")
         values = {k: to_json_value(v) for k, v in metrics.items()}
-        self._jsonl.write({"step": int(step), "time": round(time.time(), 3), **values})
+        self._writer.write({"step": int(step), "time": round(time.time(), 3), **values})
         if self._on_first_line is not None:
             callback, self._on_first_line = self._on_first_line, None
             callback()
@@ -111,20 +111,8 @@ class MetricsSink:
         if self._others is not None:
             self._others.log_table(name, columns, rows, step)
 
-    def commit(self) -> None:
-        """Staged: swap the new ``metrics.jsonl`` in place of the earlier run's."""
-        if self._jsonl is not None:
-            self._jsonl.commit()
-
-    def discard(self) -> None:
-        """Staged and never committed: remove the new file, leave the earlier one as it was."""
-        if self._jsonl is not None:
-            self._jsonl.discard()
-        self.close()
-
     def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
+        super().close()
         if self._tb is not None:
             self._tb.close()
             self._tb = None

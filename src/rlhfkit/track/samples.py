@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .console import get_console
-from .jsonl import JsonlWriter, read_jsonl, to_json_value
+from .jsonl import JsonlWriter, StagedFile, read_jsonl, to_json_value
 
 
 def read_samples(run_dir: str | Path) -> list[dict]:
@@ -29,7 +29,7 @@ def shorten(text: str, max_chars: int) -> str:
     return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
 
 
-class SampleLogger:
+class SampleLogger(StagedFile):
     """Appends generated samples to ``run_dir/samples.jsonl`` and prints the first ``max_rows`` as a table.
 
     ``is_main=False`` makes ``log`` a no-op. Texts in the table are cut to ``max_chars``; the file keeps them whole.
@@ -107,14 +107,6 @@ class SampleLogger:
             table.add_row(*(Text(shorten(_one_line(_cell(row[k])), self.max_chars)) for k in keys))
         return table
 
-    def commit(self) -> None:
-        if self._writer is not None:
-            self._writer.commit()
-
-    def discard(self) -> None:
-        if self._writer is not None:
-            self._writer.discard()
-
     def _lines(self, step: int, rows: list[dict], n_total: int) -> list[str]:
         """Off a terminal: the title, then ``  [score] prompt -> response (key=value ...)`` per sample."""
         keys = [k for k in self._keys(rows) if k not in ("prompt", "response", "score")]
@@ -126,10 +118,6 @@ class SampleLogger:
             extra = " ".join(f"{k}={shorten(_one_line(_cell(row[k])), 20)}" for k in keys)
             out.append(f"  {score}{text}" + (f" ({extra})" if extra else ""))
         return out
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
 
     def __enter__(self) -> SampleLogger:
         return self

@@ -337,6 +337,10 @@ class Session:
                                     stop_on_critical=self.cfg.track.stop_on_critical, **kwargs)
         return self.health
 
+    def _files(self) -> list:
+        """The run files opened so far (metrics, samples, warnings), each a ``track.jsonl.StagedFile``."""
+        return [f for f in (self.run.sink, self.samples, self.health) if f is not None]
+
     def commit(self) -> None:
         """The run has produced its first line (or checkpoint): from here it owns the directory. Writes
         ``config.yaml``, swaps in the new metrics / samples files, removes ``finished.json`` and, when starting
@@ -350,12 +354,8 @@ class Session:
         try:
             save_config(self.cfg, run_dir)  # the one write that needs space: before anything is swapped
             self.committed = True
-            if self.run.sink is not None:
-                self.run.sink.commit()
-            if self.samples is not None:
-                self.samples.commit()
-            if self.health is not None:
-                self.health.commit()
+            for f in self._files():
+                f.commit()
         except OSError as err:
             raise RunError(f"writing the run's files failed: {err.strerror or err}", where=str(run_dir),
                            fix="free disk space / check permissions and rerun") from None
@@ -399,12 +399,8 @@ class Session:
                 raise RunError(f"saving the final model failed: {err.strerror or err}", where=str(run.run_dir),
                                fix="free disk space and rerun (it resumes from the newest checkpoint)") from None
         acc.wait_for_everyone()
-        if self.samples is not None:
-            self.samples.close()
-        if self.health is not None:
-            self.health.close()
-        if run.sink is not None:
-            run.sink.close()
+        for f in self._files():
+            f.close()
         if run.is_main:
             marker = {"step": step, "time": time.time(), "fingerprint": self.fingerprint,
                       "length": run_length(self.cfg)}
@@ -426,12 +422,8 @@ class Session:
         directory when it made it and left it empty."""
         try:
             if failed and not self.committed and self.run.is_main:
-                if self.run.sink is not None:
-                    self.run.sink.discard()
-                if self.samples is not None:
-                    self.samples.discard()
-                if self.health is not None:
-                    self.health.discard()
+                for f in self._files():
+                    f.discard()
         finally:
             self.lock.release()
         if failed and not self.committed and self.created and self.run.is_main:
