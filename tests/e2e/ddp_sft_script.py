@@ -16,12 +16,9 @@ import hashlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from launched import slow_updates  # offline settings too
 
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
 
@@ -61,17 +58,7 @@ def main(argv: list[str]) -> None:
 
     sft.train_supervised, sft.save_model = train_supervised, save_model
 
-    slow_after = int(os.environ.get("RLHFKIT_TEST_SLOW_AFTER", "0"))
-    if slow_after:
-        real_step, updates = loop.clip_and_step, [0]
-
-        def slow_clip_and_step(*args, **kwargs):
-            updates[0] += 1
-            if updates[0] > slow_after:
-                time.sleep(0.3)
-            return real_step(*args, **kwargs)
-
-        loop.clip_and_step = slow_clip_and_step
+    slow_updates(0.3)
 
     base = [f"data.train={data}", f"model.name={TINY}", "optim.lr=5e-3", "track.report=false",
             "data.max_length=64", *overrides]

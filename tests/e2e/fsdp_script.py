@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
-import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from launched import slow_updates  # offline settings too
 
 
 def main(jobs: list[dict]) -> None:
     import torch.distributed as dist
     from accelerate import PartialState
 
-    import rlhfkit.train.loop as loop
     from rlhfkit.config import RECIPES, build_config
     from rlhfkit.train import distributed as D
 
@@ -63,20 +58,7 @@ def main(jobs: list[dict]) -> None:
 
     D.FSDP2Strategy.wrap, D.FSDP2Strategy.gathered = wrap, gathered
 
-    slow_after = int(os.environ.get("RLHFKIT_TEST_SLOW_AFTER", "0"))
-    if slow_after:
-        real_step, updates = loop.clip_and_step, [0]
-
-        def slow_clip_and_step(*args, **kwargs):
-            updates[0] += 1
-            if updates[0] > slow_after:
-                time.sleep(0.5)
-            return real_step(*args, **kwargs)
-
-        loop.clip_and_step = slow_clip_and_step
-        import rlhfkit.train.online as online
-
-        online.clip_and_step = slow_clip_and_step
+    slow_updates(0.5)
 
     for job in jobs:
         record.clear()
