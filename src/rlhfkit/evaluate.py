@@ -231,6 +231,7 @@ def play_answers(model, tok, records: Sequence[dict], env_cls: type, env_spec: s
     ``env/*`` (its own ``metrics()``, plus turns and episode reward)."""
     from .data.chat import stop_token_ids
     from .envs import run_episodes
+    from .envs.episodes import episode_metrics
     from .rollout import SamplingParams, get_engine
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, do_sample=temperature > 0,
@@ -242,13 +243,9 @@ def play_answers(model, tok, records: Sequence[dict], env_cls: type, env_spec: s
             eos_token_ids=stop_token_ids(tok, getattr(model, "generation_config", None)),
             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
             seed=0 if seed is None else seed, max_turns=max_turns, max_total_tokens=max_total_tokens)
-    per = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]
-    env = {k: _mean([float(m.get(k, 0.0)) for m in per]) for k in sorted(set().union(*per))}
-    env["turns_mean"] = _mean([len(e.turn_rewards) for e in episodes])
-    env["episode_reward_mean"] = _mean([sum(e.turn_rewards) for e in episodes])
     finals = [next((m["content"] for m in reversed(e.messages) if m["role"] == "assistant"), "") for e in episodes]
     return {"texts": finals, "ended": [e.ended for e in episodes], "lengths": [len(e.ids) for e in episodes],
-            "env": env, "transcripts": [e.messages[e.n_first:] for e in episodes]}
+            "env": episode_metrics(episodes), "transcripts": [e.messages[e.n_first:] for e in episodes]}
 
 
 # ─────────────────────────────────────────────────── evaluation ───────────────────────────────────────────────

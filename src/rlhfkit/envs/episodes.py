@@ -121,6 +121,19 @@ def to_rollout(episodes: list[Episode], pad_token_id: int) -> Rollout:
                    mask.sum(-1), logprobs=lp, action_mask=action)
 
 
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Means over the episodes: each key of the environments' ``metrics()`` (0 where an episode lacks it), turns,
+    per-turn reward and episode reward (the sum of its turns' rewards). Logged as ``env/*`` in training and
+    reported by ``rlhfkit eval --env``."""
+    n = len(episodes)
+    per = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]
+    out = {key: sum(float(m.get(key, 0.0)) for m in per) / n for key in sorted(set().union(*per))}
+    out["turns_mean"] = sum(len(e.turn_rewards) for e in episodes) / n
+    out["turn_reward_mean"] = sum(sum(e.turn_rewards) / max(1, len(e.turn_rewards)) for e in episodes) / n
+    out["episode_reward_mean"] = sum(sum(e.turn_rewards) for e in episodes) / n
+    return out
+
+
 def turn_reward_tensor(episodes: list[Episode], width: int) -> torch.Tensor:
     """[B, width] float: each turn's reward on its last model token (turns without a token are dropped)."""
     out = torch.zeros((len(episodes), width), dtype=torch.float32)

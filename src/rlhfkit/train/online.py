@@ -278,7 +278,7 @@ class OnlineTrainer:
     def play_episodes(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
         """Multi-turn: ``k`` episodes per prompt with the environment (``env``), as a new Experience whose mask
         holds only the model's own tokens."""
-        from ..envs.episodes import run_episodes, turn_reward_tensor
+        from ..envs.episodes import episode_metrics, run_episodes, turn_reward_tensor
 
         k = self.k if k is None else k
         n = len(prompts["input_ids"])
@@ -293,13 +293,7 @@ class OnlineTrainer:
         exp = Experience.of(rollout.to(self.device), rows)
         exp.env_returns = torch.tensor([sum(e.turn_rewards) for e in episodes], device=self.device)
         exp.turn_rewards = turn_reward_tensor(episodes, rollout.response_ids.shape[1]).to(self.device)
-        per_ep = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]
-        keys = set().union(*per_ep)
-        exp.env_metrics = {f"env/{key}": sum(float(m.get(key, 0.0)) for m in per_ep) / len(per_ep) for key in keys}
-        exp.env_metrics.update({
-            "env/turns_mean": sum(len(e.turn_rewards) for e in episodes) / len(episodes),
-            "env/turn_reward_mean": sum(sum(e.turn_rewards) / len(e.turn_rewards) for e in episodes) / len(episodes),
-            "env/episode_reward_mean": exp.env_returns.mean().item()})
+        exp.env_metrics = {f"env/{key}": value for key, value in episode_metrics(episodes).items()}
         return exp
 
     def rollout_step(self, step: int, seed: int) -> Experience:
