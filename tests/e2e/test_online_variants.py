@@ -165,21 +165,17 @@ CALC = ["env.name=calculator", "env.kwargs={system_prompt: ''}", "env.max_turns=
 
 def held_out_tool_success(model_dir, rows: list[dict], seed: int = 0) -> float:
     """Fraction of episodes with a successful calculator call, one episode per row, played outside the trainer
-    (the episode code and engine, a fixed seed, the same limits as the run)."""
+    (``rlhfkit eval --env``'s episodes, a fixed seed, the same limits as the run)."""
     from transformers import AutoModelForCausalLM
 
-    from rlhfkit.data.chat import stop_token_ids
-    from rlhfkit.envs import CalculatorEnv, run_episodes
+    from rlhfkit.envs import CalculatorEnv
+    from rlhfkit.evaluate import play_answers
     from rlhfkit.models.tokenizer import load_tokenizer
-    from rlhfkit.rollout import SamplingParams, get_engine
 
     tok, model = load_tokenizer(str(model_dir)), AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    with torch.no_grad():
-        _, episodes = run_episodes(get_engine("hf"), model, tok, CalculatorEnv, {"system_prompt": ""}, "calculator",
-                                   rows, sampling_kwargs=SamplingParams(max_new_tokens=100).engine_kwargs(),
-                                   eos_token_ids=stop_token_ids(tok), pad_token_id=tok.pad_token_id, seed=seed,
-                                   max_turns=2, max_total_tokens=140)
-    return sum(e.env.metrics()["tool_call_success"] for e in episodes) / len(episodes)
+    played = play_answers(model, tok, rows, CalculatorEnv, "calculator", {"system_prompt": ""}, max_new_tokens=100,
+                          temperature=1.0, max_turns=2, max_total_tokens=140, seed=seed)
+    return played["env"]["tool_call_success"]
 
 
 @pytest.mark.slow

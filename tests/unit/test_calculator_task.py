@@ -1,21 +1,18 @@
 """The built-in calculator task: its demonstrations are what the calculator environment accepts and rewards, the
-guesses are never right, SFT trains only on the assistant's tokens, and an episode's tokens are exactly the tokens
-SFT trained on (no drift of the chat template between the SFT and RL stages)."""
+guesses are never right, and SFT trains only on the assistant's tokens (that an episode's tokens are exactly the
+tokens SFT trained on is tested in test_envs.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import torch
 
 from rlhfkit.config import ModelConfig
-from rlhfkit.data.chat import render_conversation
 from rlhfkit.data.formats import normalize_record
 from rlhfkit.data.tokenize import tokenize_sft
-from rlhfkit.envs import CalculatorEnv, parse_tool_calls, run_episodes, safe_eval
+from rlhfkit.envs import parse_tool_calls, safe_eval
 from rlhfkit.models.loading import load_tokenizer_for
-from rlhfkit.rollout import Rollout, finalize_responses, left_pad
 from rlhfkit.tasks import get_task, make_task_data
 from rlhfkit.tasks.calculator import CalculatorTask
 
@@ -66,36 +63,3 @@ def test_sft_trains_on_the_assistant_turns_only(tok):
     call, result, answer = record["messages"][1:]
     assert trained == call["content"] + "<|im_end|>" + answer["content"] + "<|im_end|>"
     assert "tool" not in trained.replace("tool_call", "")  # the tool's message is context, never a target
-
-
-class ReplayEngine:
-    """Replays each turn's assistant text of a demonstration as the model's generation (with its EOS)."""
-
-    def __init__(self, tok, turns: list[str]):
-        self.tok, self.turns, self.n = tok, turns, 0
-
-    def generate(self, model, prompt_ids, *, max_new_tokens, eos_token_ids, pad_token_id, **_):
-        ids = self.tok(self.turns[self.n], add_special_tokens=False)["input_ids"] + [eos_token_ids[0]]
-        self.n += 1
-        raw = torch.tensor([ids[:max_new_tokens]] * len(prompt_ids))
-        r_ids, r_mask, ended, lengths = finalize_responses(raw, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
-        p_ids, p_mask = left_pad(prompt_ids, pad_token_id)
-        return Rollout(p_ids, p_mask, r_ids, r_mask, ended, lengths, logprobs=torch.zeros(r_ids.shape))
-
-
-def test_an_episode_is_token_for_token_the_demonstration_sft_trained_on(tok):
-    """Replaying a tool demonstration through the environment gives the SFT rendering's token ids, and the action
-    mask is SFT's assistant mask: what SFT taught is exactly what RL samples and trains."""
-    record = next(r for r in TASK.sft_records(50) if len(r["messages"]) == 4)
-    msgs = record["messages"]
-    rollout, (episode,) = run_episodes(
-        ReplayEngine(tok, [msgs[1]["content"], msgs[3]["content"]]), None, tok, CalculatorEnv,
-        {"system_prompt": ""}, "calculator", [{"prompt": msgs[:1]}], sampling_kwargs={"max_new_tokens": 120},
-        eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, seed=0, max_turns=2, max_total_tokens=300)
-    sft_ids, sft_mask = render_conversation(tok, msgs)
-    n = len(episode.prompt_ids) + len(episode.ids)
-    assert episode.prompt_ids + episode.ids == sft_ids[:n]
-    assert sft_ids[n:] == tok("\n", add_special_tokens=False)["input_ids"]  # the template's trailing newline only
-    assert episode.action == sft_mask[len(episode.prompt_ids):n]
-    assert episode.env.metrics() == {"tool_calls": 1.0, "tool_call_success": 1.0, "correct": 1.0}
-    assert episode.turn_rewards == [pytest.approx(0.2), 1.0]

@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from rlhfkit.config import ModelConfig
+from rlhfkit.data.chat import render_conversation
 from rlhfkit.envs import CalculatorEnv, EnvError, load_environment, parse_tool_calls, run_episodes, safe_eval
 from rlhfkit.models.loading import load_tokenizer_for
 from rlhfkit.rollout import Rollout, finalize_responses, left_pad
+from rlhfkit.tasks import get_task
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 3"}}</tool_call>'
 
@@ -260,3 +262,21 @@ def test_turn_rewards_sit_on_each_turns_last_model_token(tok):
     assert turns[0, n1 - 1].item() == pytest.approx(0.2) and turns[0, len(e.ids) - 1].item() == 1.0
     assert turns[0].sum().item() == pytest.approx(1.2)
     assert torch.all(turns[rollout.action_mask == 0] == 0)
+
+
+def test_an_episode_is_token_for_token_the_demonstration_sft_trained_on(tok):
+    """Replaying a tool demonstration through the environment gives the SFT rendering's token ids, and the action
+    mask is SFT's assistant mask: what SFT taught is exactly what RL samples and trains."""
+    record = next(r for r in get_task("calculator").sft_records(50) if len(r["messages"]) == 4)
+    msgs = record["messages"]
+    _, (episode,) = run_episodes(
+        ScriptedEngine(tok, [msgs[1]["content"], msgs[3]["content"]]), None, tok, CalculatorEnv,
+        {"system_prompt": ""}, "calculator", [{"prompt": msgs[:1]}], sampling_kwargs={"max_new_tokens": 120},
+        eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, seed=0, max_turns=2, max_total_tokens=300)
+    sft_ids, sft_mask = render_conversation(tok, msgs)
+    n = len(episode.prompt_ids) + len(episode.ids)
+    assert episode.prompt_ids + episode.ids == sft_ids[:n]
+    assert sft_ids[n:] == tok("\n", add_special_tokens=False)["input_ids"]  # the template's trailing newline only
+    assert episode.action == sft_mask[len(episode.prompt_ids):n]
+    assert episode.env.metrics() == {"tool_calls": 1.0, "tool_call_success": 1.0, "correct": 1.0}
+    assert episode.turn_rewards == [pytest.approx(0.2), 1.0]
