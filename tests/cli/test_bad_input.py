@@ -438,7 +438,6 @@ def test_bad_input_table(name, argv, needles, table_results):
 def test_first_rollout_with_no_valid_reward_keeps_the_previous_run(tmp_path, monkeypatch, capsys):
     # a reward function returning None for every sample can only be seen on the first rollout (after the model
     # loaded): one line naming the function and the step, exit 2, and the previous run's files untouched
-    pytest.importorskip("rlhfkit.train.session", reason="needs the staged run directory (issue 13, Session)")
     from rlhfkit.cli import main
 
     _write_table_inputs(tmp_path)

@@ -94,7 +94,8 @@ def test_choices_come_from_the_registries(tmp_path):
         assert cfg.algo.advantage == name
     for name in algos.PREFERENCE_LOSSES:
         fmt = "unpaired" if not algos.PREFERENCE_LOSSES[name].paired else "preference"
-        assert build_config("dpo", {"output_dir": str(tmp_path)}, [f"algo.loss={name}", f"data.format={fmt}"])
+        cfg = build_config("dpo", {"output_dir": str(tmp_path)}, [f"algo.loss={name}", f"data.format={fmt}"])
+        assert cfg.algo.loss == name
     with pytest.raises(ConfigError, match="did you mean 'grpo'"):
         build_config("ppo", {}, ["algo.advantage=gpro"])
 

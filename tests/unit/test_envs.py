@@ -117,8 +117,9 @@ def test_episode_tokens_masks_and_rewards(tok):
     assert eng.prompts[1][0] == e.prompt_ids + call_ids + row_ids[n1:n1 + n_env]
     assert rollout.response_mask[0].sum() == len(e.ids)
     assert torch.all(rollout.logprobs[0][rollout.action_mask[0] == 0] == 0)
-    # the whole conversation re-rendered by the template gives the same tokens (markup-wise consistent)
+    # the whole conversation re-rendered by the template gives the same tokens (nothing drifted between turns)
     assert e.messages[-1] == {"role": "assistant", "content": "The answer is 36"}
+    assert render_conversation(tok, e.messages)[0][:len(e.prompt_ids) + len(e.ids)] == e.prompt_ids + e.ids
 
 
 def test_episode_limits(tok):

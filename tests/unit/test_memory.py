@@ -237,6 +237,7 @@ def test_estimates_within_25_percent_of_measured_cpu_peaks():
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     peaks = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(peaks) == len(MEASURED)
     report = []
     for (name, arch, b, s, ckpt, _, _), peak in zip(MEASURED, peaks):
         est = _estimate_row(arch, b, s, ckpt)
