@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhfkit.algos import tied_groups
+from rlhfkit.algos import group_all_tied
 from rlhfkit.config import build_config
 from rlhfkit.train.online import run_online
 
@@ -96,7 +96,7 @@ def test_dynamic_sampling_in_the_loop_keeps_only_informative_groups(task_data, s
     m = exp.reward_metrics
     assert 1 <= m["rollout/dynamic_draws"] <= 6
     if m["rollout/degenerate_groups_filled"] == 0:
-        assert not tied_groups(exp.raw_scores.cpu(), k).any()
+        assert not group_all_tied(exp.raw_scores.cpu(), k).any()
     # rows of a group share their prompt, and its texts / scores were carried with it
     g = exp.raw_scores.reshape(k, n)
     for p in range(n):

@@ -4,7 +4,7 @@ groups only, stops at its cap, fills with tied groups there), and the completion
 import pytest
 import torch
 
-from rlhfkit.algos import dynamic_sample, group_rows, overlong_penalty, tied_groups
+from rlhfkit.algos import dynamic_sample, overlong_penalty
 
 
 def test_overlong_penalty_hand_values():
@@ -26,15 +26,8 @@ def test_overlong_penalty_matches_the_paper_formula_in_a_loop():
         assert g == pytest.approx(want)
 
 
-def test_group_rows_and_tied_groups_are_completion_major():
-    # 3 prompts, k = 2: rows [p0 p1 p2 | p0 p1 p2]
-    assert group_rows([2, 0], 3, 2) == [2, 0, 5, 3]
-    scores = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 0.0])  # p0: (1, 1) tied; p1: (0, 1); p2: (1, 0)
-    assert tied_groups(scores, 2).tolist() == [True, False, False]
-
-
 def _fake_draws(tied_pattern: list[list[bool]], k=2):
-    """draw(j) -> (j, scores) where group p of draw j ties when tied_pattern[j][p]."""
+    """draw(j) -> (j, scores, None) where group p of draw j ties when tied_pattern[j][p]."""
     calls = []
 
     def draw(j):
@@ -45,7 +38,7 @@ def _fake_draws(tied_pattern: list[list[bool]], k=2):
         for p, tied in enumerate(pattern):
             if not tied:
                 scores[P + p] = 1.0  # completion 1 of prompt p differs
-        return j, scores
+        return j, scores, None
     return draw, calls
 
 
@@ -65,6 +58,17 @@ def test_dynamic_sampling_stops_at_its_cap_and_fills_with_tied_groups():
     assert calls == [0, 1] and out.draws == 2  # never a third draw
     assert out.groups == [(1, 1), (0, 0), (0, 1)]  # the one informative group, then tied ones in draw order
     assert out.filled == 2 and out.degenerate == 5
+
+
+def test_dynamic_sampling_compares_valid_members_only():
+    """A dropped sample (valid False, its score set to 0) does not make its group informative: the same rule as
+    algo.filter_tied_groups (group_all_tied with valid)."""
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0])  # k = 2, P = 2: p0 (1, 0) with the 0 dropped; p1 (1, 1)
+    valid = torch.tensor([True, True, False, True])
+    out = dynamic_sample(lambda j: (j, scores, valid), need=1, group_size=2, max_draws=1)
+    assert out.degenerate == 2 and out.filled == 1  # both tied; without valid p0 would count as informative
+    out = dynamic_sample(lambda j: (j, scores, None), need=1, group_size=2, max_draws=1)
+    assert out.groups == [(0, 0)] and out.degenerate == 1
 
 
 def test_dynamic_sampling_first_draw_enough():

@@ -47,9 +47,7 @@ from rlhfkit.algos.policy_losses import (
 from rlhfkit.algos.shaping import (
     DynamicSample,
     dynamic_sample,
-    group_rows,
     overlong_penalty,
-    tied_groups,
     turn_reward_shift,
 )
 
@@ -75,7 +73,6 @@ __all__ = [
     "gspo_loss",
     "gspo_token_loss",
     "group_all_tied",
-    "group_rows",
     "grpo_advantages",
     "importance_log_ratio",
     "kl_loss",
@@ -98,7 +95,6 @@ __all__ = [
     "sft_loss",
     "shaped_token_rewards",
     "simpo_loss",
-    "tied_groups",
     "token_logprobs",
     "truncated_is",
     "turn_reward_shift",

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlhfkit.algos.advantages import group_all_tied
+
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int, factor: float = 1.0) -> torch.Tensor:
     """Soft overlong punishment (DAPO, Yu et al. 2025, eq. 13): 0 up to max_len - cache_len tokens, then a linear
@@ -31,18 +33,6 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int, factor
     return factor * pen
 
 
-def group_rows(groups: list[int], n_prompts: int, group_size: int) -> list[int]:
-    """Row indices, completion-major, of the groups (prompt indices) ``groups`` of a rollout of ``n_prompts``
-    prompts: [j * n_prompts + p for j in range(k) for p in groups]."""
-    return [j * n_prompts + p for j in range(group_size) for p in groups]
-
-
-def tied_groups(scores: torch.Tensor, group_size: int, atol: float = 0.0) -> torch.Tensor:
-    """[P] bool: the groups of ``scores`` ([k * P], completion-major) whose rewards all tie within ``atol``."""
-    g = scores.reshape(group_size, -1)
-    return (g.amax(dim=0) - g.amin(dim=0)) <= atol
-
-
 @dataclass
 class DynamicSample:
     """What :func:`dynamic_sample` chose: ``groups`` a list of (draw, prompt index), the draws' results, and
@@ -55,20 +45,21 @@ class DynamicSample:
     filled: int = 0
 
 
-def dynamic_sample(draw: Callable[[int], tuple[object, torch.Tensor]], need: int, group_size: int,
-                   max_draws: int, atol: float = 0.0) -> DynamicSample:
+def dynamic_sample(draw: Callable[[int], tuple[object, torch.Tensor, torch.Tensor | None]], need: int,
+                   group_size: int, max_draws: int, atol: float = 0.0) -> DynamicSample:
     """DAPO dynamic sampling (Yu et al. 2025, eq. 11): call ``draw(j)`` (j = 0, 1, ...) — it returns (result,
-    scores [k * P]) for a fresh batch of P prompts — and keep the groups whose scores differ until ``need`` groups
-    are kept, or ``max_draws`` draws were made. At the cap, the batch is filled with tied groups (in draw order),
-    so its size never changes; ``filled`` says how many.
+    scores [k * P], valid [k * P] bool or None) for a fresh batch of P prompts — and keep the groups whose valid
+    members' scores differ (:func:`~rlhfkit.algos.advantages.group_all_tied`, the test ``filter_tied_groups`` uses
+    too) until ``need`` groups are kept, or ``max_draws`` draws were made. At the cap, the batch is filled with tied
+    groups (in draw order), so its size never changes; ``filled`` says how many.
     """
     if need < 1 or max_draws < 1:
         raise ValueError("need and max_draws must be >= 1")
     out = DynamicSample(groups=[])
     spare: list[tuple[int, int]] = []
     while len(out.groups) < need and out.draws < max_draws:
-        result, scores = draw(out.draws)
-        tied = tied_groups(scores, group_size, atol).tolist()
+        result, scores, valid = draw(out.draws)
+        tied = group_all_tied(scores, group_size, atol, valid).reshape(group_size, -1)[0].tolist()
         for p, is_tied in enumerate(tied):
             if is_tied:
                 spare.append((out.draws, p))

@@ -308,7 +308,7 @@ class OnlineTrainer:
         def draw(j: int):
             e = self.generate(self._prompt_batch(step * ds.max_draws + j), seed + 1_000_003 * j)
             self.score(e, shape=False, step=step + 1)
-            return e, self.penalised(e.raw_scores, e.rollout.ended, e.rollout.lengths)
+            return e, self.penalised(e.raw_scores, e.rollout.ended, e.rollout.lengths), e.valid
 
         pick = algos.dynamic_sample(draw, self.cfg.algo.rollout_batch_size, self.k, ds.max_draws)
         exp = self.merge_groups(pick.results, pick.groups)
