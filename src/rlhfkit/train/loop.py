@@ -424,9 +424,6 @@ class Checkpointer:
             raise RunError(f"{path.name} cannot be loaded safely: {first}", where=str(path),
                            fix="delete it (rlhfkit writes tensors only, never other objects) or set "
                                "train.resume=never") from None
-        if (path / "sharded").is_dir():  # written by a sharded strategy: models and optimizers from the shards
-            get_strategy(self.run.cfg).load_state(path, models, optimizers)
-            models, optimizers = {}, {}
         try:
             if (path / "sharded").is_dir():  # written by a sharded strategy: models and optimizers from the shards
                 get_strategy(self.run.cfg).load_state(path, models, optimizers)
@@ -532,7 +529,7 @@ class SupervisedJob:
     extra_state: dict = field(default_factory=dict)
 
 
-def _mean_stats(accelerator, stats: list[dict]) -> dict[str, float]:
+def mean_stats(accelerator, stats: list[dict]) -> dict[str, float]:
     """Each stat averaged over the micro-batches of one update, then over processes (one all-reduce; every process
     must call it, with the same keys)."""
     keys = list(stats[0])
@@ -628,7 +625,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
 
             metrics = {}
             if step % cfg.train.log_every == 0 or step == n_updates:
-                metrics = {f"train/{k}": v for k, v in _mean_stats(acc, stats).items()}
+                metrics = {f"train/{k}": v for k, v in mean_stats(acc, stats).items()}
                 metrics.update({"lr": scheduler.get_last_lr()[0], "epoch": micro / per_epoch})
                 if grad_norm is not None:
                     metrics["train/grad_norm"] = float(grad_norm)

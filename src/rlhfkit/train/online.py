@@ -44,7 +44,7 @@ from ..models.loading import (
     save_model,
 )
 from ..rewards import CombinedRewards, RewardFunctionError, RewardModelScorer
-from ..rollout import Rollout, SamplingParams, get_engine
+from ..rollout import Rollout, SamplingParams, decode_responses, get_engine
 from ..track import CriticalHealthStop, Progress
 from .common import load_records, reduce_metrics, tokenize, write_report
 from .distributed import get_strategy
@@ -54,6 +54,7 @@ from .loop import (
     build_optimizer,
     build_scheduler,
     clip_and_step,
+    mean_stats,
     plan_batches,
     run_recipe,
 )
@@ -355,8 +356,7 @@ class OnlineTrainer:
         normaliser, so evaluation passes ``shape=False``). Samples without a finite reward (NaN / inf / None) are
         dropped from the step: score 0 and an empty mask (``rewards/dropped`` counts them)."""
         rollout, rows = exp.rollout, exp.rows
-        texts = self.tok.batch_decode(
-            [r[m.bool()] for r, m in zip(rollout.response_ids, rollout.response_mask)], skip_special_tokens=True)
+        texts = decode_responses(self.tok, rollout)  # one host copy of the ids (the mask is a prefix of lengths)
         messages = [row["prompt"] for row in rows]
         total = torch.zeros(len(texts), device=self.device)
         valid = torch.ones(len(texts), dtype=torch.bool, device=self.device)
@@ -557,7 +557,7 @@ class OnlineTrainer:
                 if self.critic is not None:
                     clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched,
                                   self.cfg.optim.max_grad_norm)
-        return {k: torch.stack([s[k].float() for s in stats]).mean().item() for k in stats[0]}
+        return mean_stats(self.acc, stats)
 
     # ── evaluation on held-out prompts ───────────────────────────────────────────────────────────────────────
     @torch.no_grad()
