@@ -247,19 +247,23 @@ _COMMON_KEYS = {  # recipe family -> the keys a newcomer sets first (help text r
 
 
 def _common_keys_help(recipe) -> str:
-    """"common keys:" and one line per key with its help string (no torch import: reads the dataclass fields)."""
+    """"common keys:" and one line per key with its help string and the recipe's default (its ``defaults`` over the
+    config class's; no torch import: reads the dataclass fields)."""
     import dataclasses
 
-    def field_of(cls, dotted: str):
-        obj = cls()
+    base = recipe.config()
+
+    def field_of(dotted: str):
         *parents, last = dotted.split(".")
+        obj, own = base, recipe.defaults
         for part in parents:
-            obj = getattr(obj, part)
-        return next(fl for fl in dataclasses.fields(obj) if fl.name == last), getattr(obj, last)
+            obj, own = getattr(obj, part), own.get(part, {}) if isinstance(own, dict) else {}
+        fl = next(fl for fl in dataclasses.fields(obj) if fl.name == last)
+        return fl, own[last] if isinstance(own, dict) and last in own else getattr(obj, last)
 
     lines = ["common keys:"]
     for key in _COMMON_KEYS.get(recipe.family, ()):
-        fl, default = field_of(recipe.config, key)
+        fl, default = field_of(key)
         lines.append(f"  {key:<26} {fl.metadata.get('help', '')} (default: {default!r})")
     return "\n".join(lines)
 
@@ -277,11 +281,7 @@ def cmd_train(command: str, tokens: list[str]) -> int:
     from .config import load_config
 
     config_path, overrides = split_overrides(tokens)
-    cfg = load_config(command, config_path, overrides)  # validates every key before anything is written
-    from .track.trackers import check_backends
-
-    if hasattr(cfg, "track"):  # a tracker's missing package: one line, before weights load (pipeline: per stage)
-        check_backends(cfg.track.backends)
+    cfg = load_config(command, config_path, overrides)  # every key and the trackers, before anything is written
     run_dir = Path(cfg.output_dir)
     _STATE["run_dir"] = run_dir
     print(f"[rlhfkit] {command}: run directory {run_dir.resolve()}"

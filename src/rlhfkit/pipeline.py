@@ -18,7 +18,6 @@ from pathlib import Path
 from .config import RECIPES, PipelineConfig, build_config, save_config
 from .errors import ConfigError
 from .track.console import get_console
-from .track.trackers import check_backends
 
 STAGE_KEYS = {"name", "recipe", "config"}
 
@@ -118,9 +117,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
         if not (out / "data" / "eval_prompts.jsonl").is_file():
             make_task_data(cfg.task, out / "data", n=cfg.task_size, n_eval=cfg.eval_prompts)
             console.print(f"[pipeline] wrote the {cfg.task} task's data to {out / 'data'}", markup=False)
-    stages = plan_stages(cfg)
-    for _, _, stage_cfg in stages:  # a tracker's missing package stops the pipeline before its first stage
-        check_backends(stage_cfg.track.backends)
+    stages = plan_stages(cfg)  # every stage's config built and checked (trackers too) before the first stage
     save_config(cfg, out)
     state_path = out / "pipeline_state.json"
     state = _load_state(state_path)

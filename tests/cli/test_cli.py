@@ -304,3 +304,22 @@ def test_recipe_help_lists_the_common_keys(capsys):
     for key in ("model.name", "data.train", "optim.lr", "algo.num_generations", "reward.functions"):
         assert key in out
     assert "learning_rate" in out  # TRL-style names are accepted
+
+
+@pytest.mark.parametrize("recipe", ["sft", "grpo", "rloo", "simpo", "kto", "ppo"])
+def test_recipe_help_shows_the_recipes_own_defaults(recipe, capsys):
+    """`RECIPE --help` lists the common keys with the defaults a run of that recipe gets (the recipe table's
+    defaults over the config class's), e.g. grpo's runs/grpo and 4 generations, not ppo's."""
+    from rlhfkit.config import build_config
+
+    with pytest.raises(SystemExit):
+        main([recipe, "--help"])
+    text = capsys.readouterr().out
+    cfg = build_config(recipe, {}, [])
+    shown = re.findall(r"^  (\S+) .*\(default: (.*)\)$", text.split("common keys:")[1], flags=re.M)
+    assert shown
+    for key, default in shown:
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        assert default == repr(value), (key, default, value)
