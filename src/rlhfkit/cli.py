@@ -182,9 +182,10 @@ def build_parser() -> _Parser:
                                  "package.module:Class or file.py:Class) and report its metrics")
     p.add_argument("--env-kwargs", dest="env_kwargs", default="{}", metavar="YAML",
                    help="keyword arguments of the environment, e.g. \"{system_prompt: ''}\" (as env.kwargs)")
-    p.add_argument("--max-turns", dest="max_turns", type=int, default=3, help="assistant turns per episode (default 3)")
-    p.add_argument("--max-total-tokens", dest="max_total_tokens", type=int, default=384,
-                   help="tokens per episode after the prompt (default 384)")
+    p.add_argument("--max-turns", dest="max_turns", type=int,
+                   help="assistant turns per episode (default: env.max_turns's)")
+    p.add_argument("--max-total-tokens", dest="max_total_tokens", type=int,
+                   help="tokens per episode after the prompt (default: env.max_total_tokens's)")
 
     p = sub.add_parser("generate", help=OTHER_COMMANDS["generate"], description=OTHER_COMMANDS["generate"] + ".")
     p.add_argument("model", help="model or run directory, or a tiny[:...] spec")

@@ -286,14 +286,14 @@ def evaluate(
     fields: dict[str, str] | None = None,
     env: str | None = None,
     env_kwargs: dict | None = None,
-    max_turns: int = 3,
-    max_total_tokens: int = 384,
+    max_turns: int | None = None,
+    max_total_tokens: int | None = None,
 ) -> dict:
     """Evaluate ``model`` on the prompts of ``data`` (module docstring); writes ``out`` (default
     ``<model>/eval.json``) and returns the results dict. With ``env`` (a built-in environment, ``module:Class`` or
     ``file.py:Class``), each prompt is a multi-turn episode (``env_kwargs``, ``max_turns``, ``max_total_tokens`` as
-    ``env.*`` in training); the environment's metrics are reported and the final assistant turn is the answer the
-    gold metric, reward functions and reward model score."""
+    ``env.*`` in training, with its defaults); the environment's metrics are reported and the final assistant turn
+    is the answer the gold metric, reward functions and reward model score."""
     from .rewards import CombinedRewards, RewardModelScorer
     from .tasks import get_task
 
@@ -304,6 +304,7 @@ def evaluate(
     the_task = get_task(task) if task else None
     env_cls = None
     if env is not None:
+        from .config import EnvConfig
         from .envs import EnvError, load_environment
         from .envs.base import make_environment
 
@@ -313,6 +314,8 @@ def evaluate(
         except EnvError as err:  # training's keys are env.name / env.kwargs; here the flags are --env / --env-kwargs
             flag = "--env-kwargs" if err.where == "env.kwargs" else "--env"
             raise EnvError(err.message, where=flag, fix=err.fix) from None
+        max_turns = EnvConfig.max_turns if max_turns is None else max_turns
+        max_total_tokens = EnvConfig.max_total_tokens if max_total_tokens is None else max_total_tokens
         if max_turns < 1 or max_total_tokens < 1:
             raise ConfigError("--max-turns and --max-total-tokens must be at least 1", where="--max-turns",
                               fix="give positive limits")

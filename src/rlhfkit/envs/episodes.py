@@ -72,21 +72,24 @@ def run_episodes(engine, model, tok, env_cls, env_kwargs: dict, spec: str, rows:
         kwargs = {**sampling_kwargs, "max_new_tokens": max(1, min(max_new, budget))}
         out = engine.generate(model, [e.prompt_ids + e.ids for e in live], **kwargs, eos_token_ids=eos_token_ids,
                               pad_token_id=pad_token_id, tokenizer=tok, seed=seed + 7919 * turn)
+        # one host copy per turn, not one per episode and field
+        lengths, ended, ids = out.lengths.tolist(), out.ended.tolist(), out.response_ids.tolist()
+        lps = out.logprobs.tolist() if out.logprobs is not None else None
         for i, e in enumerate(live):
-            n = int(out.lengths[i])
+            n = int(lengths[i])
             n_fit = min(n, max_total_tokens - len(e.ids))
-            comp = out.response_ids[i, :n_fit].tolist()
+            comp = ids[i][:n_fit]
             e.ids += comp
             e.turn_ends.append(len(e.ids) - 1 if comp else -1)
             e.action += [1] * len(comp)
-            e.logprobs += out.logprobs[i, :n_fit].tolist() if out.logprobs is not None else [0.0] * len(comp)
+            e.logprobs += lps[i][:n_fit] if lps is not None else [0.0] * len(comp)
             text = tok.decode(comp, skip_special_tokens=True)
             assistant = {"role": "assistant", "content": text}
             result = call_env(spec, "step", e.env.step, list(e.messages), text)
             new, reward, done = check_step_result(spec, result)
             e.turn_rewards.append(reward)
             e.messages.append(assistant)
-            if n_fit < n or not bool(out.ended[i]):
+            if n_fit < n or not ended[i]:
                 e.done, e.ended = True, False  # cut by a token limit
                 continue
             if done or turn == max_turns - 1 or not new:

@@ -8,7 +8,7 @@ of tool-use RL at toy scale:
   ``tool`` message with the result and answer with it; the rest answer at once with a guess, wrong as mental
   arithmetic often is. A model trained on them writes a tool call about that often, not always well-formed.
 * **RL with the environment** (``env.name=calculator``, ``env.kwargs={system_prompt: ''}`` like the demonstrations,
-  see :attr:`CalculatorTask.system_prompt`) rewards each successful call and each right answer, so
+  see :attr:`CalculatorTask.system_prompt`) rewards an episode's first successful call and a right answer, so
   calling the tool becomes more frequent and more often well-formed: ``env/tool_call_success`` rises.
 
 A tiny model must first learn the call format from demonstrations: a 90k-parameter character-level model never
@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..envs.calculator import NUMBER, format_number, make_arithmetic_prompts, safe_eval
+from ..envs.calculator import NUMBER, expression_in, format_number, make_arithmetic_prompts, safe_eval
 from .base import DataFile
 
 
@@ -44,8 +44,9 @@ class CalculatorTask:
     system_prompt: str = ""
 
     FILES: ClassVar[dict[str, DataFile]] = {
-        "sft.jsonl": DataFile("sft_records", False, "tool-use demonstrations as messages (30% call the calculator "
-                              "and answer with its result, the rest guess)", "rlhfkit sft"),
+        "sft.jsonl": DataFile("sft_records", False, "tool-use demonstrations as messages (tool_fraction of them, "
+                              "30% by default, call the calculator and answer with its result; the rest guess)",
+                              "rlhfkit sft"),
         "prompts.jsonl": DataFile("prompt_records", False, "arithmetic questions: prompt, expression, answer",
                                   "rlhfkit grpo / ppo / rloo / reinforce with env.name=calculator"),
         "eval_prompts.jsonl": DataFile("prompt_records", True, "held-out questions (another seed)",
@@ -76,8 +77,6 @@ class CalculatorTask:
     @staticmethod
     def gold(prompt: str, completion: str) -> float:
         """1.0 when the completion's last number is the value of the prompt's expression (no tool: single turn)."""
-        from ..envs.calculator import expression_in
-
         numbers = NUMBER.findall(completion)
         try:
             value = safe_eval(expression_in(prompt))
