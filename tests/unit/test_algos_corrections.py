@@ -23,7 +23,7 @@ def test_registry_and_none():
     assert set(OFF_POLICY_CORRECTIONS) == {"none", "tis", "mis"}
     old, rollout, mask = _case()
     w, m = OFF_POLICY_CORRECTIONS["none"](old, rollout, mask)
-    assert torch.equal(w, torch.ones_like(old)) and torch.equal(m, mask)
+    assert w is None and torch.equal(m, mask)  # None: every policy loss reads it as weight 1
 
 
 def test_tis_token_and_sequence_hand_values():

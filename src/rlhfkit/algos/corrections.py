@@ -8,10 +8,11 @@ importance ratio rho_t = pi_old(y_t) / pi_rollout(y_t) measures it (Yao et al. 2
 secretly brings you off-policy RL training"; Liu et al. 2025, masked IS).
 
 Every entry: ``fn(old_logprobs, rollout_logprobs, mask, *, cap, low, high, level) -> (weights, mask)``,
-all [B, T]; ``weights`` (no grad) multiply the per-token policy loss, the returned mask replaces the policy-loss mask.
+all [B, T]; ``weights`` (no grad, or None for 1) multiply the per-token policy loss, the returned mask replaces the
+policy-loss mask.
 ``level``: ``token`` (a ratio per token) or ``sequence`` (the product of the row's token ratios, one per row).
 
-- ``none``: weights 1, mask unchanged.
+- ``none``: no weights (None: the plain loss), mask unchanged.
 - ``tis``: truncated IS, w = min(rho, cap) (Yao et al. 2025).
 - ``mis``: masked IS, w = rho where low <= rho <= high, and the token (or the whole row) is dropped from the mask
   outside that band.
@@ -38,8 +39,8 @@ def importance_log_ratio(old_logprobs: torch.Tensor, rollout_logprobs: torch.Ten
 
 
 def no_correction(old_logprobs, rollout_logprobs, mask, *, cap=2.0, low=0.5, high=2.0, level="token"):
-    """No correction: weights 1, mask unchanged."""
-    return torch.ones_like(old_logprobs), mask
+    """No correction: no weights (the losses read ``weights=None`` as 1), mask unchanged."""
+    return None, mask
 
 
 def truncated_is(old_logprobs, rollout_logprobs, mask, *, cap=2.0, low=0.5, high=2.0, level="token"):
@@ -58,7 +59,7 @@ def masked_is(old_logprobs, rollout_logprobs, mask, *, cap=2.0, low=0.5, high=2.
     return torch.where(keep, rho, torch.zeros_like(rho)), keep.to(mask.dtype)
 
 
-CorrectionFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+CorrectionFn = Callable[..., tuple[torch.Tensor | None, torch.Tensor]]
 
 OFF_POLICY_CORRECTIONS: dict[str, CorrectionFn] = {
     "none": no_correction,

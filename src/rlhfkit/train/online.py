@@ -492,11 +492,11 @@ class OnlineTrainer:
             st = algos.mismatch_stats(every(exp.old_logprobs), every(sampled), every(exp.mask), op.low, op.high)
         else:
             st = algos.mismatch_stats(exp.old_logprobs, sampled, exp.mask, op.low, op.high)
-        if op.correction != "none":
-            weights, mask = algos.OFF_POLICY_CORRECTIONS[op.correction](
-                exp.old_logprobs, sampled, exp.mask, cap=op.cap, low=op.low, high=op.high, level=op.level)
-            exp.mask = mask.to(exp.mask.dtype)
-            exp.advantages = exp.advantages * exp.mask
+        weights, mask = algos.OFF_POLICY_CORRECTIONS[op.correction](
+            exp.old_logprobs, sampled, exp.mask, cap=op.cap, low=op.low, high=op.high, level=op.level)
+        exp.mask = mask.to(exp.mask.dtype)
+        exp.advantages = exp.advantages * exp.mask
+        if weights is not None:
             exp.is_weights = weights * exp.mask
             st["is_weight_mean"] = algos.masked_mean(exp.is_weights, exp.mask)
         return {f"rollout/{k}": float(v) for k, v in st.items()}
