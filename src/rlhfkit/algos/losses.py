@@ -107,6 +107,26 @@ def bradley_terry_loss(
 
 
 # --------------------------------------------------------------------------------------------- online RL
+def _clipped(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float | None):
+    """max(-A r, -A clip(r, 1 - lo, 1 + hi)) and whether the clipped term was taken (same shape as ratio)."""
+    clip_high = clip_low if clip_high is None else clip_high
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def _stats(ratio: torch.Tensor, log_ratio: torch.Tensor, was_clipped: torch.Tensor, mask: torch.Tensor) -> Stats:
+    with torch.no_grad():
+        return {"clipfrac": masked_mean(was_clipped.float(), mask),
+                "approxkl": 0.5 * masked_mean(log_ratio.detach().square(), mask),
+                "ratio_mean": masked_mean(ratio.detach(), mask),
+                "ratio_var": masked_var(ratio.detach(), mask)}
+
+
+def _weighted(per_token: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    return per_token if weights is None else per_token * weights.detach()
+
+
 def ppo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -134,27 +154,15 @@ def ppo_policy_loss(
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
-    clip_high = clip_low if clip_high is None else clip_high
     valid = mask.bool()
     advantages = _where(advantages, valid)
     log_ratio = _where(logprobs - old_logprobs, valid)  # before exp: padding gives ratio 1 and no gradient
     if log_ratio_clip is not None:
         log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
     ratio = torch.exp(log_ratio)
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    per_token = torch.maximum(pg_losses1, pg_losses2)
-    if weights is not None:
-        per_token = per_token * weights.detach()
-    loss = aggregate_loss(per_token, mask, aggregation, max_len)
-    with torch.no_grad():
-        stats = {
-            "clipfrac": masked_mean((pg_losses2 > pg_losses1).float(), mask),
-            "approxkl": 0.5 * masked_mean(log_ratio.square(), mask),
-            "ratio_mean": masked_mean(ratio, mask),
-            "ratio_var": masked_var(ratio, mask),
-        }
-    return loss, stats
+    per_token, was_clipped = _clipped(ratio, advantages, clip_low, clip_high)
+    loss = aggregate_loss(_weighted(per_token, weights), mask, aggregation, max_len)
+    return loss, _stats(ratio, log_ratio, was_clipped, mask)
 
 
 def value_loss(

@@ -28,30 +28,10 @@ from collections.abc import Callable
 
 import torch
 
-from rlhfkit.algos.losses import aggregate_loss, ppo_policy_loss
-from rlhfkit.algos.masked import masked_mean, masked_var
+from rlhfkit.algos.losses import _clipped, _stats, _weighted, aggregate_loss, ppo_policy_loss
+from rlhfkit.algos.masked import masked_mean
 
 Stats = dict[str, torch.Tensor]
-
-
-def _clipped(ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float | None):
-    """max(-A r, -A clip(r, 1 - lo, 1 + hi)) and whether the clipped term was taken (same shape as ratio)."""
-    clip_high = clip_low if clip_high is None else clip_high
-    unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    return torch.maximum(unclipped, clipped), clipped > unclipped
-
-
-def _stats(ratio: torch.Tensor, log_ratio: torch.Tensor, was_clipped: torch.Tensor, mask: torch.Tensor) -> Stats:
-    with torch.no_grad():
-        return {"clipfrac": masked_mean(was_clipped.float(), mask),
-                "approxkl": 0.5 * masked_mean(log_ratio.detach().square(), mask),
-                "ratio_mean": masked_mean(ratio.detach(), mask),
-                "ratio_var": masked_var(ratio.detach(), mask)}
-
-
-def _weighted(per_token: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    return per_token if weights is None else per_token * weights.detach()
 
 
 def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
