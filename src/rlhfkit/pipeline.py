@@ -83,6 +83,15 @@ def plan_stages(cfg: PipelineConfig) -> list[tuple[str, str, object]]:
         if spec.family == "online" and reward_model is not None:
             defaults["reward"] = {"model": reward_model}
         if cfg.task:
+            from .tasks import get_task
+
+            files = get_task(cfg.task).FILES
+            given = tree.get("data") if isinstance(tree.get("data"), dict) else {}
+            lacking = [f for key, f in spec.task_files.items() if f not in files and key not in given]
+            if lacking:
+                raise ConfigError(f"the '{cfg.task}' task writes no {lacking[0]} for the {recipe} stage",
+                                  where=f"{where}.recipe", fix=f"the task writes {', '.join(files)}; give the stage "
+                                                               "its own data.train / data.eval, or drop it")
             defaults["data"] = {k: str(data_dir / v) for k, v in spec.task_files.items()}
         tree = _deep_default(tree, defaults)
         stage_cfg = build_config(recipe, tree, source=f"pipeline {where} ({name})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rlhfkit.config import build_config
@@ -26,6 +27,22 @@ def test_plan_chains_models_and_data(tmp_path):
     assert rm.model.name == sft.output_dir and rm.data.train.endswith("preference.jsonl")
     assert ppo.model.name == sft.output_dir and ppo.reward.model == rm.output_dir
     assert ppo.critic.init == "reward"
+
+
+def test_a_stage_needing_a_file_the_task_does_not_write_is_refused_at_plan(tmp_path):
+    """The calculator task writes SFT and prompt files only: a pipeline giving it an RM stage fails at plan time,
+    before the first stage trains, naming the file; the stage's own data.train is accepted instead."""
+    from rlhfkit.errors import ConfigError
+
+    stages = [{"name": "sft", "recipe": "sft"}, {"name": "rm", "recipe": "rm"}]
+    cfg = build_config("pipeline", {"output_dir": str(tmp_path / "p"), "task": "calculator", "stages": stages})
+    with pytest.raises(ConfigError, match="writes no preference.jsonl for the rm stage"):
+        plan_stages(cfg)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "What is 1 + 1?", "chosen": "2", "rejected": "3"}\n')
+    stages[1]["config"] = {"data": {"train": str(pairs), "eval": None}}
+    cfg = build_config("pipeline", {"output_dir": str(tmp_path / "p"), "task": "calculator", "stages": stages})
+    assert plan_stages(cfg)[1][2].data.train == str(pairs)
 
 
 def test_small_pipeline_runs_reports_and_skips_finished_stages(tmp_path, capsys):
