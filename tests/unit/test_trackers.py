@@ -8,7 +8,6 @@ import pytest
 from rlhfkit.cli import main
 from rlhfkit.errors import ConfigError
 from rlhfkit.track import MetricsSink, SampleLogger, read_metrics
-from rlhfkit.track import trackers as trackers_mod
 from rlhfkit.track.metrics import markdown_table
 from rlhfkit.track.trackers import check_backends, flat_config
 
@@ -17,7 +16,7 @@ REAL_FIND_SPEC = importlib.util.find_spec
 
 def _installed(monkeypatch, *names):
     """Pretend exactly ``names`` (and the real tensorboard) are importable."""
-    monkeypatch.setattr(trackers_mod.importlib.util, "find_spec",
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda m: object() if m in names else (REAL_FIND_SPEC(m) if m == "tensorboard" else None))
 
 
@@ -68,9 +67,9 @@ def test_missing_tracker_writes_nothing(tmp_path, monkeypatch):
 
 
 def test_cli_rejects_a_missing_tracker_before_the_run_directory_exists(tmp_path, monkeypatch, capsys):
-    import rlhfkit.config
+    import rlhfkit.config.aliases
 
-    monkeypatch.setattr(rlhfkit.config, "_ALIASES_LOGGED", set())  # an earlier test may have logged report_to
+    monkeypatch.setattr(rlhfkit.config.aliases, "_ALIASES_LOGGED", set())  # an earlier test may have logged report_to
     _installed(monkeypatch)
     out = tmp_path / "run"
     assert main(["sft", f"output_dir={out}", "model.name=tiny:hidden=32,layers=1", "data.train=x.jsonl",

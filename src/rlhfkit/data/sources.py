@@ -9,9 +9,10 @@ user can open in an editor:
 * ``train.parquet[3]`` — row 3 (0-based) of a Parquet file;
 * ``gsm8k:main[train][3]`` — row 3 of a ``datasets`` split.
 
-A split string (``train``, ``train[:500]``, ``train[10:20]``, ``train[:10%]``) selects rows; for ``datasets``
-names it goes to :func:`datasets.load_dataset`, for local files the slice is applied here (the name part picks
-files inside a directory, e.g. ``train`` -> ``train.jsonl``, and is otherwise ignored).
+A split string (``train``, ``train[:500]``, ``train[10:20]``, ``train[:10%]``; the syntax is config's:
+:func:`rlhfkit.config.splits.parse_split`) selects rows; for ``datasets`` names it goes to
+:func:`datasets.load_dataset`, for local files the slice is applied here (the name part picks files inside a
+directory, e.g. ``train`` -> ``train.jsonl``, and is otherwise ignored).
 
 ``datasets`` names are loaded **offline** (from the local cache): rlhfkit never downloads data behind your back.
 """
@@ -25,37 +26,15 @@ import math
 import re
 from pathlib import Path
 
+from ..config.splits import parse_split
 from ..errors import DataError
 from .formats import Record, detect_kind, drop_tied_pairs, normalize_record
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
-_SPLIT_RE = re.compile(r"^\s*(?P<name>[\w\-.]*)\s*(?:\[\s*(?P<start>-?\d+%?)?\s*(?::\s*(?P<stop>-?\d+%?)?\s*)?\])?\s*$")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # split slicing
-
-
-def parse_split(split: str | None) -> tuple[str | None, str | None, str | None, bool]:
-    """Parse ``name[start:stop]`` into ``(name, start, stop, is_slice)``; bounds are strings (may end in ``%``).
-
-    ``train[5]`` (a single index, no colon) is read as ``train[5:6]``.
-    """
-    if split is None or split == "":
-        return None, None, None, False
-    m = _SPLIT_RE.match(split)
-    if not m:
-        raise DataError(f"cannot parse the split {split!r}", where="data.split",
-                        fix="write a split like train, train[:500], train[100:200] or train[:10%]")
-    name = m.group("name") or None
-    start, stop = m.group("start"), m.group("stop")
-    is_slice = "[" in split
-    if is_slice and ":" not in split:  # single index
-        if start is None or start.endswith("%"):
-            raise DataError(f"cannot parse the split {split!r}", where="data.split",
-                            fix="write a split like train[:500] or train[10:20]")
-        stop = str(int(start) + 1) if int(start) != -1 else None
-    return name, start, stop, is_slice
 
 
 def _bound(b: str | None, n: int) -> int | None:

@@ -2,36 +2,23 @@
 DVCLive, SwanLab, Trackio, ...) through its own tracker classes, so each comes with no code of ours; TensorBoard and
 W&B stay written by :class:`~rlhfkit.track.metrics.MetricsSink` itself (it resumes their runs in place).
 
-:func:`check_backends` is the check a run makes before anything is written: an unknown name gets a did-you-mean,
-a tracker whose package is missing one line with the ``pip install`` that fixes it. It only looks the packages up
-(``importlib.util.find_spec``), it imports none.
+:func:`check_backends` (it lives in :mod:`rlhfkit.config.checks`, the tracker names in :mod:`rlhfkit.config.choices`,
+and is re-exported here) is the check a config build and a run's sink make before anything is written: an unknown
+name gets a did-you-mean, a tracker whose package is missing one line with the ``pip install`` that fixes it. It
+only looks the packages up (``importlib.util.find_spec``), it imports none.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-
-OWN = ("jsonl", "tensorboard", "wandb")  # written by MetricsSink
-# tracker -> (module that must be importable, what to pip install)
-PACKAGES: dict[str, tuple[str, str]] = {
-    "tensorboard": ("tensorboard", "tensorboard"),
-    "wandb": ("wandb", "wandb"),
-    "mlflow": ("mlflow", "mlflow"),
-    "comet_ml": ("comet_ml", "comet-ml"),
-    "aim": ("aim", "aim"),
-    "clearml": ("clearml", "clearml"),
-    "dvclive": ("dvclive", "dvclive"),
-    "swanlab": ("swanlab", "swanlab"),
-    "trackio": ("trackio", "trackio"),
-}
+from ..config.checks import check_backends as check_backends  # re-exported: the check lives with the config's
+from ..config.choices import OWN_TRACKERS
+from ..config.choices import known_backends as known_backends
 
 
 def accelerate_trackers() -> dict[str, type]:
@@ -39,26 +26,6 @@ def accelerate_trackers() -> dict[str, type]:
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS
 
     return dict(LOGGER_TYPE_TO_CLASS)
-
-
-def known_backends() -> tuple[str, ...]:
-    return tuple(dict.fromkeys((*OWN, *accelerate_trackers())))
-
-
-def check_backends(backends: Sequence[str]) -> None:
-    """Raise a one-line ``ConfigError`` (where ``track.backends``) for an unknown tracker or one whose package is
-    not installed. Writes nothing, imports nothing."""
-    known = known_backends()
-    for name in backends:
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
-            hint = f"did you mean '{close[0]}'? " if close else ""
-            raise ConfigError(f"unknown tracker '{name}'", where="track.backends",
-                              fix=f"{hint}use some of {', '.join(known)}")
-        module, pip = PACKAGES.get(name, (name, name))
-        if name != "jsonl" and importlib.util.find_spec(module) is None:
-            raise ConfigError(f"the {name} tracker needs the {pip} package, which is not installed",
-                              where="track.backends", fix=f"pip install {pip} (or drop {name} from track.backends)")
 
 
 def flat_config(config: Any) -> dict[str, bool | str | float | int | None]:
@@ -92,7 +59,7 @@ class AccelerateTrackers:
         classes = accelerate_trackers()
         self.trackers = []
         for name in names:
-            if name in OWN:
+            if name in OWN_TRACKERS:
                 continue
             cls = classes[name]
             if name == "mlflow":

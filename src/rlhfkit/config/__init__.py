@@ -1,0 +1,71 @@
+"""Typed configuration: one frozen dataclass per recipe, composed of small shared sections.
+
+A config comes from a YAML file plus dotted overrides (``optim.lr=1e-4``, ``output_dir=runs/x``). Building it
+validates every key and type once: unknown keys and wrong types raise :class:`~rlhfkit.errors.ConfigError` with the
+key path and a "did you mean" hint. After that the config is frozen; nothing rewrites it. Every field has a help
+string (``field(metadata={"help": ...})``) from which the commented YAML files in ``configs/`` are checked.
+
+One job per module (each imports only those above it, plus ``errors``):
+
+* :mod:`.splits` — the split syntax of ``data.split`` (``train[:500]``);
+* :mod:`.choices` — the values a key may take: static, read from the registries (lazily), tracker names;
+* :mod:`.checks` — the cross-field rules (``check()``) and what a run needs (``check_inputs()``);
+* :mod:`.schema` — the field helper :func:`f` and every section and recipe dataclass;
+* :mod:`.recipes` — the recipe table :data:`RECIPES`;
+* :mod:`.aliases` — TRL-style flat names (``learning_rate`` -> ``optim.lr``), logged once;
+* :mod:`.parse` — YAML, dotted overrides, coercion with bounds and did-you-mean, :func:`build_config`,
+  :func:`dump_yaml`.
+"""
+
+from .aliases import _FAMILY_ALIASES, ALIASES, alias_of
+from .checks import check_backends, check_output_dir
+from .choices import STATIC_CHOICES, choices_of, known_backends, registry_choices
+from .parse import (
+    build_config,
+    dump_yaml,
+    load_config,
+    parse_override,
+    read_yaml,
+    replace,
+    save_config,
+)
+from .recipes import RECIPES, Recipe
+from .schema import (
+    CriticConfig,
+    DataConfig,
+    DistributedConfig,
+    DynamicSamplingConfig,
+    EnvConfig,
+    GenerationConfig,
+    KLConfig,
+    LoraConfig,
+    MemoryConfig,
+    ModelConfig,
+    OffPolicyConfig,
+    OnlineAlgoConfig,
+    OnlineConfig,
+    OptimConfig,
+    OverlongConfig,
+    PipelineConfig,
+    PreferenceAlgoConfig,
+    PreferenceConfig,
+    RewardConfig,
+    RewardFunction,
+    RewardModelConfig,
+    RMConfig,
+    SFTConfig,
+    TrackConfig,
+    TrainConfig,
+    f,
+)
+from .splits import parse_split
+
+__all__ = [
+    "ALIASES", "RECIPES", "STATIC_CHOICES", "CriticConfig", "DataConfig", "DistributedConfig", "DynamicSamplingConfig",
+    "EnvConfig", "GenerationConfig", "KLConfig", "LoraConfig", "MemoryConfig", "ModelConfig", "OffPolicyConfig",
+    "OnlineAlgoConfig", "OnlineConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "PreferenceAlgoConfig",
+    "PreferenceConfig", "Recipe", "RewardConfig", "RewardFunction", "RewardModelConfig", "RMConfig", "SFTConfig",
+    "TrackConfig", "TrainConfig", "_FAMILY_ALIASES", "alias_of", "build_config", "check_backends", "check_output_dir",
+    "choices_of", "dump_yaml", "f", "known_backends", "load_config", "parse_override", "parse_split", "read_yaml",
+    "registry_choices", "replace", "save_config",
+]

@@ -1,0 +1,320 @@
+"""Reading a config: YAML files, dotted overrides (``optim.lr=1e-4``), coercion into the frozen dataclasses of
+:mod:`.schema` with bounds, choices and a "did you mean" for unknown keys; then writing it back (:func:`dump_yaml`,
+:func:`save_config`).
+
+Building validates every key and type once: unknown keys and wrong types raise :class:`~rlhfkit.errors.ConfigError`
+with the key path and a "did you mean" hint. After that the config is frozen; nothing rewrites it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+from .aliases import _ALIASES_PENDING, _apply_aliases, _flush_aliases, _log_alias, alias_of
+from .choices import choices_of
+from .recipes import RECIPES
+
+
+def _did_you_mean(key: str, options: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(key, options, n=1, cutoff=0.5)
+    if close:
+        return f"did you mean '{prefix}{close[0]}'?"
+    return f"valid keys: {', '.join(prefix + o for o in sorted(options))}"
+
+
+def _is_optional(tp) -> tuple[bool, Any]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return True, args[0]
+    return False, tp
+
+
+def _coerce(value: Any, tp, path: str, source: str):
+    """Check / convert ``value`` to type ``tp`` or raise ConfigError naming ``path``."""
+    optional, tp = _is_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"'{path}' may not be null", where=source, fix=f"give a value for {path}")
+    where = source
+
+    def bad(expected: str):
+        return ConfigError(
+            f"'{path}' must be {expected}, got {type(value).__name__} {value!r}", where=where,
+            fix=f"set {path} to {expected}",
+        )
+
+    if dataclasses.is_dataclass(tp):
+        if dataclasses.is_dataclass(value):
+            return value
+        if not isinstance(value, dict):
+            raise bad("a mapping")
+        return _build(tp, value, path, source)
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise bad("true or false")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise bad("an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise bad("a number") from None
+            else:
+                raise bad("a number")
+        value = float(value)
+        if not math.isfinite(value):
+            raise bad("a finite number")
+        return value
+    if tp is str:
+        if isinstance(value, bool) and ("no" if not value else "yes") in (choices_of(path) or ()):
+            return "no" if not value else "yes"  # YAML 1.1 reads `no` as false: train.mixed_precision=no
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str) and item_tp is str:  # track.backends=tensorboard or =jsonl,wandb
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise bad("a list")
+        return [_coerce(v, item_tp, f"{path}[{i}]", source) for i, v in enumerate(value)]
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise bad("a mapping")
+        return {str(k): _coerce(v, val_tp, f"{path}.{k}", source) for k, v in value.items()}
+    raise TypeError(f"unsupported config type {tp} at {path}")
+
+
+_BOUNDS = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"), "le": (lambda v, b: v <= b, "<="),
+           "lt": (lambda v, b: v < b, "<")}
+
+
+def _check_bounds(value, meta, path: str, source: str) -> None:
+    """Numbers (and lists of numbers) against the field's ``ge`` / ``gt`` / ``le`` / ``lt`` bounds."""
+    items = value if isinstance(value, list) else [value]
+    for v in items:
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        for key, (ok, _) in _BOUNDS.items():
+            if key in meta and not ok(v, meta[key]):
+                limits = " and ".join(f"{s} {meta[k]}" for k, (_, s) in _BOUNDS.items() if k in meta)
+                raise ConfigError(f"'{path}' must be {limits}, got {v!r}", where=source,
+                                  fix=f"set {path} to a value {limits}")
+
+
+def _build(cls, data: dict, prefix: str, source: str, base=None):
+    """``cls`` with the keys of ``data`` set on top of ``base`` (default: the class defaults). Nested sections start
+    from the parent's default for that field, so a recipe's own defaults survive a partial override."""
+    base = base if base is not None else cls()
+    hints = typing.get_type_hints(cls)
+    fields_by_name = {fl.name: fl for fl in dataclasses.fields(cls)}
+    names = list(fields_by_name)
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            raise ConfigError(
+                f"unknown key '{path}'", where=source,
+                fix=_did_you_mean(str(key), names, f"{prefix}." if prefix else ""),
+            )
+        current = getattr(base, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            kwargs[key] = _build(type(current), value, path, source, base=current)
+            continue
+        coerced = _coerce(value, hints[key], path, source)
+        _check_bounds(coerced, fields_by_name[key].metadata, path, source)
+        choices = choices_of(path)
+        if choices is not None and coerced not in choices:
+            raise ConfigError(
+                f"'{path}' must be one of {', '.join(choices)}, got {coerced!r}", where=source,
+                fix=_did_you_mean(str(coerced), list(choices)),
+            )
+        kwargs[key] = coerced
+    return dataclasses.replace(base, **kwargs)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k not in ("fields", "kwargs"):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=1e-4`` -> (["a", "b"], 1e-4); values are parsed as YAML (numbers, bools, lists, null)."""
+    key, eq, raw = text.partition("=")
+    key = key.strip().lstrip("-").replace("-", "_") if key.startswith("--") else key.strip()
+    if not eq or not key:
+        raise ConfigError(f"bad override {text!r}", where="command line", fix="write key.sub=value, e.g. optim.lr=1e-5")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, float) is False and isinstance(raw, str) and _looks_like_sci(raw):
+        value = float(raw)
+    if isinstance(value, (dict, list)) and not raw.strip().startswith(("{", "[")):
+        value = raw  # e.g. output_dir=runs/a: b is a path, not a mapping
+    return key.split("."), value
+
+
+def _looks_like_sci(raw: str) -> bool:
+    # YAML 1.1 reads "1e-5" as a string; users mean a number.
+    try:
+        float(raw)
+    except ValueError:
+        return False
+    return any(c in raw.lower() for c in "e") and not raw.strip().lower().startswith(("inf", "nan"))
+
+
+def _set_path(tree: dict, keys: list[str], value: Any) -> None:
+    node = tree
+    for k in keys[:-1]:
+        nxt = node.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[k] = nxt
+        node = nxt
+    node[keys[-1]] = value
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}", where=str(p), fix="check the path (see configs/ for examples)")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise ConfigError(f"invalid YAML ({getattr(exc, 'problem', exc)})", where=where,
+                          fix="fix the YAML syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError("a config file must be a mapping of keys", where=str(p), fix="see configs/ for examples")
+    return _fix_sci(data)
+
+
+def _fix_sci(node):
+    if isinstance(node, dict):
+        return {k: _fix_sci(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fix_sci(v) for v in node]
+    if isinstance(node, str) and _looks_like_sci(node) and node.strip()[0] in "0123456789.-+":
+        return float(node)
+    return node
+
+
+def build_config(recipe: str, data: dict | None = None, overrides: list[str] | tuple[str, ...] = (),
+                 source: str = "config"):
+    """Build, validate (types, bounds, choices, then the recipe's cross-field ``check()``) and freeze the config of
+    ``recipe`` from a mapping plus dotted overrides."""
+    if recipe not in RECIPES:
+        raise ConfigError(f"unknown recipe '{recipe}'", where="recipe", fix=_did_you_mean(recipe, list(RECIPES)))
+    spec = RECIPES[recipe]
+    _ALIASES_PENDING.clear()
+    data = _apply_aliases(copy.deepcopy(data or {}), recipe, source)
+    tree = _merge(copy.deepcopy(spec.defaults), data)  # never mutate shared defaults
+    file_recipe = tree.get("recipe", recipe)
+    if file_recipe not in RECIPES or RECIPES[file_recipe].config is not spec.config:
+        raise ConfigError(
+            f"this config is for recipe '{file_recipe}', not '{recipe}'", where=f"{source}: recipe",
+            fix=f"run `rlhfkit {file_recipe} ...` or use a {recipe} config",
+        )
+    tree["recipe"] = recipe if data.get("recipe") is None else file_recipe
+    for item in overrides:
+        keys, value = parse_override(item)
+        if len(keys) == 1 and keys[0] not in {fl.name for fl in dataclasses.fields(spec.config)}:
+            target = alias_of(keys[0], recipe)
+            if target is not None:
+                _log_alias(keys[0], target)
+                keys = target.split(".")
+        _set_path(tree, keys, value)
+    src = source if not overrides else f"{source} + overrides"
+    cfg = _build(spec.config, tree, "", src)
+    cfg.check()
+    _flush_aliases()
+    return cfg
+
+
+def load_config(recipe: str, path: str | Path | None, overrides=()):
+    """Read ``path`` (may be None) and build ``recipe``'s config."""
+    data = read_yaml(path) if path else {}
+    return build_config(recipe, data, overrides, source=str(path) if path else "defaults")
+
+
+def replace(cfg, **changes):
+    """A changed copy (configs are frozen); nested sections as dicts of changes, e.g. train={"seed": 1}."""
+    kwargs = {}
+    for key, value in changes.items():
+        cur = getattr(cfg, key)
+        if dataclasses.is_dataclass(cur) and isinstance(value, dict):
+            kwargs[key] = replace(cur, **value)
+        else:
+            kwargs[key] = value
+    return dataclasses.replace(cfg, **kwargs)
+
+
+def dump_yaml(cfg, comments: bool = True) -> str:
+    """YAML text of ``cfg`` with each key's help string as a trailing comment."""
+    lines: list[str] = []
+
+    def emit(obj, indent: int):
+        for fl in dataclasses.fields(obj):
+            value = getattr(obj, fl.name)
+            help_text = fl.metadata.get("help", "")
+            pad = "  " * indent
+            if dataclasses.is_dataclass(value):
+                lines.append(f"{pad}{fl.name}:" + (f"  # {help_text}" if comments and help_text else ""))
+                emit(value, indent + 1)
+                continue
+            if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
+                value = [dataclasses.asdict(v) for v in value]
+            text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+            if text.endswith("\n...") or text.endswith("..."):
+                text = text.replace("\n...", "").replace("...", "").strip()
+            lines.append(f"{pad}{fl.name}: {text}" + (f"  # {help_text}" if comments and help_text else ""))
+
+    emit(cfg, 0)
+    return "\n".join(lines) + "\n"
+
+
+def save_config(cfg, run_dir: str | Path) -> Path:
+    """Write the resolved config (with comments) to ``run_dir/config.yaml``."""
+    out = Path(run_dir) / "config.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".yaml.tmp")
+    tmp.write_text(dump_yaml(cfg))
+    tmp.replace(out)
+    return out

@@ -1,0 +1,374 @@
+"""The schema: the field helper :func:`f` and every section and recipe dataclass (frozen, one help string per field).
+
+A field's bounds (``ge`` / ``gt`` / ``le`` / ``lt``) sit in its metadata beside the help string; the builder in
+:mod:`.parse` enforces them. Each recipe config's ``check()`` / ``check_inputs()`` call the rules in :mod:`.checks`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from .checks import (
+    _check_common,
+    _check_data_format,
+    _check_online,
+    _check_preference,
+    _inputs_common,
+    _inputs_online,
+    check_output_dir,
+)
+
+
+def f(default, help: str, **kw):  # noqa: A002 - short helper for fields with help text
+    """A dataclass field with a help string; mutable defaults are copied per instance."""
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+# ─────────────────────────────────────────────── shared sections ──────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    enabled: bool = f(False, "train LoRA adapters instead of all weights")
+    r: int = f(16, "LoRA rank", ge=1)
+    alpha: int = f(32, "LoRA scaling numerator (scale = alpha / r)", ge=1)
+    dropout: float = f(0.05, "dropout on the LoRA branch", ge=0, lt=1)
+    target_modules: list[str] | None = f(None, "module names to adapt; null = chosen per architecture")
+    qlora: bool = f(False, "load the base model in 4-bit (needs CUDA and bitsandbytes)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = f("tiny", "HF directory, cached hub name, .gguf file, or tiny[:hidden=..,layers=..]")
+    gguf_file: str | None = f(None, "GGUF file name inside `name` (a directory) when loading a GGUF model")
+    dtype: str = f("auto", "auto (CUDA: fp32 weights + bf16 autocast when trained, bf16 when frozen or LoRA base; "
+                           "CPU: fp32) | float32 | bfloat16 | float16")
+    gradient_checkpointing: bool = f(False, "recompute activations in backward to save memory")
+    chat_template: str | None = f(None, "override the tokenizer's chat template (a Jinja string or a file path)")
+    lora: LoraConfig = f(LoraConfig(), "LoRA / QLoRA settings")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str | None = f(None, "training data: .jsonl/.json/.parquet/.csv file, a directory, or a datasets name")
+    eval: str | None = f(None, "evaluation data (same forms); null = split eval_fraction off the training data")
+    split: str | None = f(None, "split / slice of the training source, e.g. train[:500]")
+    eval_split: str | None = f(None, "split / slice of the evaluation source")
+    eval_fraction: float = f(0.05, "fraction of training records held out for evaluation when eval is null",
+                             ge=0, lt=1)
+    format: str = f("auto", "auto | sft | preference | prompt | unpaired")
+    fields: dict[str, str] = f({}, "column mapping, field -> your column, e.g. {prompt: question, answer: solution}")
+    max_length: int = f(512, "maximum tokens of prompt + completion", ge=2)
+    max_prompt_length: int | None = f(None, "maximum prompt tokens; null = max_length (prompts), max_length/2 (pairs)",
+                                      ge=1)
+    overflow: str = f("truncate", "over-long prompts: truncate (keep the end) | drop | error; always counted")
+    completion_only_loss: bool = f(True, "SFT: train on assistant / completion tokens only")
+    packing: bool = f(False, "SFT: pack several examples into each row of max_length")
+    limit: int | None = f(None, "use at most this many training records", ge=1)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = f(1e-5, "peak learning rate", ge=0)
+    weight_decay: float = f(0.0, "AdamW weight decay", ge=0)
+    betas: list[float] = f([0.9, 0.999], "AdamW betas", ge=0, lt=1)
+    eps: float = f(1e-8, "AdamW epsilon", gt=0)
+    schedule: str = f("linear", "linear | cosine | constant (after warm-up)")
+    warmup_ratio: float = f(0.0, "warm-up as a fraction of all optimizer updates", ge=0, le=1)
+    warmup_steps: int = f(0, "warm-up in optimizer updates (wins over warmup_ratio when > 0)", ge=0)
+    max_grad_norm: float | None = f(1.0, "gradient clipping norm; null = no clipping", gt=0)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: float = f(1.0, "passes over the training data (fractions allowed)", gt=0)
+    max_steps: int = f(-1, "optimizer updates to run; -1 = derived from epochs", ge=-1)
+    batch_size: int = f(8, "micro-batch size per device", ge=1)
+    grad_accum: int = f(1, "micro-batches accumulated per optimizer update", ge=1)
+    eval_batch_size: int | None = f(None, "evaluation micro-batch size; null = batch_size", ge=1)
+    seed: int = f(42, "random seed (data order, initialisation, sampling)", ge=0)
+    eval_every: int = f(0, "evaluate every N optimizer updates; 0 = only at the end", ge=0)
+    save_every: int = f(0, "checkpoint every N optimizer updates; 0 = only the final model", ge=0)
+    save_total_limit: int = f(2, "checkpoints kept (older ones deleted)", ge=1)
+    resume: str = f("auto", "auto (latest valid checkpoint of the same run) | never (start over) | force (resume "
+                            "even when settings changed; the new settings apply from there) | a checkpoint-N path")
+    log_every: int = f(1, "log metrics every N optimizer updates", ge=1)
+    mixed_precision: str = f("auto", "auto (bf16 on CUDA, none on CPU) | no | bf16 | fp16")
+    max_nonfinite_skips: int = f(5, "stop after this many consecutive updates skipped for a non-finite loss or "
+                                    "gradient", ge=1)
+
+
+@dataclass(frozen=True)
+class TrackConfig:
+    backends: list[str] = f(["jsonl"], "trackers: jsonl (always) + tensorboard | wandb | mlflow | comet_ml | aim | "
+                                       "clearml | dvclive | swanlab | trackio (the last via accelerate)")
+    sample_every: int = f(10, "print and save a table of samples every N steps (online recipes)", ge=0)
+    progress: bool = f(True, "show a progress bar with ETA (off: no bar; metrics still go to metrics.jsonl)")
+    report: bool = f(True, "write report.html at the end of the run")
+    stop_on_critical: bool = f(False, "stop the run when a critical health warning fires (KL blow-up, collapse)")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = f(64, "maximum response tokens (a response usually ends earlier, at EOS)", ge=1)
+    min_new_tokens: int = f(0, "minimum response tokens; 0 = never force length", ge=0)
+    temperature: float = f(1.0, "sampling temperature (0 = greedy); keep 1.0 for on-policy RL", ge=0)
+    top_p: float = f(1.0, "nucleus sampling; 1.0 = off", gt=0, le=1)
+    top_k: int = f(0, "top-k sampling; 0 = off", ge=0)
+    stop_strings: list[str] = f([], "extra strings that end a response (EOS always does)")
+    engine: str = f("hf", "rollout engine (see `rollout.ENGINES`): hf (transformers.generate)")
+    batch_size: int | None = f(None, "generation micro-batch; null = whole rollout batch", ge=1)
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    strategy: str = f("ddp", "ddp (data parallel through accelerate) | fsdp2 (PyTorch fully_shard: parameters, "
+                             "gradients and optimizer states sharded per layer; CPU with gloo too) | deepspeed "
+                             "(accelerate's DeepSpeed ZeRO; needs CUDA and the deepspeed package; not measured here)")
+    deepspeed_config: str = f("zero2", "deepspeed: zero2 | zero3 (the shipped configs/deepspeed/*.json) or a path to "
+                                       "a DeepSpeed JSON file (batch sizes and clipping are filled from this config)")
+    cpu_offload: bool = f(False, "fsdp2: sharded parameters, gradients and optimizer states live in CPU memory "
+                                 "(needs CUDA); deepspeed: optimizer states (zero3: and parameters) offloaded to CPU")
+    reshard_after_forward: bool = f(True, "fsdp2: free each layer's gathered parameters after its forward (ZeRO-3 "
+                                          "like); false keeps them until backward (ZeRO-2 like: more memory, less "
+                                          "communication)")
+
+
+# ─────────────────────────────────────────────── recipe sections ──────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class RMConfig:
+    margin_field: str | None = f(None, "record field holding a per-pair margin (Llama 2); null = no margin")
+    center_coef: float = f(0.0, "reward-centering coefficient: adds coef * mean((r_c + r_r)^2)", ge=0)
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    fn: str = f("", "package.module:function, file.py:function, or a built-in name (exact_match, ...)")
+    weight: float = f(1.0, "weight of this function in the total reward")
+    name: str | None = f(None, "name in the logs (rewards/<name>/mean); default = function name")
+    kwargs: dict[str, Any] = f({}, "keyword arguments passed to the function")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    model: str | None = f(None, "reward-model directory (from `rlhfkit rm`); null = functions only")
+    functions: list[RewardFunction] = f([], "rule / user reward functions combined by weight")
+    missing_eos_penalty: float | None = f(1.0, "subtracted from the score of responses that never ended", ge=0)
+    clip: float | None = f(10.0, "clip scores to [-clip, clip] after the penalty; null = off", gt=0)
+    normalize: bool = f(True, "normalise scores by running mean / std (keeps critic targets bounded)")
+    batch_size: int = f(16, "reward-model scoring micro-batch", ge=1)
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    coef: float = f(0.05, "KL coefficient (initial value when adaptive)", ge=0)
+    estimator: str = f("k1", "per-token KL estimator: k1 (log-ratio) | k2 | k3")
+    placement: str = f("auto", "auto (the estimator's default: reward for gae / rloo / reinforce_pp, loss for "
+                               "grpo / dr_grpo) | reward (subtract from per-token reward) | loss (add to the loss)")
+    adaptive: bool = f(False, "Ziegler et al. (2019) adaptive coefficient towards `target`")
+    target: float = f(6.0, "target sequence KL for the adaptive controller", gt=0)
+    horizon: int = f(10000, "adaptive controller horizon in episodes", ge=1)
+    log_ratio_clip: float | None = f(20.0, "clamp log pi - log ref to [-c, c] before the KL estimator (k3 is inf "
+                                           "in float32 beyond 88); null = off", gt=0)
+
+
+@dataclass(frozen=True)
+class OffPolicyConfig:
+    correction: str = f("none", "rollout / trainer mismatch correction (see `algos.OFF_POLICY_CORRECTIONS`): none | "
+                                "tis (weight min(pi_old / pi_rollout, cap)) | mis (drop tokens / rows outside "
+                                "[low, high])")
+    level: str = f("token", "importance ratio per token, or per sequence (product of the row's token ratios)")
+    cap: float = f(2.0, "TIS: the largest importance weight", ge=1)
+    low: float = f(0.5, "MIS band lower end (also the band of the metric rollout/is_ratio_outside_frac)", ge=0, le=1)
+    high: float = f(2.0, "MIS band upper end (also the band of the metric rollout/is_ratio_outside_frac)", ge=1)
+
+
+@dataclass(frozen=True)
+class OverlongConfig:
+    cache_len: int = f(0, "DAPO soft overlong penalty over the last cache_len tokens before "
+                          "generation.max_new_tokens (linear to -penalty at the limit); 0 = off", ge=0)
+    penalty: float = f(1.0, "size of the overlong penalty at the limit (added to the score before normalisation)",
+                       ge=0)
+    filter: bool = f(False, "DAPO overlong filtering: responses cut at max_new_tokens leave every loss")
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    enabled: bool = f(False, "DAPO dynamic sampling: draw more prompts and keep only groups whose rewards differ "
+                             "until rollout_batch_size groups are kept (group estimators)")
+    max_draws: int = f(4, "most rollout batches drawn per step; at the cap the batch is filled with tied groups", ge=1)
+
+
+@dataclass(frozen=True)
+class OnlineAlgoConfig:
+    advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
+    num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
+    rollout_batch_size: int = f(16, "prompts per rollout step (times num_generations responses)", ge=1)
+    ppo_epochs: int = f(2, "passes over each rollout batch", ge=1)
+    mini_batch_size: int = f(16, "responses per optimizer update (split in micro-batches of train.batch_size)",
+                             ge=1)
+    clip_low: float = f(0.2, "PPO clip range below 1", gt=0, lt=1)
+    clip_high: float | None = f(None, "PPO clip range above 1; null = clip_low (asymmetric as in DAPO)", gt=0)
+    value_clip: float | None = f(0.2, "value clipping range; null = off", gt=0)
+    vf_coef: float = f(0.5, "value-loss weight (critic has its own optimizer; scales its loss)", ge=0)
+    entropy_coef: float = f(0.0, "entropy bonus coefficient")
+    gamma: float = f(1.0, "GAE discount", ge=0, le=1)
+    lam: float = f(0.95, "GAE lambda", ge=0, le=1)
+    whiten_advantages: bool = f(True, "normalise advantages over the batch")
+    loss_aggregation: str = f("token_mean", "token_mean | seq_mean_token_mean | seq_mean_token_sum_norm")
+    policy_loss: str = f("ppo", "policy loss (see `algos.POLICY_LOSSES`): ppo (token ratio, clipped) | gspo "
+                                "(sequence ratio, length-normalised, clipped per sequence) | gspo_token")
+    filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
+    kl: KLConfig = f(KLConfig(), "KL control to the reference model")
+    overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")
+    dynamic_sampling: DynamicSamplingConfig = f(DynamicSamplingConfig(), "DAPO dynamic sampling")
+    off_policy: OffPolicyConfig = f(OffPolicyConfig(), "correction for the gap between the rollout engine's sampling "
+                                    "log-probs and the trainer's (metrics rollout/* are always logged)")
+    total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str | None = f(None, "multi-turn environment: null = single-turn (reward model / functions) | calculator "
+                               "(built-in) | package.module:Class | path/to/file.py:Class")
+    kwargs: dict[str, Any] = f({}, "keyword arguments of the environment class")
+    max_turns: int = f(4, "most assistant turns per episode", ge=1)
+    max_total_tokens: int = f(256, "most tokens per episode after the first prompt (model + environment)", ge=1)
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    init: str = f("reward", "reward (from the reward model, DeepSpeed-Chat) | policy (from the policy)")
+    model: str | None = f(None, "explicit critic initialisation directory (overrides init)")
+    lr: float = f(1e-5, "critic learning rate", ge=0)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    offload_reference: bool = f(False, "keep the reference model on CPU between uses")
+    offload_reward: bool = f(False, "keep the reward model on CPU between uses")
+
+
+@dataclass(frozen=True)
+class PreferenceAlgoConfig:
+    loss: str = f("dpo", "dpo | ipo | cdpo | simpo | orpo | kto")
+    beta: float = f(0.1, "inverse temperature beta (SimPO: reward scale)", gt=0)
+    label_smoothing: float = f(0.0, "conservative DPO: assumed fraction of flipped labels", ge=0, lt=0.5)
+    simpo_gamma: float = f(0.5, "SimPO target reward margin gamma", ge=0)
+    orpo_lambda: float = f(0.1, "ORPO weight of the odds-ratio term", ge=0)
+    kto_desirable_weight: float = f(1.0, "KTO weight of desirable examples", gt=0)
+    kto_undesirable_weight: float = f(1.0, "KTO weight of undesirable examples", gt=0)
+    reference: str = f("precompute", "precompute (once, cached in the run) | on_the_fly")
+
+# ─────────────────────────────────────────────────── recipes ──────────────────────────────────────────────────
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    recipe: str = f("sft", "recipe name")
+    output_dir: str = f("runs/sft", "run directory (checkpoints, metrics, final model)")
+    model: ModelConfig = f(ModelConfig(), "policy model")
+    data: DataConfig = f(DataConfig(), "data")
+    optim: OptimConfig = f(OptimConfig(lr=2e-5), "optimizer")
+    train: TrainConfig = f(TrainConfig(), "loop")
+    track: TrackConfig = f(TrackConfig(), "tracking")
+    distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
+
+    def check(self) -> None:
+        _check_common(self)
+        _check_data_format(self, "sft")
+
+    def check_inputs(self) -> None:
+        _inputs_common(self)
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    recipe: str = f("rm", "recipe name")
+    output_dir: str = f("runs/rm", "run directory")
+    model: ModelConfig = f(ModelConfig(), "model the reward model is initialised from (a causal LM)")
+    data: DataConfig = f(DataConfig(format="preference"), "preference pairs")
+    optim: OptimConfig = f(OptimConfig(lr=1e-5), "optimizer")
+    train: TrainConfig = f(TrainConfig(), "loop")
+    track: TrackConfig = f(TrackConfig(), "tracking")
+    distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
+    rm: RMConfig = f(RMConfig(), "reward-model loss")
+
+    def check(self) -> None:
+        _check_common(self)
+        _check_data_format(self, "preference")
+
+    def check_inputs(self) -> None:
+        _inputs_common(self)
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    recipe: str = f("ppo", "ppo | grpo | rloo | reinforce")
+    output_dir: str = f("runs/ppo", "run directory")
+    model: ModelConfig = f(ModelConfig(), "policy (actor)")
+    ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")
+    data: DataConfig = f(DataConfig(format="prompt"), "prompts (extra fields go to reward functions)")
+    optim: OptimConfig = f(OptimConfig(lr=1e-6, schedule="constant"), "actor optimizer")
+    train: TrainConfig = f(TrainConfig(), "loop (batch_size = micro-batch of forward/backward)")
+    track: TrackConfig = f(TrackConfig(), "tracking")
+    distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
+    generation: GenerationConfig = f(GenerationConfig(), "rollout sampling")
+    reward: RewardConfig = f(RewardConfig(), "reward model and / or functions")
+    algo: OnlineAlgoConfig = f(OnlineAlgoConfig(), "PPO / GRPO / RLOO / REINFORCE++")
+    critic: CriticConfig = f(CriticConfig(), "value model (PPO only)")
+    memory: MemoryConfig = f(MemoryConfig(), "memory savers")
+    env: EnvConfig = f(EnvConfig(), "multi-turn environment (tool calls); its rewards add to the reward's")
+
+    def check(self) -> None:
+        _check_online(self)
+
+    def check_inputs(self) -> None:
+        _inputs_online(self)
+
+
+@dataclass(frozen=True)
+class PreferenceConfig:
+    recipe: str = f("dpo", "dpo | ipo | kto | simpo | orpo")
+    output_dir: str = f("runs/dpo", "run directory")
+    model: ModelConfig = f(ModelConfig(), "policy")
+    ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")
+    data: DataConfig = f(DataConfig(format="preference"), "preference pairs (KTO: unpaired or pairs)")
+    optim: OptimConfig = f(OptimConfig(lr=5e-7), "optimizer")
+    train: TrainConfig = f(TrainConfig(), "loop")
+    track: TrackConfig = f(TrackConfig(), "tracking")
+    distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
+    algo: PreferenceAlgoConfig = f(PreferenceAlgoConfig(), "preference loss")
+
+    def check(self) -> None:
+        _check_preference(self)
+
+    def check_inputs(self) -> None:
+        _inputs_common(self)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    recipe: str = f("pipeline", "recipe name")
+    output_dir: str = f("runs/pipeline", "pipeline directory; each stage writes a subdirectory")
+    task: str | None = f(None, "built-in task whose data is generated first (quickstart); null = your data")
+    task_size: int = f(2000, "records per generated file", ge=1)
+    eval_prompts: int = f(200, "held-out prompts for the gold metric (built-in task)", ge=1)
+    base_model: str = f("tiny", "model the first stage starts from")
+    stages: list[dict[str, Any]] = f([], "ordered stages: {name, recipe, overrides of that recipe's config}")
+
+    def check(self) -> None:
+        check_output_dir(self.output_dir)
+
+    def check_inputs(self) -> None:
+        if not self.stages:
+            raise ConfigError("the pipeline has no stages", where="stages",
+                              fix="list stages, see configs/pipeline.yaml")
