@@ -3,7 +3,38 @@
 :func:`save_config`).
 
 Building validates every key and type once: unknown keys and wrong types raise :class:`~rlhfkit.errors.ConfigError`
-with the key path and a "did you mean" hint. After that the config is frozen; nothing rewrites it.
+with the file (or ``command line``), the key path and a fix, in one line. After that the config is frozen.
+
+Why PyYAML plus our own ~300 lines, not OmegaConf (the field's habit; issue 17 asked). Measured with OmegaConf 2.4.0
+on rlhfkit's own dataclasses (``OmegaConf.structured(SFTConfig)`` + ``merge`` + ``from_dotlist`` + ``to_object``):
+what it does as well: the schema from our frozen dataclasses, ``1e-5`` read as a float (PyYAML reads it as a string:
+:func:`_fix_sci`), lists / dicts / null in dotted overrides, a "did you mean" for an unknown key. What it gets wrong
+or loses, each a case users hit:
+
+* ``train.mixed_precision=no`` becomes the string ``'False'`` (YAML 1.1 ``no``); :func:`_coerce` reads it back as
+  ``no`` because ``no`` is one of the key's choices.
+* ``output_dir=runs/${USER}`` or a chat template holding ``${...}`` fails at ``to_object``
+  (``InterpolationKeyError: Interpolation key 'USER' not found``): every string is an interpolation there.
+* ``model.chat_template={{ messages }}`` on the command line: ``ConstructorError ... found unhashable key``;
+  ``output_dir=runs/a: b``: ``Cannot convert 'DictConfig' to string``. Here a value that YAML reads as a mapping
+  without the user writing ``{`` stays the text it was (:func:`parse_override`).
+* ``track.backends=jsonl,wandb`` (a list key given as text) and ``--max-steps=3`` (argparse style) are refused.
+* ``train.batch_size=2.0`` is refused ("could not be converted to Integer"); here a whole float is an integer.
+* ``data.fields`` / ``*.kwargs`` are deep-merged (recipe default ``{prompt: q}`` + override ``{answer: a}`` gives
+  both); here a mapping the user gives replaces the default.
+* No bounds, choices or finiteness: ``optim.lr=-1``, ``train.batch_size=0``, ``train.epochs=inf`` and
+  ``data.format=sftt`` all pass; bounds (``ge`` / ``gt`` / ``le`` / ``lt`` in the field metadata) and the choices
+  read from the registries would have to stay ours anyway.
+* Errors are several lines (``full_key: optim.lr / reference_type=OptimConfig / object_type=OptimConfig``) and
+  do not name the file the key came from (a merge forgets it); ours are one line naming the file and the key, with
+  a fix. A YAML syntax error names ``file:line`` in both (PyYAML's mark); neither keeps line numbers for a key that
+  parses but is wrong.
+* TRL's flat names (``learning_rate``, ``beta`` per family) are unknown keys there, and would stay our
+  pre-processing (:mod:`.aliases`).
+
+So OmegaConf would replace the ~60 lines that read YAML and split ``key.sub=value``, and every guarantee above would
+need code of ours around it again, plus a dependency (OmegaConf, antlr4). PyYAML stays the parser; we keep the
+coercion.
 """
 
 from __future__ import annotations
