@@ -67,12 +67,12 @@ def test_tis_with_equal_logprobs_is_exactly_the_plain_loss(loss_name, level):
     logp = (-torch.rand(3, 5, generator=g)).requires_grad_(True)
     old = logp.detach() + 0.1 * torch.randn(3, 5, generator=g)
     adv, mask = torch.randn(3, generator=g), torch.tensor([[1, 1, 1, 0, 0], [1] * 5, [1, 0, 0, 0, 0]])
-    fn = POLICY_LOSSES[loss_name]
-    plain, _ = fn(logp, old, adv, mask, clip_low=0.2)
+    spec = POLICY_LOSSES[loss_name]
+    plain, _ = spec(logp, old, adv, mask, {"clip_low": 0.2})
     (g_plain,) = torch.autograd.grad(plain, logp)
     for corr in ("tis", "mis"):
         w, m = OFF_POLICY_CORRECTIONS[corr](old, old.clone(), mask, level=level)
-        corrected, _ = fn(logp, old, adv, m, clip_low=0.2, weights=w)
+        corrected, _ = spec(logp, old, adv, m, {"clip_low": 0.2}, weights=w)
         (g_corr,) = torch.autograd.grad(corrected, logp)
         assert torch.equal(corrected, plain), corr
         assert torch.equal(g_corr, g_plain), corr

@@ -1,4 +1,5 @@
-"""SFT, Bradley–Terry, PPO policy / value, KL-in-loss and the loss aggregations: hand values."""
+"""SFT, Bradley–Terry, PPO value loss, KL-in-loss and the loss aggregations: hand values (the policy losses are in
+test_algos_policy_losses.py, the preference losses in test_algos_preference.py)."""
 
 import math
 
@@ -10,7 +11,6 @@ from rlhfkit.algos import (
     aggregate_loss,
     bradley_terry_loss,
     kl_loss,
-    ppo_policy_loss,
     sft_loss,
     value_loss,
 )
@@ -72,86 +72,6 @@ def test_aggregations_on_ragged_mask():
     assert set(LOSS_AGGREGATIONS) == {"token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"}
     with pytest.raises(ValueError, match="token_sum"):
         aggregate_loss(PER_TOKEN, RAGGED, "token_sum")
-
-
-# ------------------------------------------------------------------ PPO policy loss
-def _ppo(log_ratio, adv, **kw):
-    logp = torch.tensor([[log_ratio] * 3])
-    return ppo_policy_loss(logp, torch.zeros(1, 3), torch.full((1, 3), adv), torch.ones(1, 3), **kw)
-
-
-def test_ppo_clip_positive_advantage_above_range():
-    # ratio = e (> 1.2), A = 1: unclipped -e, clipped -1.2 -> max is -1.2 (clipped chosen, no gradient)
-    loss, stats = _ppo(1.0, 1.0)
-    assert loss.item() == pytest.approx(-1.2)
-    assert stats["clipfrac"].item() == 1.0
-    # approxkl = 0.5 * mean(1^2) = 0.5; ratio_mean = e, ratio_var = 0
-    assert stats["approxkl"].item() == pytest.approx(0.5)
-    assert stats["ratio_mean"].item() == pytest.approx(E)
-    assert stats["ratio_var"].item() == pytest.approx(0.0, abs=1e-6)
-    assert _stats_are_detached(stats)
-
-
-def test_ppo_clip_negative_advantage_above_range():
-    # ratio = e, A = -1: unclipped e, clipped 1.2 -> max is e (pessimistic, unclipped)
-    loss, stats = _ppo(1.0, -1.0)
-    assert loss.item() == pytest.approx(E)
-    assert stats["clipfrac"].item() == 0.0
-
-
-def test_ppo_clip_below_range():
-    # ratio = e^-1 = 0.3679 (< 0.8), A = 1: unclipped -0.3679, clipped -0.8 -> max -0.3679, not clipped
-    loss, stats = _ppo(-1.0, 1.0)
-    assert loss.item() == pytest.approx(-math.exp(-1))
-    assert stats["clipfrac"].item() == 0.0
-    # A = -1: unclipped 0.3679, clipped 0.8 -> 0.8, clipped
-    loss, stats = _ppo(-1.0, -1.0)
-    assert loss.item() == pytest.approx(0.8)
-    assert stats["clipfrac"].item() == 1.0
-
-
-def test_ppo_inside_range_and_gradient():
-    # ratio = e^0.1 = 1.105 inside [0.8, 1.2], A = 2: loss = -2 * 1.105; d/dlogp = -A * ratio
-    logp = torch.full((1, 3), 0.1, requires_grad=True)
-    loss, stats = ppo_policy_loss(logp, torch.zeros(1, 3), torch.full((1, 3), 2.0), torch.ones(1, 3))
-    assert loss.item() == pytest.approx(-2 * math.exp(0.1))
-    loss.backward()
-    torch.testing.assert_close(logp.grad, torch.full((1, 3), -2 * math.exp(0.1) / 3))
-    # clipped case: no gradient
-    logp2 = torch.full((1, 3), 1.0, requires_grad=True)
-    ppo_policy_loss(logp2, torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3))[0].backward()
-    assert torch.all(logp2.grad == 0)
-
-
-def test_ppo_asymmetric_clip():
-    # ratio = e^0.2 = 1.2214, A = 1. Symmetric 0.2: clipped to 1.2 -> -1.2.
-    # clip_high = 0.28 (DAPO clip-higher): 1.2214 < 1.28, not clipped -> -1.2214
-    assert _ppo(0.2, 1.0)[0].item() == pytest.approx(-1.2)
-    loss, stats = _ppo(0.2, 1.0, clip_high=0.28)
-    assert loss.item() == pytest.approx(-math.exp(0.2))
-    assert stats["clipfrac"].item() == 0.0
-    # the low side still uses clip_low = 0.2: ratio e^-1, A = -1 -> 0.8
-    assert _ppo(-1.0, -1.0, clip_high=0.28)[0].item() == pytest.approx(0.8)
-    # clip_low = 0.1: ratio e^-1, A = -1 -> 0.9
-    assert _ppo(-1.0, -1.0, clip_low=0.1, clip_high=0.28)[0].item() == pytest.approx(0.9)
-
-
-def test_ppo_mixed_tokens_mask_and_broadcast():
-    # row 0: ratios [e, 1, e^-1], A = 1 -> [-1.2, -1, -e^-1]; row 1: ratio 1 first token only, A = -2 -> [2]
-    logp = torch.tensor([[1.0, 0.0, -1.0], [0.0, 5.0, 5.0]])
-    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    adv = torch.tensor([1.0, -2.0])  # [B]: one advantage per sequence
-    loss, stats = ppo_policy_loss(logp, torch.zeros(2, 3), adv, mask)
-    # token mean: (-1.2 - 1 - e^-1 + 2) / 4
-    assert loss.item() == pytest.approx((-1.2 - 1 - math.exp(-1) + 2) / 4)
-    assert stats["clipfrac"].item() == pytest.approx(1 / 4)
-    # approxkl = 0.5 * (1 + 0 + 1 + 0) / 4 = 0.25
-    assert stats["approxkl"].item() == pytest.approx(0.25)
-    full, _ = ppo_policy_loss(logp, torch.zeros(2, 3), adv[:, None].expand(2, 3), mask)
-    assert full.item() == pytest.approx(loss.item())
-    # seq_mean_token_mean: mean((-1.2 - 1 - e^-1) / 3, 2)
-    seq, _ = ppo_policy_loss(logp, torch.zeros(2, 3), adv, mask, aggregation="seq_mean_token_mean")
-    assert seq.item() == pytest.approx(((-2.2 - math.exp(-1)) / 3 + 2) / 2)
 
 
 # ------------------------------------------------------------------ value loss

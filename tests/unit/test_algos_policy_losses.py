@@ -1,6 +1,8 @@
-"""Policy-loss registry: PPO clip (with weights), GSPO and GSPO-token against hand values, a slow per-sequence loop,
-gradients, and the registry / config wiring."""
+"""Policy losses: PPO clip (hand values, asymmetric clip, masks, weights), GSPO and GSPO-token against hand values, a
+slow per-sequence loop and gradients; the registry (its entries pass their config section's fields as keywords) and
+its config wiring."""
 
+import dataclasses
 import math
 
 import pytest
@@ -8,7 +10,95 @@ import torch
 
 from rlhfkit.algos import POLICY_LOSSES, gspo_loss, gspo_token_loss, ppo_policy_loss, sequence_log_ratio
 
+E = math.e
 
+
+def _stats_are_detached(stats):
+    return all(isinstance(v, torch.Tensor) and not v.requires_grad and v.dim() == 0 for v in stats.values())
+
+
+# ------------------------------------------------------------------ PPO policy loss
+def _ppo(log_ratio, adv, **kw):
+    logp = torch.tensor([[log_ratio] * 3])
+    return ppo_policy_loss(logp, torch.zeros(1, 3), torch.full((1, 3), adv), torch.ones(1, 3), **kw)
+
+
+def test_ppo_clip_positive_advantage_above_range():
+    # ratio = e (> 1.2), A = 1: unclipped -e, clipped -1.2 -> max is -1.2 (clipped chosen, no gradient)
+    loss, stats = _ppo(1.0, 1.0)
+    assert loss.item() == pytest.approx(-1.2)
+    assert stats["clipfrac"].item() == 1.0
+    # approxkl = 0.5 * mean(1^2) = 0.5; ratio_mean = e, ratio_var = 0
+    assert stats["approxkl"].item() == pytest.approx(0.5)
+    assert stats["ratio_mean"].item() == pytest.approx(E)
+    assert stats["ratio_var"].item() == pytest.approx(0.0, abs=1e-6)
+    assert _stats_are_detached(stats)
+
+
+def test_ppo_clip_negative_advantage_above_range():
+    # ratio = e, A = -1: unclipped e, clipped 1.2 -> max is e (pessimistic, unclipped)
+    loss, stats = _ppo(1.0, -1.0)
+    assert loss.item() == pytest.approx(E)
+    assert stats["clipfrac"].item() == 0.0
+
+
+def test_ppo_clip_below_range():
+    # ratio = e^-1 = 0.3679 (< 0.8), A = 1: unclipped -0.3679, clipped -0.8 -> max -0.3679, not clipped
+    loss, stats = _ppo(-1.0, 1.0)
+    assert loss.item() == pytest.approx(-math.exp(-1))
+    assert stats["clipfrac"].item() == 0.0
+    # A = -1: unclipped 0.3679, clipped 0.8 -> 0.8, clipped
+    loss, stats = _ppo(-1.0, -1.0)
+    assert loss.item() == pytest.approx(0.8)
+    assert stats["clipfrac"].item() == 1.0
+
+
+def test_ppo_inside_range_and_gradient():
+    # ratio = e^0.1 = 1.105 inside [0.8, 1.2], A = 2: loss = -2 * 1.105; d/dlogp = -A * ratio
+    logp = torch.full((1, 3), 0.1, requires_grad=True)
+    loss, stats = ppo_policy_loss(logp, torch.zeros(1, 3), torch.full((1, 3), 2.0), torch.ones(1, 3))
+    assert loss.item() == pytest.approx(-2 * math.exp(0.1))
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.full((1, 3), -2 * math.exp(0.1) / 3))
+    # clipped case: no gradient
+    logp2 = torch.full((1, 3), 1.0, requires_grad=True)
+    ppo_policy_loss(logp2, torch.zeros(1, 3), torch.ones(1, 3), torch.ones(1, 3))[0].backward()
+    assert torch.all(logp2.grad == 0)
+
+
+def test_ppo_asymmetric_clip():
+    # ratio = e^0.2 = 1.2214, A = 1. Symmetric 0.2: clipped to 1.2 -> -1.2.
+    # clip_high = 0.28 (DAPO clip-higher): 1.2214 < 1.28, not clipped -> -1.2214
+    assert _ppo(0.2, 1.0)[0].item() == pytest.approx(-1.2)
+    loss, stats = _ppo(0.2, 1.0, clip_high=0.28)
+    assert loss.item() == pytest.approx(-math.exp(0.2))
+    assert stats["clipfrac"].item() == 0.0
+    # the low side still uses clip_low = 0.2: ratio e^-1, A = -1 -> 0.8
+    assert _ppo(-1.0, -1.0, clip_high=0.28)[0].item() == pytest.approx(0.8)
+    # clip_low = 0.1: ratio e^-1, A = -1 -> 0.9
+    assert _ppo(-1.0, -1.0, clip_low=0.1, clip_high=0.28)[0].item() == pytest.approx(0.9)
+
+
+def test_ppo_mixed_tokens_mask_and_broadcast():
+    # row 0: ratios [e, 1, e^-1], A = 1 -> [-1.2, -1, -e^-1]; row 1: ratio 1 first token only, A = -2 -> [2]
+    logp = torch.tensor([[1.0, 0.0, -1.0], [0.0, 5.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    adv = torch.tensor([1.0, -2.0])  # [B]: one advantage per sequence
+    loss, stats = ppo_policy_loss(logp, torch.zeros(2, 3), adv, mask)
+    # token mean: (-1.2 - 1 - e^-1 + 2) / 4
+    assert loss.item() == pytest.approx((-1.2 - 1 - math.exp(-1) + 2) / 4)
+    assert stats["clipfrac"].item() == pytest.approx(1 / 4)
+    # approxkl = 0.5 * (1 + 0 + 1 + 0) / 4 = 0.25
+    assert stats["approxkl"].item() == pytest.approx(0.25)
+    full, _ = ppo_policy_loss(logp, torch.zeros(2, 3), adv[:, None].expand(2, 3), mask)
+    assert full.item() == pytest.approx(loss.item())
+    # seq_mean_token_mean: mean((-1.2 - 1 - e^-1) / 3, 2)
+    seq, _ = ppo_policy_loss(logp, torch.zeros(2, 3), adv, mask, aggregation="seq_mean_token_mean")
+    assert seq.item() == pytest.approx(((-2.2 - math.exp(-1)) / 3 + 2) / 2)
+
+
+
+# ------------------------------------------------------------------ GSPO and the registry
 def _random(B=5, T=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     logp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
@@ -36,14 +126,43 @@ def _slow_gspo(logp, old, adv, mask, lo, hi):
     return sum(losses) / len(losses)
 
 
-def test_registry_holds_the_three_losses():
+def test_registry_holds_the_three_losses_with_their_sections():
     assert set(POLICY_LOSSES) >= {"ppo", "gspo", "gspo_token"}
-    assert POLICY_LOSSES["gspo"] is gspo_loss
+    assert POLICY_LOSSES["gspo"].fn is gspo_loss and POLICY_LOSSES["gspo_token"].fn is gspo_token_loss
+    assert {n: POLICY_LOSSES[n].section for n in ("ppo", "gspo", "gspo_token")} == {
+        "ppo": "ppo", "gspo": "gspo", "gspo_token": "gspo"}
+    assert all(spec.name == name for name, spec in POLICY_LOSSES.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Section:  # what a config section looks like to the registry: a frozen dataclass of the loss's own keywords
+    clip_low: float = 0.1
+    clip_high: float | None = 0.28
+
+
+@pytest.mark.parametrize("name", ["ppo", "gspo", "gspo_token"])
+def test_entry_passes_its_section_fields_and_the_shared_keywords(name):
+    spec = POLICY_LOSSES[name]
+    logp, old, _, mask = _random(seed=6)
+    old = logp + 0.5 * (old - logp).sign()  # every ratio e^(+-0.5): outside both clip ranges, so the settings matter
+    adv = torch.tensor([1.0, -1.0, 2.0, 0.5, 1.5], dtype=torch.float64)  # both signs: both clip ends are reached
+    w = torch.rand(logp.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    shared = {"aggregation": "seq_mean_token_sum_norm", "max_len": 9, "log_ratio_clip": 0.3, "weights": w}
+    direct, direct_st = spec.fn(logp, old, adv, mask, clip_low=0.1, clip_high=0.28, **shared)
+    via_section, st = spec(logp, old, adv, mask, _Section(), **shared)
+    assert torch.equal(via_section, direct) and all(torch.equal(st[k], direct_st[k]) for k in st)
+    assert torch.equal(spec(logp, old, adv, mask, {"clip_low": 0.1, "clip_high": 0.28}, **shared)[0], direct)
+    # each setting reaches the function: other values give another loss
+    assert not torch.equal(spec(logp, old, adv, mask, _Section(clip_low=0.2), **shared)[0], direct)
+    assert not torch.equal(spec(logp, old, adv, mask, _Section(clip_high=0.1), **shared)[0], direct)
+    assert not torch.equal(spec(logp, old, adv, mask, _Section(), **{**shared, "max_len": 3})[0], direct)
+    # no section: the function's own defaults
+    assert torch.equal(spec(logp, old, adv, mask)[0], spec.fn(logp, old, adv, mask)[0])
 
 
 def test_ppo_entry_is_ppo_policy_loss_and_weights_scale_tokens():
     # one PPO loss: the registry's entry is the function the numerics tests cover (padding masked, log-ratio clamped)
-    assert POLICY_LOSSES["ppo"] is ppo_policy_loss
+    assert POLICY_LOSSES["ppo"].fn is ppo_policy_loss
     logp, old, adv, mask = _random()
     # all weights 2 -> twice the loss; weights 1 -> exactly the plain loss
     for agg in ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"):

@@ -21,28 +21,31 @@ from rlhfkit.algos.corrections import (
 from rlhfkit.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
 from rlhfkit.algos.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.algos.losses import (
-    DPO_LOSS_TYPES,
     LOSS_AGGREGATIONS,
-    PREFERENCE_LOSSES,
-    PreferenceLoss,
     aggregate_loss,
     bradley_terry_loss,
-    dpo_loss,
     kl_loss,
-    kto_kl_estimate,
-    kto_loss,
-    orpo_loss,
-    ppo_policy_loss,
     sft_loss,
-    simpo_loss,
     value_loss,
 )
 from rlhfkit.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rlhfkit.algos.policy_losses import (
     POLICY_LOSSES,
+    PolicyLoss,
     gspo_loss,
     gspo_token_loss,
+    ppo_policy_loss,
     sequence_log_ratio,
+)
+from rlhfkit.algos.preference import (
+    DPO_LOSS_TYPES,
+    PREFERENCE_LOSSES,
+    PreferenceLoss,
+    dpo_loss,
+    kto_kl_estimate,
+    kto_loss,
+    orpo_loss,
+    simpo_loss,
 )
 from rlhfkit.algos.shaping import (
     DynamicSample,
@@ -62,6 +65,7 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "OFF_POLICY_CORRECTIONS",
     "POLICY_LOSSES",
+    "PolicyLoss",
     "PREFERENCE_LOSSES",
     "PreferenceLoss",
     "aggregate_loss",

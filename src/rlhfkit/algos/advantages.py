@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.algos.masked import _where, masked_whiten
+from rlhfkit.algos.masked import masked_whiten, zero_outside
 
 
 def gae(
@@ -43,7 +43,7 @@ def gae(
         next_value = torch.where(m, values[:, t], next_value)
         advs.append(torch.where(m, adv, zero))
     advantages = torch.stack(advs[::-1], dim=1)
-    returns = _where(advantages + values, valid)
+    returns = zero_outside(advantages + values, valid)
     return advantages, returns
 
 
@@ -168,7 +168,7 @@ def shaped_token_rewards(
     last = torch.where(valid, positions, torch.zeros_like(positions)).amax(-1, keepdim=True)  # masks may have holes
     score = torch.zeros_like(kl).scatter(-1, last, scores.unsqueeze(-1).to(kl.dtype))
     non_score = -kl_coef * kl if kl_in_reward else torch.zeros_like(kl)
-    return _where(score + non_score, valid), _where(non_score, valid)
+    return zero_outside(score + non_score, valid), zero_outside(non_score, valid)
 
 
 # ─────────────────────────────────────────── the estimator registry ───────────────────────────────────────────
@@ -188,7 +188,7 @@ def _gae_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0,
 
 def _sequence_estimator(fn: Callable[[torch.Tensor, int], torch.Tensor]):
     def estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
-        seq = _where(token_rewards, mask.bool()).sum(-1)
+        seq = zero_outside(token_rewards, mask.bool()).sum(-1)
         valid = mask.bool().any(-1)  # a row with no token (a sample dropped from the step) is not in its group
         return fn(seq, group_size, valid=valid).unsqueeze(-1) * mask, None
 

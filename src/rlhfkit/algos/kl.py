@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlhfkit.algos.masked import _where
+from rlhfkit.algos.masked import zero_outside
 
 
 def _k1(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -59,11 +59,11 @@ def kl_penalty(
         ) from None
     log_ratio = logprobs - ref_logprobs
     if mask is not None:
-        log_ratio = _where(log_ratio, mask)  # before the nonlinearity: padding gives exactly 0 KL and 0 gradient
+        log_ratio = zero_outside(log_ratio, mask)  # before the nonlinearity: padding gives exactly 0 KL and 0 gradient
     if log_ratio_clip is not None:
         log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
     kl = fn(log_ratio)
-    return kl if mask is None else _where(kl, mask)
+    return kl if mask is None else zero_outside(kl, mask)
 
 
 def _as_float(x) -> float:

@@ -21,12 +21,12 @@ def _acc(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def zero_outside(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``x`` where ``mask`` is set, 0 elsewhere (out of place)."""
     return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def _count(x: torch.Tensor, mask: torch.Tensor, dim: int | None) -> torch.Tensor:
+def masked_count(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Number of positions with ``mask`` set (broadcast to ``x``), in at least float32."""
     dtype = torch.promote_types(x.dtype, torch.float32) if x.is_floating_point() else torch.float32
     m = torch.broadcast_to(mask.bool(), x.shape).to(dtype)
@@ -47,7 +47,7 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> t
 
     x: [...]; mask: broadcastable to x -> scalar (dim None) or x with ``dim`` reduced (float32 for bf16 / fp16 x).
     """
-    kept = _acc(_where(x, mask))
+    kept = _acc(zero_outside(x, mask))
     return kept.sum() if dim is None else kept.sum(dim)
 
 
@@ -56,7 +56,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
 
     x: [...]; mask: broadcastable to x -> scalar (dim None) or x with ``dim`` reduced. Empty -> 0.
     """
-    return masked_sum(x, mask, dim) / _count(x, mask, dim).clamp_min(1.0)
+    return masked_sum(x, mask, dim) / masked_count(x, mask, dim).clamp_min(1.0)
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -65,12 +65,12 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     x: [...]; mask: broadcastable to x -> scalar. ``unbiased`` applies Bessel's correction n / (n - 1)
     (n = number of masked positions; for n <= 1 the correction is skipped and the variance is 0).
     """
-    x = _where(x, mask)  # padding out before the square: its gradient would be 0 * (x - mean) = NaN for inf x
+    x = zero_outside(x, mask)  # padding out before the square: its gradient would be 0 * (x - mean) = NaN for inf x
     d = x - _pivot(x, mask)
     mean = masked_mean(d, mask)
     var = masked_mean((d - mean) ** 2, mask)
     if unbiased:
-        n = _count(x, mask, None)
+        n = masked_count(x, mask, None)
         var = var * n / (n - 1).clamp_min(1.0)
     return var
 
@@ -84,10 +84,10 @@ def masked_whiten(
     exactly 0. ``shift_mean=False`` rescales only (the mean is added back), as in PPO reward whitening.
     (Standard advantage normalisation, e.g. torchtune ``rlhf.whiten`` / OpenAI baselines.)
     """
-    x = _where(x, mask)  # padding out before the product with rsqrt(var): 0 * inf in its backward is NaN
+    x = zero_outside(x, mask)  # padding out before the product with rsqrt(var): 0 * inf in its backward is NaN
     d = x - _pivot(x, mask)
     var = masked_var(x, mask, unbiased=True)
     whitened = (d - masked_mean(d, mask)) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + masked_mean(x, mask)
-    return _where(whitened, mask)
+    return zero_outside(whitened, mask)

@@ -1,8 +1,8 @@
 """Policy losses of the online loop, one registry (``POLICY_LOSSES``, config key ``algo.policy_loss``).
 
-Every entry has the same calling convention::
+Every loss is a pure function with the same inputs and its own settings as keyword arguments::
 
-    fn(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, aggregation, max_len, log_ratio_clip,
+    fn(logprobs, old_logprobs, advantages, mask, *, <its settings>, aggregation, max_len, log_ratio_clip,
        weights=None) -> (loss, stats)
 
 logprobs (with grad), old_logprobs, mask: [B, T]; advantages: [B, T] or [B]; ``weights``: optional [B, T] per-token
@@ -10,12 +10,18 @@ factors without grad (the off-policy correction of :mod:`rlhfkit.algos.correctio
 the per-token loss before it is reduced by :func:`~rlhfkit.algos.losses.aggregate_loss`. stats are detached
 scalars: clipfrac, approxkl, ratio_mean, ratio_var (token means over the mask).
 
-- ``ppo``: token-level clipped ratio (Schulman et al. 2017, eq. 7; DAPO clip-higher):
-  :func:`~rlhfkit.algos.losses.ppo_policy_loss` itself (padding masked before exp, log-ratio clamped).
-- ``gspo``: one importance ratio per sequence, the length-normalised likelihood ratio
+The registry holds a :class:`PolicyLoss` per name: the function and the name of its config section
+(``algo.<section>``, a frozen dataclass whose fields are the function's own keywords, with the paper's defaults).
+The loop calls ``spec(logprobs, old_logprobs, advantages, mask, section, aggregation=..., max_len=...,
+weights=...)`` and never names a loss; the keywords every loss shares (aggregation, max_len, log_ratio_clip,
+weights) are the loop's.
+
+- ``ppo`` (section ``ppo``): token-level clipped ratio (Schulman et al. 2017, eq. 7; DAPO clip-higher),
+  :func:`ppo_policy_loss` (padding masked before exp, log-ratio clamped).
+- ``gspo`` (section ``gspo``): one importance ratio per sequence, the length-normalised likelihood ratio
   s_i = exp(mean_t log(pi / pi_old)), clipped per sequence (Zheng et al. 2025, GSPO, eq. 5-7).
-- ``gspo_token``: GSPO-token (Zheng et al. 2025, eq. 13-14): s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)] — the value
-  of s_i, the gradient of the token's own log-prob — so per-token advantages are allowed.
+- ``gspo_token`` (section ``gspo``): GSPO-token (Zheng et al. 2025, eq. 13-14): s_{i,t} = sg[s_i] * pi(y_t) /
+  sg[pi(y_t)] — the value of s_i, the gradient of the token's own log-prob — so per-token advantages are allowed.
 
 GSPO uses the sequence advantage A_i = the masked mean of the row's advantages (exact for the group estimators,
 whose advantage is the same at every token). Its per-sequence loss is spread over the row's tokens before the
@@ -24,14 +30,86 @@ aggregation, so ``seq_mean_token_mean`` gives the paper's mean over sequences (t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from rlhfkit.algos.losses import _clipped, _stats, _weighted, aggregate_loss, ppo_policy_loss
-from rlhfkit.algos.masked import masked_mean
+from rlhfkit.algos.losses import aggregate_loss
+from rlhfkit.algos.masked import masked_mean, masked_var, zero_outside
 
 Stats = dict[str, torch.Tensor]
+PolicyLossFn = Callable[..., tuple[torch.Tensor, Stats]]
+
+
+# ──────────────────────────────────────────── shared by the clipped losses ────────────────────────────────────────────
+def clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """max(-A r, -A clip(r, 1 - lo, 1 + hi)) and whether the clipped term was taken (Schulman et al. 2017, eq. 7).
+
+    ratio, adv: broadcastable tensors -> (per-element loss, bool of the same shape). ``clip_high=None`` = clip_low.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def ratio_stats(ratio: torch.Tensor, log_ratio: torch.Tensor, was_clipped: torch.Tensor, mask: torch.Tensor) -> Stats:
+    """The detached stats of a ratio loss, token means over ``mask`` ([B, T] each): clipfrac, approxkl
+    = 0.5 * mean(log r^2), ratio_mean, ratio_var (unbiased)."""
+    with torch.no_grad():
+        return {"clipfrac": masked_mean(was_clipped.float(), mask),
+                "approxkl": 0.5 * masked_mean(log_ratio.detach().square(), mask),
+                "ratio_mean": masked_mean(ratio.detach(), mask),
+                "ratio_var": masked_var(ratio.detach(), mask)}
+
+
+def weighted(per_token: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """``per_token`` times the off-policy weights (no gradient through them); ``None`` leaves it unchanged."""
+    return per_token if weights is None else per_token * weights.detach()
+
+
+# ───────────────────────────────────────────────────── the losses ─────────────────────────────────────────────────────
+def ppo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    aggregation: str = "token_mean",
+    max_len: int | None = None,
+    log_ratio_clip: float | None = 20.0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """PPO clipped surrogate max(-A r, -A clip(r, 1 - e_lo, 1 + e_hi)) (Schulman et al. 2017 eq. 7; DAPO clip-higher).
+
+    logprobs, old_logprobs, mask: [B, T]; advantages: [B, T] or [B] (one per sequence, broadcast over tokens).
+    ``clip_high=None`` uses ``clip_low``. Reduced with :func:`aggregate_loss` (``aggregation``, ``max_len``).
+    ``log_ratio_clip``: log r is clamped to [-c, c] before exp (as verl, c = 20: e^20 ~ 5e8), since e^x is inf in
+    float32 beyond 88; inside the clamp nothing changes. Masked positions (and their advantages) are set to 0 before
+    any arithmetic, so NaN / inf in padding reaches neither the loss nor the gradient.
+    stats (token means over masked tokens): clipfrac (clipped term chosen: pg_losses2 > pg_losses1),
+    approxkl = 0.5 * mean((logp - old)^2), ratio_mean, ratio_var (unbiased, over masked tokens).
+    ``weights`` (optional [B, T], no gradient): per-token factors on the loss before it is reduced (the off-policy
+    correction).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    valid = mask.bool()
+    advantages = zero_outside(advantages, valid)
+    log_ratio = zero_outside(logprobs - old_logprobs, valid)  # before exp: padding gives ratio 1 and no gradient
+    if log_ratio_clip is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
+    ratio = torch.exp(log_ratio)
+    per_token, was_clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
+    return loss, ratio_stats(ratio, log_ratio, was_clipped, mask)
 
 
 def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
@@ -67,12 +145,12 @@ def gspo_loss(
     """
     log_s = sequence_log_ratio(logprobs, old_logprobs, mask, log_ratio_clip)  # [B]
     s = torch.exp(log_s)
-    per_seq, was_clipped = _clipped(s, _sequence_advantage(advantages, mask), clip_low, clip_high)
+    per_seq, was_clipped = clipped_surrogate(s, _sequence_advantage(advantages, mask), clip_low, clip_high)
     per_token = per_seq.unsqueeze(-1).expand_as(logprobs)
-    loss = aggregate_loss(_weighted(per_token, weights), mask, aggregation, max_len)
+    loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
     B_T = logprobs.shape
-    return loss, _stats(s.unsqueeze(-1).expand(B_T), log_s.unsqueeze(-1).expand(B_T),
-                        was_clipped.unsqueeze(-1).expand(B_T), mask)
+    return loss, ratio_stats(s.unsqueeze(-1).expand(B_T), log_s.unsqueeze(-1).expand(B_T),
+                             was_clipped.unsqueeze(-1).expand(B_T), mask)
 
 
 def gspo_token_loss(
@@ -98,15 +176,54 @@ def gspo_token_loss(
     log_s = sequence_log_ratio(logprobs, old_logprobs, mask, log_ratio_clip).detach()  # [B], no gradient via s_i
     log_ratio = logprobs - logprobs.detach() + log_s.unsqueeze(-1)  # value log s_i, gradient d log pi(y_t)
     ratio = torch.exp(log_ratio)
-    per_token, was_clipped = _clipped(ratio, advantages, clip_low, clip_high)
-    loss = aggregate_loss(_weighted(per_token, weights), mask, aggregation, max_len)
-    return loss, _stats(ratio, log_ratio, was_clipped, mask)
+    per_token, was_clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
+    return loss, ratio_stats(ratio, log_ratio, was_clipped, mask)
 
 
-PolicyLossFn = Callable[..., tuple[torch.Tensor, Stats]]
+# ──────────────────────────────────────────────────── the registry ────────────────────────────────────────────────────
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss: its pure function and the config section that holds its own settings.
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {
-    "ppo": ppo_policy_loss,
-    "gspo": gspo_loss,
-    "gspo_token": gspo_token_loss,
+    ``section`` names ``algo.<section>`` of the online config: a frozen dataclass whose fields are keywords of
+    ``fn`` (several losses may share one, as ``gspo`` and ``gspo_token`` do). Calling the entry passes the section's
+    fields as those keywords, and the keywords every loss shares from the caller.
+    """
+
+    name: str
+    fn: PolicyLossFn
+    section: str
+
+    def __call__(
+        self,
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        settings: Any = None,
+        **shared: Any,
+    ) -> tuple[torch.Tensor, Stats]:
+        """``fn`` with ``settings`` (the config section, a dataclass; or a mapping of some of its fields; None = the
+        function's defaults) as its own keywords, and ``shared`` (aggregation, max_len, log_ratio_clip, weights: the
+        keywords every loss takes; those not given keep the function's defaults). Shapes as in the module doc."""
+        return self.fn(logprobs, old_logprobs, advantages, mask, **_settings_kwargs(settings), **shared)
+
+
+def _settings_kwargs(settings: Any) -> dict[str, Any]:
+    """The keywords a section gives its loss: a dataclass's fields, a mapping's items, nothing for None."""
+    if settings is None:
+        return {}
+    if isinstance(settings, Mapping):
+        return dict(settings)
+    return {fl.name: getattr(settings, fl.name) for fl in dataclasses.fields(settings)}
+
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    p.name: p
+    for p in (
+        PolicyLoss("ppo", ppo_policy_loss, section="ppo"),
+        PolicyLoss("gspo", gspo_loss, section="gspo"),
+        PolicyLoss("gspo_token", gspo_token_loss, section="gspo"),
+    )
 }
