@@ -35,7 +35,7 @@ def test_gspo_raises_gold(task_data, sft_dir, gold_of, tmp_path):
     loss = "gspo"
     out = tmp_path / loss
     cfg = build_config("grpo", {}, overrides(
-        task_data, sft_dir, out, f"algo.policy_loss={loss}", "algo.clip_low=3e-3", "algo.clip_high=4e-3",
+        task_data, sft_dir, out, f"algo.policy_loss={loss}", "algo.gspo.clip_low=3e-3", "algo.gspo.clip_high=4e-3",
         "algo.rollout_batch_size=8", "algo.num_generations=4", "algo.mini_batch_size=16", "train.batch_size=16",
         "algo.total_episodes=1024"))
     run_online(cfg)

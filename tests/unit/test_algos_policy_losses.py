@@ -3,6 +3,7 @@ slow per-sequence loop and gradients; the registry (its entries pass their confi
 its config wiring."""
 
 import dataclasses
+import inspect
 import math
 
 import pytest
@@ -272,3 +273,55 @@ def test_config_reads_policy_loss_from_registry():
     assert cfg.algo.policy_loss == "gspo"
     with pytest.raises(ConfigError, match="gspo"):
         build_config("grpo", {}, ["algo.policy_loss=gpso"])
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_every_loss_has_its_config_section_with_its_own_keywords_and_defaults(name):
+    # the section named by the entry exists in the online config, frozen, each field a keyword of the function with
+    # the same default (the paper's), so the loop can pass the section and a new loss needs no change elsewhere
+    from rlhfkit.config import OnlineAlgoConfig
+
+    spec = POLICY_LOSSES[name]
+    section = getattr(OnlineAlgoConfig(), spec.section)
+    assert dataclasses.is_dataclass(section) and type(section).__dataclass_params__.frozen
+    params = inspect.signature(spec.fn).parameters
+    for fl in dataclasses.fields(section):
+        assert params[fl.name].kind is inspect.Parameter.KEYWORD_ONLY, fl.name
+        assert params[fl.name].default == getattr(section, fl.name), fl.name
+        assert fl.metadata.get("help"), fl.name
+    shared = {"aggregation", "max_len", "log_ratio_clip", "weights"}  # the loop's, never a section's
+    assert shared <= set(params) and not shared & {fl.name for fl in dataclasses.fields(section)}
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_the_loop_passes_the_chosen_loss_its_section(monkeypatch, name):
+    # OnlineTrainer.policy_micro_step on a stand-in trainer: the registered entry receives getattr(cfg.algo, section)
+    # as its own keywords (a changed value included) and the loop's shared keywords, and the loop names no loss
+    import contextlib
+    import types
+
+    import rlhfkit.train.online as online
+    from rlhfkit.config import build_config
+
+    spec, seen = POLICY_LOSSES[name], {}
+    cfg = build_config("grpo", {}, [f"algo.policy_loss={name}", f"algo.{spec.section}.clip_low=0.0123"])
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return spec.fn(*args, **kwargs)
+
+    logits = torch.randn(2, 3, 5, requires_grad=True)
+    monkeypatch.setattr(online, "response_logits", lambda model, batch, temperature: logits)
+    trainer = types.SimpleNamespace(
+        cfg=cfg, policy=None, policy_loss=dataclasses.replace(spec, fn=spy), max_response_len=11, kl_in_reward=True,
+        acc=types.SimpleNamespace(autocast=contextlib.nullcontext, backward=lambda t: t.backward()))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    weights = torch.full((2, 3), 0.5)
+    batch = {"response_ids": torch.zeros(2, 3, dtype=torch.long), "old_logprobs": torch.full((2, 3), -1.6),
+             "advantages": torch.tensor([1.0, -1.0]), "mask": mask, "is_weights": weights}
+    out = online.OnlineTrainer.policy_micro_step(trainer, batch, 1.0)
+    section = getattr(cfg.algo, spec.section)
+    assert {fl.name: seen[fl.name] for fl in dataclasses.fields(section)} == dataclasses.asdict(section)
+    assert seen["clip_low"] == 0.0123
+    assert seen["aggregation"] == cfg.algo.loss_aggregation and seen["max_len"] == 11 and seen["weights"] is weights
+    assert torch.isfinite(out["loss/policy_avg"]) and logits.grad is not None

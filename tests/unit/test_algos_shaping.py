@@ -86,7 +86,7 @@ def test_config_rules_for_dapo_keys():
     with pytest.raises(ConfigError, match="algo.dynamic_sampling.enabled"):
         build_config("ppo", {}, ["algo.dynamic_sampling.enabled=true"])
     cfg = load_config("grpo", "configs/dapo.yaml")
-    assert cfg.algo.dynamic_sampling.enabled and cfg.algo.overlong.cache_len == 4 and cfg.algo.clip_high == 0.28
+    assert cfg.algo.dynamic_sampling.enabled and cfg.algo.overlong.cache_len == 4 and cfg.algo.ppo.clip_high == 0.28
     assert load_config("grpo", "configs/gspo.yaml").algo.policy_loss == "gspo"
 
 

@@ -28,7 +28,10 @@ BAD = [
     ("grpo", ["generation.top_p=0"], "generation.top_p"),
     ("grpo", ["algo.num_generations=1"], "algo.num_generations"),
     ("grpo", ["algo.mini_batch_size=5"], "algo.mini_batch_size"),
-    ("grpo", ["algo.clip_low=1.5"], "algo.clip_low"),
+    ("grpo", ["algo.ppo.clip_low=1.5"], "algo.ppo.clip_low"),
+    ("grpo", ["algo.clip_low=1.5"], "algo.ppo.clip_low"),  # the earlier name, bounds-checked in its new place
+    ("grpo", ["algo.policy_loss=gspo", "epsilon=1.5"], "algo.gspo.clip_low"),
+    ("grpo", ["algo.gspo.clip_high=0"], "algo.gspo.clip_high"),
     ("ppo", ["generation.min_new_tokens=99", "generation.max_new_tokens=8"], "generation.min_new_tokens"),
     ("dpo", ["algo.beta=-0.1"], "algo.beta"),
     ("dpo", ["algo.beta=0"], "algo.beta"),
@@ -112,6 +115,37 @@ def test_trl_aliases_map_to_rlhfkit_keys(tmp_path, capsys):
     assert build_config("dpo", {"output_dir": str(tmp_path)}, ["beta=0.3"]).algo.beta == 0.3  # per family
     with pytest.raises(ConfigError, match="both set"):
         build_config("sft", {"learning_rate": 1e-4, "optim": {"lr": 2e-4}})
+
+
+def test_clip_names_go_to_the_chosen_policy_loss_section(capsys):
+    # TRL's epsilon / cliprange / epsilon_high and rlhfkit's earlier algo.clip_low / clip_high: the section of the
+    # loss chosen anywhere (recipe defaults, file, overrides), logged once with the final key
+    cfg = build_config("grpo", {"epsilon": 0.1}, ["epsilon_high=0.3"])
+    assert (cfg.algo.ppo.clip_low, cfg.algo.ppo.clip_high) == (0.1, 0.3)
+    assert (cfg.algo.gspo.clip_low, cfg.algo.gspo.clip_high) == (3e-4, 4e-4)  # the paper's defaults, untouched
+    err = capsys.readouterr().err
+    assert "epsilon -> algo.ppo.clip_low" in err and "epsilon_high -> algo.ppo.clip_high" in err
+    assert "-> algo.clip_low" not in err  # one line per name, naming where it went
+    cfg = build_config("grpo", {"algo": {"clip_low": 1e-3, "clip_high": 2e-3}}, ["algo.policy_loss=gspo_token"])
+    assert (cfg.algo.gspo.clip_low, cfg.algo.gspo.clip_high) == (1e-3, 2e-3) and cfg.algo.ppo.clip_low == 0.2
+    assert "algo.clip_low -> algo.gspo.clip_low" in capsys.readouterr().err
+    assert build_config("grpo", {"cliprange": 0.15, "algo": {"policy_loss": "gspo"}}).algo.gspo.clip_low == 0.15
+    with pytest.raises(ConfigError, match="'cliprange' and 'algo.ppo.clip_low' are both set"):
+        build_config("grpo", {"cliprange": 0.15}, ["algo.ppo.clip_low=0.3"])
+    assert build_config("grpo", {"cliprange": 0.15}, ["algo.ppo.clip_low=0.15"]).algo.ppo.clip_low == 0.15
+    assert not hasattr(cfg.algo, "clip_low")
+
+
+def test_a_policy_loss_without_a_clip_refuses_the_clip_names(monkeypatch):
+    from rlhfkit import algos
+
+    # a loss whose section (here algo.overlong, a section without clip_low) has no clip range
+    monkeypatch.setitem(algos.POLICY_LOSSES, "noclip", algos.PolicyLoss("noclip", lambda *a, **k: None, "overlong"))
+    assert build_config("grpo", {}, ["algo.policy_loss=noclip"]).algo.policy_loss == "noclip"
+    for name in ("epsilon=0.1", "algo.clip_low=0.1", "epsilon_high=0.3"):
+        with pytest.raises(ConfigError, match=r"algo.policy_loss=noclip has none \(its settings: algo.overlong.") as e:
+            build_config("grpo", {}, ["algo.policy_loss=noclip", name])
+        assert "\n" not in str(e.value) and e.value.fix == f"remove {name.split('=')[0]}"
 
 
 def test_recipe_table_is_complete():

@@ -68,6 +68,36 @@ def test_fingerprint_holds_what_defines_a_run_and_not_where_or_how_long(tmp_path
     assert all(k in ("output_dir",) or "." in k for k in NOT_FINGERPRINTED)
 
 
+def _written_before_loss_sections(fp: dict, clip_low, clip_high) -> dict:
+    """The fingerprint the version before per-loss config sections wrote for the same run: one algo.clip_low /
+    algo.clip_high, no algo.ppo.* / algo.gspo.* (checked key by key against commit c6a84f1's run_fingerprint)."""
+    old = {k: v for k, v in fp.items() if not k.startswith(("algo.ppo.", "algo.gspo."))}
+    return {**old, "algo.clip_low": clip_low, "algo.clip_high": clip_high}
+
+
+@pytest.mark.parametrize("loss, clip", [("ppo", (0.2, None)), ("gspo", (3e-4, 4e-4)), ("gspo_token", (3e-4, 4e-4))])
+def test_a_checkpoint_from_before_the_loss_sections_still_matches(tmp_path, loss, clip):
+    new = run_fingerprint(_cfg(tmp_path, f"algo.policy_loss={loss}", recipe="grpo"))
+    section, unused = ("ppo", "gspo") if loss == "ppo" else ("gspo", "ppo")
+    assert {f"algo.{section}.clip_low", f"algo.{section}.clip_high"} <= set(new)
+    assert not any(k.startswith(f"algo.{unused}.") for k in new)  # the unused loss's section is not in it
+    old = _written_before_loss_sections(new, *clip)
+    assert fingerprint_diff(old, new) == []
+    # the renamed key is still compared: a changed clip range is a difference, named with today's key
+    wider = run_fingerprint(_cfg(tmp_path, f"algo.policy_loss={loss}", f"algo.{section}.clip_low=0.1", recipe="grpo"))
+    assert fingerprint_diff(old, wider) == [f"algo.{section}.clip_low: {clip[0]} -> 0.1"]
+    # another loss than the checkpoint's: named, with its section's settings
+    diff = fingerprint_diff(old, run_fingerprint(_cfg(tmp_path, f"algo.policy_loss={unused}", recipe="grpo")))
+    assert f"algo.policy_loss: {loss} -> {unused}" in diff
+
+
+def test_settings_of_an_unused_policy_loss_never_block_a_resume(tmp_path):
+    base = run_fingerprint(_cfg(tmp_path, recipe="grpo"))
+    assert fingerprint_diff(base, run_fingerprint(_cfg(tmp_path, "algo.gspo.clip_low=0.01", recipe="grpo"))) == []
+    assert fingerprint_diff(base, run_fingerprint(_cfg(tmp_path, "algo.ppo.clip_low=0.1", recipe="grpo"))) == [
+        "algo.ppo.clip_low: 0.2 -> 0.1"]
+
+
 # ───────────────────────────────────────────────────── lock ────────────────────────────────────────────────────
 
 

@@ -32,7 +32,7 @@ def test_healthy_run_is_silent():
 @pytest.mark.parametrize(
     "seq, needle, knob",
     [
-        ([{"val/ratio": 2.5}], "val/ratio=2.5", "algo.clip_low"),
+        ([{"val/ratio": 2.5}], "val/ratio=2.5", "algo.ppo.clip_low"),
         ([{"val/ratio": 0.3}], "outside [0.5, 2.0]", "optim.lr"),
         ([{}, {}, {}, {"policy/approxkl_avg": 0.05}], "5x its running median", "algo.ppo_epochs"),
         ([{"loss/value_avg": v} for v in (0.1, 0.12, 0.15, 0.19, 0.25)], "critic is diverging", "critic.lr"),

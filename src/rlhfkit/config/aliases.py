@@ -49,8 +49,9 @@ ALIASES: dict[str, str] = {
     "num_generations": "algo.num_generations",
     "num_ppo_epochs": "algo.ppo_epochs",
     "num_iterations": "algo.ppo_epochs",
-    "epsilon": "algo.clip_low",
+    "epsilon": "algo.clip_low",  # these three move on into the chosen policy loss's section: see move_policy_settings
     "cliprange": "algo.clip_low",
+    "epsilon_high": "algo.clip_high",
 }
 _FAMILY_ALIASES: dict[str, dict[str, str]] = {
     "online": {"beta": "algo.kl.coef", "kl_coef": "algo.kl.coef"},
@@ -85,13 +86,60 @@ def _apply_aliases(tree: dict, recipe: str, source: str) -> dict:
     return out
 
 
+# The settings a policy loss reads from its own section (``algo.<section>.<key>``, the section of the chosen
+# ``algo.policy_loss``): rlhfkit's earlier ``algo.clip_low`` / ``algo.clip_high`` and the TRL names mapped to them
+# above move there once the whole config (recipe defaults, file, overrides) is merged, when the loss is known.
+MOVED_TO_POLICY_SECTION = ("clip_low", "clip_high")
+
+
+def move_policy_settings(tree: dict, recipe: str, source: str) -> None:
+    """Move ``algo.clip_low`` / ``algo.clip_high`` of the merged ``tree`` (in place) into the section of the chosen
+    policy loss, logged once as ``epsilon -> algo.ppo.clip_low``; a loss whose section has no such setting refuses
+    them in one line."""
+    algo, defaults = tree.get("algo"), getattr(RECIPES[recipe].config(), "algo", None)
+    if not isinstance(algo, dict) or not hasattr(defaults, "policy_loss"):
+        return
+    moved = {key: algo.pop(key) for key in MOVED_TO_POLICY_SECTION if key in algo}
+    if not moved:
+        return
+    from .. import algos  # the registry, read lazily (it imports torch)
+
+    name = algo.get("policy_loss", defaults.policy_loss)
+    spec = algos.POLICY_LOSSES.get(name)
+    if spec is None or not isinstance(algo.setdefault(spec.section, {}), dict):
+        return  # an unknown loss or a section that is no mapping: building the config names that, not these keys
+    section, fields = algo[spec.section], [fl.name for fl in dataclasses.fields(getattr(defaults, spec.section))]
+    for key, value in moved.items():
+        target = f"algo.{spec.section}.{key}"
+        origin = _ALIAS_ORIGINS.get(f"algo.{key}", f"algo.{key}")  # epsilon, cliprange, ... or the old key itself
+        if key not in fields:
+            raise ConfigError(f"'{origin}' is a {key} setting, and algo.policy_loss={name} has none (its settings: "
+                              f"{', '.join(f'algo.{spec.section}.{k}' for k in fields) or 'none'})", where=source,
+                              fix=f"remove {origin}")
+        if key in section and section[key] != value:
+            raise ConfigError(f"'{origin}' and '{target}' are both set, to different values", where=source,
+                              fix=f"keep only {target}")
+        section[key] = value
+        _log_alias(origin, target)
+
+
 _ALIASES_LOGGED: set[str] = set()
 _ALIASES_PENDING: list[tuple[str, str]] = []
+_ALIAS_ORIGINS: dict[str, str] = {}  # this build's alias targets -> the name the user wrote
+
+
+def _begin_aliases() -> None:
+    """Forget the notes of an earlier build (one that failed leaves some)."""
+    _ALIASES_PENDING.clear()
+    _ALIAS_ORIGINS.clear()
 
 
 def _log_alias(key: str, target: str) -> None:
     """Note an alias; printed by :func:`_flush_aliases` once the config is valid (a config error stays the one line
-    on stderr)."""
+    on stderr). A key that moves on into a policy loss's section is printed with its final name."""
+    _ALIAS_ORIGINS[target] = key
+    if target.removeprefix("algo.") in MOVED_TO_POLICY_SECTION:
+        return
     if key not in _ALIASES_LOGGED and (key, target) not in _ALIASES_PENDING:
         _ALIASES_PENDING.append((key, target))
 

@@ -51,7 +51,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from .aliases import _ALIASES_PENDING, _apply_aliases, _flush_aliases, _log_alias, alias_of
+from .aliases import _apply_aliases, _begin_aliases, _flush_aliases, _log_alias, alias_of, move_policy_settings
 from .choices import choices_of
 from .recipes import RECIPES
 
@@ -274,7 +274,7 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe '{recipe}'", where="recipe", fix=_did_you_mean(recipe, list(RECIPES)))
     spec = RECIPES[recipe]
-    _ALIASES_PENDING.clear()
+    _begin_aliases()
     data = _apply_aliases(copy.deepcopy(data or {}), recipe, source)
     tree = _merge(copy.deepcopy(spec.defaults), data)  # never mutate shared defaults
     file_recipe = tree.get("recipe", recipe)
@@ -293,6 +293,7 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
                 keys = target.split(".")
         _set_path(tree, keys, value)
     src = source if not overrides else f"{source} + overrides"
+    move_policy_settings(tree, recipe, src)
     cfg = _build(spec.config, tree, "", src)
     cfg.check()
     _flush_aliases()

@@ -207,6 +207,22 @@ class DynamicSamplingConfig:
     max_draws: int = f(4, "most rollout batches drawn per step; at the cap the batch is filled with tied groups", ge=1)
 
 
+# ── the settings of each policy loss: one section per `algos.POLICY_LOSSES` entry's `section`, its fields the
+#    loss function's own keywords, with the paper's defaults (the loop passes the section; see algos/policy_losses.py)
+
+
+@dataclass(frozen=True)
+class PPOLossConfig:
+    clip_low: float = f(0.2, "clip range of the token ratio below 1 (Schulman et al. 2017: 0.2)", gt=0, lt=1)
+    clip_high: float | None = f(None, "clip range above 1; null = clip_low (DAPO clip-higher: 0.28)", gt=0)
+
+
+@dataclass(frozen=True)
+class GSPOLossConfig:
+    clip_low: float = f(3e-4, "clip range of the sequence ratio below 1 (Zheng et al. 2025: 3e-4)", gt=0, lt=1)
+    clip_high: float | None = f(4e-4, "clip range above 1 (Zheng et al. 2025: 4e-4); null = clip_low", gt=0)
+
+
 @dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
@@ -215,8 +231,6 @@ class OnlineAlgoConfig:
     ppo_epochs: int = f(2, "passes over each rollout batch", ge=1)
     mini_batch_size: int = f(16, "responses per optimizer update (split in micro-batches of train.batch_size)",
                              ge=1)
-    clip_low: float = f(0.2, "PPO clip range below 1", gt=0, lt=1)
-    clip_high: float | None = f(None, "PPO clip range above 1; null = clip_low (asymmetric as in DAPO)", gt=0)
     value_clip: float | None = f(0.2, "value clipping range; null = off", gt=0)
     vf_coef: float = f(0.5, "value-loss weight (critic has its own optimizer; scales its loss)", ge=0)
     entropy_coef: float = f(0.0, "entropy bonus coefficient")
@@ -224,8 +238,11 @@ class OnlineAlgoConfig:
     lam: float = f(0.95, "GAE lambda", ge=0, le=1)
     whiten_advantages: bool = f(True, "normalise advantages over the batch")
     loss_aggregation: str = f("token_mean", "token_mean | seq_mean_token_mean | seq_mean_token_sum_norm")
-    policy_loss: str = f("ppo", "policy loss (see `algos.POLICY_LOSSES`): ppo (token ratio, clipped) | gspo "
-                                "(sequence ratio, length-normalised, clipped per sequence) | gspo_token")
+    policy_loss: str = f("ppo", "policy loss (see `algos.POLICY_LOSSES`); it reads its settings from its own "
+                                "section below (each section's comment names the losses that read it)")
+    ppo: PPOLossConfig = f(PPOLossConfig(), "settings of policy_loss=ppo: the token ratio, clipped (PPO)")
+    gspo: GSPOLossConfig = f(GSPOLossConfig(), "settings of policy_loss=gspo / gspo_token: the length-normalised "
+                             "sequence ratio, clipped per sequence (GSPO)")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
     overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")

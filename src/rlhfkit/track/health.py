@@ -32,7 +32,8 @@ from .console import get_console
 from .jsonl import JsonlWriter, StagedFile, read_jsonl
 from .progress import format_number as fmt
 
-DRIFT_FIX = "lower optim.lr or algo.ppo_epochs, or tighten algo.clip_low / algo.clip_high"
+DRIFT_FIX = ("lower optim.lr or algo.ppo_epochs, or tighten the clip range in the policy loss's section "
+             "(algo.<section>.clip_low / clip_high, e.g. algo.ppo.clip_low)")
 WARNING, CRITICAL = "warning", "critical"
 History = Mapping[str, Sequence[float]]
 

@@ -508,7 +508,7 @@ class OnlineTrainer:
             logits = response_logits(self.policy, batch, self.cfg.generation.temperature)
             logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
             loss, st = self.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["mask"],
-                                        {"clip_low": algo.clip_low, "clip_high": algo.clip_high},
+                                        getattr(algo, self.policy_loss.section),  # the loss's own settings
                                         aggregation=algo.loss_aggregation, max_len=self.max_response_len,
                                         weights=batch.get("is_weights"))
             ent_logits = logits.detach() if algo.entropy_coef == 0 else logits

@@ -25,7 +25,9 @@ reward / critic models, data (files, split, format, lengths, packing), optimizer
 ``log_every`` / ``eval_every`` / ``save_every`` / ``save_total_limit`` / ``eval_batch_size`` / ``resume`` /
 ``max_nonfinite_skips`` keys of ``train``), memory savers (``memory.*``, ``model.gradient_checkpointing``), and the
 run length (``train.epochs``, ``train.max_steps``, ``algo.total_episodes``): a resumed run may be made longer or
-shorter; the LR schedule is then recomputed for the new length from the update reached.
+shorter; the LR schedule is then recomputed for the new length from the update reached. Nor are the sections of
+policy losses the run does not use (``algo.gspo.*`` in a ``ppo`` run). A checkpoint's fingerprint is read in today's
+key names (:data:`RENAMED_KEYS`: ``algo.clip_low`` of an earlier version is ``algo.<its loss's section>.clip_low``).
 
 **``train.resume=force``** (and an explicit checkpoint path whose fingerprint differs) keeps from the checkpoint: the
 trainable weights, the optimizer moments (AdamW ``exp_avg`` / ``exp_avg_sq`` / ``step``), the number of updates done
@@ -47,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import algos
 from ..config import save_config
 from ..errors import RunError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
@@ -70,6 +73,12 @@ NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpoi
                      "algo.total_episodes")
 #: the run length: a finished run rerun with the same length is finished; with another, it resumes
 LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
+#: keys renamed since a checkpoint may have been written: old key -> today's, so that its fingerprint still matches.
+#: ``{policy_loss}`` is the config section of the run's policy loss (``algos.POLICY_LOSSES[name].section``).
+RENAMED_KEYS = {
+    "algo.clip_low": "algo.{policy_loss}.clip_low",  # the clip range moved into each policy loss's section
+    "algo.clip_high": "algo.{policy_loss}.clip_high",
+}
 
 
 # ─────────────────────────────────────────────────── fingerprint ─────────────────────────────────────────────
@@ -95,7 +104,32 @@ def _excluded(key: str) -> bool:
 
 def run_fingerprint(cfg) -> dict[str, Any]:
     """The settings that define the run (dotted key -> JSON value); see the module doc for what is left out."""
-    return {k: v for k, v in _flat(cfg).items() if not _excluded(k)}
+    return _without_unused_policy_sections({k: v for k, v in _flat(cfg).items() if not _excluded(k)})
+
+
+def _policy_section(fingerprint: dict) -> str | None:
+    spec = algos.POLICY_LOSSES.get(fingerprint.get("algo.policy_loss"))
+    return spec.section if spec is not None else None
+
+
+def _without_unused_policy_sections(fingerprint: dict) -> dict:
+    """The settings of policy losses the run does not use (``algo.<section>.*`` of the other sections) do not define
+    it: a loss added later, or another loss's setting changed, never blocks a resume."""
+    used = _policy_section(fingerprint)
+    if used is None:
+        return fingerprint
+    unused = tuple(f"algo.{spec.section}." for spec in algos.POLICY_LOSSES.values() if spec.section != used)
+    return {k: v for k, v in fingerprint.items() if not k.startswith(unused)}
+
+
+def upgrade_fingerprint(old: dict) -> dict:
+    """A fingerprint written by an earlier version in today's key names (:data:`RENAMED_KEYS`)."""
+    section = _policy_section(old)
+    renamed = {}
+    for key, value in old.items():
+        new = RENAMED_KEYS.get(key)
+        renamed[new.format(policy_loss=section) if new and section else key] = value
+    return _without_unused_policy_sections(renamed)
 
 
 def run_length(cfg) -> dict[str, Any]:
@@ -104,7 +138,9 @@ def run_length(cfg) -> dict[str, Any]:
 
 
 def fingerprint_diff(old: dict, new: dict) -> list[str]:
-    """``key: old -> new`` for every key that differs (keys on one side only included), recipe first."""
+    """``key: old -> new`` for every key that differs (keys on one side only included), recipe first; ``old`` is
+    read in today's key names first (:func:`upgrade_fingerprint`)."""
+    old = upgrade_fingerprint(old)
     keys = sorted(set(old) | set(new), key=lambda k: (k != "recipe", k))
     missing = "(unset)"
     return [f"{k}: {old.get(k, missing)} -> {new.get(k, missing)}" for k in keys if old.get(k, missing) !=
