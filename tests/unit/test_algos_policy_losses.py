@@ -304,7 +304,10 @@ def test_the_loop_passes_the_chosen_loss_its_section(monkeypatch, name):
     from rlhfkit.config import build_config
 
     spec, seen = POLICY_LOSSES[name], {}
-    cfg = build_config("grpo", {}, [f"algo.policy_loss={name}", f"algo.{spec.section}.clip_low=0.0123"])
+    default = getattr(build_config("grpo", {}, [f"algo.policy_loss={name}"]).algo, spec.section)
+    changed = next(fl.name for fl in dataclasses.fields(default) if isinstance(getattr(default, fl.name), float))
+    value = getattr(default, changed) * 0.5  # a setting away from its default, which must reach the function
+    cfg = build_config("grpo", {}, [f"algo.policy_loss={name}", f"algo.{spec.section}.{changed}={value}"])
 
     def spy(*args, **kwargs):
         seen.update(kwargs)
@@ -322,6 +325,6 @@ def test_the_loop_passes_the_chosen_loss_its_section(monkeypatch, name):
     out = online.OnlineTrainer.policy_micro_step(trainer, batch, 1.0)
     section = getattr(cfg.algo, spec.section)
     assert {fl.name: seen[fl.name] for fl in dataclasses.fields(section)} == dataclasses.asdict(section)
-    assert seen["clip_low"] == 0.0123
+    assert seen[changed] == value
     assert seen["aggregation"] == cfg.algo.loss_aggregation and seen["max_len"] == 11 and seen["weights"] is weights
     assert torch.isfinite(out["loss/policy_avg"]) and logits.grad is not None
