@@ -11,7 +11,8 @@ from rich.console import Console
 from rlhfkit.config import build_config
 from rlhfkit.track import MetricsSink, Progress, SampleLogger
 from rlhfkit.track import console as console_mod
-from rlhfkit.track.progress import format_number, run_summary_line, short_name
+from rlhfkit.track.console import format_number
+from rlhfkit.track.progress import run_summary_line, short_name
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 ONLINE = {"objective/scores": 0.123456, "objective/kl": 12.3456, "val/ratio": 0.99871,

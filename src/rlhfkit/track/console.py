@@ -1,9 +1,12 @@
-"""The shared rich console and ``print0`` (print on the main process only), after nanochat's helper."""
+"""The shared rich console, ``print0`` (print on the main process only, after nanochat's helper), and the short form
+of a number every printed line uses (:func:`format_number`: progress bars, health warnings, the closing line)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from functools import lru_cache
+from typing import Any
 
 from rich.console import Console
 
@@ -29,3 +32,17 @@ def print0(*args, is_main: bool = True, console: Console | None = None, **kwargs
         return
     kwargs.setdefault("soft_wrap", True)  # log files keep one message per line
     (console or get_console()).print(*args, **kwargs)
+
+
+def format_number(value: Any) -> str:
+    """Short form of a metric: 4 significant digits, exponent form for very small or large numbers."""
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    if isinstance(value, (bool, int)) or not isinstance(value, float):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+        mantissa, exponent = f"{value:.3e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return f"{value:.4g}"

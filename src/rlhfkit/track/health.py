@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import UserError
+from .console import format_number as fmt
 from .console import get_console
 from .jsonl import JsonlWriter, StagedFile, read_jsonl
-from .progress import format_number as fmt
 
 DRIFT_FIX = ("lower optim.lr or algo.ppo_epochs, or tighten the clip range in the policy loss's section "
              "(algo.<section>.clip_low / clip_high, e.g. algo.ppo.clip_low)")

@@ -23,22 +23,9 @@ from rich.console import Console
 from rich.table import Column
 from rich.text import Text
 
-from .console import get_console
-
-
-def format_number(value: Any) -> str:
-    """Short form of a metric: 4 significant digits, exponent form for very small or large numbers."""
-    if hasattr(value, "item") and callable(value.item):
-        value = value.item()
-    if isinstance(value, (bool, int)) or not isinstance(value, float):
-        return str(value)
-    if not math.isfinite(value):
-        return str(value)
-    if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
-        mantissa, exponent = f"{value:.3e}".split("e")
-        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-    return f"{value:.4g}"
-
+from .console import format_number, get_console
+from .health import read_warnings
+from .metrics import read_metrics
 
 # short names of the metrics the bars show (TRL names are long); anything else: its last part, eval_ for eval/
 SHORT_NAMES = {
@@ -217,9 +204,6 @@ def run_summary_line(name: str, run_dir: str | Path, seconds: float | None = Non
     run directory when there is no report), e.g. ``[grpo] finished in 23 s: score 0.1 -> 0.6, kl 0 -> 3.2;
     1 health warning (0 critical); report /runs/grpo/report.html``. A report older than ``since`` (a time stamp)
     is a previous run's and not named."""
-    from .health import read_warnings
-    from .metrics import read_metrics
-
     run_dir = Path(run_dir)
     first: dict[str, Any] = {}
     last: dict[str, Any] = {}
