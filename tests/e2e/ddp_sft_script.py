@@ -37,9 +37,9 @@ def main(argv: list[str]) -> None:
     import torch
     from accelerate import PartialState
 
-    import rlhfkit.train.loop as loop
     import rlhfkit.train.sft as sft
     from rlhfkit.config import build_config
+    from rlhfkit.train.checkpoint import list_checkpoints
 
     also_resume = "--resume-from-first-checkpoint" in argv
     out, data, *overrides = [a for a in argv if a != "--resume-from-first-checkpoint"]
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> None:
               "torch_threads": torch.get_num_threads(), "straight": checksum(jobs[0].model)}
 
     if also_resume:
-        first = min(loop.list_checkpoints(out))[1]
+        first = min(list_checkpoints(out))[1]
         sft.run_sft(build_config("sft", {}, [f"output_dir={out / 'resumed'}", f"train.resume={first}", *base]))
         record["resumed"] = checksum(jobs[1].model)
         record["resumed_from"] = first.name

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rlhfkit.config import build_config
-from rlhfkit.train.loop import start_run
 from rlhfkit.train.online import Experience, OnlineTrainer, run_online
+from rlhfkit.train.run import start_run
 
 REWARD_FN = "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]"
 
@@ -145,23 +145,23 @@ def test_ppo_resume_gives_the_same_parameters(task_data, sft_dir, rm_dir, tmp_pa
     # a run that stops after the checkpoint at update 4 (step 2 of 4): same config, but only 2 steps of episodes
     resumed = tmp_path / "resumed"
     half = cfg_for(resumed)
-    from rlhfkit.train import online as online_mod
+    from rlhfkit.train import checkpoint as checkpoint_mod
 
     class Stop(Exception):
         pass
 
-    real_save = online_mod.Checkpointer.save
+    real_save = checkpoint_mod.Checkpointer.save
 
     def save_then_stop(self, step, **kw):
         real_save(self, step, **kw)
         raise Stop
 
-    online_mod.Checkpointer.save = save_then_stop
+    checkpoint_mod.Checkpointer.save = save_then_stop
     try:
         with pytest.raises(Stop):
             run_online(half)
     finally:
-        online_mod.Checkpointer.save = real_save
+        checkpoint_mod.Checkpointer.save = real_save
     assert (resumed / "checkpoint-4").is_dir()
     run_online(cfg_for(resumed, "train.resume=auto"))
     from safetensors.torch import load_file

@@ -45,8 +45,8 @@ def test_gspo_raises_gold(task_data, sft_dir, gold_of, tmp_path):
 
 
 def _trainer(task_data, sft_dir, tmp_path, recipe="grpo", *extra):
-    from rlhfkit.train.loop import start_run
     from rlhfkit.train.online import OnlineTrainer
+    from rlhfkit.train.run import start_run
 
     cfg = build_config(recipe, {}, overrides(
         task_data, sft_dir, tmp_path / "t", "algo.rollout_batch_size=4", "algo.num_generations=2",

@@ -22,6 +22,7 @@ import rlhfkit.train.loop as loop
 from rlhfkit.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.track import read_metrics
+from rlhfkit.train.checkpoint import list_checkpoints
 from rlhfkit.train.sft import run_sft
 
 pytestmark = pytest.mark.slow
@@ -130,7 +131,7 @@ def test_resume_after_sigkill_matches_the_straight_run(task_data, straight, tmp_
             proc.wait()
         proc.stdout.close()
     assert not (out / "model.safetensors").exists()  # it really died before the end
-    assert sorted(s for s, _ in loop.list_checkpoints(out)) == [N // 2, N]
+    assert sorted(s for s, _ in list_checkpoints(out)) == [N // 2, N]
     # the killed process ran the same configuration as the straight run (but for its directory)
     assert (out / "config.yaml").read_text().replace(str(out), "OUT") == \
         (straight / "config.yaml").read_text().replace(str(straight), "OUT")

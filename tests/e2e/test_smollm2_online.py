@@ -119,8 +119,8 @@ def tiny_rm(converted, tmp_path_factory) -> Path:
 def test_ppo_lora_with_reward_model_from_smollm2(tiny_rm, prompts_file, tmp_path):
     from rlhfkit.config import build_config
     from rlhfkit.models.loading import is_peft
-    from rlhfkit.train.loop import start_run
     from rlhfkit.train.online import OnlineTrainer
+    from rlhfkit.train.run import start_run
 
     class Recording(OnlineTrainer):
         """Keeps every training rollout, to check where responses stopped."""

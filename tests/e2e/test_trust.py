@@ -20,8 +20,7 @@ from rlhfkit.cli import main
 from rlhfkit.config import build_config
 from rlhfkit.errors import DataError
 from rlhfkit.track import read_metrics
-from rlhfkit.train.loop import validate_checkpoint
-from rlhfkit.train.session import run_fingerprint
+from rlhfkit.train.checkpoint import run_fingerprint, validate_checkpoint
 
 TINY = "tiny:hidden=32,layers=1,intermediate=64"
 GOOD = [{"prompt": f"shout: {w}", "completion": w.upper()} for w in ["cat", "dog", "owl", "bee"] * 8]

@@ -179,8 +179,8 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
     from rlhfkit.config import build_config
     from rlhfkit.envs import make_arithmetic_prompts
     from rlhfkit.train import online
-    from rlhfkit.train.loop import start_run
     from rlhfkit.train.online import OnlineTrainer
+    from rlhfkit.train.run import start_run
 
     data = tmp_path / "p.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in make_arithmetic_prompts(8)))

@@ -15,18 +15,11 @@ import torch
 from rlhfkit.config import OptimConfig, build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.track import read_metrics
-from rlhfkit.train.loop import (
-    Checkpointer,
-    SupervisedJob,
-    build_optimizer,
-    build_scheduler,
-    list_checkpoints,
-    lr_lambda,
-    plan_batches,
-    start_run,
-    total_updates,
-    train_supervised,
-)
+from rlhfkit.train.checkpoint import Checkpointer, list_checkpoints
+from rlhfkit.train.common import plan_batches
+from rlhfkit.train.loop import SupervisedJob, total_updates, train_supervised
+from rlhfkit.train.optim import build_optimizer, build_scheduler, lr_lambda
+from rlhfkit.train.run import start_run
 
 # ───────────────────────────────────────────── learning-rate schedule ───────────────────────────────────────────
 

@@ -1,5 +1,6 @@
-"""The run lifecycle (train/session.py) piece by piece: fingerprints, the directory lock, files staged until the
-first line, checkpoint manifests and fallback, loads that never unpickle code, and the NaN guard of clip_and_step.
+"""The run lifecycle (train/session.py, train/checkpoint.py) piece by piece: fingerprints, the directory lock, files
+staged until the first line, checkpoint manifests and fallback, loads that never unpickle code, and the NaN guard of
+clip_and_step.
 The whole recipes under these faults are in tests/e2e/test_trust.py."""
 
 from __future__ import annotations
@@ -13,13 +14,21 @@ import textwrap
 import pytest
 import torch
 
-import rlhfkit.train.loop as loop
 from rlhfkit.config import build_config
 from rlhfkit.errors import NonFiniteError, RunError
 from rlhfkit.track import MetricsSink, read_metrics
 from rlhfkit.track.jsonl import JsonlWriter
-from rlhfkit.train.loop import Checkpointer, build_optimizer, build_scheduler, start_run, validate_checkpoint
-from rlhfkit.train.session import NOT_FINGERPRINTED, fingerprint_diff, run_fingerprint, run_length
+from rlhfkit.train.checkpoint import (
+    NOT_FINGERPRINTED,
+    Checkpointer,
+    fingerprint_diff,
+    guard_of,
+    run_fingerprint,
+    run_length,
+    validate_checkpoint,
+)
+from rlhfkit.train.optim import build_optimizer, build_scheduler, clip_and_step
+from rlhfkit.train.run import start_run
 
 
 class Tiny(torch.nn.Module):
@@ -258,13 +267,13 @@ def test_clip_and_step_skips_non_finite_updates_and_stops_after_too_many(tmp_pat
     run = start_run(_cfg(tmp_path))
     parts = _parts()
     model, opt, sched = parts["models"]["m"], parts["optimizers"]["m"], parts["schedulers"]["m"]
-    loop.guard_of(opt).max_consecutive = 3
+    guard_of(opt).max_consecutive = 3
     x = torch.randn(8, 4)
 
     def update(bad: bool):
         loss = model(x).pow(2).mean() * (float("nan") if bad else 1.0)
         loss.backward()
-        return loop.clip_and_step(run.accelerator, model, opt, sched, 1.0, loss=loss.detach())
+        return clip_and_step(run.accelerator, model, opt, sched, 1.0, loss=loss.detach())
 
     update(False)
     good = {k: v.clone() for k, v in model.state_dict().items()}
@@ -272,10 +281,10 @@ def test_clip_and_step_skips_non_finite_updates_and_stops_after_too_many(tmp_pat
         update(True)
     assert all(torch.equal(v, good[k]) for k, v in model.state_dict().items())  # skipped: weights unchanged
     assert all(p.grad is None for p in model.parameters())  # gradients zeroed
-    assert loop.guard_of(opt).skipped == 2 and sched.last_epoch == 3  # the schedule still counts updates
+    assert guard_of(opt).skipped == 2 and sched.last_epoch == 3  # the schedule still counts updates
     assert "update 3" in capsys.readouterr().out
     update(False)  # a good update resets the run of skips
-    assert loop.guard_of(opt).consecutive == 0
+    assert guard_of(opt).consecutive == 0
     for _ in range(2):
         update(True)
     with pytest.raises(NonFiniteError, match="3 consecutive") as err:

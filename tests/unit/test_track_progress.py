@@ -187,7 +187,8 @@ class Tiny(torch.nn.Module):
 
 def _toy_supervised(tmp_path, monkeypatch, *overrides):
     import rlhfkit.track.progress as progress_mod
-    from rlhfkit.train.loop import SupervisedJob, start_run, train_supervised
+    from rlhfkit.train.loop import SupervisedJob, train_supervised
+    from rlhfkit.train.run import start_run
 
     console = Console(file=io.StringIO(), width=80)
     monkeypatch.setattr(progress_mod, "get_console", lambda: console)

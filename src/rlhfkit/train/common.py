@@ -1,6 +1,7 @@
 """Pieces every recipe shares: loading the configured data (with a held-out split), tokenising it under the length
-policy with the counts printed, the forward pass that gives per-token log-probs of the labels, moving a batch to a
-device, and the end-of-run report."""
+policy with the counts printed, the seeded per-epoch batch plan of both loops, the forward pass that gives per-token
+log-probs of the labels, averaging and reducing step metrics over processes, moving a batch to a device, and the
+end-of-run report."""
 
 from __future__ import annotations
 
@@ -59,6 +60,22 @@ def tokenize(run, records: list[dict], kind: str, tok, cfg, label: str, completi
     return examples
 
 
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The seeded permutation of ``n`` items for ``epoch`` (the same on every process and in a resumed run)."""
+    g = torch.Generator().manual_seed(seed * 1000003 + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+def plan_batches(n: int, micro_batch: int, world: int, seed: int, epoch: int, rank: int) -> list[list[int]]:
+    """This rank's micro-batches for one epoch: a seeded permutation cut into global batches of micro*world, each
+    split by rank. The tail that does not fill a global batch is dropped (every rank steps in lock-step)."""
+    order = epoch_order(n, seed, epoch)
+    global_batch = micro_batch * world
+    full = len(order) // global_batch
+    return [order[b * global_batch + rank * micro_batch: b * global_batch + (rank + 1) * micro_batch]
+            for b in range(full)]
+
+
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                         position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Log-prob of each token given its prefix: [B, T-1] for tokens 1..T-1 (chunked gather + logsumexp)."""
@@ -104,6 +121,15 @@ def reduce_metrics(acc, metrics: dict) -> dict:
         else:
             out[key] = sum(values) / len(values)
     return out
+
+
+def mean_stats(accelerator, stats: list[dict]) -> dict[str, float]:
+    """Each stat averaged over the micro-batches of one update, then over processes (one all-reduce; every process
+    must call it, with the same keys)."""
+    keys = list(stats[0])
+    local = torch.stack([torch.stack([torch.as_tensor(s[k], dtype=torch.float32, device=accelerator.device).mean()
+                                      for s in stats]).mean() for k in keys])
+    return dict(zip(keys, accelerator.reduce(local, "mean").tolist()))
 
 
 def to_device(batch: dict, device) -> dict:

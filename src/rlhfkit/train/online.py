@@ -46,18 +46,10 @@ from ..models.loading import (
 from ..rewards import CombinedRewards, RewardFunctionError, RewardModelScorer
 from ..rollout import Rollout, SamplingParams, decode_responses, get_engine
 from ..track import CriticalHealthStop, Progress
-from .common import load_records, reduce_metrics, tokenize, write_report
+from .common import load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
 from .distributed import get_strategy
-from .loop import (
-    Checkpointer,  # noqa: F401 - tests patch online.Checkpointer.save (the class every Session saves with)
-    Run,
-    build_optimizer,
-    build_scheduler,
-    clip_and_step,
-    mean_stats,
-    plan_batches,
-    run_recipe,
-)
+from .optim import clip_and_step
+from .run import Run, run_recipe, set_up_trained
 
 # ─────────────────────────────────────────────────── pieces ───────────────────────────────────────────────────
 
@@ -581,32 +573,18 @@ class OnlineTrainer:
     # ── the loop ─────────────────────────────────────────────────────────────────────────────────────────────
     def train(self) -> dict:
         cfg, run, acc = self.cfg, self.run, self.acc
-        n_updates = self.total_steps * self.updates_per_step
-        # the strategy shards the trained models first (fsdp2), so their optimizers hold the shards
-        self.policy = self.strategy.wrap(self.policy, cfg, self.device)
+        # wrap, optimizer, schedule, prepare, resume the newest valid checkpoint of the same run (or start over),
+        # open the metrics sink: the set-up both loops share (run.py); policy and critic are prepared together
+        models = {"policy": self.policy, **({} if self.critic is None else {"critic": self.critic})}
+        trained = set_up_trained(run, models, self.total_steps * self.updates_per_step, lrs={"critic": cfg.critic.lr})
+        self.policy, self.opt, self.sched = trained.parts("policy")
         if self.critic is not None:
-            self.critic = self.strategy.wrap(self.critic, cfg, self.device)
-        self.opt = build_optimizer(self.policy.parameters(), cfg.optim)
-        self.sched = build_scheduler(self.opt, cfg.optim, n_updates)
-        models, opts, scheds = {"policy": self.policy}, {"policy": self.opt}, {"policy": self.sched}
-        if self.critic is not None:
-            self.critic_opt = build_optimizer(self.critic.parameters(), cfg.optim, lr=cfg.critic.lr)
-            self.critic_sched = build_scheduler(self.critic_opt, cfg.optim, n_updates)
-            self.policy, self.opt, self.critic, self.critic_opt = self.strategy.prepare(
-                acc, self.policy, self.opt, self.critic, self.critic_opt)
-            models["critic"], opts["critic"], scheds["critic"] = self.critic, self.critic_opt, self.critic_sched
-        else:
-            self.policy, self.opt = self.strategy.prepare(acc, self.policy, self.opt)
-        models["policy"], opts["policy"] = self.policy, self.opt
-
-        # resume the newest valid checkpoint of the same run, or start over; files staged until the first line
+            self.critic, self.critic_opt, self.critic_sched = trained.parts("critic")
         session, step = run.session, 0
-        state = session.resume(models=models, optimizers=opts, schedulers=scheds)
-        if state is not None:
-            step = state["step_rollout"]
-            self.kl_ctl.load_state_dict(state["kl_ctl"])
-            self.moments.load_state_dict(state["moments"])
-        session.open_sink()
+        if trained.state is not None:
+            step = trained.state["step_rollout"]
+            self.kl_ctl.load_state_dict(trained.state["kl_ctl"])
+            self.moments.load_state_dict(trained.state["moments"])
         samples = session.open_samples()
         health = session.open_health(batch_size=cfg.algo.rollout_batch_size * self.k,
                                      repeat_every=10 * self.updates_per_step)
@@ -620,9 +598,8 @@ class OnlineTrainer:
             saved = step  # the rollout step the newest checkpoint holds
 
             def save(at: int) -> None:  # a checkpoint of rollout step ``at`` (update at * updates_per_step)
-                session.save(at * self.updates_per_step, models=models, optimizers=opts, schedulers=scheds,
-                             state={"step_rollout": at, "kl_ctl": self.kl_ctl.state_dict(),
-                                    "moments": self.moments.state_dict()})
+                trained.save(at * self.updates_per_step, state={"step_rollout": at, "kl_ctl": self.kl_ctl.state_dict(),
+                                                                "moments": self.moments.state_dict()})
 
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index

@@ -43,7 +43,8 @@ from ..errors import DataError
 from ..models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
 from ..rollout import eval_mode
 from .common import gather_rows, load_records, to_device, tokenize
-from .loop import SupervisedJob, run_recipe, train_supervised
+from .loop import SupervisedJob, train_supervised
+from .run import run_recipe
 
 CACHE_GLOB = "reference_logps*.pt"  # one file per key; a finished run keeps only its own
 

@@ -15,7 +15,8 @@ from ..data import PreferenceCollator, require_field
 from ..models.heads import sequence_scores
 from ..models.loading import describe, load_scalar_model, load_tokenizer_for, save_model
 from .common import gather_rows, load_records, tokenize
-from .loop import SupervisedJob, run_recipe, train_supervised
+from .loop import SupervisedJob, train_supervised
+from .run import run_recipe
 
 
 def pair_scores(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:

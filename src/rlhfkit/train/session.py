@@ -1,6 +1,6 @@
 """The run lifecycle in its ``output_dir``, shared by the supervised and the online loops.
 
-A :class:`Session` (made by :func:`~rlhfkit.train.loop.start_run`, held as ``run.session``) owns, in order:
+A :class:`Session` (made by :func:`~rlhfkit.train.run.start_run`, held as ``run.session``) owns, in order:
 
 1. **the directory**: an exclusive lock (``.rlhfkit.lock``, ``flock``: a second run into the same directory exits 2
    naming the first's pid; the lock of a dead process is released by the kernel and taken over);
@@ -18,16 +18,9 @@ A :class:`Session` (made by :func:`~rlhfkit.train.loop.start_run`, held as ``run
 4. **checkpoints** (:meth:`Session.save`): never of non-finite weights; a full disk ends in one line.
 5. **the end** (:meth:`Session.finish`): the final model, ``finished.json`` (fingerprint, run length), the report.
 
-**The fingerprint** of a run is every config key that defines what is trained: the recipe, model, reference and
-reward / critic models, data (files, split, format, lengths, packing), optimizer and schedule, batch geometry
-(batch size, accumulation), seed, mixed precision, generation and algorithm settings. Not in it
-(:data:`NOT_FINGERPRINTED`): where it is written and how it is watched (``output_dir``, ``track.*``, the
-``log_every`` / ``eval_every`` / ``save_every`` / ``save_total_limit`` / ``eval_batch_size`` / ``resume`` /
-``max_nonfinite_skips`` keys of ``train``), memory savers (``memory.*``, ``model.gradient_checkpointing``), and the
-run length (``train.epochs``, ``train.max_steps``, ``algo.total_episodes``): a resumed run may be made longer or
-shorter; the LR schedule is then recomputed for the new length from the update reached. Nor are the sections of
-policy losses the run does not use (``algo.gspo.*`` in a ``ppo`` run). A checkpoint's fingerprint is read in today's
-key names (:data:`RENAMED_KEYS`: ``algo.clip_low`` of an earlier version is ``algo.<its loss's section>.clip_low``).
+**The fingerprint** of a run (every config key that defines what is trained; what is left out and why:
+``checkpoint.py``) is stored in every checkpoint's manifest and in ``finished.json``; :meth:`Session.begin` compares
+them with this run's.
 
 **``train.resume=force``** (and an explicit checkpoint path whose fingerprint differs) keeps from the checkpoint: the
 trainable weights, the optimizer moments (AdamW ``exp_avg`` / ``exp_avg_sq`` / ``step``), the number of updates done
@@ -39,7 +32,6 @@ another shape cannot be kept: that ends in one line naming the checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -47,104 +39,29 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
-from .. import algos
 from ..config import save_config
 from ..errors import RunError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
 from ..track.console import get_console
 from ..track.jsonl import fsync_dir
-from .distributed import get_strategy
-from .loop import (
+from .checkpoint import (
     Checkpointer,
-    Run,
     check_finite,
     checkpoint_fingerprint,
+    fingerprint_diff,
     guard_of,
+    run_fingerprint,
+    run_length,
 )
+from .common import write_report
+from .distributed import get_strategy
 
 LOCK_FILE = ".rlhfkit.lock"
 FINISHED_FILE = "finished.json"
-#: config keys (and sections, by prefix) that do not define the run: changing them never blocks a resume
-NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpointing", "train.resume",
-                     "train.log_every", "train.eval_every", "train.save_every", "train.save_total_limit",
-                     "train.eval_batch_size", "train.max_nonfinite_skips", "train.epochs", "train.max_steps",
-                     "algo.total_episodes")
-#: the run length: a finished run rerun with the same length is finished; with another, it resumes
-LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
-#: keys renamed since a checkpoint may have been written: old key -> today's, so that its fingerprint still matches.
-#: ``{policy_loss}`` is the config section of the run's policy loss (``algos.POLICY_LOSSES[name].section``).
-RENAMED_KEYS = {
-    "algo.clip_low": "algo.{policy_loss}.clip_low",  # the clip range moved into each policy loss's section
-    "algo.clip_high": "algo.{policy_loss}.clip_high",
-}
 
 
-# ─────────────────────────────────────────────────── fingerprint ─────────────────────────────────────────────
-
-
-def _flat(obj, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for fl in dataclasses.fields(obj):
-        value = getattr(obj, fl.name)
-        key = f"{prefix}{fl.name}"
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            out.update(_flat(value, key + "."))
-        else:
-            if isinstance(value, (list, tuple)):
-                value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
-            out[key] = json.loads(json.dumps(value, default=str))  # the JSON form, as it is stored
-    return out
-
-
-def _excluded(key: str) -> bool:
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_FINGERPRINTED)
-
-
-def run_fingerprint(cfg) -> dict[str, Any]:
-    """The settings that define the run (dotted key -> JSON value); see the module doc for what is left out."""
-    return _without_unused_policy_sections({k: v for k, v in _flat(cfg).items() if not _excluded(k)})
-
-
-def _policy_section(fingerprint: dict) -> str | None:
-    spec = algos.POLICY_LOSSES.get(fingerprint.get("algo.policy_loss"))
-    return spec.section if spec is not None else None
-
-
-def _without_unused_policy_sections(fingerprint: dict) -> dict:
-    """The settings of policy losses the run does not use (``algo.<section>.*`` of the other sections) do not define
-    it: a loss added later, or another loss's setting changed, never blocks a resume."""
-    used = _policy_section(fingerprint)
-    if used is None:
-        return fingerprint
-    unused = tuple(f"algo.{spec.section}." for spec in algos.POLICY_LOSSES.values() if spec.section != used)
-    return {k: v for k, v in fingerprint.items() if not k.startswith(unused)}
-
-
-def upgrade_fingerprint(old: dict) -> dict:
-    """A fingerprint written by an earlier version in today's key names (:data:`RENAMED_KEYS`)."""
-    section = _policy_section(old)
-    renamed = {}
-    for key, value in old.items():
-        new = RENAMED_KEYS.get(key)
-        renamed[new.format(policy_loss=section) if new and section else key] = value
-    return _without_unused_policy_sections(renamed)
-
-
-def run_length(cfg) -> dict[str, Any]:
-    flat = _flat(cfg)
-    return {k: flat[k] for k in LENGTH_KEYS if k in flat}
-
-
-def fingerprint_diff(old: dict, new: dict) -> list[str]:
-    """``key: old -> new`` for every key that differs (keys on one side only included), recipe first; ``old`` is
-    read in today's key names first (:func:`upgrade_fingerprint`)."""
-    old = upgrade_fingerprint(old)
-    keys = sorted(set(old) | set(new), key=lambda k: (k != "recipe", k))
-    missing = "(unset)"
-    return [f"{k}: {old.get(k, missing)} -> {new.get(k, missing)}" for k in keys if old.get(k, missing) !=
-            new.get(k, missing)]
+# ─────────────────────────────────────────── fingerprint mismatch ────────────────────────────────────────────
 
 
 def _mismatch(run_dir: Path, what: str, diff: list[str]) -> RunError:
@@ -161,7 +78,7 @@ def _step_of(path: Path) -> int:
         return -1
 
 
-# ───────────────────────────────────────────────────── lock ──────────────────────────────────────────────────
+# ─────────────────────────────────────────────────── lock ────────────────────────────────────────────────────
 
 _HELD: dict[str, RunLock] = {}  # locks this process holds, by path: a run of this process that died takes over
 
@@ -228,14 +145,15 @@ class RunLock:
             del _HELD[self.key]
 
 
-# ──────────────────────────────────────────────────── session ────────────────────────────────────────────────
+# ────────────────────────────────────────────────── session ──────────────────────────────────────────────────
 
 
 class Session:
-    """One run's lifecycle in ``run.run_dir`` (see the module doc). Every process makes one; files are written by
-    the main process; :meth:`save` and :meth:`finish` have barriers, so every process calls them."""
+    """One run's lifecycle in ``run.run_dir`` (``run``: the :class:`~rlhfkit.train.run.Run`; see the module doc).
+    Every process makes one; files are written by the main process; :meth:`save` and :meth:`finish` have
+    barriers, so every process calls them."""
 
-    def __init__(self, run: Run, *, created: bool = False):
+    def __init__(self, run, *, created: bool = False):
         self.run, self.cfg = run, run.cfg
         self.ckpt = Checkpointer(run, keep=run.cfg.train.save_total_limit)
         self.fingerprint = run_fingerprint(run.cfg)
@@ -419,8 +337,6 @@ class Session:
     def finish(self, model, save_fn, step: int, *, report: bool = True) -> None:
         """Final model (``save_fn(unwrapped model, run_dir)``, main process, never non-finite), close the files,
         write ``finished.json``, then ``report.html``. Every process calls it."""
-        from .common import write_report
-
         acc, run = self.run.accelerator, self.run
         acc.wait_for_everyone()
         strategy = get_strategy(self.cfg)

@@ -1,0 +1,384 @@
+"""The checkpoint store of a run and the finiteness guard, shared by the supervised and the online loop.
+
+- **Checkpoints** (:class:`Checkpointer`): ``run_dir/checkpoint-N/`` holds the trainable tensors, optimizers,
+  schedulers, every process's RNG streams (:func:`rng_state` / :func:`set_rng_state`) and the loop's state (data
+  position, KL controller, ...). Each is written to ``checkpoint-N.tmp`` and renamed once its ``manifest.json``
+  (every file with its size and sha256, and the run's fingerprint) is written; :func:`validate_checkpoint` checks a
+  checkpoint against its manifest, :func:`list_checkpoints` lists them.
+- **The fingerprint** of a run (:func:`run_fingerprint`) is every config key that defines what is trained: the
+  recipe, model, reference and reward / critic models, data (files, split, format, lengths, packing), optimizer and
+  schedule, batch geometry (batch size, accumulation), seed, mixed precision, generation and algorithm settings. Not
+  in it (:data:`NOT_FINGERPRINTED`): where it is written and how it is watched (``output_dir``, ``track.*``, the
+  ``log_every`` / ``eval_every`` / ``save_every`` / ``save_total_limit`` / ``eval_batch_size`` / ``resume`` /
+  ``max_nonfinite_skips`` keys of ``train``), memory savers (``memory.*``, ``model.gradient_checkpointing``), and the
+  run length (``train.epochs``, ``train.max_steps``, ``algo.total_episodes``): a resumed run may be made longer or
+  shorter; the LR schedule is then recomputed for the new length from the update reached. Nor are the sections of
+  policy losses the run does not use (``algo.gspo.*`` in a ``ppo`` run). A checkpoint's fingerprint is read in
+  today's key names (:data:`RENAMED_KEYS`: ``algo.clip_low`` of an earlier version is ``algo.<its loss's
+  section>.clip_low``). Every manifest holds it (:func:`checkpoint_fingerprint`), and so does ``finished.json``;
+  ``train/session.py`` compares them.
+- **Finiteness**: :func:`check_finite` refuses to save non-finite weights (a checkpoint or the final model);
+  :class:`NonFiniteGuard` (one per optimizer, :func:`guard_of`) counts the updates ``optim.clip_and_step`` skipped for
+  a non-finite loss or gradient and stops the run after ``train.max_nonfinite_skips`` in a row. The session arms the
+  guards (the configured patience, the update count of a resumed run) and logs their count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pickle
+import random
+import shutil
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import algos
+from ..errors import ConfigError, NonFiniteError, RunError
+from ..models.loading import trainable_state_dict
+from ..track.jsonl import fsync_dir
+from .distributed import get_strategy
+
+# ──────────────────────────────────────────────── fingerprint ────────────────────────────────────────────────
+
+#: config keys (and sections, by prefix) that do not define the run: changing them never blocks a resume
+NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpointing", "train.resume",
+                     "train.log_every", "train.eval_every", "train.save_every", "train.save_total_limit",
+                     "train.eval_batch_size", "train.max_nonfinite_skips", "train.epochs", "train.max_steps",
+                     "algo.total_episodes")
+#: the run length: a finished run rerun with the same length is finished; with another, it resumes
+LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
+#: keys renamed since a checkpoint may have been written: old key -> today's, so that its fingerprint still matches.
+#: ``{policy_loss}`` is the config section of the run's policy loss (``algos.POLICY_LOSSES[name].section``).
+RENAMED_KEYS = {
+    "algo.clip_low": "algo.{policy_loss}.clip_low",  # the clip range moved into each policy loss's section
+    "algo.clip_high": "algo.{policy_loss}.clip_high",
+}
+
+
+def _flat(obj, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for fl in dataclasses.fields(obj):
+        value = getattr(obj, fl.name)
+        key = f"{prefix}{fl.name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.update(_flat(value, key + "."))
+        else:
+            if isinstance(value, (list, tuple)):
+                value = [dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for v in value]
+            out[key] = json.loads(json.dumps(value, default=str))  # the JSON form, as it is stored
+    return out
+
+
+def _excluded(key: str) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_FINGERPRINTED)
+
+
+def run_fingerprint(cfg) -> dict[str, Any]:
+    """The settings that define the run (dotted key -> JSON value); see the module doc for what is left out."""
+    return _without_unused_policy_sections({k: v for k, v in _flat(cfg).items() if not _excluded(k)})
+
+
+def _policy_section(fingerprint: dict) -> str | None:
+    spec = algos.POLICY_LOSSES.get(fingerprint.get("algo.policy_loss"))
+    return spec.section if spec is not None else None
+
+
+def _without_unused_policy_sections(fingerprint: dict) -> dict:
+    """The settings of policy losses the run does not use (``algo.<section>.*`` of the other sections) do not define
+    it: a loss added later, or another loss's setting changed, never blocks a resume."""
+    used = _policy_section(fingerprint)
+    if used is None:
+        return fingerprint
+    unused = tuple(f"algo.{spec.section}." for spec in algos.POLICY_LOSSES.values() if spec.section != used)
+    return {k: v for k, v in fingerprint.items() if not k.startswith(unused)}
+
+
+def upgrade_fingerprint(old: dict) -> dict:
+    """A fingerprint written by an earlier version in today's key names (:data:`RENAMED_KEYS`)."""
+    section = _policy_section(old)
+    renamed = {}
+    for key, value in old.items():
+        new = RENAMED_KEYS.get(key)
+        renamed[new.format(policy_loss=section) if new and section else key] = value
+    return _without_unused_policy_sections(renamed)
+
+
+def run_length(cfg) -> dict[str, Any]:
+    """The run's length keys (:data:`LENGTH_KEYS`) and their values."""
+    flat = _flat(cfg)
+    return {k: flat[k] for k in LENGTH_KEYS if k in flat}
+
+
+def fingerprint_diff(old: dict, new: dict) -> list[str]:
+    """``key: old -> new`` for every key that differs (keys on one side only included), recipe first; ``old`` is
+    read in today's key names first (:func:`upgrade_fingerprint`)."""
+    old = upgrade_fingerprint(old)
+    keys = sorted(set(old) | set(new), key=lambda k: (k != "recipe", k))
+    missing = "(unset)"
+    return [f"{k}: {old.get(k, missing)} -> {new.get(k, missing)}" for k in keys if old.get(k, missing) !=
+            new.get(k, missing)]
+
+
+# ──────────────────────────────────────────────── RNG streams ────────────────────────────────────────────────
+
+
+def rng_state() -> dict:
+    """Every RNG stream as tensors / lists / numbers only, so it loads with ``torch.load(weights_only=True)``."""
+    version, internal, gauss = random.getstate()
+    state: dict = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore every RNG stream saved by :func:`rng_state` (CUDA only when present on both sides)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ──────────────────────────────────────────────── finiteness ─────────────────────────────────────────────────
+
+
+def check_finite(models: dict, what: str) -> None:
+    """Refuse to save non-finite weights (a diverged run must never leave a NaN model to resume or to use)."""
+    for name, model in models.items():
+        for pname, p in model.named_parameters():
+            local = p.detach().to_local() if hasattr(p, "to_local") else p.detach()  # FSDP2: this rank's shard
+            if p.requires_grad and not bool(torch.isfinite(local).all()):
+                raise NonFiniteError(f"the {name} weight {pname} is not finite (NaN / inf); {what} not saved",
+                                     where="optim.lr",
+                                     fix="lower optim.lr or set optim.max_grad_norm, then rerun (the last good "
+                                         "checkpoint is kept)")
+
+
+class NonFiniteGuard:
+    """Counts updates skipped for a non-finite loss or gradient norm; stops the run after ``max_consecutive`` in a
+    row. One per optimizer (see :func:`guard_of`); ``updates`` is the number of updates seen (set on resume)."""
+
+    def __init__(self, max_consecutive: int = 5, name: str = "model"):
+        self.max_consecutive, self.name = max_consecutive, name
+        self.consecutive = self.skipped = self.updates = 0
+
+
+_GUARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def guard_of(optimizer, max_consecutive: int = 5, name: str = "model") -> NonFiniteGuard:
+    """The guard of ``optimizer`` (made on first use; :class:`~rlhfkit.train.session.Session` arms them with the
+    configured ``train.max_nonfinite_skips``)."""
+    guard = _GUARDS.get(optimizer)
+    if guard is None:
+        guard = _GUARDS[optimizer] = NonFiniteGuard(max_consecutive, name)
+    return guard
+
+
+# ──────────────────────────────────────────────── checkpoints ────────────────────────────────────────────────
+
+MANIFEST = "manifest.json"
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Checkpointer:
+    """``run_dir/checkpoint-N/`` every N optimizer updates: trainable weights, optimizers, schedulers, RNG, state.
+
+    ``state`` is a JSON-able dict (data position, KL controller, reward normaliser, …). Weights, optimizers and
+    schedulers are the same on every process and written once, by the main process; the RNG state is written by
+    every process (``rng_state_<rank>.pt``), because the streams of the ranks part as soon as they draw different
+    amounts (dropout over batches of different shapes, sampling). Everything goes to ``checkpoint-N.tmp``; last, the
+    main process writes ``manifest.json`` (every file with its size and sha256, and the run's fingerprint), fsyncs
+    the files and the directory, renames it to ``checkpoint-N`` and fsyncs the run directory; only the newest
+    ``keep`` are kept. Every process must call :meth:`save` (it has barriers).
+
+    Everything is loaded with ``torch.load(weights_only=True)``: tensors, lists, numbers and strings only, so a
+    planted ``checkpoint-N/`` can never run code. A checkpoint whose manifest is missing or does not match its files
+    (torn, truncated, a file missing) is not used: :meth:`find` falls back to the newest valid one with a warning.
+    """
+
+    def __init__(self, run, keep: int = 2):
+        self.run = run
+        self.keep = max(1, keep)
+
+    def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict) -> Path | None:
+        acc = self.run.accelerator
+        final = self.run.run_dir / f"checkpoint-{step}"
+        tmp = self.run.run_dir / f"checkpoint-{step}.tmp"
+        check_finite({k: acc.unwrap_model(m) for k, m in models.items()}, f"checkpoint-{step}")
+        acc.wait_for_everyone()
+        try:
+            if acc.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            acc.wait_for_everyone()  # tmp exists for every process
+            rng = tmp / f"rng_state_{acc.process_index}.pt"
+            torch.save(rng_state(), rng)
+            _fsync_file(rng)
+            strategy = get_strategy(self.run.cfg)
+            if strategy.sharded_state:  # every process writes its shards of models and optimizers (tmp/sharded)
+                strategy.save_state(tmp, models, optimizers)
+            if acc.is_main_process:
+                payload = {
+                    "models": {} if strategy.sharded_state else
+                    {k: trainable_state_dict(acc.unwrap_model(m)) for k, m in models.items()},
+                    "optimizers": {} if strategy.sharded_state else {k: o.state_dict() for k, o in optimizers.items()},
+                    "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
+                }
+                torch.save(payload, tmp / "trainer_state.pt")
+                (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1, default=float))
+            acc.wait_for_everyone()  # every RNG file is written
+            if acc.is_main_process:
+                files = {}
+                for p in sorted(q for q in tmp.rglob("*") if q.is_file()):  # sharded/: the strategy's shards
+                    _fsync_file(p)
+                    files[p.relative_to(tmp).as_posix()] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+                manifest = {"step": step, "files": files, "fingerprint": run_fingerprint(self.run.cfg)}
+                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+                _fsync_file(tmp / MANIFEST)
+                fsync_dir(tmp)
+                shutil.rmtree(final, ignore_errors=True)
+                tmp.replace(final)
+                fsync_dir(self.run.run_dir)
+                self._prune()
+        except OSError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RunError(f"writing checkpoint-{step} failed: {err.strerror or err}", where=str(final),
+                           fix="free disk space (the previous checkpoints are intact) and rerun to resume") from None
+        acc.wait_for_everyone()
+        return final
+
+    def _prune(self) -> None:
+        ckpts = sorted(list_checkpoints(self.run.run_dir), key=lambda p: p[0])
+        for _, path in ckpts[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def find(self, resume: str) -> Path | None:
+        """The checkpoint to resume from: ``auto`` / ``force`` = newest valid one (damaged ones skipped with a
+        warning), ``never`` = none, else a path (which must be valid)."""
+        if resume == "never":
+            return None
+        if resume in ("auto", "force"):
+            for _, path in sorted(list_checkpoints(self.run.run_dir), reverse=True):
+                problem = validate_checkpoint(path)
+                if problem is None:
+                    return path
+                self.run.print(f"[ckpt] warning: {path.name} is damaged ({problem}); trying an older checkpoint")
+            return None
+        path = Path(resume)
+        if not (path / "trainer_state.pt").is_file():
+            raise ConfigError(f"no checkpoint at {path}", where="train.resume",
+                              fix="use auto, never, or a checkpoint-N directory of this run")
+        problem = validate_checkpoint(path)
+        if problem is not None:
+            raise RunError(f"checkpoint {path} is damaged ({problem})", where="train.resume",
+                           fix="use train.resume=auto (the newest valid checkpoint) or never")
+        return path
+
+    def load(self, path: Path, *, models: dict, optimizers: dict, schedulers: dict) -> dict:
+        acc = self.run.accelerator
+        own = path / f"rng_state_{acc.process_index}.pt"  # rank 0's when the run had fewer processes
+        try:
+            payload = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+            rng = torch.load(own if own.is_file() else path / "rng_state_0.pt", weights_only=True)
+            state = json.loads((path / "state.json").read_text())
+        except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            raise RunError(f"{path.name} cannot be loaded safely: {first}", where=str(path),
+                           fix="delete it (rlhfkit writes tensors only, never other objects) or set "
+                               "train.resume=never") from None
+        try:
+            if (path / "sharded").is_dir():  # written by a sharded strategy: models and optimizers from the shards
+                get_strategy(self.run.cfg).load_state(path, models, optimizers)
+                models, optimizers = {}, {}
+            for k, m in models.items():
+                missing = acc.unwrap_model(m).load_state_dict(payload["models"][k], strict=False)
+                unexpected = getattr(missing, "unexpected_keys", [])
+                if unexpected:
+                    raise ValueError(f"unexpected tensors {unexpected[:3]}")
+            for k, o in optimizers.items():
+                o.load_state_dict(payload["optimizers"][k])
+            for k, s in schedulers.items():
+                s.load_state_dict(payload["schedulers"][k])
+        except (KeyError, ValueError, RuntimeError) as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            raise RunError(f"{path.name} does not fit this run's models: {first}", where=str(path),
+                           fix="resume with the model it was written for, or set train.resume=never / a new "
+                               "output_dir") from None
+        set_rng_state(rng)
+        return state
+
+
+def validate_checkpoint(path: Path) -> str | None:
+    """Why ``path`` cannot be used (no / torn manifest, a file missing, truncated or changed), or None if it is
+    complete. Reads every file once (sha256)."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return "no manifest.json: not completely written, or written by an older rlhfkit"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "manifest.json is torn"
+    if "trainer_state.pt" not in files or "state.json" not in files or "rng_state_0.pt" not in files:
+        return "the manifest lacks trainer_state.pt, state.json or rng_state_0.pt"
+    for name, meta in files.items():
+        p = path / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != meta.get("size"):
+            return f"{name} has {p.stat().st_size} bytes, the manifest says {meta.get('size')}"
+        if _sha256(p) != meta.get("sha256"):
+            return f"{name} does not match its checksum"
+    return None
+
+
+def checkpoint_fingerprint(path: Path) -> dict | None:
+    """The run fingerprint a checkpoint's manifest holds (None when it has none or cannot be read)."""
+    try:
+        return json.loads((path / MANIFEST).read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every ``checkpoint-N`` in ``run_dir`` holding a trainer state (``.tmp`` ones left out)."""
+    out = []
+    for p in Path(run_dir).glob("checkpoint-*"):
+        if p.name.endswith(".tmp") or not (p / "trainer_state.pt").is_file():
+            continue
+        try:
+            out.append((int(p.name.split("-", 1)[1]), p))
+        except ValueError:
+            continue
+    return out

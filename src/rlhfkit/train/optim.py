@@ -1,0 +1,110 @@
+"""How an update is made, in both loops: AdamW over the trainable parameters, the LR schedule, and
+:func:`clip_and_step` (clip, step optimizer and schedule, zero the gradients; skip a non-finite update).
+
+``clip_and_step`` lives here, beside the optimizer and schedule it steps, because it *is* the update every loop
+calls: what a skipped update does to the optimizer (not stepped), the schedule (still stepped, so the LR and the data
+position stay aligned) and the gradients (zeroed) is decided next to how they were built. The guard's state
+(:class:`~rlhfkit.train.checkpoint.NonFiniteGuard`: the count, the patience) belongs to the run's lifecycle, which
+arms it on resume and logs it, and is read from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..errors import ConfigError, NonFiniteError
+from ..track.console import get_console
+from .checkpoint import guard_of
+
+
+def build_optimizer(params, optim, lr: float | None = None) -> torch.optim.Optimizer:
+    """AdamW over trainable parameters; no weight decay on biases and norms (1-D tensors)."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ConfigError("the model has no trainable parameters", where="model.lora",
+                          fix="check model.lora.target_modules")
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr if lr is not None else optim.lr,
+                             betas=tuple(optim.betas), eps=optim.eps)
+
+
+# our schedule names -> transformers.get_scheduler's
+HF_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
+
+
+def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    """Multiplier of the peak LR after ``step`` updates: linear warm-up, then linear / cosine decay or constant.
+
+    The curves are ``transformers.get_scheduler``'s, read one update ahead during warm-up: transformers runs the
+    first update at LR 0 (``step / warmup``); here it runs at ``1 / warmup`` of the peak and the warm-up's last
+    update at the peak, so no update is wasted. Past ``total`` the multiplier stays at its end value (cosine would
+    rise again).
+    """
+    from transformers import get_scheduler
+
+    dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)  # only to read transformers' curve
+    curve = get_scheduler(HF_SCHEDULES[schedule], dummy, num_warmup_steps=warmup,
+                          num_training_steps=total).lr_lambdas[0]
+
+    def fn(step: int) -> float:
+        return float(curve(step + 1) if step < warmup else curve(min(step, max(total, warmup))))
+
+    return fn
+
+
+def build_scheduler(optimizer, optim, total_updates: int):
+    """``LambdaLR`` over :func:`lr_lambda` (transformers' schedules), stepped once per optimizer update."""
+    warmup = optim.warmup_steps if optim.warmup_steps > 0 else int(optim.warmup_ratio * total_updates)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optim.schedule, warmup, total_updates))
+
+
+def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float | None, *,
+                  loss: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Clip gradients (when asked), step optimizer and schedule, zero gradients. Returns the pre-clip grad norm.
+
+    NaN guard (every recipe steps through here): when the gradient norm (or ``loss``, when given) is not finite,
+    the update is skipped (gradients zeroed, the optimizer not stepped; the schedule still steps, so update counts
+    and LR stay aligned with the data position), counted (``train/skipped_updates``) and warned about; after
+    ``train.max_nonfinite_skips`` consecutive skips the run stops with :class:`NonFiniteError` (nothing saved).
+    This costs one host sync per update."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    clip = max_grad_norm if max_grad_norm is not None and max_grad_norm > 0 else float("inf")
+    norm = accelerator.clip_grad_norm_(model.parameters(), clip) if params else torch.zeros(())
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a replicated DTensor
+    bad = ~torch.isfinite(torch.as_tensor(norm, dtype=torch.float32))
+    if loss is not None:
+        bad = bad | ~torch.isfinite(loss.detach().float()).all().to(bad.device)
+    if accelerator.num_processes > 1:
+        bad = accelerator.reduce(bad.float().to(accelerator.device), "max") > 0
+    guard = guard_of(optimizer)
+    guard.updates += 1
+    if bool(bad) and getattr(accelerator, "scaler", None) is not None:
+        bad = torch.zeros((), dtype=torch.bool)  # fp16: the grad scaler skips this step and lowers its scale
+    if bool(bad):
+        guard.skipped += 1
+        guard.consecutive += 1
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        lr = optimizer.param_groups[0]["lr"]
+        knob = (f"lower optim.max_grad_norm (now {max_grad_norm:g})" if max_grad_norm else "set optim.max_grad_norm")
+        if guard.consecutive >= guard.max_consecutive:
+            raise NonFiniteError(
+                f"update {guard.updates} of the {guard.name}: loss or gradient not finite in {guard.consecutive} "
+                f"consecutive updates; stopped, nothing more saved (earlier checkpoints are intact)", where="optim.lr",
+                fix=f"lower optim.lr (now {lr:g}) or {knob}; train.max_nonfinite_skips sets the patience")
+        if accelerator.is_main_process:
+            get_console().print(
+                f"[nan] warning: update {guard.updates} of the {guard.name}: loss or gradient norm not finite "
+                f"({float(norm):g}); update skipped ({guard.consecutive} in a row, stop at {guard.max_consecutive}). "
+                f"If it repeats: lower optim.lr (now {lr:g}) or {knob}", markup=False,
+                highlight=False)
+        return norm if max_grad_norm is not None and max_grad_norm > 0 else None
+    guard.consecutive = 0
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm if max_grad_norm is not None and max_grad_norm > 0 else None

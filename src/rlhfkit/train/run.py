@@ -1,0 +1,178 @@
+"""The run: its accelerator, directory and metric sink (:class:`Run`), how it starts (:func:`start_run`,
+:func:`run_recipe`: seeding, mixed precision, the locked directory), and the set-up both loops make for the models
+they train (:func:`set_up_trained`: strategy wrap, optimizer, schedule, prepare, resume, metrics sink).
+
+There are two training loops, sharing everything here and the run's lifecycle (``session.py``, ``checkpoint.py``,
+``optim.py``): the supervised loop (``loop.py``: SFT, reward model, offline preference) steps through a dataset;
+the online loop (``online.py``: PPO, GRPO, RLOO, REINFORCE++) makes its own data each step (rollout, score,
+advantages) and updates a policy and, for PPO, a critic.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import RunError
+from ..track import MetricsSink
+from ..track.console import get_console
+from .distributed import die_with_launcher, get_strategy
+from .optim import build_optimizer, build_scheduler
+from .session import Session
+
+
+@dataclass
+class Run:
+    """What every recipe needs about the current run: config, accelerator, directory, metric sink."""
+
+    cfg: Any
+    accelerator: Any
+    run_dir: Path
+    sink: MetricsSink | None = None
+    started: float = field(default_factory=time.time)
+    session: Session | None = None  # the lifecycle of the run directory (train/session.py), made by start_run
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.session is not None:
+            self.session.close(failed=exc_type is not None)
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    @property
+    def world_size(self) -> int:
+        return self.accelerator.num_processes
+
+    def print(self, *args) -> None:
+        if self.is_main:
+            get_console().print(*args, markup=False, highlight=False)
+
+    def log(self, metrics: dict, step: int) -> None:
+        if self.sink is not None:
+            extra = self.session.skip_metrics() if self.session is not None else {}
+            try:
+                self.sink.log({**metrics, **extra}, step)
+            except OSError as err:
+                raise RunError(f"writing metrics.jsonl failed at step {step}: {err.strerror or err}",
+                               where=str(self.run_dir), fix="free disk space and rerun (it resumes from the newest "
+                                                            "checkpoint)") from None
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's, numpy's (when installed) and torch's generators."""
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+    torch.manual_seed(seed)
+
+
+def mixed_precision(name: str) -> str:
+    """accelerate's precision for ``train.mixed_precision`` (``auto``: bf16 where CUDA supports it, else none)."""
+    if name == "auto":
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    return name
+
+
+def start_run(cfg, *, resume_step: int | None = None) -> Run:
+    """Create the accelerator and the run directory, lock it, seed everything. Use as ``with start_run(cfg) as
+    run:`` so the directory is released (and, after a failure before the first line, left as it was)."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    # accelerate keeps one state per process, but a pipeline (or a test session) runs stage after stage in one
+    # process, each with its own mixed precision: forget the last stage's (the process group itself is kept)
+    AcceleratorState._reset_state()
+    die_with_launcher()  # torchrun: a killed launcher takes its workers with it
+    # cpu=True without CUDA: only then does accelerate set up DDP (gloo) for processes started by torchrun
+    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision),
+                              cpu=not torch.cuda.is_available(), **get_strategy(cfg).accelerator_kwargs(cfg))
+    run_dir = Path(cfg.output_dir)
+    created = not run_dir.exists()
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    run = Run(cfg=cfg, accelerator=accelerator, run_dir=run_dir)
+    run.session = Session(run, created=created)
+    run.session.acquire()
+    set_seed(cfg.train.seed)
+    return run
+
+
+def run_recipe(cfg, train: Callable[..., dict], *, prepare: Callable[[Any], Any] | None = None) -> dict:
+    """What every runner does around its training: check the inputs, ``prepare(cfg)`` (what can be read before the
+    run directory is locked, e.g. data records; passed on to ``train``), lock and start the run, answer a finished
+    one, then ``train(cfg, run[, prepared])`` inside the run's Session. Returns the final metrics."""
+    cfg.check_inputs()
+    prepared = prepare(cfg) if prepare is not None else None
+    with start_run(cfg) as run:
+        done = run.session.begin()
+        if done is not None:
+            return done
+        return train(cfg, run) if prepare is None else train(cfg, run, prepared)
+
+
+# ─────────────────────────────────────── set-up of the trained models ────────────────────────────────────────
+
+
+@dataclass
+class Trained:
+    """The models a loop trains, by name (the names key their entries in checkpoints and their NaN guards), each
+    with its optimizer and schedule, prepared by the strategy; ``state`` is the resumed checkpoint's loop state
+    (``state.json``: ``step`` and what the loop saved), None when the run starts over."""
+
+    session: Session
+    models: dict[str, Any]
+    optimizers: dict[str, torch.optim.Optimizer]
+    schedulers: dict[str, Any]
+    state: dict | None
+
+    def parts(self, name: str) -> tuple[Any, torch.optim.Optimizer, Any]:
+        """(model, optimizer, schedule) of ``name``."""
+        return self.models[name], self.optimizers[name], self.schedulers[name]
+
+    def save(self, step: int, state: dict) -> None:
+        """``checkpoint-<step>``: every model, optimizer and schedule, and the loop's ``state`` (every process)."""
+        self.session.save(step, models=self.models, optimizers=self.optimizers, schedulers=self.schedulers,
+                          state=state)
+
+
+def set_up_trained(run: Run, models: dict[str, Any], total_updates: int, *,
+                   lrs: dict[str, float | None] | None = None) -> Trained:
+    """What both loops do before their first update, for the models they train (``{name: model}``, in order):
+    1. the strategy wraps each (fsdp2 shards it first, so its optimizer holds the shards)  2. AdamW over each
+    (``lrs[name]`` instead of ``optim.lr`` when given)  3. its LR schedule over ``total_updates`` (ours, stepped once
+    per update, never prepared)  4. models and optimizers prepared in one call  5. resume the checkpoint the session
+    chose, or start over  6. open the metrics sink (staged: the earlier run's files are replaced with the first
+    line)."""
+    cfg, strategy, lrs = run.cfg, get_strategy(run.cfg), lrs or {}
+    wrapped = {name: strategy.wrap(model, cfg, run.device) for name, model in models.items()}
+    optimizers, schedulers = {}, {}
+    for name, model in wrapped.items():
+        optimizers[name] = build_optimizer(model.parameters(), cfg.optim, lr=lrs.get(name))
+        schedulers[name] = build_scheduler(optimizers[name], cfg.optim, total_updates)
+    prepared = strategy.prepare(run.accelerator, *(x for name in wrapped for x in (wrapped[name], optimizers[name])))
+    names = list(wrapped)
+    models = {name: prepared[2 * i] for i, name in enumerate(names)}
+    optimizers = {name: prepared[2 * i + 1] for i, name in enumerate(names)}
+    state = run.session.resume(models=models, optimizers=optimizers, schedulers=schedulers)
+    run.session.open_sink()
+    return Trained(run.session, models, optimizers, schedulers, state)
