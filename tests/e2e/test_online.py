@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from rlhfkit.config import build_config
-from rlhfkit.train.online import Experience, OnlineTrainer, run_online
+from rlhfkit.train.experience import Experience
+from rlhfkit.train.online import OnlineTrainer, run_online
 from rlhfkit.train.run import start_run
 
 REWARD_FN = "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]"
@@ -88,7 +89,7 @@ def test_grpo_with_beta_zero_makes_no_reference_forward(task_data, sft_dir, tmp_
     real = OnlineTrainer.logprobs_of
     monkeypatch.setattr(OnlineTrainer, "logprobs_of", lambda self, model, batch: seen.append(model) or
                         real(self, model, batch))
-    exp = trainer.generate(trainer._prompt_batch(0), seed=0)
+    exp = trainer.rollout(trainer._prompt_batch(0), seed=0)
     trainer.score(exp)
     trainer.forward_passes(exp)
     assert exp.ref_logprobs is None
@@ -99,7 +100,7 @@ def test_tokens_after_eos_change_nothing(task_data, sft_dir, tmp_path):
     """Garbage after the first EOS must not move any loss, KL, advantage, value or metric."""
     trainer = _trainer(task_data, sft_dir, tmp_path, "ppo", "algo.kl.coef=0.1", "critic.init=policy",
                        "algo.rollout_batch_size=8", "algo.num_generations=1", "train.batch_size=8")
-    first = trainer.generate(trainer._prompt_batch(0), seed=0)
+    first = trainer.rollout(trainer._prompt_batch(0), seed=0)
     rollout, rows = first.rollout, first.rows
     assert not bool(rollout.response_mask.all()), "need at least one response that ended before the last column"
     trainer.score(first, shape=False)

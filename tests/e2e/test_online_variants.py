@@ -60,7 +60,7 @@ def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sf
     dropped; a mismatch injected into the rollout log-probs shows in the metrics and in the weights / mask."""
     trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", f"algo.off_policy.correction={correction}",
                        "algo.off_policy.cap=1.5")
-    exp = trainer.generate(trainer._prompt_batch(0), seed=0)
+    exp = trainer.rollout(trainer._prompt_batch(0), seed=0)
     trainer.score(exp)
     trainer.forward_passes(exp)
     mask0 = exp.mask.clone()
@@ -70,7 +70,7 @@ def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sf
     torch.testing.assert_close(exp.is_weights[mask0.bool()], torch.ones(int(mask0.sum())), atol=1e-4, rtol=0)
     assert torch.equal(exp.mask, mask0)
     # inject: the engine said the first token of every row was 4x less likely than the trainer finds it
-    exp2 = trainer.generate(trainer._prompt_batch(0), seed=0)
+    exp2 = trainer.rollout(trainer._prompt_batch(0), seed=0)
     exp2.rollout.logprobs[:, 0] -= math.log(4.0)
     trainer.score(exp2)
     trainer.forward_passes(exp2)
@@ -90,7 +90,7 @@ def test_dynamic_sampling_in_the_loop_keeps_only_informative_groups(task_data, s
     trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.dynamic_sampling.enabled=true",
                        "algo.dynamic_sampling.max_draws=6", "algo.num_generations=4", "algo.mini_batch_size=16",
                        "reward.missing_eos_penalty=0")
-    exp = trainer.rollout_step(0, seed=0)
+    exp = trainer.sample_and_score(0, seed=0)
     k, n = trainer.k, trainer.cfg.algo.rollout_batch_size
     assert len(exp.rollout) == k * n == len(exp.rows) == len(exp.texts) == len(exp.raw_scores)
     m = exp.reward_metrics
@@ -113,9 +113,9 @@ def test_dynamic_sampling_stops_at_its_cap(task_data, sft_dir, tmp_path):
                        "algo.dynamic_sampling.max_draws=3", "reward.missing_eos_penalty=0",
                        f"reward.functions=[{{fn: '{const}:zero'}}]")
     calls = []
-    real = trainer.generate
-    trainer.generate = lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    exp = trainer.rollout_step(0, seed=0)
+    real = trainer.rollout
+    trainer.rollout = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    exp = trainer.sample_and_score(0, seed=0)
     assert len(calls) == 3
     m = exp.reward_metrics
     assert m["rollout/dynamic_draws"] == 3 and m["rollout/degenerate_groups"] == 3 * 4
@@ -126,7 +126,7 @@ def test_overlong_shaping_and_filter(task_data, sft_dir, tmp_path):
     trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.overlong.cache_len=4", "algo.overlong.filter=true",
                        "generation.max_new_tokens=6", "reward.missing_eos_penalty=0", "reward.normalize=false",
                        "reward.clip=null")
-    exp = trainer.rollout_step(0, seed=0)
+    exp = trainer.sample_and_score(0, seed=0)
     want = exp.raw_scores - torch.clamp((exp.rollout.lengths.float() - 2) / 4, 0, 1)
     torch.testing.assert_close(exp.scores, want)
     trainer.forward_passes(exp)

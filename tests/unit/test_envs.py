@@ -191,7 +191,7 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
                                    "train.resume=never", "data.eval_fraction=0.25", "generation.max_new_tokens=120"])
     trainer = OnlineTrainer(cfg, start_run(cfg))
     trainer.engine = ScriptedEngine(trainer.tok, [CALL, "The answer is 36"])
-    exp = trainer.generate(trainer._prompt_batch(0), seed=0)
+    exp = trainer.rollout(trainer._prompt_batch(0), seed=0)
     trainer.score(exp)
     trainer.forward_passes(exp)
     trainer.advantages(exp)

@@ -435,6 +435,7 @@ def test_online_score_drops_samples_without_finite_reward(tok):
     from types import MethodType, SimpleNamespace
 
     from rlhfkit.config import build_config
+    from rlhfkit.train.experience import Experience
     from rlhfkit.train.online import OnlineTrainer, RunningMoments
 
     cfg = build_config("ppo", {}, ["reward.missing_eos_penalty=0", "reward.clip=null"])
@@ -450,7 +451,7 @@ def test_online_score_drops_samples_without_finite_reward(tok):
                               attention_mask=torch.ones(6, 1, dtype=torch.long),
                               lengths=torch.ones(6, dtype=torch.long))
     rows = [{"prompt": [{"role": "user", "content": "say a"}], "answer": "a"}] * 6
-    exp = SimpleNamespace(rollout=rollout, rows=rows, mask=torch.ones(6, 1), env_returns=None)
+    exp = Experience(rollout=rollout, rows=rows, position_ids=None, action=torch.ones(6, 1))
     OnlineTrainer.score(trainer, exp, step=1)
     assert exp.texts == ["a"] * 5 + ["b"]
     assert exp.raw_scores.tolist() == [2.0, 0.0, 0.0, 1.0, 0.0, 2.0]
@@ -482,6 +483,7 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
     from types import MethodType, SimpleNamespace
 
     from rlhfkit.config import build_config
+    from rlhfkit.train.experience import Experience
     from rlhfkit.train.online import OnlineTrainer, RunningMoments
 
     cfg = build_config("grpo", {}, ["reward.missing_eos_penalty=0"])
@@ -495,9 +497,8 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
                               ended=torch.ones(4, dtype=torch.bool), sequences=ids,
                               attention_mask=torch.ones(4, 1, dtype=torch.long),
                               lengths=torch.ones(4, dtype=torch.long))
-    exp = SimpleNamespace(rollout=rollout, env_returns=None,
-                          rows=[{"prompt": [{"role": "user", "content": "x"}]}] * 4,
-                          mask=torch.ones(4, 1))
+    exp = Experience(rollout=rollout, rows=[{"prompt": [{"role": "user", "content": "x"}]}] * 4, position_ids=None,
+                     action=torch.ones(4, 1))
     OnlineTrainer.score(trainer, exp, step=1)
     assert exp.raw_scores.tolist() == [1.0, 0.0, 0.0, 3.0] and exp.scores.tolist() == [1.0, 0.0, 0.0, 3.0]
     assert exp.mask.squeeze(-1).tolist() == [1.0, 0.0, 0.0, 1.0]

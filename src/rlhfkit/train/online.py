@@ -1,16 +1,22 @@
-"""Online RL: PPO with actor / critic / reference / reward, and the critic-free GRPO, RLOO and REINFORCE++ — one
-loop, the advantage estimator chosen by name (``algo.advantage``).
+"""The online loop: PPO with actor / critic / reference / reward, and the critic-free GRPO, RLOO and REINFORCE++ —
+one loop, the advantage estimator chosen by name (``algo.advantage``).
+
+It is the second of rlhfkit's two training loops (the supervised one is ``loop.py``). Both share the run and the
+set-up of the trained models (``run.set_up_trained``: wrap, optimizer, schedule, prepare, resume, metrics sink), the
+update (``optim.clip_and_step``), checkpoints (``checkpoint.py``) and the run's lifecycle (``session.py``); this one
+makes its own data each step, in an :class:`~rlhfkit.train.experience.Experience`.
 
 Each step (see DESIGN.md, "Data flow of an online step"):
   1. take a batch of prompts (each repeated ``num_generations`` times, completion-major)
-  2. generate with the policy: every response stops at its own EOS; the mask ends at the first EOS; the engine
-     reports the log-prob each token was sampled with
+  2. rollout with the policy's engine: every response stops at its own EOS; the mask ends at the first EOS; the
+     engine reports the log-prob each token was sampled with
   3. score: reward model (ids reused, or text re-tokenised when its tokenizer differs) and / or reward functions;
      missing-EOS and DAPO overlong penalties, running normalisation, clipping. With DAPO dynamic sampling, steps
      1-3 repeat on fresh prompts until the batch holds only groups whose rewards differ (or the draws are capped)
   4. forward passes without grad: policy (old log-probs), reference (unless no KL is used), critic (PPO)
   5. per-token KL to the reference -> shaped rewards -> advantages / returns by the chosen estimator; mismatch
-     metrics and the off-policy correction (``algo.off_policy``) from the sampling and the old log-probs
+     metrics and the off-policy correction (``algo.off_policy``) from the sampling and the old log-probs; the loss
+     mask composed once from the keep-factors the steps set (``experience.py``)
   6. PPO epochs over mini-batches: the policy loss of `algo.policy_loss` (PPO clip, GSPO, ...; times the off-policy
      weights when a correction is on) (+ KL in loss, - entropy bonus), clipped value loss
   7. metrics (TRL names), sample table, health checks, KL-controller update, checkpoint
@@ -19,13 +25,11 @@ How it departs from the papers: KL is computed on the sampled tokens with the ch
 reward, k3 in the loss as in GRPO); the critic has its own optimizer, so ``vf_coef`` only scales its loss; with LoRA
 the reference is the policy with its adapter disabled.
 """
-
 from __future__ import annotations
 
 import contextlib
 import math
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -44,62 +48,15 @@ from ..models.loading import (
     save_model,
 )
 from ..rewards import CombinedRewards, RewardFunctionError, RewardModelScorer
-from ..rollout import Rollout, SamplingParams, decode_responses, get_engine
+from ..rollout import SamplingParams, decode_responses, get_engine
 from ..track import CriticalHealthStop, Progress
 from .common import load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
 from .distributed import get_strategy
+from .experience import Experience, merge_groups
 from .optim import clip_and_step
 from .run import Run, run_recipe, set_up_trained
 
 # ─────────────────────────────────────────────────── pieces ───────────────────────────────────────────────────
-
-
-@dataclass
-class Experience:
-    """One rollout step, born at generation and filled by each numbered step; tensors are [B, R] over response
-    tokens unless noted. rows: the prompt records (extra fields feed reward functions), one per response."""
-
-    rollout: Rollout
-    rows: list[dict]
-    position_ids: torch.Tensor  # [B, P+R]
-    mask: torch.Tensor  # response mask as float (tokens that enter the losses)
-    texts: list[str] = field(default_factory=list)  # 3. decoded responses
-    raw_scores: torch.Tensor | None = None  # [B] reward model + functions, before any shaping
-    scores: torch.Tensor | None = None  # [B] scores used for learning (after penalty / normalisation / clipping)
-    reward_metrics: dict = field(default_factory=dict)
-    old_logprobs: torch.Tensor | None = None  # 4.
-    ref_logprobs: torch.Tensor | None = None
-    values: torch.Tensor | None = None
-    kl: torch.Tensor | None = None  # 5.
-    advantages: torch.Tensor | None = None
-    returns: torch.Tensor | None = None
-    is_weights: torch.Tensor | None = None  # 5. off-policy correction weights (None: no correction)
-    valid: torch.Tensor | None = None  # 3. [B] bool: the sample has a finite reward (False: dropped from the step)
-    env_returns: torch.Tensor | None = None  # 2. multi-turn: [B] sum of the environment's per-turn rewards
-    env_metrics: dict = field(default_factory=dict)
-    turn_rewards: torch.Tensor | None = None  # multi-turn: [B, R] each turn's reward on its last model token
-
-    @classmethod
-    def of(cls, rollout: Rollout, rows: list[dict]) -> Experience:
-        action = rollout.response_mask if rollout.action_mask is None else rollout.action_mask
-        return cls(rollout=rollout, rows=rows, position_ids=position_ids_of(rollout.attention_mask),
-                   mask=action.float())
-
-    def forward_rows(self, idx) -> dict:
-        """What a forward pass over rows ``idx`` (a slice or an index tensor) needs."""
-        r = self.rollout
-        return {"input_ids": r.sequences[idx], "attention_mask": r.attention_mask[idx],
-                "position_ids": self.position_ids[idx], "response_ids": r.response_ids[idx]}
-
-    def rows_of(self, idx: torch.Tensor) -> dict:
-        """The tensors of rows ``idx`` needed by one PPO micro-batch."""
-        out = {**self.forward_rows(idx), "mask": self.mask[idx], "old_logprobs": self.old_logprobs[idx],
-               "advantages": self.advantages[idx]}
-        for name in ("ref_logprobs", "values", "returns", "is_weights"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value[idx]
-        return out
 
 
 class RunningMoments:
@@ -124,11 +81,6 @@ class RunningMoments:
 
     def load_state_dict(self, state: dict) -> None:
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
-
-
-def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens, as ``generate`` uses them for left-padded prompts."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def response_logits(model, batch: dict, temperature: float) -> torch.Tensor:
@@ -253,8 +205,8 @@ class OnlineTrainer:
                             self.cfg.train.seed, epoch, self.acc.process_index)
         return self.collate([self.prompts[i] for i in plan[pos]])
 
-    # ── 2. generate ──────────────────────────────────────────────────────────────────────────────────────────
-    def generate(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
+    # ── 2. rollout ───────────────────────────────────────────────────────────────────────────────────────────
+    def rollout(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
         """``k`` responses per prompt (completion-major: the prompt batch repeated k times), as a new Experience;
         with an environment, ``k`` multi-turn episodes per prompt."""
         if self.env_cls is not None:
@@ -289,55 +241,26 @@ class OnlineTrainer:
         exp.env_metrics = {f"env/{key}": value for key, value in episode_metrics(episodes).items()}
         return exp
 
-    def rollout_step(self, step: int, seed: int) -> Experience:
+    def sample_and_score(self, step: int, seed: int) -> Experience:
         """Steps 1-3: prompts -> responses -> scores. With dynamic sampling (DAPO), more prompt batches are drawn
         (up to ``max_draws``) and only groups whose penalised scores differ are kept until the batch is full."""
         ds = self.cfg.algo.dynamic_sampling
         if not ds.enabled:
-            exp = self.generate(self._prompt_batch(step), seed)
+            exp = self.rollout(self._prompt_batch(step), seed)
             self.score(exp, step=step + 1)
             return exp
 
         def draw(j: int):
-            e = self.generate(self._prompt_batch(step * ds.max_draws + j), seed + 1_000_003 * j)
+            e = self.rollout(self._prompt_batch(step * ds.max_draws + j), seed + 1_000_003 * j)
             self.score(e, shape=False, step=step + 1)
             return e, self.penalised(e.raw_scores, e.rollout.ended, e.rollout.lengths), e.valid
 
         pick = algos.dynamic_sample(draw, self.cfg.algo.rollout_batch_size, self.k, ds.max_draws)
-        exp = self.merge_groups(pick.results, pick.groups)
+        exp = merge_groups(pick.results, pick.groups, self.k, self.tok.pad_token_id, self.device)
         exp.reward_metrics.update({"rollout/dynamic_draws": float(pick.draws),
                                    "rollout/degenerate_groups": float(pick.degenerate),
                                    "rollout/degenerate_groups_filled": float(pick.filled)})
         exp.scores = self.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths, exp.valid)
-        return exp
-
-    def merge_groups(self, parts: list[Experience], groups: list[tuple[int, int]]) -> Experience:
-        """One scored Experience of the groups ``groups`` ((part, prompt index) pairs) of ``parts``, completion-major
-        (row j * G + g is completion j of the g-th group); reward metrics are averaged over the parts."""
-        offsets, n = [], 0
-        for e in parts:
-            offsets.append(n)
-            n += len(e.rollout)
-        rows: list[int] = []
-        for j in range(self.k):
-            for part, p in groups:
-                P = len(parts[part].rollout) // self.k
-                rows.append(offsets[part] + j * P + p)
-        idx = torch.tensor(rows, dtype=torch.long)
-        rollout = Rollout.concat([e.rollout for e in parts], self.tok.pad_token_id).index_select(idx)
-        all_rows = [r for e in parts for r in e.rows]
-        all_texts = [t for e in parts for t in e.texts]
-        exp = Experience.of(rollout.to(self.device), [all_rows[i] for i in rows])
-        exp.texts = [all_texts[i] for i in rows]
-        exp.raw_scores = torch.cat([e.raw_scores for e in parts])[idx.to(self.device)]
-        exp.valid = torch.cat([e.valid for e in parts])[idx.to(self.device)]
-        exp.mask = exp.mask * exp.valid.unsqueeze(-1)  # dropped samples stay out of the step
-        if all(e.turn_rewards is not None for e in parts):
-            R = rollout.response_ids.shape[1]
-            padded = [torch.nn.functional.pad(e.turn_rewards, (0, R - e.turn_rewards.shape[1])) for e in parts]
-            exp.turn_rewards = torch.cat(padded)[idx.to(self.device)]
-        keys = set().union(*(e.reward_metrics for e in parts))
-        exp.reward_metrics = {k: sum(e.reward_metrics.get(k, 0.0) for e in parts) / len(parts) for k in keys}
         return exp
 
     # ── 3. score ─────────────────────────────────────────────────────────────────────────────────────────────
@@ -346,7 +269,7 @@ class OnlineTrainer:
         """Decoded texts, raw scores (reward model + functions) and their metrics onto ``exp``; with ``shape``,
         also the learning scores (missing-EOS penalty, running normalisation, clipping: this updates the
         normaliser, so evaluation passes ``shape=False``). Samples without a finite reward (NaN / inf / None) are
-        dropped from the step: score 0 and an empty mask (``rewards/dropped`` counts them)."""
+        dropped from the step: score 0 and ``exp.valid`` False (``rewards/dropped`` counts them)."""
         rollout, rows = exp.rollout, exp.rows
         texts = decode_responses(self.tok, rollout)  # one host copy of the ids (the mask is a prefix of lengths)
         messages = [row["prompt"] for row in rows]
@@ -375,8 +298,7 @@ class OnlineTrainer:
                 rollout.lengths, self.cfg.generation.max_new_tokens, ov.cache_len, ov.penalty).mean().item()
         total = torch.where(valid, total, 0.0)
         metrics["rewards/dropped"] = float((~valid).sum())
-        exp.valid = valid
-        exp.mask = exp.mask * valid.unsqueeze(-1)  # dropped samples take no part in the step
+        exp.valid = valid  # keep-factor: dropped samples take no part in the step
         exp.texts, exp.raw_scores, exp.reward_metrics = texts, total, metrics
         if shape:
             exp.scores = self.shape_scores(total, rollout.ended, rollout.lengths, valid)
@@ -438,11 +360,12 @@ class OnlineTrainer:
         exp.ref_logprobs = torch.cat(ref) if ref else None
         exp.values = torch.cat(values) if values else None
 
-    # ── 5. KL, shaped rewards, advantages ───────────────────────────────────────────────────────────────────
+    # ── 5. KL, shaped rewards, advantages; the loss mask ─────────────────────────────────────────────────────
     def advantages(self, exp: Experience) -> dict:
-        """Per-token KL -> shaped per-token rewards -> the registered estimator (called once) -> optional whitening
-        and tied-group filtering."""
-        algo, mask = self.cfg.algo, exp.mask
+        """Per-token KL -> shaped per-token rewards -> the registered estimator (called once) -> optional whitening,
+        all over the samples of the step; then the keep-factors decided here (tied groups, overlong filtering, the
+        off-policy correction) and the loss mask composed from every factor, once (experience.py)."""
+        algo, mask = self.cfg.algo, exp.sample_mask
         coef = self.kl_ctl.value
         kl = torch.zeros_like(mask)
         if exp.ref_logprobs is not None:
@@ -457,41 +380,40 @@ class OnlineTrainer:
                                              gamma=algo.gamma, lam=algo.lam)
         if algo.whiten_advantages:
             adv = algos.masked_whiten(adv, mask)
-        if algo.filter_tied_groups and self.estimator.group_based:
-            keep = ~algos.group_all_tied(exp.scores, self.k, valid=mask.bool().any(-1))
-            exp.mask = mask * keep.unsqueeze(-1).float()
+        if algo.filter_tied_groups and self.estimator.group_based:  # groups without signal leave every loss
+            exp.untied = ~algos.group_all_tied(exp.scores, self.k, valid=mask.bool().any(-1))
         if algo.overlong.filter:  # DAPO overlong filtering: truncated responses leave every loss
-            exp.mask = exp.mask * exp.rollout.ended.unsqueeze(-1).float()
-        exp.advantages = adv * exp.mask
+            exp.finished = exp.rollout.ended
         metrics = {"objective/kl": kl.sum(-1).mean().item(),
                    "objective/non_score_reward": non_score.sum(-1).mean().item(), "objective/kl_coef": coef}
-        metrics.update(self.off_policy(exp))
+        weights, off_metrics = self.off_policy(exp)
+        exp.compose_loss_mask(adv, weights)
+        if weights is not None:
+            off_metrics["rollout/is_weight_mean"] = float(algos.masked_mean(exp.is_weights, exp.mask))
+        metrics.update(off_metrics)
         return metrics
 
-    def off_policy(self, exp: Experience) -> dict:
-        """Mismatch metrics between the engine's sampling log-probs and the trainer's old log-probs, and the
-        registered correction: per-token weights for the policy loss (``exp.is_weights``) and, for MIS, the mask
-        without the tokens / rows outside the band (out of every loss; their advantages zeroed)."""
+    def off_policy(self, exp: Experience) -> tuple[torch.Tensor | None, dict]:
+        """Mismatch metrics between the engine's sampling log-probs and the trainer's old log-probs over the tokens
+        still in the loss, and the registered correction: returns its per-token weights for the policy loss (None:
+        no correction) and sets ``exp.in_band``, what it keeps (MIS: without the tokens / rows outside the band, so
+        they leave every loss and their advantages are zeroed)."""
         op = self.cfg.algo.off_policy
         sampled = exp.rollout.logprobs
         if sampled is None:
             if op.correction != "none":
                 raise ConfigError(f"rollout engine {self.cfg.generation.engine!r} reports no sampling log-probs",
                                   where="algo.off_policy.correction", fix="set algo.off_policy.correction=none")
-            return {}
+            return None, {}
+        kept = exp.keep_mask("valid", "untied", "finished")  # every keep-factor decided before this one
         if self.acc.num_processes > 1:  # the tail (p99, max) of every process's tokens, not a mean of tails
             every = lambda t: self.acc.gather(self.acc.pad_across_processes(t.contiguous(), dim=1))  # noqa: E731
-            st = algos.mismatch_stats(every(exp.old_logprobs), every(sampled), every(exp.mask), op.low, op.high)
+            st = algos.mismatch_stats(every(exp.old_logprobs), every(sampled), every(kept), op.low, op.high)
         else:
-            st = algos.mismatch_stats(exp.old_logprobs, sampled, exp.mask, op.low, op.high)
-        weights, mask = algos.OFF_POLICY_CORRECTIONS[op.correction](
-            exp.old_logprobs, sampled, exp.mask, cap=op.cap, low=op.low, high=op.high, level=op.level)
-        exp.mask = mask.to(exp.mask.dtype)
-        exp.advantages = exp.advantages * exp.mask
-        if weights is not None:
-            exp.is_weights = weights * exp.mask
-            st["is_weight_mean"] = algos.masked_mean(exp.is_weights, exp.mask)
-        return {f"rollout/{k}": float(v) for k, v in st.items()}
+            st = algos.mismatch_stats(exp.old_logprobs, sampled, kept, op.low, op.high)
+        weights, exp.in_band = algos.OFF_POLICY_CORRECTIONS[op.correction](
+            exp.old_logprobs, sampled, kept, cap=op.cap, low=op.low, high=op.high, level=op.level)
+        return weights, {f"rollout/{k}": float(v) for k, v in st.items()}
 
     # ── 6. PPO epochs over mini-batches ─────────────────────────────────────────────────────────────────────
     def policy_micro_step(self, batch: dict, scale: float) -> dict:
@@ -559,9 +481,9 @@ class OnlineTrainer:
         scores, env = [], {}
         for s in range(0, len(self.eval_prompts), 64):
             prompts = self.collate(self.eval_prompts[s: s + 64])
-            exp = self.generate(prompts, seed=10_007 + s, k=1)
+            exp = self.rollout(prompts, seed=10_007 + s, k=1)
             self.score(exp, shape=False)
-            scores.append(exp.raw_scores[exp.mask.bool().any(-1)])  # samples with a finite reward
+            scores.append(exp.raw_scores[exp.valid])  # samples with a finite reward
             for key, value in exp.env_metrics.items():  # multi-turn: the environment's metrics, per episode
                 env[key] = env.get(key, 0.0) + value * len(exp.rollout)
         scores = torch.cat(scores)
@@ -605,7 +527,7 @@ class OnlineTrainer:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
                 # 1-3. prompts -> responses (the Experience of this step is born here) -> texts, raw / shaped scores
                 try:
-                    exp = self.rollout_step(step, seed)
+                    exp = self.sample_and_score(step, seed)
                 except RewardFunctionError:
                     # a reward function failed mid-run: keep the work since the last checkpoint (one process only:
                     # with several, the others are not here to join the save's barriers), then one line
@@ -642,8 +564,7 @@ class OnlineTrainer:
         return last
 
     def rollout_metrics(self, exp: Experience, step: int, per_step: int, t0: float) -> dict:
-        r = exp.rollout
-        mask = (r.response_mask if r.action_mask is None else r.action_mask).float()  # the model's own tokens
+        mask = exp.action  # the model's own tokens
         g = lambda x: self.acc.gather(x.detach().float().reshape(-1)).mean().item()  # noqa: E731
         entropy = (-exp.old_logprobs * mask).sum(-1)
         non_score = -(self.kl_ctl.value * exp.kl * mask).sum(-1) if self.kl_in_reward else torch.zeros_like(entropy)

@@ -1,0 +1,160 @@
+"""The batch one online step carries (:class:`Experience`), and how its loss mask is made.
+
+The loss mask is never edited in place. Each step that decides which tokens leave the losses sets one
+**keep-factor** on the Experience, once; :func:`compose_mask` multiplies them, and
+:meth:`Experience.compose_loss_mask` does that once for the loss, when every factor is decided (end of step 5, before
+the update), masking the advantages and the importance weights with the result (once). ``Experience.mask`` reads the
+product of the factors set so far (after step 3: the samples with a finite reward), and from then on the loss mask.
+The factors, in the order the steps of ``online.py`` decide them:
+
+======================  =======  ======  ==================================================================
+factor                  shape    step    keeps
+======================  =======  ======  ==================================================================
+``action``              [B, R]   2       the model's own tokens (the response up to its first EOS; multi-turn:
+                                         without the environment's tokens)
+``valid``               [B]      3       samples with a finite reward (the others are dropped from the step)
+``untied``              [B]      5       groups whose scores differ (``algo.filter_tied_groups``, group estimators)
+``finished``            [B]      5       responses that ended (``algo.overlong.filter``, DAPO overlong filtering)
+``in_band``             [B, R]   5       what the off-policy correction keeps (``mis``: ratios inside the band)
+======================  =======  ======  ==================================================================
+
+A factor not set (None) keeps everything. Two partial products are read before the loss mask exists: the
+*sample mask* (``action`` x ``valid``: the tokens of the samples in the step, over which the KL, the shaped rewards
+and the estimator's group statistics are taken, so a tied or truncated sample still counts in its group), and the
+mask before the correction (every factor but ``in_band``: the tokens whose rollout / trainer mismatch is measured and
+corrected).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..rollout import Rollout
+
+#: the keep-factors after ``action``, in the order the steps decide them (see the module doc)
+KEEP_FACTORS = ("valid", "untied", "finished", "in_band")
+
+
+def compose_mask(action: torch.Tensor, *factors: torch.Tensor | None) -> torch.Tensor:
+    """The tokens kept by every factor: ``action`` [B, R] times each factor given, as float 0 / 1 [B, R].
+
+    A factor is a row factor [B] (broadcast over the row's tokens), a token factor [B, R], or None (keeps all);
+    bool or 0 / 1 numbers. The product of 0 / 1 values is exact, so the order of the factors does not matter.
+    """
+    mask = action.float()
+    for keep in factors:
+        if keep is not None:
+            mask = mask * (keep.unsqueeze(-1) if keep.dim() == 1 else keep).float()
+    return mask
+
+
+def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens, as ``generate`` uses them for left-padded prompts."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass
+class Experience:
+    """One rollout step, born at the rollout and filled by each numbered step of ``online.py``; tensors are [B, R]
+    over response tokens unless noted. rows: the prompt records (extra fields feed reward functions), one per
+    response. The keep-factors and the loss mask: see the module doc."""
+
+    rollout: Rollout
+    rows: list[dict]
+    position_ids: torch.Tensor  # [B, P+R]
+    action: torch.Tensor  # 2. float: the model's own tokens (keep-factor)
+    texts: list[str] = field(default_factory=list)  # 3. decoded responses
+    raw_scores: torch.Tensor | None = None  # [B] reward model + functions, before any shaping
+    scores: torch.Tensor | None = None  # [B] scores used for learning (after penalty / normalisation / clipping)
+    reward_metrics: dict = field(default_factory=dict)
+    valid: torch.Tensor | None = None  # 3. [B] bool: the sample has a finite reward (keep-factor)
+    old_logprobs: torch.Tensor | None = None  # 4.
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    kl: torch.Tensor | None = None  # 5.
+    returns: torch.Tensor | None = None
+    untied: torch.Tensor | None = None  # 5. [B] bool: its group's scores differ (keep-factor, when filtering)
+    finished: torch.Tensor | None = None  # 5. [B] bool: ended with EOS (keep-factor, with overlong filtering)
+    in_band: torch.Tensor | None = None  # 5. what the off-policy correction keeps (keep-factor)
+    loss_mask: torch.Tensor | None = None  # 5. every keep-factor, composed once (compose_loss_mask)
+    advantages: torch.Tensor | None = None  # 5. masked with the loss mask
+    is_weights: torch.Tensor | None = None  # 5. off-policy correction weights, masked (None: no correction)
+    env_returns: torch.Tensor | None = None  # 2. multi-turn: [B] sum of the environment's per-turn rewards
+    env_metrics: dict = field(default_factory=dict)
+    turn_rewards: torch.Tensor | None = None  # multi-turn: [B, R] each turn's reward on its last model token
+
+    @classmethod
+    def of(cls, rollout: Rollout, rows: list[dict]) -> Experience:
+        action = rollout.response_mask if rollout.action_mask is None else rollout.action_mask
+        return cls(rollout=rollout, rows=rows, position_ids=position_ids_of(rollout.attention_mask),
+                   action=action.float())
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """The loss mask once composed; before, the tokens kept by the keep-factors set so far."""
+        return self.loss_mask if self.loss_mask is not None else self.keep_mask()
+
+    def keep_mask(self, *factors: str) -> torch.Tensor:
+        """``action`` times the named keep-factors (every one of :data:`KEEP_FACTORS` when none is named)."""
+        return compose_mask(self.action, *(getattr(self, name) for name in factors or KEEP_FACTORS))
+
+    @property
+    def sample_mask(self) -> torch.Tensor:
+        """The tokens of the samples in the step (``action`` x ``valid``): KL, shaped rewards, estimator."""
+        return self.keep_mask("valid")
+
+    def compose_loss_mask(self, advantages: torch.Tensor, is_weights: torch.Tensor | None) -> None:
+        """Once, when every keep-factor is decided (end of step 5, before the update): the loss mask, and the
+        advantages and importance weights (None: no correction) masked with it."""
+        self.loss_mask = self.keep_mask()
+        self.advantages = advantages * self.loss_mask
+        self.is_weights = None if is_weights is None else is_weights * self.loss_mask
+
+    def forward_rows(self, idx) -> dict:
+        """What a forward pass over rows ``idx`` (a slice or an index tensor) needs."""
+        r = self.rollout
+        return {"input_ids": r.sequences[idx], "attention_mask": r.attention_mask[idx],
+                "position_ids": self.position_ids[idx], "response_ids": r.response_ids[idx]}
+
+    def rows_of(self, idx: torch.Tensor) -> dict:
+        """The tensors of rows ``idx`` needed by one PPO micro-batch."""
+        out = {**self.forward_rows(idx), "mask": self.loss_mask[idx], "old_logprobs": self.old_logprobs[idx],
+               "advantages": self.advantages[idx]}
+        for name in ("ref_logprobs", "values", "returns", "is_weights"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value[idx]
+        return out
+
+
+def merge_groups(parts: list[Experience], groups: list[tuple[int, int]], k: int, pad_token_id: int,
+                 device) -> Experience:
+    """One scored Experience of the groups ``groups`` ((part, prompt index) pairs) of ``parts`` (each ``k``
+    completions per prompt), completion-major (row j * G + g is completion j of the g-th group): rows, texts, raw
+    scores, ``valid`` and turn rewards carried with their rows; reward metrics averaged over the parts."""
+    offsets, n = [], 0
+    for e in parts:
+        offsets.append(n)
+        n += len(e.rollout)
+    rows: list[int] = []
+    for j in range(k):
+        for part, p in groups:
+            P = len(parts[part].rollout) // k
+            rows.append(offsets[part] + j * P + p)
+    idx = torch.tensor(rows, dtype=torch.long)
+    rollout = Rollout.concat([e.rollout for e in parts], pad_token_id).index_select(idx)
+    all_rows = [r for e in parts for r in e.rows]
+    all_texts = [t for e in parts for t in e.texts]
+    exp = Experience.of(rollout.to(device), [all_rows[i] for i in rows])
+    exp.texts = [all_texts[i] for i in rows]
+    exp.raw_scores = torch.cat([e.raw_scores for e in parts])[idx.to(device)]
+    exp.valid = torch.cat([e.valid for e in parts])[idx.to(device)]
+    if all(e.turn_rewards is not None for e in parts):
+        R = rollout.response_ids.shape[1]
+        padded = [torch.nn.functional.pad(e.turn_rewards, (0, R - e.turn_rewards.shape[1])) for e in parts]
+        exp.turn_rewards = torch.cat(padded)[idx.to(device)]
+    keys = set().union(*(e.reward_metrics for e in parts))
+    exp.reward_metrics = {k_: sum(e.reward_metrics.get(k_, 0.0) for e in parts) / len(parts) for k_ in keys}
+    return exp
