@@ -63,3 +63,48 @@ def raises_on_b(prompts, completions, **fields):
 
 def one_argument(completions):
     return [1.0 for _ in completions]
+
+
+def slow_on_hang(prompts, completions, **fields):
+    """Sleeps for ever on a completion "hang"; 1.0 for the others."""
+    import time
+
+    if "hang" in completions:
+        time.sleep(3600)
+    return [1.0] * len(completions)
+
+
+def crash_on_die(prompts, completions, **fields):
+    """Kills its own process on a completion "die" (a segfault / OOM kill as the trainer sees it)."""
+    import os
+
+    if "die" in completions:
+        os._exit(9)
+    return [0.5] * len(completions)
+
+
+def chatty(prompts, completions, **fields):
+    """Prints on stdout (must not disturb the worker protocol)."""
+    print("reward says hello " * 100)
+    return [len(c) for c in completions]
+
+
+class CountingReward:
+    """A reward with state: built once per worker; scores each completion with (pid mod 1000) * 100 + calls so far + bonus."""
+
+    def __init__(self, bonus: float = 0.0):
+        import os
+
+        self.pid, self.calls, self.bonus = os.getpid(), 0, bonus
+
+    def __call__(self, prompts, completions, answer=None):
+        self.calls += 1
+        return [(self.pid % 1000) * 100 + self.calls + self.bonus for _ in completions]
+
+
+class BrokenReward:
+    def __init__(self):
+        raise OSError("model file missing")
+
+    def __call__(self, prompts, completions, **fields):
+        return [0.0] * len(completions)

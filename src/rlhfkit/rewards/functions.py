@@ -1,5 +1,6 @@
-"""Reward functions given by name: loading ``package.module:function`` / ``path/to/file.py:function`` / built-in
-short names, and :class:`CombinedRewards`, the weighted sum of several functions with per-function metrics.
+""":class:`CombinedRewards`, the weighted sum of several reward functions (loaded by
+:func:`~rlhfkit.rewards.loading.load_reward_function`) with per-function metrics, run in worker processes under a
+time limit (:mod:`rlhfkit.rewards.workers`).
 
 A reward function is called as ``fn(prompts, completions, **fields)`` (see :mod:`rlhfkit.rewards.rules`) and
 returns one ``float`` or ``None`` per completion; ``None`` skips that function for that sample.
@@ -11,7 +12,12 @@ What a run does with what a function returns (:meth:`CombinedRewards.__call__`):
 - NaN or inf for a sample, or a sample no function has a value for (``None`` from every function): that sample is
   *dropped* from the step (``valid`` is False, its total is 0, counted in ``rewards/dropped``), never propagated;
 - ``None`` (or NaN / inf) for every sample of a batch: ``RewardError`` (nothing to learn from, almost always a bug);
-- an exception inside the function: :class:`RewardFunctionError` naming the function, the exception and the step.
+- a call that passes ``timeout_s``, raises, or whose worker dies (a crash, the memory limit): its samples get
+  ``None`` from that function, counted in ``rewards/<name>/timeouts`` / ``rewards/<name>/errors`` (calls), and the
+  run goes on; ``rewards/<name>/time_s`` is the wall time the function took in the step;
+- a function whose every call of the step failed, at least one by raising or crashing:
+  :class:`RewardFunctionError` naming the function, the exception and the step (with ``workers`` <= 1 a step is one
+  call, so any exception stops the run, as without workers).
 
 The first call (on the first rollout) is the check: it raises before a trainer writes anything, when the trainer
 scores its first rollout before it touches the run directory. :meth:`CombinedRewards.probe` runs the same
@@ -22,134 +28,19 @@ from __future__ import annotations
 
 import difflib
 import functools
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
-import os
-import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import RewardError
-from .rules import RULES
-
-WHERE = "reward.functions"
-FORMS = (
-    "write package.module:function, path/to/file.py:function, or a built-in name (" + ", ".join(RULES) + ")"
-)
-
-
-class RewardFunctionError(RewardError):
-    """A reward function raised an exception while scoring (named with the step, in one line)."""
-
-
-def _fail(spec: str, reason: str, fix: str = FORMS) -> RewardError:
-    return RewardError(f"cannot load reward function {spec!r}: {reason}", where=WHERE, fix=fix)
-
-
-def _import_file(spec: str, path_text: str):
-    path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise _fail(spec, f"file {str(path)!r} not found (relative paths start at {os.getcwd()})",
-                    fix="give the path of an existing .py file, absolute or relative to the working directory")
-    resolved = path.resolve()
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
-    name = f"_rlhfkit_reward_{resolved.stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, resolved)
-    if module_spec is None or module_spec.loader is None:
-        raise _fail(spec, f"{str(path)!r} is not an importable Python file")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # dataclasses / pickling inside the file need their module registered
-    sys.path.insert(0, str(resolved.parent))  # so the file can import its neighbours
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise _import_failed(spec, str(path), exc) from exc
-    finally:
-        sys.path.remove(str(resolved.parent))
-    return module
-
-
-def _import_failed(spec: str, what: str, exc: BaseException) -> RewardError:
-    detail = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, SyntaxError) and exc.lineno:
-        detail = f"SyntaxError at {exc.filename}:{exc.lineno}: {exc.msg}"
-    return _fail(spec, f"importing {what} failed ({detail})",
-                 fix="fix the error in that module (import it in Python to see the traceback)")
-
-
-def _missing(exc: ModuleNotFoundError, module: str) -> bool:
-    """True when ``exc`` says ``module`` itself (or a parent package of it) does not exist."""
-    return exc.name is not None and (module == exc.name or module.startswith(exc.name + "."))
-
-
-def _import_module(spec: str, module: str):
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if not _missing(exc, module):
-            raise _import_failed(spec, f"module {module!r}", exc) from exc
-        cwd = os.getcwd()
-        if cwd in sys.path or "" in sys.path:
-            raise _fail(spec, f"module {module!r} not found", fix=_module_fix(module)) from None
-    except Exception as exc:
-        raise _import_failed(spec, f"module {module!r}", exc) from exc
-    sys.path.append(cwd)  # console scripts do not put the working directory on sys.path; users expect it
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if _missing(exc, module):
-            sys.path.remove(cwd)
-            raise _fail(spec, f"module {module!r} not found", fix=_module_fix(module)) from None
-        raise _import_failed(spec, f"module {module!r}", exc) from exc
-    except Exception as exc:
-        raise _import_failed(spec, f"module {module!r}", exc) from exc
-
-
-def _module_fix(module: str) -> str:
-    return (
-        f"make {module!r} importable (install the package, or run from the directory that holds "
-        f"{module.replace('.', '/')}.py), or give a file path: path/to/file.py:function"
-    )
-
-
-def load_reward_function(spec: str) -> Callable[..., list]:
-    """The callable named by ``spec``: a built-in short name, ``package.module:function`` (dotted attributes
-    allowed: ``module:Class.method``) or ``path/to/file.py:function``. Raises :class:`RewardError` naming the spec."""
-    text = str(spec).strip()
-    if text in RULES:
-        return RULES[text]
-    module_part, colon, attr = text.rpartition(":")
-    if not colon or not module_part or not attr:
-        close = difflib.get_close_matches(text, list(RULES), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise _fail(text, "not a built-in name and not of the form module:function", fix=hint + FORMS)
-    is_file = module_part.endswith(".py") or "/" in module_part or os.sep in module_part
-    module = _import_file(text, module_part) if is_file else _import_module(text, module_part)
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            names = [n for n in dir(obj) if not n.startswith("_") and callable(getattr(obj, n, None))]
-            close = difflib.get_close_matches(part, names, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise _fail(text, f"{module_part!r} has no attribute {part!r}",
-                        fix=f"{hint}check the function name after ':'")  # fmt: skip
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise _fail(text, f"{attr!r} is a {type(obj).__name__}, not a function",
-                    fix="point at a function fn(prompts, completions, **fields) -> list[float | None]")  # fmt: skip
-    return obj
-
+from ..errors import RewardError, UserError
+from .loading import WHERE, RewardFunctionError, load_reward_function
+from .workers import CallFailed, CallTimeout, WorkerPool
 
 # ───────────────────────────────────────────── combining ─────────────────────────────────────────────
 
@@ -198,10 +89,11 @@ def _label(fn: str | Callable) -> str:
 class _Loaded:
     name: str
     label: str  # how the user wrote it, for error messages
-    fn: Callable[..., Any]
+    fn: str | Callable[..., Any]  # the spec string (loaded again in each worker) or the callable given
     weight: float
     reserved: frozenset  # field names that must not be passed (the spec's kwargs, the positional names)
     accepts: frozenset | None  # named parameters, or None when the function takes **fields
+    kwargs: dict = field(default_factory=dict)  # bound to a function per call; a class's constructor arguments
 
 
 def _to_float(value: Any, label: str, index: int, at: str = "") -> float | None:
@@ -248,9 +140,15 @@ class CombinedRewards:
     ``total[b] = sum_f weight_f * r_f[b]`` over the functions with a value for sample ``b`` (a ``None`` contributes
     nothing). Sample ``b`` is dropped (``valid[b]`` False, total 0) when a function returned NaN / inf for it or no
     function gave it a value; see the module docstring for every other case.
+
+    ``workers`` > 0: the functions run in that many worker processes (:class:`~rlhfkit.rewards.workers.WorkerPool`),
+    each function's batch split into ``workers`` chunks called concurrently, each call bounded by ``timeout_s``; a
+    class named as a function is built once per worker. ``workers`` = 0: called in this process, no time limit.
+    Call :meth:`close` (or use ``with``) to stop the workers.
     """
 
-    def __init__(self, specs: Sequence[RewardFunctionSpec | str | dict | Any]):
+    def __init__(self, specs: Sequence[RewardFunctionSpec | str | dict | Any], *, workers: int = 0,
+                 timeout_s: float | None = None):
         specs = [_as_spec(s) for s in specs]
         if not specs:
             raise ValueError("CombinedRewards needs at least one reward function")
@@ -258,7 +156,7 @@ class CombinedRewards:
         taken: set[str] = set()
         for spec in specs:
             label = _label(spec.fn)
-            fn = spec.fn if callable(spec.fn) else load_reward_function(spec.fn)
+            obj = spec.fn if callable(spec.fn) else load_reward_function(spec.fn)
             try:
                 weight = float(spec.weight)
             except (TypeError, ValueError):
@@ -267,11 +165,11 @@ class CombinedRewards:
                 raise RewardError(
                     f"function {label} has weight {spec.weight!r}", where=WHERE, fix="use a finite number"
                 )
-            _check_positional(label, fn)
+            call = _call_signature_of(obj)
+            _check_positional(label, call)
             kwargs = dict(spec.kwargs or {})
             if kwargs:
-                _check_kwargs(label, fn, kwargs)
-                fn = functools.partial(fn, **kwargs)
+                _check_kwargs(label, obj if isinstance(obj, type) else call, kwargs)
             if spec.name:
                 name = spec.name
                 if name in taken:
@@ -287,16 +185,44 @@ class CombinedRewards:
                 _Loaded(
                     name=name,
                     label=label,
-                    fn=fn,
+                    fn=spec.fn if isinstance(spec.fn, str) else obj,
                     weight=weight,
-                    reserved=frozenset(kwargs) | {"prompts", "completions"},
-                    accepts=_named_params(fn),
+                    reserved=(frozenset() if isinstance(obj, type) else frozenset(kwargs)) | {"prompts",
+                                                                                               "completions"},
+                    accepts=_named_params(call),
+                    kwargs=kwargs,
                 )
             )
+        self.pool = WorkerPool(workers, timeout_s)
+        self._ready = False
 
     @property
     def names(self) -> list[str]:
         return [f.name for f in self.functions]
+
+    def start(self) -> None:
+        """Set every function up (in each worker): imports, and the constructors of reward classes. A constructor
+        that fails, or a worker that cannot start, is one :class:`RewardError` line."""
+        if self._ready:
+            return
+        for f in self.functions:
+            try:
+                self.pool.setup(f.name, f.fn, f.kwargs, f.label)
+            except (CallFailed, CallTimeout) as exc:
+                raise RewardError(f"reward function {f.label} could not be set up in a worker process ({exc})",
+                                  where=WHERE, fix="import it in Python to see the error, or set reward.workers=0 "
+                                  "to call it in the trainer's process") from None
+        self._ready = True
+
+    def close(self) -> None:
+        self.pool.close()
+        self._ready = False
+
+    def __enter__(self) -> CombinedRewards:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict], *, step: int | None = None,
@@ -312,7 +238,7 @@ class CombinedRewards:
         B = len(completions)
         if len(prompts) != B or len(rows) != B:
             raise ValueError(f"got {len(prompts)} prompts, {B} completions and {len(rows)} rows")
-        outputs = self._call_each(prompts, completions, rows, step)
+        outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step)
         total = torch.zeros(B, dtype=torch.float32)
         covered = torch.zeros(B, dtype=torch.bool)
         finite = torch.ones(B, dtype=torch.bool)
@@ -327,12 +253,12 @@ class CombinedRewards:
             covered |= present
         valid = covered & finite
         if B and not valid.any() and not allow_all_dropped:
-            what = ", ".join(f"{f.label} -> {_summary(v)}" for f, v in zip(self.functions, outputs))
+            what = ", ".join(f"{f.label} -> {_summary(v)}{self._failures(f, metrics)}"
+                             for f, v in zip(self.functions, outputs))
             raise RewardError(f"no completion of the batch{_at(step)} got a finite reward ({what})", where=WHERE,
                               fix="return a float for (most) completions; None only for those a function cannot "
-                                  "judge")
+                                  "judge; raise reward.timeout_s if calls time out")
         total = torch.where(valid, total, torch.zeros_like(total))
-        metrics: dict[str, float] = {}
         for f in self.functions:
             scores = per_function[f.name]
             kept = valid & ~torch.isnan(scores)
@@ -342,21 +268,26 @@ class CombinedRewards:
         metrics["rewards/dropped"] = float((~valid).sum())
         return RewardScores(total, per_function, metrics, valid)
 
+    @staticmethod
+    def _failures(f: _Loaded, metrics: dict) -> str:
+        t, e = metrics.get(f"rewards/{f.name}/timeouts", 0), metrics.get(f"rewards/{f.name}/errors", 0)
+        return f" ({int(t)} calls timed out, {int(e)} failed)" if t or e else ""
+
     def probe(self, prompts: Sequence[str], rows: Sequence[dict], completions: Sequence[str] | None = None) -> None:
-        """Structural check before any weights load: each function is called on dataset prompts with placeholder
-        completions (default: the empty string) and must return a list of one number / None per completion.
-        Wrong length, a non-list, strings, a :class:`RewardError` raised by the function (a built-in rule missing
-        an option): :class:`RewardError`. Other exceptions and None / NaN are *not* errors here
-        (a function may legitimately fail on a placeholder); the first real rollout checks those."""
+        """Structural check before any weights load: each function is set up (in its workers) and called on dataset
+        prompts with placeholder completions (default: the empty string); it must return a list of one number /
+        None per completion. Wrong length, a non-list, strings, a :class:`RewardError` raised by the function (a
+        built-in rule missing an option), a constructor or worker that fails: :class:`RewardError`. Other
+        exceptions, timeouts and None / NaN are *not* errors here (a function may legitimately fail on a
+        placeholder); the first real rollout checks those."""
         completions = list(completions) if completions is not None else [""] * len(prompts)
+        self.start()
         for f in self.functions:
-            try:
-                out = f.fn(list(prompts), list(completions), **self._fields(f, rows))
-            except RewardError:  # a built-in rule's own one-line complaint (a missing option): answer it now
-                raise
-            except Exception:  # judged on the first rollout, where the completions are real
-                continue
-            self._validate(f.label, out, len(completions), "on a probe with placeholder completions")
+            [outcome] = self.pool.map(f.name, [((list(prompts), completions), self._fields(f, rows))])
+            if isinstance(outcome.error, RewardError):
+                raise outcome.error
+            if outcome.ok:
+                self._validate(f.label, outcome.value, len(completions), "on a probe with placeholder completions")
 
     @staticmethod
     def _fields(f: _Loaded, rows: Sequence[dict]) -> dict[str, list]:
@@ -367,22 +298,46 @@ class CombinedRewards:
         return {k: [row.get(k) for row in rows] for k in names
                 if k not in f.reserved and (f.accepts is None or k in f.accepts)}
 
-    def _call_each(self, prompts, completions, rows, step: int | None) -> list[list[float | None]]:
-        outputs = []
+    def _chunks(self, B: int) -> list[slice]:
+        n = max(1, min(self.pool.n, B))
+        bounds = [round(i * B / n) for i in range(n + 1)]
+        return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+    def _call_each(self, prompts: list, completions: list, rows: list, step: int | None):
+        """Each function on the batch (in chunks over the workers) -> (values per function, metrics: time_s,
+        timeouts, errors per function). A chunk that times out or raises gives None for its samples; a function
+        whose every chunk failed (at least one by raising) stops the run with :class:`RewardFunctionError`."""
+        self.start()
+        chunks = self._chunks(len(completions))
+        outputs, metrics = [], {}
         for f in self.functions:
-            try:
-                out = f.fn(list(prompts), list(completions), **self._fields(f, rows))
-            except RewardError:
-                raise
-            except Exception as exc:
-                detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            fields = self._fields(f, rows)
+            calls = [((prompts[c], completions[c]), {k: v[c] for k, v in fields.items()}) for c in chunks]
+            t0 = time.perf_counter()
+            outcomes = self.pool.map(f.name, calls)
+            metrics[f"rewards/{f.name}/time_s"] = time.perf_counter() - t0
+            values: list[float | None] = []
+            timeouts = errors = 0
+            for c, o in zip(chunks, outcomes):
+                n = c.stop - c.start
+                if isinstance(o.error, UserError):  # a built-in rule's own one-line complaint (a missing option)
+                    raise o.error
+                if isinstance(o.error, CallTimeout):
+                    timeouts += 1
+                elif o.error is not None:
+                    errors += 1
+                values += [None] * n if o.error else self._validate(f.label, o.value, n, _at(step).strip())
+            metrics[f"rewards/{f.name}/timeouts"] = float(timeouts)
+            metrics[f"rewards/{f.name}/errors"] = float(errors)
+            if errors and errors + timeouts == len(chunks):  # every sample failed: almost always a bug
+                first = next(o.error for o in outcomes if isinstance(o.error, CallFailed))
                 raise RewardFunctionError(
-                    f"reward function {f.label} raised {type(exc).__name__}{': ' + detail if detail else ''}"
-                    f"{_at(step)}", where=WHERE,
+                    f"reward function {f.label} {'raised ' + first.kind if first.kind != 'died' else 'crashed'}"
+                    f"{': ' + first.message if first.message else ''}{_at(step)}", where=WHERE,
                     fix="fix the function (call it on these completions in Python to see the traceback), or "
-                        "return None for completions it cannot judge") from exc
-            outputs.append(self._validate(f.label, out, len(completions), _at(step).strip()))
-        return outputs
+                        "return None for completions it cannot judge")
+            outputs.append(values)
+        return outputs, metrics
 
     @staticmethod
     def _validate(label: str, out: Any, n: int, when: str = "") -> list[float | None]:
@@ -441,6 +396,18 @@ def _check_kwargs(label: str, fn: Callable, kwargs: dict) -> None:
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise RewardError(f"function {label} has no parameter {key!r} (given in kwargs)", where=WHERE,
                               fix=f"{hint}pass only the function's own keyword arguments")
+
+
+def _call_signature_of(obj: Callable) -> Callable:
+    """What a run calls: the function itself, or for a class the ``__call__`` of its instances (bound to nothing:
+    the signature is read without ``self``)."""
+    if isinstance(obj, type):
+        call = next((vars(k)["__call__"] for k in obj.__mro__ if "__call__" in vars(k)), None)
+        if call is None:
+            raise RewardError(f"reward class {_label(obj)} has no __call__", where=WHERE,
+                              fix="define __call__(self, prompts, completions, **fields) -> list[float | None]")
+        return functools.partial(call, None)
+    return obj
 
 
 def _named_params(fn: Callable) -> frozenset | None:

@@ -1,0 +1,398 @@
+"""User code under a time limit: worker processes that hold named objects (reward functions, stateful reward
+classes, environments) and run calls on them, each call bounded by a wall-clock limit.
+
+One :class:`Worker` is one child interpreter started with :mod:`subprocess` (``python -c`` importing this module,
+not :mod:`multiprocessing`): the child never re-imports the trainer's ``__main__`` (a user script without a
+``__name__`` guard would run again under ``spawn`` / ``forkserver``), never inherits the trainer's threads or CUDA
+state (``fork`` after CUDA initialisation is undefined behaviour) and does not import torch unless the user's code
+does. Requests and replies are pickled over two pipes (:class:`multiprocessing.connection.Connection`), so what
+the user's code prints on stdout cannot corrupt them.
+
+- ``setup(key, spec, kwargs)`` loads ``spec`` (a spec string as :func:`~rlhfkit.rewards.loading.load_reward_function`
+  reads it, or a picklable callable) in the child and keeps it under ``key``; a class is built there once as
+  ``Class(**kwargs)`` (a reward with state, an environment); a function gets ``kwargs`` bound.
+- ``call(key, method, args, kwargs, timeout)`` runs ``obj(*args, **kwargs)`` (or ``obj.method(...)``) in the child.
+  A call that passes its limit kills the child's whole process group (what the user's code started dies with it)
+  and raises :class:`CallTimeout`; an exception inside the call raises :class:`CallFailed` (type, message); a child
+  that dies raises :class:`CallFailed` too. A dead or killed child is restarted on the next use and its set-ups
+  replayed (an object's state is lost then; environments must treat the episode as failed).
+
+:class:`WorkerPool` spreads independent calls over several workers, each under its own limit, and returns one
+:class:`Outcome` per call; the caller goes on whatever happens to one of them. ``workers=0`` runs everything in
+the calling process without a limit (for objects that cannot be pickled, and for debugging).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from ..errors import RewardError
+
+BOOT = "from rlhfkit.rewards.workers import _child_main; _child_main({r}, {w})"
+SETUP_TIMEOUT_S = 300.0  # loading a model in a stateful reward's constructor may take minutes
+
+
+class CallTimeout(Exception):
+    """A call ran past its wall-clock limit; the worker was killed (and restarts on its next use)."""
+
+
+class CallFailed(Exception):
+    """The call raised (``kind`` is the exception's type name) or the worker died under it (``kind`` 'died')."""
+
+    def __init__(self, kind: str, message: str, trace: str = ""):
+        self.kind, self.message, self.trace = kind, message, trace
+        super().__init__(f"{kind}: {message}" if message else kind)
+
+
+@dataclass
+class Outcome:
+    """What one call of :meth:`WorkerPool.map` ended with: ``value`` (on success), ``error`` (a
+    :class:`CallTimeout`, a :class:`CallFailed`, or a :class:`~rlhfkit.errors.UserError` the code raised) and the
+    seconds it took."""
+
+    value: Any = None
+    error: Exception | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class _Setup:
+    key: str
+    spec: Any  # spec string, or pickled bytes of a callable
+    kwargs: dict = field(default_factory=dict)
+    label: str = ""
+
+
+def _portable(spec: Any, label: str) -> Any:
+    """What a child is sent to load ``spec``: the spec string, or the pickled callable (refused with one line when
+    it cannot be pickled: a lambda, a closure, a bound method of an object built in the trainer)."""
+    if isinstance(spec, str):
+        return spec
+    try:
+        return pickle.dumps(spec)
+    except Exception as exc:
+        raise RewardError(f"function {label} cannot be sent to a worker process ({type(exc).__name__}: {exc})",
+                          where="reward.functions", fix="give it as package.module:function or file.py:function, "
+                          "or set reward.workers=0 to call it in the trainer's process (no time limit)") from None
+
+
+class Worker:
+    """One child process holding named objects; see the module docstring."""
+
+    def __init__(self, name: str = "worker"):
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+        self.send_conn: Connection | None = None
+        self.recv_conn: Connection | None = None
+        self.setups: dict[str, _Setup] = {}
+        self.restarts = 0
+
+    # ── life cycle ───────────────────────────────────────────────────────────────────────────────────────────
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        """Start the child (if not running) and replay every set-up; a set-up that fails raises its error."""
+        if self.alive:
+            return
+        self.kill()
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        src = str(Path(__file__).resolve().parents[2])  # where rlhfkit is, installed or not
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])]))
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", BOOT.format(r=req_r, w=rep_w)],
+                                         pass_fds=(req_r, rep_w), start_new_session=True, env=env,
+                                         stdin=subprocess.DEVNULL)
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self.send_conn, self.recv_conn = Connection(req_w, readable=False), Connection(rep_r, writable=False)
+        self._send(("path", list(sys.path), os.getcwd()))
+        self._reply(SETUP_TIMEOUT_S, "start")
+        for s in self.setups.values():
+            self._load(s)
+
+    def kill(self) -> None:
+        """Kill the child and everything it started (its process group); idempotent."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                with _suppress():
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+            with _suppress():
+                self.proc.wait(timeout=10)
+            # a grandchild that left the group (setsid) keeps its own life; the pipes below close regardless
+        for conn in (self.send_conn, self.recv_conn):
+            if conn is not None:
+                with _suppress():
+                    conn.close()
+        self.proc = self.send_conn = self.recv_conn = None
+
+    def close(self) -> None:
+        if self.alive:
+            with _suppress():
+                self._send(("exit",))
+                self.proc.wait(timeout=2)
+        self.kill()
+
+    # ── set-ups and calls ────────────────────────────────────────────────────────────────────────────────────
+    def setup(self, key: str, spec: Any, kwargs: dict | None = None, label: str | None = None) -> None:
+        """Load ``spec`` under ``key`` in the child (now if it runs, and after every restart)."""
+        s = _Setup(key, _portable(spec, label or str(spec)), dict(kwargs or {}), label or str(spec))
+        self.setups[key] = s
+        if self.alive:
+            self._load(s)
+        else:
+            self.start()
+
+    def drop(self, key: str) -> None:
+        self.setups.pop(key, None)
+        if self.alive:
+            self._send(("drop", key))
+
+    def call(self, key: str, method: str | None, args: Sequence = (), kwargs: dict | None = None,
+             timeout: float | None = None) -> Any:
+        """``obj(*args, **kwargs)`` (or ``obj.<method>(...)``) in the child, within ``timeout`` seconds."""
+        self.submit(key, method, args, kwargs)
+        return self.result(timeout)
+
+    def submit(self, key: str, method: str | None, args: Sequence = (), kwargs: dict | None = None) -> None:
+        self.start()
+        self._send(("call", key, method, tuple(args), dict(kwargs or {})))
+
+    def result(self, timeout: float | None) -> Any:
+        """The reply to the submitted call (see :meth:`call`)."""
+        return self._reply(timeout, "call")
+
+    # ── internals ────────────────────────────────────────────────────────────────────────────────────────────
+    def _load(self, s: _Setup) -> None:
+        self._send(("setup", s.key, s.spec, s.kwargs, s.label))
+        self._reply(SETUP_TIMEOUT_S, f"setting up {s.label}")
+
+    def _send(self, message: tuple) -> None:
+        try:
+            self.send_conn.send(message)
+        except (OSError, EOFError) as exc:  # the child died between calls
+            self.kill()
+            raise CallFailed("died", f"worker {self.name} exited ({exc})") from None
+
+    def _reply(self, timeout: float | None, what: str) -> Any:
+        conn = self.recv_conn
+        ready = conn.poll(timeout) if timeout is not None else conn.poll(None)
+        if not ready:
+            self.kill()
+            self.restarts += 1
+            raise CallTimeout(f"{what} took more than {timeout:g} s")
+        try:
+            status, payload = conn.recv()
+        except (EOFError, OSError):
+            code = self.proc.wait() if self.proc is not None else None
+            self.kill()
+            self.restarts += 1
+            raise CallFailed("died", f"worker exited with code {code} during {what}"
+                             + (" (killed by a signal: often the memory limit)" if code and code < 0 else ""))
+        if status == "ok":
+            return payload
+        if status == "user_error":
+            raise payload
+        raise CallFailed(*payload)
+
+
+class WorkerPool:
+    """``n`` workers sharing the same set-ups; :meth:`map` runs independent calls on them concurrently, each
+    under ``timeout_s``. ``n = 0``: calls run in this process, no limit (see the module docstring)."""
+
+    def __init__(self, n: int, timeout_s: float | None):
+        self.n, self.timeout_s = n, timeout_s
+        self.workers = [Worker(f"{i}") for i in range(n)]
+        self.local: dict[str, Callable] = {}
+
+    def setup(self, key: str, spec: Any, kwargs: dict | None = None, label: str | None = None) -> None:
+        """Load ``spec`` under ``key`` on every worker (in this process when ``n = 0``)."""
+        if self.n == 0:
+            from .loading import instantiate, load_reward_function
+
+            obj = load_reward_function(spec) if isinstance(spec, str) else spec
+            self.local[key] = _bind(instantiate(obj, dict(kwargs or {}), label or str(spec)), kwargs)
+            return
+        for w in self.workers:
+            w.setup(key, spec, kwargs, label)
+
+    def map(self, key: str, calls: Sequence[tuple[tuple, dict]], method: str | None = None) -> list[Outcome]:
+        """Run each ``(args, kwargs)`` of ``calls`` on the object ``key``; one :class:`Outcome` per call, in order.
+        Calls go to free workers as they free up; each is bounded by ``timeout_s`` from its own start."""
+        if self.n == 0:
+            return [self._local(key, method, a, k) for a, k in calls]
+        out: list[Outcome | None] = [None] * len(calls)
+        pending = list(range(len(calls)))[::-1]
+        running: dict[int, tuple[int, float]] = {}  # worker index -> (call index, start time)
+        while pending or running:
+            for w_i, w in enumerate(self.workers):  # 1. hand calls to idle workers
+                if w_i in running or not pending:
+                    continue
+                c = pending.pop()
+                t0 = time.perf_counter()
+                try:
+                    w.submit(key, method, *calls[c])
+                except (CallFailed, CallTimeout, RewardError) as exc:
+                    out[c] = Outcome(error=exc, seconds=time.perf_counter() - t0)
+                    continue
+                running[w_i] = (c, t0)
+            if not running:
+                continue
+            # 2. wait for a reply, or for the earliest deadline
+            now = time.perf_counter()
+            deadline = min(t0 + self.timeout_s for _, t0 in running.values()) if self.timeout_s else None
+            wait([self.workers[w_i].recv_conn for w_i in running],
+                 None if deadline is None else max(0.0, deadline - now))
+            # 3. collect what finished and what ran out of time
+            for w_i, (c, t0) in list(running.items()):
+                w = self.workers[w_i]
+                if w.recv_conn.poll(0):
+                    try:
+                        out[c] = Outcome(value=w.result(0), seconds=time.perf_counter() - t0)
+                    except (CallFailed, CallTimeout, RewardError) as exc:
+                        out[c] = Outcome(error=exc, seconds=time.perf_counter() - t0)
+                elif self.timeout_s is not None and time.perf_counter() - t0 >= self.timeout_s:
+                    w.kill()  # the call and whatever it started die; the worker restarts on its next use
+                    w.restarts += 1
+                    out[c] = Outcome(error=CallTimeout(f"call took more than {self.timeout_s:g} s"),
+                                     seconds=time.perf_counter() - t0)
+                else:
+                    continue
+                del running[w_i]
+        return out  # type: ignore[return-value]
+
+    def _local(self, key: str, method: str | None, args: tuple, kwargs: dict) -> Outcome:
+        t0 = time.perf_counter()
+        obj = self.local[key]
+        try:
+            value = (getattr(obj, method) if method else obj)(*args, **kwargs)
+        except RewardError as exc:
+            return Outcome(error=exc, seconds=time.perf_counter() - t0)
+        except Exception as exc:
+            return Outcome(error=CallFailed(type(exc).__name__, _first_line(exc), traceback.format_exc()),
+                           seconds=time.perf_counter() - t0)
+        return Outcome(value=value, seconds=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # a pool never outlives its owner's process with children left behind
+        with _suppress():
+            for w in self.workers:
+                w.kill()
+
+
+def _bind(obj: Callable, kwargs: dict | None) -> Callable:
+    """A function gets its configured keyword arguments bound; a built object (from a class) took them already."""
+    if kwargs and not _is_instance_of_class(obj):
+        return functools.partial(obj, **kwargs)
+    return obj
+
+
+def _is_instance_of_class(obj: Any) -> bool:
+    import inspect
+
+    return not (inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isbuiltin(obj)
+                or isinstance(obj, functools.partial))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], Exception)
+
+
+# ───────────────────────────────────────────── the child ─────────────────────────────────────────────
+
+
+def _child_main(read_fd: int, write_fd: int) -> None:
+    """The worker's loop: answer requests until ``exit`` or the parent goes away."""
+    _die_with_parent()
+    recv, send = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    objects: dict[str, Callable] = {}
+    while True:
+        try:
+            message = recv.recv()
+        except (EOFError, OSError):
+            return
+        kind = message[0]
+        if kind == "exit":
+            return
+        try:
+            if kind == "path":
+                _, path, cwd = message
+                os.chdir(cwd)
+                sys.path[:] = path + [p for p in sys.path if p not in path]
+                reply: Any = None
+            elif kind == "setup":
+                _, key, spec, kwargs, label = message
+                objects[key] = _child_load(spec, kwargs, label)
+                reply = None
+            elif kind == "drop":
+                objects.pop(message[1], None)
+                continue
+            else:  # call
+                _, key, method, args, kwargs = message
+                obj = objects[key]
+                reply = (getattr(obj, method) if method else obj)(*args, **kwargs)
+            send.send(("ok", reply))
+        except RewardError as exc:  # a one-line complaint of the code itself (a built-in rule missing an option)
+            send.send(("user_error", exc))
+        except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported, never fatal here
+            try:
+                send.send(("error", (type(exc).__name__, _first_line(exc), traceback.format_exc(limit=20))))
+            except Exception:  # the reply itself could not be pickled
+                send.send(("error", (type(exc).__name__, _first_line(exc)[:500], "")))
+
+
+def _child_load(spec: Any, kwargs: dict, label: str) -> Callable:
+    from .loading import instantiate, load_reward_function
+
+    obj = load_reward_function(spec) if isinstance(spec, str) else pickle.loads(spec)
+    return _bind(instantiate(obj, kwargs, label), kwargs)
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGKILL when the trainer dies (prctl PR_SET_PDEATHSIG); elsewhere it exits when its
+    request pipe closes."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except Exception:
+        pass
