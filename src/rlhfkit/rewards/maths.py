@@ -1,0 +1,296 @@
+"""The maths verifier: the final answer of a completion, compared with the reference by value.
+
+``math_answer(prompts, completions, answer=[...])`` scores 1.0 when the completion's final answer equals the row's
+reference, 0.0 when it differs or no answer is found, ``None`` when the reference is missing or the symbolic check
+ran out of time. ``math_format`` (a separate function, not mixed in) scores only the form: 1.0 when the completion
+holds exactly one non-empty answer in the expected form.
+
+**Finding the final answer** (``extract``, tried in order, the first that finds one wins; default all four):
+``boxed`` the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces kept); ``hashes`` the rest of
+the last ``#### ...`` line (GSM8K); ``answer_is`` what follows the last "the answer is" / "answer:" to the end of its sentence;
+``last_number`` the last number of the text. The reference is read the same way when it holds a ``####`` line or a
+``\\boxed{}`` (a GSM8K solution can be the reference), else it is taken whole.
+
+**Equal by value** (in this order):
+
+1. *numbers, exactly*: integers, thousands separators (``1,234``), decimals, scientific notation (``1e3``),
+   fractions ``a/b``, LaTeX ``\\frac{a}{b}`` / ``\\dfrac`` / ``\\tfrac``, a leading sign, ``$`` / ``\\(...\\)``,
+   ``\\text{...}`` units and a trailing period removed; compared as :class:`fractions.Fraction`, equal within
+   ``rel_tol`` (default 1e-6, so 0.333 is *not* 1/3 but 0.3333333 is). A percentage ``p%`` equals a reference of
+   either ``p`` or ``p/100`` (50% = 50 = 0.5), since references write percentages both ways.
+2. *expressions, symbolically*: anything else (``2\\sqrt{2}`` = ``\\sqrt{8}``, ``x+1`` = ``1+x``, ``\\pi/2``,
+   intervals, sets, tuples) is parsed and compared by Hugging Face's ``math-verify`` (LaTeX and plain expressions
+   through ``latex2sympy2_extended`` and SymPy), the library the Open-R1 and TRL maths rewards use: we use it for
+   what it does better than a hand-written parser (LaTeX grammar, SymPy simplification, sets and intervals), and do
+   the extraction ourselves (its own extraction picks the *first* match where a final answer is the *last*).
+   SymPy can hang on adversarial input: the check runs under a wall-clock limit (``timeout_s``, SIGALRM with
+   ``setitimer``, available in a process's main thread: always so in reward workers; elsewhere the worker pool's
+   ``reward.timeout_s`` is the only bound), and a check that times out scores ``None``.
+
+Not accepted: answers in words ("seven"), units compared across scales (``1 km`` vs ``1000 m``), approximate
+answers outside ``rel_tol``, several answers where the reference has one (only the final one counts), and
+equations against values (``x = 3`` vs ``3`` is equal: the right-hand side of a final ``var =`` is taken; ``3 = x``
+is not).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from collections.abc import Sequence
+from fractions import Fraction
+
+EXTRACTORS = ("boxed", "hashes", "answer_is", "last_number")
+
+_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+"
+_NUMBER_RE = re.compile(rf"(?:{_NUMBER})(?:\s*/\s*(?:{_NUMBER}))?\s*%?")
+_HASHES_RE = re.compile(r"####\s*([^\n]*)")
+_ANSWER_IS_RE = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|answer\s*:)\s*:?\s*(?=([^\n]*))", re.IGNORECASE)
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+class _CheckTimeout(BaseException):  # BaseException: SymPy code that catches Exception cannot swallow it
+    pass
+
+
+# ─────────────────────────────────────────────── extraction ───────────────────────────────────────────────
+
+
+def _boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` with balanced braces (None when absent or unclosed)."""
+    found = None
+    for m in _BOX_RE.finditer(text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            found = text[m.end(): i - 1]
+    return found
+
+
+def _last_line_match(regex: re.Pattern, text: str) -> str | None:
+    matches = list(regex.finditer(text))
+    return matches[-1].group(1) if matches else None
+
+
+def _last_number(text: str) -> str | None:
+    matches = list(_NUMBER_RE.finditer(text))
+    return matches[-1].group(0) if matches else None
+
+
+def extract_answer(text: str, extract: Sequence[str] = EXTRACTORS) -> str | None:
+    """The final answer of ``text`` by the first of ``extract`` that finds one (module docstring), or None."""
+    for how in extract:
+        if how == "boxed":
+            got = _boxed(text)
+        elif how == "hashes":
+            got = _last_line_match(_HASHES_RE, text)
+        elif how == "answer_is":  # up to the end of its sentence
+            got = _last_line_match(_ANSWER_IS_RE, text)
+            got = None if got is None else re.split(r"\.\s", got + " ", maxsplit=1)[0]
+        elif how == "last_number":
+            got = _last_number(text)
+        else:
+            raise ValueError(f"unknown extractor {how!r} (choose from {', '.join(EXTRACTORS)})")
+        if got is not None and got.strip():
+            return got.strip()
+    return None
+
+
+def reference_answer(ref) -> str | None:
+    """The reference as a string; a GSM8K-style solution (``#### n``) or a boxed one is reduced to its answer."""
+    if ref is None:
+        return None
+    text = str(ref)
+    if "####" in text or _BOX_RE.search(text):
+        return extract_answer(text, ("boxed", "hashes")) or text.strip()
+    return text.strip()
+
+
+# ─────────────────────────────────────────────── comparison ───────────────────────────────────────────────
+
+_WRAPPERS = [(re.compile(r"^\$+|\$+$"), ""), (re.compile(r"^\\\(|\\\)$"), ""), (re.compile(r"^\\\[|\\\]$"), "")]
+_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+_FRAC_RE = re.compile(rf"^\\[dt]?frac\s*\{{\s*({_NUMBER})\s*\}}\s*\{{\s*({_NUMBER})\s*\}}$")
+_FRAC_SHORT_RE = re.compile(r"^\\[dt]?frac\s*(\d)\s*(\d)$")
+
+
+def normalize(text: str) -> str:
+    """Surface forms that never change a value removed: math delimiters, ``\\left`` / ``\\right``, spacing macros,
+    ``\\dfrac`` / ``\\tfrac``, a trailing period, ``\\text{..}`` wrappers, a leading ``var =``, degree signs."""
+    s = str(text).strip()
+    for regex, repl in _WRAPPERS:
+        s = regex.sub(repl, s).strip()
+    s = s.replace("\\left", "").replace("\\right", "").replace("\\!", "").replace("\\,", "").replace("\\ ", " ")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("^\\circ", "").replace("°", "")
+    s = s.replace("\\%", "%").replace("\\$", "")
+    s = _TEXT_RE.sub(r"\1", s).strip()
+    s = re.sub(r"^[a-zA-Z]\s*=\s*", "", s)  # "x = 3" -> "3"
+    return s.rstrip(".").strip()
+
+
+def _plain_number(s: str) -> Fraction | None:
+    if not re.fullmatch(_NUMBER, s):
+        return None
+    try:
+        return Fraction(s.replace(",", "").replace("+", ""))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def as_number(text: str) -> tuple[Fraction, bool] | None:
+    """``(value, is_percent)`` when ``text`` is a plain number, a fraction or a percentage, else None."""
+    s = normalize(text)
+    percent = s.endswith("%")
+    s = s.rstrip("%").strip()
+    s = re.sub(r"\s+(?:units?|dollars?|cents?|cm|m|km|kg|g|s|hours?|minutes?|days?|years?)$", "", s)
+    m = _FRAC_RE.match(s) or _FRAC_SHORT_RE.match(s)
+    if m:
+        num, den = _plain_number(m.group(1)), _plain_number(m.group(2))
+        value = num / den if num is not None and den else None
+    elif "/" in s:
+        num_text, _, den_text = s.partition("/")
+        num, den = _plain_number(num_text.strip()), _plain_number(den_text.strip())
+        value = num / den if num is not None and den else None
+    else:
+        value = _plain_number(s)
+    return None if value is None else (value, percent)
+
+
+def _close(a: Fraction, b: Fraction, rel_tol: float) -> bool:
+    return a == b or abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b))
+
+
+def numbers_equal(pred: tuple[Fraction, bool], ref: tuple[Fraction, bool], rel_tol: float) -> bool:
+    (p, p_pct), (r, r_pct) = pred, ref
+    candidates = [(p, r)]
+    if p_pct and not r_pct:
+        candidates.append((p / 100, r))
+    if r_pct and not p_pct:
+        candidates.append((p, r / 100))
+    return any(_close(a, b, rel_tol) for a, b in candidates)
+
+
+def _symbolic_equal(pred: str, ref: str) -> bool:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
+    gold = parse(f"${ref}$", extraction_config=configs, parsing_timeout=None)
+    got = parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)
+    if not gold or not got:
+        return False
+    return bool(verify(gold, got, timeout_seconds=None))
+
+
+def _under_limit(fn, timeout_s: float | None):
+    """``fn()`` bounded by ``timeout_s`` of wall time when a SIGALRM timer can be used (main thread), else unbounded."""
+    if not timeout_s or threading.current_thread() is not threading.main_thread():
+        return fn()
+
+    def on_alarm(signum, frame):
+        raise _CheckTimeout()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def answers_equal(pred: str, ref: str, *, rel_tol: float = 1e-6, timeout_s: float | None = 5.0) -> bool | None:
+    """True when ``pred`` and ``ref`` (answers already extracted) are equal by value (module docstring); None when
+    the symbolic check ran past ``timeout_s``."""
+    p_num, r_num = as_number(pred), as_number(ref)
+    if p_num is not None and r_num is not None:
+        return numbers_equal(p_num, r_num, rel_tol)
+    p, r = normalize(pred), normalize(ref)
+    if p == r:
+        return True
+    if (p_num is None) != (r_num is None) and re.fullmatch(r"[-+\d.,/%\s]*", p + r):
+        return False  # one side a number, the other digits that do not parse: no algebra can make them equal
+    try:
+        return _under_limit(lambda: _symbolic_equal(p, r), timeout_s)
+    except _CheckTimeout:
+        return None
+    except Exception:  # a parse the library could not finish: not equal
+        return False
+
+
+# ─────────────────────────────────────────────── rewards ───────────────────────────────────────────────
+
+
+def _references(fields: dict, field: str, n: int) -> list:
+    from .rules import _column
+
+    return _column(fields, field, "math_answer", n)
+
+
+def math_answer(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    field: str = "answer",
+    extract: Sequence[str] = EXTRACTORS,
+    rel_tol: float = 1e-6,
+    timeout_s: float | None = 5.0,
+    **fields,
+) -> list[float | None]:
+    """1.0 when the completion's final answer equals the row's ``field`` by value, 0.0 when not (or none is found),
+    None when the reference is missing or the symbolic check timed out. See the module docstring for what is
+    accepted; ``extract`` chooses and orders the ways the final answer is found."""
+    _check_extract(extract)
+    refs = _references(fields, field, len(completions))
+    out: list[float | None] = []
+    for completion, ref in zip(completions, refs):
+        ref_text = reference_answer(ref)
+        if ref_text is None:
+            out.append(None)
+            continue
+        got = extract_answer(completion, extract)
+        if got is None:
+            out.append(0.0)
+            continue
+        same = answers_equal(got, ref_text, rel_tol=rel_tol, timeout_s=timeout_s)
+        out.append(None if same is None else float(same))
+    return out
+
+
+def math_format(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    form: str = "boxed",
+    **fields,
+) -> list[float]:
+    """Partial credit for the form alone: 1.0 when the completion holds exactly one answer in ``form`` (``boxed``,
+    ``hashes`` or ``answer_is``) and it is not empty, else 0.0. Whether the answer is right is ``math_answer``'s
+    business; weigh this one low (e.g. 0.1), or a policy learns the form without the maths."""
+    _check_extract([form])
+    if form == "last_number":
+        raise _option_error("form", form, "boxed, hashes or answer_is (a number has no form)")
+    out = []
+    for c in completions:
+        if form == "boxed":
+            count = len(_BOX_RE.findall(c))
+        else:
+            count = len((_HASHES_RE if form == "hashes" else _ANSWER_IS_RE).findall(c))
+        got = extract_answer(c, (form,))
+        out.append(float(count == 1 and got is not None and normalize(got) != ""))
+    return out
+
+
+def _check_extract(extract: Sequence[str]) -> None:
+    if isinstance(extract, str) or not extract or any(e not in EXTRACTORS for e in extract):
+        raise _option_error("extract", extract, "a list of " + ", ".join(EXTRACTORS))
+
+
+def _option_error(key: str, value, choices: str):
+    from ..errors import RewardError
+
+    return RewardError(f"math verifier option {key}={value!r} is not valid", where=f"reward.functions.kwargs.{key}",
+                       fix=f"use {choices}")
+
