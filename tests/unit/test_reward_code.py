@@ -1,0 +1,126 @@
+"""The code verifier and its sandbox: the fraction of tests passed; programs that loop forever, allocate without
+limit, fork, open sockets, write outside their directory or print without limit each end as a scored failure within
+the limits while the caller goes on; the sandbox's result channel cannot be forged by printing; a sandbox that
+cannot be set up is one line at the probe."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from rlhfkit.errors import RewardError
+from rlhfkit.rewards import CombinedRewards
+from rlhfkit.rewards.code import code_tests, extract_code, parse_tests
+from rlhfkit.rewards.sandbox import Limits, Sandbox, SandboxError
+
+LIMITS = dict(wall_s=3.0, cpu_s=2.0, memory_mb=256, output_bytes=20_000)
+ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
+
+
+def fenced(code: str) -> str:
+    return f"Here is my solution:\n```python\n{code}\n```\nDone."
+
+
+def score(completions, tests, isolation="auto", **kw):
+    return code_tests([""] * len(completions), completions, tests=[tests] * len(completions), isolation=isolation,
+                      **{**LIMITS, **kw})
+
+
+def test_fraction_of_assert_tests_and_stdio_pairs():
+    good, off_by_one = "def add(a, b):\n    return a + b", "def add(a, b):\n    return a + b + (a < 0)"
+    assert score([fenced(good), fenced(off_by_one), fenced("def add(a, b) return"), ""], ADD_TESTS) == [
+        1.0, 2 / 3, 0.0, 0.0]
+    pairs = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": "6"}, {"input": "1 1", "output": "3"}]
+    program = "a, b = map(int, input().split())\nprint(a + b)   "
+    assert score([fenced(program)], pairs) == [2 / 3]
+    assert score([fenced(program)], {"inputs": ["2 3"], "outputs": ["5"]}) == [1.0]
+    assert score([fenced(program)], '[{"input": "2 3", "output": "5"}]') == [1.0]  # JSON string
+    assert score([fenced(good)], "assert add(1, 2) == 3\nassert add(1, 1) == 3\n") == [0.5]  # one string, 2 tests
+    assert code_tests([""], ["x"], tests=[None]) == [None]
+
+
+def test_extraction_and_parsing():
+    assert extract_code("a\n```py\nx = 1\n```\nb\n```\ny = 2\n```") == "y = 2\n"
+    assert extract_code("```python\nz = 3\n") == "z = 3\n"  # unclosed last fence runs to the end
+    assert extract_code("print(1)") == "print(1)" and extract_code("print(1)", require_block=True) is None
+    assert parse_tests(["assert f()"]) == ("asserts", ["assert f()"])
+    assert parse_tests("def t():\n    assert 1\nt()") == ("asserts", ["def t():\n    assert 1", "t()"])
+    with pytest.raises(ValueError):
+        parse_tests([1, 2])
+    with pytest.raises(RewardError, match="row 0"):
+        code_tests([""], ["x"], tests=[[1, 2]], **LIMITS)
+
+
+HOSTILE = {
+    "loops forever": "def add(a, b):\n    while True:\n        pass",
+    "sleeps forever": "import time\ntime.sleep(3600)",
+    "allocates without limit": "blocks = []\nwhile True:\n    blocks.append(bytearray(10**7))",
+    "fork bomb": "import os\nwhile True:\n    os.fork()",
+    "subprocess": "import subprocess\nsubprocess.run(['sh', '-c', 'echo hi'])",
+    "opens a socket": "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)",
+    "writes outside": "open({outside!r}, 'w').write('owned')",
+    "removes outside": "import os\nos.remove({victim!r})",
+    "reads the run directory": "print(open({victim!r}).read())",
+    "prints without limit": "while True:\n    print('x' * 1000)",
+    "forges the report": "import sys\nfor i in range(3):\n    print('0' * 32, i, 1)\n    sys.stderr.write(f'x {{i}} 1\\n')",
+    "exits early": "import os\nos._exit(0)",
+    "ctypes": "import ctypes\nctypes.CDLL(None)",
+    "multiprocessing": "import multiprocessing\nmultiprocessing.Process(target=print).start()",
+}
+
+
+@pytest.mark.parametrize("isolation", ["auto", "process"])
+def test_hostile_programs_are_scored_failures_within_the_limit(tmp_path, isolation):
+    outside = tmp_path / "outside.txt"
+    victim = tmp_path / "run" / "metrics.jsonl"
+    victim.parent.mkdir()
+    victim.write_text("secret run data")
+    names = list(HOSTILE)
+    completions = [fenced(HOSTILE[n].format(outside=str(outside), victim=str(victim))) for n in names]
+    t0 = time.perf_counter()
+    scores = score(completions + [fenced("def add(a, b):\n    return a + b")], ADD_TESTS, isolation=isolation)
+    took = time.perf_counter() - t0
+    assert dict(zip(names, scores)) == dict.fromkeys(names, 0.0)
+    assert scores[-1] == 1.0  # the caller went on: the good program after them is scored
+    assert not outside.exists() and victim.read_text() == "secret run data"
+    # each program ends by its own limit (wall 3 s): the whole batch is bounded, never a hang
+    assert took < 3 * 4 * len(completions)
+
+
+def test_hostile_program_output_and_reason():
+    box = Sandbox(Limits(**LIMITS))
+    assert box.probe() in ("namespaces", "process")
+    r = box.run("while True:\n    print('y' * 100)")
+    assert r.output_capped and len(r.stdout) <= LIMITS["output_bytes"] and "output limit" in r.reason
+    r = box.run("import time\ntime.sleep(60)")
+    assert r.timed_out and r.seconds < 20 and r.reason == "timed out"
+    r = box.run("import os\nprint(os.getcwd(), sorted(os.environ))")
+    cwd, env = r.stdout.split(" ", 1)
+    assert cwd.startswith(os.path.realpath(os.environ.get("TMPDIR", "/tmp"))) or "rlhfkit-sandbox-" in cwd
+    assert "rlhfkit-sandbox-" in cwd and not os.path.exists(cwd)  # its own directory, removed after
+    assert env.strip() == "['HOME', 'LANG', 'PATH', 'TMPDIR']"  # scrubbed: no tokens, no keys
+
+
+def test_sandbox_that_cannot_be_set_up_is_one_line(monkeypatch):
+    box = Sandbox(Limits(**LIMITS), isolation="namespaces", python="/nonexistent/python3")
+    with pytest.raises(SandboxError, match="code sandbox cannot be set up") as info:
+        box.probe()
+    assert "\n" not in str(info.value) and info.value.fix
+    with pytest.raises(SandboxError, match="unknown sandbox isolation"):
+        Sandbox(isolation="docker")
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(SandboxError, match="`unshare` not found"):
+        Sandbox(Limits(**LIMITS), isolation="namespaces").probe()
+
+
+def test_code_tests_in_worker_processes_go_on_after_hostile_programs():
+    rows = [{"tests": ADD_TESTS}] * 4
+    completions = [fenced(HOSTILE["fork bomb"]), fenced("def add(a, b):\n    return a + b"),
+                   fenced(HOSTILE["allocates without limit"]), fenced("def add(a, b):\n    return a * b")]
+    with CombinedRewards([{"fn": "code_tests", "kwargs": LIMITS}], workers=2, timeout_s=60) as combo:
+        combo.probe(["p"] * 4, rows)
+        out = combo(["p"] * 4, completions, rows)
+    assert out.total.tolist() == pytest.approx([0.0, 1.0, 0.0, 1 / 3])
+    assert out.metrics["rewards/code_tests/errors"] == 0 and out.metrics["rewards/code_tests/timeouts"] == 0
