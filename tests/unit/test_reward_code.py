@@ -64,7 +64,8 @@ HOSTILE = {
     "removes outside": "import os\nos.remove({victim!r})",
     "reads the run directory": "print(open({victim!r}).read())",
     "prints without limit": "while True:\n    print('x' * 1000)",
-    "forges the report": "import sys\nfor i in range(3):\n    print('0' * 32, i, 1)\n    sys.stderr.write(f'x {{i}} 1\\n')",
+    "forges the report": "import sys\nfor i in range(3):\n    print('0' * 32, i, 1)\n"
+                         "    sys.stderr.write(f'x {{i}} 1\\n')",
     "exits early": "import os\nos._exit(0)",
     "ctypes": "import ctypes\nctypes.CDLL(None)",
     "multiprocessing": "import multiprocessing\nmultiprocessing.Process(target=print).start()",

@@ -7,9 +7,9 @@ holds exactly one non-empty answer in the expected form.
 
 **Finding the final answer** (``extract``, tried in order, the first that finds one wins; default all four):
 ``boxed`` the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces kept); ``hashes`` the rest of
-the last ``#### ...`` line (GSM8K); ``answer_is`` what follows the last "the answer is" / "answer:" to the end of its sentence;
-``last_number`` the last number of the text. The reference is read the same way when it holds a ``####`` line or a
-``\\boxed{}`` (a GSM8K solution can be the reference), else it is taken whole.
+the last ``#### ...`` line (GSM8K); ``answer_is`` what follows the last "the answer is" / "answer:" to the end of
+its sentence; ``last_number`` the last number of the text. The reference is read the same way when it holds a
+``####`` line or a ``\\boxed{}`` (a GSM8K solution can be the reference), else it is taken whole.
 
 **Equal by value** (in this order):
 

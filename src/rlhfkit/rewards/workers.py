@@ -207,7 +207,7 @@ class Worker:
             self.kill()
             self.restarts += 1
             raise CallFailed("died", f"worker exited with code {code} during {what}"
-                             + (" (killed by a signal: often the memory limit)" if code and code < 0 else ""))
+                             + (" (killed by a signal: often the memory limit)" if code and code < 0 else "")) from None
         if status == "ok":
             return payload
         if status == "user_error":
