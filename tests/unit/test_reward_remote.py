@@ -1,0 +1,132 @@
+"""The remote judge against a local server on 127.0.0.1 that answers slowly, fails, and returns malformed grades:
+retries with back-off, per-request timeout, bounded concurrency, batching, the key read from the environment and
+never shown, configuration mistakes as one line."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from rlhfkit.errors import RewardError
+from rlhfkit.rewards import CombinedRewards
+from rlhfkit.rewards.remote import RemoteJudge
+
+KEY = "sk-test-secret-123"
+
+
+class Judge(BaseHTTPRequestHandler):
+    """Chat endpoint at /v1/chat/completions, JSON endpoint at /score. What it does depends on the completion:
+    'slow' sleeps 3 s, 'flaky' fails with 503 the first time, 'mumble' answers without a grade, 'garbage' answers
+    with a body that is not JSON; otherwise the grade is the completion's length (chat) / length (json)."""
+
+    state = {"seen": {}, "active": 0, "peak": 0, "auth": set(), "batches": []}
+    lock = threading.Lock()
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code: int, body: bytes, headers: dict | None = None):
+        self.send_response(code)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        st = self.state
+        with self.lock:
+            st["active"] += 1
+            st["peak"] = max(st["peak"], st["active"])
+            st["auth"].add(self.headers.get("Authorization"))
+        try:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/score":
+                st["batches"].append(len(body["completions"]))
+                if "wrong-length" in body["completions"]:
+                    return self._reply(200, b'{"scores": [1]}')
+                return self._reply(200, json.dumps({"scores": [len(c) for c in body["completions"]]}).encode())
+            if self.path == "/missing/chat/completions":
+                return self._reply(404, b"not found")
+            content = body["messages"][0]["content"]
+            completion = content.split("Answer:\n", 1)[1].split("\n\n", 1)[0]
+            with self.lock:
+                n = st["seen"][completion] = st["seen"].get(completion, 0) + 1
+            time.sleep(0.05)  # lets concurrent requests overlap
+            if completion == "slow":
+                time.sleep(3)
+            if completion == "flaky" and n == 1:
+                return self._reply(503, b"busy", {"Retry-After": "0"})
+            if completion == "garbage":
+                return self._reply(200, b"<html>oops</html>")
+            text = "Looks fine to me." if completion == "mumble" else f"Reasoning...\nGRADE: {len(completion)}"
+            self._reply(200, json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode())
+        finally:
+            with self.lock:
+                st["active"] -= 1
+
+
+@pytest.fixture
+def server():
+    Judge.state = {"seen": {}, "active": 0, "peak": 0, "auth": set(), "batches": []}
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_chat_judge_retries_times_out_and_reads_grades(server, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", KEY)
+    judge = RemoteJudge(f"{server}/v1", api_key_env="JUDGE_KEY", max_grade=10, retries=2, backoff_s=0.01,
+                        timeout_s=0.5, concurrency=3)
+    completions = ["abcde", "slow", "flaky", "mumble", "garbage", "ab", "abc", "abcdefgh"]
+    t0 = time.perf_counter()
+    scores = judge(["q"] * len(completions), completions)
+    took = time.perf_counter() - t0
+    # grade = length / 10; 'slow' times out on every try; 'flaky' succeeds on its retry; malformed -> None
+    assert scores == [0.5, None, 0.5, None, None, 0.2, 0.3, 0.8]
+    assert Judge.state["seen"]["flaky"] == 2 and Judge.state["seen"]["slow"] == 3  # 1 try + 2 retries
+    assert Judge.state["seen"]["abcde"] == 1
+    assert Judge.state["peak"] <= 3  # bounded concurrency
+    assert took < 3 * 0.5 * 3 + 5  # three bounded tries of 'slow', not three 3-second waits in a row per sample
+    assert Judge.state["auth"] == {f"Bearer {KEY}"}
+
+
+def test_json_judge_batches(server):
+    judge = RemoteJudge(f"{server}/score", kind="json", batch_size=3, concurrency=2, retries=0)
+    completions = ["a", "bb", "ccc", "dddd", "wrong-length", "ff", "g"]
+    assert judge(["q"] * 7, completions, answer=list("1234567")) == [1.0, 2.0, 3.0, None, None, None, 1.0]
+    assert sorted(Judge.state["batches"]) == [1, 3, 3]
+
+
+def test_configuration_mistakes_are_one_line_and_never_show_the_key(server, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", KEY)
+    with pytest.raises(RewardError, match="answered HTTP 404") as info:
+        RemoteJudge(f"{server}/missing", api_key_env="JUDGE_KEY")(["q"], ["a"])
+    assert KEY not in str(info.value)
+    monkeypatch.delenv("JUDGE_KEY")
+    with pytest.raises(RewardError, match="JUDGE_KEY .* is not set"):
+        RemoteJudge(server, api_key_env="JUDGE_KEY")
+    with pytest.raises(RewardError, match="kind"):
+        RemoteJudge(server, kind="grpc")
+    with pytest.raises(RewardError, match="not an http"):
+        RemoteJudge("127.0.0.1:8000")
+    with pytest.raises(RewardError, match=r"template needs 'reference'"):
+        RemoteJudge(server, template="{prompt} {completion} {reference}")(["q"], ["a"])
+
+
+def test_judge_in_worker_processes_with_the_key_from_the_environment(server, monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", KEY)
+    spec = {"fn": "remote_judge", "name": "judge",
+            "kwargs": {"url": f"{server}/v1", "api_key_env": "JUDGE_KEY", "retries": 0, "timeout_s": 0.5}}
+    with CombinedRewards([spec], workers=2, timeout_s=30) as combo:
+        out = combo(["q"] * 4, ["abcd", "slow", "a", "mumble"], [{}] * 4)
+    assert out.per_function["judge"].tolist()[0] == pytest.approx(0.4)
+    assert out.valid.tolist() == [True, False, True, False]
+    assert Judge.state["auth"] == {f"Bearer {KEY}"}
