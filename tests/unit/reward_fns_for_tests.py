@@ -108,3 +108,13 @@ class BrokenReward:
 
     def __call__(self, prompts, completions, **fields):
         return [0.0] * len(completions)
+
+
+def pays_for_short(prompts, completions, **fields):
+    """A buggy brevity reward: 1 / (1 + length), so the empty completion gets the most."""
+    return [1.0 / (1.0 + len(c)) for c in completions]
+
+
+def pays_for_long(prompts, completions, **fields):
+    """A hackable length reward: longer is better, up to 1."""
+    return [min(1.0, len(c) / 1000) for c in completions]

@@ -79,7 +79,8 @@ TABLE = [
     ("\\boxed{3} wait, actually \\boxed{5}", "5", 1.0),  # the last box
     ("\\boxed{3} wait, actually \\boxed{5}", "3", 0.0),
     ("The answer is 7. Check: 7 * 2 = 14", "7", 1.0),  # "answer is" before "last number"
-    ("#### 12\nThe answer is 13", "12", 1.0),  # hashes before answer_is
+    ("#### 12\nThe answer is 13", "13", 1.0),  # the answer stated last wins, whatever its form
+    ("#### 12\nThe answer is 13", "12", 0.0),
     ("\\boxed{\\frac{1}{\\sqrt{4}}}", "1/2", 1.0),  # nested braces
     ("no number here", "3", 0.0),
     ("", "3", 0.0),

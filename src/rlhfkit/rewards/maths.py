@@ -5,7 +5,9 @@ reference, 0.0 when it differs or no answer is found, ``None`` when the referenc
 ran out of time. ``math_format`` (a separate function, not mixed in) scores only the form: 1.0 when the completion
 holds exactly one non-empty answer in the expected form.
 
-**Finding the final answer** (``extract``, tried in order, the first that finds one wins; default all four):
+**Finding the final answer** (``extract``: the forms accepted, default all four; of the forms found, the answer
+stated *last* in the text wins, so "#### 7 ... the answer is 8" answers 8; the last number only when no other form
+is found):
 ``boxed`` the content of the last ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces kept); ``hashes`` the rest of
 the last ``#### ...`` line (GSM8K); ``answer_is`` what follows the last "the answer is" / "answer:" to the end of
 its sentence; ``last_number`` the last number of the text. The reference is read the same way when it holds a
@@ -35,6 +37,7 @@ is not).
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import threading
@@ -57,8 +60,8 @@ class _CheckTimeout(BaseException):  # BaseException: SymPy code that catches Ex
 # ─────────────────────────────────────────────── extraction ───────────────────────────────────────────────
 
 
-def _boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` with balanced braces (None when absent or unclosed)."""
+def _boxed(text: str) -> tuple[int, str] | None:
+    """(position, content) of the last ``\\boxed{...}`` with balanced braces (None when absent or unclosed)."""
     found = None
     for m in _BOX_RE.finditer(text):
         depth, i = 1, m.end()
@@ -66,13 +69,13 @@ def _boxed(text: str) -> str | None:
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             i += 1
         if depth == 0:
-            found = text[m.end(): i - 1]
+            found = (m.start(), text[m.end(): i - 1])
     return found
 
 
-def _last_line_match(regex: re.Pattern, text: str) -> str | None:
+def _last_match(regex: re.Pattern, text: str) -> tuple[int, str] | None:
     matches = list(regex.finditer(text))
-    return matches[-1].group(1) if matches else None
+    return (matches[-1].start(), matches[-1].group(1)) if matches else None
 
 
 def _last_number(text: str) -> str | None:
@@ -80,22 +83,27 @@ def _last_number(text: str) -> str | None:
     return matches[-1].group(0) if matches else None
 
 
+def _find(how: str, text: str) -> tuple[int, str] | None:
+    """(position, answer) of the last answer stated in form ``how`` in ``text``."""
+    if how == "boxed":
+        return _boxed(text)
+    if how == "hashes":
+        return _last_match(_HASHES_RE, text)
+    if how == "answer_is":  # up to the end of its sentence
+        found = _last_match(_ANSWER_IS_RE, text)
+        return None if found is None else (found[0], re.split(r"\.\s", found[1] + " ", maxsplit=1)[0])
+    raise ValueError(f"unknown extractor {how!r} (choose from {', '.join(EXTRACTORS)})")
+
+
 def extract_answer(text: str, extract: Sequence[str] = EXTRACTORS) -> str | None:
-    """The final answer of ``text`` by the first of ``extract`` that finds one (module docstring), or None."""
-    for how in extract:
-        if how == "boxed":
-            got = _boxed(text)
-        elif how == "hashes":
-            got = _last_line_match(_HASHES_RE, text)
-        elif how == "answer_is":  # up to the end of its sentence
-            got = _last_line_match(_ANSWER_IS_RE, text)
-            got = None if got is None else re.split(r"\.\s", got + " ", maxsplit=1)[0]
-        elif how == "last_number":
-            got = _last_number(text)
-        else:
-            raise ValueError(f"unknown extractor {how!r} (choose from {', '.join(EXTRACTORS)})")
-        if got is not None and got.strip():
-            return got.strip()
+    """The final answer of ``text`` (module docstring): of the forms in ``extract``, the answer stated *last* in the
+    text; the last number only when no other form of ``extract`` is found. None when there is none."""
+    found = [f for how in extract if how != "last_number" and (f := _find(how, text)) and f[1].strip()]
+    if found:
+        return max(found, key=lambda f: f[0])[1].strip()
+    if "last_number" in extract:
+        got = _last_number(text)
+        return got.strip() if got else None
     return None
 
 
@@ -176,6 +184,8 @@ def numbers_equal(pred: tuple[Fraction, bool], ref: tuple[Fraction, bool], rel_t
 def _symbolic_equal(pred: str, ref: str) -> bool:
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+    for name in ("math_verify", "latex2sympy2_extended"):  # "timeout disabled" on every call: ours is around it
+        logging.getLogger(name).setLevel(logging.ERROR)
     configs = [LatexExtractionConfig(), ExprExtractionConfig()]
     gold = parse(f"${ref}$", extraction_config=configs, parsing_timeout=None)
     got = parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)

@@ -1,0 +1,167 @@
+"""The reward lint: each reward called on adversarial completions built from the run's own prompts, to show which
+of them a reward pays for (a reward that pays for them can be hacked), before a single weight loads.
+
+The completions, for each prompt (those marked * need the row's reference, ``answer`` by default):
+
+================== ================================================================================
+``empty``          the empty string
+``whitespace``     spaces, tabs and newlines only
+``prompt_echo``    the prompt, copied back
+``reference_only`` * the reference answer and nothing else
+``format_only``    the common answer forms with nothing in them: ``\\boxed{}``, ``####``, ``<answer></answer>``,
+                   an empty code block
+``repetition``     one short phrase repeated to about 4,000 characters
+``answer_repeated`` * the reference answer repeated 200 times
+``two_answers``    * the reference, then a second, different answer (``\\boxed{ref}`` ... ``\\boxed{other}``)
+``truncated``      * a worked answer cut in the middle of its final answer
+================== ================================================================================
+
+:func:`lint_rewards` scores them with the run's own :class:`~rlhfkit.rewards.functions.CombinedRewards` (the same
+workers, limits and kwargs) and reports, per function and for the weighted total, the mean score of each kind, and
+which kinds score *high*: at least halfway from the lowest to the highest mean the reward gave any kind. That is a
+warning, not an error: ``reference_only`` scoring high may be what the task wants. Exit 2 (``LintReport.bugs``) is
+kept for what is certainly a bug: the empty (or whitespace-only) completion getting the highest total of all the
+kinds while some kind gets less — a policy trained on it learns to say nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import RewardError
+from .loading import RewardFunctionError
+
+KINDS = ("empty", "whitespace", "prompt_echo", "reference_only", "format_only", "repetition", "answer_repeated",
+         "two_answers", "truncated")
+FORMAT_SKELETONS = ("\\boxed{}", "#### ", "<think>\n</think>\n<answer>\n</answer>", "```python\n\n```")
+
+
+def _other_answer(ref: str) -> str:
+    """A different answer of the same kind: a number changed by one, else the reference with a letter added."""
+    m = re.fullmatch(r"\s*(-?\d+)\s*", ref)
+    if m:
+        return str(int(m.group(1)) + 1)
+    try:
+        return repr(float(ref) + 1.0)
+    except ValueError:
+        return ref + "x"
+
+
+def adversarial_completions(prompt: str, reference: str | None) -> list[tuple[str, str]]:
+    """``(kind, completion)`` pairs for one prompt (module docstring); kinds that need a reference are left out
+    when ``reference`` is None."""
+    out = [("empty", ""), ("whitespace", "  \n\t \n "), ("prompt_echo", prompt)]
+    out += [("format_only", skeleton) for skeleton in FORMAT_SKELETONS]
+    out.append(("repetition", ("the answer is " * 300)[:4000]))
+    if reference is not None:
+        ref, other = reference, _other_answer(reference)
+        half = max(1, len(ref) // 2)
+        out += [
+            ("reference_only", ref),
+            ("answer_repeated", "\n".join([ref] * 200)),
+            ("two_answers", f"The answer is \\boxed{{{ref}}}. Hmm, on second thought it is \\boxed{{{other}}}."),
+            ("two_answers", f"#### {ref}\nThe answer is {other}."),
+            ("truncated", f"Let me work it out step by step. So the final answer is \\boxed{{{ref[:half]}"),
+        ]
+    return out
+
+
+@dataclass
+class LintReport:
+    """Per reward (each function, and ``total``): the mean score of each kind; ``high``: (reward, kind, mean) that
+    score high; ``bugs``: lines describing what is certainly a bug; ``notes``: functions that failed on the lint's
+    completions (judged on the first rollout instead)."""
+
+    means: dict[str, dict[str, float]] = field(default_factory=dict)
+    high: list[tuple[str, str, float]] = field(default_factory=list)
+    bugs: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """The report as lines to print: a table of mean scores, then what scores high, then the bugs."""
+        kinds = [k for k in KINDS if any(k in m for m in self.means.values())]
+        width = max([len(r) for r in self.means] + [6])
+        out = ["reward lint: mean score of adversarial completions built from the run's prompts",
+               " " * width + "  " + " ".join(f"{k[:10]:>10}" for k in kinds)]
+        for reward, means in self.means.items():
+            cells = " ".join(f"{_cell(means.get(k)):>10}" for k in kinds)
+            out.append(f"{reward:<{width}}  {cells}")
+        for reward, kind, mean in self.high:
+            out.append(f"warning: {reward} pays for {kind} completions (mean {mean:.3g}): a policy can learn that")
+        out += [f"note: {n}" for n in self.notes]
+        out += [f"error: {b}" for b in self.bugs]
+        if not self.high and not self.bugs:
+            out.append("no adversarial completion scores high")
+        return out
+
+    def raise_on_bug(self) -> None:
+        if self.bugs:
+            raise RewardError(f"reward lint: {self.bugs[0]}", where="reward.functions",
+                              fix="make the reward pay nothing for an empty answer (run `rlhfkit reward-lint CONFIG` "
+                                  "to see every case)")
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.3g}"
+
+
+def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: str = "answer",
+                 max_prompts: int = 4) -> LintReport:
+    """Score the adversarial completions of the first ``max_prompts`` prompts with ``combo`` (a
+    :class:`~rlhfkit.rewards.functions.CombinedRewards`) and judge them (module docstring)."""
+    batch_prompts, batch_rows, kinds = [], [], []
+    for prompt, row in list(zip(prompts, rows))[:max_prompts]:
+        ref = row.get(field)
+        reference = None if ref is None else str(ref)
+        if reference is not None and ("####" in reference or "\\boxed" in reference):
+            from .maths import reference_answer
+
+            reference = reference_answer(reference)
+        for kind, completion in adversarial_completions(prompt, reference):
+            batch_prompts.append(prompt)
+            batch_rows.append((row, completion))
+            kinds.append(kind)
+    report = LintReport()
+    if not kinds:
+        return report
+    completions = [c for _, c in batch_rows]
+    try:
+        scores = combo(batch_prompts, completions, [r for r, _ in batch_rows], allow_all_dropped=True)
+    except RewardFunctionError as exc:
+        report.notes.append(f"{exc.message} (on the lint's completions; the first rollout will judge it)")
+        return report
+    columns = {name: values.tolist() for name, values in scores.per_function.items()}
+    if len(columns) > 1:
+        columns["total"] = [t if v else math.nan for t, v in zip(scores.total.tolist(), scores.valid.tolist())]
+    for reward, values in columns.items():
+        means = _means(kinds, values)
+        report.means[reward] = means
+        finite = [m for m in means.values() if not math.isnan(m)]
+        if not finite or max(finite) - min(finite) < 1e-9:
+            continue
+        lo, hi = min(finite), max(finite)
+        report.high += [(reward, k, m) for k, m in means.items() if not math.isnan(m) and m >= lo + 0.5 * (hi - lo)]
+    total_name = "total" if "total" in report.means else next(iter(report.means))
+    total = report.means[total_name]
+    finite = {k: m for k, m in total.items() if not math.isnan(m)}
+    if finite and max(finite.values()) > min(finite.values()) + 1e-9:
+        top = max(finite.values())
+        for kind in ("empty", "whitespace"):
+            if kind in finite and finite[kind] >= top - 1e-9:
+                report.bugs.append(f"an {kind} completion gets the highest reward of all the lint's completions "
+                                   f"({finite[kind]:.3g}, {total_name}): a policy learns to answer nothing")
+                break
+    return report
+
+
+def _means(kinds: list[str], values: list[float]) -> dict[str, float]:
+    sums: dict[str, list[float]] = {}
+    for kind, v in zip(kinds, values):
+        if v is not None and not math.isnan(v):
+            sums.setdefault(kind, []).append(v)
+        else:
+            sums.setdefault(kind, [])
+    return {k: (sum(v) / len(v) if v else math.nan) for k, v in sums.items()}

@@ -1,0 +1,59 @@
+"""The reward lint: adversarial completions built from the run's prompts; a reward that pays for an empty answer is
+a certain bug (error), one that pays for repetition or for a second answer is a warning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.errors import RewardError
+from rlhfkit.rewards import CombinedRewards
+from rlhfkit.rewards.lint import adversarial_completions, lint_rewards
+
+FNS = Path(__file__).resolve().parent / "reward_fns_for_tests.py"
+PROMPTS = ["Tom has 3 apples and buys 4 more. How many apples does he have?", "What is 6 times 7?"]
+ROWS = [{"answer": "7"}, {"answer": "#### 42"}]
+
+
+def test_adversarial_completions():
+    kinds = dict(adversarial_completions("What is 2+2?", "4"))
+    assert kinds["empty"] == "" and not kinds["whitespace"].strip() and kinds["prompt_echo"] == "What is 2+2?"
+    assert kinds["reference_only"] == "4" and len(kinds["repetition"]) >= 3000
+    assert "\\boxed{4}" in kinds["two_answers"] or "#### 4" in kinds["two_answers"]
+    assert kinds["truncated"].endswith("\\boxed{4")  # the box never closes
+    assert dict(adversarial_completions("q", "1234"))["truncated"].endswith("\\boxed{12")
+    no_ref = dict(adversarial_completions("hi", None))
+    assert "reference_only" not in no_ref and "two_answers" not in no_ref
+
+
+def test_empty_answer_paid_the_most_is_an_error():
+    combo = CombinedRewards([f"{FNS}:pays_for_short"])
+    report = lint_rewards(combo, PROMPTS, ROWS)
+    assert report.bugs and "empty completion gets the highest reward" in report.bugs[0]
+    with pytest.raises(RewardError, match="reward lint: an empty completion"):
+        report.raise_on_bug()
+    text = "\n".join(report.lines())
+    assert "pays_for_short" in text and "error:" in text
+
+
+def test_math_verifier_is_clean_and_length_reward_is_flagged():
+    report = lint_rewards(CombinedRewards(["math_answer"]), PROMPTS, ROWS)
+    means = report.means["math_answer"]
+    assert report.bugs == []
+    # the maths verifier pays only where the final answer is the reference: not for echoes, forms, a second answer
+    # or a truncated box
+    assert means["empty"] == means["prompt_echo"] == means["format_only"] == means["truncated"] == 0.0
+    assert means["reference_only"] == 1.0 and means["two_answers"] == 0.0
+    assert {k for r, k, _ in report.high} == {"reference_only", "answer_repeated"}
+    report = lint_rewards(CombinedRewards([f"{FNS}:pays_for_long", "math_answer"]), PROMPTS, ROWS)
+    assert ("pays_for_long", "repetition", 1.0) in report.high and ("total", "repetition", 1.0) in report.high
+    assert report.bugs == []
+
+
+def test_first_match_verifier_pays_for_a_second_answer():
+    # a regex reward reading the first `#### n` pays for "#### 7 ... the answer is 8": the lint shows it
+    combo = CombinedRewards([{"fn": "regex_match", "kwargs": {"pattern": r"####\s*(\d+)"}}])
+    report = lint_rewards(combo, PROMPTS, [{"answer": "7"}, {"answer": "42"}])
+    assert report.means["regex_match"]["two_answers"] == 0.5  # one of its two forms starts with "#### ref"
+    assert ("regex_match", "two_answers", 0.5) in report.high
