@@ -90,7 +90,7 @@ def chatty(prompts, completions, **fields):
 
 
 class CountingReward:
-    """A reward with state: built once per worker; scores each completion with (pid mod 1000) * 100 + calls so far + bonus."""
+    """A reward with state, built once per worker: each score is (pid mod 1000) * 100 + calls so far + bonus."""
 
     def __init__(self, bonus: float = 0.0):
         import os
