@@ -32,6 +32,8 @@ OTHER_COMMANDS: dict[str, str] = {
     "data": "data helpers: `rlhfkit data make quickstart|calculator --out DIR` writes a built-in task's files",
     "config": "config helpers: `rlhfkit config show RECIPE` prints the commented default config",
     "plan": "per-device memory of each phase and pre-flight checks of a run, before any weights load",
+    "reward-lint": "call an online config's rewards on adversarial completions built from its prompts (empty, "
+                   "echo, repetition, a second answer, ...) and show which score high; exit 2 on a certain bug",
 }
 
 COMMANDS = (*RECIPES, *OTHER_COMMANDS)
@@ -225,6 +227,15 @@ def build_parser() -> _Parser:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="what the run trains on (default "
                                                                               "cuda; cpu: fp32, no autocast)")
     p.add_argument("--no-checks", dest="checks", action="store_false", help="memory only, no pre-flight checks")
+
+    p = sub.add_parser("reward-lint", help=OTHER_COMMANDS["reward-lint"],
+                       description=OTHER_COMMANDS["reward-lint"] + ".",
+                       epilog="example: rlhfkit reward-lint configs/grpo.yaml data.train=prompts.jsonl "
+                              "'reward.functions=[{fn: math_answer}]' --prompts 8")
+    p.add_argument("config", nargs="?", help="the run's YAML config (its `recipe:` key names the recipe)")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    p.add_argument("--recipe", help="online recipe when the config file has no `recipe:` key (default: grpo)")
+    p.add_argument("--prompts", type=int, help="prompts to build adversarial completions from (default 4)")
 
     p = sub.add_parser("config", help=OTHER_COMMANDS["config"], description=OTHER_COMMANDS["config"] + ".")
     csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True)
@@ -453,6 +464,39 @@ def cmd_plan(tokens: list[str]) -> int:
     return EXIT_OK if not any(c.status == "fail" for c in result.checks) else EXIT_USER_ERROR
 
 
+def cmd_reward_lint(tokens: list[str]) -> int:
+    from .config import load_config, read_yaml
+    from .rewards.lint import lint_config
+
+    opts = {"--recipe": None, "--prompts": "4"}
+    rest: list[str] = []
+    i = 0
+    while i < len(tokens):
+        flag, eq, value = tokens[i].partition("=")
+        if flag in opts:
+            if not eq:
+                if i + 1 >= len(tokens):
+                    raise UsageError(f"{flag} needs a value", where="rlhfkit reward-lint",
+                                     fix="see `rlhfkit reward-lint --help`")
+                value, i = tokens[i + 1], i + 1
+            opts[flag] = value
+        else:
+            rest.append(tokens[i])
+        i += 1
+    config_path, overrides = split_overrides(rest)
+    recipe = opts["--recipe"] or (read_yaml(config_path).get("recipe") if config_path else None) or "grpo"
+    if recipe not in RECIPES or RECIPES[recipe].family != "online":
+        raise UsageError(f"reward-lint needs an online recipe, not {recipe!r}", where="rlhfkit reward-lint",
+                         fix="give --recipe " + " | ".join(r for r, x in RECIPES.items() if x.family == "online"))
+    if not opts["--prompts"].isdigit() or int(opts["--prompts"]) < 1:
+        raise UsageError(f"bad --prompts {opts['--prompts']!r}", where="--prompts", fix="give a number >= 1")
+    cfg = load_config(recipe, config_path, overrides)
+    report = lint_config(cfg, max_prompts=int(opts["--prompts"]))
+    print("\n".join(report.lines()))
+    report.raise_on_bug()
+    return EXIT_OK
+
+
 # ───────────────────────────────────────────────── main ───────────────────────────────────────────────────────
 
 
@@ -468,6 +512,8 @@ def _dispatch(argv: list[str]) -> int:
         return cmd_train(argv[0], argv[1:])
     if argv and argv[0] == "plan" and not any(a in ("-h", "--help") for a in argv[1:]):
         return cmd_plan(argv[1:])  # its flags may sit between overrides, which argparse cannot take
+    if argv and argv[0] == "reward-lint" and not any(a in ("-h", "--help") for a in argv[1:]):
+        return cmd_reward_lint(argv[1:])
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         import difflib
 

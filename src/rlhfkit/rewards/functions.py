@@ -419,3 +419,19 @@ def _named_params(fn: Callable) -> frozenset | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
     return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+
+def rewards_from_config(rc) -> CombinedRewards | None:
+    """The run's reward functions from its ``reward`` section: ``reward.functions`` plus the remote judge when
+    ``reward.remote.url`` is set (as the function ``remote_judge`` named ``reward.remote.name``, weight
+    ``reward.remote.weight``), run on ``reward.workers`` workers under ``reward.timeout_s``; None without any. The
+    caller closes it (its workers stop) when the run ends."""
+    specs = list(rc.functions)
+    remote = getattr(rc, "remote", None)
+    if remote is not None and remote.url:
+        kwargs = {k: getattr(remote, k) for k in remote.__dataclass_fields__ if k not in ("weight", "name")}
+        specs.append(RewardFunctionSpec("remote_judge", weight=remote.weight, name=remote.name, kwargs=kwargs))
+    if not specs:
+        return None
+    return CombinedRewards(specs, workers=rc.workers, timeout_s=rc.timeout_s)

@@ -165,3 +165,30 @@ def _means(kinds: list[str], values: list[float]) -> dict[str, float]:
         else:
             sums.setdefault(kind, [])
     return {k: (sum(v) / len(v) if v else math.nan) for k, v in sums.items()}
+
+
+def lint_config(cfg, max_prompts: int = 4) -> LintReport:
+    """The lint of an online config's reward functions (and remote judge) on the first ``max_prompts`` prompts of
+    ``data.train``, with the run's workers and limits; what ``rlhfkit reward-lint CONFIG`` prints. No weights load
+    (a reward model, if any, is not linted: only functions)."""
+    from ..data import load_dataset_records
+    from .functions import rewards_from_config
+
+    d = cfg.data
+    if not d.train:
+        raise RewardError("no prompts to build the lint's completions from", where="data.train",
+                          fix="set data.train=path/to/prompts.jsonl")
+    records = load_dataset_records(d.train, "prompt" if d.format == "auto" else d.format, fields=d.fields or None,
+                                   split=d.split, limit=max_prompts)
+    combo = rewards_from_config(cfg.reward)
+    if combo is None:
+        raise RewardError("no reward functions to lint", where="reward.functions",
+                          fix="set reward.functions (a reward model is not linted)")
+    with combo:
+        combo.probe([r["prompt"][-1]["content"] for r in records[:2]], [_fields(r) for r in records[:2]])
+        return lint_rewards(combo, [r["prompt"][-1]["content"] for r in records], [_fields(r) for r in records],
+                            max_prompts=max_prompts)
+
+
+def _fields(record) -> dict:
+    return {k: v for k, v in record.items() if k != "prompt"}

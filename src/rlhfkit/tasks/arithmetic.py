@@ -4,7 +4,7 @@ the maths verifier (``reward.functions=[{fn: math_answer}]``).
 "Mia has 3 shells and finds 4 more. How many shells does Mia have now?" -> ``answer: "7"``. Numbers are drawn from
 ``low``..``high``; the operations are addition, subtraction (never below zero) and multiplication (``ops``).
 
-* ``sft.jsonl``: demonstrations of mixed quality, ``The answer is \\boxed{n}.``, right for ``correct_fraction``
+* ``sft.jsonl``: demonstrations of mixed quality, ``\\boxed{n}`` (``demo``), right for ``correct_fraction``
   (default 35 %) of them and off by 1 to 3 otherwise: a tiny model learns the form and a rough guess;
 * ``prompts.jsonl`` / ``eval_prompts.jsonl`` (held out, another seed): ``prompt`` and ``answer``, the column the
   maths verifier reads;
@@ -52,10 +52,11 @@ class ArithmeticTask:
     high: int = 9
     ops: tuple[str, ...] = ("add", "sub", "mul")
     correct_fraction: float = 0.35
+    demo: str = "\\boxed{{{}}}"  # the demonstrations' answer, formatted with the value
 
     FILES: ClassVar[dict[str, DataFile]] = {
-        "sft.jsonl": DataFile("sft_records", False, "demonstrations 'The answer is \\boxed{n}.' (35 % right, the "
-                              "rest off by 1 to 3)", "rlhfkit sft"),
+        "sft.jsonl": DataFile("sft_records", False, "demonstrations '\\boxed{n}' (35 % right, the rest off by 1 "
+                              "to 3)", "rlhfkit sft"),
         "prompts.jsonl": DataFile("prompt_records", False, "word problems: prompt, answer",
                                   "rlhfkit grpo / rloo / ppo with reward.functions=[{fn: math_answer}]"),
         "eval_prompts.jsonl": DataFile("prompt_records", True, "held-out word problems (another seed)",
@@ -81,7 +82,7 @@ class ArithmeticTask:
             prompt, value = self.problem(rng)
             if rng.random() >= self.correct_fraction:  # a wrong guess, never negative
                 value = rng.choice([v for v in range(value - 3, value + 4) if v >= 0 and v != value])
-            out.append({"prompt": prompt, "completion": f"The answer is \\boxed{{{value}}}."})
+            out.append({"prompt": prompt, "completion": self.demo.format(value)})
         return out
 
     @staticmethod
