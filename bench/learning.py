@@ -36,21 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("WANDB_DISABLED", "true")
+from vs_trl import _text  # importing vs_trl also sets the offline environment variables both frameworks need
+from vs_trl import model_dir as smollm2_dir
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 SUFFIX = " Give the final answer as a number."
-
-
-def _text(completion) -> str:
-    """TRL passes conversational completions as message lists; rlhfkit passes strings."""
-    if isinstance(completion, list):
-        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
-    return str(completion)
 
 
 def reward(prompts, completions, answer=None, **_):
@@ -85,20 +76,6 @@ def write_data(work: Path, s: dict) -> dict[str, Path]:
                                             "answer": r["answer"]}) + "\n" for r in rows))
         out[name] = path
     return out
-
-
-def model_dir() -> Path:
-    """The real SmolLM2-135M-Instruct, converted once from its GGUF file by rlhfkit (cached)."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    from smollm2 import find_smollm2_gguf, search_report
-
-    from rlhfkit.models.loading import resolve_source
-
-    gguf = find_smollm2_gguf()
-    if gguf is None:
-        raise SystemExit(f"learning: SmolLM2 GGUF not found ({search_report()})")
-    source, _ = resolve_source(gguf)
-    return Path(source)
 
 
 # ------------------------------------------------------------------------------------------------------ workers
@@ -169,10 +146,10 @@ def evaluate(model: Path, data: dict, s: dict) -> dict:
 def worker(args) -> None:
     s = json.loads(args.settings)
     data = {k: Path(v) for k, v in json.loads(args.data).items()}
-    out_dir = Path(args.out)
     if args.worker == "eval":
         result = evaluate(Path(args.model), data, s)
     else:
+        out_dir = Path(args.out)
         t0 = time.perf_counter()
         (run_trl if args.worker == "trl" else run_rlhfkit)(Path(args.model), data, s, args.seed, out_dir)
         result = {"train_s": time.perf_counter() - t0, "model": str(out_dir / "final")}
@@ -250,7 +227,7 @@ def main() -> int:
                   "built by `make bench-trl`, for the comparison)")
     work = Path(tempfile.mkdtemp(prefix="learning_"))
     data = write_data(work, s)
-    model = model_dir()
+    model = smollm2_dir("cpu", work)  # the real SmolLM2-135M-Instruct on every device (learning needs its weights)
     seeds = list(range(1 if args.quick else args.seeds))
     print(f"learning: TRL {trl_version}, torch {torch.__version__}, device {args.device}, model {model}, "
           f"seeds {seeds}, settings {s}", flush=True)

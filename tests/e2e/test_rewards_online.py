@@ -1,0 +1,136 @@
+"""Rewards in the online loop, end to end on the tiny model: GRPO with the maths verifier raises held-out accuracy
+on the built-in arithmetic task; a reward function that hangs on some calls is cut at reward.timeout_s, counted and
+the run finishes; the reward lint runs before any weights load (a reward that pays for empty answers stops the run,
+and `rlhfkit reward-lint` exits 2 on it); a sandbox that cannot be set up stops the run at the probe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlhfkit.config import build_config
+from rlhfkit.errors import RewardError
+from rlhfkit.tasks import write_jsonl
+from rlhfkit.tasks.arithmetic import ArithmeticTask
+from rlhfkit.train.online import run_online
+
+TINY = "tiny:hidden=64,layers=2,intermediate=128"
+HANGS = '''
+import time
+
+def sometimes_hangs(prompts, completions, **fields):
+    """1.0 per completion; a chunk whose first completion has an even length hangs."""
+    if len(completions[0]) % 2 == 0:
+        time.sleep(3600)
+    return [1.0 if "e" in c else 0.0 for c in completions]
+
+
+def pays_for_silence(prompts, completions, **fields):
+    return [1.0 if not c.strip() else 0.0 for c in completions]
+'''
+
+
+def metrics_of(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def rows_of(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def arith(tmp_path_factory):
+    """(data dir, sft model dir): the arithmetic task (addition up to 4 + 4) and a tiny model SFT'd on its
+    mixed-quality demonstrations."""
+    from rlhfkit.train.sft import run_sft
+
+    d = tmp_path_factory.mktemp("arith")
+    task = ArithmeticTask(high=4, ops=("add",))
+    write_jsonl(d / "sft.jsonl", task.sft_records(800, seed=0))
+    write_jsonl(d / "prompts.jsonl", task.prompt_records(1000, seed=1))
+    write_jsonl(d / "eval_prompts.jsonl", task.prompt_records(96, seed=10_001))
+    sft = d / "sft"
+    run_sft(build_config("sft", {}, [
+        f"data.train={d / 'sft.jsonl'}", f"output_dir={sft}", f"model.name={TINY}", "optim.lr=5e-3",
+        "train.batch_size=32", "train.epochs=8", "data.max_length=128", "track.report=false"]))
+    return d, sft
+
+
+def held_out_accuracy(model_dir, rows) -> float:
+    from rlhfkit.config import ModelConfig
+    from rlhfkit.models.loading import load_causal_lm
+    from rlhfkit.tasks.gold import gold_metric
+
+    model, tok = load_causal_lm(ModelConfig(name=str(model_dir)), trainable=False)
+    return gold_metric(model, tok, ArithmeticTask(), rows, seed=3, max_new_tokens=12)["gold"]
+
+
+def grpo(data, model, out, *extra):
+    return build_config("grpo", {}, [
+        f"data.train={data / 'prompts.jsonl'}", f"data.eval={data / 'eval_prompts.jsonl'}", f"output_dir={out}",
+        f"model.name={model}", "generation.max_new_tokens=12", "data.max_length=128", "track.report=false",
+        "track.sample_every=0", "train.resume=never", "train.eval_every=0", *extra])
+
+
+@pytest.mark.slow
+def test_grpo_with_the_maths_verifier_raises_held_out_accuracy(arith, tmp_path):
+    data, sft = arith
+    out = tmp_path / "grpo"
+    last = run_online(grpo(data, sft, out, "reward.functions=[{fn: math_answer}]", "reward.workers=2",
+                           "algo.rollout_batch_size=8", "algo.num_generations=8", "algo.mini_batch_size=64",
+                           "train.batch_size=64", "algo.total_episodes=1536", "optim.lr=5e-4"))
+    held = rows_of(data / "eval_prompts.jsonl") * 2
+    before, after = held_out_accuracy(sft, held), held_out_accuracy(out, held)
+    curve = [r["rewards/math_answer/mean"] for r in metrics_of(out) if "rewards/math_answer/mean" in r]
+    print(f"[arithmetic] held-out accuracy {before:.3f} (sft) -> {after:.3f}; training reward "
+          f"{sum(curve[:4]) / 4:.3f} -> {sum(curve[-4:]) / 4:.3f}; run's eval {last['eval/scores']:.3f}")
+    assert after > before + 0.15, (before, after)
+    assert last["rewards/math_answer/timeouts"] == 0 and last["rewards/math_answer/errors"] == 0
+    assert last["rewards/math_answer/time_s"] > 0
+
+
+def test_hanging_reward_is_cut_counted_and_the_run_finishes(arith, tmp_path):
+    data, _ = arith
+    (tmp_path / "hangs.py").write_text(HANGS)
+    out = tmp_path / "hang"
+    run_online(grpo(data, "tiny:hidden=32,layers=1", out,
+                    f"reward.functions=[{{fn: '{tmp_path / 'hangs.py'}:sometimes_hangs', name: h}}]",
+                    "reward.workers=4", "reward.timeout_s=1", "reward.lint=false", "algo.rollout_batch_size=4",
+                    "algo.num_generations=4", "algo.mini_batch_size=16", "train.batch_size=16",
+                    "algo.total_episodes=64", "generation.max_new_tokens=6"))
+    rows = [r for r in metrics_of(out) if "rewards/h/timeouts" in r]
+    assert len(rows) == 4 and (out / "finished.json").exists()
+    assert sum(r["rewards/h/timeouts"] for r in rows) > 0  # some chunks hung: cut and counted
+    assert all(r["rewards/h/time_s"] < 30 for r in rows)
+
+
+def test_lint_stops_a_reward_that_pays_for_silence_before_any_weights_load(arith, tmp_path):
+    data, _ = arith
+    (tmp_path / "hangs.py").write_text(HANGS)
+    out = tmp_path / "silence"
+    spec = f"reward.functions=[{{fn: '{tmp_path / 'hangs.py'}:pays_for_silence'}}]"
+    with pytest.raises(RewardError, match="reward lint: an empty completion gets the highest reward"):
+        run_online(grpo(data, "tiny:hidden=32,layers=1", out, spec))
+    assert not out.exists()  # stopped before the run directory was made
+    res = subprocess.run([sys.executable, "-m", "rlhfkit", "reward-lint", f"data.train={data / 'prompts.jsonl'}",
+                          spec], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert "pays_for_silence" in res.stdout and "empty" in res.stdout
+    assert res.stderr.strip().count("\n") == 0 and "reward lint" in res.stderr
+    ok = subprocess.run([sys.executable, "-m", "rlhfkit", "reward-lint", f"data.train={data / 'prompts.jsonl'}",
+                         "reward.functions=[{fn: math_answer}]"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "warning: math_answer pays for reference_only" in ok.stdout
+
+
+def test_a_sandbox_that_cannot_be_set_up_stops_at_the_probe(arith, tmp_path, monkeypatch):
+    data, _ = arith
+    monkeypatch.setattr("shutil.which", lambda name: None)  # no `unshare` on this "machine"
+    out = tmp_path / "code"
+    with pytest.raises(RewardError, match="code sandbox cannot be set up.*`unshare` not found"):
+        run_online(grpo(data, "tiny:hidden=32,layers=1", out, "reward.workers=0",
+                        "reward.functions=[{fn: code_tests, kwargs: {isolation: namespaces, field: answer}}]"))
+    assert not out.exists()
