@@ -29,7 +29,8 @@ OTHER_COMMANDS: dict[str, str] = {
     "eval": "evaluate a model: gold metric, reward functions, reward-model score, win rate vs a reference",
     "generate": "chat with a model through its chat template (one --prompt, or an interactive loop)",
     "export": "write a full merged model directory (LoRA merged) and verify that it reloads identically",
-    "data": "data helpers: `rlhfkit data make quickstart|calculator --out DIR` writes a built-in task's files",
+    "data": "data helpers: `rlhfkit data make TASK --out DIR` writes a built-in task's files (quickstart, calculator, "
+            "arithmetic)",
     "config": "config helpers: `rlhfkit config show RECIPE` prints the commented default config",
     "plan": "per-device memory of each phase and pre-flight checks of a run, before any weights load",
     "reward-lint": "call an online config's rewards on adversarial completions built from its prompts (empty, "
@@ -170,7 +171,7 @@ def build_parser() -> _Parser:
     p.add_argument("--field", dest="fields", action="append", default=[], metavar="NAME=COLUMN",
                    help="map a canonical field to your column, as data.fields does in training "
                         "(e.g. --field prompt=question --field answer=solution)")
-    p.add_argument("--task", help="built-in task whose gold metric to compute (quickstart | calculator)")
+    p.add_argument("--task", help="built-in task whose gold metric to compute (quickstart | calculator | arithmetic)")
     p.add_argument("--n", type=int, help="evaluate the first N prompts (default: all)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--greedy", action="store_true", help="greedy decoding")
@@ -208,8 +209,9 @@ def build_parser() -> _Parser:
     p = sub.add_parser("data", help=OTHER_COMMANDS["data"], description=OTHER_COMMANDS["data"] + ".")
     dsub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True)
     m = dsub.add_parser("make", help="write a built-in task's data files (quickstart: sft, preference, prompts, "
-                                     "unpaired, eval; calculator: tool-use sft, prompts, eval)")
-    m.add_argument("task", help="built-in task: quickstart | calculator")
+                                     "unpaired, eval; calculator: tool-use sft, prompts, eval; arithmetic: sft, "
+                                     "prompts, eval)")
+    m.add_argument("task", help="built-in task: quickstart | calculator | arithmetic")
     m.add_argument("--out", required=True, help="directory for the files")
     m.add_argument("--n", type=int, default=2000, help="records per training file (default 2000)")
     m.add_argument("--n-eval", dest="n_eval", type=int, default=200, help="records per eval file (default 200)")
