@@ -57,3 +57,19 @@ def test_first_match_verifier_pays_for_a_second_answer():
     report = lint_rewards(combo, PROMPTS, [{"answer": "7"}, {"answer": "42"}])
     assert report.means["regex_match"]["two_answers"] == 0.5  # one of its two forms starts with "#### ref"
     assert ("regex_match", "two_answers", 0.5) in report.high
+
+
+def test_probe_prints_warnings_and_stops_a_certain_bug_with_its_workers():
+    from rlhfkit.rewards.lint import probe_rewards
+
+    said: list[str] = []
+    combo = CombinedRewards([f"{FNS}:pays_for_long", "math_answer"], workers=1, timeout_s=60)
+    report = probe_rewards(combo, PROMPTS, ROWS, say=said.append)
+    assert any("pays_for_long pays for repetition" in line for line in said) and report.bugs == []
+    assert all(line.startswith("[reward lint] ") for line in said)
+    combo.close()
+    combo = CombinedRewards([f"{FNS}:pays_for_short"], workers=1, timeout_s=60)
+    with pytest.raises(RewardError, match="reward lint"):
+        probe_rewards(combo, PROMPTS, ROWS, say=said.append)
+    assert all(w.proc is None for w in combo.pool.workers)  # stopped on the way out
+    assert probe_rewards(CombinedRewards(["math_answer"]), PROMPTS, ROWS, lint=False) is None

@@ -185,10 +185,30 @@ def lint_config(cfg, max_prompts: int = 4) -> LintReport:
         raise RewardError("no reward functions to lint", where="reward.functions",
                           fix="set reward.functions (a reward model is not linted)")
     with combo:
-        combo.probe([r["prompt"][-1]["content"] for r in records[:2]], [_fields(r) for r in records[:2]])
-        return lint_rewards(combo, [r["prompt"][-1]["content"] for r in records], [_fields(r) for r in records],
-                            max_prompts=max_prompts)
+        prompts, rows = [r["prompt"][-1]["content"] for r in records], [_fields(r) for r in records]
+        combo.probe(prompts, rows)
+        return lint_rewards(combo, prompts, rows, max_prompts=max_prompts)
 
 
 def _fields(record) -> dict:
     return {k: v for k, v in record.items() if k != "prompt"}
+
+
+def probe_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, lint: bool = True, say=print,
+                  max_prompts: int = 2) -> LintReport | None:
+    """What a run does with its reward functions before any weights load: set them up in their workers and check
+    their output on placeholder completions (:meth:`~rlhfkit.rewards.functions.CombinedRewards.probe`), then (with
+    ``lint``) the reward lint on ``max_prompts`` prompts: its warnings are printed with ``say``, a certain bug raises
+    :class:`~rlhfkit.errors.RewardError`. The workers are stopped when this raises."""
+    try:
+        combo.probe(list(prompts[:4]), list(rows[:4]))
+        if not lint:
+            return None
+        report = lint_rewards(combo, prompts, rows, max_prompts=max_prompts)
+        for line in report.lines()[2 + len(report.means):]:
+            say(f"[reward lint] {line}")
+        report.raise_on_bug()
+        return report
+    except BaseException:
+        combo.close()
+        raise
