@@ -29,16 +29,17 @@ TEMPLATES = {
     "sub": "{name} has {a} {things} and gives away {b}. How many {things} does {name} have left?",
     "mul": "{name} has {a} boxes with {b} {things} in each. How many {things} does {name} have?",
 }
+PLAIN = {"add": "What is {a} plus {b}?", "sub": "What is {a} minus {b}?", "mul": "What is {a} times {b}?"}
 _OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b}
-_PATTERNS = {op: re.compile(re.escape(t).replace(r"\{name\}", r"(?P<name>\w+)", 1).replace(r"\{name\}", r"\w+")
-                            .replace(r"\{a\}", r"(?P<a>\d+)").replace(r"\{b\}", r"(?P<b>\d+)")
-                            .replace(r"\{things\}", r"\w+"))
-             for op, t in TEMPLATES.items()}
+_PATTERNS = [(op, re.compile(re.escape(t).replace(r"\{name\}", r"(?P<name>\w+)", 1).replace(r"\{name\}", r"\w+")
+                             .replace(r"\{a\}", r"(?P<a>\d+)").replace(r"\{b\}", r"(?P<b>\d+)")
+                             .replace(r"\{things\}", r"\w+")))
+             for templates in (TEMPLATES, PLAIN) for op, t in templates.items()]
 
 
 def solve(prompt: str) -> int | None:
     """The value the prompt asks for (None when it is not one of the task's problems)."""
-    for op, pattern in _PATTERNS.items():
+    for op, pattern in _PATTERNS:
         m = pattern.search(prompt)
         if m:
             return _OPS[op](int(m.group("a")), int(m.group("b")))
@@ -53,6 +54,7 @@ class ArithmeticTask:
     ops: tuple[str, ...] = ("add", "sub", "mul")
     correct_fraction: float = 0.35
     demo: str = "\\boxed{{{}}}"  # the demonstrations' answer, formatted with the value
+    words: bool = True  # word problems; False: "What is 3 plus 4?" (fixed positions, for tiny models)
 
     FILES: ClassVar[dict[str, DataFile]] = {
         "sft.jsonl": DataFile("sft_records", False, "demonstrations '\\boxed{n}' (35 % right, the rest off by 1 "
@@ -68,7 +70,8 @@ class ArithmeticTask:
         a, b = rng.randint(self.low, self.high), rng.randint(self.low, self.high)
         if op == "sub" and b > a:
             a, b = b, a
-        prompt = TEMPLATES[op].format(name=rng.choice(NAMES), things=rng.choice(THINGS), a=a, b=b)
+        prompt = (TEMPLATES if self.words else PLAIN)[op].format(name=rng.choice(NAMES), things=rng.choice(THINGS),
+                                                                  a=a, b=b)
         return prompt, _OPS[op](a, b)
 
     def prompt_records(self, n: int, seed: int = 0) -> list[dict]:
