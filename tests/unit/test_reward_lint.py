@@ -73,3 +73,23 @@ def test_probe_prints_warnings_and_stops_a_certain_bug_with_its_workers():
         probe_rewards(combo, PROMPTS, ROWS, say=said.append)
     assert all(w.proc is None for w in combo.pool.workers)  # stopped on the way out
     assert probe_rewards(CombinedRewards(["math_answer"]), PROMPTS, ROWS, lint=False) is None
+
+
+def test_reward_lint_command(tmp_path, capsys):
+    import json
+
+    from rlhfkit.cli import main
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p, **r}) + "\n" for p, r in zip(PROMPTS, ROWS)))
+    bad = main(["reward-lint", f"data.train={data}", f"reward.functions=[{{fn: '{FNS}:pays_for_short'}}]",
+                "reward.workers=1"])
+    out, err = capsys.readouterr()
+    assert bad == 2 and "pays_for_short" in out and "reward lint: an empty completion" in err
+    assert main(["reward-lint", f"data.train={data}", "reward.functions=[{fn: math_answer}]", "--prompts", "2"]) == 0
+    out, _ = capsys.readouterr()
+    assert "warning: math_answer pays for reference_only" in out and "empty" in out
+    assert main(["reward-lint", f"data.train={data}", "--recipe", "dpo"]) == 2
+    assert "needs an online recipe" in capsys.readouterr().err
+    assert main(["reward-lint", f"data.train={data}"]) == 2  # no functions: one line
+    assert "no reward" in capsys.readouterr().err

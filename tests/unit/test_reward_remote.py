@@ -35,7 +35,10 @@ class Judge(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting ('slow'): expected
+            pass
 
     def do_POST(self):
         st = self.state
@@ -129,4 +132,20 @@ def test_judge_in_worker_processes_with_the_key_from_the_environment(server, mon
         out = combo(["q"] * 4, ["abcd", "slow", "a", "mumble"], [{}] * 4)
     assert out.per_function["judge"].tolist()[0] == pytest.approx(0.4)
     assert out.valid.tolist() == [True, False, True, False]
+    assert Judge.state["auth"] == {f"Bearer {KEY}"}
+
+
+def test_judge_from_the_config_section(server, monkeypatch):
+    from rlhfkit.config import build_config, dump_yaml
+    from rlhfkit.rewards.functions import rewards_from_config
+
+    monkeypatch.setenv("JUDGE_KEY", KEY)
+    cfg = build_config("grpo", {}, [f"reward.remote.url={server}/score", "reward.remote.kind=json",
+                                    "reward.remote.api_key_env=JUDGE_KEY", "reward.remote.weight=0.5",
+                                    "reward.workers=1"])
+    assert KEY not in dump_yaml(cfg) and "api_key_env: JUDGE_KEY" in dump_yaml(cfg)  # the name, never the key
+    with rewards_from_config(cfg.reward) as combo:
+        assert combo.names == ["judge"]
+        out = combo(["q", "q"], ["ab", "abc"], [{}, {}])
+    assert out.total.tolist() == [1.0, 1.5] and out.metrics["rewards/judge/mean"] == 2.5
     assert Judge.state["auth"] == {f"Bearer {KEY}"}

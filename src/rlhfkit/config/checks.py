@@ -254,9 +254,10 @@ def _inputs_online(cfg) -> None:
         from ..envs import load_environment
 
         load_environment(cfg.env.name)  # an unloadable environment stops the run here, before any weights load
-    if cfg.reward.model is None and not cfg.reward.functions and not cfg.env.name:
-        raise ConfigError("no reward: give a reward model or reward functions", where="reward",
-                          fix="set reward.model=runs/rm, reward.functions=[{fn: exact_match}] or env.name")
+    if cfg.reward.model is None and not cfg.reward.functions and not cfg.reward.remote.url and not cfg.env.name:
+        raise ConfigError("no reward: give a reward model, reward functions or a remote judge", where="reward",
+                          fix="set reward.model=runs/rm, reward.functions=[{fn: exact_match}], reward.remote.url or "
+                              "env.name")
     est = algos.ADVANTAGE_ESTIMATORS[cfg.algo.advantage]
     if est.needs_critic and cfg.critic.model is None and cfg.critic.init == "reward" and cfg.reward.model is None:
         raise ConfigError("critic.init=reward needs reward.model", where="critic.init",

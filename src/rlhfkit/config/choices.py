@@ -17,6 +17,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "critic.init": ("reward", "policy"),
     "algo.off_policy.level": ("token", "sequence"),
     "distributed.strategy": ("ddp", "fsdp2", "deepspeed"),
+    "reward.remote.kind": ("chat", "json"),
 }
 
 

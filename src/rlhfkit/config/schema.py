@@ -151,10 +151,35 @@ class RMConfig:
 
 @dataclass(frozen=True)
 class RewardFunction:
-    fn: str = f("", "package.module:function, file.py:function, or a built-in name (exact_match, ...)")
+    fn: str = f("", "package.module:function, file.py:function, or a built-in name (exact_match, math_answer, "
+                    "code_tests, ...); a class is built once per worker")
     weight: float = f(1.0, "weight of this function in the total reward")
     name: str | None = f(None, "name in the logs (rewards/<name>/mean); default = function name")
     kwargs: dict[str, Any] = f({}, "keyword arguments passed to the function")
+
+
+@dataclass(frozen=True)
+class RemoteJudgeConfig:
+    url: str | None = f(None, "remote judge: an OpenAI-compatible base URL (kind chat, e.g. http://127.0.0.1:8000/v1) "
+                              "or a JSON endpoint (kind json); null = no judge")
+    kind: str = f("chat", "chat (one graded chat request per completion) | json ({prompts, completions, fields} -> "
+                          "{scores})")
+    model: str | None = f(None, "model name sent to a chat endpoint")
+    api_key_env: str | None = f(None, "NAME of the environment variable holding the API key (the key itself is never "
+                                      "in the config, the logs or the report)")
+    template: str | None = f(None, "grading prompt with {prompt}, {completion} and the data's columns; null = the "
+                                   "built-in 0-10 grading prompt")
+    grade_pattern: str | None = f(None, "regular expression whose first group is the grade in the reply; null = "
+                                        "'GRADE: <number>'")
+    max_grade: float = f(10.0, "the grade that scores 1 (scores are grade / max_grade)", gt=0)
+    max_tokens: int = f(256, "longest reply of a chat judge", ge=1)
+    batch_size: int = f(16, "completions per request (kind json)", ge=1)
+    concurrency: int = f(4, "requests in flight at once", ge=1)
+    retries: int = f(3, "retries of a request that timed out or got 429 / 5xx", ge=0)
+    backoff_s: float = f(1.0, "wait before the first retry, doubled each time (the server's Retry-After wins)", ge=0)
+    timeout_s: float = f(60.0, "per-request timeout in seconds (connecting, and each read)", gt=0)
+    weight: float = f(1.0, "weight of the judge's score in the total reward")
+    name: str = f("judge", "name in the logs (rewards/<name>/mean, /timeouts, /errors, /time_s)")
 
 
 @dataclass(frozen=True)
@@ -165,6 +190,13 @@ class RewardConfig:
     clip: float | None = f(10.0, "clip scores to [-clip, clip] after the penalty; null = off", gt=0)
     normalize: bool = f(True, "normalise scores by running mean / std (keeps critic targets bounded)")
     batch_size: int = f(16, "reward-model scoring micro-batch", ge=1)
+    workers: int = f(2, "worker processes running the reward functions, each call under timeout_s (0 = in the "
+                        "trainer's process, no time limit)", ge=0)
+    timeout_s: float = f(120.0, "wall-clock limit of one call of a reward function on its share of a batch; a call "
+                                "past it scores None for its samples and is counted (rewards/<name>/timeouts)", gt=0)
+    lint: bool = f(True, "before the run, call the rewards on adversarial completions built from the prompts: print "
+                         "which score high, stop on a certain bug (an empty answer paid the most)")
+    remote: RemoteJudgeConfig = f(RemoteJudgeConfig(), "a remote judge (HTTP) as one more reward function")
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,8 @@ class RemoteJudge:
         kind: str = "chat",
         model: str | None = None,
         api_key_env: str | None = None,
-        template: str = DEFAULT_TEMPLATE,
-        grade_pattern: str = DEFAULT_GRADE_PATTERN,
+        template: str | None = None,
+        grade_pattern: str | None = None,
         max_grade: float = 10.0,
         max_tokens: int = 256,
         batch_size: int = 16,
@@ -77,7 +77,8 @@ class RemoteJudge:
         if not url or not re.match(r"^https?://", url):
             raise RewardError(f"remote judge url {url!r} is not an http(s) URL", where=f"{WHERE}.url",
                               fix="give e.g. http://127.0.0.1:8000/v1 (chat) or http://host/score (json)")
-        self.kind, self.model, self.template = kind, model, template
+        self.kind, self.model, self.template = kind, model, DEFAULT_TEMPLATE if template is None else template
+        grade_pattern = DEFAULT_GRADE_PATTERN if grade_pattern is None else grade_pattern
         self.url = url.rstrip("/")
         if kind == "chat" and not self.url.endswith("/chat/completions"):
             self.url += "/chat/completions"
