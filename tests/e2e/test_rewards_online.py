@@ -19,13 +19,20 @@ from rlhfkit.train.online import run_online
 
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
 HANGS = '''
+import fcntl
 import time
 
-def sometimes_hangs(prompts, completions, **fields):
-    """1.0 per completion; a chunk whose first completion has an even length hangs."""
-    if len(completions[0]) % 2 == 0:
+
+def one_call_in_four_hangs(prompts, completions, counter, **fields):
+    """Counts its calls in the file `counter` (across workers); every fourth call, from the second, hangs."""
+    with open(counter, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        n = len(fh.read())
+        fh.write("x")
+    if n % 4 == 1:
         time.sleep(3600)
-    return [1.0 if "e" in c else 0.0 for c in completions]
+    return [float(len(c) % 3) for c in completions]
 
 
 def pays_for_silence(prompts, completions, **fields):
@@ -41,22 +48,29 @@ def rows_of(path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
+TASK = ArithmeticTask(high=4, ops=("add",), words=False)  # "What is 3 plus 4?": fixed positions, a tiny model's size
+
+
 @pytest.fixture(scope="module")
-def arith(tmp_path_factory):
-    """(data dir, sft model dir): the arithmetic task (addition up to 4 + 4) and a tiny model SFT'd on its
-    mixed-quality demonstrations."""
+def data(tmp_path_factory):
+    """The arithmetic task's files: mixed-quality demonstrations, training and held-out prompts."""
+    d = tmp_path_factory.mktemp("arith")
+    write_jsonl(d / "sft.jsonl", TASK.sft_records(640, seed=0))
+    write_jsonl(d / "prompts.jsonl", TASK.prompt_records(1000, seed=1))
+    write_jsonl(d / "eval_prompts.jsonl", TASK.prompt_records(96, seed=10_001))
+    return d
+
+
+@pytest.fixture(scope="module")
+def sft(data):
+    """A tiny model SFT'd on the demonstrations (35 % right): it learns the form and a rough guess."""
     from rlhfkit.train.sft import run_sft
 
-    d = tmp_path_factory.mktemp("arith")
-    task = ArithmeticTask(high=4, ops=("add",))
-    write_jsonl(d / "sft.jsonl", task.sft_records(800, seed=0))
-    write_jsonl(d / "prompts.jsonl", task.prompt_records(1000, seed=1))
-    write_jsonl(d / "eval_prompts.jsonl", task.prompt_records(96, seed=10_001))
-    sft = d / "sft"
+    out = data / "sft"
     run_sft(build_config("sft", {}, [
-        f"data.train={d / 'sft.jsonl'}", f"output_dir={sft}", f"model.name={TINY}", "optim.lr=5e-3",
+        f"data.train={data / 'sft.jsonl'}", f"output_dir={out}", f"model.name={TINY}", "optim.lr=5e-3",
         "train.batch_size=32", "train.epochs=8", "data.max_length=128", "track.report=false"]))
-    return d, sft
+    return out
 
 
 def held_out_accuracy(model_dir, rows) -> float:
@@ -65,7 +79,7 @@ def held_out_accuracy(model_dir, rows) -> float:
     from rlhfkit.tasks.gold import gold_metric
 
     model, tok = load_causal_lm(ModelConfig(name=str(model_dir)), trainable=False)
-    return gold_metric(model, tok, ArithmeticTask(), rows, seed=3, max_new_tokens=12)["gold"]
+    return gold_metric(model, tok, TASK, rows, seed=3, max_new_tokens=12)["gold"]
 
 
 def grpo(data, model, out, *extra):
@@ -76,8 +90,7 @@ def grpo(data, model, out, *extra):
 
 
 @pytest.mark.slow
-def test_grpo_with_the_maths_verifier_raises_held_out_accuracy(arith, tmp_path):
-    data, sft = arith
+def test_grpo_with_the_maths_verifier_raises_held_out_accuracy(data, sft, tmp_path):
     out = tmp_path / "grpo"
     last = run_online(grpo(data, sft, out, "reward.functions=[{fn: math_answer}]", "reward.workers=2",
                            "algo.rollout_batch_size=8", "algo.num_generations=8", "algo.mini_batch_size=64",
@@ -92,23 +105,24 @@ def test_grpo_with_the_maths_verifier_raises_held_out_accuracy(arith, tmp_path):
     assert last["rewards/math_answer/time_s"] > 0
 
 
-def test_hanging_reward_is_cut_counted_and_the_run_finishes(arith, tmp_path):
-    data, _ = arith
+def test_hanging_reward_is_cut_counted_and_the_run_finishes(data, tmp_path):
     (tmp_path / "hangs.py").write_text(HANGS)
     out = tmp_path / "hang"
     run_online(grpo(data, "tiny:hidden=32,layers=1", out,
-                    f"reward.functions=[{{fn: '{tmp_path / 'hangs.py'}:sometimes_hangs', name: h}}]",
+                    f"reward.functions=[{{fn: '{tmp_path / 'hangs.py'}:one_call_in_four_hangs', name: h, "
+                    f"kwargs: {{counter: '{tmp_path / 'calls'}'}}}}]",
                     "reward.workers=4", "reward.timeout_s=1", "reward.lint=false", "algo.rollout_batch_size=4",
                     "algo.num_generations=4", "algo.mini_batch_size=16", "train.batch_size=16",
                     "algo.total_episodes=64", "generation.max_new_tokens=6"))
     rows = [r for r in metrics_of(out) if "rewards/h/timeouts" in r]
     assert len(rows) == 4 and (out / "finished.json").exists()
-    assert sum(r["rewards/h/timeouts"] for r in rows) > 0  # some chunks hung: cut and counted
-    assert all(r["rewards/h/time_s"] < 30 for r in rows)
+    # one chunk of four hung at every step (the probe was call 0): cut at 1 s, counted, its samples dropped
+    assert [r["rewards/h/timeouts"] for r in rows] == [1.0] * 4
+    assert [r["rewards/dropped"] for r in rows] == [4.0] * 4
+    assert all(1.0 <= r["rewards/h/time_s"] < 30 for r in rows)
 
 
-def test_lint_stops_a_reward_that_pays_for_silence_before_any_weights_load(arith, tmp_path):
-    data, _ = arith
+def test_lint_stops_a_reward_that_pays_for_silence_before_any_weights_load(data, tmp_path):
     (tmp_path / "hangs.py").write_text(HANGS)
     out = tmp_path / "silence"
     spec = f"reward.functions=[{{fn: '{tmp_path / 'hangs.py'}:pays_for_silence'}}]"
@@ -126,8 +140,7 @@ def test_lint_stops_a_reward_that_pays_for_silence_before_any_weights_load(arith
     assert "warning: math_answer pays for reference_only" in ok.stdout
 
 
-def test_a_sandbox_that_cannot_be_set_up_stops_at_the_probe(arith, tmp_path, monkeypatch):
-    data, _ = arith
+def test_a_sandbox_that_cannot_be_set_up_stops_at_the_probe(data, tmp_path, monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)  # no `unshare` on this "machine"
     out = tmp_path / "code"
     with pytest.raises(RewardError, match="code sandbox cannot be set up.*`unshare` not found"):
