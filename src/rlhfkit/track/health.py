@@ -232,6 +232,65 @@ def nonfinite_loss(m: dict[str, float], prev: History, mon: HealthMonitor) -> st
     return None
 
 
+def _recent_mean(m: Mapping[str, float], prev: History, w: int) -> float | None:
+    """Mean of the last ``w`` training scores, this step's included (None when this step has none)."""
+    score = m.get("objective/scores")
+    if score is None or not math.isfinite(score):
+        return None
+    recent = list(prev.get("objective/scores", []))[-(w - 1):] + [score] if w > 1 else [score]
+    return sum(recent) / len(recent)
+
+
+def reward_hacking(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """At an evaluation step: the held-out score fell from its best evaluation by more than ``mon.hack_drop`` of
+    max(|best|, its spread) while the training score (mean of the last ``window`` steps) rose above what it was at
+    that best evaluation: the policy gets better at the training reward and worse at the task."""
+    held = m.get("eval/scores")
+    evals, at_eval = list(prev.get("eval/scores", [])), list(prev.get("scores/at_eval", []))
+    train = _recent_mean(m, prev, mon.window)
+    if held is None or train is None or not evals or len(at_eval) != len(evals):
+        return None
+    best_i = max(range(len(evals)), key=evals.__getitem__)
+    best, train_then = evals[best_i], at_eval[best_i]
+    scale = max(abs(best), statistics.pstdev(evals + [held]), 1e-8)
+    if best - held > mon.hack_drop * scale and train > train_then:
+        return (f"eval/scores fell to {fmt(held)} from {fmt(best)} while the training reward rose "
+                f"({fmt(train_then)} -> {fmt(train)}): the policy is exploiting the reward, not solving the task "
+                "(reward hacking); check the samples and `rlhfkit reward-lint`, raise algo.kl.coef")
+    return None
+
+
+def length_to_limit(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """Responses at ``mon.length_frac`` of the length limit or more on average, their mean length rising over the
+    last ``window`` steps, while the reward rises: the reward pays for length (or for what length hides)."""
+    length, limit = m.get("response/length_mean"), mon.max_response_len
+    lengths, scores = list(prev.get("response/length_mean", [])), list(prev.get("objective/scores", []))
+    score = m.get("objective/scores")
+    w = mon.window
+    if length is None or score is None or not limit or len(lengths) < w or len(scores) < w:
+        return None
+    if length >= mon.length_frac * limit and length > lengths[-w] and score > scores[-w]:
+        return (f"responses run to the length limit (mean {fmt(length)} of {limit} tokens, rising) while the "
+                "reward rises: the reward pays for length; check the samples, penalise length "
+                "(algo.overlong.cache_len) or raise generation.max_new_tokens")
+    return None
+
+
+def tied_groups(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """At least ``mon.tied_frac`` of the groups had all-equal rewards for the last ``mon.tied_steps`` steps: their
+    advantages are 0, so most of each step teaches nothing."""
+    frac = m.get("rewards/tied_groups_frac")
+    history = list(prev.get("rewards/tied_groups_frac", []))
+    if frac is None or len(history) < mon.tied_steps - 1:
+        return None
+    recent = history[-(mon.tied_steps - 1):] + [frac]
+    if all(f >= mon.tied_frac for f in recent):
+        return (f"{min(recent):.0%} or more of the groups had tied rewards for {mon.tied_steps} steps: no learning "
+                "signal in them; make the task harder or easier for the policy, raise algo.num_generations, use a "
+                "denser reward, or set algo.dynamic_sampling.enabled=true")
+    return None
+
+
 # ── rules over the generated texts ─────────────────────────────────────────────────────────────────────────────
 
 
@@ -312,8 +371,12 @@ RULES: dict[str, Rule] = {
     "nonfinite_loss": Rule(nonfinite_loss, CRITICAL, "optim.lr"),
     "repetition": Rule(repeated_texts, WARNING, "algo.kl.coef", on="texts"),
     "gibberish": Rule(gibberish_texts, CRITICAL, "optim.lr", on="texts"),
+    "reward_hacking": Rule(reward_hacking, WARNING, "algo.kl.coef"),
+    "length_to_limit": Rule(length_to_limit, WARNING, "algo.overlong.cache_len"),
+    "tied_groups": Rule(tied_groups, WARNING, "algo.num_generations"),
 }
-TRACKED = ("policy/approxkl_avg", "loss/value_avg", "objective/kl", "objective/scores")  # rules read their past
+TRACKED = ("policy/approxkl_avg", "loss/value_avg", "objective/kl", "objective/scores", "response/length_mean",
+           "rewards/tied_groups_frac", "eval/scores")  # rules read their past
 _SPACE = re.compile(r"\s+")
 
 
@@ -330,12 +393,16 @@ class HealthMonitor(StagedFile):
                  run_dir: str | Path | None = None, stop_on_critical: bool = False, resume_step: int | None = None,
                  staged: bool = False,
                  kl_max: float = 20.0, kl_token_max: float = 0.2, kl_factor: float = 10.0, kl_floor: float = 1.0,
-                 repetition_max: float = 0.5, gibberish_max: float = 0.3, texts_frac: float = 0.5):
+                 repetition_max: float = 0.5, gibberish_max: float = 0.3, texts_frac: float = 0.5,
+                 max_response_len: int | None = None, length_frac: float = 0.85, hack_drop: float = 0.25,
+                 tied_frac: float = 0.8, tied_steps: int = 10):
         self.window, self.repeat_every, self.batch_size = window, repeat_every, batch_size
         self.kl_max, self.kl_token_max, self.kl_factor, self.kl_floor = kl_max, kl_token_max, kl_factor, kl_floor
         self.repetition_max, self.gibberish_max, self.texts_frac = repetition_max, gibberish_max, texts_frac
+        self.max_response_len, self.length_frac, self.hack_drop = max_response_len, length_frac, hack_drop
+        self.tied_frac, self.tied_steps = tied_frac, tied_steps
         self.stop_on_critical = stop_on_critical
-        self.history: dict[str, list[float]] = {k: [] for k in (*TRACKED, "entropy/token")}
+        self.history: dict[str, list[float]] = {k: [] for k in (*TRACKED, "entropy/token", "scores/at_eval")}
         self._last_warned: dict[str, int] = {}
         self._writer: JsonlWriter | None = None
         if run_dir is not None:  # staged: an earlier run's file is replaced only when the run commits
@@ -355,6 +422,12 @@ class HealthMonitor(StagedFile):
             if message and (last is None or step - last >= self.repeat_every):
                 self._last_warned[name] = step
                 out.append(HealthWarning(int(step), name, rule.severity, rule.knob, _SPACE.sub(" ", message)))
+        if "eval/scores" in m and math.isfinite(m["eval/scores"]):  # the training reward when each eval was taken
+            train = _recent_mean(m, self.history, self.window)
+            if train is None:
+                m = {k: v for k, v in m.items() if k != "eval/scores"}  # no training score to pair it with
+            else:
+                self.history["scores/at_eval"].append(train)
         for key in TRACKED:
             if key in m and math.isfinite(m[key]):
                 self.history[key].append(m[key])

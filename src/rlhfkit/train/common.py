@@ -112,7 +112,7 @@ def reduce_metrics(acc, metrics: dict) -> dict:
     out = dict(metrics)
     for key in set().union(*every):
         values = [m[key] for m in every if key in m]
-        if key in SUMMED_METRICS:
+        if key in SUMMED_METRICS or key.endswith(("/timeouts", "/errors")):  # counts (rewards/<name>/...)
             out[key] = sum(values)
         elif key.endswith("_max"):
             out[key] = max(values)

@@ -47,7 +47,9 @@ from ..models.loading import (
     load_tokenizer_for,
     save_model,
 )
-from ..rewards import CombinedRewards, RewardFunctionError, RewardModelScorer
+from ..rewards import RewardFunctionError, RewardModelScorer
+from ..rewards.functions import rewards_from_config
+from ..rewards.lint import probe_rewards
 from ..rollout import SamplingParams, decode_responses, get_engine
 from ..track import CriticalHealthStop, Progress
 from .common import load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
@@ -136,16 +138,29 @@ class OnlineTrainer:
                        else algos.FixedKLController(kl.coef))
         self.moments = RunningMoments()
         # reward functions and prompt records first: a mistake in them is answered before any weights load
-        self.functions = CombinedRewards(cfg.reward.functions) if cfg.reward.functions else None
-        self.records = load_records(cfg, "prompt")
-        if len(self.records[0]) < cfg.algo.rollout_batch_size * run.world_size:
-            raise _too_few_prompts(len(self.records[0]), cfg.algo.rollout_batch_size, run.world_size)
-        if self.functions is not None:  # wrong length / type on a few prompts, before the run directory is touched
-            head = self.records[0][:4]
-            self.functions.probe([r["prompt"][-1]["content"] for r in head],
-                                 [{k: v for k, v in r.items() if k != "prompt"} for r in head])
-        self._load_models()
-        self._load_data()
+        self.functions = None
+        try:
+            self.records = load_records(cfg, "prompt")
+            if len(self.records[0]) < cfg.algo.rollout_batch_size * run.world_size:
+                raise _too_few_prompts(len(self.records[0]), cfg.algo.rollout_batch_size, run.world_size)
+            # reward functions (in their workers), checked on a few prompts and linted before the run directory is
+            # touched: wrong length / type, a constructor or sandbox that fails, an empty answer paid the most
+            self.functions = rewards_from_config(cfg.reward)
+            if self.functions is not None:
+                head = self.records[0][:4]
+                probe_rewards(self.functions, [r["prompt"][-1]["content"] for r in head],
+                              [{k: v for k, v in r.items() if k != "prompt"} for r in head], lint=cfg.reward.lint,
+                              say=run.print)
+            self._load_models()
+            self._load_data()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the reward workers (the end of a run, or a failure on the way)."""
+        if self.functions is not None:
+            self.functions.close()
 
     # ── set-up ───────────────────────────────────────────────────────────────────────────────────────────────
     def _load_models(self) -> None:
@@ -509,7 +524,8 @@ class OnlineTrainer:
             self.moments.load_state_dict(trained.state["moments"])
         samples = session.open_samples()
         health = session.open_health(batch_size=cfg.algo.rollout_batch_size * self.k,
-                                     repeat_every=10 * self.updates_per_step)
+                                     repeat_every=10 * self.updates_per_step,
+                                     max_response_len=self.max_response_len)
         episodes_per_step = cfg.algo.rollout_batch_size * self.k * run.world_size
         every = max(1, math.ceil(cfg.train.save_every / self.updates_per_step)) if cfg.train.save_every > 0 else 0
         show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean")
@@ -563,6 +579,14 @@ class OnlineTrainer:
         session.finish(self.policy, lambda m, d: save_model(m, self.tok, d), step * self.updates_per_step)
         return last
 
+    def tied_metrics(self, exp: Experience) -> dict:
+        """``rewards/tied_groups_frac``: the fraction of groups whose valid samples' scores all tie (no learning
+        signal in them); only for group estimators."""
+        if not self.estimator.group_based or self.k < 2:
+            return {}
+        tied = algos.group_all_tied(exp.scores, self.k, valid=exp.valid)
+        return {"rewards/tied_groups_frac": self.acc.gather(tied.float()).mean().item()}
+
     def rollout_metrics(self, exp: Experience, step: int, per_step: int, t0: float) -> dict:
         mask = exp.action  # the model's own tokens
         g = lambda x: self.acc.gather(x.detach().float().reshape(-1)).mean().item()  # noqa: E731
@@ -573,6 +597,7 @@ class OnlineTrainer:
             "objective/scores": g(exp.raw_scores),
             "objective/entropy": g(entropy),
             "objective/rlhf_reward": g(exp.scores + non_score),
+            **self.tied_metrics(exp),
             "val/num_eos_tokens": float(self.acc.gather(exp.rollout.ended.float()).sum().item()),
             "val/eos_frac": g(exp.rollout.ended.float()),
             "response/length_mean": g(exp.rollout.lengths.float()),
@@ -610,12 +635,15 @@ def run_online(cfg: OnlineConfig) -> dict:
 
 
 def _train_online(cfg: OnlineConfig, run: Run) -> dict:
+    trainer = OnlineTrainer(cfg, run)
     try:
-        metrics = OnlineTrainer(cfg, run).train()
+        metrics = trainer.train()
     except CriticalHealthStop:  # track.stop_on_critical: the report shows what happened up to the stop
         if run.sink is not None:
             run.sink.close()
         write_report(run)
         raise
+    finally:
+        trainer.close()
     run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
     return metrics
