@@ -454,7 +454,9 @@ def test_first_rollout_with_no_valid_reward_keeps_the_previous_run(tmp_path, mon
 @pytest.mark.slow
 def test_reward_function_raising_mid_run_is_one_line_naming_the_step(tmp_path, monkeypatch):
     # the function fails on its 4th call: the probe before weights load is call 1, steps 1 and 2 are calls 2 and 3,
-    # so step 3 raises -> exit 2, one line naming the function, the exception and the step (no traceback)
+    # so step 3 raises -> exit 2, one line naming the function, the exception and the step (no traceback). In the
+    # trainer's process (reward.workers=0, no lint) a step is one call; with workers a call that raises on part of a
+    # step scores None there and the run goes on (tests/unit/test_reward_workers.py)
     (tmp_path / "flaky.py").write_text(
         "CALLS = []\n\n\ndef flaky(prompts, completions, **fields):\n    CALLS.append(1)\n"
         "    if len(CALLS) == 4:\n        raise RuntimeError('judge server down')\n"
@@ -464,7 +466,7 @@ def test_reward_function_raising_mid_run_is_one_line_naming_the_step(tmp_path, m
     rc, stderr, stdout = _in_process([*_GRPO, "output_dir=flaky_run", _fn("flaky.py:flaky"),
                                       "model.name=tiny:hidden=32,layers=1", "generation.max_new_tokens=4",
                                       "algo.total_episodes=40", "track.progress=false", "track.sample_every=0",
-                                      "train.save_every=32"])
+                                      "train.save_every=32", "reward.workers=0", "reward.lint=false"])
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1, stderr
     assert "reward function flaky.py:flaky raised RuntimeError: judge server down at step 3" in lines[0]
