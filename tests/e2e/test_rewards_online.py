@@ -1,9 +1,13 @@
 """Rewards in the online loop, end to end on the tiny model: GRPO with the maths verifier raises held-out accuracy
-on the built-in arithmetic task; a sandbox that cannot be set up stops the run at the probe, before any weights."""
+on the built-in arithmetic task; a reward function that hangs on some calls is cut at reward.timeout_s, counted and
+the run finishes; the reward lint runs before any weights load (a reward that pays for empty answers stops the run,
+and `rlhfkit reward-lint` exits 2 on it); a sandbox that cannot be set up stops the run at the probe."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +18,26 @@ from rlhfkit.tasks.arithmetic import ArithmeticTask
 from rlhfkit.train.online import run_online
 
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
+HANGS = '''
+import fcntl
+import time
+
+
+def one_call_in_four_hangs(prompts, completions, counter, **fields):
+    """Counts its calls in the file `counter` (across workers); every fourth call, from the second, hangs."""
+    with open(counter, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        n = len(fh.read())
+        fh.write("x")
+    if n % 4 == 1:
+        time.sleep(3600)
+    return [float(len(c) % 3) for c in completions]
+
+
+def pays_for_silence(prompts, completions, **fields):
+    return [1.0 if not c.strip() else 0.0 for c in completions]
+'''
 
 
 def metrics_of(run_dir) -> list[dict]:
@@ -81,6 +105,41 @@ def test_grpo_with_the_maths_verifier_raises_held_out_accuracy(data, sft, tmp_pa
     assert after > before + 0.05, (before, after)
     assert last["rewards/math_answer/timeouts"] == 0 and last["rewards/math_answer/errors"] == 0
     assert last["rewards/math_answer/time_s"] > 0
+
+
+def test_hanging_reward_is_cut_counted_and_the_run_finishes(data, tmp_path):
+    (tmp_path / "hangs.py").write_text(HANGS)
+    out = tmp_path / "hang"
+    run_online(grpo(data, "tiny:hidden=32,layers=1", out,
+                    f"reward.functions=[{{fn: '{tmp_path / 'hangs.py'}:one_call_in_four_hangs', name: h, "
+                    f"kwargs: {{counter: '{tmp_path / 'calls'}'}}}}]",
+                    "reward.workers=4", "reward.timeout_s=1", "reward.lint=false", "algo.rollout_batch_size=4",
+                    "algo.num_generations=4", "algo.mini_batch_size=16", "train.batch_size=16",
+                    "algo.total_episodes=64", "generation.max_new_tokens=6"))
+    rows = [r for r in metrics_of(out) if "rewards/h/timeouts" in r]
+    assert len(rows) == 4 and (out / "finished.json").exists()
+    # one chunk of four hung at every step (the probe was call 0): cut at 1 s, counted, its samples dropped
+    assert [r["rewards/h/timeouts"] for r in rows] == [1.0] * 4
+    assert [r["rewards/dropped"] for r in rows] == [4.0] * 4
+    assert all(1.0 <= r["rewards/h/time_s"] < 30 for r in rows)
+
+
+def test_lint_stops_a_reward_that_pays_for_silence_before_any_weights_load(data, tmp_path):
+    (tmp_path / "hangs.py").write_text(HANGS)
+    out = tmp_path / "silence"
+    spec = f"reward.functions=[{{fn: '{tmp_path / 'hangs.py'}:pays_for_silence'}}]"
+    with pytest.raises(RewardError, match="reward lint: an empty completion gets the highest reward"):
+        run_online(grpo(data, "tiny:hidden=32,layers=1", out, spec))
+    assert not out.exists()  # stopped before the run directory was made
+    res = subprocess.run([sys.executable, "-m", "rlhfkit", "reward-lint", f"data.train={data / 'prompts.jsonl'}",
+                          spec], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert "pays_for_silence" in res.stdout and "empty" in res.stdout
+    assert res.stderr.strip().count("\n") == 0 and "reward lint" in res.stderr
+    ok = subprocess.run([sys.executable, "-m", "rlhfkit", "reward-lint", f"data.train={data / 'prompts.jsonl'}",
+                         "reward.functions=[{fn: math_answer}]"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "warning: math_answer pays for reference_only" in ok.stdout
 
 
 def test_a_sandbox_that_cannot_be_set_up_stops_at_the_probe(data, tmp_path, monkeypatch):
