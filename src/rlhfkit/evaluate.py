@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from . import files
 from .errors import ConfigError, DataError, ModelError, RewardError
 
 Z95 = 1.959963984540054  # the 97.5 % quantile of the standard normal
@@ -405,10 +406,8 @@ def evaluate(
     result["samples"] = samples  # every prompt with its answer(s) and scores, for inspection
 
     # 6. report
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=float) + "\n")
-    tmp.replace(out_path)
+    files.make_dirs(out_path.parent)
+    files.write_atomic(out_path, json.dumps(result, indent=1, default=float) + "\n", fix="rerun")
     result["out"] = str(out_path)
     if show:
         print_results(result)

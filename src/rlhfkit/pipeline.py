@@ -15,6 +15,7 @@ import json
 import time
 from pathlib import Path
 
+from . import files
 from .config import RECIPES, PipelineConfig, build_config, save_config
 from .errors import ConfigError
 from .track.console import get_console
@@ -108,9 +109,7 @@ def _load_state(path: Path) -> dict:
 
 
 def _save_state(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1, default=float))
-    tmp.replace(path)
+    files.write_atomic(path, json.dumps(state, indent=1, default=float), fix="rerun (finished stages are skipped)")
 
 
 def run_pipeline(cfg: PipelineConfig) -> dict:
@@ -118,7 +117,8 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     cfg.check_inputs()
     console = get_console()
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    files.make_dirs(out)
+    files.check_run_dir(out)
     # 1. data of the built-in task (when one is named) and the plan of every stage, validated before any training
     if cfg.task:
         from .tasks import make_task_data
@@ -144,7 +144,8 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     # 3. gold metric of the base model and of every policy, side by side
     gold, answers = _gold_table(cfg, stages) if cfg.task else ({}, {})
     summary = {"stages": state["done"], "gold": gold}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    files.write_atomic(out / "summary.json", json.dumps(summary, indent=1, default=float),
+                       fix="rerun (finished stages are skipped)")
     # 4. report
     from .report import build_report
 

@@ -50,6 +50,7 @@ from typing import Any
 
 import yaml
 
+from .. import files
 from ..errors import ConfigError
 from .aliases import _apply_aliases, _begin_aliases, _flush_aliases, _log_alias, alias_of, move_policy_settings
 from .choices import choices_of
@@ -344,9 +345,5 @@ def dump_yaml(cfg, comments: bool = True) -> str:
 
 def save_config(cfg, run_dir: str | Path) -> Path:
     """Write the resolved config (with comments) to ``run_dir/config.yaml``."""
-    out = Path(run_dir) / "config.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".yaml.tmp")
-    tmp.write_text(dump_yaml(cfg))
-    tmp.replace(out)
-    return out
+    files.make_dirs(run_dir)
+    return files.write_atomic(Path(run_dir) / "config.yaml", dump_yaml(cfg), fix="rerun")

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from .. import files
 from ..errors import ModelError
 from .tiny import tiny_llama_config
 from .tokenizer import eos_token_ids, load_tokenizer
@@ -353,27 +354,29 @@ def save_model(model, tokenizer, out_dir: str | Path, *, extra_files: dict[str, 
     With LoRA: the adapter goes to ``out_dir/adapter/`` and the merged weights to ``out_dir``. Existing non-model
     files in ``out_dir`` (metrics, checkpoints, config.yaml) are left alone.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = files.make_dirs(out_dir)
     tmp = out / ".saving"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    if is_peft(model):
-        model.save_pretrained(tmp / "adapter")
-        tokenizer.save_pretrained(tmp / "adapter")
-        merged = _merged_copy(model)
-    else:
-        merged = model
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    for name, text in (extra_files or {}).items():
-        (tmp / name).write_text(text)
-    for item in tmp.iterdir():
-        dest = out / item.name
-        if dest.is_dir():
-            shutil.rmtree(dest)
-        item.replace(dest)
-    tmp.rmdir()
+    need = files.model_nbytes(model) * (2 if is_peft(model) else 1)
+    with files.writing(out, need=need, cleanup=[tmp], what=f"the model to {out}",
+                       fix="rerun (a run resumes from its newest checkpoint)"):
+        files.fresh_dir(tmp)  # made here: save_pretrained writes nowhere else, so never through a planted link
+        if is_peft(model):
+            model.save_pretrained(tmp / "adapter")
+            tokenizer.save_pretrained(tmp / "adapter")
+            merged = _merged_copy(model)
+        else:
+            merged = model
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            with files.open_new(tmp / name) as f:
+                f.write(text)
+        for item in sorted(tmp.iterdir()):
+            files.refuse_link(out / item.name)  # every destination checked before the first is replaced
+        for item in sorted(tmp.iterdir()):
+            files.replace(item, out / item.name)
+        os.rmdir(tmp)
+        files.fsync_dir(out)
     return out
 
 

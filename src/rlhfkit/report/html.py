@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..track.health import read_warnings
 from ..track.metrics import read_metrics
 from ..track.samples import read_samples
@@ -109,8 +110,8 @@ def build_report(
         + "\n".join(b for b in body if b)
         + "\n</body></html>\n"
     )
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(page, encoding="utf-8")
+    files.make_dirs(out_path.parent)
+    files.write_atomic(out_path, page, what="the report", fix="rerun (a finished run only writes its report)")
     return out_path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import files
 from ..errors import ConfigError
 from .arithmetic import TASK as ARITHMETIC
 from .base import EVAL_SEED_OFFSET, DataFile
@@ -21,12 +22,8 @@ def get_task(name: str):
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-    tmp.replace(path)
+    files.make_dirs(path.parent)
+    files.write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows), fix="rerun")
 
 
 def make_task_data(name: str, out_dir: str | Path, n: int = 2000, n_eval: int = 200, seed: int = 0) -> dict[str, Path]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 from pathlib import Path
 from typing import Any
+
+from .. import files
+from ..files import fsync_dir  # noqa: F401  (re-exported: the run's files fsync through here)
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -59,10 +61,7 @@ def truncate_after_step(path: Path, step: int) -> None:
     """Rewrite ``path`` keeping only records with ``step <= step`` (a resumed run must not duplicate steps)."""
     if not path.exists():
         return
-    kept = _kept_lines(path, step)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    os.replace(tmp, path)
+    files.write_atomic(path, "".join(_kept_lines(path, step)))
 
 
 def _kept_lines(path: Path, step: int) -> list[str]:
@@ -91,38 +90,37 @@ class JsonlWriter:
     """
 
     def __init__(self, path: Path, keep_until: int | None = None, staged: bool = False):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        files.make_dirs(path.parent)
         self.path, self.staged = path, staged
         self._target = path.with_name(path.name + ".new") if staged else path
-        if staged:
+        files.refuse_link(path)  # never read nor replace through a link planted under the file's name
+        if staged:  # a new file (O_EXCL | O_NOFOLLOW) holding the lines kept
             if keep_until is not None:
-                self._target.write_text("".join(_kept_lines(path, keep_until)), encoding="utf-8")
-            elif path.exists():
-                shutil.copyfile(path, self._target)
+                kept = "".join(_kept_lines(path, keep_until)).encode("utf-8")
             else:
-                self._target.write_text("", encoding="utf-8")
+                kept = path.read_bytes() if path.exists() else b""
+            with files.writing(self._target, need=len(kept), cleanup=[self._target]):
+                with files.open_new(self._target, "wb") as f:
+                    f.write(kept)
         elif keep_until is not None:
             truncate_after_step(path, keep_until)
-        self._file = self._target.open("a", encoding="utf-8")
+        self._file = files.open_append(self._target)
         if self._file.tell() > 0 and not self._ends_with_newline():
             self._file.write("\n")  # close a torn line from a crash; read_jsonl skips it
 
     def _ends_with_newline(self) -> bool:
-        with self._target.open("rb") as f:
-            f.seek(-1, os.SEEK_END)
-            return f.read(1) == b"\n"
+        fd = self._file.fileno()  # opened read-write by files.open_append
+        return os.pread(fd, 1, os.fstat(fd).st_size - 1) == b"\n"
 
     def write(self, record: dict) -> None:
         """Append one line; a full disk (or any OS error) is one line naming the file, not a traceback (the run
         keeps everything up to its newest checkpoint)."""
         try:
-            self._file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+            line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+            self._file.write(line)
             self._file.flush()
         except OSError as err:
-            from ..errors import RunError
-
-            raise RunError(f"writing {self.path.name} failed: {err.strerror or err}", where=str(self.path.parent),
-                           fix="free disk space and rerun (it resumes from the newest checkpoint)") from None
+            raise files.write_failed(self.path, err, len(line.encode())) from None
 
     def commit(self) -> None:
         """Swap the staged file in place of the earlier one (durably); later lines append to it."""
@@ -130,7 +128,7 @@ class JsonlWriter:
             return
         self._file.flush()
         os.fsync(self._file.fileno())
-        os.replace(self._target, self.path)  # the open handle follows the renamed file
+        files.replace(self._target, self.path)  # the open handle follows the renamed file
         fsync_dir(self.path.parent)
         self.staged, self._target = False, self.path
 
@@ -138,7 +136,7 @@ class JsonlWriter:
         """Close; a staged file that was never committed is removed (the earlier file stays as it was)."""
         self.close()
         if self.staged:
-            self._target.unlink(missing_ok=True)
+            files.remove_quietly(self._target)
             self.staged = False
 
     def close(self) -> None:
@@ -167,17 +165,3 @@ class StagedFile:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename / creation inside ``path`` durable (no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..errors import UserError
 from .jsonl import JsonlWriter, StagedFile, read_jsonl, to_json_value
 from .trackers import AccelerateTrackers, check_backends
@@ -63,7 +64,7 @@ class MetricsSink(StagedFile):
         self._others: AccelerateTrackers | None = None
         if not is_main:
             return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        files.make_dirs(self.run_dir)
         if "tensorboard" in backends:  # optional backends first: a missing package fails before any write
             self._tb = _open_tensorboard(self.run_dir / "tb", resume_step)
         if "wandb" in backends:
@@ -176,7 +177,7 @@ def _open_wandb(run_dir: Path, config: dict | None):
         ) from err
     id_file = run_dir / "wandb_id.txt"  # the same W&B run continues when this run resumes
     run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
-    id_file.write_text(run_id)
+    files.write_atomic(id_file, run_id)
     return wandb.init(
         project=os.environ.get("WANDB_PROJECT", "rlhfkit"),
         name=run_dir.name,

@@ -28,20 +28,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import pickle
 import random
-import shutil
 import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .. import algos
+from .. import algos, files
 from ..errors import ConfigError, NonFiniteError, RunError
+from ..files import fsync_dir
 from ..models.loading import trainable_state_dict
-from ..track.jsonl import fsync_dir
 from .distributed import get_strategy
 
 # ──────────────────────────────────────────────── fingerprint ────────────────────────────────────────────────
@@ -200,8 +198,7 @@ MANIFEST = "manifest.json"
 
 
 def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
+    files.fsync_file(path)
 
 
 def _sha256(path: Path) -> str:
@@ -238,10 +235,12 @@ class Checkpointer:
         tmp = self.run.run_dir / f"checkpoint-{step}.tmp"
         check_finite({k: acc.unwrap_model(m) for k, m in models.items()}, f"checkpoint-{step}")
         acc.wait_for_everyone()
-        try:
+        # a full disk (OSError, torch's RuntimeError, ...) is one line with the space needed; checkpoint-N.tmp goes
+        need = 3 * sum(files.nbytes(trainable_state_dict(acc.unwrap_model(m))) for m in models.values())
+        with files.writing(final, need=need, cleanup=[tmp], fix="rerun to resume (the previous checkpoints are "
+                                                                 "intact)"):
             if acc.is_main_process:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
+                files.fresh_dir(tmp)  # made here: nothing inside can be a planted link, so torch.save may use paths
             acc.wait_for_everyone()  # tmp exists for every process
             rng = tmp / f"rng_state_{acc.process_index}.pt"
             torch.save(rng_state(), rng)
@@ -257,32 +256,29 @@ class Checkpointer:
                     "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
                 }
                 torch.save(payload, tmp / "trainer_state.pt")
-                (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1, default=float))
+                with files.open_new(tmp / "state.json") as f:
+                    f.write(json.dumps({"step": step, **state}, indent=1, default=float))
             acc.wait_for_everyone()  # every RNG file is written
             if acc.is_main_process:
-                files = {}
+                listed = {}
                 for p in sorted(q for q in tmp.rglob("*") if q.is_file()):  # sharded/: the strategy's shards
                     _fsync_file(p)
-                    files[p.relative_to(tmp).as_posix()] = {"size": p.stat().st_size, "sha256": _sha256(p)}
-                manifest = {"step": step, "files": files, "fingerprint": run_fingerprint(self.run.cfg)}
-                (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+                    listed[p.relative_to(tmp).as_posix()] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+                manifest = {"step": step, "files": listed, "fingerprint": run_fingerprint(self.run.cfg)}
+                with files.open_new(tmp / MANIFEST) as f:
+                    f.write(json.dumps(manifest, indent=1))
                 _fsync_file(tmp / MANIFEST)
                 fsync_dir(tmp)
-                shutil.rmtree(final, ignore_errors=True)
-                tmp.replace(final)
+                files.replace(tmp, final)  # a link in final's place is refused, an older directory removed
                 fsync_dir(self.run.run_dir)
                 self._prune()
-        except OSError as err:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RunError(f"writing checkpoint-{step} failed: {err.strerror or err}", where=str(final),
-                           fix="free disk space (the previous checkpoints are intact) and rerun to resume") from None
         acc.wait_for_everyone()
         return final
 
     def _prune(self) -> None:
         ckpts = sorted(list_checkpoints(self.run.run_dir), key=lambda p: p[0])
         for _, path in ckpts[: -self.keep]:
-            shutil.rmtree(path, ignore_errors=True)
+            files.remove(path)
 
     def find(self, resume: str) -> Path | None:
         """The checkpoint to resume from: ``auto`` / ``force`` = newest valid one (damaged ones skipped with a

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .. import files
 from ..algos import PREFERENCE_LOSSES, kto_kl_estimate, kto_loss, masked_mean, masked_sum, token_logprobs
 from ..config import replace
 from ..data import PreferenceCollator, UnpairedCollator
@@ -252,9 +253,7 @@ def precompute_reference(run, cfg, policy, tok, collate, train: list[dict], eval
         bs = cfg.train.eval_batch_size or cfg.train.batch_size
         cache = {"key": key, "train": _reference_table(run, reference, policy, collate, train, bs),
                  "eval": _reference_table(run, reference, policy, collate, evals, bs)}
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save(cache, tmp)
-        tmp.replace(path)
+        files.save_torch(cache, path, what="the reference log-probs cache", fix="rerun")
         del reference  # a frozen copy is freed here: training reads the cached values
         computed = True
     acc.wait_for_everyone()
@@ -419,7 +418,7 @@ def _train_preference(cfg, run, records) -> dict:
     if run.is_main:  # finished: caches of other keys (earlier runs in this directory) are stale now
         for stale in run.run_dir.glob(CACHE_GLOB):
             if stale != cache:
-                stale.unlink(missing_ok=True)
+                files.remove(stale)
     # 6. summary (the report was written when the run finished)
     if "eval/rewards/accuracies" in metrics:
         run.print(f"[{name}] done: model saved to {run.run_dir}; held-out preference accuracy "

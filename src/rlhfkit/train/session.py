@@ -35,16 +35,15 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
 
+from .. import files
 from ..config import save_config
 from ..errors import RunError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
 from ..track.console import get_console
-from ..track.jsonl import fsync_dir
 from .checkpoint import (
     Checkpointer,
     check_finite,
@@ -101,7 +100,7 @@ class RunLock:
         if held is not None:  # an earlier run of this process never closed (a test, a crash caught by a caller)
             held.release()
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = files.open_lock(self.path)  # never through a link planted under the lock's name
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as err:
@@ -134,8 +133,9 @@ class RunLock:
             return
         import fcntl
 
-        try:
-            os.unlink(self.path)
+        try:  # only the lock file this process holds (never a link or a file put in its place meanwhile)
+            if os.lstat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                os.unlink(self.path)
         except FileNotFoundError:
             pass
         fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -179,6 +179,7 @@ class Session:
         error = None
         if acc.is_main_process:
             try:
+                files.check_run_dir(self.run.run_dir)  # no link under a name this run writes, before any write
                 self.lock.acquire()
             except RunError as err:
                 error = err
@@ -274,9 +275,9 @@ class Session:
             run.sink = MetricsSink(run.run_dir, backends=tuple(self.cfg.track.backends), is_main=run.is_main,
                                    config=self.cfg, resume_step=self.resume_step, staged=True,
                                    on_first_line=self.commit)
-        except OSError as err:
-            raise RunError(f"cannot write the metrics file: {err.strerror or err}", where=str(run.run_dir),
-                           fix="free disk space / check permissions") from None
+        except files.WRITE_ERRORS as err:
+            raise files.write_failed(run.run_dir / "metrics.jsonl.new", err, what="the metrics file",
+                                     fix="rerun") from None
         return run.sink
 
     def open_samples(self) -> SampleLogger:
@@ -310,19 +311,18 @@ class Session:
             self.committed = True
             for f in self._files():
                 f.commit()
-        except OSError as err:
-            raise RunError(f"writing the run's files failed: {err.strerror or err}", where=str(run_dir),
-                           fix="free disk space / check permissions and rerun") from None
-        (run_dir / FINISHED_FILE).unlink(missing_ok=True)
+        except files.WRITE_ERRORS as err:
+            raise files.write_failed(run_dir, err, what="the run's files", fix="rerun") from None
+        files.remove(run_dir / FINISHED_FILE)
         old = [p for p in self._old_checkpoints if p.exists()]
         if self.resumed_from is not None:  # keep those up to the one resumed; newer ones (damaged, or a future this
             old = [p for p in old if _step_of(p) > self.resume_step]  # run rewrites) must not be resumed later
         for path in old:
-            shutil.rmtree(path, ignore_errors=True)
+            files.remove(path)
         if old:
             self.run.print(f"[ckpt] {'starting over' if self.resumed_from is None else 'resumed'}: removed "
                            f"{', '.join(p.name for p in old)}")
-        fsync_dir(run_dir)
+        files.fsync_dir(run_dir)
 
     def skip_metrics(self) -> dict:
         """``train/skipped_updates``: updates skipped for a non-finite loss / gradient so far (every optimizer)."""
@@ -344,28 +344,18 @@ class Session:
         full = strategy.full_model(acc, model)  # every process: FSDP2 gathers the shards; the model on the main one
         self.commit()
         if run.is_main and save_fn is not None:
-            try:
+            with files.writing(run.run_dir, need=files.model_nbytes(full), cleanup=[run.run_dir / ".saving"],
+                               what="the final model"):
                 save_fn(full, run.run_dir)
-            except OSError as err:
-                shutil.rmtree(run.run_dir / ".saving", ignore_errors=True)
-                raise RunError(f"saving the final model failed: {err.strerror or err}", where=str(run.run_dir),
-                               fix="free disk space and rerun (it resumes from the newest checkpoint)") from None
         acc.wait_for_everyone()
         for f in self._files():
             f.close()
         if run.is_main:
             marker = {"step": step, "time": time.time(), "fingerprint": self.fingerprint,
                       "length": run_length(self.cfg)}
-            tmp = run.run_dir / (FINISHED_FILE + ".tmp")
-            try:
-                tmp.write_text(json.dumps(marker, indent=1))
-                tmp.replace(run.run_dir / FINISHED_FILE)
-            except OSError as err:
-                tmp.unlink(missing_ok=True)
-                raise RunError(f"the model is saved, but marking the run finished failed: {err.strerror or err}",
-                               where=str(run.run_dir), fix="free disk space; rerunning retrains only the tail "
-                                                           "after the newest checkpoint") from None
-            fsync_dir(run.run_dir)
+            files.write_atomic(run.run_dir / FINISHED_FILE, json.dumps(marker, indent=1),
+                               what=f"{FINISHED_FILE} (the model is saved)",
+                               fix="rerun (it retrains only the tail after the newest checkpoint)")
         if report:
             write_report(run)
 
