@@ -20,7 +20,7 @@ from rlhfkit.cli import main
 from rlhfkit.config import build_config
 from rlhfkit.errors import DataError
 from rlhfkit.track import read_metrics
-from rlhfkit.train.checkpoint import run_fingerprint, validate_checkpoint
+from rlhfkit.train.checkpoint import list_checkpoints, run_fingerprint, validate_checkpoint
 
 TINY = "tiny:hidden=32,layers=1,intermediate=64"
 GOOD = [{"prompt": f"shout: {w}", "completion": w.upper()} for w in ["cat", "dog", "owl", "bee"] * 8]
@@ -93,11 +93,13 @@ def test_a_planted_pickle_checkpoint_never_runs(root, capsys):
     assert not marker.exists()
     assert checksums(out) == before  # the failed run changed nothing
 
-    (ckpt / "manifest.json").unlink()  # without a manifest it is not a checkpoint: skipped, the run starts over
+    # without a manifest it is read as an earlier rlhfkit's checkpoint: its files do not load as tensors only, so it
+    # is damaged: moved aside (never deleted, never unpickled), and the run starts over
+    (ckpt / "manifest.json").unlink()
     assert main(sft_args(root, "planted")) == 0
-    assert "checkpoint-4 is damaged" in capsys.readouterr().out
+    assert "checkpoint-4 is damaged (no manifest.json, and its files do not load" in capsys.readouterr().out
     assert not marker.exists() and (out / "finished.json").is_file()
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]  # its own now
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-4.damaged"]
 
 
 def test_rerunning_a_finished_run_trains_nothing(root, capsys):
@@ -151,8 +153,37 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(root, capsys):
     text = capsys.readouterr().out
     assert "checkpoint-4 is damaged" in text and "resumed from" in text and "checkpoint-2" in text
     assert [x["step"] for x in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
-    assert all(validate_checkpoint(p) is None for p in out.glob("checkpoint-*"))  # the damaged one rewritten
+    assert all(validate_checkpoint(p) is None for _, p in list_checkpoints(out))  # the damaged one rewritten
     assert (out / "checkpoint-4").is_dir()
+    assert (out / "checkpoint-4.damaged" / "trainer_state.pt").stat().st_size == 100  # moved aside, never deleted
+
+
+def test_a_checkpoint_of_an_earlier_rlhfkit_without_manifest_resumes(root, capsys):
+    out = copy_run(root, "legacy", crashed=True)
+    for name in ("checkpoint-2", "checkpoint-4"):
+        (out / name / "manifest.json").unlink()
+    assert main(sft_args(root, "legacy")) == 0
+    text = capsys.readouterr().out
+    assert "checkpoint-4 has no manifest" in text and "resumed from" in text and "checkpoint-4 at update 4" in text
+    assert [x["step"] for x in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
+    assert (out / "finished.json").is_file()
+
+
+@pytest.mark.parametrize("name", [".rlhfkit.lock", "metrics.jsonl.new", "checkpoint-4", "model.safetensors"])
+def test_a_link_planted_in_the_run_directory_is_one_line_and_never_followed(root, capsys, name):
+    out = copy_run(root, "planted", crashed=True)
+    victim = root / "notes.txt"
+    victim.write_text("my notes")
+    target = out / name
+    if target.is_dir():
+        shutil.rmtree(target)
+    elif target.exists():
+        target.unlink()
+    os.symlink(victim, target)
+    before = checksums(out)
+    assert main(sft_args(root, "planted")) == 2
+    assert f"{name} is a symbolic link to {victim}" in last_error(capsys)
+    assert victim.read_text() == "my notes" and checksums(out) == before
 
 
 def test_a_full_disk_at_the_final_save_ends_in_one_line(root, capsys, monkeypatch):

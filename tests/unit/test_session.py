@@ -23,6 +23,7 @@ from rlhfkit.train.checkpoint import (
     Checkpointer,
     fingerprint_diff,
     guard_of,
+    list_checkpoints,
     run_fingerprint,
     run_length,
     validate_checkpoint,
@@ -193,17 +194,20 @@ def test_checkpoint_has_a_manifest_and_loads_without_pickle(tmp_path):
         torch.load(path / name, weights_only=True)  # tensors / lists / numbers only
 
 
-@pytest.mark.parametrize("damage", ["truncate_state", "empty_state", "torn_json", "missing_rng", "no_manifest",
-                                    "torn_manifest"])
+@pytest.mark.parametrize("damage", ["truncate_state", "empty_state", "torn_json", "missing_rng", "torn_manifest",
+                                    "no_manifest_truncated"])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, damage, capsys):
     run = start_run(_cfg(tmp_path))
     ckpt = Checkpointer(run, keep=3)
     ckpt.save(2, **_parts(), state={})
     newest = ckpt.save(4, **_parts(), state={})
     target = {"truncate_state": "trainer_state.pt", "empty_state": "trainer_state.pt", "torn_json": "state.json",
-              "missing_rng": "rng_state_0.pt", "no_manifest": "manifest.json", "torn_manifest": "manifest.json"}[damage]
+              "missing_rng": "rng_state_0.pt", "torn_manifest": "manifest.json",
+              "no_manifest_truncated": "trainer_state.pt"}[damage]
     data = (newest / target).read_bytes()
-    if damage in ("missing_rng", "no_manifest"):
+    if damage == "no_manifest_truncated":  # an earlier rlhfkit's checkpoint, torn
+        (newest / "manifest.json").unlink()
+    if damage == "missing_rng":
         (newest / target).unlink()
     elif damage == "empty_state":
         (newest / target).write_bytes(b"")
@@ -345,3 +349,117 @@ def test_full_disk_while_logging_samples_or_warnings_is_one_line(tmp_path, monke
     with pytest.raises(RunError, match=r"writing samples\.jsonl failed: No space left on device"):
         samples.log(2, ["p"], ["r"], [1.0])
     assert J.read_jsonl(tmp_path / "samples.jsonl")[0]["step"] == 1
+
+
+# ─────────────────────────────── nothing is deleted for being unreadable (issue 21) ─────────────────────────────
+
+
+def _legacy(path):
+    """As the version before the manifest wrote it: the same files, no manifest.json."""
+    (path / "manifest.json").unlink()
+    return path
+
+
+def test_a_checkpoint_without_a_manifest_is_resumed_not_deleted(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    cfg = _cfg(tmp_path, f"data.train={data}")
+    run = start_run(cfg)
+    parts = _parts(seed=3)
+    _legacy(Checkpointer(run).save(4, **parts, state={"micro": 8}))
+    run.session.commit()  # the earlier run wrote config.yaml: the settings it was made with
+    run.session.close(failed=False)
+
+    run = start_run(cfg)
+    assert run.session.begin() is None
+    fresh = _parts(seed=9)
+    state = run.session.resume(**fresh)
+    assert state["micro"] == 8 and run.session.resumed_from.name == "checkpoint-4"
+    assert torch.equal(fresh["models"]["m"].lin.weight, parts["models"]["m"].lin.weight)
+    assert "has no manifest (written by an earlier rlhfkit)" in capsys.readouterr().out
+    run.session.commit()
+    run.session.close(failed=False)
+    assert (tmp_path / "run" / "checkpoint-4" / "trainer_state.pt").is_file()  # kept as it was
+
+    # its settings come from the run's config.yaml: another learning rate is refused by name
+    with pytest.raises(RunError, match=r"checkpoint-4 was made with other settings \(optim.lr: 2e-05 -> 0.001"):
+        start_run(_cfg(tmp_path, f"data.train={data}", "optim.lr=1e-3")).session.begin()
+
+
+def test_a_damaged_checkpoint_is_moved_aside_when_the_run_commits(tmp_path, capsys):
+    run = start_run(_cfg(tmp_path))
+    ckpt = Checkpointer(run, keep=3)
+    ckpt.save(2, **_parts(), state={})
+    state = ckpt.save(4, **_parts(), state={}) / "trainer_state.pt"
+    state.write_bytes(state.read_bytes()[:50])
+    torn = state.read_bytes()
+    run.session.close(failed=False)
+
+    run = start_run(_cfg(tmp_path))
+    run.session.begin()
+    run.session.resume(**_parts())
+    assert run.session.resumed_from.name == "checkpoint-2"
+    assert "checkpoint-4 is damaged" in capsys.readouterr().out
+    assert state.read_bytes() == torn  # nothing changes before the run commits
+    run.session.commit()
+    aside = tmp_path / "run" / "checkpoint-4.damaged" / "trainer_state.pt"
+    assert aside.read_bytes() == torn and not (tmp_path / "run" / "checkpoint-4").exists()
+    assert "moved aside to checkpoint-4.damaged; nothing was deleted" in capsys.readouterr().out
+    run.session.ckpt.save(4, **_parts(), state={})  # the step is written again beside it
+    assert validate_checkpoint(tmp_path / "run" / "checkpoint-4") is None and aside.read_bytes() == torn
+
+
+def test_pruning_and_starting_over_delete_only_valid_checkpoints_rlhfkit_wrote(tmp_path):
+    run = start_run(_cfg(tmp_path))
+    run_dir = run.run_dir
+    for name in ("checkpoint-notes", "checkpoint-3.bak", "checkpoint-5.damaged"):  # not checkpoints rlhfkit keeps
+        (run_dir / name).mkdir()
+        (run_dir / name / "x.txt").write_text("mine")
+    ckpt = Checkpointer(run, keep=1)
+    ckpt.save(1, **_parts(), state={})
+    (run_dir / "checkpoint-1" / "rng_state_0.pt").write_bytes(b"torn")  # unreadable: never pruned
+    ckpt.save(2, **_parts(), state={})
+    ckpt.save(3, **_parts(), state={})
+    assert sorted(s for s, _ in list_checkpoints(run_dir)) == [1, 3]
+    run.session.close(failed=False)
+
+    run = start_run(_cfg(tmp_path, "train.resume=never"))  # starting over: the valid ones go, not the others
+    run.session.begin()
+    run.session.resume(**_parts())
+    run.session.commit()
+    names = sorted(p.name for p in run_dir.iterdir() if p.name.startswith("checkpoint"))
+    assert names == ["checkpoint-1.damaged", "checkpoint-3.bak", "checkpoint-5.damaged", "checkpoint-notes"]
+    assert all((run_dir / n / "x.txt").read_text() == "mine" for n in names if n != "checkpoint-1.damaged")
+
+
+def test_data_files_are_fingerprinted_by_resolved_path_and_content(tmp_path, monkeypatch):
+    from rlhfkit.train import checkpoint
+
+    data = tmp_path / "sub" / "d.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"prompt": "a", "completion": "b"}\n')
+    base = run_fingerprint(_cfg(tmp_path, f"data.train={data}"))
+    assert base["data.train"]["path"] == str(data.resolve()) and base["data.train"]["size"] == data.stat().st_size
+    monkeypatch.chdir(tmp_path / "sub")  # the same file named by a relative path (and through a link) resumes
+    assert fingerprint_diff(base, run_fingerprint(_cfg(tmp_path, "data.train=d.jsonl"))) == []
+    os.symlink(data, tmp_path / "alias.jsonl")
+    assert fingerprint_diff(base, run_fingerprint(_cfg(tmp_path, "data.train=../alias.jsonl"))) == []
+    # a fingerprint written before content was recorded held the path string: the same file still matches
+    assert fingerprint_diff({**base, "data.train": str(data)}, run_fingerprint(_cfg(tmp_path, "data.train=d.jsonl"))) \
+        == []
+    # the same name, other content (even the same size): refused, naming the file
+    data.write_text('{"prompt": "a", "completion": "c"}\n')
+    diff = fingerprint_diff(base, run_fingerprint(_cfg(tmp_path, "data.train=d.jsonl")))
+    assert diff == [f"data.train: the content of {data.resolve()} changed (35 -> 35 bytes, another checksum)"]
+    # over the full-hash limit: size plus the first and last MiB (a change in the middle is not seen, by design)
+    monkeypatch.setattr(checkpoint, "FULL_HASH_LIMIT", 3 << 20)
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(b"a" * (4 << 20))
+    first = checkpoint.data_identity(str(big))
+    with open(big, "r+b") as f:
+        f.seek((4 << 20) - 10)
+        f.write(b"b")
+    assert checkpoint.data_identity(str(big))["sha256"] != first["sha256"]
+    # a directory of files: every file's name, size and content; a datasets name stays a name
+    assert checkpoint.data_identity(str(tmp_path / "sub"))["size"] == data.stat().st_size
+    assert checkpoint.data_identity("org/some-dataset") == "org/some-dataset"

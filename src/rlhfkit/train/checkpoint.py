@@ -28,8 +28,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import pickle
 import random
+import re
 import weakref
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,8 @@ from typing import Any
 import torch
 
 from .. import algos, files
-from ..errors import ConfigError, NonFiniteError, RunError
+from ..config import load_config, read_yaml
+from ..errors import ConfigError, NonFiniteError, RunError, UserError
 from ..files import fsync_dir
 from ..models.loading import trainable_state_dict
 from .distributed import get_strategy
@@ -57,6 +60,69 @@ RENAMED_KEYS = {
     "algo.clip_low": "algo.{policy_loss}.clip_low",  # the clip range moved into each policy loss's section
     "algo.clip_high": "algo.{policy_loss}.clip_high",
 }
+
+
+#: config keys naming data files: fingerprinted by resolved path and content (:func:`data_identity`), not by the string
+DATA_FILE_KEYS = ("data.train", "data.eval")
+#: files up to this size are hashed whole; larger ones by size and the sha256 of their first and last MiB
+FULL_HASH_LIMIT = 64 << 20
+_EDGE = 1 << 20
+
+
+def _file_digest(path: Path, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        if size <= FULL_HASH_LIMIT:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        else:
+            digest.update(f.read(_EDGE))
+            f.seek(size - _EDGE)
+            digest.update(f.read(_EDGE))
+    return digest.hexdigest()
+
+
+def data_identity(value: Any) -> Any:
+    """What a data file is, for the fingerprint: ``{"path": resolved path, "size", "sha256"}`` (the whole file up
+    to :data:`FULL_HASH_LIMIT`, else its first and last MiB); a directory: the same over every file in it. The same
+    file named by another relative path is the same; a file changed under the same name is not. A value that names
+    no local file (a ``datasets`` name) stays as it is."""
+    if not isinstance(value, str) or not value:
+        return value
+    path = Path(value).expanduser()
+    try:
+        real = path.resolve(strict=True)
+        if real.is_file():
+            size = real.stat().st_size
+            return {"path": str(real), "size": size, "sha256": _file_digest(real, size)}
+        if real.is_dir():
+            digest, total = hashlib.sha256(), 0
+            for p in sorted(q for q in real.rglob("*") if q.is_file()):
+                size = p.stat().st_size
+                total += size
+                digest.update(f"{p.relative_to(real).as_posix()}\0{size}\0{_file_digest(p, size)}\0".encode())
+            return {"path": str(real), "size": total, "sha256": digest.hexdigest()}
+    except OSError:
+        pass
+    return value
+
+
+def _same_data(old: Any, new: Any) -> bool:
+    """Data identities are equal, or ``old`` is a path string (a fingerprint written before content was recorded)
+    resolving to the same file as ``new``."""
+    if isinstance(old, str) and isinstance(new, dict):
+        return os.path.realpath(os.path.expanduser(old)) == new.get("path")
+    return old == new
+
+
+def _show(key: str, old: Any, new: Any) -> str:
+    if isinstance(new, dict) and "sha256" in new:
+        if isinstance(old, dict) and old.get("path") == new["path"]:
+            return (f"{key}: the content of {new['path']} changed ({old.get('size')} -> {new['size']} bytes, another "
+                    "checksum)")
+        old = old.get("path") if isinstance(old, dict) else old
+        new = new["path"]
+    return f"{key}: {old} -> {new}"
 
 
 def _flat(obj, prefix: str = "") -> dict[str, Any]:
@@ -79,7 +145,8 @@ def _excluded(key: str) -> bool:
 
 def run_fingerprint(cfg) -> dict[str, Any]:
     """The settings that define the run (dotted key -> JSON value); see the module doc for what is left out."""
-    return _without_unused_policy_sections({k: v for k, v in _flat(cfg).items() if not _excluded(k)})
+    flat = {k: data_identity(v) if k in DATA_FILE_KEYS else v for k, v in _flat(cfg).items() if not _excluded(k)}
+    return _without_unused_policy_sections(flat)
 
 
 def _policy_section(fingerprint: dict) -> str | None:
@@ -119,8 +186,8 @@ def fingerprint_diff(old: dict, new: dict) -> list[str]:
     old = upgrade_fingerprint(old)
     keys = sorted(set(old) | set(new), key=lambda k: (k != "recipe", k))
     missing = "(unset)"
-    return [f"{k}: {old.get(k, missing)} -> {new.get(k, missing)}" for k in keys if old.get(k, missing) !=
-            new.get(k, missing)]
+    return [_show(k, old.get(k, missing), new.get(k, missing)) for k in keys
+            if not _same_data(old.get(k, missing), new.get(k, missing))]
 
 
 # ──────────────────────────────────────────────── RNG streams ────────────────────────────────────────────────
@@ -228,6 +295,9 @@ class Checkpointer:
     def __init__(self, run, keep: int = 2):
         self.run = run
         self.keep = max(1, keep)
+        self.damaged: list[Path] = []  # found by find(): moved aside (set_aside) when the run commits
+        self._valid: set[Path] = set()  # checkpoints known to be valid (written or validated by this process)
+        self._fingerprint: dict | None = None
 
     def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict) -> Path | None:
         acc = self.run.accelerator
@@ -264,21 +334,39 @@ class Checkpointer:
                 for p in sorted(q for q in tmp.rglob("*") if q.is_file()):  # sharded/: the strategy's shards
                     _fsync_file(p)
                     listed[p.relative_to(tmp).as_posix()] = {"size": p.stat().st_size, "sha256": _sha256(p)}
-                manifest = {"step": step, "files": listed, "fingerprint": run_fingerprint(self.run.cfg)}
+                if self._fingerprint is None:
+                    self._fingerprint = run_fingerprint(self.run.cfg)
+                manifest = {"step": step, "files": listed, "fingerprint": self._fingerprint}
                 with files.open_new(tmp / MANIFEST) as f:
                     f.write(json.dumps(manifest, indent=1))
                 _fsync_file(tmp / MANIFEST)
                 fsync_dir(tmp)
+                if final.exists() and validate_checkpoint(final) is not None:
+                    set_aside(final, self.run.print, "replaced by a new one")  # never deleted for being unreadable
                 files.replace(tmp, final)  # a link in final's place is refused, an older directory removed
                 fsync_dir(self.run.run_dir)
+                self._valid.add(final)
                 self._prune()
         acc.wait_for_everyone()
         return final
 
+    def is_valid(self, path: Path) -> bool:
+        """:func:`validate_checkpoint`: in full once per checkpoint, then (and for those this run wrote) the sizes
+        only, so that pruning rereads no checkpoint."""
+        if path in self._valid and validate_checkpoint(path, checksums=False) is None:
+            return True
+        self._valid.discard(path)
+        if validate_checkpoint(path) is None:
+            self._valid.add(path)
+        return path in self._valid
+
     def _prune(self) -> None:
-        ckpts = sorted(list_checkpoints(self.run.run_dir), key=lambda p: p[0])
-        for _, path in ckpts[: -self.keep]:
+        """Keep the newest ``keep`` valid checkpoints; older valid ones go. An unreadable checkpoint is never deleted
+        (nor counted), nor anything that is not a ``checkpoint-N`` directory."""
+        valid = [path for _, path in sorted(list_checkpoints(self.run.run_dir), reverse=True) if self.is_valid(path)]
+        for path in valid[self.keep:]:
             files.remove(path)
+            self._valid.discard(path)
 
     def find(self, resume: str) -> Path | None:
         """The checkpoint to resume from: ``auto`` / ``force`` = newest valid one (damaged ones skipped with a
@@ -289,8 +377,14 @@ class Checkpointer:
             for _, path in sorted(list_checkpoints(self.run.run_dir), reverse=True):
                 problem = validate_checkpoint(path)
                 if problem is None:
+                    self._valid.add(path)
+                    if not (path / MANIFEST).is_file():
+                        self.run.print(f"[ckpt] {path.name} has no manifest (written by an earlier rlhfkit): its "
+                                       "files load as tensors only, so it is resumed as it is")
                     return path
-                self.run.print(f"[ckpt] warning: {path.name} is damaged ({problem}); trying an older checkpoint")
+                self.damaged.append(path)
+                self.run.print(f"[ckpt] warning: {path.name} is damaged ({problem}); it will be moved aside to "
+                               f"{_aside_name(path).name} (never deleted); trying an older checkpoint")
             return None
         path = Path(resume)
         if not (path / "trainer_state.pt").is_file():
@@ -336,27 +430,67 @@ class Checkpointer:
         return state
 
 
-def validate_checkpoint(path: Path) -> str | None:
-    """Why ``path`` cannot be used (no / torn manifest, a file missing, truncated or changed), or None if it is
-    complete. Reads every file once (sha256)."""
+def _legacy_problem(path: Path) -> str | None:
+    """A checkpoint without a manifest (written before the manifest existed) is usable when its files load as
+    tensors only (``weights_only``) and its state is JSON; why not, or None."""
+    try:
+        torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+        torch.load(path / "rng_state_0.pt", map_location="cpu", weights_only=True)
+        json.loads((path / "state.json").read_text())
+    except FileNotFoundError as err:
+        return f"no manifest.json, and {Path(err.filename or '?').name} is missing"
+    except Exception as err:  # noqa: BLE001 - anything a damaged file raises: it is unreadable, not a crash
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:120]
+        return f"no manifest.json, and its files do not load as tensors ({first})"
+    return None
+
+
+def validate_checkpoint(path: Path, checksums: bool = True) -> str | None:
+    """Why ``path`` cannot be used (a torn manifest, a file missing, truncated or changed), or None if it is
+    complete. Reads every file once (sha256; ``checksums=False``: the sizes only). A checkpoint without a manifest
+    (an earlier rlhfkit's) is complete when its files load as tensors only (:func:`_legacy_problem`)."""
+    if files.refuse_link(path) is None or not path.is_dir():
+        return "not a directory"
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-        files = manifest["files"]
+        listed = manifest["files"]
     except FileNotFoundError:
-        return "no manifest.json: not completely written, or written by an older rlhfkit"
+        return _legacy_problem(path)
     except (OSError, ValueError, KeyError, TypeError):
         return "manifest.json is torn"
-    if "trainer_state.pt" not in files or "state.json" not in files or "rng_state_0.pt" not in files:
+    if not isinstance(listed, dict):
+        return "manifest.json is torn"
+    if "trainer_state.pt" not in listed or "state.json" not in listed or "rng_state_0.pt" not in listed:
         return "the manifest lacks trainer_state.pt, state.json or rng_state_0.pt"
-    for name, meta in files.items():
+    for name, meta in listed.items():
         p = path / name
-        if not p.is_file():
+        if not p.is_file() or p.is_symlink():
             return f"{name} is missing"
+        if not isinstance(meta, dict):
+            return "manifest.json is torn"
         if p.stat().st_size != meta.get("size"):
             return f"{name} has {p.stat().st_size} bytes, the manifest says {meta.get('size')}"
-        if _sha256(p) != meta.get("sha256"):
+        if checksums and _sha256(p) != meta.get("sha256"):
             return f"{name} does not match its checksum"
     return None
+
+
+def _aside_name(path: Path) -> Path:
+    aside = path.with_name(path.name + ".damaged")
+    n = 2
+    while os.path.lexists(aside):
+        aside, n = path.with_name(f"{path.name}.damaged-{n}"), n + 1
+    return aside
+
+
+def set_aside(path: Path, say=print, why: str = "unreadable") -> Path:
+    """Move a damaged checkpoint aside to ``checkpoint-N.damaged`` (never deleted: it may be the only copy of the
+    user's work) with one warning line; returns its new path."""
+    aside = _aside_name(path)
+    files.refuse_link(path)
+    os.rename(path, aside)
+    say(f"[ckpt] warning: {path.name} ({why}) moved aside to {aside.name}; nothing was deleted")
+    return aside
 
 
 def checkpoint_fingerprint(path: Path) -> dict | None:
@@ -367,14 +501,27 @@ def checkpoint_fingerprint(path: Path) -> dict | None:
         return None
 
 
+def config_fingerprint(run_dir: Path) -> dict | None:
+    """The fingerprint of the run whose ``config.yaml`` is in ``run_dir`` (for a checkpoint without a manifest);
+    None when there is none or it no longer builds."""
+    path = Path(run_dir) / "config.yaml"
+    try:
+        files.refuse_link(path)
+        recipe = read_yaml(path).get("recipe")
+        return run_fingerprint(load_config(recipe, path))
+    except (UserError, OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
+
+
 def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every ``checkpoint-N`` in ``run_dir`` holding a trainer state (``.tmp`` ones left out)."""
+    """(step, path) of every ``checkpoint-N`` directory in ``run_dir`` (not a link; ``.tmp`` / ``.damaged`` and every
+    other name left out), valid or not."""
     out = []
     for p in Path(run_dir).glob("checkpoint-*"):
-        if p.name.endswith(".tmp") or not (p / "trainer_state.pt").is_file():
-            continue
-        try:
-            out.append((int(p.name.split("-", 1)[1]), p))
-        except ValueError:
-            continue
+        match = CHECKPOINT_NAME.fullmatch(p.name)
+        if match and p.is_dir() and not p.is_symlink():
+            out.append((int(match.group(1)), p))
     return out

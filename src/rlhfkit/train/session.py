@@ -7,15 +7,20 @@ A :class:`Session` (made by :func:`~rlhfkit.train.run.start_run`, held as ``run.
    :meth:`Session.begin` answers a rerun of a finished command (exit 0, nothing retrained).
 2. **resume or start over** (chosen by :meth:`Session.begin` before anything loads, loaded by
    :meth:`Session.resume`; ``train.resume``): ``auto`` takes the newest *valid*
-   checkpoint (damaged ones are skipped with a warning) if its fingerprint matches this run, and refuses one of
-   another run; ``force`` resumes it even when settings changed; ``never`` starts over; a path resumes that one.
+   checkpoint (one without a manifest, written by an earlier rlhfkit, is valid when its files load as tensors only,
+   and its settings are read from the run's ``config.yaml``; damaged ones are skipped with a warning and moved aside
+   to ``checkpoint-N.damaged`` when the run commits, never deleted) if its fingerprint matches this run, and refuses
+   one of another run; ``force`` resumes it even when settings changed; ``never`` starts over; a path resumes that one.
 3. **the files** (:meth:`Session.open_sink`, :meth:`Session.open_samples`): new ``metrics.jsonl`` /
    ``samples.jsonl`` are written beside the earlier run's (``.new``) and swapped in, together with
    ``config.yaml``, only when the run *commits*: at its first metrics line (or first checkpoint). Starting over
-   deletes the earlier run's checkpoints at that moment too; resuming deletes those newer than the one resumed
+   deletes the earlier run's valid checkpoints at that moment too (an unreadable one is moved aside, anything not
+   named ``checkpoint-N`` is left); resuming deletes those newer than the one resumed
    (damaged ones, or the future an explicit ``train.resume=PATH`` rewrites). A run that fails before leaves every
    earlier file byte-identical, and a directory it created empty is removed.
 4. **checkpoints** (:meth:`Session.save`): never of non-finite weights; a full disk ends in one line.
+Every file is written through ``rlhfkit.files`` (never through a link planted in the directory; a write failure is
+one line with the space needed, its partial output removed).
 5. **the end** (:meth:`Session.finish`): the final model, ``finished.json`` (fingerprint, run length), the report.
 
 **The fingerprint** of a run (every config key that defines what is trained; what is left out and why:
@@ -45,13 +50,17 @@ from ..errors import RunError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
 from ..track.console import get_console
 from .checkpoint import (
+    CHECKPOINT_NAME,
     Checkpointer,
     check_finite,
     checkpoint_fingerprint,
+    config_fingerprint,
     fingerprint_diff,
     guard_of,
+    list_checkpoints,
     run_fingerprint,
     run_length,
+    set_aside,
 )
 from .common import write_report
 from .distributed import get_strategy
@@ -221,9 +230,15 @@ class Session:
     def _choose_checkpoint(self) -> None:
         """The checkpoint to resume (``train.resume``), refused when another run made it (see :meth:`begin`)."""
         cfg = self.cfg
-        self._old_checkpoints = sorted(self.run.run_dir.glob("checkpoint-*"))
+        self._old_checkpoints = [p for _, p in sorted(list_checkpoints(self.run.run_dir))]
         path = self.ckpt.find(cfg.train.resume)
-        self._diff = fingerprint_diff(checkpoint_fingerprint(path) or {}, self.fingerprint) if path else []
+        self._diff = []
+        if path is not None:
+            old = checkpoint_fingerprint(path) or config_fingerprint(self.run.run_dir)  # no manifest: its run's config
+            if old is None:
+                self.run.print(f"[ckpt] warning: {path.name} records no settings (no manifest, no config.yaml that "
+                               "still builds): resumed without comparing them")
+            self._diff = fingerprint_diff(old, self.fingerprint) if old is not None else []
         if self._diff and cfg.train.resume == "auto":  # force and an explicit path adopt the new settings
             raise _mismatch(self.run.run_dir, path.name, self._diff)
         self._resume_path = path
@@ -314,11 +329,20 @@ class Session:
         except files.WRITE_ERRORS as err:
             raise files.write_failed(run_dir, err, what="the run's files", fix="rerun") from None
         files.remove(run_dir / FINISHED_FILE)
-        old = [p for p in self._old_checkpoints if p.exists()]
-        if self.resumed_from is not None:  # keep those up to the one resumed; newer ones (damaged, or a future this
-            old = [p for p in old if _step_of(p) > self.resume_step]  # run rewrites) must not be resumed later
+        for path in self.ckpt.damaged:  # never deleted for being unreadable: moved aside, once
+            if os.path.lexists(path):
+                set_aside(path, self.run.print, "damaged")
+        old = [p for p in self._old_checkpoints if p.exists() and p not in self.ckpt.damaged]
+        if self.resumed_from is not None:  # keep those up to the one resumed; newer ones (the future this run
+            old = [p for p in old if _step_of(p) > self.resume_step]  # rewrites) must not be resumed later
+        for path in [p for p in old if not self.ckpt.is_valid(p)]:  # unreadable: set aside, never deleted
+            set_aside(path, self.run.print, "unreadable")
+        old = [p for p in old if p.exists()]
         for path in old:
             files.remove(path)
+        for tmp in self.run.run_dir.glob("checkpoint-*.tmp"):  # a checkpoint a killed run left half-written
+            if CHECKPOINT_NAME.fullmatch(tmp.name.removesuffix(".tmp")):
+                files.remove(tmp)
         if old:
             self.run.print(f"[ckpt] {'starting over' if self.resumed_from is None else 'resumed'}: removed "
                            f"{', '.join(p.name for p in old)}")
