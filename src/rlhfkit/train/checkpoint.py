@@ -306,7 +306,8 @@ class Checkpointer:
         check_finite({k: acc.unwrap_model(m) for k, m in models.items()}, f"checkpoint-{step}")
         acc.wait_for_everyone()
         # a full disk (OSError, torch's RuntimeError, ...) is one line with the space needed; checkpoint-N.tmp goes
-        need = 3 * sum(files.nbytes(trainable_state_dict(acc.unwrap_model(m))) for m in models.values())
+        need = 3 * sum(p.numel() * p.element_size() for m in models.values()  # weights + two AdamW moments
+                       for p in acc.unwrap_model(m).parameters() if p.requires_grad)
         with files.writing(final, need=need, cleanup=[tmp], fix="rerun to resume (the previous checkpoints are "
                                                                  "intact)"):
             if acc.is_main_process:
