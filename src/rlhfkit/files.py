@@ -69,6 +69,8 @@ def _refusal(path: Path, st: os.stat_result) -> PlantedLinkError:
             what = f"a symbolic link to {os.readlink(path)}"
         except OSError:
             what = "a symbolic link"
+    elif stat.S_ISREG(st.st_mode):
+        what = f"a hard link ({st.st_nlink} names share its content)"
     else:
         what = "not a regular file or directory"
     return PlantedLinkError(f"{path.name} is {what}; rlhfkit never writes through a link in a run directory",
@@ -166,7 +168,7 @@ def _open_fd(path: Path, flags: int) -> int:
                            fix=f"remove {path} or choose another output_dir") from None
         raise err
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:  # a hard link shares its content with a file elsewhere
         os.close(fd)
         raise _refusal(path, st)
     return fd

@@ -103,6 +103,17 @@ def test_a_fifo_in_a_files_place_is_refused_without_blocking(tmp_path):
             call()
 
 
+def test_a_hard_link_is_never_appended_to_nor_truncated(tmp_path, victim):
+    for name in (".rlhfkit.lock", "metrics.jsonl"):
+        os.link(victim, tmp_path / name)
+    with pytest.raises(PlantedLinkError, match="lock is a hard link"):
+        files.open_lock(tmp_path / ".rlhfkit.lock")
+    with pytest.raises(PlantedLinkError, match="metrics.jsonl is a hard link"):
+        files.open_append(tmp_path / "metrics.jsonl")
+    files.write_atomic(tmp_path / "metrics.jsonl", "new\n")  # replaced by a rename: the other name keeps its content
+    assert victim.read_bytes() == SECRET and (tmp_path / "metrics.jsonl").read_text() == "new\n"
+
+
 def test_links_under_names_rlhfkit_does_not_write_are_left_alone(tmp_path, victim):
     _plant(tmp_path, "my_data.jsonl", victim)  # the user's own link beside the run files
     files.check_run_dir(tmp_path)

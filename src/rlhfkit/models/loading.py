@@ -121,13 +121,16 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
         raise ModelError("loading GGUF files needs the `gguf` package", where="model.name",
                          fix="pip install 'rlhfkit[gguf]'") from None
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # per process: two runs converting at once never clash
-    shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32,
                                                  **_gguf_dequantize_kwargs())
     _drop_gguf_quantizer(model, gguf_path)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with files.writing(out, need=files.model_nbytes(model), cleanup=[tmp], what="the model converted from GGUF",
+                       fix="rerun"):
+        files.fresh_dir(tmp)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
     try:
         tmp.replace(out)
     except OSError:  # another process finished the same conversion first
