@@ -69,10 +69,10 @@ FULL_HASH_LIMIT = 64 << 20
 _EDGE = 1 << 20
 
 
-def _file_digest(path: Path, size: int) -> str:
+def _file_digest(path: Path, size: int, limit: int | None = None) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        if size <= FULL_HASH_LIMIT:
+        if size <= (FULL_HASH_LIMIT if limit is None else limit):
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
         else:
@@ -84,7 +84,8 @@ def _file_digest(path: Path, size: int) -> str:
 
 def data_identity(value: Any) -> Any:
     """What a data file is, for the fingerprint: ``{"path": resolved path, "size", "sha256"}`` (the whole file up
-    to :data:`FULL_HASH_LIMIT`, else its first and last MiB); a directory: the same over every file in it. The same
+    to :data:`FULL_HASH_LIMIT`, else its first and last MiB); a directory: the same over every file in it (each file
+    over 2 MiB by its first and last MiB, so that a directory of shards is read in seconds). The same
     file named by another relative path is the same; a file changed under the same name is not. A value that names
     no local file (a ``datasets`` name) stays as it is."""
     if not isinstance(value, str) or not value:
@@ -100,17 +101,18 @@ def data_identity(value: Any) -> Any:
             for p in sorted(q for q in real.rglob("*") if q.is_file()):
                 size = p.stat().st_size
                 total += size
-                digest.update(f"{p.relative_to(real).as_posix()}\0{size}\0{_file_digest(p, size)}\0".encode())
+                part = _file_digest(p, size, limit=2 * _EDGE)
+                digest.update(f"{p.relative_to(real).as_posix()}\0{size}\0{part}\0".encode())
             return {"path": str(real), "size": total, "sha256": digest.hexdigest()}
     except OSError:
         pass
     return value
 
 
-def _same_data(old: Any, new: Any) -> bool:
-    """Data identities are equal, or ``old`` is a path string (a fingerprint written before content was recorded)
-    resolving to the same file as ``new``."""
-    if isinstance(old, str) and isinstance(new, dict):
+def _same(key: str, old: Any, new: Any) -> bool:
+    """Equal values; for a data file (:data:`DATA_FILE_KEYS`) also an ``old`` path string (a fingerprint written
+    before content was recorded) resolving to the file ``new`` describes."""
+    if key in DATA_FILE_KEYS and isinstance(old, str) and isinstance(new, dict):
         return os.path.realpath(os.path.expanduser(old)) == new.get("path")
     return old == new
 
@@ -187,7 +189,7 @@ def fingerprint_diff(old: dict, new: dict) -> list[str]:
     keys = sorted(set(old) | set(new), key=lambda k: (k != "recipe", k))
     missing = "(unset)"
     return [_show(k, old.get(k, missing), new.get(k, missing)) for k in keys
-            if not _same_data(old.get(k, missing), new.get(k, missing))]
+            if not _same(k, old.get(k, missing), new.get(k, missing))]
 
 
 # ──────────────────────────────────────────────── RNG streams ────────────────────────────────────────────────
