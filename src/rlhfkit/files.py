@@ -78,6 +78,11 @@ def _refusal(path: Path, st: os.stat_result) -> PlantedLinkError:
                                                  "another output_dir")
 
 
+def _not_a_file(path: Path) -> RunError:
+    return RunError(f"{path.name} is a directory where rlhfkit writes a file", where=str(path),
+                    fix=f"move {path} away or choose another output_dir")
+
+
 def refuse_link(path: str | Path) -> os.stat_result | None:
     """``lstat`` of ``path`` (None when nothing is there); a link, FIFO, socket or device raises
     :class:`PlantedLinkError` naming it."""
@@ -164,8 +169,7 @@ def _open_fd(path: Path, flags: int) -> int:
     except OSError as err:
         st = refuse_link(path)  # ELOOP (a link), EEXIST (one raced in): name it
         if st is not None and not stat.S_ISREG(st.st_mode):
-            raise RunError(f"{path.name} is a directory where rlhfkit writes a file", where=str(path),
-                           fix=f"remove {path} or choose another output_dir") from None
+            raise _not_a_file(path) from None
         raise err
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:  # a hard link shares its content with a file elsewhere
@@ -179,6 +183,9 @@ def open_new(path: str | Path, mode: str = "w", encoding: str | None = "utf-8"):
     special file is refused, never followed), then ``O_CREAT | O_EXCL | O_NOFOLLOW`` makes sure this process
     created it."""
     path = Path(path)
+    st = refuse_link(path)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise _not_a_file(path)
     remove(path)
     fd = _open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     return os.fdopen(fd, mode, encoding=None if "b" in mode else encoding)
@@ -201,6 +208,8 @@ def replace(src: str | Path, dst: str | Path) -> None:
     removed first (a directory cannot be renamed over a non-empty one)."""
     st = refuse_link(dst)
     if st is not None and stat.S_ISDIR(st.st_mode):
+        if not os.path.isdir(src):
+            raise _not_a_file(Path(dst))
         shutil.rmtree(dst)
     os.replace(src, dst)
 

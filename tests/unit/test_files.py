@@ -103,6 +103,17 @@ def test_a_fifo_in_a_files_place_is_refused_without_blocking(tmp_path):
             call()
 
 
+def test_a_directory_in_a_files_place_is_never_removed(tmp_path):
+    for name in ("config.yaml", "metrics.jsonl.new"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "mine.txt").write_text("mine")
+    with pytest.raises(RunError, match="config.yaml is a directory where rlhfkit writes a file"):
+        files.write_atomic(tmp_path / "config.yaml", "a: 1\n")
+    with pytest.raises(RunError, match="metrics.jsonl.new is a directory"):
+        files.open_new(tmp_path / "metrics.jsonl.new")
+    assert all((tmp_path / n / "mine.txt").read_text() == "mine" for n in ("config.yaml", "metrics.jsonl.new"))
+
+
 def test_a_hard_link_is_never_appended_to_nor_truncated(tmp_path, victim):
     for name in (".rlhfkit.lock", "metrics.jsonl"):
         os.link(victim, tmp_path / name)
