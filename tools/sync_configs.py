@@ -1,6 +1,7 @@
 """Rewrite every recipe YAML in configs/ from the config classes: same values, the current set of keys, and each
 key's help string as its comment (the header comment lines of each file are kept). Run after adding or
-documenting a config key: `.venv/bin/python tools/sync_configs.py` (the pipeline YAML is hand-written)."""
+documenting a config key: `.venv/bin/python tools/sync_configs.py` (the pipeline YAML is hand-written). It also
+rewrites the README's tables of TRL names from ``config.trl.TRL_NAMES`` (between the ``trl-names`` markers)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from rlhfkit.config import RECIPES, dump_yaml, load_config
+from rlhfkit.config.trl import markdown_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +33,15 @@ def main() -> int:
             path.write_text(text)
             changed += 1
             print(f"rewrote {path.relative_to(ROOT)}")
-    print(f"{changed} config file(s) changed")
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    begin, end = "<!-- trl-names:begin -->\n", "\n<!-- trl-names:end -->"
+    new = text[: text.index(begin) + len(begin)] + markdown_tables() + text[text.index(end):]
+    if new != text:
+        readme.write_text(new)
+        changed += 1
+        print("rewrote README.md's TRL tables")
+    print(f"{changed} file(s) changed")
     return 0
 
 

@@ -105,6 +105,16 @@ def split_overrides(tokens: list[str]) -> tuple[str | None, list[str]]:
     i = 0
     while i < len(tokens):
         tok = tokens[i]
+        if tok == "--config" or tok.startswith("--config="):  # TRL's spelling of the positional config file
+            path = tok.partition("=")[2] if "=" in tok else (tokens[i + 1] if i + 1 < len(tokens) else "")
+            i += 1 if "=" in tok else 2
+            if not path or path.startswith("--"):
+                raise UsageError("--config needs a file", where="command line", fix="write --config path/to/x.yaml")
+            if config is not None:
+                raise UsageError(f"two config files given ({config!r} and {path!r})", where="command line",
+                                 fix="give one config file; change single keys with key.sub=value")
+            config = path
+            continue
         if tok.startswith("--") and len(tok) > 2:
             body = tok[2:]
             if "=" in body:
@@ -243,7 +253,8 @@ def build_parser() -> _Parser:
     csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True)
     s = csub.add_parser("show", help="print a recipe's default config as commented YAML")
     s.add_argument("recipe", help=" | ".join(RECIPES))
-    s.add_argument("overrides", nargs="*", metavar="key.sub=value", help="overrides applied before printing")
+    s.add_argument("overrides", nargs=argparse.REMAINDER, metavar="[config.yaml | --config FILE] key.sub=value",
+                   help="a config file and overrides applied before printing")
     return parser
 
 
@@ -396,10 +407,13 @@ def cmd_data(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from .config import build_config, dump_yaml
+    from .config import build_config, dump_yaml, load_config
 
-    cfg = build_config(args.recipe, {}, args.overrides, source="defaults")
-    sys.stdout.write(f"# rlhfkit {args.recipe}: default config (rlhfkit {__version__}); every key is optional\n")
+    path, overrides = split_overrides(args.overrides)
+    cfg = load_config(args.recipe, path, overrides) if path else build_config(args.recipe, {}, overrides,
+                                                                              source="defaults")
+    what = f"the config of {path}" if path else "default config"
+    sys.stdout.write(f"# rlhfkit {args.recipe}: {what} (rlhfkit {__version__}); every key is optional\n")
     sys.stdout.write(dump_yaml(cfg))
     return EXIT_OK
 

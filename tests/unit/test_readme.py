@@ -1,10 +1,10 @@
-"""The README's tables stay true to the code: the TRL alias table is config.ALIASES (plus the family aliases), the
+"""The README's tables stay true to the code: the TRL names tables are config.trl.TRL_NAMES rendered, the
 trackers it names are the ones check_backends knows, and the extras it installs exist in pyproject.toml."""
 
 import re
 from pathlib import Path
 
-from rlhfkit.config import _FAMILY_ALIASES, ALIASES
+from rlhfkit.config.trl import markdown_tables
 from rlhfkit.track.trackers import known_backends
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,13 +19,12 @@ def _section(title: str) -> str:
     return README[start: min(ends) if ends else None]
 
 
-def test_alias_table_is_config_aliases():
-    family = {k for aliases in _FAMILY_ALIASES.values() for k in aliases}
-    rows = re.findall(r"^\| `([a-z_]+)` \| `([a-z_.]+)`", _section("### Flat names"), flags=re.M)
-    rows = [(k, v) for k, v in rows if k not in family]
-    assert dict(rows) == ALIASES and len(rows) == len(ALIASES)
-    for name in family:
-        assert f"| `{name}` |" in _section("### Flat names")
+def test_trl_tables_are_the_mapping():
+    """tools/sync_configs.py writes them; a name added to TRL_NAMES without re-running it fails here."""
+    section = _section("### Flat names")
+    assert "<!-- trl-names:begin -->\n" + markdown_tables() + "\n<!-- trl-names:end -->" in section
+    for name in ("loss_type", "bf16", "eval_strategy", "scale_rewards", "push_to_hub", "reward_funcs"):
+        assert f"`{name}`" in section
 
 
 def test_trackers_named_in_the_readme_are_known():

@@ -12,12 +12,13 @@ One job per module (each imports only those above it, plus ``errors``):
 * :mod:`.checks` — the cross-field rules (``check()``) and what a run needs (``check_inputs()``);
 * :mod:`.schema` — the field helper :func:`f` and every section and recipe dataclass;
 * :mod:`.recipes` — the recipe table :data:`RECIPES`;
-* :mod:`.aliases` — TRL-style flat names (``learning_rate`` -> ``optim.lr``), logged once;
+* :mod:`.trl` — the table of TRL's names: renamed, translated (``loss_type=dr_grpo``) or refused with why;
+* :mod:`.aliases` — applying that table while a config is built (``learning_rate`` -> ``optim.lr``), logged once;
 * :mod:`.parse` — YAML, dotted overrides, coercion with bounds and did-you-mean, :func:`build_config`,
   :func:`dump_yaml`.
 """
 
-from .aliases import _FAMILY_ALIASES, ALIASES, alias_of
+from .aliases import trl_entry
 from .checks import check_backends, check_output_dir
 from .choices import STATIC_CHOICES, choices_of, known_backends, registry_choices
 from .parse import (
@@ -59,13 +60,15 @@ from .schema import (
     f,
 )
 from .splits import parse_split
+from .trl import TRL_NAMES, TrlName
 
 __all__ = [
-    "ALIASES", "RECIPES", "STATIC_CHOICES", "CriticConfig", "DataConfig", "DistributedConfig", "DynamicSamplingConfig",
+    "RECIPES", "TRL_NAMES", "STATIC_CHOICES", "CriticConfig",
+    "DataConfig", "DistributedConfig", "DynamicSamplingConfig",
     "EnvConfig", "GenerationConfig", "KLConfig", "LoraConfig", "MemoryConfig", "ModelConfig", "OffPolicyConfig",
     "OnlineAlgoConfig", "OnlineConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "PreferenceAlgoConfig",
     "PreferenceConfig", "Recipe", "RewardConfig", "RewardFunction", "RewardModelConfig", "RMConfig", "SFTConfig",
-    "TrackConfig", "TrainConfig", "_FAMILY_ALIASES", "alias_of", "build_config", "check_backends", "check_output_dir",
+    "TrackConfig", "TrainConfig", "TrlName", "build_config", "check_backends", "check_output_dir",
     "choices_of", "dump_yaml", "f", "known_backends", "load_config", "parse_override", "parse_split", "read_yaml",
-    "registry_choices", "replace", "save_config",
+    "registry_choices", "replace", "save_config", "trl_entry",
 ]

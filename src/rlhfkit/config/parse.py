@@ -52,7 +52,7 @@ import yaml
 
 from .. import files
 from ..errors import ConfigError
-from .aliases import _apply_aliases, _begin_aliases, _flush_aliases, _log_alias, alias_of, move_policy_settings
+from .aliases import _begin_aliases, _flush_aliases, apply_trl_names, move_policy_settings, split_trl_names, trl_entry
 from .choices import choices_of
 from .recipes import RECIPES
 
@@ -276,7 +276,7 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
         raise ConfigError(f"unknown recipe '{recipe}'", where="recipe", fix=_did_you_mean(recipe, list(RECIPES)))
     spec = RECIPES[recipe]
     _begin_aliases()
-    data = _apply_aliases(copy.deepcopy(data or {}), recipe, source)
+    data, file_trl = split_trl_names(copy.deepcopy(data or {}), recipe)
     tree = _merge(copy.deepcopy(spec.defaults), data)  # never mutate shared defaults
     file_recipe = tree.get("recipe", recipe)
     if file_recipe not in RECIPES or RECIPES[file_recipe].config is not spec.config:
@@ -285,14 +285,17 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
             fix=f"run `rlhfkit {file_recipe} ...` or use a {recipe} config",
         )
     tree["recipe"] = recipe if data.get("recipe") is None else file_recipe
-    for item in overrides:
-        keys, value = parse_override(item)
-        if len(keys) == 1 and keys[0] not in {fl.name for fl in dataclasses.fields(spec.config)}:
-            target = alias_of(keys[0], recipe)
-            if target is not None:
-                _log_alias(keys[0], target)
-                keys = target.split(".")
-        _set_path(tree, keys, value)
+    apply_trl_names(tree, file_trl, recipe, source, direct=data)  # TRL's names: renamed, translated or refused
+    own = {fl.name for fl in dataclasses.fields(spec.config)}
+    parsed = [parse_override(item) for item in overrides]
+    cli_trl = {keys[0]: value for keys, value in parsed
+               if len(keys) == 1 and keys[0] not in own and trl_entry(keys[0], recipe, "command line")}
+    written: dict = {}
+    for keys, value in parsed:
+        if len(keys) == 1 and keys[0] in cli_trl:  # in command-line order, so a later override still wins
+            apply_trl_names(tree, {keys[0]: value}, recipe, "command line", given=cli_trl, written=written)
+        else:
+            _set_path(tree, keys, value)
     src = source if not overrides else f"{source} + overrides"
     move_policy_settings(tree, recipe, src)
     cfg = _build(spec.config, tree, "", src)
