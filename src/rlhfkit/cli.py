@@ -456,7 +456,7 @@ def parse_plan_args(tokens: list[str]) -> dict:
 
 
 def cmd_plan(tokens: list[str]) -> int:
-    from .config import load_config, read_yaml
+    from .config import load_config, read_yaml, require_model
     from .models.memory import parse_size
     from .plan import plan
 
@@ -474,6 +474,7 @@ def cmd_plan(tokens: list[str]) -> int:
             raise UsageError(f"bad --gpu-memory {args['gpu_memory']!r}", where="--gpu-memory",
                              fix="write a size such as 80GiB, 24GB or 512MiB") from None
     cfg = load_config(recipe, config_path, overrides)
+    require_model(cfg)
     _quiet_libraries()
     result = plan(cfg, world=args["world_size"], gpu_memory=gpu, device=args["device"], checks=args["checks"])
     print(result.render())

@@ -187,9 +187,9 @@ def test_export_writes_nothing_on_bad_input(results):
 ROOT_USER = hasattr(os, "geteuid") and os.geteuid() == 0
 _AS_ROOT = pytest.mark.skipif(ROOT_USER, reason="root can write to a read-only directory")
 _GRPO = ["grpo", "data.train=prompts.jsonl", "output_dir=prev", "algo.rollout_batch_size=2", "algo.mini_batch_size=8",
-         "train.batch_size=4"]
-_DPO = ["dpo", "data.train=pairs.jsonl", "output_dir=prev"]
-_SFT = ["sft", "data.train=good.jsonl", "output_dir=prev"]
+         "train.batch_size=4", f"model.name={TINY}"]
+_DPO = ["dpo", "data.train=pairs.jsonl", "output_dir=prev", f"model.name={TINY}"]
+_SFT = ["sft", "data.train=good.jsonl", "output_dir=prev", f"model.name={TINY}"]
 
 
 def _fn(spec: str) -> str:
@@ -209,6 +209,9 @@ def _cuda() -> bool:
 
 
 TABLE = [
+    # no silent toy model: a run that names no model stops before anything loads (issue 22)
+    ("no_model_named", ["sft", "data.train=good.jsonl", "output_dir=prev"], ["model.name", "no model named"]),
+    ("no_model_named_grpo", [*_GRPO[:-1], _fn("exact_match")], ["model.name", "no model named"]),
     # the issue's list
     ("lr_negative", [*_SFT, "optim.lr=-1e-5"], ["optim.lr", ">= 0"]),
     ("lr_nan", [*_SFT, "optim.lr=nan"], ["optim.lr", "finite"]),
@@ -415,6 +418,8 @@ def table_results(tmp_path_factory):
         mp.chdir(root)
         for case in TABLE:
             name, argv, _ = case.values if hasattr(case, "values") else case
+            if not name.startswith("no_model_named") and not any(a.startswith("model.name=") for a in argv):
+                argv = [*argv, f"model.name={TINY}"]  # every case names its model (none is picked silently)
             before = _files(root)
             rc, stderr, stdout = _in_process(argv, tripwire=True)
             out[name] = (rc, stderr, stdout, before == _files(root))

@@ -35,13 +35,15 @@ def test_a_stage_needing_a_file_the_task_does_not_write_is_refused_at_plan(tmp_p
     from rlhfkit.errors import ConfigError
 
     stages = [{"name": "sft", "recipe": "sft"}, {"name": "rm", "recipe": "rm"}]
-    cfg = build_config("pipeline", {"output_dir": str(tmp_path / "p"), "task": "calculator", "stages": stages})
+    cfg = build_config("pipeline", {"output_dir": str(tmp_path / "p"), "task": "calculator", "stages": stages,
+                                    "base_model": "tiny"})
     with pytest.raises(ConfigError, match="writes no preference.jsonl for the rm stage"):
         plan_stages(cfg)
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text('{"prompt": "What is 1 + 1?", "chosen": "2", "rejected": "3"}\n')
     stages[1]["config"] = {"data": {"train": str(pairs), "eval": None}}
-    cfg = build_config("pipeline", {"output_dir": str(tmp_path / "p"), "task": "calculator", "stages": stages})
+    cfg = build_config("pipeline", {"output_dir": str(tmp_path / "p"), "task": "calculator", "stages": stages,
+                                    "base_model": "tiny"})
     assert plan_stages(cfg)[1][2].data.train == str(pairs)
 
 

@@ -63,7 +63,7 @@ def test_unknown_key_in_a_file_names_the_file(tmp_path):
     ("optim.betas=0.9", "optim.betas", "a list"),
     ("data.fields=question", "data.fields", "a mapping"),
     ("model=tiny", "model", "a mapping"),
-    ("model.name=null", "model.name", "null"),
+    ("data.max_length=null", "data.max_length", "null"),
 ])
 def test_wrong_type_names_key_and_expected_type(override, key, expected):
     with pytest.raises(ConfigError) as e:

@@ -74,16 +74,20 @@ def test_output_dir_that_is_a_file_or_unwritable(tmp_path):
 
 def test_check_inputs_say_what_a_run_needs(tmp_path):
     cfg = build_config("ppo", {"output_dir": str(tmp_path / "r")})  # consistent, printable by `config show`
+    with pytest.raises(ConfigError, match="no model named"):  # never the built-in toy model unless named
+        cfg.check_inputs()
+    out = {"output_dir": str(tmp_path / "r"), "model": {"name": "tiny"}}
+    cfg = build_config("ppo", out)
     with pytest.raises(ConfigError, match="no training data"):
         cfg.check_inputs()
-    cfg = build_config("ppo", {"output_dir": str(tmp_path / "r"), "data": {"train": "x.jsonl"}})
+    out["data"] = {"train": "x.jsonl"}
+    cfg = build_config("ppo", out)
     with pytest.raises(ConfigError, match="no reward"):
         cfg.check_inputs()
-    cfg = build_config("ppo", {"output_dir": str(tmp_path / "r"), "data": {"train": "x.jsonl"},
-                               "reward": {"functions": [{"fn": "exact_match"}]}})
+    cfg = build_config("ppo", {**out, "reward": {"functions": [{"fn": "exact_match"}]}})
     with pytest.raises(ConfigError, match="critic.init=reward needs reward.model"):
         cfg.check_inputs()
-    build_config("ppo", {"output_dir": str(tmp_path / "r"), "data": {"train": "x.jsonl"}, "critic": {"init": "policy"},
+    build_config("ppo", {**out, "critic": {"init": "policy"},
                          "reward": {"functions": [{"fn": "exact_match"}]}}).check_inputs()
 
 
@@ -177,7 +181,7 @@ def test_output_dir_that_cannot_really_be_created(tmp_path):
 
 
 def test_chat_template_and_gguf_checked_before_loading(tmp_path):
-    out = {"output_dir": str(tmp_path / "r")}
+    out = {"output_dir": str(tmp_path / "r"), "model": {"name": "tiny"}}
     with pytest.raises(ConfigError, match="model.gguf_file"):
         build_config("sft", out, ["model.gguf_file=x.gguf"])
     cfg = build_config("sft", {**out, "data": {"train": "x.jsonl"}}, ["model.chat_template=missing.jinja"])

@@ -19,7 +19,7 @@ One job per module (each imports only those above it, plus ``errors``):
 """
 
 from .aliases import trl_entry
-from .checks import check_backends, check_output_dir
+from .checks import check_backends, check_output_dir, require_model
 from .choices import STATIC_CHOICES, choices_of, known_backends, registry_choices
 from .parse import (
     build_config,
@@ -70,5 +70,5 @@ __all__ = [
     "PreferenceConfig", "Recipe", "RewardConfig", "RewardFunction", "RewardModelConfig", "RMConfig", "SFTConfig",
     "TrackConfig", "TrainConfig", "TrlName", "build_config", "check_backends", "check_output_dir",
     "choices_of", "dump_yaml", "f", "known_backends", "load_config", "parse_override", "parse_split", "read_yaml",
-    "registry_choices", "replace", "save_config", "trl_entry",
+    "registry_choices", "replace", "require_model", "save_config", "trl_entry",
 ]

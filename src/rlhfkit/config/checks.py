@@ -69,7 +69,7 @@ def _check_common(cfg) -> None:
             raise ConfigError("model.lora.qlora loads the base model in 4-bit, which needs a CUDA GPU and the "
                               "bitsandbytes package", where="model.lora.qlora",
                               fix="set model.lora.qlora=false (plain LoRA), or run on a GPU with bitsandbytes")
-    if not cfg.model.name.strip():
+    if cfg.model.name is not None and not cfg.model.name.strip():
         raise ConfigError("'model.name' is empty", where="model.name",
                           fix="give a model directory, a .gguf file, a cached hub name, or tiny")
     d = cfg.data
@@ -227,7 +227,21 @@ def _check_online(cfg) -> None:
                           fix="give an initial algo.kl.coef > 0")
 
 
+def raise_no_model(key: str = "model.name") -> None:
+    """No model named: rlhfkit never trains a model the user did not name (the built-in toy model included)."""
+    raise ConfigError("no model named (rlhfkit does not pick one)", where=key,
+                      fix=f"set {key}=DIR | org/name | file.gguf (TRL's model_name_or_path works too); "
+                          f"{key}=tiny is the built-in 0.34M-parameter toy model")
+
+
+def require_model(cfg) -> None:
+    """What every command that loads the run's model checks first: ``model.name`` is given."""
+    if cfg.model.name is None:
+        raise_no_model()
+
+
 def _inputs_common(cfg) -> None:
+    require_model(cfg)
 
     _inputs_distributed(cfg)
     if not cfg.data.train:

@@ -20,6 +20,7 @@ from .checks import (
     _inputs_common,
     _inputs_online,
     check_output_dir,
+    raise_no_model,
 )
 
 
@@ -45,7 +46,8 @@ class LoraConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    name: str = f("tiny", "HF directory, cached hub name, .gguf file, or tiny[:hidden=..,layers=..]")
+    name: str | None = f(None, "the model (required): HF directory, cached hub name, .gguf file, or "
+                               "tiny[:hidden=..,layers=..] (the built-in toy model, only when named)")
     gguf_file: str | None = f(None, "GGUF file name inside `name` (a directory) when loading a GGUF model")
     dtype: str = f("auto", "auto (CUDA: fp32 weights + bf16 autocast when trained, bf16 when frozen or LoRA base; "
                            "CPU: fp32) | float32 | bfloat16 | float16")
@@ -411,13 +413,17 @@ class PipelineConfig:
     task: str | None = f(None, "built-in task whose data is generated first (quickstart); null = your data")
     task_size: int = f(2000, "records per generated file", ge=1)
     eval_prompts: int = f(200, "held-out prompts for the gold metric (built-in task)", ge=1)
-    base_model: str = f("tiny", "model the first stage starts from")
+    base_model: str | None = f(None, "model the first stage starts from (required; tiny[:...] only when named)")
     stages: list[dict[str, Any]] = f([], "ordered stages: {name, recipe, overrides of that recipe's config}")
 
     def check(self) -> None:
         check_output_dir(self.output_dir)
 
     def check_inputs(self) -> None:
+        first = self.stages[0].get("config") if self.stages and isinstance(self.stages[0], dict) else None
+        named = isinstance(first, dict) and isinstance(first.get("model"), dict) and first["model"].get("name")
+        if self.base_model is None and not named:
+            raise_no_model("base_model")
         if not self.stages:
             raise ConfigError("the pipeline has no stages", where="stages",
                               fix="list stages, see configs/pipeline.yaml")
