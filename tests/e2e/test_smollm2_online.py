@@ -129,8 +129,8 @@ def test_ppo_lora_with_reward_model_from_smollm2(tiny_rm, prompts_file, tmp_path
             super().__init__(*args, **kwargs)
             self.rollouts: list = []
 
-        def rollout(self, prompts, seed, k=None):
-            exp = super().rollout(prompts, seed, k=k)
+        def rollout(self, prompts, seed, k=None, **kwargs):
+            exp = super().rollout(prompts, seed, k=k, **kwargs)
             if k is None:
                 self.rollouts.append(exp.rollout)
             return exp

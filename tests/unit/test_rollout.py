@@ -166,10 +166,11 @@ def test_greedy_is_deterministic_and_batch_invariant(tok):
         n = alone.lengths.item()
         assert batch.lengths[i].item() == n
         assert batch.response_ids[i, :n].tolist() == alone.response_ids[0, :n].tolist()
+    done: list[int] = []  # what a progress display is told: rows finished, per micro-batch
     micro = HFGenerateEngine(batch_size=3).generate(
-        model, prompts, max_new_tokens=10, do_sample=False, eos_token_ids=[EOS], pad_token_id=PAD
+        model, prompts, max_new_tokens=10, do_sample=False, eos_token_ids=[EOS], pad_token_id=PAD, on_rows=done.append
     )
-    assert torch.equal(micro.response_ids, batch.response_ids)
+    assert torch.equal(micro.response_ids, batch.response_ids) and done == [3, 1]
     assert torch.equal(micro.prompt_ids, batch.prompt_ids)
     # temperature 0 means greedy even with do_sample=True
     t0 = HFGenerateEngine().generate(

@@ -4,7 +4,9 @@ TTY, compact sample tables, the closing summary line."""
 
 import io
 import re
+import time
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -97,20 +99,86 @@ def test_short_names():
         ["score", "kl", "ratio", "len", "loss", "eval_loss", "lr", "eval_acc", "mae", "eval_scores"]
 
 
-def test_tty_bar_keeps_counter_and_eta_within_100_columns():
+def _live_text(console) -> list[str]:
+    return [x for x in ANSI.sub("", console.file.getvalue()).replace("\r", "\n").splitlines() if x.strip()]
+
+
+def _busy_bar(width: int, clock) -> Progress:
+    """A GRPO-like bar three rollouts in, inside the fourth rollout (24 of 64 sequences generated)."""
+    console = Console(file=io.StringIO(), width=width, force_terminal=True)
+    bar = Progress(1000, "grpo-with-a-long-name", unit="rollout", show=tuple(ONLINE), console=console, clock=clock)
+    for _ in range(3):
+        clock.t += 2.0
+        bar.update(1, ONLINE)
+    bar.phase("rollout", total=64, unit="sequences")
+    bar.advance(24)
+    return bar
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_live_line_keeps_counter_eta_phase_and_key_metrics(width):
+    clock = FakeClock()
+    bar = _busy_bar(width, clock)
+    text = bar.live_line(width - 1)
+    bar.close()
+    assert len(text) <= width - 1 and "3/1000" in text and "0:33:14" in text and "rollout 24/64" in text
+    assert "score=0.1235" in text and "kl=12.35" in text  # the recipe's key metrics (the first of `show`)
+    if width >= 100:
+        assert "ratio=0.9987" in text and "0:00:06<0:33:14" in text and "sequences" in text
+        assert "…" not in text  # whole pieces dropped (rate, other metrics), nothing cut in half
+    if width == 200:  # room for everything
+        assert "2.0 s/rollout" in text and "pg_loss=-0.01235" in text and "grpo-with-a-long-name" in text
+    else:
+        assert "pg_loss" not in text  # the other metrics go first
+
+
+def test_live_clock_ticks_between_updates():
+    """rich redraws on its own thread: elapsed time moves while a long step runs, with no update() call."""
+    clock = FakeClock()
+    console = Console(file=io.StringIO(), width=100, force_terminal=True)
+    with Progress(10, "grpo", show=("loss",), console=console, clock=clock, refresh_per_second=50) as bar:
+        bar.update(1, {"loss": 0.5})
+        bar.phase("update", total=4)
+        bar.advance(2)
+        clock.t += 65
+        deadline = time.monotonic() + 5
+        while "0:01:05<" not in console.file.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    last = _live_text(console)
+    assert any("0:01:05<" in x and "update 2/4" in x for x in last), last[-3:]
+
+
+def test_plain_ticker_prints_during_a_long_phase_and_stops():
+    clock = FakeClock()
+    console = _console()
+    bar = Progress(100, "grpo", unit="rollout", console=console, clock=clock, every_s=30, tick_s=0.01)
+    with bar:
+        bar.update(1)
+        bar.phase("rollout", total=64, unit="sequences")
+        bar.advance(24)
+        clock.t += 31  # a long rollout: no update for 31 s
+        deadline = time.monotonic() + 5
+        while "[rollout 24/64 sequences]" not in console.file.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        n_lines = len(console.file.getvalue().splitlines())
+        time.sleep(0.05)  # the clock did not move: no second line
+        assert len(console.file.getvalue().splitlines()) == n_lines
+    lines = console.file.getvalue().splitlines()
+    assert lines[0] == "[grpo] 1/100 (1%) elapsed 0:00:31 eta 0:51:09 31.0 s/rollout [rollout 24/64 sequences]"
+    assert bar._ticker is not None and not bar._ticker.is_alive()  # stopped and joined by close()
+
+
+def test_tty_bar_fills_100_columns_and_never_cuts_the_counter():
     console = Console(file=io.StringIO(), width=100, force_terminal=True)
     clock = FakeClock()
     with Progress(1000, "grpo-with-a-long-name", show=tuple(ONLINE), console=console, clock=clock) as bar:
         for _ in range(3):
             clock.t += 2.0
             bar.update(1, ONLINE)
-        stats = bar._live_stats(60)
-    lines = [x for x in ANSI.sub("", console.file.getvalue()).replace("\r", "\n").splitlines() if x.strip()]
+    lines = _live_text(console)
     last = lines[-1]
     assert "3/1000" in last and "0:00:06<0:33:14" in last and "score=0.1235" in last
-    assert 90 <= max(len(x) for x in lines) <= 100 and last.endswith("…")  # uses the width, cuts the metrics
-    # the time part is whole; the metrics are cut to the budget
-    assert stats.startswith("0:00:06<0:33:14 2.0 s/step score=0.1235") and len(stats) == 60 and stats[-1] == "…"
+    assert max(len(x) for x in lines) <= 100
 
 
 def test_plain_lines_use_short_names_and_eval_never_under_a_train_name():

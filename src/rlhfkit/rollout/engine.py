@@ -242,6 +242,7 @@ class RolloutEngine(Protocol):
         seed: int | None = None,
         generator: torch.Generator | None = None,
         batch_size: int | None = None,
+        on_rows: Callable[[int], None] | None = None,
     ) -> Rollout: ...
 
 
@@ -271,11 +272,13 @@ class HFGenerateEngine:
         seed: int | None = None,
         generator: torch.Generator | None = None,
         batch_size: int | None = None,
+        on_rows: Callable[[int], None] | None = None,
     ) -> Rollout:
         """Generate one response per prompt (prompts: unpadded id lists) and return the cut, masked rollout.
 
         ``seed`` (or a ``generator``, from which a seed is drawn) makes sampling reproducible without touching the
-        global RNG; greedy decoding (``do_sample=False`` or ``temperature <= 0``) needs neither. The model is put
+        global RNG; greedy decoding (``do_sample=False`` or ``temperature <= 0``) needs neither. ``on_rows(n)`` is
+        called after each micro-batch with its number of rows (a progress display counts them). The model is put
         in eval mode for generation and each submodule's training flag is restored afterwards.
         """
         from transformers import GenerationConfig, StoppingCriteriaList
@@ -350,6 +353,8 @@ class HFGenerateEngine:
                 )
                 sampled_lp = torch.where(r_mask.bool(), sampled_lp, torch.zeros((), device=sampled_lp.device))
                 parts.append(Rollout(ids, mask, r_ids, r_mask, ended, lengths, logprobs=sampled_lp))
+                if on_rows is not None:
+                    on_rows(len(rows))
 
         rollout = Rollout.concat(parts, pad_token_id)
         width = max(int(rollout.lengths.max()), 1)  # drop columns that are padding in every row

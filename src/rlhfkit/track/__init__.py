@@ -3,7 +3,7 @@
 from .console import get_console, print0
 from .health import CriticalHealthStop, HealthMonitor, HealthWarning, read_warnings
 from .metrics import MetricsSink, read_metrics
-from .progress import Progress
+from .progress import NO_PHASES, Phases, Progress
 from .samples import SampleLogger, read_samples
 
 __all__ = [
@@ -11,6 +11,8 @@ __all__ = [
     "HealthMonitor",
     "HealthWarning",
     "MetricsSink",
+    "NO_PHASES",
+    "Phases",
     "Progress",
     "SampleLogger",
     "get_console",

@@ -2,8 +2,10 @@
 
 Off a terminal a line is printed every ~10% of the way, or after 30 s without one, as one record per line (never
 wrapped, no ``\r``): ``[sft] 120/400 (30%) elapsed 0:00:30 eta 0:01:10 4.00 step/s loss=1.234 lr=5e-4``.
-On a terminal the bar shows the counter and ``elapsed<eta`` before the metrics, and cuts the metrics (never the
-counter) to the console's width. Metrics are shown under short names (:func:`short_name`: ``objective/kl`` ->
+During a long step a ticker thread prints one at least every 30 s, with the phase the loop reports
+(``[rollout 24/64 sequences]``). On a terminal rich redraws the line on its own thread (the clock ticks between
+updates) and drops the least important pieces (other metrics, rate, bar) before the counter, the ETA, the phase and
+the recipe's key metrics. Metrics are shown under short names (:func:`short_name`: ``objective/kl`` ->
 ``kl``, ``eval/loss`` -> ``eval_loss``), so an eval value is never shown under a train name.
 Rate and ETA count only the steps done by this process, so a resumed run (``initial=k``) is not credited
 with the steps it skipped.
@@ -12,11 +14,12 @@ with the steps it skipped.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich import progress as rp
 from rich.console import Console
@@ -59,9 +62,48 @@ def format_rate(rate: float, unit: str) -> str:
     return f"{rate:.2f} {unit}/s" if rate >= 1 else f"{1 / rate:.1f} s/{unit}"
 
 
+class Phases(Protocol):
+    """What a training loop reports about the step in progress, without knowing how it is shown: the phase it is in
+    (``rollout``, ``reward``, ``update``, ``eval``), with its own count where it has one (``rollout 24/64
+    sequences``, ``update 2/4``). :class:`Progress` shows it; :data:`NO_PHASES` ignores it."""
+
+    def phase(self, name: str, total: int | None = None, unit: str = "") -> None: ...
+
+    def advance(self, n: int = 1) -> None: ...
+
+
+class _NoPhases:
+    def phase(self, name: str, total: int | None = None, unit: str = "") -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+
+NO_PHASES: Phases = _NoPhases()
+
+
+class _LineColumn(rp.ProgressColumn):
+    """The whole live line as one column, rendered by its :class:`Progress` at each refresh (rich refreshes on its
+    own thread, so the clock ticks between updates) and fitted to the console's width there."""
+
+    def __init__(self, owner: Progress):
+        super().__init__(table_column=Column(no_wrap=True, overflow="ellipsis"))
+        self.owner = owner
+
+    def render(self, task) -> Text:
+        return Text(self.owner.live_line(self.owner.console.width - 1))
+
+
 class Progress:
-    """Counts steps toward ``total`` and shows elapsed time, ETA, rate and the metrics named in ``show`` (``None``:
-    every metric passed to ``update``, in the order they first came)."""
+    """Counts steps toward ``total`` and shows elapsed time, ETA, rate, the current phase (:class:`Phases`) and the
+    metrics named in ``show`` (``None``: every metric passed to ``update``, in the order they first came; the first
+    ``key_metrics`` of them are the recipe's key metrics, kept on a narrow terminal).
+
+    On a terminal the live line is redrawn ``refresh_per_second`` times by rich's own thread, so elapsed / ETA and
+    the phase move while a step runs. Off a terminal a plain line is printed every ``every_frac`` of the run, and a
+    ticker thread prints one during a long step whenever ``every_s`` passed without a line (checked every
+    ``tick_s``); it is stopped and joined by :meth:`close`."""
 
     def __init__(
         self,
@@ -75,10 +117,14 @@ class Progress:
         every_frac: float = 0.1,
         every_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        key_metrics: int = 3,
+        tick_s: float = 1.0,
+        refresh_per_second: float = 4,
     ):
         self.total, self.desc, self.unit = total, desc, unit
         self._show_all = show is None
         self.show: tuple[str, ...] = () if show is None else tuple(show)
+        self.key_metrics = key_metrics
         self.is_main = is_main
         self.console = console or get_console()
         self.n = self.initial = initial
@@ -91,6 +137,12 @@ class Progress:
         self._live: rp.Progress | None = None
         self._task = None
         self._closed = False
+        self._phase: tuple[str, int | None, str] | None = None  # (name, total, unit)
+        self._phase_n = 0
+        self._tick_s, self._refresh = tick_s, refresh_per_second
+        self._lock = threading.Lock()  # the ticker thread and the loop both print lines
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     # -- what is shown -------------------------------------------------------------------------------------
     def rate(self) -> float:
@@ -102,37 +154,93 @@ class Progress:
         rate = self.rate()
         return max(self.total - self.n, 0) / rate if rate > 0 else None
 
+    def _metric_items(self) -> list[str]:
+        return [f"{short_name(k)}={format_number(self.metrics[k])}" for k in self.show if k in self.metrics]
+
     def _metric_text(self) -> str:
-        return " ".join(f"{short_name(k)}={format_number(self.metrics[k])}" for k in self.show if k in self.metrics)
+        return " ".join(self._metric_items())
+
+    def phase_text(self) -> str:
+        """``rollout 24/64 sequences``, ``update 2/4``, ``reward`` (empty between phases)."""
+        if self._phase is None:
+            return ""
+        name, total, unit = self._phase
+        if total is None:
+            return name
+        return f"{name} {min(self._phase_n, total)}/{total}" + (f" {unit}" if unit else "")
 
     def _stats(self) -> str:
+        phase = self.phase_text()
         parts = [
             f"elapsed {format_duration(self._clock() - self._start)}",
             f"eta {format_duration(self.eta())}",
             format_rate(self.rate(), self.unit),
+            f"[{phase}]" if phase else "",
             self._metric_text(),
         ]
         return " ".join(p for p in parts if p)
-
-    def _live_stats(self, budget: int) -> str:
-        """``elapsed<eta rate metrics`` in at most ``budget`` characters: the metrics are cut, never the time."""
-        head = f"{format_duration(self._clock() - self._start)}<{format_duration(self.eta())} " \
-               f"{format_rate(self.rate(), self.unit)}"
-        metrics = self._metric_text()
-        room = budget - len(head) - 1
-        if metrics and room > 1:
-            head += " " + (metrics if len(metrics) <= room else metrics[: room - 1] + "…")
-        return head
 
     def line(self) -> str:
         """The plain-text status line, e.g. ``[sft] 120/400 (30%) elapsed 0:00:30 eta 0:01:10 ...``."""
         pct = 100 * self.n / self.total if self.total else 100.0
         return f"[{self.desc}] {self.n}/{self.total} ({pct:.0f}%) {self._stats()}"
 
+    BAR_WIDTH = 12
+
+    def live_line(self, width: int) -> str:
+        """The terminal line in at most ``width`` characters. Pieces are dropped, least important first (the other
+        metrics, the rate, the percentage, the bar, the name, the elapsed time, the phase's unit), so that the
+        counter, the ETA, the phase and the key metrics stay; only then is the end cut."""
+        frac = self.n / self.total if self.total else 1.0
+        filled = int(round(frac * self.BAR_WIDTH))
+        metrics = self._metric_items()
+        key, rest = metrics[: self.key_metrics], metrics[self.key_metrics:]
+        phase = self.phase_text()
+        short_phase = phase.rsplit(" ", 1)[0] if self._phase and self._phase[1] is not None and self._phase[2] \
+            else phase
+        eta = format_duration(self.eta())
+        # (order on the line, drop priority: higher is dropped first, text)
+        pieces = [(0, 6, self.desc), (1, 7, "━" * filled + "─" * (self.BAR_WIDTH - filled)),
+                  (2, 0, f"{self.n}/{self.total}"), (3, 8, f"{100 * frac:.0f}%"),
+                  (4, 5, f"{format_duration(self._clock() - self._start)}<"), (5, 0, eta),
+                  (6, 9, format_rate(self.rate(), self.unit)), (7, 1, phase)]
+        pieces += [(8 + i, 1, m) for i, m in enumerate(key)]
+        pieces += [(20 + i, 10 + (len(rest) - i), m) for i, m in enumerate(rest)]  # the last of them first
+
+        def render(items) -> str:
+            out = ""
+            for order, _, text in sorted(items):
+                if not text:
+                    continue
+                if order == 5 and not out.endswith("<"):
+                    text = f"eta {text}"  # the elapsed time was dropped
+                out += ("" if out.endswith("<") else " " if out else "") + text
+            return out
+
+        items = list(pieces)
+        for drop in sorted({p for _, p, _ in items if p > 1}, reverse=True):
+            if len(render(items)) <= width:
+                break
+            items = [it for it in items if it[1] != drop]
+        if len(render(items)) > width and short_phase != phase:
+            items = [(o, p, short_phase if o == 7 else s) for o, p, s in items]
+        text = render(items)
+        return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+    # -- phases (see Phases) ---------------------------------------------------------------------------------
+    def phase(self, name: str, total: int | None = None, unit: str = "") -> None:
+        """Enter phase ``name`` (with ``total`` units of its own, counted by :meth:`advance`)."""
+        self._phase, self._phase_n = (name, total, unit), 0
+
+    def advance(self, n: int = 1) -> None:
+        self._phase_n += n
+
     # -- updating ------------------------------------------------------------------------------------------
     def update(self, n: int = 1, metrics: Mapping[str, Any] | None = None) -> None:
-        """Advance by ``n`` units and remember the latest ``metrics`` (only the keys in ``show`` are shown)."""
+        """Advance by ``n`` units and remember the latest ``metrics`` (only the keys in ``show`` are shown); the
+        phase of the finished step ends."""
         self.n += n
+        self._phase = None
         if metrics:
             self.metrics.update(metrics)
             if self._show_all:
@@ -147,7 +255,7 @@ class Progress:
     def set_description(self, desc: str) -> None:
         self.desc = desc
         if self._live is not None:
-            self._live.update(self._task, description=desc)
+            self._live.refresh()
 
     def _plain_due(self) -> bool:
         return (
@@ -157,33 +265,34 @@ class Progress:
         )
 
     def _print_line(self) -> None:
-        self.console.print(Text(self.line()), soft_wrap=True)
-        self._last_print_n, self._last_print_t = self.n, self._clock()
+        with self._lock:
+            self.console.print(Text(self.line()), soft_wrap=True)
+            self._last_print_n, self._last_print_t = self.n, self._clock()
 
-    BAR_WIDTH = 12
+    def _tick(self) -> None:
+        """The ticker thread (off a terminal): a line whenever ``every_s`` passed without one."""
+        while not self._stop.wait(self._tick_s):
+            if self._clock() - self._last_print_t >= self._every_s:
+                self._print_line()
 
     def _refresh_live(self) -> None:
         if self._live is None:
-            no_wrap = Column(no_wrap=True, overflow="ellipsis")
-            self._live = rp.Progress(
-                rp.TextColumn("{task.description}", style="bold", markup=False),
-                rp.BarColumn(bar_width=self.BAR_WIDTH),
-                rp.MofNCompleteColumn(),
-                rp.TaskProgressColumn(),
-                rp.TextColumn("{task.fields[stats]}", markup=False, table_column=no_wrap),  # never markup
-                console=self.console,
-            )
-            self._task = self._live.add_task(self.desc, total=self.total, completed=self.n, stats="")
+            self._live = rp.Progress(_LineColumn(self), console=self.console, auto_refresh=True,
+                                     refresh_per_second=self._refresh)
+            self._task = self._live.add_task(self.desc, total=self.total, completed=self.n)
             self._live.start()
-        # what the other columns take: description, bar, "n/total", " 100%", and the gaps between columns
-        used = len(self.desc) + self.BAR_WIDTH + 2 * len(str(self.total)) + 1 + 4 + 4
-        self._live.update(self._task, completed=self.n, stats=self._live_stats(self.console.width - used - 1))
+        self._live.update(self._task, completed=self.n)
+        self._live.refresh()
 
     def close(self) -> None:
-        """Stop the live bar, or print the last line if the plain output has not shown the final count."""
+        """Stop the live bar (or the ticker), and print the last line if the plain output has not shown the final
+        count."""
         if self._closed:
             return
         self._closed = True
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
         if self._live is not None:
             self._live.stop()
         elif self.is_main and not self.console.is_terminal and self.n != self._last_print_n:
@@ -192,6 +301,9 @@ class Progress:
     def __enter__(self) -> Progress:
         if self.is_main and self.console.is_terminal:
             self._refresh_live()
+        elif self.is_main and self._every_s > 0:
+            self._ticker = threading.Thread(target=self._tick, name=f"progress-{self.desc}", daemon=True)
+            self._ticker.start()
         return self
 
     def __exit__(self, *exc) -> None:

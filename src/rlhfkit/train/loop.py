@@ -114,6 +114,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                   initial=step) as progress:
         while step < n_updates:
             stats = []
+            progress.phase("update", total=ga, unit="micro-batches")
             for k in range(ga):
                 batch = to_device(micro_batch(micro), run.device)
                 micro += 1
@@ -123,6 +124,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                         loss, st = job.loss_fn(model, batch)
                     acc.backward(loss / ga)
                 stats.append({"loss": loss.detach(), **st})
+                progress.advance()
             grad_norm = clip_and_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm,
                                       loss=torch.stack([s["loss"] for s in stats]))
             step += 1
@@ -136,6 +138,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             # every eval_every updates and after the last one, in the same line: one metrics line per step
             if job.eval_fn is not None and evals and (step == n_updates or
                                                      (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0)):
+                progress.phase("eval")
                 metrics.update({f"eval/{k}": v for k, v in evaluate(model, evals).items()})
             if metrics:
                 run.log(metrics, step)

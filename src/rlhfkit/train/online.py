@@ -51,7 +51,7 @@ from ..rewards import RewardFunctionError, RewardModelScorer
 from ..rewards.functions import rewards_from_config
 from ..rewards.lint import probe_rewards
 from ..rollout import SamplingParams, decode_responses, get_engine
-from ..track import CriticalHealthStop, Progress
+from ..track import NO_PHASES, CriticalHealthStop, Phases, Progress
 from .common import load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
 from .distributed import get_strategy
 from .experience import Experience, merge_groups
@@ -137,6 +137,7 @@ class OnlineTrainer:
         self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
                        else algos.FixedKLController(kl.coef))
         self.moments = RunningMoments()
+        self.phases: Phases = NO_PHASES  # where the loop reports its phase (the progress display, in train())
         # reward functions and prompt records first: a mistake in them is answered before any weights load
         self.functions = None
         try:
@@ -221,17 +222,18 @@ class OnlineTrainer:
         return self.collate([self.prompts[i] for i in plan[pos]])
 
     # ── 2. rollout ───────────────────────────────────────────────────────────────────────────────────────────
-    def rollout(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
+    def rollout(self, prompts: dict, seed: int, k: int | None = None, phase: str = "rollout") -> Experience:
         """``k`` responses per prompt (completion-major: the prompt batch repeated k times), as a new Experience;
         with an environment, ``k`` multi-turn episodes per prompt."""
         if self.env_cls is not None:
             return self.play_episodes(prompts, seed, k)
         k = self.k if k is None else k
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
+        self.phases.phase(phase, total=len(ids) * k, unit="sequences")
         with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for the whole rollout
             rollout = self.engine.generate(self.policy, ids * k, **self.sampling.engine_kwargs(),
                                            eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id,
-                                           tokenizer=self.tok, seed=seed)
+                                           tokenizer=self.tok, seed=seed, on_rows=self.phases.advance)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 
@@ -244,6 +246,7 @@ class OnlineTrainer:
         n = len(prompts["input_ids"])
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(n)] * k
         ec = self.cfg.env
+        self.phases.phase("episodes", total=n * k)
         with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for all the episodes
             rollout, episodes = run_episodes(
                 self.engine, self.policy, self.tok, self.env_cls, ec.kwargs, ec.name, rows,
@@ -286,6 +289,7 @@ class OnlineTrainer:
         normaliser, so evaluation passes ``shape=False``). Samples without a finite reward (NaN / inf / None) are
         dropped from the step: score 0 and ``exp.valid`` False (``rewards/dropped`` counts them)."""
         rollout, rows = exp.rollout, exp.rows
+        self.phases.phase("reward", total=len(rows), unit="responses")
         texts = decode_responses(self.tok, rollout)  # one host copy of the ids (the mask is a prefix of lengths)
         messages = [row["prompt"] for row in rows]
         total = torch.zeros(len(texts), device=self.device)
@@ -356,6 +360,7 @@ class OnlineTrainer:
     def forward_passes(self, exp: Experience) -> None:
         """Old log-probs of the policy, reference log-probs (when a KL is used), critic values (PPO) onto ``exp``,
         in micro-batches of ``train.batch_size``."""
+        self.phases.phase("log-probs")
         mb = self.cfg.train.batch_size
         old, ref, values = [], [], []
         for s in range(0, len(exp.rollout), mb):
@@ -467,6 +472,7 @@ class OnlineTrainer:
         stats: list[dict] = []
         g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
         self.policy.train()
+        self.phases.phase("update", total=algo.ppo_epochs * math.ceil(n / algo.mini_batch_size))
         for _ in range(algo.ppo_epochs):
             order = torch.randperm(n, generator=g).to(self.device)
             for m0 in range(0, n, algo.mini_batch_size):
@@ -486,6 +492,7 @@ class OnlineTrainer:
                 if self.critic is not None:
                     clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched,
                                   self.cfg.optim.max_grad_norm)
+                self.phases.advance()
         return mean_stats(self.acc, stats)
 
     # ── evaluation on held-out prompts ───────────────────────────────────────────────────────────────────────
@@ -496,7 +503,7 @@ class OnlineTrainer:
         scores, env = [], {}
         for s in range(0, len(self.eval_prompts), 64):
             prompts = self.collate(self.eval_prompts[s: s + 64])
-            exp = self.rollout(prompts, seed=10_007 + s, k=1)
+            exp = self.rollout(prompts, seed=10_007 + s, k=1, phase="eval")
             self.score(exp, shape=False)
             scores.append(exp.raw_scores[exp.valid])  # samples with a finite reward
             for key, value in exp.env_metrics.items():  # multi-turn: the environment's metrics, per episode
@@ -533,6 +540,7 @@ class OnlineTrainer:
         t_start = time.time()
         with Progress(self.total_steps, desc=cfg.recipe, unit="rollout", show=show,
                       is_main=run.is_main and cfg.track.progress, initial=step) as progress:
+            self.phases = progress
             saved = step  # the rollout step the newest checkpoint holds
 
             def save(at: int) -> None:  # a checkpoint of rollout step ``at`` (update at * updates_per_step)
