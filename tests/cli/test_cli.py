@@ -219,7 +219,9 @@ def test_config_show_prints_the_commented_defaults(recipe, capsys):
     assert main(["config", "show", recipe]) == 0
     text = capsys.readouterr().out
     assert build_config(recipe, yaml.safe_load(text), []) == build_config(recipe, {}, [])
-    assert all("#" in line for line in text.splitlines())
+    lines = text.splitlines()  # every key commented, on its line or (a long comment, wrapped) on the lines above
+    assert all("#" in line or "#" in prev for prev, line in zip(["#", *lines], lines))
+    assert max(map(len, lines)) <= 120
 
 
 def test_config_show_with_overrides(capsys):

@@ -131,12 +131,14 @@ def test_auto_kind_from_first_row(tmp_path):
     assert load_dataset_records(str(p), "auto")[0]["chosen"] == [{"role": "assistant", "content": "a"}]
 
 
-def test_unknown_dataset_name_offline():
+def test_unknown_dataset_name_offline(monkeypatch):
     pytest.importorskip("datasets")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     with pytest.raises(DataError) as e:
         load_rows("surely_not_a_cached_dataset_xyz", split="train[:5]")
-    assert "cannot load dataset 'surely_not_a_cached_dataset_xyz' offline" in str(e.value)
-    assert "local" in str(e.value)
+    msg = str(e.value)
+    assert "cannot load dataset 'surely_not_a_cached_dataset_xyz' from the local cache (rlhfkit runs offline)" in msg
+    assert "HF_HUB_OFFLINE=0" in msg and "local" in msg  # the same hint the model error gives
 
 
 def test_save_to_disk_directory(tmp_path):

@@ -149,3 +149,18 @@ def test_config_show_reads_a_config_file(tmp_path, capsys):
     assert main(["config", "show", "sft", "--config", str(path), "train.epochs=3"]) == 0
     out = capsys.readouterr().out
     assert "lr: 0.002" in out and "epochs: 3" in out
+
+
+@pytest.mark.parametrize("recipe", ["sft", "grpo", "dpo", "ppo"])
+def test_config_show_fits_120_columns_and_marks_recipe_sections(recipe, capsys):
+    from rlhfkit.cli import main
+
+    assert main(["config", "show", recipe]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    marked = {line.split()[2].rstrip(":") for line in out.splitlines() if line.startswith("# ── ")}
+    shared = {"model", "data", "optim", "train", "track", "distributed"}
+    assert not marked & shared and (recipe == "sft" or "algo" in marked)
+    if recipe == "grpo":
+        assert {"generation", "reward", "algo", "env"} <= marked
+    assert yaml.safe_load(out)["recipe"] == recipe  # still valid YAML, the same keys

@@ -29,6 +29,8 @@ from .parse import (
     read_yaml,
     replace,
     save_config,
+    show_yaml,
+    specific_sections,
 )
 from .recipes import RECIPES, Recipe
 from .schema import (
@@ -70,5 +72,5 @@ __all__ = [
     "PreferenceConfig", "Recipe", "RewardConfig", "RewardFunction", "RewardModelConfig", "RMConfig", "SFTConfig",
     "TrackConfig", "TrainConfig", "TrlName", "build_config", "check_backends", "check_output_dir",
     "choices_of", "dump_yaml", "f", "known_backends", "load_config", "parse_override", "parse_split", "read_yaml",
-    "registry_choices", "replace", "require_model", "save_config", "trl_entry",
+    "registry_choices", "replace", "require_model", "save_config", "show_yaml", "specific_sections", "trl_entry",
 ]

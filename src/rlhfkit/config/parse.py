@@ -43,6 +43,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -343,6 +344,42 @@ def dump_yaml(cfg, comments: bool = True) -> str:
             lines.append(f"{pad}{fl.name}: {text}" + (f"  # {help_text}" if comments and help_text else ""))
 
     emit(cfg, 0)
+    return "\n".join(lines) + "\n"
+
+
+def specific_sections(recipe: str) -> dict[str, list[str]]:
+    """The sections of ``recipe``'s config that not every recipe has as they are here (``algo``, ``generation``,
+    ``critic``, ...): section -> the recipes that have it."""
+    configs = {r: spec.config for r, spec in RECIPES.items() if spec.family != "pipeline"}
+    out: dict[str, list[str]] = {}
+    for fl in dataclasses.fields(RECIPES[recipe].config):
+        if not dataclasses.is_dataclass(fl.default_factory() if callable(fl.default_factory) else fl.default):
+            continue
+        owners = [r for r, c in configs.items() if any(g.name == fl.name and g.type == fl.type
+                                                       for g in dataclasses.fields(c))]
+        if len(owners) < len(configs):
+            out[fl.name] = owners
+    return out
+
+
+def show_yaml(cfg, width: int = 120) -> str:
+    """:func:`dump_yaml` for reading in a terminal (``rlhfkit config show``): each section that only some recipes
+    have is headed by a line naming them, and a comment that would pass ``width`` columns goes, wrapped, above its
+    key."""
+    specific = specific_sections(cfg.recipe) if cfg.recipe in RECIPES else {}
+    lines: list[str] = []
+    for line in dump_yaml(cfg).splitlines():
+        key = line.split(":", 1)[0]
+        if key in specific:
+            owners = specific[key]
+            lines.append(f"# ── {key}: recipe-specific (only in {', '.join(owners)}) ──")
+        code, sep, comment = line.partition("  # ")
+        if len(line) <= width or not sep:
+            lines.append(line)
+            continue
+        pad = " " * (len(code) - len(code.lstrip()))
+        lines += textwrap.wrap(comment, width, initial_indent=pad + "# ", subsequent_indent=pad + "#   ")
+        lines.append(code)
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ import contextlib
 import csv
 import json
 import math
+import os
 import re
 from pathlib import Path
 
@@ -187,8 +188,9 @@ def _offline():
 def _load_hf(source: str, split: str | None, offline: bool) -> list[tuple[str, dict]]:
     name, _, config = source.partition(":")
     split = split or "train"
-    fix = "download it first (e.g. datasets.load_dataset(...) online, or huggingface-cli download) or give a " \
-          "local .jsonl/.json/.csv/.parquet file"
+    fix = (f"download it once (`huggingface-cli download --repo-type dataset {name}`), or run with "
+           "HF_HUB_OFFLINE=0 to let it be fetched, or give a local .jsonl/.json/.csv/.parquet file") if offline else \
+        "check the dataset name and split, or give a local .jsonl/.json/.csv/.parquet file"
     try:
         import datasets
     except ImportError:
@@ -199,7 +201,8 @@ def _load_hf(source: str, split: str | None, offline: bool) -> list[tuple[str, d
             ds = datasets.load_dataset(name, config or None, split=split)
     except Exception as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"cannot load dataset {source!r} offline: {msg}", where="data", fix=fix) from None
+        how = "from the local cache (rlhfkit runs offline)" if offline else "from the Hub"
+        raise DataError(f"cannot load dataset {source!r} {how}: {msg}", where="data", fix=fix) from None
     label = f"{source}[{split}]"
     return [(f"{label}[{i}]", dict(row)) for i, row in enumerate(ds)]
 
@@ -213,13 +216,17 @@ def _looks_like_path(source: str) -> bool:
 # public
 
 
-def load_rows(source: str, *, split: str | None = None, offline: bool = True) -> list[tuple[str, dict]]:
+def load_rows(source: str, *, split: str | None = None, offline: bool | None = None) -> list[tuple[str, dict]]:
     """Read the raw rows of ``source`` as ``[(where, row), ...]`` (module docstring for the forms).
 
     ``source`` is a ``.jsonl`` / ``.json`` / ``.csv`` / ``.parquet`` file, a directory of them (or one written by
     ``Dataset.save_to_disk``), or a ``datasets`` name ``name`` / ``name:config`` found in the local cache.
+    ``offline`` (None: as for models, offline unless ``HF_HUB_OFFLINE=0``): read ``datasets`` names from the cache
+    only.
     """
     source = str(source)
+    if offline is None:
+        offline = os.environ.get("HF_HUB_OFFLINE", "1") != "0"
     path = Path(source).expanduser()
     split_name = parse_split(split)[0]
     if path.is_file():
