@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -228,9 +229,10 @@ def build_parser() -> _Parser:
     m.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
 
     p = sub.add_parser("plan", help=OTHER_COMMANDS["plan"], description=OTHER_COMMANDS["plan"] + ".",
-                       epilog="example: rlhfkit plan configs/grpo.yaml model.name=path/to/llama-7b "
+                       epilog="example: rlhfkit plan grpo configs/grpo.yaml model.name=path/to/llama-7b "
                               "--world-size 8 --gpu-memory 80GiB")
-    p.add_argument("config", nargs="?", help="the run's YAML config (its `recipe:` key names the recipe)")
+    p.add_argument("config", nargs="?", help="[RECIPE] the run's YAML config (the recipe: the first word, else the "
+                                             "file's `recipe:` key)")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     p.add_argument("--recipe", help="recipe when the config file has no `recipe:` key (default: sft)")
     p.add_argument("--gpu-memory", dest="gpu_memory", help="memory of one device, e.g. 80GiB, 24GB")
@@ -407,14 +409,15 @@ def cmd_data(args) -> int:
 
 
 def cmd_config(args) -> int:
-    from .config import build_config, dump_yaml, load_config
+    from .config import build_config, load_config, show_yaml
 
     path, overrides = split_overrides(args.overrides)
     cfg = load_config(args.recipe, path, overrides) if path else build_config(args.recipe, {}, overrides,
                                                                               source="defaults")
     what = f"the config of {path}" if path else "default config"
-    sys.stdout.write(f"# rlhfkit {args.recipe}: {what} (rlhfkit {__version__}); every key is optional\n")
-    sys.stdout.write(dump_yaml(cfg))
+    sys.stdout.write(f"# rlhfkit {args.recipe}: {what} (rlhfkit {__version__}); a run needs model.name and "
+                     "data.train, every other key is optional\n")
+    sys.stdout.write(show_yaml(cfg))
     return EXIT_OK
 
 
@@ -441,6 +444,11 @@ def parse_plan_args(tokens: list[str]) -> dict:
         else:
             rest.append(tok)
         i += 1
+    if rest and rest[0] in RECIPES and not Path(rest[0]).is_file():  # `rlhfkit plan grpo ...`, as `rlhfkit grpo ...`
+        if opts["recipe"] not in (None, rest[0]):
+            raise UsageError(f"two recipes given ({rest[0]} and --recipe {opts['recipe']})", where="rlhfkit plan",
+                             fix=f"give one: rlhfkit plan {rest[0]} ...")
+        opts["recipe"] = rest.pop(0)
     opts["config"], opts["overrides"] = split_overrides(rest)
     if opts["device"] not in ("cuda", "cpu"):
         raise UsageError(f"bad --device {opts['device']!r}", where="--device", fix="use cuda or cpu")
@@ -476,7 +484,9 @@ def cmd_plan(tokens: list[str]) -> int:
     cfg = load_config(recipe, config_path, overrides)
     require_model(cfg)
     _quiet_libraries()
-    result = plan(cfg, world=args["world_size"], gpu_memory=gpu, device=args["device"], checks=args["checks"])
+    command = shlex.join(["rlhfkit", recipe, *([config_path] if config_path else []), *overrides])
+    result = plan(cfg, world=args["world_size"], gpu_memory=gpu, device=args["device"], checks=args["checks"],
+                  command=command)
     print(result.render())
     return EXIT_OK if not any(c.status == "fail" for c in result.checks) else EXIT_USER_ERROR
 

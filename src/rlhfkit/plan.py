@@ -1,4 +1,5 @@
-"""``rlhfkit plan CONFIG [overrides] [--gpu-memory 80GiB] [--world-size N]``: will this run fit, before anything loads.
+"""``rlhfkit plan [RECIPE] CONFIG [overrides] [--gpu-memory 80GiB] [--world-size N]``: will this run fit, before
+anything loads.
 
 Two parts, both without loading weights:
 
@@ -6,8 +7,9 @@ Two parts, both without loading weights:
    GGUF header / ``tiny:`` spec, the strategy (``distributed.strategy``; DeepSpeed as ``zero2`` / ``zero3`` from
    its config), the world size, dtypes, LoRA / QLoRA, offload, micro-batch and lengths, through
    :func:`rlhfkit.models.memory.estimate`: per-device bytes of each phase with the formula of every figure, the
-   peak, whether it fits ``--gpu-memory``, and when it does not, which single changes (or which combination)
-   would make it fit, each with the override to write.
+   peak, whether it fits ``--gpu-memory``, and when it does not, what each change gives alone and the cheapest
+   change that fits (:func:`cheapest_fit`: a best-first search over :func:`levers_of` by cost, combining levers
+   where one alone does not fit), printed as the one command line that applies it.
 2. **Pre-flight checks** that fail in seconds rather than after loading: batch divisibility against the data, chat
    template prefix stability (a prompt rendered alone is a token prefix of prompt + answer), EOS distinct from pad,
    the reward model's tokenizer against the policy's, and the longest sample against ``data.max_length`` and the
@@ -17,9 +19,11 @@ Two parts, both without loading weights:
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .config import RECIPES, replace
 from .errors import ModelError, UserError
@@ -51,8 +55,20 @@ class Plan:
     roles: list[ModelRole]
     phases: list[Phase]
     gpu_memory: float | None
-    suggestions: list[tuple[str, float]] = field(default_factory=list)  # (overrides, peak): alone, then combined
+    suggestions: list[tuple[str, float]] = field(default_factory=list)  # (overrides, peak): each lever alone
     checks: list[Check] = field(default_factory=list)
+    fit: Fit | None = None  # the cheapest change that fits (when the run does not)
+    command: str = ""  # the command line that was planned (``rlhfkit RECIPE [config] [overrides]``)
+
+    def fix_command(self) -> str | None:
+        """The one command line that runs with :attr:`fit` applied (``accelerate launch`` for more devices)."""
+        if self.fit is None:
+            return None
+        base = self.command or f"rlhfkit {self.recipe}"
+        line = f"{base} {self.fit.text()}"
+        if self.fit.world > 1:
+            line = f"accelerate launch --num_processes {self.fit.world} -m rlhfkit.cli " + line.removeprefix("rlhfkit ")
+        return line
 
     @property
     def peak(self) -> Phase:
@@ -94,11 +110,17 @@ class Plan:
                         f": does NOT fit in {fmt_bytes(self.gpu_memory)} ({pct:.0f}%)")
         lines.append(verdict)
         if self.gpu_memory is not None and not self.fits:
-            lines.append("what a change gives (peak per device; the last line combines changes until one fits):")
+            lines.append("what each change gives alone (peak per device):")
             lines.extend(f"  {'fits' if p <= self.gpu_memory else 'no':<4}  {fmt_bytes(p):>11}  {o}"
                          for o, p in self.suggestions)
-            if not any(p <= self.gpu_memory for _, p in self.suggestions):
-                lines.append("  nothing considered here fits: more devices (--world-size) or a smaller model")
+            if self.fit is None:
+                lines.append("nothing fits, even combining gradient checkpointing, smaller micro-batches, offload, "
+                             "QLoRA, shorter sequences and 8x the devices: a smaller model or larger devices")
+            else:
+                lines.append(f"cheapest change that fits: {self.fit.text()}"
+                             + (f" on {self.fit.world} devices" if self.fit.world != self.setup.world else "")
+                             + f" -> {fmt_bytes(self.fit.peak)} per device")
+                lines.append(f"  {self.fix_command()}")
         lines.append("estimates: activations counted per tensor autograd keeps (models/memory.py); validated "
                      "within 25% of measured CPU peaks, CUDA terms not measured here")
         if self.checks:
@@ -202,52 +224,166 @@ def _peak(cfg, world: int, device: str) -> float:
     return max(p.total for p in _estimate(cfg, world, device, [])[2])
 
 
-def suggest(cfg, world: int, device: str, budget: float) -> list[tuple[str, float]]:
-    """Changes (as overrides) that bring the peak under ``budget``: each alone, then cumulatively in order."""
-    candidates: list[tuple[str, dict]] = []
+@dataclass(frozen=True)
+class Lever:
+    """One way to lower the peak: its settings from the mildest to the strongest, each as (cost, overrides, world
+    size). Costs add up across levers; they rank what a change takes from the run: a little speed (gradient
+    checkpointing 1, a smaller generation or training micro-batch 0.5 per halving), a host transfer per step
+    (offloading a frozen model 2, CPU offload 3), what is trained (LoRA 4, QLoRA 5), more hardware (7 per doubling
+    of the devices, sharded), the task itself (6 per halving of the sequence length)."""
+
+    name: str
+    steps: tuple[tuple[float, tuple[tuple[str, Any], ...], int], ...]
+
+
+def _halvings(start: int, n: int) -> list[int]:
+    out, b = [], start
+    while b > 1 and len(out) < n:
+        b = max(1, b // 2)
+        out.append(b)
+    return out
+
+
+def levers_of(cfg, world: int, device: str) -> list[Lever]:
+    """The levers that apply to ``cfg`` (those already pulled are left out), cheapest first."""
+    family = RECIPES[cfg.recipe].family
+    online = family == "online"
+    levers: list[Lever] = []
+
+    def lever(name: str, *steps: tuple[float, dict, int | None]) -> None:
+        if steps:
+            levers.append(Lever(name, tuple((c, tuple(o.items()), w or world) for c, o, w in steps)))
+
     if not cfg.model.gradient_checkpointing:
-        candidates.append(("model.gradient_checkpointing=true", {"model": {"gradient_checkpointing": True}}))
-    if cfg.train.batch_size > 1:
-        b = max(1, cfg.train.batch_size // 2)
-        if RECIPES[cfg.recipe].family == "online":  # an update already accumulates mini_batch_size / batch_size
-            candidates.append((f"train.batch_size={b}", {"train": {"batch_size": b}}))
-        else:
-            ga = cfg.train.grad_accum * (cfg.train.batch_size // b)
-            candidates.append((f"train.batch_size={b} train.grad_accum={ga}",
-                               {"train": {"batch_size": b, "grad_accum": ga}}))
-    if world > 1 and cfg.distributed.strategy == "ddp" and not cfg.model.lora.enabled:
-        candidates.append(("distributed.strategy=fsdp2", {"distributed": {"strategy": "fsdp2"}}))
-    if (world > 1 and not cfg.model.lora.enabled and device == "cuda" and cfg.train.grad_accum == 1
-            and RECIPES[cfg.recipe].family != "online"):
-        candidates.append(("distributed.strategy=deepspeed distributed.deepspeed_config=zero3",
-                           {"distributed": {"strategy": "deepspeed", "deepspeed_config": "zero3"}}))
+        lever("gradient checkpointing", (1, {"model.gradient_checkpointing": True}, None))
+    if online:
+        full = cfg.generation.batch_size or cfg.algo.rollout_batch_size * cfg.algo.num_generations
+        lever("generation micro-batch", *[(0.5 * (i + 1), {"generation.batch_size": b}, None)
+                                          for i, b in enumerate(_halvings(full, 6))])
+    steps = []
+    for i, b in enumerate(_halvings(cfg.train.batch_size, 3)):
+        o: dict = {"train.batch_size": b}
+        if not online:  # the same batch per update: more accumulation
+            o["train.grad_accum"] = cfg.train.grad_accum * (cfg.train.batch_size // b)
+        steps.append((0.5 * (i + 1), o, None))
+    lever("training micro-batch", *steps)
+    if online and not cfg.memory.offload_reference:
+        lever("offload the reference", (2, {"memory.offload_reference": True}, None))
+    if online and cfg.reward.model and not cfg.memory.offload_reward:
+        lever("offload the reward model", (2, {"memory.offload_reward": True}, None))
     if device == "cuda" and cfg.distributed.strategy != "ddp" and not cfg.distributed.cpu_offload:
-        candidates.append(("distributed.cpu_offload=true", {"distributed": {"cpu_offload": True}}))
-    if hasattr(cfg, "memory"):
-        if not cfg.memory.offload_reference:
-            candidates.append(("memory.offload_reference=true", {"memory": {"offload_reference": True}}))
-        if cfg.reward.model and not cfg.memory.offload_reward:
-            candidates.append(("memory.offload_reward=true", {"memory": {"offload_reward": True}}))
+        lever("CPU offload", (3, {"distributed.cpu_offload": True}, None))
+    lora = []
     if not cfg.model.lora.enabled:
-        candidates.append(("model.lora.enabled=true", {"model": {"lora": {"enabled": True}},
-                                                       "distributed": {"strategy": "ddp"}}))
+        lora.append((4, {"model.lora.enabled": True}, None))
     if device == "cuda" and not cfg.model.lora.qlora:
-        candidates.append(("model.lora.enabled=true model.lora.qlora=true",
-                           {"model": {"lora": {"enabled": True, "qlora": True}}, "distributed": {"strategy": "ddp"}}))
-    out: list[tuple[str, float]] = []
-    for text, change in candidates:  # each change alone
-        out.append((text, _peak(replace(cfg, **change), world, device)))
-    acc, texts = cfg, []
-    for text, change in candidates:  # cumulatively, cheapest first, until it fits
-        if "qlora" in text:
-            continue
-        acc, peak = replace(acc, **change), None
-        texts.append(text)
-        peak = _peak(acc, world, device)
+        lora.append((5, {"model.lora.enabled": True, "model.lora.qlora": True}, None))
+    lever("LoRA / QLoRA", *lora)
+    d = cfg.data
+    if online:
+        lever("response length", *[(6 * (i + 1), {"generation.max_new_tokens": n}, None)
+                                   for i, n in enumerate(_halvings(cfg.generation.max_new_tokens, 2)) if n >= 16])
+    else:
+        lever("sequence length", *[(6 * (i + 1), {"data.max_length": n, **({"data.max_prompt_length": min(
+            d.max_prompt_length, n // 2)} if d.max_prompt_length else {})}, None)
+            for i, n in enumerate(_halvings(d.max_length, 2)) if n >= 64])
+    if not cfg.model.lora.enabled:
+        sharded = {"distributed.strategy": "fsdp2"}
+        if device == "cuda" and not online and cfg.train.grad_accum == 1:
+            sharded = {"distributed.strategy": "deepspeed", "distributed.deepspeed_config": "zero3"}
+        lever("shard over more devices", *[(7 * (i + 1), sharded, world * 2 ** (i + 1)) for i in range(3)])
+    return levers
+
+
+def apply_overrides(cfg, overrides: tuple[tuple[str, Any], ...]):
+    """``cfg`` with dotted overrides applied (no validation: the planner's own settings)."""
+    tree: dict = {}
+    for key, value in overrides:
+        node = tree
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return replace(cfg, **tree)
+
+
+@dataclass
+class Fit:
+    """The cheapest change that fits: its overrides, the world size it needs, the peak it gives, its cost."""
+
+    overrides: tuple[tuple[str, Any], ...]
+    world: int
+    peak: float
+    cost: float
+
+    def text(self) -> str:
+        return " ".join(f"{k}={_override_value(v)}" for k, v in self.overrides)
+
+
+def _override_value(value) -> str:
+    return "true" if value is True else "false" if value is False else "null" if value is None else str(value)
+
+
+def cheapest_fit(cfg, world: int, device: str, budget: float) -> Fit | None:
+    """The cheapest combination of lever settings (:func:`levers_of`) whose peak fits ``budget``: a best-first search
+    over the levers' settings by total cost, so one lever alone is taken when it fits and levers are combined when
+    none does. None when even every lever at its strongest does not fit."""
+    import heapq
+
+    levers = levers_of(cfg, world, device)
+
+    cache: dict[tuple[int, ...], tuple[float, tuple, int]] = {}
+
+    def cost_of(state: tuple[int, ...]) -> float:
+        return sum(lever.steps[k - 1][0] for lever, k in zip(levers, state) if k)
+
+    def peak_of(state: tuple[int, ...]) -> tuple[float, tuple, int]:
+        if state not in cache:
+            overrides: dict[str, Any] = {}
+            w = world
+            for lever, k in zip(levers, state):
+                if k:
+                    _, o, w_k = lever.steps[k - 1]
+                    overrides.update(dict(o))
+                    w = max(w, w_k)
+            peak = math.inf  # fsdp2 with LoRA is not built
+            if not (overrides.get("model.lora.enabled") and overrides.get("distributed.strategy") == "fsdp2"):
+                try:
+                    peak = _peak(apply_overrides(cfg, tuple(overrides.items())), w, device)
+                except UserError:
+                    pass
+            cache[state] = (peak, tuple(overrides.items()), w)
+        return cache[state]
+
+    strongest = tuple(len(lv.steps) for lv in levers)
+    variants = [strongest] + [strongest[:i] + (0,) + strongest[i + 1:] for i in range(len(levers))]
+    if min(peak_of(s)[0] for s in variants) > budget:
+        return None  # nothing fits, whatever is combined (each lever only lowers the peak)
+    start = tuple(0 for _ in levers)
+    queue, seen = [(0.0, start)], {start}
+    while queue:
+        cost, state = heapq.heappop(queue)
+        peak, overrides, w = peak_of(state)
         if peak <= budget:
-            if len(texts) > 1:
-                out.append((" ".join(texts), peak))
-            break
+            return Fit(overrides, w, peak, cost)
+        for i, lever in enumerate(levers):
+            if state[i] < len(lever.steps):
+                nxt = state[:i] + (state[i] + 1,) + state[i + 1:]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    heapq.heappush(queue, (cost_of(nxt), nxt))
+    return None
+
+
+def suggest(cfg, world: int, device: str, budget: float) -> list[tuple[str, float]]:
+    """What the first setting of each lever on these devices gives alone (overrides, peak), for ``plan``'s table
+    (more devices come in through :func:`cheapest_fit`)."""
+    out = []
+    for lever in levers_of(cfg, world, device):
+        _, overrides, w = lever.steps[0]
+        if w == world:
+            out.append((" ".join(f"{k}={_override_value(v)}" for k, v in overrides),
+                        _peak(apply_overrides(cfg, overrides), w, device)))
     return out
 
 
@@ -322,8 +458,9 @@ def preflight(cfg, arch: Architecture, world: int) -> list[Check]:
         return checks
     try:
         records = _records(cfg, kind)
-    except UserError as err:
-        checks.append(Check("fail", "data", err.one_line()))
+    except UserError as err:  # memory does not depend on the data: the run itself stops on it, the plan warns
+        checks.append(Check("warn", "data", f"{err.one_line()}; the data checks are skipped (the run would stop "
+                                            "here)"))
         return checks
     n = len(records)
     if family == "online":
@@ -382,13 +519,15 @@ def preflight(cfg, arch: Architecture, world: int) -> list[Check]:
 
 
 def plan(cfg, *, world: int | None = None, gpu_memory: float | None = None, device: str = "cuda",
-         checks: bool = True) -> Plan:
+         checks: bool = True, command: str = "") -> Plan:
     """The plan of ``cfg`` (see the module docstring); nothing is loaded but config.json / tokenizer / data."""
     world = world or int(os.environ.get("WORLD_SIZE", "1"))
     notes: list[Check] = []
     roles, setup, phases = _estimate(cfg, world, device, notes)
-    p = Plan(recipe=cfg.recipe, arch=roles[0].arch, setup=setup, roles=roles, phases=phases, gpu_memory=gpu_memory)
+    p = Plan(recipe=cfg.recipe, arch=roles[0].arch, setup=setup, roles=roles, phases=phases, gpu_memory=gpu_memory,
+             command=command)
     if gpu_memory is not None and not p.fits:
         p.suggestions = suggest(cfg, world, device, gpu_memory)
+        p.fit = cheapest_fit(cfg, world, device, gpu_memory)
     p.checks = notes + (preflight(cfg, p.arch, world) if checks else [])
     return p

@@ -45,8 +45,8 @@ def test_sft_7b_on_one_80gb_card_does_not_fit_and_says_what_would(llama_dir):
     # checkpointing alone removes the activations but not the 12 B per parameter of weights, grads and AdamW
     assert P7B * 12 < fixes["model.gradient_checkpointing=true"] < step.total
     assert "distributed.strategy=fsdp2" not in fixes  # one device: nothing to shard over
-    combined, peak = p.suggestions[-1]
-    assert combined.startswith("model.gradient_checkpointing=true ") and peak <= 80 * GiB
+    # the cheapest change that fits: checkpointing (cost 1) cannot, smaller micro-batches neither; LoRA (4) does
+    assert p.fit is not None and p.fit.text() == "model.lora.enabled=true" and p.fit.peak <= 80 * GiB
     text = p.render()
     assert "does NOT fit in 80.00 GiB" in text and "6.74B x 4 B" in text
     assert re.search(r"\n  fits +\d+\.\d+ GiB  model\.lora\.enabled=true\n", text), text
@@ -181,3 +181,60 @@ def test_every_suggestion_is_a_config_that_builds(llama_dir, recipe):
             continue
         build_config(recipe, {}, [f"model.name={llama_dir}", "train.batch_size=8", "data.max_length=1024",
                                   *overrides.split()])
+
+
+def _fix_command_plans(command: str, budget: float, device: str = "cuda"):
+    """Run the printed command line through the command line's own parsing, the config and the planner."""
+    import shlex
+
+    from rlhfkit.cli import split_overrides
+    from rlhfkit.config import load_config
+
+    words, world = shlex.split(command), 1
+    if words[:2] == ["accelerate", "launch"]:
+        world = int(words[words.index("--num_processes") + 1])
+        words = ["rlhfkit", *words[words.index("rlhfkit.cli") + 1:]]
+    assert words[0] == "rlhfkit"
+    path, overrides = split_overrides(words[2:])
+    return plan(load_config(words[1], path, overrides), world=world, gpu_memory=budget, checks=False, device=device)
+
+
+_GRPO_7B = ["model.lora.enabled=true", "generation.max_new_tokens=1024", "data.max_prompt_length=512",
+            "data.max_length=1536", "algo.rollout_batch_size=16", "algo.num_generations=8", "algo.mini_batch_size=32",
+            "train.batch_size=4", "reward.functions=[{fn: exact_match}]"]
+
+
+def test_grpo_7b_lora_on_24gib_finds_the_generation_micro_batch_fit(llama_dir, capsys):
+    """Issue 22: the rollout's KV cache is the peak; no single change fits, a smaller generation micro-batch with
+    gradient checkpointing does, and the printed command line, parsed and planned again, fits."""
+    rc = main(["plan", "grpo", f"model.name={llama_dir}", *_GRPO_7B, "--gpu-memory", "24GiB", "--no-checks"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "does NOT fit in 24.00 GiB" in out
+    assert not re.search(r"\n  fits ", out)  # no change alone fits
+    fit = re.search(r"cheapest change that fits: (.*) -> ([\d.]+) GiB per device\n  (.*)\n", out)
+    assert fit and "generation.batch_size=" in fit[1] and "model.gradient_checkpointing=true" in fit[1], out
+    assert "model.lora.qlora" not in fit[1] and "max_new_tokens=512" not in fit[1]  # costlier levers not pulled
+    command = fit[3]
+    assert command.startswith(f"rlhfkit grpo model.name={llama_dir} ") and command.endswith(fit[1])
+    again = _fix_command_plans(command, 24 * GiB)
+    assert again.fits is True and again.peak.total == pytest.approx(float(fit[2]) * GiB, rel=1e-3)
+
+
+def test_full_7b_sft_on_24gib_shards_over_more_devices_or_says_nothing_fits(llama_dir):
+    cfg = build_config("sft", {}, [f"model.name={llama_dir}", "train.batch_size=4", "data.max_length=1024"])
+    p = plan(cfg, world=1, gpu_memory=24 * GiB, checks=False, device="cpu",
+             command=f"rlhfkit sft model.name={llama_dir}")
+    assert p.fit is not None  # on CPU the LoRA base stays fp32 (27 GiB): sharding over more devices is what fits
+    assert p.fit.world > 1 and p.fix_command().startswith("accelerate launch --num_processes ")
+    assert _fix_command_plans(p.fix_command(), 24 * GiB, device="cpu").fits is True
+    p = plan(cfg, world=1, gpu_memory=2 * GiB, checks=False)
+    assert p.fit is None and "nothing fits" in p.render()
+
+
+def test_cli_plan_takes_the_recipe_first_and_warns_on_missing_data(llama_dir, capsys):
+    rc = main(["plan", "sft", f"model.name={llama_dir}", "data.train=missing.jsonl"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "plan: sft on" in out
+    assert re.search(r"warn  data: .*missing\.jsonl.*no such file", out)  # the run itself stops on it
+    assert main(["plan", "grpo", "--recipe", "dpo", f"model.name={llama_dir}"]) == 2
+    assert "two recipes" in capsys.readouterr().err
