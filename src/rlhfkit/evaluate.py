@@ -268,6 +268,25 @@ def default_out(model: str) -> Path:
     return p / "eval.json" if p.is_dir() else Path("eval.json")
 
 
+_NOT_PROMPT_FIELDS = ("completion", "chosen", "rejected", "text", "label")  # what a prompt file does not carry
+
+
+def run_fields(model: str) -> dict[str, str]:
+    """The ``data.fields`` mapping of the run that wrote ``model`` (its ``config.yaml``), for the columns a prompt
+    file has (the prompt / messages and extra fields such as ``answer``); {} for anything else."""
+    import yaml
+
+    path = Path(model).expanduser() / "config.yaml"
+    try:
+        tree = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return {}
+    fields = ((tree or {}).get("data") or {}).get("fields") if isinstance(tree, dict) else None
+    if not isinstance(fields, dict):
+        return {}
+    return {str(k): str(v) for k, v in fields.items() if k not in _NOT_PROMPT_FIELDS and isinstance(v, str)}
+
+
 def evaluate(
     model: str,
     data: str,
@@ -320,7 +339,11 @@ def evaluate(
         if max_turns < 1 or max_total_tokens < 1:
             raise ConfigError("--max-turns and --max-total-tokens must be at least 1", where="--max-turns",
                               fix="give positive limits")
-    records = load_prompts(data, n, fields)
+    inherited = {k: v for k, v in run_fields(model).items() if k not in (fields or {})}
+    if inherited and show:
+        print(f"[eval] the run's data.fields (config.yaml): {', '.join(f'{k}={v}' for k, v in inherited.items())} "
+              "(--field NAME=COLUMN overrides)", file=sys.stderr)
+    records = load_prompts(data, n, {**inherited, **(fields or {})})
     try:
         rewards = CombinedRewards(list(functions)) if functions else None
     except RewardError as err:  # the recipe's key is reward.functions; here the flag is --functions

@@ -154,6 +154,32 @@ def test_eval_takes_the_training_field_mapping(sft_dir, tmp_path, capsys):
     assert "--field prompt=" in err and "data.fields" not in err  # the fix names the flag of this command
 
 
+def test_eval_of_a_run_reuses_its_field_mapping(sft_dir, tmp_path, capsys):
+    """`rlhfkit eval RUN_DIR` maps the columns as the run's own data.fields did (config.yaml), without --field;
+    a --field given on the command line wins, and the completion / pair columns a prompt file lacks are left out."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(sft_dir, run)
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["data"]["fields"] = {"prompt": "question", "answer": "solution", "completion": "reply"}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question": "shout: cat", "solution": "CAT"}) + "\n")
+    out = tmp_path / "e.json"
+    assert main(["eval", str(run), "--data", str(data), "--max-new-tokens", "4", "--out", str(out),
+                 "--functions", "exact_match"]) == 0
+    assert json.loads(out.read_text())["n"] == 1
+    err = capsys.readouterr().err
+    assert "the run's data.fields (config.yaml): " in err and "prompt=question" in err and "answer=solution" in err
+    assert "completion=reply" not in err  # a prompt file has no completion column
+    data.write_text(json.dumps({"q2": "shout: cat", "solution": "CAT"}) + "\n")
+    assert main(["eval", str(run), "--data", str(data), "--max-new-tokens", "4", "--out", str(out),
+                 "--field", "prompt=q2", "--functions", "exact_match"]) == 0
+
+
 def test_eval_checks_its_inputs_before_generating(sft_dir, rm_dir, task_data, tmp_path):
     from rlhfkit.evaluate import evaluate
 
