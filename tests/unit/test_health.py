@@ -198,3 +198,26 @@ def test_grpo_run_stops_on_a_critical_warning_with_one_line_and_a_report(tmp_pat
     assert "kl_blowup" in [r["name"] for r in read_warnings(out)]  # (4 new tokens: all truncated too)
     assert "1 critical)" in (out / "report.html").read_text()
     assert not (out / "model.safetensors").exists()  # stopped before the final model
+
+
+def test_kl_per_token_on_short_responses_below_the_total_bound():
+    # 8 nats over 4 tokens is 2 nats per token: far from the reference though 8 < the 20-nat total bound
+    (w,) = HealthMonitor().evaluate({"objective/kl": 8.0, "response/length_mean": 4.0}, 1)
+    assert w.name == "kl_per_token" and "2 nats per token" in w.message and w.knob == "algo.kl.coef"
+    # 8 nats over 16 tokens is 0.5 per token: quiet; above 20 nats kl_blowup speaks, not this rule as well
+    assert HealthMonitor().evaluate({"objective/kl": 8.0, "response/length_mean": 16.0}, 1) == []
+    assert [w.name for w in HealthMonitor().evaluate({"objective/kl": 30.0, "response/length_mean": 3.0}, 1)] == \
+        ["kl_blowup"]
+
+
+def test_length_growth_several_fold_against_the_early_median():
+    lengths = [10, 12, 11, 10, 12, 20, 35, 44, 46]  # early median 11; 44 is 4.0x (not above), 46 is 4.2x
+    names = _names(HealthMonitor(), [{"response/length_mean": v} for v in lengths])
+    assert names == [[]] * 8 + [["length_growth"]]
+    (w,) = HealthMonitor(length_growth=2.0).evaluate({"response/length_mean": 30.0}, 9) or [None]
+    assert w is None  # no early window yet: never on the first checks
+
+
+def test_thresholds_are_stated():
+    text = HealthMonitor().thresholds()
+    assert "20 nats per response" in text and "1 nat per token" in text and "4x its start" in text

@@ -168,9 +168,9 @@ def test_summary_opens_the_page_with_model_key_metrics_and_warnings(tmp_path):
     summary = page.index("section", id="summary")
     assert summary < page.index("img") and summary < page.index("details")
     key = page.table("key-metrics")
-    assert key[0] == ["metric", "start", "at step", "", "end", "at step"]
-    assert ["train/loss", "2.95", "1", "\u2192", "1.5", "30"] in key
-    assert ["eval/loss", "2.6", "10", "\u2192", "1.6", "30"] in key
+    assert key[0] == ["metric", "start @step", "end @step", "moved"]
+    assert ["train/loss", "2.95 @1", "1.5 @30", "\u2193 down 1.45 (-49%)"] in key  # which way, by how much
+    assert ["eval/loss", "2.6 @10", "1.6 @30", "\u2193 down 1 (-38%)"] in key
     warnings = page.table("warnings")
     assert warnings[1] == ["12", "critical", "optim.lr", "objective/kl=70 nats is above 20 nats: lower optim.lr"]
     assert f"Model: <code>{tmp_path.resolve()}</code>" in text and "LoRA adapter" in text
@@ -223,6 +223,64 @@ def test_pipeline_same_prompts_side_by_side_and_stage_table(tmp_path):
     stage_rows = page.table("stages")
     assert stage_rows[0] == ["stage", "model directory", "health warnings", "eval/loss"]
     assert stage_rows[1][0] == "sft" and stage_rows[1][2:] == ["1 (1 critical)", "2.95"]
+
+
+def test_summary_leads_with_reward_and_task_metric_and_shows_one_evaluation_once(tmp_path):
+    with MetricsSink(tmp_path) as sink:
+        for step in range(1, 11):
+            sink.log({"train/loss": 1.0, "objective/kl": 0.1 * step, "objective/scores": 0.05 * step,
+                      "env/tool_call_success": 0.1 * step, "rollout/logprob_diff": 1e-5 * step,
+                      "val/ratio_var": 2e-6 * (step % 3), "lr": 1e-4}, step)
+        sink.log({"eval/scores": 0.7}, 10)  # one evaluation
+    page = Page(build_report(tmp_path).read_text())
+    key = page.table("key-metrics")
+    assert [row[0] for row in key[1:4]] == ["eval/scores", "objective/scores", "env/tool_call_success"]
+    assert ["eval/scores", "0.7 at step 10", "one value"] in key  # not "0.7 -> 0.7"
+    assert ["objective/kl", "0.1 @1", "1 @10", "\u2191 up 0.9 (+900%)"] in key
+    text = build_report(tmp_path).read_text()
+    # a metric that moved, even by 1e-5 a step, is never "constant"; near-zero diagnostics are folded away
+    constant = re.search(r"Constant, not plotted: ([^<]*)", text)[1]
+    assert "train/loss=1" in constant and "lr=0.0001" in constant and "logprob_diff" not in constant
+    assert "2 diagnostics that stay within 0.001 of zero" in text
+    titles = re.findall(r"<img alt='([^']*)'", text)
+    assert titles[:3] == ["Reward", "Task metrics", "KL"]  # in order of importance
+    folded = text.index("diagnostics that stay within")
+    assert text.index("alt='rollout/logprob_diff'") > folded and text.index("alt='val/ratio_var'") > folded
+
+
+def test_no_warnings_is_said_with_the_thresholds(tmp_path):
+    _fake_run(tmp_path)
+    (tmp_path / "warnings.jsonl").write_text("")
+    text = build_report(tmp_path).read_text()
+    assert "Health checks: no warnings." in text and "They watch: KL above 20 nats per response" in text
+    assert "response length above 4x its start" in text
+
+
+def _chromium():
+    return next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium on this machine (apt-get install chromium)")
+def test_report_fits_a_1400_pixel_window_in_chromium(tmp_path):
+    """The page is rendered by headless Chromium at 1400 px; its own script writes the document's scroll width into
+    the title, which --dump-dom prints: no horizontal scroll, whatever the run's texts and metric names."""
+    with MetricsSink(tmp_path) as sink:
+        for step in range(1, 21):
+            sink.log({f"a/very/long/metric/name/number/{i}": float(step * i) for i in range(12)}
+                     | {"objective/scores": 0.1 * step, "objective/kl": 0.2 * step}, step)
+    with SampleLogger(tmp_path, max_rows=0) as samples:
+        samples.log(5, ["p" * 3000], ["x" * 5000 + " " + "word " * 400], [0.5])
+    (tmp_path / "config.yaml").write_text("model:\n  name: " + "n" * 600 + "\n")
+    page = build_report(tmp_path)
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace(
+        "</body>", "<script>document.title='W'+document.documentElement.scrollWidth+'/'+window.innerWidth</script>"
+                   "</body>"))
+    out = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2000", "--dump-dom",
+                          probe.resolve().as_uri()], check=True, timeout=120, capture_output=True, text=True).stdout
+    scroll, inner = map(int, re.search(r"<title>W(\d+)/(\d+)</title>", out).groups())
+    assert scroll <= inner, f"the page is {scroll} px wide in a {inner} px window"
 
 
 @pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")),

@@ -234,10 +234,11 @@ def test_run_summary_line(tmp_path):
     with MetricsSink(tmp_path) as sink:
         for step, (score, kl) in enumerate([(0.1, 0.0), (0.3, 1.0), (0.6, 3.2)], start=1):
             sink.log({"objective/scores": score, "objective/kl": kl, "lr": 1e-5}, step)
+        sink.log({"eval/scores": 0.5}, 3)  # one evaluation: shown once, not as 0.5 -> 0.5
     (tmp_path / "warnings.jsonl").write_text('{"step": 2, "name": "kl_blowup", "severity": "critical"}\n')
     line = run_summary_line("grpo", tmp_path, 23.4)
-    assert line == (f"[grpo] finished in 0:00:23: score 0.1 -> 0.6, kl 0 -> 3.2; 1 health warning (1 critical, "
-                    f"warnings.jsonl); run directory {tmp_path.resolve()}")
+    assert line == (f"[grpo] finished in 0:00:23: score 0.1 -> 0.6, eval_scores 0.5, kl 0 -> 3.2; 1 health warning "
+                    f"(1 critical, warnings.jsonl); run directory {tmp_path.resolve()}")
     (tmp_path / "report.html").write_text("x")
     assert run_summary_line("grpo", tmp_path).endswith(f"; report {(tmp_path / 'report.html').resolve()}")
     assert run_summary_line("grpo", tmp_path, since=4e9).endswith("; run directory " + str(tmp_path.resolve()))

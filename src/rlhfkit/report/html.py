@@ -1,18 +1,23 @@
 """A self-contained HTML report of a run (or of a pipeline of runs): one file, no external assets.
 
-The page opens with a summary: where the model is, the key metrics from start to end, and the health warnings of
-the run (``warnings.jsonl``) with their step and the knob to turn. Then the plots: a train metric and its eval twin
-share a panel (``train/loss`` with ``eval/loss``), sparse series such as evaluations are drawn as points, metrics
-that never change are listed instead of plotted, and the x-axis is the step of ``metrics.jsonl`` (optimizer
-updates). Then samples from the first, middle and last logged steps; for a pipeline the same prompts answered by
+The page opens with a summary that fits the page: where the model is, the recipe's key metrics first (score, the
+task's own ``env/*`` metric, KL, ...) from start to end with which way each moved (one value is shown once), and the
+health warnings of the run (``warnings.jsonl``) with their step and the knob to turn, or "no warnings" with the
+thresholds the rules watch. Then the plots in order of importance (reward, task metrics, KL, length, entropy,
+losses): a train metric and its eval twin share a panel (``train/loss`` with ``eval/loss``), sparse series such as
+evaluations are drawn as points, metrics that never change are listed instead of plotted (one that moved at all is
+plotted), diagnostics that stay near zero (or near their level) are folded into a collapsed section, and the x-axis
+is the step of ``metrics.jsonl`` (optimizer updates). Then samples (13 px, wrapped) from the first, middle and last
+logged steps; for a pipeline the same prompts answered by
 every stage side by side; the config last, collapsed.
 
 Plots are inline base64 PNGs drawn by matplotlib's Agg renderer (no pyplot, no global backend change); without
 matplotlib they fall back to inline SVG polylines. Every piece of text from the run is HTML-escaped. Apart from
 the "generated at" timestamp the output is a function of its inputs.
 
-Checked in a browser: ``chromium --headless --screenshot=shot.png --window-size=1280,4000 file://$PWD/report.html``
-(``tests/unit/test_report.py::test_headless_chromium_screenshot`` does it when Chromium is installed).
+Checked in a browser: ``chromium --headless --no-sandbox --screenshot=shot.png --window-size=1400,2000
+file://$PWD/report.html``; ``tests/unit/test_report.py::test_report_fits_a_1400_pixel_window_in_chromium`` checks that
+the page is no wider than the window when Chromium is installed.
 """
 
 from __future__ import annotations
@@ -28,23 +33,25 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
-from ..track.health import read_warnings
+from ..track.health import HealthMonitor, read_warnings
 from ..track.metrics import read_metrics
 from ..track.samples import read_samples
 
 X_LABEL = "step (optimizer updates, as in metrics.jsonl)"
 # (panel title, which metric keys belong to it), in the order they are shown; train/X + eval/X pairs come next
-GROUPS: list[tuple[str, Callable[[str], bool]]] = [
+GROUPS: list[tuple[str, Callable[[str], bool]]] = [  # in order of importance: reward, KL, length, entropy, loss
     ("Reward", lambda k: k in ("objective/scores", "objective/rlhf_reward", "eval/scores")),
+    ("Task metrics", lambda k: k.startswith(("env/", "eval/env/", "gold/", "eval/gold"))),
     ("KL", lambda k: k == "objective/kl"),
+    ("Response length", lambda k: k in ("response/length_mean", "val/response_length")),
     ("Entropy per token", lambda k: k == "policy/entropy_avg"),
     ("Sequence entropy", lambda k: k == "objective/entropy"),
     ("Losses", lambda k: k == "loss" or k.startswith("loss/")),
-    ("Response length", lambda k: k in ("response/length_mean", "val/response_length")),
 ]
+NEAR_ZERO = 1e-3  # a diagnostic whose every value stays within this of 0 is folded away (log-prob differences, ...)
 # the metrics the summary shows from start to end, when the run logged them (at most MAX_KEY_METRICS)
 KEY_METRICS = (
-    "objective/scores", "eval/scores", "objective/kl", "policy/entropy_avg", "train/loss", "eval/loss",
+    "eval/scores", "objective/scores", "objective/kl", "policy/entropy_avg", "train/loss", "eval/loss",
     "train/accuracy", "eval/accuracy", "train/rewards/accuracies", "eval/rewards/accuracies",
     "eval/rewards/margins", "response/length_mean", "val/eos_frac",
 )
@@ -62,10 +69,13 @@ h1{margin-bottom:0}.muted{color:#777;font-size:.9em}
 .grid{display:flex;flex-wrap:wrap;gap:12px}.grid figure{margin:0}
 table{border-collapse:collapse;font-size:.9em;margin:.5em 0}
 td,th{border:1px solid #ddd;padding:4px 8px;vertical-align:top;text-align:left}
-td.text{white-space:pre-wrap;max-width:480px;font-family:monospace;font-size:.85em}
+td.text{white-space:pre-wrap;overflow-wrap:anywhere;max-width:480px;font-family:monospace;font-size:13px}
+table.samples,table.side-by-side{table-layout:fixed;width:100%}
+table.samples th:first-child,table.samples th:last-child{width:8em}
+.grid img{max-width:100%;height:auto}summary{cursor:pointer;margin:.5em 0}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.critical td{background:#fde8e8}tr.warning td{background:#fff6e0}
-pre{background:#f6f6f6;padding:1em;overflow:auto;font-size:.85em}
+pre{background:#f6f6f6;padding:1em;overflow:auto;font-size:13px;white-space:pre-wrap;overflow-wrap:anywhere}
 .side{display:flex;gap:24px;align-items:center}section{margin-bottom:2em}
 #summary{border:1px solid #ddd;border-radius:6px;padding:.5em 1em;background:#fafafa}
 """
@@ -152,25 +162,45 @@ def _int_suffix(name: str) -> int:
     return int(tail) if tail.isdigit() else -1
 
 
+def key_metric_names(series: Series) -> list[str]:
+    """The summary's metrics, the recipe's key ones first: reward / score, the task's own (``env/*``, e.g.
+    ``env/tool_call_success``), KL, then the rest of :data:`KEY_METRICS`; a run with other names: its first varying
+    metrics."""
+    task = [k for k in series if k.startswith(("env/", "eval/env/"))][:2]
+    keys = list(dict.fromkeys([k for k in KEY_METRICS[:2] if k in series] + task
+                              + [k for k in KEY_METRICS[2:] if k in series]))[:MAX_KEY_METRICS]
+    return keys or [k for k in series if not _constant(series[k]) and not k.startswith("data/")][:MAX_KEY_METRICS]
+
+
+def movement(v0: float, v1: float) -> str:
+    """Which way a metric moved: ``up 0.5 (+250%)``, ``down``, or ``unchanged``."""
+    if v1 == v0:
+        return "unchanged"
+    rel = f" ({(v1 - v0) / abs(v0):+.0%})" if v0 else ""
+    return f"{'&uarr; up' if v1 > v0 else '&darr; down'} {_num(abs(v1 - v0))}{rel}"
+
+
 def _key_metrics(series: Series) -> str:
-    keys = [k for k in KEY_METRICS if k in series][:MAX_KEY_METRICS]
-    if not keys:  # a run with other names: its first varying metrics
-        keys = [k for k in series if not _constant(series[k]) and not k.startswith("data/")][:MAX_KEY_METRICS]
     rows = []
-    for key in keys:
+    for key in key_metric_names(series):
         finite = [(s, v) for s, v in zip(*series[key]) if math.isfinite(v)]
         (s0, v0), (s1, v1) = finite[0], finite[-1]
-        rows.append(f"<tr><td>{_e(key)}</td><td class='num'>{_num(v0)}</td><td class='num'>{s0}</td>"
-                    f"<td>&rarr;</td><td class='num'>{_num(v1)}</td><td class='num'>{s1}</td></tr>")
+        if len(finite) == 1:  # one evaluation: shown once
+            rows.append(f"<tr><td>{_e(key)}</td><td class='num' colspan='2'>{_num(v1)} at step {s1}</td>"
+                        "<td class='muted'>one value</td></tr>")
+            continue
+        rows.append(f"<tr><td>{_e(key)}</td><td class='num'>{_num(v0)} <span class='muted'>@{s0}</span></td>"
+                    f"<td class='num'>{_num(v1)} <span class='muted'>@{s1}</span></td><td>{movement(v0, v1)}</td></tr>")
     if not rows:
         return "<p>No metrics yet (metrics.jsonl is missing or empty).</p>"
-    head = "<tr><th>metric</th><th>start</th><th>at step</th><th></th><th>end</th><th>at step</th></tr>"
+    head = "<tr><th>metric</th><th>start @step</th><th>end @step</th><th>moved</th></tr>"
     return f"<table class='key-metrics'>{head}{''.join(rows)}</table>"
 
 
 def _warnings_table(records: list[dict], checked: bool) -> str:
     if not records:
-        return "<p>Health checks: no warnings.</p>" if checked else ""
+        return (f"<p>Health checks: no warnings. <span class='muted'>They watch: {_e(HealthMonitor().thresholds())}."
+                "</span></p>") if checked else ""
     rows = "".join(
         f"<tr class='{_e(r.get('severity', ''))}'><td class='num'>{_e(r.get('step', ''))}</td>"
         f"<td>{_e(r.get('severity', ''))}</td><td><code>{_e(r.get('knob', ''))}</code></td>"
@@ -214,9 +244,15 @@ def _metrics_block(run_dir: Path, heading: str = "h2") -> str:
     constant = {k: v for k, v in series.items() if _constant(v)}
     varying = {k: v for k, v in series.items() if k not in constant}
     panels = _panels(varying)
-    others = [(name, group) for name, group, other in panels if other]
+    near_zero = [(name, group) for name, group, other in panels if other and _near_zero(group)]
+    others = [(name, group) for name, group, other in panels if other and not _near_zero(group)]
     figures = [_plot(name, group) for name, group, other in panels if not other]
     figures += [_plot(name, group) for name, group in others[:MAX_OTHER_PLOTS]]
+    folded = ""
+    if near_zero:
+        folded = (f"<details><summary>{len(near_zero)} diagnostics that stay within {NEAR_ZERO:g} of zero or of "
+                  "their level</summary>"
+                  f"<div class='grid'>{''.join(_plot(n, g) for n, g in near_zero)}</div></details>")
     notes = []
     if len(others) > MAX_OTHER_PLOTS:
         notes.append(f"{len(others) - MAX_OTHER_PLOTS} more metrics not plotted (see the table below).")
@@ -225,7 +261,7 @@ def _metrics_block(run_dir: Path, heading: str = "h2") -> str:
             f"{_e(k)}={_num(_finite(v)[-1])}" for k, v in constant.items()) + ".")
     note = "".join(f"<p class='muted'>{n}</p>" for n in notes)
     return (f"<{heading}>Metrics</{heading}><p class='muted'>x-axis: {_e(X_LABEL)}; "
-            f"points: sparse series (evaluations)</p><div class='grid'>{''.join(figures)}</div>{note}"
+            f"points: sparse series (evaluations)</p><div class='grid'>{''.join(figures)}</div>{folded}{note}"
             f"{_last_values(series)}")
 
 
@@ -359,9 +395,21 @@ def _finite(s: tuple[list[int], list[float]]) -> list[float]:
 
 
 def _constant(s: tuple[list[int], list[float]]) -> bool:
-    """All finite values equal (to 1e-9 relative): a flat line tells nothing a number does not."""
+    """All finite values equal: a flat line tells nothing a number does not (a metric that moved at all, even from
+    0 to 1e-9, is plotted: it is never listed as constant)."""
     vals = _finite(s)
-    return max(vals) - min(vals) <= 1e-9 * max(1.0, abs(max(vals)))
+    return max(vals) == min(vals)
+
+
+def _near_zero(group: Series) -> bool:
+    """Every value within :data:`NEAR_ZERO` of zero, or of the series' own level (an importance ratio that stays at
+    1 to 1e-7): a diagnostic that says "fine" and is folded away, not a curve to read."""
+    for s in group.values():
+        vals = _finite(s)
+        level = max(abs(v) for v in vals)
+        if not (level <= NEAR_ZERO or max(vals) - min(vals) <= NEAR_ZERO * level):
+            return False
+    return True
 
 
 def is_sparse(s: tuple[list[int], list[float]], densest: int) -> bool:

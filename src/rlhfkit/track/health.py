@@ -166,6 +166,35 @@ def kl_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | N
             "reference; lower optim.lr, raise algo.kl.coef (or set algo.kl.adaptive=true)")
 
 
+def kl_per_token(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """KL to the reference above ``mon.kl_token_warn`` nats per token (``objective/kl / response/length_mean``)
+    while the response total is still under ``mon.kl_max`` (above it :func:`kl_blowup` speaks): on short responses a
+    few nats per token is a policy far from its reference long before the total looks large."""
+    kl, length = m.get("objective/kl"), m.get("response/length_mean")
+    if kl is None or not length or not math.isfinite(kl) or kl > mon.kl_max:
+        return None
+    per_token = kl / length
+    if per_token > mon.kl_token_warn:
+        return (f"objective/kl={fmt(kl)} nats over {fmt(length)} tokens is {fmt(per_token)} nats per token (above "
+                f"{fmt(mon.kl_token_warn)}): the policy has moved far from the reference; raise algo.kl.coef or "
+                "lower optim.lr")
+    return None
+
+
+def length_growth(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """Mean response length above ``mon.length_growth`` x its early level (the median of the first ``window``
+    checks): responses growing several-fold usually chase the reward (or a loss aggregation that favours length)."""
+    length, early = m.get("response/length_mean"), list(prev.get("response/length_mean", []))[: mon.window]
+    if length is None or not math.isfinite(length) or len(early) < mon.window:
+        return None
+    start = statistics.median(early)
+    if start > 0 and length > mon.length_growth * start:
+        return (f"mean response length {fmt(length)} tokens is {length / start:.1f}x its early {fmt(start)}: the "
+                "policy is lengthening its answers (often reward hacking); read the samples, raise algo.kl.coef, or "
+                "use algo.loss_aggregation=seq_mean_token_sum_norm / algo.overlong")
+    return None
+
+
 def _rolling_means(values: Sequence[float], w: int) -> list[float]:
     return [sum(values[i: i + w]) / w for i in range(len(values) - w + 1)]
 
@@ -365,6 +394,8 @@ RULES: dict[str, Rule] = {
     "negative_kl": Rule(negative_kl, WARNING, "algo.kl.estimator"),
     "kl_spike": Rule(kl_spike, WARNING, "optim.lr"),
     "kl_blowup": Rule(kl_blowup, CRITICAL, "optim.lr"),
+    "kl_per_token": Rule(kl_per_token, WARNING, "algo.kl.coef"),
+    "length_growth": Rule(length_growth, WARNING, "algo.kl.coef"),
     "reward_collapse": Rule(reward_collapse, CRITICAL, "optim.lr"),
     "entropy_collapse": Rule(entropy_collapse, WARNING, "algo.entropy_coef"),
     "entropy_explosion": Rule(entropy_explosion, CRITICAL, "optim.lr"),
@@ -393,11 +424,13 @@ class HealthMonitor(StagedFile):
                  run_dir: str | Path | None = None, stop_on_critical: bool = False, resume_step: int | None = None,
                  staged: bool = False,
                  kl_max: float = 20.0, kl_token_max: float = 0.2, kl_factor: float = 10.0, kl_floor: float = 1.0,
+                 kl_token_warn: float = 1.0, length_growth: float = 4.0,
                  repetition_max: float = 0.5, gibberish_max: float = 0.3, texts_frac: float = 0.5,
                  max_response_len: int | None = None, length_frac: float = 0.85, hack_drop: float = 0.25,
                  tied_frac: float = 0.8, tied_steps: int = 10):
         self.window, self.repeat_every, self.batch_size = window, repeat_every, batch_size
         self.kl_max, self.kl_token_max, self.kl_factor, self.kl_floor = kl_max, kl_token_max, kl_factor, kl_floor
+        self.kl_token_warn, self.length_growth = kl_token_warn, length_growth
         self.repetition_max, self.gibberish_max, self.texts_frac = repetition_max, gibberish_max, texts_frac
         self.max_response_len, self.length_frac, self.hack_drop = max_response_len, length_frac, hack_drop
         self.tied_frac, self.tied_steps = tied_frac, tied_steps
@@ -435,6 +468,19 @@ class HealthMonitor(StagedFile):
         if ent is not None and math.isfinite(ent):
             self.history["entropy/token"].append(ent)
         return out
+
+    def thresholds(self) -> str:
+        """What the rules watch, with their thresholds (beside "no warnings" in the report)."""
+        return (f"KL above {fmt(self.kl_max)} nats per response and {fmt(self.kl_token_max)} per token (critical), "
+                f"above {fmt(self.kl_token_warn)} nat per token, or {fmt(self.kl_factor)}x its running median; "
+                f"response length above {fmt(self.length_growth)}x its start, or at {fmt(self.length_frac)} of the "
+                "limit and rising with the reward; scores falling by half from their best; the held-out score "
+                f"falling by {fmt(self.hack_drop)} while the training score rises; {fmt(self.tied_frac)} of the groups "
+                f"tied for {self.tied_steps} steps; "
+                "per-token entropy below 10% or above 3x its start; the importance ratio outside [0.5, 2]; "
+                "fewer than 10% of responses ending with EOS; a non-finite loss; "
+                f"repeated (> {fmt(self.repetition_max)}) or garbled (> {fmt(self.gibberish_max)}) text in half the "
+                "samples")
 
     def check(self, metrics: Mapping[str, Any], step: int, texts: Sequence[str] | None = None) -> list[str]:
         """``evaluate`` as lines: ``step N: message``."""

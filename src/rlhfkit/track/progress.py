@@ -319,6 +319,7 @@ def run_summary_line(name: str, run_dir: str | Path, seconds: float | None = Non
     run_dir = Path(run_dir)
     first: dict[str, Any] = {}
     last: dict[str, Any] = {}
+    count: dict[str, int] = {}
     for row in read_metrics(run_dir):
         for k, v in row.items():
             if k in ("step", "time") or isinstance(v, bool) or not isinstance(v, (int, float)) \
@@ -326,8 +327,10 @@ def run_summary_line(name: str, run_dir: str | Path, seconds: float | None = Non
                 continue
             first.setdefault(k, v)
             last[k] = v
+            count[k] = count.get(k, 0) + 1
     keys = [k for k in KEY_METRICS if k in last][:max_metrics]
-    parts = [f"{short_name(k)} {format_number(first[k])} -> {format_number(last[k])}" for k in keys]
+    parts = [f"{short_name(k)} {format_number(last[k])}" if count[k] == 1  # one evaluation: shown once
+             else f"{short_name(k)} {format_number(first[k])} -> {format_number(last[k])}" for k in keys]
     took = f" in {format_duration(seconds)}" if seconds is not None else ""
     line = f"[{name}] finished{took}" + (": " + ", ".join(parts) if parts else "")
     warns = read_warnings(run_dir)
