@@ -64,8 +64,11 @@ class Plan:
         """The one command line that runs with :attr:`fit` applied (``accelerate launch`` for more devices)."""
         if self.fit is None:
             return None
-        base = self.command or f"rlhfkit {self.recipe}"
-        line = f"{base} {self.fit.text()}"
+        import shlex
+
+        changed = {k for k, _ in self.fit.overrides}
+        words = [w for w in shlex.split(self.command or f"rlhfkit {self.recipe}") if w.split("=", 1)[0] not in changed]
+        line = f"{shlex.join(words)} {self.fit.text()}"  # the user's own value of a key the fix sets is left out
         if self.fit.world > 1:
             line = f"accelerate launch --num_processes {self.fit.world} -m rlhfkit.cli " + line.removeprefix("rlhfkit ")
         return line
@@ -346,8 +349,11 @@ def cheapest_fit(cfg, world: int, device: str, budget: float) -> Fit | None:
                     _, o, w_k = lever.steps[k - 1]
                     overrides.update(dict(o))
                     w = max(w, w_k)
-            peak = math.inf  # fsdp2 with LoRA is not built
-            if not (overrides.get("model.lora.enabled") and overrides.get("distributed.strategy") == "fsdp2"):
+            strategy = overrides.get("distributed.strategy")
+            refused = (strategy == "fsdp2" and overrides.get("model.lora.enabled")  # not built (config check)
+                       or strategy == "deepspeed" and overrides.get("train.grad_accum", cfg.train.grad_accum) != 1)
+            peak = math.inf
+            if not refused:
                 try:
                     peak = _peak(apply_overrides(cfg, tuple(overrides.items())), w, device)
                 except UserError:

@@ -227,6 +227,11 @@ def test_full_7b_sft_on_24gib_shards_over_more_devices_or_says_nothing_fits(llam
     assert p.fit is not None  # on CPU the LoRA base stays fp32 (27 GiB): sharding over more devices is what fits
     assert p.fit.world > 1 and p.fix_command().startswith("accelerate launch --num_processes ")
     assert _fix_command_plans(p.fix_command(), 24 * GiB, device="cpu").fits is True
+    # on CUDA: LoRA with a smaller micro-batch; the user's own train.batch_size=4 is not repeated in the line
+    p = plan(cfg, world=1, gpu_memory=24 * GiB, checks=False, command=f"rlhfkit sft model.name={llama_dir} "
+             "train.batch_size=4 data.max_length=1024")
+    assert "model.lora.enabled=true" in p.fit.text() and p.fix_command().count("train.batch_size=") == 1
+    assert _fix_command_plans(p.fix_command(), 24 * GiB).fits is True  # through the config's own checks
     p = plan(cfg, world=1, gpu_memory=2 * GiB, checks=False)
     assert p.fit is None and "nothing fits" in p.render()
 
