@@ -30,6 +30,7 @@ from rlhfkit.rewards import (
     same_tokenizer,
 )
 from rlhfkit.rollout import left_pad
+from rlhfkit.track import NO_PHASES
 
 HERE = Path(__file__).resolve().parent
 FNS_FILE = HERE / "reward_fns_for_tests.py"
@@ -439,8 +440,8 @@ def test_online_score_drops_samples_without_finite_reward(tok):
     from rlhfkit.train.online import OnlineTrainer, RunningMoments
 
     cfg = build_config("ppo", {}, ["reward.missing_eos_penalty=0", "reward.clip=null"])
-    trainer = SimpleNamespace(tok=tok, scorer=None, device=torch.device("cpu"), cfg=cfg, moments=RunningMoments(),
-                              acc=SimpleNamespace(gather=lambda x: x),
+    trainer = SimpleNamespace(tok=tok, scorer=None, phases=NO_PHASES, device=torch.device("cpu"), cfg=cfg,
+                              moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x),
                               functions=CombinedRewards([f"{FNS_FILE}:some_bad", "exact_match"]))
     trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
     trainer.penalised = MethodType(OnlineTrainer.penalised, trainer)
@@ -488,8 +489,8 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
 
     cfg = build_config("grpo", {}, ["reward.missing_eos_penalty=0"])
     scorer = SimpleNamespace(model=None, score=lambda *a: torch.tensor([1.0, math.nan, math.inf, 3.0]))
-    trainer = SimpleNamespace(tok=tok, scorer=scorer, functions=None, device=torch.device("cpu"), cfg=cfg,
-                              moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x))
+    trainer = SimpleNamespace(tok=tok, scorer=scorer, phases=NO_PHASES, functions=None, device=torch.device("cpu"),
+                              cfg=cfg, moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x))
     trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
     trainer.penalised = MethodType(OnlineTrainer.penalised, trainer)
     ids = torch.tensor([[tok("a", add_special_tokens=False).input_ids[0]]] * 4)
