@@ -164,3 +164,10 @@ def test_config_show_fits_120_columns_and_marks_recipe_sections(recipe, capsys):
     if recipe == "grpo":
         assert {"generation", "reward", "algo", "env"} <= marked
     assert yaml.safe_load(out)["recipe"] == recipe  # still valid YAML, the same keys
+
+
+def test_max_steps_is_refused_online_with_the_arithmetic_and_renamed_elsewhere():
+    with pytest.raises(ConfigError, match="algo.total_episodes = max_steps x algo.mini_batch_size") as e:
+        build_config("grpo", {}, [M, "max_steps=2"])
+    assert "did you mean" not in str(e.value)
+    assert build_config("sft", {}, [M, "max_steps=2"]).train.max_steps == 2

@@ -520,6 +520,9 @@ TRL_NAMES: list[TrlName] = [
               "the rollout / trainer mismatch correction is algo.off_policy (its own engine, no vLLM)",
               "set algo.off_policy.correction=tis|mis with algo.off_policy.level / cap / low / high",
               families=_ONLINE),
+    TrlName("max_steps", families=_ONLINE, doc="online recipes count the run in responses (algo.total_episodes), "
+            "not in optimizer updates", fix="set algo.total_episodes = max_steps x algo.mini_batch_size x processes "
+            "/ algo.ppo_epochs (one update per algo.mini_batch_size responses per process)", accepted=(None, -1)),
     *_refused(("generation_batch_size", "steps_per_generation"),
               "rlhfkit counts a rollout in prompts per process: algo.rollout_batch_size x algo.num_generations "
               "responses, split into updates of algo.mini_batch_size",
