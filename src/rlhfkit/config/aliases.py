@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .recipes import RECIPES
-from .trl import NoEquivalent, TrlName, entries_for, same_value
+from .trl import NoEquivalent, TrlName, entries_for, same_value, word
 
 
 def trl_entry(name: str, recipe: str, source: str) -> TrlName | None:
@@ -96,12 +96,13 @@ def translate(name: str, value, recipe: str, source: str, tree: dict, given: dic
         if not _has_key(recipe, key):
             raise ConfigError(f"'{name}' (TRL) stands for {key}, which the {recipe} recipe does not have",
                               where=source, fix=f"remove {name}")
+    shown = word(value) if entry.words else _show(value)
     if entry.key:
         _log_alias(name, entry.key)
     elif out:
-        _note(f"{name}={_show(value)} -> " + " ".join(f"{k}={_show(v)}" for k, v in out.items()))
+        _note(f"{name}={shown} -> " + " ".join(f"{k}={_show(v)}" for k, v in out.items()))
     else:
-        _note(f"{name}={_show(value)}: nothing to set")
+        _note(f"{name}={shown}: nothing to set")
     return out, ctx.read
 
 

@@ -41,6 +41,7 @@ class TrlName:
     fix: str = ""  # refused: what to do instead
     families: tuple[str, ...] = ()  # recipe families the entry is for; () = every family
     accepted: tuple = ()  # refused names: values that ask for what rlhfkit does anyway (nothing to set)
+    words: bool = False  # the value is a word (YAML 1.1 reads eval_strategy=no as false): logged as written
 
     @property
     def refused(self) -> bool:
@@ -79,7 +80,7 @@ def same_value(value, options: tuple) -> bool:
     return False
 
 
-def _word(value) -> str:
+def word(value) -> str:
     """A strategy name as written: YAML 1.1 reads ``no`` as false (``eval_strategy=no``)."""
     return {False: "no", True: "yes"}.get(value, str(value).strip().lower()) if isinstance(value, bool) \
         else str(value).strip().lower()
@@ -120,7 +121,7 @@ def _report_to(value, ctx):
 
 
 def _eval_strategy(value, ctx):
-    v = _word(value)
+    v = word(value)
     if v == "no":  # no evaluation at all: no eval file, nothing held out
         return {"data.eval": None, "data.eval_fraction": 0.0}
     if v == "steps":  # eval_steps says how often (train.eval_every)
@@ -130,7 +131,7 @@ def _eval_strategy(value, ctx):
 
 
 def _save_strategy(value, ctx):
-    v = _word(value)
+    v = word(value)
     if v == "no":
         return {"train.save_every": 0}
     if v == "steps":
@@ -395,11 +396,13 @@ TRL_NAMES: list[TrlName] = [
     TrlName("resume_from_checkpoint", to=_resume, doc="`train.resume`: a path -> that checkpoint, true -> auto "
             "(the latest valid one), false / null -> never (TRL starts over unless told)"),
     TrlName("overwrite_output_dir", to=_overwrite, doc="true -> `train.resume=never` (start over in output_dir)"),
-    TrlName("eval_strategy", to=_eval_strategy, doc="no -> `data.eval=null data.eval_fraction=0` (no evaluation); "
-            "steps -> nothing (eval_steps sets `train.eval_every`); epoch: refused"),
-    TrlName("evaluation_strategy", to=_eval_strategy, doc="as `eval_strategy` (its transformers 4 name)"),
-    TrlName("save_strategy", to=_save_strategy, doc="no -> `train.save_every=0` (only the final model); steps -> "
-            "nothing (save_steps); epoch / best: refused"),
+    TrlName("eval_strategy", to=_eval_strategy, words=True,
+            doc="no -> `data.eval=null data.eval_fraction=0` (no evaluation); steps -> nothing (eval_steps sets "
+                "`train.eval_every`); epoch: refused"),
+    TrlName("evaluation_strategy", to=_eval_strategy, words=True, doc="as `eval_strategy` (its transformers 4 name)"),
+    TrlName("save_strategy", to=_save_strategy, words=True,
+            doc="no -> `train.save_every=0` (only the final model); steps -> nothing (save_steps); epoch / best: "
+                "refused"),
     TrlName("logging_strategy", to=_choice("logging_strategy", {"steps": {}}, "use logging_steps=N"),
             doc="steps only (logging_steps sets `train.log_every`)"),
     # ── precision, memory (TrainingArguments)
