@@ -42,6 +42,7 @@ class Judge(BaseHTTPRequestHandler):
 
     def do_POST(self):
         st = self.state
+        counted = True
         with self.lock:
             st["active"] += 1
             st["peak"] = max(st["peak"], st["active"])
@@ -61,7 +62,13 @@ class Judge(BaseHTTPRequestHandler):
                 n = st["seen"][completion] = st["seen"].get(completion, 0) + 1
             time.sleep(0.05)  # lets concurrent requests overlap
             if completion == "slow":
-                time.sleep(3)
+                # the client gives up after timeout_s (0.5 s) and may retry while this handler still sleeps: it stops
+                # counting as active before then, so the peak counts the client's requests in flight, not abandoned ones
+                time.sleep(0.2)
+                with self.lock:
+                    st["active"] -= 1
+                counted = False
+                time.sleep(2.8)
             if completion == "flaky" and n == 1:
                 return self._reply(503, b"busy", {"Retry-After": "0"})
             if completion == "garbage":
@@ -69,8 +76,9 @@ class Judge(BaseHTTPRequestHandler):
             text = "Looks fine to me." if completion == "mumble" else f"Reasoning...\nGRADE: {len(completion)}"
             self._reply(200, json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode())
         finally:
-            with self.lock:
-                st["active"] -= 1
+            if counted:
+                with self.lock:
+                    st["active"] -= 1
 
 
 @pytest.fixture

@@ -37,6 +37,7 @@ is not).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import signal
@@ -181,12 +182,25 @@ def numbers_equal(pred: tuple[Fraction, bool], ref: tuple[Fraction, bool], rel_t
     return any(_close(a, b, rel_tol) for a, b in candidates)
 
 
-def _symbolic_equal(pred: str, ref: str) -> bool:
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+@functools.cache
+def _math_verify():
+    """math-verify, imported and used once on a trivial pair outside any time limit: importing it (SymPy, the ANTLR
+    LaTeX parser) takes seconds on a loaded machine, which must not count against the first real check's limit."""
+    import math_verify
 
     for name in ("math_verify", "latex2sympy2_extended"):  # "timeout disabled" on every call: ours is around it
         logging.getLogger(name).setLevel(logging.ERROR)
-    configs = [LatexExtractionConfig(), ExprExtractionConfig()]
+    configs = [math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()]
+    math_verify.verify(math_verify.parse("$x/2$", extraction_config=configs, parsing_timeout=None),
+                       math_verify.parse("$0.5 x$", extraction_config=configs, parsing_timeout=None),
+                       timeout_seconds=None)
+    return math_verify
+
+
+def _symbolic_equal(pred: str, ref: str) -> bool:
+    mv = _math_verify()
+    parse, verify = mv.parse, mv.verify
+    configs = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
     gold = parse(f"${ref}$", extraction_config=configs, parsing_timeout=None)
     got = parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)
     if not gold or not got:
@@ -222,6 +236,7 @@ def answers_equal(pred: str, ref: str, *, rel_tol: float = 1e-6, timeout_s: floa
         return True
     if (p_num is None) != (r_num is None) and re.fullmatch(r"[-+\d.,/%\s]*", p + r):
         return False  # one side a number, the other digits that do not parse: no algebra can make them equal
+    _math_verify()  # imported (once) before the clock starts
     try:
         return _under_limit(lambda: _symbolic_equal(p, r), timeout_s)
     except _CheckTimeout:
