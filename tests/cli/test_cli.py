@@ -224,6 +224,17 @@ def test_config_show_prints_the_commented_defaults(recipe, capsys):
     assert max(map(len, lines)) <= 120
 
 
+def test_config_show_grpo_lists_every_policy_loss_with_its_section(capsys):
+    # each registered loss has its section under algo, whose comment names the losses that read it
+    from rlhfkit.algos import POLICY_LOSSES
+
+    assert main(["config", "show", "grpo"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, spec in POLICY_LOSSES.items():
+        section = next(line for line in lines if line.startswith(f"  {spec.section}:"))
+        assert f"policy_loss={name}" in section or f"/ {name}" in section, (name, section)
+
+
 def test_config_show_with_overrides(capsys):
     assert main(["config", "show", "sft", "optim.lr=3e-4"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["optim"]["lr"] == pytest.approx(3e-4)
