@@ -23,6 +23,9 @@ weights) are the loop's.
 - ``gspo_token`` (section ``gspo``): GSPO-token (Zheng et al. 2025, eq. 13-14): s_{i,t} = sg[s_i] * pi(y_t) /
   sg[pi(y_t)] — the value of s_i, the gradient of the token's own log-prob — so per-token advantages are allowed.
 
+- ``cispo`` (section ``cispo``): the token IS weight clipped and *detached*, multiplying the log-prob
+  (MiniMax-M1, MiniMax et al. 2025, eq. 4-5): a clipped weight scales a token's gradient and never drops it.
+
 GSPO uses the sequence advantage A_i = the masked mean of the row's advantages (exact for the group estimators,
 whose advantage is the same at every token). Its per-sequence loss is spread over the row's tokens before the
 aggregation, so ``seq_mean_token_mean`` gives the paper's mean over sequences (the ``gspo`` recipe's default).
@@ -181,6 +184,46 @@ def gspo_token_loss(
     return loss, ratio_stats(ratio, log_ratio, was_clipped, mask)
 
 
+def cispo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float | None = None,
+    clip_high: float | None = 4.0,
+    aggregation: str = "token_mean",
+    max_len: int | None = None,
+    log_ratio_clip: float | None = 20.0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """CISPO: -sg(r_hat) * A * log pi per token, r_hat = clip(r, 1 - e_lo, 1 + e_hi), r = pi / pi_old
+    (MiniMax-M1, MiniMax et al. 2025, arXiv 2506.13585, eq. 4-5).
+
+    Shapes in the module doc. The weight carries no gradient, so d loss / d log pi(y_t) = -A_t * r_hat_t: every
+    token keeps its gradient, only its size is bounded (PPO's clip zeroes the gradient of a token outside the band).
+    ``clip_low=None``: no lower bound (the paper: "we did not impose a lower bound"); ``clip_high=None``: no upper
+    bound. With no clipping and r = 1 the gradient is REINFORCE's, -A * grad log pi. The paper reduces with a
+    token mean over the group (``aggregation="token_mean"``). Padding (log-probs, advantages) is set to 0 before any
+    arithmetic; the log-ratio is clamped to [-c, c] before exp as in :func:`ppo_policy_loss`.
+    stats: clipfrac (tokens whose weight was clipped), approxkl, ratio_mean, ratio_var of the unclipped r.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    valid = mask.bool()
+    advantages, logprobs = zero_outside(advantages, valid), zero_outside(logprobs, valid)
+    log_ratio = zero_outside(logprobs.detach() - old_logprobs, valid)  # the weight has no gradient; padding: r = 1
+    if log_ratio_clip is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
+    ratio = torch.exp(log_ratio)
+    low = None if clip_low is None else 1.0 - clip_low
+    high = None if clip_high is None else 1.0 + clip_high
+    weight = ratio if low is None and high is None else ratio.clamp(low, high)
+    per_token = -advantages * weight * logprobs
+    loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
+    return loss, ratio_stats(ratio, log_ratio, weight != ratio, mask)
+
+
 # ──────────────────────────────────────────────────── the registry ────────────────────────────────────────────────────
 @dataclass(frozen=True)
 class PolicyLoss:
@@ -225,5 +268,6 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
         PolicyLoss("ppo", ppo_policy_loss, section="ppo"),
         PolicyLoss("gspo", gspo_loss, section="gspo"),
         PolicyLoss("gspo_token", gspo_token_loss, section="gspo"),
+        PolicyLoss("cispo", cispo_loss, section="cispo"),
     )
 }

@@ -258,6 +258,14 @@ class GSPOLossConfig:
 
 
 @dataclass(frozen=True)
+class CISPOLossConfig:
+    clip_low: float | None = f(None, "the token IS weight is clipped below at 1 - clip_low; null = no lower bound "
+                                     "(MiniMax-M1 sets none)", gt=0)
+    clip_high: float | None = f(4.0, "the weight is clipped above at 1 + clip_high (MiniMax-M1 tunes only this bound "
+                                     "and gives no value; 4.0 = ScaleRL's cap of 5); null = no upper bound", gt=0)
+
+
+@dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
@@ -277,6 +285,8 @@ class OnlineAlgoConfig:
     ppo: PPOLossConfig = f(PPOLossConfig(), "settings of policy_loss=ppo: the token ratio, clipped (PPO)")
     gspo: GSPOLossConfig = f(GSPOLossConfig(), "settings of policy_loss=gspo / gspo_token: the length-normalised "
                              "sequence ratio, clipped per sequence (GSPO)")
+    cispo: CISPOLossConfig = f(CISPOLossConfig(), "settings of policy_loss=cispo: the token IS weight, clipped and "
+                               "detached, times log pi, so no token's gradient is dropped (CISPO)")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
     overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")

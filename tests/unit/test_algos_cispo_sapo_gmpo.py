@@ -1,0 +1,170 @@
+"""The policy losses of issue 19 (CISPO, SAPO, GMPO): hand values with their derivation, a slow per-token /
+per-sequence loop, gradients (hand values and autograd of the slow loop), ties, empty masks, extreme log-ratios,
+float32, and the equalities each must satisfy (CISPO unclipped at ratio 1 = REINFORCE's gradient; ...)."""
+
+import math
+
+import pytest
+import torch
+
+from rlhfkit.algos import POLICY_LOSSES, aggregate_loss
+from rlhfkit.algos.policy_losses import cispo_loss
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def _batch(seed=0, B=5, T=7, spread=0.3, dtype=torch.float64):
+    """Random log-probs, old log-probs (log-ratios ~ spread), one advantage per row and a mask whose rows hold
+    7, 3, 1, 5 and 0 tokens (the last row has none); NaN in the padding of both log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(B, T, generator=g, dtype=dtype) * 3
+    old = logp + spread * torch.randn(B, T, generator=g, dtype=dtype)
+    adv = torch.randn(B, generator=g, dtype=dtype)
+    mask = (torch.arange(T).unsqueeze(0) < torch.tensor([7, 3, 1, 5, 0][:B]).unsqueeze(-1)).long()
+    nan = torch.full((), math.nan, dtype=dtype)
+    return torch.where(mask.bool(), logp, nan), torch.where(mask.bool(), old, nan), adv, mask
+
+
+def _rows(mask):
+    """(row, number of tokens) of each row that has tokens."""
+    return [(i, int(mask[i].sum())) for i in range(mask.shape[0]) if int(mask[i].sum()) > 0]
+
+
+def _reduce(terms, aggregation, max_len):
+    """The three aggregations written out over a list of per-row lists of per-token terms (scalar tensors)."""
+    rows = [torch.stack(t) for t in terms if t]
+    if aggregation == "token_mean":
+        return torch.cat(rows).sum() / sum(len(r) for r in rows)
+    if aggregation == "seq_mean_token_mean":
+        return torch.stack([r.mean() for r in rows]).mean()
+    return torch.stack([r.sum() for r in rows]).sum() / max_len / len(terms)  # Dr. GRPO: mean over all B rows
+
+
+def _grad(fn, logp, *args, **kw):
+    x = logp.detach().clone().requires_grad_(True)
+    loss, stats = fn(x, *args, **kw)
+    (g,) = torch.autograd.grad(loss, x)
+    return loss.detach(), g, stats
+
+
+def _finite(loss, grad, stats):
+    return bool(torch.isfinite(loss) and torch.isfinite(grad).all() and all(torch.isfinite(v) for v in stats.values()))
+
+
+# ───────────────────────────────────────────────────── CISPO ─────────────────────────────────────────────────────
+def test_cispo_hand_values_and_gradient():
+    # log pi = [-0.5, -1, -2], log pi_old = -1 -> log r = [0.5, 0, -1], r = [1.6487, 1, 0.3679]; A = 2
+    logp, old, adv, mask = torch.tensor([[-0.5, -1.0, -2.0]]), torch.full((1, 3), -1.0), torch.tensor([2.0]), \
+        torch.ones(1, 3)
+    # clip to [0.8, 1.28]: weights [1.28, 1, 0.8]; per token -A w log pi = [1.28, 2, 3.2]; token mean 6.48 / 3
+    loss, g, st = _grad(cispo_loss, logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    assert loss.item() == pytest.approx(2.16)
+    # d/d log pi = -A w / 3 (w detached): [-2.56, -2, -1.6] / 3 -- the two clipped tokens keep a gradient
+    torch.testing.assert_close(g, torch.tensor([[-2.56, -2.0, -1.6]]) / 3)
+    assert st["clipfrac"].item() == pytest.approx(2 / 3)
+    assert st["ratio_mean"].item() == pytest.approx((math.exp(0.5) + 1 + math.exp(-1)) / 3)
+    assert st["approxkl"].item() == pytest.approx(0.5 * (0.25 + 0 + 1) / 3)
+    assert all(not v.requires_grad and v.dim() == 0 for v in st.values())
+    # the defaults (no lower bound, cap 1 + 4 = 5): nothing clipped, w = r: loss (2 e^0.5 0.5 + 2 + 2 e^-1 2) / 3
+    loss, g, st = _grad(cispo_loss, logp, old, adv, mask)
+    assert loss.item() == pytest.approx((math.exp(0.5) + 2 + 4 * math.exp(-1)) / 3)
+    torch.testing.assert_close(g, -2 * torch.tensor([[math.exp(0.5), 1.0, math.exp(-1)]]) / 3)
+    assert st["clipfrac"].item() == 0.0
+    # log r = 2: r = e^2 = 7.39 above the cap 5 -> w = 5; gradient -A * 5 = -10 (PPO's would be 0 here)
+    _, g, st = _grad(cispo_loss, torch.tensor([[1.0]]), torch.tensor([[-1.0]]), torch.tensor([2.0]), torch.ones(1, 1))
+    assert g.item() == pytest.approx(-10.0) and st["clipfrac"].item() == 1.0
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cispo_matches_slow_loop_value_and_gradient(aggregation, seed):
+    logp, old, adv, mask = _batch(seed, spread=0.6)  # ratios e^(+-0.6 sigma): both bounds are reached
+    lo, hi = 0.3, 0.25
+
+    def slow(x):  # per token: the weight a plain float (no gradient), times -A log pi
+        terms = [[] for _ in range(x.shape[0])]
+        for i, n in _rows(mask):
+            for t in range(n):
+                r = math.exp(float(x[i, t].detach() - old[i, t]))
+                terms[i].append(-float(adv[i]) * min(max(r, 1 - lo), 1 + hi) * x[i, t])
+        return _reduce(terms, aggregation, 9)
+
+    loss, g, _ = _grad(cispo_loss, logp, old, adv, mask, clip_low=lo, clip_high=hi, aggregation=aggregation,
+                       max_len=9)
+    x = torch.where(mask.bool(), logp, 0.0).requires_grad_(True)
+    want = slow(x)
+    (g_slow,) = torch.autograd.grad(want, x)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+    torch.testing.assert_close(g, g_slow)
+    # no token's gradient is dropped: every valid token with A != 0 has one (PPO's clip zeroes some of them)
+    assert torch.all(g[mask.bool()] != 0) and torch.all(g[~mask.bool()] == 0)
+    ppo = _grad(POLICY_LOSSES["ppo"].fn, logp, old, adv, mask, clip_low=lo, clip_high=hi)[1]
+    assert torch.any(ppo[mask.bool()] == 0)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_cispo_unclipped_at_ratio_one_is_reinforce(aggregation):
+    # r = 1 (pi_old = pi) and no clipping: -sg(1) A log pi has REINFORCE's value and gradient -A grad log pi,
+    # aggregated the same way; with the default bounds too (r = 1 lies inside [0, 5])
+    logp, _, adv, mask = _batch(2)
+    reinforce = _grad(lambda x: (aggregate_loss(-adv.unsqueeze(-1) * torch.where(mask.bool(), x, 0.0), mask,
+                                                aggregation, 11), {}), logp)
+    for bounds in ({"clip_low": None, "clip_high": None}, {}):
+        loss, g, st = _grad(cispo_loss, logp, logp.clone(), adv, mask, aggregation=aggregation, max_len=11, **bounds)
+        assert loss.item() == pytest.approx(reinforce[0].item(), rel=1e-12)
+        torch.testing.assert_close(g, reinforce[1])
+        assert st["ratio_mean"].item() == 1.0 and st["clipfrac"].item() == 0.0
+
+
+def test_cispo_ties_empty_rows_and_empty_batch():
+    logp, old, adv, mask = _batch(3)
+    # a tied group: every advantage 0 -> loss exactly 0 and no gradient anywhere
+    loss, g, _ = _grad(cispo_loss, logp, old, torch.zeros_like(adv), mask)
+    assert loss.item() == 0.0 and torch.all(g == 0)
+    # the row without tokens (row 4, NaN padding) changes nothing: same loss as the batch without it
+    for aggregation in ("token_mean", "seq_mean_token_mean"):
+        full, g, _ = _grad(cispo_loss, logp, old, adv, mask, aggregation=aggregation)
+        part, _, _ = _grad(cispo_loss, logp[:4], old[:4], adv[:4], mask[:4], aggregation=aggregation)
+        assert full.item() == pytest.approx(part.item(), rel=1e-12) and torch.all(g[4] == 0)
+    # an all-empty batch: loss 0, gradient 0, stats finite
+    loss, g, st = _grad(cispo_loss, logp, old, adv, torch.zeros_like(mask))
+    assert loss.item() == 0.0 and torch.all(g == 0) and _finite(loss, g, st)
+
+
+@pytest.mark.parametrize("bounds", [{}, {"clip_low": None, "clip_high": None}])
+def test_cispo_extreme_log_ratios_stay_finite_in_float32(bounds):
+    # log r = +100 / -100 in float32 (e^100 = inf) with NaN padding: the log-ratio is clamped to +-20 first, so the
+    # weight is at most e^20 ~ 4.9e8 (or the cap 5) and the value and gradient stay finite
+    logp = torch.tensor([[50.0, -50.0, math.nan]])
+    old = torch.tensor([[-50.0, 50.0, math.inf]])
+    loss, g, st = _grad(cispo_loss, logp, old, torch.tensor([1.0]), torch.tensor([[1, 1, 0]]), **bounds)
+    assert loss.dtype == torch.float32 and _finite(loss, g, st) and g[0, 2] == 0
+    w = 5.0 if not bounds else math.exp(20)
+    assert g[0, 0].item() == pytest.approx(-w / 2, rel=1e-5)  # -A w / 2 tokens
+    assert g[0, 1].item() == pytest.approx(-math.exp(-20) / 2, rel=1e-5)  # no lower bound: w = e^-20
+
+
+def test_cispo_float32_agrees_with_float64():
+    logp, old, adv, mask = _batch(4, spread=0.6)
+    l64, g64, _ = _grad(cispo_loss, logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    l32, g32, _ = _grad(cispo_loss, logp.float(), old.float(), adv.float(), mask, clip_low=0.2, clip_high=0.28)
+    assert l32.dtype == torch.float32 and g32.dtype == torch.float32
+    assert l32.item() == pytest.approx(l64.item(), rel=1e-5)
+    torch.testing.assert_close(g32, g64.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_cispo_registry_entry_section_and_trl_alias(monkeypatch):
+    from rlhfkit.config import OnlineAlgoConfig, aliases, build_config
+
+    monkeypatch.setattr(aliases, "_ALIASES_LOGGED", set())  # aliases are logged once per process: leave it unlogged
+
+    spec = POLICY_LOSSES["cispo"]
+    assert spec.fn is cispo_loss and spec.section == "cispo"
+    assert (OnlineAlgoConfig().cispo.clip_low, OnlineAlgoConfig().cispo.clip_high) == (None, 4.0)
+    logp, old, adv, mask = _batch(5, spread=0.6)
+    section = build_config("grpo", {}, ["algo.policy_loss=cispo", "algo.cispo.clip_low=0.2",
+                                        "algo.cispo.clip_high=0.28"]).algo.cispo
+    via, _ = spec(logp, old, adv, mask, section, aggregation="token_mean")
+    assert torch.equal(via, cispo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)[0])
+    # TRL's epsilon_high goes on to the chosen loss's section
+    assert build_config("grpo", {}, ["algo.policy_loss=cispo", "epsilon_high=0.5"]).algo.cispo.clip_high == 0.5
