@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlhfkit.algos import POLICY_LOSSES, aggregate_loss
-from rlhfkit.algos.policy_losses import cispo_loss
+from rlhfkit.algos.policy_losses import cispo_loss, sapo_loss
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
@@ -168,3 +168,136 @@ def test_cispo_registry_entry_section_and_trl_alias(monkeypatch):
     assert torch.equal(via, cispo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)[0])
     # TRL's epsilon_high goes on to the chosen loss's section
     assert build_config("grpo", {}, ["algo.policy_loss=cispo", "epsilon_high=0.5"]).algo.cispo.clip_high == 0.5
+
+
+# ────────────────────────────────────────────────────── SAPO ──────────────────────────────────────────────────────
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def test_sapo_hand_values_and_gradient():
+    # log r = [0.5, 0, -1] (r = [1.6487, 1, 0.3679]), one row; the loss per token is -A (4 / tau) sigma(tau (r - 1))
+    logp, old, mask = torch.tensor([[-0.5, -1.0, -2.0]]), torch.full((1, 3), -1.0), torch.ones(1, 3)
+    r = [math.exp(0.5), 1.0, math.exp(-1)]
+    for a, tau in ((2.0, 1.0), (-2.0, 1.05)):  # A > 0 takes tau_pos = 1, A < 0 tau_neg = 1.05 (the defaults)
+        loss, g, st = _grad(sapo_loss, logp, old, torch.tensor([a]), mask)
+        # value: mean over the 3 tokens of -A (4 / tau) sigma(tau (r - 1)); at r = 1 sigma = 1/2: -2 A / tau
+        assert loss.item() == pytest.approx(sum(-a * 4 / tau * _sigmoid(tau * (x - 1)) for x in r) / 3)
+        # d/d log pi = -A (4 / tau) sigma' tau r / 3 = -A w r / 3, w = 4 sigma (1 - sigma): 1 at r = 1, less elsewhere
+        w = [4 * _sigmoid(tau * (x - 1)) * (1 - _sigmoid(tau * (x - 1))) for x in r]
+        torch.testing.assert_close(g, torch.tensor([[-a * wi * x / 3 for wi, x in zip(w, r)]]))
+        assert w[1] == 1.0 and 0 < w[0] < 1 and 0 < w[2] < 1
+        assert st["clipfrac"].item() == pytest.approx(sum(1 - wi for wi in w) / 3)  # the gate's mean closure
+    # the negative temperature closes the gate sooner: at the same r, w(tau_neg = 1.05) < w(tau_pos = 1)
+    gp = _grad(sapo_loss, logp, old, torch.tensor([1.0]), mask)[1]
+    gn = _grad(sapo_loss, logp, old, torch.tensor([-1.0]), mask)[1]
+    assert torch.all(gn[0, [0, 2]].abs() < gp[0, [0, 2]].abs()) and gn[0, 1].item() == pytest.approx(-gp[0, 1].item())
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sapo_matches_slow_loop_value_and_gradient(aggregation, seed):
+    logp, old, adv, mask = _batch(seed, spread=0.6)
+    adv[1] = 0.0  # a zero advantage takes tau_neg and contributes nothing
+    tp, tn = 0.7, 1.6
+
+    def slow(x):  # per token, written out: tau by the sign of the row's advantage, the sigmoid gate times 4 / tau
+        terms = [[] for _ in range(x.shape[0])]
+        for i, n in _rows(mask):
+            tau = tp if float(adv[i]) > 0 else tn
+            for t in range(n):
+                r = torch.exp(x[i, t] - old[i, t])
+                terms[i].append(-float(adv[i]) * 4 / tau * torch.sigmoid(tau * (r - 1)))
+        return _reduce(terms, aggregation, 9)
+
+    loss, g, _ = _grad(sapo_loss, logp, old, adv, mask, tau_pos=tp, tau_neg=tn, aggregation=aggregation, max_len=9)
+    x = torch.where(mask.bool(), logp, 0.0).requires_grad_(True)
+    want = slow(x)
+    (g_slow,) = torch.autograd.grad(want, x)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+    torch.testing.assert_close(g, g_slow)
+    # a smooth gate drops no token: every valid token of a row with A != 0 has a gradient
+    has_adv = (adv != 0).unsqueeze(-1) & mask.bool()
+    assert torch.all(g[has_adv] != 0) and torch.all(g[~has_adv] == 0)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_sapo_small_temperature_is_the_unclipped_importance_weighted_loss(aggregation):
+    # tau -> 0: sigma(tau (r - 1)) = 1/2 + tau (r - 1) / 4 + O(tau^3), so f(r) = 2 / tau + (r - 1) + O(tau^2):
+    # the gradient -> -A r grad log pi (w -> 1), the value -> -A (r - 1) plus the constant -2 A / tau
+    logp, old, adv, mask = _batch(6, spread=0.6)
+    tau = 1e-5
+    loss, g, st = _grad(sapo_loss, logp, old, adv, mask, tau_pos=tau, tau_neg=tau, aggregation=aggregation, max_len=9)
+    a = adv.unsqueeze(-1).expand_as(logp)
+
+    def unclipped(x):  # the IS surrogate -A r with no clip at all
+        return aggregate_loss(-a * torch.exp(torch.where(mask.bool(), x - old, 0.0)), mask, aggregation, 9), {}
+
+    want, g_want, _ = _grad(unclipped, logp)
+    offset = aggregate_loss(-a * 2 / tau, mask, aggregation, 9)  # the constant; minus -A * 1 of the r - 1
+    assert (loss - offset).item() == pytest.approx((want + aggregate_loss(a, mask, aggregation, 9)).item(), abs=1e-6)
+    torch.testing.assert_close(g, g_want, rtol=1e-8, atol=1e-10)
+    assert st["clipfrac"].item() < 1e-9  # the gate never closes
+
+
+def test_sapo_large_temperature_moves_only_on_policy_tokens():
+    # tau -> inf: w = 4 sigma (1 - sigma) of tau (r - 1) -> 0 for every r != 1 (a trust region of width ~ 1 / tau),
+    # while r = 1 keeps w = 1: its gradient is REINFORCE's -A / n
+    logp, old, adv, mask = _batch(7, spread=0.3)
+    old = torch.where(torch.arange(7) % 2 == 0, logp, old)  # even positions on-policy (r = 1), odd ones not
+    loss, g, st = _grad(sapo_loss, logp, old, adv, mask, tau_pos=1e4, tau_neg=1e4, aggregation="token_mean")
+    n = int(mask.sum())
+    on = mask.bool() & (torch.arange(7) % 2 == 0)
+    off = mask.bool() & ~on
+    torch.testing.assert_close(g[on], (-adv.unsqueeze(-1).expand_as(logp) / n)[on])
+    assert torch.all(g[off].abs() < 1e-30) and torch.isfinite(loss)
+    assert st["clipfrac"].item() == pytest.approx(int(off.sum()) / n)  # the off-policy tokens' gates are shut
+
+
+def test_sapo_ties_empty_rows_and_empty_batch():
+    logp, old, adv, mask = _batch(3)
+    loss, g, _ = _grad(sapo_loss, logp, old, torch.zeros_like(adv), mask)  # a tied group: nothing to learn
+    assert loss.item() == 0.0 and torch.all(g == 0)
+    for aggregation in ("token_mean", "seq_mean_token_mean"):  # the row without tokens (row 4) changes nothing
+        full, g, _ = _grad(sapo_loss, logp, old, adv, mask, aggregation=aggregation)
+        part, _, _ = _grad(sapo_loss, logp[:4], old[:4], adv[:4], mask[:4], aggregation=aggregation)
+        assert full.item() == pytest.approx(part.item(), rel=1e-12) and torch.all(g[4] == 0)
+    loss, g, st = _grad(sapo_loss, logp, old, adv, torch.zeros_like(mask))  # an all-empty batch
+    assert loss.item() == 0.0 and torch.all(g == 0) and _finite(loss, g, st)
+
+
+def test_sapo_extreme_log_ratios_stay_finite_in_float32():
+    # log r = +100 / -100 in float32 with NaN / inf padding: clamped to +-20 first; r = e^20: the gate is shut
+    # (sigma = 1 in float32, w = 0); r = e^-20 ~ 2e-9: sigma(-tau) stays finite; nothing is NaN
+    logp, old = torch.tensor([[50.0, -50.0, math.nan]]), torch.tensor([[-50.0, 50.0, math.inf]])
+    for a in (1.0, -1.0):
+        loss, g, st = _grad(sapo_loss, logp, old, torch.tensor([a]), torch.tensor([[1, 1, 0]]))
+        assert loss.dtype == torch.float32 and _finite(loss, g, st) and g[0, 2] == 0 and g[0, 0] == 0
+
+
+def test_sapo_float32_agrees_with_float64():
+    logp, old, adv, mask = _batch(4, spread=0.6)
+    l64, g64, _ = _grad(sapo_loss, logp, old, adv, mask)
+    l32, g32, _ = _grad(sapo_loss, logp.float(), old.float(), adv.float(), mask)
+    assert l32.dtype == torch.float32 and g32.dtype == torch.float32
+    assert l32.item() == pytest.approx(l64.item(), rel=1e-5)
+    torch.testing.assert_close(g32, g64.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_sapo_registry_entry_section_and_no_clip_range():
+    from rlhfkit.config import OnlineAlgoConfig, build_config
+    from rlhfkit.errors import ConfigError
+
+    spec = POLICY_LOSSES["sapo"]
+    assert spec.fn is sapo_loss and spec.section == "sapo"
+    assert (OnlineAlgoConfig().sapo.tau_pos, OnlineAlgoConfig().sapo.tau_neg) == (1.0, 1.05)
+    logp, old, adv, mask = _batch(5, spread=0.6)
+    section = build_config("grpo", {}, ["algo.policy_loss=sapo", "algo.sapo.tau_pos=0.5",
+                                        "algo.sapo.tau_neg=2.0"]).algo.sapo
+    via, _ = spec(logp, old, adv, mask, section, aggregation="token_mean")
+    assert torch.equal(via, sapo_loss(logp, old, adv, mask, tau_pos=0.5, tau_neg=2.0, aggregation="token_mean")[0])
+    # SAPO has no clip range: TRL's epsilon is refused with the loss's own settings named
+    with pytest.raises(ConfigError, match="algo.sapo.tau_pos"):
+        build_config("grpo", {}, ["algo.policy_loss=sapo", "epsilon=0.2"])
+    with pytest.raises(ConfigError, match="algo.sapo.tau_neg"):
+        build_config("grpo", {}, ["algo.policy_loss=sapo", "algo.sapo.tau_neg=0"])

@@ -25,6 +25,8 @@ weights) are the loop's.
 
 - ``cispo`` (section ``cispo``): the token IS weight clipped and *detached*, multiplying the log-prob
   (MiniMax-M1, MiniMax et al. 2025, eq. 4-5): a clipped weight scales a token's gradient and never drops it.
+- ``sapo`` (section ``sapo``): a smooth gate (4 / tau) sigmoid(tau (r - 1)) in place of the hard clip, tau_pos /
+  tau_neg by the advantage's sign (SAPO, Gao et al. 2025): off-policy tokens are damped, none is cut off.
 
 GSPO uses the sequence advantage A_i = the masked mean of the row's advantages (exact for the group estimators,
 whose advantage is the same at every token). Its per-sequence loss is spread over the row's tokens before the
@@ -224,6 +226,48 @@ def cispo_loss(
     return loss, ratio_stats(ratio, log_ratio, weight != ratio, mask)
 
 
+def sapo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    aggregation: str = "seq_mean_token_mean",
+    max_len: int | None = None,
+    log_ratio_clip: float | None = 20.0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """SAPO: -f(r) * A per token, f(r) = (4 / tau) * sigmoid(tau * (r - 1)), r = pi / pi_old, tau = tau_pos where
+    A > 0 and tau_neg elsewhere (Soft Adaptive Policy Optimization, Gao et al. 2025 (Qwen), arXiv 2511.20347).
+
+    Shapes in the module doc. A smooth gate in place of the hard clip: d loss / d log pi(y_t) = -A_t * w_t * r_t with
+    w = 4 sigma(tau (r - 1)) (1 - sigma(tau (r - 1))), which is 1 on-policy (r = 1) and decays smoothly as r leaves 1,
+    faster for a larger tau; the paper's tau_neg > tau_pos damps the negative-advantage tokens sooner. Limits: tau -> 0
+    gives w -> 1, the unclipped importance-weighted gradient -A r grad log pi (the value is that of -A (r - 1) plus
+    -2 A / tau, a constant); tau -> inf gives w -> 0 for every r != 1 (only on-policy tokens move). The paper averages
+    over each sequence's tokens, then over the group (``aggregation="seq_mean_token_mean"``).
+    Departures: padding is set to 0 and the log-ratio clamped to [-c, c] before exp, as in :func:`ppo_policy_loss`.
+    stats: clipfrac = the token mean of 1 - w (0 on-policy, 1 where the gate has closed; SAPO clips nothing),
+    approxkl, ratio_mean, ratio_var of r.
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    valid = mask.bool()
+    advantages = zero_outside(advantages, valid)
+    log_ratio = zero_outside(logprobs - old_logprobs, valid)  # before exp: padding gives r = 1 and no gradient
+    if log_ratio_clip is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(advantages > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg)).expand_as(ratio)
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    per_token = -advantages * gate * (4.0 / tau)
+    loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
+    closed = 1.0 - 4.0 * gate.detach() * (1.0 - gate.detach())
+    return loss, ratio_stats(ratio, log_ratio, closed, mask)
+
+
 # ──────────────────────────────────────────────────── the registry ────────────────────────────────────────────────────
 @dataclass(frozen=True)
 class PolicyLoss:
@@ -269,5 +313,6 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
         PolicyLoss("gspo", gspo_loss, section="gspo"),
         PolicyLoss("gspo_token", gspo_token_loss, section="gspo"),
         PolicyLoss("cispo", cispo_loss, section="cispo"),
+        PolicyLoss("sapo", sapo_loss, section="sapo"),
     )
 }

@@ -266,6 +266,14 @@ class CISPOLossConfig:
 
 
 @dataclass(frozen=True)
+class SAPOLossConfig:
+    tau_pos: float = f(1.0, "temperature of the soft gate for tokens with a positive advantage (Gao et al. 2025: 1.0); "
+                            "larger = the gate closes sooner as the ratio leaves 1", gt=0)
+    tau_neg: float = f(1.05, "temperature for tokens with a zero or negative advantage (Gao et al. 2025: 1.05, above "
+                             "tau_pos: their updates spread over the vocabulary, so they are damped sooner)", gt=0)
+
+
+@dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
@@ -287,6 +295,8 @@ class OnlineAlgoConfig:
                              "sequence ratio, clipped per sequence (GSPO)")
     cispo: CISPOLossConfig = f(CISPOLossConfig(), "settings of policy_loss=cispo: the token IS weight, clipped and "
                                "detached, times log pi, so no token's gradient is dropped (CISPO)")
+    sapo: SAPOLossConfig = f(SAPOLossConfig(), "settings of policy_loss=sapo: a smooth temperature-controlled gate on "
+                             "the token ratio in place of the hard clip (SAPO)")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
     overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")
