@@ -16,6 +16,7 @@ from rlhfkit.train.online import run_online
 @pytest.mark.parametrize("loss, settings", [
     ("cispo", ["algo.loss_aggregation=token_mean"]),  # the paper's: no lower bound, cap 1 + 4; token mean
     ("sapo", ["algo.loss_aggregation=seq_mean_token_mean"]),  # the paper's: tau_pos 1, tau_neg 1.05; sequence mean
+    ("gmpo", ["algo.loss_aggregation=seq_mean_token_mean"]),  # the paper's: range (e^-0.4, e^0.4); sequence mean
 ])
 def test_policy_loss_raises_gold(loss, settings, task_data, sft_dir, gold_of, tmp_path):
     out = tmp_path / loss

@@ -1,14 +1,16 @@
 """The policy losses of issue 19 (CISPO, SAPO, GMPO): hand values with their derivation, a slow per-token /
 per-sequence loop, gradients (hand values and autograd of the slow loop), ties, empty masks, extreme log-ratios,
-float32, and the equalities each must satisfy (CISPO unclipped at ratio 1 = REINFORCE's gradient; ...)."""
+float32, and the equalities each must satisfy (CISPO unclipped at ratio 1 = REINFORCE's gradient; SAPO at its
+temperature limits; GMPO on one-token responses = token-level PPO clip)."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from rlhfkit.algos import POLICY_LOSSES, aggregate_loss
-from rlhfkit.algos.policy_losses import cispo_loss, sapo_loss
+from rlhfkit.algos.policy_losses import cispo_loss, gmpo_loss, sapo_loss
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
@@ -45,6 +47,18 @@ def _grad(fn, logp, *args, **kw):
     loss, stats = fn(x, *args, **kw)
     (g,) = torch.autograd.grad(loss, x)
     return loss.detach(), g, stats
+
+
+def _matches_slow(slow, fn, logp, old, adv, mask, **kw):
+    """``fn``'s value and gradient equal those of ``slow`` (autograd through the written-out loop, on logp with its
+    padding set to 0); returns ``fn``'s gradient."""
+    loss, g, _ = _grad(fn, logp, old, adv, mask, **kw)
+    x = torch.where(mask.bool(), logp, 0.0).requires_grad_(True)
+    want = slow(x)
+    (g_slow,) = torch.autograd.grad(want, x)
+    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
+    torch.testing.assert_close(g, g_slow)
+    return g
 
 
 def _finite(loss, grad, stats):
@@ -89,13 +103,8 @@ def test_cispo_matches_slow_loop_value_and_gradient(aggregation, seed):
                 terms[i].append(-float(adv[i]) * min(max(r, 1 - lo), 1 + hi) * x[i, t])
         return _reduce(terms, aggregation, 9)
 
-    loss, g, _ = _grad(cispo_loss, logp, old, adv, mask, clip_low=lo, clip_high=hi, aggregation=aggregation,
-                       max_len=9)
-    x = torch.where(mask.bool(), logp, 0.0).requires_grad_(True)
-    want = slow(x)
-    (g_slow,) = torch.autograd.grad(want, x)
-    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
-    torch.testing.assert_close(g, g_slow)
+    g = _matches_slow(slow, cispo_loss, logp, old, adv, mask, clip_low=lo, clip_high=hi,
+                      aggregation=aggregation, max_len=9)
     # no token's gradient is dropped: every valid token with A != 0 has one (PPO's clip zeroes some of them)
     assert torch.all(g[mask.bool()] != 0) and torch.all(g[~mask.bool()] == 0)
     ppo = _grad(POLICY_LOSSES["ppo"].fn, logp, old, adv, mask, clip_low=lo, clip_high=hi)[1]
@@ -116,21 +125,6 @@ def test_cispo_unclipped_at_ratio_one_is_reinforce(aggregation):
         assert st["ratio_mean"].item() == 1.0 and st["clipfrac"].item() == 0.0
 
 
-def test_cispo_ties_empty_rows_and_empty_batch():
-    logp, old, adv, mask = _batch(3)
-    # a tied group: every advantage 0 -> loss exactly 0 and no gradient anywhere
-    loss, g, _ = _grad(cispo_loss, logp, old, torch.zeros_like(adv), mask)
-    assert loss.item() == 0.0 and torch.all(g == 0)
-    # the row without tokens (row 4, NaN padding) changes nothing: same loss as the batch without it
-    for aggregation in ("token_mean", "seq_mean_token_mean"):
-        full, g, _ = _grad(cispo_loss, logp, old, adv, mask, aggregation=aggregation)
-        part, _, _ = _grad(cispo_loss, logp[:4], old[:4], adv[:4], mask[:4], aggregation=aggregation)
-        assert full.item() == pytest.approx(part.item(), rel=1e-12) and torch.all(g[4] == 0)
-    # an all-empty batch: loss 0, gradient 0, stats finite
-    loss, g, st = _grad(cispo_loss, logp, old, adv, torch.zeros_like(mask))
-    assert loss.item() == 0.0 and torch.all(g == 0) and _finite(loss, g, st)
-
-
 @pytest.mark.parametrize("bounds", [{}, {"clip_low": None, "clip_high": None}])
 def test_cispo_extreme_log_ratios_stay_finite_in_float32(bounds):
     # log r = +100 / -100 in float32 (e^100 = inf) with NaN padding: the log-ratio is clamped to +-20 first, so the
@@ -142,32 +136,6 @@ def test_cispo_extreme_log_ratios_stay_finite_in_float32(bounds):
     w = 5.0 if not bounds else math.exp(20)
     assert g[0, 0].item() == pytest.approx(-w / 2, rel=1e-5)  # -A w / 2 tokens
     assert g[0, 1].item() == pytest.approx(-math.exp(-20) / 2, rel=1e-5)  # no lower bound: w = e^-20
-
-
-def test_cispo_float32_agrees_with_float64():
-    logp, old, adv, mask = _batch(4, spread=0.6)
-    l64, g64, _ = _grad(cispo_loss, logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
-    l32, g32, _ = _grad(cispo_loss, logp.float(), old.float(), adv.float(), mask, clip_low=0.2, clip_high=0.28)
-    assert l32.dtype == torch.float32 and g32.dtype == torch.float32
-    assert l32.item() == pytest.approx(l64.item(), rel=1e-5)
-    torch.testing.assert_close(g32, g64.float(), rtol=1e-5, atol=1e-6)
-
-
-def test_cispo_registry_entry_section_and_trl_alias(monkeypatch):
-    from rlhfkit.config import OnlineAlgoConfig, aliases, build_config
-
-    monkeypatch.setattr(aliases, "_ALIASES_LOGGED", set())  # aliases are logged once per process: leave it unlogged
-
-    spec = POLICY_LOSSES["cispo"]
-    assert spec.fn is cispo_loss and spec.section == "cispo"
-    assert (OnlineAlgoConfig().cispo.clip_low, OnlineAlgoConfig().cispo.clip_high) == (None, 4.0)
-    logp, old, adv, mask = _batch(5, spread=0.6)
-    section = build_config("grpo", {}, ["algo.policy_loss=cispo", "algo.cispo.clip_low=0.2",
-                                        "algo.cispo.clip_high=0.28"]).algo.cispo
-    via, _ = spec(logp, old, adv, mask, section, aggregation="token_mean")
-    assert torch.equal(via, cispo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)[0])
-    # TRL's epsilon_high goes on to the chosen loss's section
-    assert build_config("grpo", {}, ["algo.policy_loss=cispo", "epsilon_high=0.5"]).algo.cispo.clip_high == 0.5
 
 
 # ────────────────────────────────────────────────────── SAPO ──────────────────────────────────────────────────────
@@ -210,12 +178,7 @@ def test_sapo_matches_slow_loop_value_and_gradient(aggregation, seed):
                 terms[i].append(-float(adv[i]) * 4 / tau * torch.sigmoid(tau * (r - 1)))
         return _reduce(terms, aggregation, 9)
 
-    loss, g, _ = _grad(sapo_loss, logp, old, adv, mask, tau_pos=tp, tau_neg=tn, aggregation=aggregation, max_len=9)
-    x = torch.where(mask.bool(), logp, 0.0).requires_grad_(True)
-    want = slow(x)
-    (g_slow,) = torch.autograd.grad(want, x)
-    assert loss.item() == pytest.approx(want.item(), rel=1e-12)
-    torch.testing.assert_close(g, g_slow)
+    g = _matches_slow(slow, sapo_loss, logp, old, adv, mask, tau_pos=tp, tau_neg=tn, aggregation=aggregation, max_len=9)
     # a smooth gate drops no token: every valid token of a row with A != 0 has a gradient
     has_adv = (adv != 0).unsqueeze(-1) & mask.bool()
     assert torch.all(g[has_adv] != 0) and torch.all(g[~has_adv] == 0)
@@ -254,18 +217,6 @@ def test_sapo_large_temperature_moves_only_on_policy_tokens():
     assert st["clipfrac"].item() == pytest.approx(int(off.sum()) / n)  # the off-policy tokens' gates are shut
 
 
-def test_sapo_ties_empty_rows_and_empty_batch():
-    logp, old, adv, mask = _batch(3)
-    loss, g, _ = _grad(sapo_loss, logp, old, torch.zeros_like(adv), mask)  # a tied group: nothing to learn
-    assert loss.item() == 0.0 and torch.all(g == 0)
-    for aggregation in ("token_mean", "seq_mean_token_mean"):  # the row without tokens (row 4) changes nothing
-        full, g, _ = _grad(sapo_loss, logp, old, adv, mask, aggregation=aggregation)
-        part, _, _ = _grad(sapo_loss, logp[:4], old[:4], adv[:4], mask[:4], aggregation=aggregation)
-        assert full.item() == pytest.approx(part.item(), rel=1e-12) and torch.all(g[4] == 0)
-    loss, g, st = _grad(sapo_loss, logp, old, adv, torch.zeros_like(mask))  # an all-empty batch
-    assert loss.item() == 0.0 and torch.all(g == 0) and _finite(loss, g, st)
-
-
 def test_sapo_extreme_log_ratios_stay_finite_in_float32():
     # log r = +100 / -100 in float32 with NaN / inf padding: clamped to +-20 first; r = e^20: the gate is shut
     # (sigma = 1 in float32, w = 0); r = e^-20 ~ 2e-9: sigma(-tau) stays finite; nothing is NaN
@@ -275,28 +226,158 @@ def test_sapo_extreme_log_ratios_stay_finite_in_float32():
         assert loss.dtype == torch.float32 and _finite(loss, g, st) and g[0, 2] == 0 and g[0, 0] == 0
 
 
-def test_sapo_float32_agrees_with_float64():
+# ────────────────────────────────────────────────────── GMPO ──────────────────────────────────────────────────────
+def test_gmpo_hand_values_and_gradient():
+    # log r = [0.5, 0, -1], range (-0.4, 0.4) in log space (the defaults), one row of 3 tokens
+    logp, old, mask = torch.tensor([[-0.5, -1.0, -2.0]]), torch.full((1, 3), -1.0), torch.ones(1, 3)
+    # A = +1: the smaller of log r and its clip per token: [min(0.5, 0.4), 0, min(-1, -0.4)] = [0.4, 0, -1];
+    # s = exp(-0.6 / 3) = e^-0.2; loss -A s = -e^-0.2; d/d log pi = -A s / 3 on the unclipped tokens, 0 on token 0
+    loss, g, st = _grad(gmpo_loss, logp, old, torch.tensor([1.0]), mask)
+    s = math.exp(-0.2)
+    assert loss.item() == pytest.approx(-s)
+    torch.testing.assert_close(g, torch.tensor([[0.0, -s / 3, -s / 3]]))
+    assert st["clipfrac"].item() == pytest.approx(1 / 3)
+    assert st["ratio_mean"].item() == pytest.approx((math.exp(0.5) + 1 + math.exp(-1)) / 3)
+    # A = -1: the larger one: [max(0.5, 0.4), 0, max(-1, -0.4)] = [0.5, 0, -0.4]; s = exp(0.1 / 3); loss +s;
+    # gradient s / 3 on tokens 0 and 1, 0 on the clipped token 2
+    loss, g, st = _grad(gmpo_loss, logp, old, torch.tensor([-1.0]), mask)
+    s = math.exp(0.1 / 3)
+    assert loss.item() == pytest.approx(s)
+    torch.testing.assert_close(g, torch.tensor([[s / 3, s / 3, 0.0]]))
+    assert st["clipfrac"].item() == pytest.approx(1 / 3)
+    # asymmetric range (clip_high 0.6): token 0's 0.5 is no longer clipped for A = +1: s = exp(-0.5 / 3)
+    loss, g, _ = _grad(gmpo_loss, logp, old, torch.tensor([1.0]), mask, clip_low=0.4, clip_high=0.6)
+    assert loss.item() == pytest.approx(-math.exp(-0.5 / 3)) and torch.all(g != 0)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gmpo_matches_slow_loop_value_and_gradient(aggregation, seed):
+    logp, old, adv, mask = _batch(seed, spread=0.6)  # log-ratios ~ 0.6 sigma: many outside (-0.3, 0.25)
+    adv_tok = adv.unsqueeze(-1) + 0.1 * torch.randn(logp.shape, dtype=logp.dtype,
+                                                    generator=torch.Generator().manual_seed(seed))
+    lo, hi = 0.3, 0.25
+
+    def slow(x):  # per row: the pessimistic clipped log-ratio per token, their mean, exp, times -A (the row mean)
+        terms = [[] for _ in range(x.shape[0])]
+        for i, n in _rows(mask):
+            a = sum(float(adv_tok[i, t]) for t in range(n)) / n
+            logs = []
+            for t in range(n):
+                lr = x[i, t] - old[i, t]
+                cl = torch.clamp(lr, -lo, hi)
+                lr_, cl_ = lr.item(), cl.item()
+                logs.append(lr if (a > 0 and lr_ <= cl_) or (a < 0 and lr_ >= cl_) else cl)
+            s = torch.exp(torch.stack(logs).mean())
+            terms[i] = [-a * s] * n  # the sequence loss on each of its tokens
+        return _reduce(terms, aggregation, 9)
+
+    g = _matches_slow(slow, gmpo_loss, logp, old, adv_tok, mask, clip_low=lo, clip_high=hi,
+                      aggregation=aggregation, max_len=9)
+    assert torch.any(g[mask.bool()] == 0) and torch.all(g[~mask.bool()] == 0)  # clipped tokens lose their gradient
+
+
+@pytest.mark.parametrize("eps_lo, eps_hi", [(0.4, 0.4), (0.2, 0.35)])
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_gmpo_on_one_token_responses_is_token_level_ppo(eps_lo, eps_hi, aggregation):
+    # one token per row: s = exp(pessimistic clipped log r) = min / max(r, clip(r, e^-lo, e^hi)), so -A s is PPO's
+    # max(-A r, -A clip(r, 1 - c_lo, 1 + c_hi)) with c_lo = 1 - e^-lo, c_hi = e^hi - 1; same value and gradient
+    g = torch.Generator().manual_seed(8)
+    logp = -torch.rand(12, 3, generator=g, dtype=torch.float64) * 3
+    old = logp + 0.6 * torch.randn(12, 3, generator=g, dtype=torch.float64)  # both clip ends reached
+    adv = torch.randn(12, generator=g, dtype=torch.float64)
+    mask = torch.zeros(12, 3, dtype=torch.long)
+    mask[:, 0] = 1  # one response token per row, padding after it
+    mask[11, 0] = 0  # and one row without tokens
+    kw = {"aggregation": aggregation, "max_len": 3}
+    gm, g_gm, st_gm = _grad(gmpo_loss, logp, old, adv, mask, clip_low=eps_lo, clip_high=eps_hi, **kw)
+    ppo, g_ppo, st_ppo = _grad(POLICY_LOSSES["ppo"].fn, logp, old, adv, mask, clip_low=1 - math.exp(-eps_lo),
+                               clip_high=math.exp(eps_hi) - 1, **kw)
+    assert gm.item() == pytest.approx(ppo.item(), rel=1e-12)
+    torch.testing.assert_close(g_gm, g_ppo)
+    assert st_gm["clipfrac"].item() == pytest.approx(st_ppo["clipfrac"].item()) and 0 < st_gm["clipfrac"] < 1
+
+
+def test_gmpo_without_clipping_is_the_geometric_mean_ratio_of_gspo():
+    # a range wider than every log-ratio: s is GSPO's length-normalised ratio exp(mean log r), unclipped
+    logp, old, adv, mask = _batch(9, spread=0.3)
+    gm, g_gm, _ = _grad(gmpo_loss, logp, old, adv, mask, clip_low=50.0, clip_high=50.0)
+    gs, g_gs, _ = _grad(POLICY_LOSSES["gspo"].fn, logp, old, adv, mask, clip_low=0.999, clip_high=1e9)
+    assert gm.item() == pytest.approx(gs.item(), rel=1e-12)
+    torch.testing.assert_close(g_gm, g_gs)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_gmpo_extreme_log_ratios_stay_finite_in_float32(wide):
+    # log r = +100 / -100 in float32 with NaN / inf padding: clamped to +-20 before anything; the default range
+    # clips them to +-0.4, a range of 1e3 leaves +-20, whose mean 0 gives s = 1; nothing is NaN either way
+    logp, old = torch.tensor([[50.0, -50.0, math.nan]]), torch.tensor([[-50.0, 50.0, math.inf]])
+    kw = {"clip_low": 1e3, "clip_high": 1e3} if wide else {}
+    for a in (1.0, -1.0):
+        loss, g, st = _grad(gmpo_loss, logp, old, torch.tensor([a]), torch.tensor([[1, 1, 0]]), **kw)
+        assert loss.dtype == torch.float32 and _finite(loss, g, st) and g[0, 2] == 0
+    _, g, _ = _grad(gmpo_loss, torch.tensor([[50.0]]), torch.tensor([[-50.0]]), torch.tensor([1.0]),
+                    torch.ones(1, 1), clip_low=1e3, clip_high=1e3)
+    assert torch.isfinite(g).all()  # s = e^20 ~ 4.9e8: large, finite
+
+
+# ─────────────────────────────────────────── shared edge cases of the three ───────────────────────────────────────────
+LOSSES = [pytest.param(cispo_loss, {"clip_low": 0.2, "clip_high": 0.28}, id="cispo"),
+          pytest.param(sapo_loss, {}, id="sapo"), pytest.param(gmpo_loss, {}, id="gmpo")]
+
+
+@pytest.mark.parametrize("fn, kw", LOSSES)
+def test_ties_empty_rows_and_empty_batch(fn, kw):
+    logp, old, adv, mask = _batch(3)
+    # a tied group: every advantage 0 -> loss exactly 0 and no gradient anywhere (GMPO: sgn(0) = 0 too)
+    loss, g, _ = _grad(fn, logp, old, torch.zeros_like(adv), mask, **kw)
+    assert loss.item() == 0.0 and torch.all(g == 0)
+    # the row without tokens (row 4, NaN padding) changes nothing: same loss as the batch without it
+    for aggregation in ("token_mean", "seq_mean_token_mean"):
+        full, g, _ = _grad(fn, logp, old, adv, mask, aggregation=aggregation, **kw)
+        part, _, _ = _grad(fn, logp[:4], old[:4], adv[:4], mask[:4], aggregation=aggregation, **kw)
+        assert full.item() == pytest.approx(part.item(), rel=1e-12) and torch.all(g[4] == 0)
+    # an all-empty batch: loss 0, gradient 0, stats finite
+    loss, g, st = _grad(fn, logp, old, adv, torch.zeros_like(mask), **kw)
+    assert loss.item() == 0.0 and torch.all(g == 0) and _finite(loss, g, st)
+
+
+@pytest.mark.parametrize("fn, kw", LOSSES)
+def test_float32_agrees_with_float64(fn, kw):
     logp, old, adv, mask = _batch(4, spread=0.6)
-    l64, g64, _ = _grad(sapo_loss, logp, old, adv, mask)
-    l32, g32, _ = _grad(sapo_loss, logp.float(), old.float(), adv.float(), mask)
+    l64, g64, _ = _grad(fn, logp, old, adv, mask, **kw)
+    l32, g32, _ = _grad(fn, logp.float(), old.float(), adv.float(), mask, **kw)
     assert l32.dtype == torch.float32 and g32.dtype == torch.float32
     assert l32.item() == pytest.approx(l64.item(), rel=1e-5)
     torch.testing.assert_close(g32, g64.float(), rtol=1e-5, atol=1e-6)
 
 
-def test_sapo_registry_entry_section_and_no_clip_range():
+@pytest.mark.parametrize("name, fn, defaults, changed", [
+    ("cispo", cispo_loss, {"clip_low": None, "clip_high": 4.0}, {"clip_low": 0.2, "clip_high": 0.28}),
+    ("sapo", sapo_loss, {"tau_pos": 1.0, "tau_neg": 1.05}, {"tau_pos": 0.5, "tau_neg": 2.0}),
+    ("gmpo", gmpo_loss, {"clip_low": 0.4, "clip_high": 0.4}, {"clip_low": 0.2, "clip_high": 0.3}),
+])
+def test_registry_entry_section_defaults_and_overrides(name, fn, defaults, changed):
     from rlhfkit.config import OnlineAlgoConfig, build_config
+
+    spec = POLICY_LOSSES[name]
+    assert spec.fn is fn and spec.section == name
+    assert dataclasses.asdict(getattr(OnlineAlgoConfig(), name)) == defaults  # the papers' values
+    cfg = build_config("grpo", {}, [f"algo.policy_loss={name}", *(f"algo.{name}.{k}={v}" for k, v in changed.items())])
+    logp, old, adv, mask = _batch(5, spread=0.6)
+    via, _ = spec(logp, old, adv, mask, getattr(cfg.algo, name), aggregation="token_mean")
+    assert torch.equal(via, fn(logp, old, adv, mask, **changed, aggregation="token_mean")[0])
+
+
+def test_trl_clip_names_reach_cispo_and_gmpo_and_sapo_refuses_them(monkeypatch):
+    from rlhfkit.config import aliases, build_config
     from rlhfkit.errors import ConfigError
 
-    spec = POLICY_LOSSES["sapo"]
-    assert spec.fn is sapo_loss and spec.section == "sapo"
-    assert (OnlineAlgoConfig().sapo.tau_pos, OnlineAlgoConfig().sapo.tau_neg) == (1.0, 1.05)
-    logp, old, adv, mask = _batch(5, spread=0.6)
-    section = build_config("grpo", {}, ["algo.policy_loss=sapo", "algo.sapo.tau_pos=0.5",
-                                        "algo.sapo.tau_neg=2.0"]).algo.sapo
-    via, _ = spec(logp, old, adv, mask, section, aggregation="token_mean")
-    assert torch.equal(via, sapo_loss(logp, old, adv, mask, tau_pos=0.5, tau_neg=2.0, aggregation="token_mean")[0])
-    # SAPO has no clip range: TRL's epsilon is refused with the loss's own settings named
+    monkeypatch.setattr(aliases, "_ALIASES_LOGGED", set())  # aliases are logged once per process: leave it unlogged
+    # TRL's epsilon / epsilon_high go on to the chosen loss's section (GMPO's range is in log space)
+    assert build_config("grpo", {}, ["algo.policy_loss=cispo", "epsilon_high=0.5"]).algo.cispo.clip_high == 0.5
+    assert build_config("grpo", {}, ["algo.policy_loss=gmpo", "epsilon=0.3"]).algo.gmpo.clip_low == 0.3
+    # SAPO has no clip range: epsilon is refused with the loss's own settings named; a temperature must be > 0
     with pytest.raises(ConfigError, match="algo.sapo.tau_pos"):
         build_config("grpo", {}, ["algo.policy_loss=sapo", "epsilon=0.2"])
     with pytest.raises(ConfigError, match="algo.sapo.tau_neg"):

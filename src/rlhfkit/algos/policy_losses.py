@@ -27,8 +27,10 @@ weights) are the loop's.
   (MiniMax-M1, MiniMax et al. 2025, eq. 4-5): a clipped weight scales a token's gradient and never drops it.
 - ``sapo`` (section ``sapo``): a smooth gate (4 / tau) sigmoid(tau (r - 1)) in place of the hard clip, tau_pos /
   tau_neg by the advantage's sign (SAPO, Gao et al. 2025): off-policy tokens are damped, none is cut off.
+- ``gmpo`` (section ``gmpo``): the geometric mean of the token ratios per sequence, each log-ratio clipped in log space
+  (GMPO, Zhao et al. 2025): one outlying token moves the sequence's ratio less than in the arithmetic mean.
 
-GSPO uses the sequence advantage A_i = the masked mean of the row's advantages (exact for the group estimators,
+GSPO and GMPO use the sequence advantage A_i = the masked mean of the row's advantages (exact for the group estimators,
 whose advantage is the same at every token). Its per-sequence loss is spread over the row's tokens before the
 aggregation, so ``seq_mean_token_mean`` gives the paper's mean over sequences (the ``gspo`` recipe's default).
 """
@@ -268,6 +270,47 @@ def sapo_loss(
     return loss, ratio_stats(ratio, log_ratio, closed, mask)
 
 
+def gmpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.4,
+    clip_high: float | None = 0.4,
+    aggregation: str = "seq_mean_token_mean",
+    max_len: int | None = None,
+    log_ratio_clip: float | None = 20.0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """GMPO: -A_i * exp(mean_t l_{i,t}) per sequence, the geometric mean of the token ratios with each log-ratio
+    clipped pessimistically in log space, l = sgn(A) min(sgn(A) log r, sgn(A) clip(log r, -e_lo, e_hi))
+    (Geometric-Mean Policy Optimization, Zhao et al. 2025, arXiv 2507.20673; clip range (e^-0.4, e^0.4)).
+
+    Shapes in the module doc; ``advantages`` [B, T] are reduced to one per row by their masked mean (the paper's
+    advantage is per sequence). ``clip_high=None`` = clip_low. The geometric mean is less sensitive than the
+    arithmetic mean to a token with an outlying ratio, so the paper widens PPO's range; a clipped token's log-ratio
+    has no gradient, every other token gets -A_i s_i / |y_i|. On one-token responses this is PPO's clipped loss with
+    clip_low = 1 - e^-e_lo, clip_high = e^e_hi - 1. As in GSPO the sequence loss is placed on each of its tokens
+    before the aggregation, so ``seq_mean_token_mean`` (the default) gives the paper's mean over sequences.
+    Departures: padding is set to 0 and the token log-ratio clamped to [-c, c] first, as in :func:`ppo_policy_loss`.
+    stats: clipfrac (tokens whose log-ratio was clipped), approxkl, ratio_mean, ratio_var of the token ratios.
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    valid = mask.bool()
+    adv = _sequence_advantage(advantages, mask)  # [B]
+    sign = torch.sign(adv).unsqueeze(-1)
+    log_ratio = zero_outside(logprobs - old_logprobs, valid)
+    if log_ratio_clip is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
+    clipped = log_ratio.clamp(-clip_low, clip_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)  # the smaller objective for A's sign
+    s = torch.exp(masked_mean(pessimistic, mask, dim=-1))  # [B]; 1 for a row without tokens
+    per_token = (-adv * s).unsqueeze(-1).expand_as(logprobs)
+    loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
+    return loss, ratio_stats(torch.exp(log_ratio), log_ratio, sign * clipped < sign * log_ratio, mask)
+
+
 # ──────────────────────────────────────────────────── the registry ────────────────────────────────────────────────────
 @dataclass(frozen=True)
 class PolicyLoss:
@@ -314,5 +357,6 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
         PolicyLoss("gspo_token", gspo_token_loss, section="gspo"),
         PolicyLoss("cispo", cispo_loss, section="cispo"),
         PolicyLoss("sapo", sapo_loss, section="sapo"),
+        PolicyLoss("gmpo", gmpo_loss, section="gmpo"),
     )
 }

@@ -274,6 +274,14 @@ class SAPOLossConfig:
 
 
 @dataclass(frozen=True)
+class GMPOLossConfig:
+    clip_low: float = f(0.4, "each token's log-ratio is clipped below at -clip_low, in log space (Zhao et al. 2025: "
+                             "0.4, a ratio of e^-0.4)", gt=0)
+    clip_high: float | None = f(0.4, "clipped above at clip_high (Zhao et al. 2025: 0.4, a ratio of e^0.4); "
+                                     "null = clip_low", gt=0)
+
+
+@dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
@@ -297,6 +305,8 @@ class OnlineAlgoConfig:
                                "detached, times log pi, so no token's gradient is dropped (CISPO)")
     sapo: SAPOLossConfig = f(SAPOLossConfig(), "settings of policy_loss=sapo: a smooth temperature-controlled gate on "
                              "the token ratio in place of the hard clip (SAPO)")
+    gmpo: GMPOLossConfig = f(GMPOLossConfig(), "settings of policy_loss=gmpo: the geometric mean of the token ratios "
+                             "per sequence, each clipped in log space (GMPO)")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
     overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")
