@@ -75,6 +75,21 @@ def ratio_stats(ratio: torch.Tensor, log_ratio: torch.Tensor, was_clipped: torch
                 "ratio_var": masked_var(ratio.detach(), mask)}
 
 
+def token_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                    log_ratio_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, log r) of a token-ratio loss: advantages [B, T] (or [B] -> [B, 1]) and log r = log pi - log pi_old
+    [B, T], both 0 outside ``mask`` before any arithmetic (NaN / inf in padding reaches neither the loss nor the
+    gradient; padding gets r = 1), log r clamped to [-c, c] (as verl, c = 20: e^x is inf in float32 beyond 88;
+    nothing changes inside the clamp)."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    valid = mask.bool()
+    log_ratio = zero_outside(logprobs - old_logprobs, valid)
+    if log_ratio_clip is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
+    return zero_outside(advantages, valid), log_ratio
+
+
 def weighted(per_token: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """``per_token`` times the off-policy weights (no gradient through them); ``None`` leaves it unchanged."""
     return per_token if weights is None else per_token * weights.detach()
@@ -106,13 +121,7 @@ def ppo_policy_loss(
     ``weights`` (optional [B, T], no gradient): per-token factors on the loss before it is reduced (the off-policy
     correction).
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    valid = mask.bool()
-    advantages = zero_outside(advantages, valid)
-    log_ratio = zero_outside(logprobs - old_logprobs, valid)  # before exp: padding gives ratio 1 and no gradient
-    if log_ratio_clip is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
+    advantages, log_ratio = token_log_ratio(logprobs, old_logprobs, advantages, mask, log_ratio_clip)
     ratio = torch.exp(log_ratio)
     per_token, was_clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)
     loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
@@ -212,14 +221,9 @@ def cispo_loss(
     arithmetic; the log-ratio is clamped to [-c, c] before exp as in :func:`ppo_policy_loss`.
     stats: clipfrac (tokens whose weight was clipped), approxkl, ratio_mean, ratio_var of the unclipped r.
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    valid = mask.bool()
-    advantages, logprobs = zero_outside(advantages, valid), zero_outside(logprobs, valid)
-    log_ratio = zero_outside(logprobs.detach() - old_logprobs, valid)  # the weight has no gradient; padding: r = 1
-    if log_ratio_clip is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
-    ratio = torch.exp(log_ratio)
+    advantages, log_ratio = token_log_ratio(logprobs.detach(), old_logprobs, advantages, mask, log_ratio_clip)
+    ratio = torch.exp(log_ratio)  # the weight has no gradient
+    logprobs = zero_outside(logprobs, mask.bool())
     low = None if clip_low is None else 1.0 - clip_low
     high = None if clip_high is None else 1.0 + clip_high
     weight = ratio if low is None and high is None else ratio.clamp(low, high)
@@ -254,13 +258,7 @@ def sapo_loss(
     stats: clipfrac = the token mean of 1 - w (0 on-policy, 1 where the gate has closed; SAPO clips nothing),
     approxkl, ratio_mean, ratio_var of r.
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    valid = mask.bool()
-    advantages = zero_outside(advantages, valid)
-    log_ratio = zero_outside(logprobs - old_logprobs, valid)  # before exp: padding gives r = 1 and no gradient
-    if log_ratio_clip is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
+    advantages, log_ratio = token_log_ratio(logprobs, old_logprobs, advantages, mask, log_ratio_clip)
     ratio = torch.exp(log_ratio)
     tau = torch.where(advantages > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg)).expand_as(ratio)
     gate = torch.sigmoid(tau * (ratio - 1.0))
@@ -297,12 +295,9 @@ def gmpo_loss(
     stats: clipfrac (tokens whose log-ratio was clipped), approxkl, ratio_mean, ratio_var of the token ratios.
     """
     clip_high = clip_low if clip_high is None else clip_high
-    valid = mask.bool()
     adv = _sequence_advantage(advantages, mask)  # [B]
     sign = torch.sign(adv).unsqueeze(-1)
-    log_ratio = zero_outside(logprobs - old_logprobs, valid)
-    if log_ratio_clip is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clip, log_ratio_clip)
+    _, log_ratio = token_log_ratio(logprobs, old_logprobs, adv, mask, log_ratio_clip)
     clipped = log_ratio.clamp(-clip_low, clip_high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)  # the smaller objective for A's sign
     s = torch.exp(masked_mean(pessimistic, mask, dim=-1))  # [B]; 1 for a row without tokens
