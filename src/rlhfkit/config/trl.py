@@ -457,11 +457,11 @@ TRL_NAMES: list[TrlName] = [
               families=_ONLINE),
     TrlName("epsilon", key="algo.clip_low", families=_ONLINE,
             doc="`algo.clip_low`, rlhfkit's earlier name, which goes on to the chosen policy loss's section: "
-                "`algo.ppo.clip_low` (ppo), `algo.gspo.clip_low` (gspo, gspo_token); a loss without a clip range "
-                "refuses it"),
+                "`algo.<section>.clip_low` (`algo.ppo.clip_low` for ppo; the sections in `rlhfkit config show "
+                "grpo`); a loss without a clip range (sapo) refuses it"),
     TrlName("cliprange", key="algo.clip_low", families=_ONLINE, doc="as `epsilon`"),
     TrlName("epsilon_high", key="algo.clip_high", families=_ONLINE,
-            doc="`algo.clip_high`, likewise: `algo.ppo.clip_high`, `algo.gspo.clip_high`"),
+            doc="`algo.clip_high`, likewise: `algo.<section>.clip_high`"),
     TrlName("loss_type", families=_ONLINE, to=_choice("loss_type", _AGGREGATION, "use dapo, bnpo, grpo or dr_grpo "
                                                                                  "(other losses: algo.policy_loss)"),
             doc="dapo, bnpo -> `algo.loss_aggregation=token_mean`; grpo -> `seq_mean_token_mean`; dr_grpo -> "
