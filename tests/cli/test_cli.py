@@ -231,7 +231,11 @@ def test_config_show_grpo_lists_every_policy_loss_with_its_section(capsys):
     assert main(["config", "show", "grpo"]) == 0
     lines = capsys.readouterr().out.splitlines()
     for name, spec in POLICY_LOSSES.items():
-        section = next(line for line in lines if line.startswith(f"  {spec.section}:"))
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"  {spec.section}:"))
+        start = at  # a long comment is wrapped onto comment lines above its key
+        while start > 0 and lines[start - 1].lstrip().startswith("#"):
+            start -= 1
+        section = " ".join(line.strip() for line in lines[start:at + 1])
         assert f"policy_loss={name}" in section or f"/ {name}" in section, (name, section)
 
 
