@@ -48,6 +48,11 @@ class RunError(UserError):
     damaged checkpoints, a full disk while saving."""
 
 
+class NoUpdateError(UserError):
+    """A run that applied no update at all (every one skipped: non-finite, or without any learning signal): it does
+    not end as a success, and saves no final model."""
+
+
 class NonFiniteError(UserError):
     """Training diverged: too many consecutive non-finite losses / gradients, or non-finite weights about to be
     saved."""

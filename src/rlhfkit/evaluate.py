@@ -230,23 +230,27 @@ def play_answers(model, tok, records: Sequence[dict], env_cls: type, env_spec: s
     ``{"texts": the final assistant turns, "ended", "lengths": episode tokens, "env": {metric: mean},
     "transcripts": the messages after each prompt}``. The environment's metrics are those the training logs as
     ``env/*`` (its own ``metrics()``, plus turns and episode reward)."""
+    from .config import EnvConfig
     from .data.chat import stop_token_ids
     from .envs import run_episodes
     from .envs.episodes import episode_metrics
+    from .envs.host import EnvCalls
     from .rollout import SamplingParams, get_engine
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, do_sample=temperature > 0,
                             batch_size=max(1, batch_size))
     rows = [dict(r) for r in records]  # prompt as messages and every other field, as training's rows
-    with torch.no_grad():
+    with torch.no_grad(), EnvCalls(env_spec, env_cls, env_kwargs, workers=EnvConfig.workers,
+                                   timeout_s=EnvConfig.timeout_s) as envs:  # training's limits, at their defaults
         _, episodes = run_episodes(
-            get_engine("hf"), model, tok, env_cls, env_kwargs, env_spec, rows, sampling_kwargs=params.engine_kwargs(),
+            get_engine("hf"), model, tok, envs, rows, sampling_kwargs=params.engine_kwargs(),
             eos_token_ids=stop_token_ids(tok, getattr(model, "generation_config", None)),
             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
             seed=0 if seed is None else seed, max_turns=max_turns, max_total_tokens=max_total_tokens)
+        counts = dict(envs.counts)
     finals = [next((m["content"] for m in reversed(e.messages) if m["role"] == "assistant"), "") for e in episodes]
     return {"texts": finals, "ended": [e.ended for e in episodes], "lengths": [len(e.ids) for e in episodes],
-            "env": episode_metrics(episodes), "transcripts": [e.messages[e.n_first:] for e in episodes]}
+            "env": episode_metrics(episodes, counts), "transcripts": [e.messages[e.n_first:] for e in episodes]}
 
 
 # ─────────────────────────────────────────────────── evaluation ───────────────────────────────────────────────

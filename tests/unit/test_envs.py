@@ -15,6 +15,7 @@ import torch
 from rlhfkit.config import ModelConfig
 from rlhfkit.data.chat import render_conversation
 from rlhfkit.envs import CalculatorEnv, EnvError, load_environment, parse_tool_calls, run_episodes, safe_eval
+from rlhfkit.envs.host import EnvCalls
 from rlhfkit.models.loading import load_tokenizer_for
 from rlhfkit.rollout import Rollout, finalize_responses, left_pad
 from rlhfkit.tasks import get_task
@@ -82,6 +83,11 @@ class ScriptedEngine:
         return Rollout(p_ids, p_mask, r_ids, r_mask, ended, lengths, logprobs=lp)
 
 
+def _calls(cls, kwargs, spec, workers=0, timeout_s=None):
+    """The environment's calls in this process (the worker pool is tested in test_env_limits.py)."""
+    return EnvCalls(spec, cls, kwargs, workers=workers, timeout_s=timeout_s)
+
+
 @pytest.fixture(scope="module")
 def tok():
     return load_tokenizer_for(ModelConfig(name="tiny"))
@@ -91,7 +97,7 @@ def _episodes(tok, script, rows=None, **limits):
     rows = rows or [{"prompt": [{"role": "user", "content": "What is 12 * 3?"}]}] * 2
     eng = ScriptedEngine(tok, script)
     kw = {"max_turns": 4, "max_total_tokens": 400, **limits}
-    rollout, eps = run_episodes(eng, None, tok, CalculatorEnv, {}, "calculator", rows,
+    rollout, eps = run_episodes(eng, None, tok, _calls(CalculatorEnv, {}, "calculator"), rows,
                                 sampling_kwargs={"max_new_tokens": 120}, eos_token_ids=[tok.eos_token_id],
                                 pad_token_id=tok.pad_token_id, seed=0, **kw)
     return rollout, eps, eng
@@ -143,12 +149,14 @@ def test_user_environment_from_file_and_failures(tmp_path, tok):
     cls = load_environment(f"{f}:Echo")
     rows = [{"prompt": [{"role": "user", "content": "hi"}]}]
     eng = ScriptedEngine(tok, ["ok"])
-    _, eps = run_episodes(eng, None, tok, cls, {"bonus": 0.5}, "x", rows, sampling_kwargs={"max_new_tokens": 8},
+    _, eps = run_episodes(eng, None, tok, _calls(cls, {"bonus": 0.5}, f"{f}:Echo"), rows,
+                          sampling_kwargs={"max_new_tokens": 8},
                           eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, seed=0, max_turns=2,
                           max_total_tokens=50)
     assert eps[0].turn_rewards == [1.5]
-    with pytest.raises(EnvError, match="failed in step.*KeyError"):
-        run_episodes(ScriptedEngine(tok, ["ok"]), None, tok, load_environment(f"{f}:Broken"), {}, "b", rows,
+    with pytest.raises(EnvError, match=r"environment Broken: step\(\) raised KeyError"):
+        run_episodes(ScriptedEngine(tok, ["ok"]), None, tok, _calls(load_environment(f"{f}:Broken"), {}, f"{f}:Broken"),
+                     rows,
                      sampling_kwargs={"max_new_tokens": 8}, eos_token_ids=[tok.eos_token_id],
                      pad_token_id=tok.pad_token_id, seed=0, max_turns=2, max_total_tokens=50)
     for spec, match in ((f"{f}:Nope", "no attribute"), ("calculater", "did you mean 'calculator'"),
@@ -271,13 +279,14 @@ def test_an_episode_is_token_for_token_the_demonstration_sft_trained_on(tok):
     record = next(r for r in get_task("calculator").sft_records(50) if len(r["messages"]) == 4)
     msgs = record["messages"]
     _, (episode,) = run_episodes(
-        ScriptedEngine(tok, [msgs[1]["content"], msgs[3]["content"]]), None, tok, CalculatorEnv,
-        {"system_prompt": ""}, "calculator", [{"prompt": msgs[:1]}], sampling_kwargs={"max_new_tokens": 120},
+        ScriptedEngine(tok, [msgs[1]["content"], msgs[3]["content"]]), None, tok,
+        _calls(CalculatorEnv, {"system_prompt": ""}, "calculator"), [{"prompt": msgs[:1]}],
+        sampling_kwargs={"max_new_tokens": 120},
         eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, seed=0, max_turns=2, max_total_tokens=300)
     sft_ids, sft_mask = render_conversation(tok, msgs)
     n = len(episode.prompt_ids) + len(episode.ids)
     assert episode.prompt_ids + episode.ids == sft_ids[:n]
     assert sft_ids[n:] == tok("\n", add_special_tokens=False)["input_ids"]  # the template's trailing newline only
     assert episode.action == sft_mask[len(episode.prompt_ids):n]
-    assert episode.env.metrics() == {"tool_calls": 1.0, "tool_call_success": 1.0, "correct": 1.0}
+    assert episode.metrics == {"tool_calls": 1.0, "tool_call_success": 1.0, "correct": 1.0}
     assert episode.turn_rewards == [pytest.approx(0.2), 1.0]

@@ -323,6 +323,10 @@ class EnvConfig:
     kwargs: dict[str, Any] = f({}, "keyword arguments of the environment class")
     max_turns: int = f(4, "most assistant turns per episode", ge=1)
     max_total_tokens: int = f(256, "most tokens per episode after the first prompt (model + environment)", ge=1)
+    workers: int = f(2, "worker processes running the environments' reset / step / metrics, each call under "
+                        "timeout_s (0 = in the trainer's process, no time limit)", ge=0)
+    timeout_s: float = f(60.0, "wall-clock limit of one reset / step / metrics call; an episode whose call passes it "
+                               "is dropped from the step and counted (env/timeouts, env/dropped)", gt=0)
 
 
 @dataclass(frozen=True)

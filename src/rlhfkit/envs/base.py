@@ -81,29 +81,3 @@ def make_environment(cls: type, kwargs: dict[str, Any], spec: str):
     except Exception as exc:
         raise EnvError(f"environment {spec!r} could not be created: {type(exc).__name__}: {exc}", where="env.kwargs",
                        fix="check the keyword arguments against the environment's __init__") from None
-
-
-def call_env(spec: str, what: str, fn, *args):
-    """Call an environment method; any exception becomes one clear line (EnvError)."""
-    try:
-        return fn(*args)
-    except UserError:
-        raise
-    except Exception as exc:
-        raise EnvError(f"environment {spec!r} failed in {what}: {type(exc).__name__}: {exc}", where=WHERE,
-                       fix="fix the environment (call it in Python to see the traceback)") from None
-
-
-def check_step_result(spec: str, result) -> tuple[list[dict], float, bool]:
-    ok = isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], list)
-    if ok:
-        new, reward, done = result
-        ok = all(isinstance(m, dict) and "role" in m and "content" in m for m in new)
-        try:
-            reward = float(reward)
-        except (TypeError, ValueError):
-            ok = False
-    if not ok:
-        raise EnvError(f"environment {spec!r}: step() must return (list of {{role, content}} messages, reward, "
-                       f"done), got {type(result).__name__}", where=WHERE, fix="return a 3-tuple from step()")
-    return new, reward, bool(done)

@@ -8,12 +8,15 @@ header — is the environment's). The result is one :class:`~rlhfkit.rollout.typ
 ``response_mask`` covers the whole episode after the first prompt (everything the model attends to) and whose
 ``action_mask`` is 1 on the model's own tokens only: losses, KL, values and advantages use the action mask.
 
-Limits: ``max_turns`` assistant turns, ``max_total_tokens`` tokens after the first prompt; a turn cut by the token
-limit ends the episode (``ended`` False, like a response cut at ``max_new_tokens``).
+The environments run in worker processes under a time limit and everything they return is checked
+(:mod:`rlhfkit.envs.host`). Limits: ``max_turns`` assistant turns, ``max_total_tokens`` tokens after the first
+prompt; a turn cut by the token limit ends the episode (``ended`` False, like a response cut at
+``max_new_tokens``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -21,12 +24,13 @@ import torch
 from ..data.chat import render_chat, render_prompt_ids
 from ..rollout.engine import left_pad
 from ..rollout.types import Rollout
-from .base import EnvError, call_env, check_step_result, make_environment
+from .base import EnvError
+from .host import EnvCalls
 
 
 @dataclass
 class Episode:
-    env: object
+    eid: int  # the environment object's id on its worker (see envs.host.EnvCalls)
     messages: list[dict]
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)  # after the prompt: model and environment tokens
@@ -37,6 +41,16 @@ class Episode:
     done: bool = False
     ended: bool = True
     n_first: int = 0  # messages returned by reset(): messages[n_first:] are the episode's turns
+    failed: str = ""  # why the episode is dropped (a timeout, a dead worker, a NaN reward, an over-long observation)
+    metrics: dict = field(default_factory=dict)
+
+    def drop(self, why: str) -> None:
+        self.failed, self.done = self.failed or why, True
+
+    @property
+    def reward(self) -> float:
+        """The episode's return (the sum of its turns' rewards); NaN for a dropped episode."""
+        return math.nan if self.failed else sum(self.turn_rewards)
 
 
 def _env_suffix_ids(tok, messages: list[dict], new_messages: list[dict]) -> list[int]:
@@ -50,19 +64,53 @@ def _env_suffix_ids(tok, messages: list[dict], new_messages: list[dict]) -> list
     return [int(i) for i in tok(after[len(before):], add_special_tokens=False)["input_ids"]]
 
 
-def run_episodes(engine, model, tok, env_cls, env_kwargs: dict, spec: str, rows: list[dict], *, sampling_kwargs: dict,
-                 eos_token_ids: list[int], pad_token_id: int, seed: int, max_turns: int,
-                 max_total_tokens: int) -> tuple[Rollout, list[Episode]]:
-    """Play one episode per row; returns the episodes as one Rollout (with ``action_mask``) and the episodes."""
+def _overlong(envs: EnvCalls, e: Episode, overflow: str, method: str, step: int | None, what: str,
+              knob: str) -> bool:
+    """An over-long prompt or observation under ``data.overflow``: one line (error), the episode dropped (drop,
+    returns True) or cut (truncate, returns False)."""
+    if overflow == "error":
+        raise envs.fail(method, step, f"returned {what}", f"shorten it, raise {knob} or set data.overflow=truncate "
+                        "(or drop)")
+    if overflow == "drop":
+        e.drop("overlong")
+    return overflow == "drop"
+
+
+def _start(envs: EnvCalls, tok, rows: list[dict], step: int | None, prompt_limit: int | None,
+           overflow: str) -> list[Episode]:
+    """One environment per row, reset: its messages checked, its prompt held to ``prompt_limit`` tokens by the
+    ``overflow`` rule of data prompts (truncate from the left, drop the episode, or stop with one line)."""
+    items = [(i, ()) for i in range(len(rows))]
+    made = envs.calls("new", items, step)
+    firsts = envs.calls("reset", [(i, (row,)) for i, row in enumerate(rows)], step)
     episodes = []
-    for row in rows:
-        env = make_environment(env_cls, env_kwargs, spec)
-        messages = call_env(spec, "reset", env.reset, row)
-        if not isinstance(messages, list) or not messages:
-            raise EnvError(f"environment {spec!r}: reset() must return a non-empty list of messages", where="env.name",
-                           fix="return [{'role': 'user', 'content': ...}, ...] from reset()")
-        episodes.append(Episode(env, list(messages), render_prompt_ids(tok, messages, add_generation_prompt=True),
-                                n_first=len(messages)))
+    for i, (m, first) in enumerate(zip(made, firsts)):
+        if isinstance(m, Exception) or isinstance(first, Exception):
+            e = Episode(i, [], [])
+            e.drop("failed")
+            episodes.append(e)
+            continue
+        messages = envs.check_messages(first, "reset", step, empty_ok=False)
+        ids = render_prompt_ids(tok, messages, add_generation_prompt=True)
+        e = Episode(i, messages, ids, n_first=len(messages))
+        if prompt_limit is not None and len(ids) > prompt_limit:
+            _overlong(envs, e, overflow, "reset", step, f"a prompt of {len(ids)} tokens, more than the limit of "
+                      f"{prompt_limit}", "data.max_prompt_length")
+            e.prompt_ids = ids[len(ids) - prompt_limit:]
+        episodes.append(e)
+    return episodes
+
+
+def run_episodes(engine, model, tok, envs: EnvCalls, rows: list[dict], *, sampling_kwargs: dict,
+                 eos_token_ids: list[int], pad_token_id: int, seed: int, max_turns: int, max_total_tokens: int,
+                 step: int | None = None, prompt_limit: int | None = None,
+                 overflow: str = "truncate") -> tuple[Rollout, list[Episode]]:
+    """Play one episode per row with the environments of ``envs`` (each call under its time limit, everything
+    returned checked: :mod:`rlhfkit.envs.host`); returns the episodes as one Rollout (with ``action_mask``) and the
+    episodes. A dropped episode (``failed``) keeps its tokens so far; its ``reward`` is NaN. ``step`` names the
+    rollout step in messages; ``prompt_limit`` / ``overflow`` hold reset()'s prompts and every observation (at most
+    ``max_total_tokens``) to the data prompts' rule."""
+    episodes = _start(envs, tok, rows, step, prompt_limit, overflow)
     max_new = sampling_kwargs["max_new_tokens"]
     for turn in range(max_turns):
         live = [e for e in episodes if not e.done]
@@ -75,6 +123,7 @@ def run_episodes(engine, model, tok, env_cls, env_kwargs: dict, spec: str, rows:
         # one host copy per turn, not one per episode and field
         lengths, ended, ids = out.lengths.tolist(), out.ended.tolist(), out.response_ids.tolist()
         lps = out.logprobs.tolist() if out.logprobs is not None else None
+        texts, cut = [], []
         for i, e in enumerate(live):
             n = int(lengths[i])
             n_fit = min(n, max_total_tokens - len(e.ids))
@@ -83,19 +132,30 @@ def run_episodes(engine, model, tok, env_cls, env_kwargs: dict, spec: str, rows:
             e.turn_ends.append(len(e.ids) - 1 if comp else -1)
             e.action += [1] * len(comp)
             e.logprobs += lps[i][:n_fit] if lps is not None else [0.0] * len(comp)
-            text = tok.decode(comp, skip_special_tokens=True)
-            assistant = {"role": "assistant", "content": text}
-            result = call_env(spec, "step", e.env.step, list(e.messages), text)
-            new, reward, done = check_step_result(spec, result)
+            texts.append(tok.decode(comp, skip_special_tokens=True))
+            cut.append(n_fit < n or not ended[i])
+        results = envs.calls("step", [(e.eid, (list(e.messages), t)) for e, t in zip(live, texts)], step)
+        for e, text, was_cut, result in zip(live, texts, cut, results):
+            e.messages.append({"role": "assistant", "content": text})
+            if isinstance(result, Exception):
+                e.drop("failed")
+                continue
+            new, reward, done = envs.check_step(result, step)
             e.turn_rewards.append(reward)
-            e.messages.append(assistant)
-            if n_fit < n or not ended[i]:
+            if not math.isfinite(reward):
+                e.drop("reward")
+                continue
+            if was_cut:
                 e.done, e.ended = True, False  # cut by a token limit
                 continue
             if done or turn == max_turns - 1 or not new:
                 e.done = True
                 continue
             suffix = _env_suffix_ids(tok, e.messages, new)
+            if len(suffix) > max_total_tokens and _overlong(  # an observation longer than a whole episode
+                    envs, e, overflow, "step", step, f"messages of {len(suffix)} tokens, more than "
+                    f"env.max_total_tokens={max_total_tokens}", "env.max_total_tokens"):
+                continue
             e.messages.extend(new)
             if len(e.ids) + len(suffix) >= max_total_tokens:
                 e.done, e.ended = True, False
@@ -103,6 +163,13 @@ def run_episodes(engine, model, tok, env_cls, env_kwargs: dict, spec: str, rows:
             e.ids += suffix
             e.action += [0] * len(suffix)
             e.logprobs += [0.0] * len(suffix)
+    kept = [e for e in episodes if not e.failed]
+    for e, m in zip(kept, envs.calls("metrics", [(e.eid, ()) for e in kept], step)):
+        if isinstance(m, Exception):
+            e.drop("failed")
+        else:
+            e.metrics = envs.check_metrics(m, step)
+    envs.drop([e.eid for e in episodes])
     return to_rollout(episodes, pad_token_id), episodes
 
 
@@ -124,16 +191,22 @@ def to_rollout(episodes: list[Episode], pad_token_id: int) -> Rollout:
                    mask.sum(-1), logprobs=lp, action_mask=action)
 
 
-def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """Means over the episodes: each key of the environments' ``metrics()`` (0 where an episode lacks it), turns,
-    per-turn reward and episode reward (the sum of its turns' rewards). Logged as ``env/*`` in training and
-    reported by ``rlhfkit eval --env``."""
-    n = len(episodes)
-    per = [e.env.metrics() if callable(getattr(e.env, "metrics", None)) else {} for e in episodes]
-    out = {key: sum(float(m.get(key, 0.0)) for m in per) / n for key in sorted(set().union(*per))}
-    out["turns_mean"] = sum(len(e.turn_rewards) for e in episodes) / n
-    out["turn_reward_mean"] = sum(sum(e.turn_rewards) / max(1, len(e.turn_rewards)) for e in episodes) / n
-    out["episode_reward_mean"] = sum(sum(e.turn_rewards) for e in episodes) / n
+def episode_metrics(episodes: list[Episode], counts: dict | None = None) -> dict[str, float]:
+    """Means over the episodes kept: each key of the environments' ``metrics()`` (0 where an episode lacks it or
+    reports a non-finite value), turns, per-turn reward and episode reward (the sum of its turns' rewards); ``dropped``:
+    episodes dropped (timeouts, dead workers, NaN rewards, over-long observations), plus ``counts`` (timed-out and
+    failed calls). Logged as ``env/*`` in training and reported by ``rlhfkit eval --env``."""
+    kept = [e for e in episodes if not e.failed]
+    n = max(1, len(kept))
+    out = {}
+    for key in sorted(set().union(*(e.metrics for e in kept))):
+        values = [e.metrics.get(key, 0.0) for e in kept]
+        out[key] = sum(v for v in values if math.isfinite(v)) / n
+    out["turns_mean"] = sum(len(e.turn_rewards) for e in kept) / n
+    out["turn_reward_mean"] = sum(sum(e.turn_rewards) / max(1, len(e.turn_rewards)) for e in kept) / n
+    out["episode_reward_mean"] = sum(e.reward for e in kept) / n
+    out["dropped"] = float(len(episodes) - len(kept))
+    out.update({key: float(v) for key, v in (counts or {}).items()})
     return out
 
 
@@ -142,6 +215,6 @@ def turn_reward_tensor(episodes: list[Episode], width: int) -> torch.Tensor:
     out = torch.zeros((len(episodes), width), dtype=torch.float32)
     for b, e in enumerate(episodes):
         for end, reward in zip(e.turn_ends, e.turn_rewards):
-            if end >= 0:
+            if end >= 0 and not e.failed:  # a dropped episode's rewards (NaN among them) reach no tensor
                 out[b, end] += reward
     return out

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import RewardError
 
@@ -69,6 +69,17 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+class Job(NamedTuple):
+    """One call for :meth:`WorkerPool.run`: ``obj(*args, **kwargs)`` (or ``obj.<method>``) of the object ``key``,
+    on worker ``on`` (modulo the pool's size) or on any free one (None)."""
+
+    key: str
+    method: str | None = None
+    args: tuple = ()
+    kwargs: dict = {}
+    on: int | None = None
 
 
 @dataclass
@@ -238,23 +249,33 @@ class WorkerPool:
     def map(self, key: str, calls: Sequence[tuple[tuple, dict]], method: str | None = None) -> list[Outcome]:
         """Run each ``(args, kwargs)`` of ``calls`` on the object ``key``; one :class:`Outcome` per call, in order.
         Calls go to free workers as they free up; each is bounded by ``timeout_s`` from its own start."""
+        return self.run([Job(key, method, a, k) for a, k in calls])
+
+    def run(self, jobs: Sequence[Job]) -> list[Outcome]:
+        """Run each :class:`Job` (a job with ``on`` set only on that worker: an object with state lives on one);
+        one :class:`Outcome` per job, in order, each call bounded by ``timeout_s`` from its own start. A worker
+        killed for a timeout loses every object's state (its set-ups are replayed on its next use): compare
+        :attr:`Worker.restarts` before and after to know."""
         if self.n == 0:
-            return [self._local(key, method, a, k) for a, k in calls]
-        out: list[Outcome | None] = [None] * len(calls)
-        pending = list(range(len(calls)))[::-1]
+            return [self._local(j.key, j.method, j.args, j.kwargs) for j in jobs]
+        out: list[Outcome | None] = [None] * len(jobs)
+        pending = list(range(len(jobs)))
         running: dict[int, tuple[int, float]] = {}  # worker index -> (call index, start time)
         while pending or running:
             for w_i, w in enumerate(self.workers):  # 1. hand calls to idle workers
-                if w_i in running or not pending:
+                if w_i in running:
                     continue
-                c = pending.pop()
+                c = next((c for c in pending if jobs[c].on is None or jobs[c].on % self.n == w_i), None)
+                if c is None:
+                    continue
+                pending.remove(c)
                 t0 = time.perf_counter()
                 try:
-                    w.submit(key, method, *calls[c])
+                    w.submit(jobs[c].key, jobs[c].method, jobs[c].args, jobs[c].kwargs)
                 except (CallFailed, CallTimeout, RewardError) as exc:
                     out[c] = Outcome(error=exc, seconds=time.perf_counter() - t0)
                     continue
-                running[w_i] = (c, t0)
+                running[w_i] = (c, time.perf_counter())  # the limit counts from the call (a restart not included)
             if not running:
                 continue
             # 2. wait for a reply, or for the earliest deadline

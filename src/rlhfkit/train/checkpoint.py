@@ -242,11 +242,13 @@ def check_finite(models: dict, what: str) -> None:
 
 class NonFiniteGuard:
     """Counts updates skipped for a non-finite loss or gradient norm; stops the run after ``max_consecutive`` in a
-    row. One per optimizer (see :func:`guard_of`); ``updates`` is the number of updates seen (set on resume)."""
+    row. One per optimizer (see :func:`guard_of`); ``updates`` is the number of updates seen (set on resume);
+    ``empty``: updates without any gradient (nothing in the loss: every sample dropped, every group tied and
+    filtered, every token filtered), not applied; ``applied``: updates applied by this process since it started."""
 
     def __init__(self, max_consecutive: int = 5, name: str = "model"):
         self.max_consecutive, self.name = max_consecutive, name
-        self.consecutive = self.skipped = self.updates = 0
+        self.consecutive = self.skipped = self.updates = self.empty = self.applied = 0
 
 
 _GUARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -52,7 +52,7 @@ from ..rewards.functions import rewards_from_config
 from ..rewards.lint import probe_rewards
 from ..rollout import SamplingParams, decode_responses, get_engine
 from ..track import NO_PHASES, CriticalHealthStop, Phases, Progress
-from .common import load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
+from .common import length_policy, load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
 from .distributed import get_strategy
 from .experience import Experience, merge_groups
 from .optim import clip_and_step
@@ -139,7 +139,7 @@ class OnlineTrainer:
         self.moments = RunningMoments()
         self.phases: Phases = NO_PHASES  # where the loop reports its phase (the progress display, in train())
         # reward functions and prompt records first: a mistake in them is answered before any weights load
-        self.functions = None
+        self.functions = self.envs = None
         try:
             self.records = load_records(cfg, "prompt")
             if len(self.records[0]) < cfg.algo.rollout_batch_size * run.world_size:
@@ -159,9 +159,11 @@ class OnlineTrainer:
             raise
 
     def close(self) -> None:
-        """Stop the reward workers (the end of a run, or a failure on the way)."""
+        """Stop the reward and environment workers (the end of a run, or a failure on the way)."""
         if self.functions is not None:
             self.functions.close()
+        if self.envs is not None:
+            self.envs.close()
 
     # ── set-up ───────────────────────────────────────────────────────────────────────────────────────────────
     def _load_models(self) -> None:
@@ -196,8 +198,11 @@ class OnlineTrainer:
         self.env_cls = None
         if cfg.env.name:
             from ..envs import load_environment
+            from ..envs.host import EnvCalls
 
             self.env_cls = load_environment(cfg.env.name)
+            self.envs = EnvCalls(cfg.env.name, self.env_cls, cfg.env.kwargs, workers=cfg.env.workers,
+                                 timeout_s=cfg.env.timeout_s)
         self.eos_ids = stop_token_ids(self.tok, getattr(self.policy, "generation_config", None))
 
     def _load_data(self) -> None:
@@ -222,11 +227,12 @@ class OnlineTrainer:
         return self.collate([self.prompts[i] for i in plan[pos]])
 
     # ── 2. rollout ───────────────────────────────────────────────────────────────────────────────────────────
-    def rollout(self, prompts: dict, seed: int, k: int | None = None, phase: str = "rollout") -> Experience:
+    def rollout(self, prompts: dict, seed: int, k: int | None = None, phase: str = "rollout",
+                step: int | None = None) -> Experience:
         """``k`` responses per prompt (completion-major: the prompt batch repeated k times), as a new Experience;
         with an environment, ``k`` multi-turn episodes per prompt."""
         if self.env_cls is not None:
-            return self.play_episodes(prompts, seed, k)
+            return self.play_episodes(prompts, seed, k, step)
         k = self.k if k is None else k
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
         self.phases.phase(phase, total=len(ids) * k, unit="sequences")
@@ -237,7 +243,7 @@ class OnlineTrainer:
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 
-    def play_episodes(self, prompts: dict, seed: int, k: int | None = None) -> Experience:
+    def play_episodes(self, prompts: dict, seed: int, k: int | None = None, step: int | None = None) -> Experience:
         """Multi-turn: ``k`` episodes per prompt with the environment (``env``), as a new Experience whose mask
         holds only the model's own tokens."""
         from ..envs.episodes import episode_metrics, run_episodes, turn_reward_tensor
@@ -249,14 +255,14 @@ class OnlineTrainer:
         self.phases.phase("episodes", total=n * k)
         with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for all the episodes
             rollout, episodes = run_episodes(
-                self.engine, self.policy, self.tok, self.env_cls, ec.kwargs, ec.name, rows,
-                sampling_kwargs=self.sampling.engine_kwargs(), eos_token_ids=self.eos_ids,
-                pad_token_id=self.tok.pad_token_id, seed=seed, max_turns=ec.max_turns,
-                max_total_tokens=ec.max_total_tokens)
+                self.engine, self.policy, self.tok, self.envs, rows, sampling_kwargs=self.sampling.engine_kwargs(),
+                eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id, seed=seed, max_turns=ec.max_turns,
+                max_total_tokens=ec.max_total_tokens, step=step,
+                prompt_limit=length_policy(self.cfg).prompt_limit("prompt"), overflow=self.cfg.data.overflow)
         exp = Experience.of(rollout.to(self.device), rows)
-        exp.env_returns = torch.tensor([sum(e.turn_rewards) for e in episodes], device=self.device)
+        exp.env_returns = torch.tensor([e.reward for e in episodes], device=self.device)  # NaN: dropped
         exp.turn_rewards = turn_reward_tensor(episodes, rollout.response_ids.shape[1]).to(self.device)
-        exp.env_metrics = {f"env/{key}": value for key, value in episode_metrics(episodes).items()}
+        exp.env_metrics = {f"env/{key}": value for key, value in episode_metrics(episodes, self.envs.counts).items()}
         return exp
 
     def sample_and_score(self, step: int, seed: int) -> Experience:
@@ -264,12 +270,12 @@ class OnlineTrainer:
         (up to ``max_draws``) and only groups whose penalised scores differ are kept until the batch is full."""
         ds = self.cfg.algo.dynamic_sampling
         if not ds.enabled:
-            exp = self.rollout(self._prompt_batch(step), seed)
+            exp = self.rollout(self._prompt_batch(step), seed, step=step + 1)
             self.score(exp, step=step + 1)
             return exp
 
         def draw(j: int):
-            e = self.rollout(self._prompt_batch(step * ds.max_draws + j), seed + 1_000_003 * j)
+            e = self.rollout(self._prompt_batch(step * ds.max_draws + j), seed + 1_000_003 * j, step=step + 1)
             self.score(e, shape=False, step=step + 1)
             return e, self.penalised(e.raw_scores, e.rollout.ended, e.rollout.lengths), e.valid
 
@@ -295,8 +301,9 @@ class OnlineTrainer:
         total = torch.zeros(len(texts), device=self.device)
         valid = torch.ones(len(texts), dtype=torch.bool, device=self.device)
         metrics: dict = {}
-        if exp.env_returns is not None:
-            total += exp.env_returns
+        if exp.env_returns is not None:  # a dropped episode's return is NaN
+            valid &= torch.isfinite(exp.env_returns)
+            total += torch.where(valid, exp.env_returns, 0.0)
             metrics.update(exp.env_metrics)
         if self.scorer is not None:
             with on_device(self.scorer.model, self.device, self.cfg.memory.offload_reward):

@@ -70,7 +70,12 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
     the update is skipped (gradients zeroed, the optimizer not stepped; the schedule still steps, so update counts
     and LR stay aligned with the data position), counted (``train/skipped_updates``) and warned about; after
     ``train.max_nonfinite_skips`` consecutive skips the run stops with :class:`NonFiniteError` (nothing saved).
-    This costs one host sync per update."""
+    This costs one host sync per update.
+
+    An update whose gradient is exactly zero (or absent) carries no learning signal (every sample of the step
+    dropped, every group tied and filtered, every token filtered): it is not applied either (AdamW would still move
+    the weights by its moments and weight decay), and is counted (``train/empty_updates``). A run in which no
+    update was applied does not end as a success (:meth:`~rlhfkit.train.session.Session.finish`)."""
     params = [p for p in model.parameters() if p.grad is not None]
     clip = max_grad_norm if max_grad_norm is not None and max_grad_norm > 0 else float("inf")
     norm = accelerator.clip_grad_norm_(model.parameters(), clip) if params else torch.zeros(())
@@ -104,6 +109,12 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
                 highlight=False)
         return norm if max_grad_norm is not None and max_grad_norm > 0 else None
     guard.consecutive = 0
+    if float(norm) == 0.0:  # nothing in the loss: no learning signal, nothing applied
+        guard.empty += 1
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        return norm if max_grad_norm is not None and max_grad_norm > 0 else None
+    guard.applied += 1
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from .. import files
 from ..config import save_config
-from ..errors import RunError
+from ..errors import NoUpdateError, RunError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
 from ..track.console import get_console
 from .checkpoint import (
@@ -349,8 +349,25 @@ class Session:
         files.fsync_dir(run_dir)
 
     def skip_metrics(self) -> dict:
-        """``train/skipped_updates``: updates skipped for a non-finite loss / gradient so far (every optimizer)."""
-        return {"train/skipped_updates": sum(g.skipped for g in self._guards)} if self._guards else {}
+        """``train/skipped_updates``: updates skipped for a non-finite loss / gradient so far; ``train/empty_updates``:
+        updates without any gradient, not applied (every optimizer)."""
+        if not self._guards:
+            return {}
+        return {"train/skipped_updates": sum(g.skipped for g in self._guards),
+                "train/empty_updates": sum(g.empty for g in self._guards)}
+
+    def check_applied(self) -> None:
+        """A run whose trained model (the first optimizer's: the policy) applied no update since it started stops
+        with one line instead of saving an unchanged model as a success."""
+        g = self._guards[0] if self._guards else None
+        if g is None or g.applied or not (g.skipped or g.empty):
+            return
+        raise NoUpdateError(
+            f"no update of the {g.name} was applied in this run: {g.skipped} skipped for a non-finite loss or "
+            f"gradient, {g.empty} without any learning signal (every sample dropped, every group tied and filtered, "
+            "every token filtered); no final model saved", where=str(self.run.run_dir),
+            fix="see rewards/dropped, rewards/tied_groups_frac, train/skipped_updates in metrics.jsonl: fix the "
+                "rewards / environment, lower optim.lr, or turn off the filter that removes every sample")
 
     # ── 4. checkpoints ───────────────────────────────────────────────────────────────────────────────────────
     def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict) -> Path | None:
@@ -363,6 +380,7 @@ class Session:
         write ``finished.json``, then ``report.html``. Every process calls it."""
         acc, run = self.run.accelerator, self.run
         acc.wait_for_everyone()
+        self.check_applied()  # the guards count the same updates on every process (the skip is decided globally)
         strategy = get_strategy(self.cfg)
         check_finite({"model": strategy.local_model(acc, model)}, "the final model")
         full = strategy.full_model(acc, model)  # every process: FSDP2 gathers the shards; the model on the main one

@@ -1,0 +1,64 @@
+"""A run that learned nothing does not end as a success, end to end through the command line: every update
+without a learning signal (every episode dropped for a NaN turn reward, every group tied with
+algo.filter_tied_groups) ends in one line and exit 2, with no final model and no finished marker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.cli import main
+from rlhfkit.track import read_metrics
+
+TINY = "tiny:hidden=32,layers=1,intermediate=64"
+FNS = Path(__file__).parents[1] / "unit" / "reward_fns_for_tests.py"
+pytestmark = pytest.mark.slow
+
+NAN_ENV = '''
+class NanReward:
+    def reset(self, row):
+        return row["prompt"]
+
+    def step(self, messages, completion):
+        return [], float("nan"), True
+'''
+
+
+def grpo(root: Path, out: str, *extra: str) -> list[str]:
+    return ["grpo", f"data.train={root / 'prompts.jsonl'}", f"model.name={TINY}", f"output_dir={root / out}",
+            "algo.rollout_batch_size=2", "algo.num_generations=2", "algo.mini_batch_size=4", "train.batch_size=4",
+            "algo.total_episodes=8", "generation.max_new_tokens=4", "data.eval_fraction=0", "track.report=false",
+            *extra]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("limits")
+    words = ["cat", "dog", "owl", "bee"] * 4
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"shout: {w}"}) + "\n" for w in words))
+    (root / "nan_env.py").write_text(NAN_ENV)
+    return root
+
+
+def error_line(capsys) -> str:
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("case, extra", [
+    ("all_dropped", ("env.name=%s", "env.workers=1", "env.timeout_s=60", "env.max_turns=1")),
+    ("all_tied", ("reward.functions=[{fn: '%s:contains_yes'}]", "algo.filter_tied_groups=true", "reward.workers=0",
+                 "reward.missing_eos_penalty=null")),
+])
+def test_a_run_without_any_applied_update_is_not_a_success(root, capsys, case, extra):
+    spec = f"{root / 'nan_env.py'}:NanReward" if case == "all_dropped" else str(FNS)
+    args = [x % spec if "%s" in x else x for x in extra]
+    assert main(grpo(root, case, *args)) == 2
+    line = error_line(capsys)
+    assert "no update of the policy was applied" in line and "4 without any learning signal" in line
+    out = root / case
+    assert not (out / "model.safetensors").exists() and not (out / "finished.json").exists()
+    assert [m["train/empty_updates"] for m in read_metrics(out)] == [2, 4]  # 2 steps of 2 PPO epochs

@@ -1,0 +1,189 @@
+"""Environments are user code run under limits (rlhfkit.envs.host): each reset / step / metrics call in a worker
+process under env.timeout_s, everything returned checked with one line naming the class, the method and the step,
+NaN turn rewards and timed-out episodes dropped and counted, over-long observations held to data.overflow; and an
+update without any gradient is not applied, and a run that applied none does not end as a success."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from test_envs import ScriptedEngine
+
+from rlhfkit.config import ModelConfig
+from rlhfkit.envs import EnvError, load_environment, run_episodes
+from rlhfkit.envs.episodes import episode_metrics, turn_reward_tensor
+from rlhfkit.envs.host import EnvCalls
+from rlhfkit.models.loading import load_tokenizer_for
+
+ENVS = '''
+import math
+import time
+
+
+class Good:
+    def __init__(self, reward=1.0, sleep_on=None, sleep_s=0.0, obs=""):
+        self.reward, self.sleep_on, self.sleep_s, self.obs, self.turns = reward, sleep_on, sleep_s, obs, 0
+
+    def reset(self, row):
+        if self.sleep_on == "reset":
+            time.sleep(self.sleep_s)
+        return row["prompt"]
+
+    def step(self, messages, completion):
+        self.turns += 1
+        if self.sleep_on == "step" and messages[-1]["content"].endswith("slow"):
+            time.sleep(self.sleep_s)
+        reward = float("nan") if self.reward == "nan" else self.reward
+        if self.obs:
+            return [{"role": "tool", "content": self.obs}], reward, False
+        return [], reward, True
+
+    def metrics(self):
+        return {"turns": float(self.turns)}
+
+
+class Bad(Good):
+    def __init__(self, what):
+        super().__init__()
+        self.what = what
+
+    def reset(self, row):
+        if self.what == "reset_str":
+            return "hello"
+        if self.what == "reset_role":
+            return [{"role": "robot", "content": "hi"}]
+        if self.what == "reset_content":
+            return [{"role": "user", "content": ["hi"]}]
+        if self.what == "reset_empty":
+            return []
+        return row["prompt"]
+
+    def step(self, messages, completion):
+        out = {"step_pair": ([], 1.0), "step_reward": ([], "1.0", True), "step_done": ([], 1.0, "yes"),
+               "step_message": ([{"role": "tool", "content": 3}], 1.0, False), "step_list": [[], 1.0, True]}
+        return out.get(self.what, ([], 1.0, True))
+
+    def metrics(self):
+        return ["x"] if self.what == "metrics_list" else {"ok": "yes"} if self.what == "metrics_str" else {}
+'''
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer_for(ModelConfig(name="tiny"))
+
+
+@pytest.fixture(scope="module")
+def envfile(tmp_path_factory):
+    path = tmp_path_factory.mktemp("envs") / "limit_envs.py"
+    path.write_text(ENVS)
+    return path
+
+
+def play(tok, envfile, name, kwargs, rows, *, workers=0, timeout_s=None, script=("ok",), **kw):
+    spec = f"{envfile}:{name}"
+    with EnvCalls(spec, load_environment(spec), kwargs, workers=workers, timeout_s=timeout_s) as envs:
+        limits = {"max_turns": 2, "max_total_tokens": 60, **kw}
+        rollout, eps = run_episodes(ScriptedEngine(tok, list(script)), None, tok, envs, rows,
+                                    sampling_kwargs={"max_new_tokens": 8}, eos_token_ids=[tok.eos_token_id],
+                                    pad_token_id=tok.pad_token_id, seed=0, step=7, **limits)
+        return rollout, eps, episode_metrics(eps, envs.counts)
+
+
+def rows_of(*texts):
+    return [{"prompt": [{"role": "user", "content": t}]} for t in texts]
+
+
+@pytest.mark.parametrize("what, method, words", [
+    ("reset_str", "reset", "str"), ("reset_role", "reset", "'robot'"), ("reset_content", "reset", "list"),
+    ("reset_empty", "reset", "no messages"), ("step_pair", "step", "2-tuple"), ("step_reward", "step", "str"),
+    ("step_done", "step", "done='yes'"), ("step_message", "step", "int"), ("step_list", "step", "list"),
+    ("metrics_list", "metrics", "list"), ("metrics_str", "metrics", "'yes'")])
+def test_every_violation_is_one_line_naming_class_method_and_step(tok, envfile, what, method, words):
+    with pytest.raises(EnvError) as err:
+        play(tok, envfile, "Bad", {"what": what}, rows_of("hi"))
+    line = err.value.one_line()
+    assert f"environment Bad: {method}() at rollout step 7" in line and words in line and "\n" not in line
+
+
+def test_checks_hold_through_the_worker_and_exceptions_name_the_method(tok, envfile):
+    with pytest.raises(EnvError, match=r"Bad: step\(\) at rollout step 7 returned a 2-tuple"):
+        play(tok, envfile, "Bad", {"what": "step_pair"}, rows_of("hi"), workers=1, timeout_s=30)
+    with pytest.raises(EnvError, match=r"Good: __init__\(\) at rollout step 7 raised TypeError"):
+        play(tok, envfile, "Good", {"nope": 1}, rows_of("hi"), workers=1, timeout_s=30)
+
+
+def test_a_hanging_step_is_cut_dropped_and_counted_and_the_rest_goes_on(tok, envfile):
+    rows = rows_of("fast", "slow", "fast", "fast")  # two workers: episodes 0, 2 on one, 1 (slow), 3 on the other
+    t0 = time.monotonic()
+    rollout, eps, m = play(tok, envfile, "Good", {"sleep_on": "step", "sleep_s": 300}, rows, workers=2,
+                           timeout_s=3)
+    assert time.monotonic() - t0 < 120  # cut at the limit, not the 300 s the step sleeps
+    # the slow episode timed out; episode 3 shared its worker, whose kill lost its state: both dropped
+    assert [bool(e.failed) for e in eps] == [False, True, False, True]
+    assert m["timeouts"] == 1 and m["dropped"] == 2 and m["turns"] == 1.0
+    assert [math.isnan(e.reward) for e in eps] == [False, True, False, True]
+    assert turn_reward_tensor(eps, rollout.response_ids.shape[1])[1].abs().sum() == 0
+
+
+def test_a_nan_turn_reward_drops_the_episode_and_is_counted(tok, envfile):
+    rollout, eps, m = play(tok, envfile, "Good", {"reward": "nan"}, rows_of("a", "b"))
+    assert all(e.failed == "reward" for e in eps) and m["dropped"] == 2
+    assert torch.isfinite(turn_reward_tensor(eps, rollout.response_ids.shape[1])).all()
+
+
+def test_an_over_long_prompt_from_reset_follows_data_overflow(tok, envfile):
+    rows = rows_of("word " * 400)
+    with pytest.raises(EnvError, match=r"Good: reset\(\) at rollout step 7 returned a prompt of \d+ tokens, more "
+                                       r"than the limit of 32"):
+        play(tok, envfile, "Good", {}, rows, prompt_limit=32, overflow="error")
+    _, eps, m = play(tok, envfile, "Good", {}, rows, prompt_limit=32, overflow="drop")
+    assert eps[0].failed == "overlong" and m["dropped"] == 1
+    _, eps, _ = play(tok, envfile, "Good", {}, rows, prompt_limit=32, overflow="truncate")
+    assert len(eps[0].prompt_ids) == 32 and not eps[0].failed
+
+
+def test_an_over_long_observation_follows_data_overflow(tok, envfile):
+    kwargs = {"obs": "x " * 5000}
+    with pytest.raises(EnvError, match=r"step\(\) at rollout step 7 returned messages of \d+ tokens, more than "
+                                       r"env.max_total_tokens=60"):
+        play(tok, envfile, "Good", kwargs, rows_of("a"), overflow="error")
+    _, eps, _ = play(tok, envfile, "Good", kwargs, rows_of("a"), overflow="drop")
+    assert eps[0].failed == "overlong"
+    _, eps, _ = play(tok, envfile, "Good", kwargs, rows_of("a"))  # truncate: the episode ends at the limit
+    assert not eps[0].failed and not eps[0].ended and len(eps[0].ids) <= 60
+
+
+def test_an_update_without_gradient_is_not_applied_and_a_run_of_them_fails():
+    from accelerate import Accelerator
+
+    from rlhfkit.errors import NoUpdateError
+    from rlhfkit.train.checkpoint import guard_of
+    from rlhfkit.train.optim import clip_and_step
+    from rlhfkit.train.session import Session
+
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    before = [p.detach().clone() for p in model.parameters()]
+    (model(torch.ones(1, 2)) * 0.0).sum().backward()  # every sample masked out: an exactly-zero gradient
+    clip_and_step(acc, model, opt, sched, 1.0)
+    guard = guard_of(opt)
+    assert guard.empty == 1 and guard.applied == 0 and sched.last_epoch == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # weight decay did not move them
+
+    class FakeRun:
+        run_dir = "RUN"
+
+    session = Session.__new__(Session)
+    session.run, session._guards = FakeRun(), [guard]
+    with pytest.raises(NoUpdateError, match="no update of the model was applied.*1 without any learning signal"):
+        session.check_applied()
+    model(torch.ones(1, 2)).sum().backward()
+    clip_and_step(acc, model, opt, sched, 1.0)
+    assert guard.applied == 1
+    session.check_applied()  # one applied update: a run, not a failure
