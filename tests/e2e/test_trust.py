@@ -317,3 +317,32 @@ def test_a_second_run_into_a_busy_directory_names_the_first(root, capsys):
         proc.kill()
         proc.wait()
     assert main(sft_args(root, "busy", "train.resume=never", "train.max_steps=2")) == 0  # its lock died with it
+
+
+@pytest.mark.parametrize("recipe, extra", [
+    ("sft", ()), ("rm", ()), ("dpo", ()),
+    ("grpo", ("reward.functions=[{fn: exact_match}]", "algo.rollout_batch_size=2", "algo.num_generations=2",
+              "algo.mini_batch_size=4", "train.batch_size=4"))])
+def test_a_wrong_data_path_over_a_finished_run_is_reported_as_the_data_error(root, capsys, recipe, extra):
+    # the first error is the real one: the missing file, not "settings changed" / "already finished"
+    out = copy_run(root, f"wrong_data_{recipe}")
+    before = checksums(out)
+    missing = root / "no_such_data.jsonl"
+    argv = [recipe, f"data.train={missing}", f"model.name={TINY}", f"output_dir={out}", *extra]
+    assert main(argv) == 2
+    err = last_error(capsys)
+    assert str(missing) in err and "no such file" in err and "setting" not in err
+    assert checksums(out) == before
+
+
+def test_invalid_utf8_is_named_by_line_and_other_encodings_by_name(root, capsys):
+    bad = root / "latin1.jsonl"
+    bad.write_bytes(b'{"prompt": "a", "completion": "b"}\n{"prompt": "caf\xe9", "completion": "b"}\n')
+    wide = root / "utf16.jsonl"
+    wide.write_bytes('{"prompt": "a", "completion": "b"}\n'.encode("utf-16"))
+    for path, words in ((bad, (f"{bad}:2", "0xe9", "column 16")), (wide, (str(wide), "UTF-16 text"))):
+        argv = sft_args(root, "enc")
+        argv[1] = f"data.train={path}"
+        assert main(argv) == 2
+        err = last_error(capsys)
+        assert all(w in err for w in words), err

@@ -151,8 +151,30 @@ def _read_file(path: Path) -> list[tuple[str, dict]]:
     try:
         return _READERS[suffix](path, str(path))
     except UnicodeDecodeError as exc:
-        raise DataError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", where=str(path),
-                        fix="save the file as UTF-8") from None
+        raise _not_utf8(path, exc) from None
+
+
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+         (b"\xfe\xff", "UTF-16"))
+
+
+def _not_utf8(path: Path, exc: UnicodeDecodeError) -> DataError:
+    """Where a file stops being UTF-8, as ``file:line`` and column (the decoder only knows a byte offset of the
+    chunk it read, so the position is found again in the file's bytes); a UTF-16 / UTF-32 file is named as such."""
+    raw = path.read_bytes()
+    enc = next((name for bom, name in _BOMS if raw.startswith(bom)), None)
+    if enc is not None:
+        return DataError(f"the file is {enc} text, not UTF-8", where=str(path),
+                         fix=f"convert it to UTF-8 (e.g. iconv -f {enc} -t UTF-8)")
+    try:
+        raw.decode("utf-8")  # the whole file: the offset of the first bad byte in it, not in a chunk
+        at = min(exc.start, len(raw) - 1)
+    except UnicodeDecodeError as first:
+        at = first.start
+    line = raw.count(b"\n", 0, at) + 1
+    col = at - (raw.rfind(b"\n", 0, at) + 1) + 1
+    return DataError(f"not UTF-8 text ({exc.reason}, byte 0x{raw[at]:02x} at column {col})", where=f"{path}:{line}",
+                     fix="save the file as UTF-8 (it may be Latin-1 / cp1252: iconv -f cp1252 -t UTF-8)")
 
 
 def _dir_files(path: Path, split_name: str | None) -> list[Path]:

@@ -119,7 +119,7 @@ def on_device(model, device, offload: bool):
 class OnlineTrainer:
     """Holds the models and the state of an online run; ``train()`` is the loop, numbered as in the module doc."""
 
-    def __init__(self, cfg: OnlineConfig, run: Run):
+    def __init__(self, cfg: OnlineConfig, run: Run, records: tuple[list, list] | None = None):
         self.cfg, self.run, self.acc = cfg, run, run.accelerator
         algo = cfg.algo
         self.estimator = algos.ADVANTAGE_ESTIMATORS[algo.advantage]  # validated when the config was built
@@ -141,7 +141,7 @@ class OnlineTrainer:
         # reward functions and prompt records first: a mistake in them is answered before any weights load
         self.functions = self.envs = None
         try:
-            self.records = load_records(cfg, "prompt")
+            self.records = records if records is not None else load_records(cfg, "prompt")
             if len(self.records[0]) < cfg.algo.rollout_batch_size * run.world_size:
                 raise _too_few_prompts(len(self.records[0]), cfg.algo.rollout_batch_size, run.world_size)
             # reward functions (in their workers), checked on a few prompts and linted before the run directory is
@@ -646,11 +646,11 @@ def _with_name(mcfg, name: str):
 
 def run_online(cfg: OnlineConfig) -> dict:
     """PPO / GRPO / RLOO / REINFORCE++ from ``cfg``; returns the last step's metrics."""
-    return run_recipe(cfg, _train_online)
+    return run_recipe(cfg, _train_online, prepare=lambda c: load_records(c, "prompt"))  # data errors come first
 
 
-def _train_online(cfg: OnlineConfig, run: Run) -> dict:
-    trainer = OnlineTrainer(cfg, run)
+def _train_online(cfg: OnlineConfig, run: Run, records: tuple[list, list]) -> dict:
+    trainer = OnlineTrainer(cfg, run, records)
     try:
         metrics = trainer.train()
     except CriticalHealthStop:  # track.stop_on_critical: the report shows what happened up to the stop

@@ -68,14 +68,14 @@ class MarginCollator(PreferenceCollator):
 
 
 def run_rm(cfg) -> dict:
-    # 1. run directory (locked), accelerator, seed; a finished run is not trained again
-    return run_recipe(cfg, _train_rm)
+    # 1. data records first (a mistake in them is the error reported, before a finished run or changed settings
+    #    are), then the run directory (locked), accelerator, seed; a finished run is not trained again
+    return run_recipe(cfg, _train_rm, prepare=lambda c: load_records(c, "preference"))
 
 
-def _train_rm(cfg, run) -> dict:
-    # 2. data records first (a mistake in them costs seconds), then the tokenizer of the base model and the reward
-    #    model = its backbone + a 1-output head
-    train_recs, eval_recs = load_records(cfg, "preference")
+def _train_rm(cfg, run, records) -> dict:
+    # 2. the tokenizer of the base model and the reward model = its backbone + a 1-output head
+    train_recs, eval_recs = records
     if cfg.rm.margin_field:  # every pair needs its margin: answered before any weights load
         require_field(train_recs + eval_recs, cfg.rm.margin_field, "rm.margin_field")
     tok = load_tokenizer_for(cfg.model)

@@ -45,14 +45,15 @@ def sft_eval(accelerator, model, batches: list[dict]) -> dict:
 
 def run_sft(cfg) -> dict:
     """Train, evaluate and save; returns the final metrics (``eval/loss``, ``eval/ppl``, ``train/loss``, …)."""
-    # 1. run directory (locked), accelerator, seed; a finished run is not trained again
-    return run_recipe(cfg, _train_sft)
+    # 1. data records first (a mistake in them is the error reported, before a finished run or changed settings
+    #    are; it costs seconds, not a model load), then the run directory (locked), accelerator, seed; a finished
+    #    run is not trained again
+    return run_recipe(cfg, _train_sft, prepare=lambda c: load_records(c, "sft"))
 
 
-def _train_sft(cfg, run) -> dict:
-    # 2. data records first (a mistake in them costs seconds, not a model load), then model and tokenizer (the
-    #    tokenizer carries the chat template every later stage uses)
-    train_recs, eval_recs = load_records(cfg, "sft")
+def _train_sft(cfg, run, records) -> dict:
+    # 2. model and tokenizer (the tokenizer carries the chat template every later stage uses)
+    train_recs, eval_recs = records
     model, tok = load_causal_lm(cfg.model, device=run.device, seed=cfg.train.seed)
     run.print(f"[sft] model {cfg.model.name}: {describe(model)}")
     # 3. data: records -> token ids with label masks (packed when asked)
