@@ -475,12 +475,12 @@ def cmd_plan(tokens: list[str]) -> int:
         raise UsageError(f"cannot plan recipe {recipe!r}", where="rlhfkit plan",
                          fix=f"give --recipe one of {', '.join(r for r in RECIPES if r != 'pipeline')}")
     gpu = None
-    if args["gpu_memory"]:
+    if args["gpu_memory"] is not None:
         try:
             gpu = parse_size(args["gpu_memory"])
         except ValueError:
-            raise UsageError(f"bad --gpu-memory {args['gpu_memory']!r}", where="--gpu-memory",
-                             fix="write a size such as 80GiB, 24GB or 512MiB") from None
+            raise UsageError(f"bad --gpu-memory {args['gpu_memory']!r} (a positive, finite size of at least 1MiB)",
+                             where="--gpu-memory", fix="write a size such as 80GiB, 24GB or 512MiB") from None
     cfg = load_config(recipe, config_path, overrides)
     require_model(cfg)
     _quiet_libraries()

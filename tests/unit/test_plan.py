@@ -243,3 +243,55 @@ def test_cli_plan_takes_the_recipe_first_and_warns_on_missing_data(llama_dir, ca
     assert re.search(r"warn  data: .*missing\.jsonl.*no such file", out)  # the run itself stops on it
     assert main(["plan", "grpo", "--recipe", "dpo", f"model.name={llama_dir}"]) == 2
     assert "two recipes" in capsys.readouterr().err
+
+
+def _one_error(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = [x for x in captured.err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in captured.err + captured.out, captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("size", ["0", "-80GiB", "nan", "inf", "1e-9", "", "80TiB", "NaNGiB", "-0"])
+def test_cli_plan_refuses_every_impossible_gpu_memory(llama_dir, capsys, size):
+    assert main(["plan", "configs/sft.yaml", f"model.name={llama_dir}", f"--gpu-memory={size}"]) == 2
+    assert "--gpu-memory" in _one_error(capsys)
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("hidden_size", -4096, "hidden = -4096"), ("num_hidden_layers", 0, "layers = 0"), ("vocab_size", "32k", "'32k'"),
+    ("num_attention_heads", 31.5, "31.5"), ("num_key_value_heads", 5, "do not split into 5"),
+    ("intermediate_size", True, "True"), ("max_position_embeddings", -1, "context = -1"), ("hidden_size", None, None)])
+def test_cli_plan_refuses_a_config_json_with_impossible_sizes(tmp_path, capsys, key, value, words):
+    d = tmp_path / "m"
+    d.mkdir()
+    cfg = dict(LLAMA2_7B)
+    if value is None:
+        del cfg[key]
+    else:
+        cfg[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert main(["plan", "configs/sft.yaml", f"model.name={d}", "--gpu-memory=80GiB"]) == 2
+    line = _one_error(capsys)
+    assert "config.json" in line and (words or key) in line
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b"\xff\xfe\x00garbage", b'"text"'])
+def test_cli_plan_refuses_a_config_json_that_is_not_a_model_config(tmp_path, capsys, content):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_bytes(content)
+    assert main(["plan", "configs/sft.yaml", f"model.name={d}"]) == 2
+    assert "config.json" in _one_error(capsys)
+
+
+@pytest.mark.parametrize("content", [
+    b"garbage", b"GGUF", b"GGUF\x03\x00\x00\x00" + b"\xff" * 16,
+    b"GGUF\x03\x00\x00\x00" + (0).to_bytes(8, "little") + (1).to_bytes(8, "little") + (2**40).to_bytes(8, "little"),
+    b"GGUF\x03\x00\x00\x00" + (0).to_bytes(8, "little") + (1).to_bytes(8, "little") + (4).to_bytes(8, "little")
+    + b"abcd" + (99).to_bytes(4, "little")])
+def test_cli_plan_refuses_a_garbage_gguf_in_one_line(tmp_path, capsys, content):
+    f = tmp_path / "model.gguf"
+    f.write_bytes(content)
+    assert main(["plan", "configs/sft.yaml", f"model.name={f}"]) == 2
+    assert str(f) in _one_error(capsys)

@@ -36,6 +36,7 @@ Validated on CPU against process RSS peaks (tests/unit/test_memory.py, table ``M
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,19 +99,48 @@ class Architecture:
 
 
 def _arch_from_hf(cfg: dict, source: str) -> Architecture:
+    if not isinstance(cfg, dict):
+        raise ModelError(f"config.json holds a {type(cfg).__name__}, not an object", where=source,
+                         fix="give a model's config.json")
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    try:
-        hidden, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
-        return Architecture(
-            vocab=int(text["vocab_size"]), hidden=hidden, layers=int(text["num_hidden_layers"]), heads=heads,
-            kv_heads=int(text.get("num_key_value_heads") or heads),
-            intermediate=int(text.get("intermediate_size") or 4 * hidden),
-            tied=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            context=int(text.get("max_position_embeddings") or 2048), head_dim=int(text.get("head_dim") or 0),
-            model_type=str(cfg.get("model_type", "")), source=source)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ModelError(f"config.json lacks the size {exc}", where=source,
-                         fix="give a decoder-only model's config.json (hidden_size, num_hidden_layers, ...)") from None
+
+    def size(key: str, default: int | None = None) -> int:
+        if text.get(key) is None and default is not None:
+            return default
+        if key not in text:
+            raise ModelError(f"config.json lacks the size {key!r}", where=source,
+                             fix="give a decoder-only model's config.json (hidden_size, num_hidden_layers, ...)")
+        v = text[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or int(v) != v:
+            raise ModelError(f"config.json: {key} is {v!r:.40}, not a whole number", where=f"{source}: {key}",
+                             fix="fix the file (or give the model's real config.json)")
+        return int(v)
+
+    hidden, heads = size("hidden_size"), size("num_attention_heads")
+    return _checked(Architecture(
+        vocab=size("vocab_size"), hidden=hidden, layers=size("num_hidden_layers"), heads=heads,
+        kv_heads=size("num_key_value_heads", heads), intermediate=size("intermediate_size", 4 * hidden),
+        tied=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        context=size("max_position_embeddings", 2048), head_dim=size("head_dim", 0),
+        model_type=str(cfg.get("model_type", "")), source=source), "config.json")
+
+
+def _checked(a: Architecture, what: str) -> Architecture:
+    """Sizes a model can have: positive (head_dim may be 0: hidden // heads), heads divisible by kv_heads, hidden by
+    heads when head_dim is not given; anything else is one line naming the field (a plan of it would "fit")."""
+    fields = {"vocab": a.vocab, "hidden": a.hidden, "layers": a.layers, "heads": a.heads, "kv_heads": a.kv_heads,
+              "intermediate": a.intermediate, "context": a.context}
+    problem = next((f"{k} = {v} (must be at least 1)" for k, v in fields.items() if v < 1), None)
+    if problem is None and a.head_dim < 0:
+        problem = f"head_dim = {a.head_dim} (must be 0 or more)"
+    if problem is None and a.heads % a.kv_heads:
+        problem = f"{a.heads} attention heads do not split into {a.kv_heads} key / value heads"
+    if problem is None and not a.head_dim and a.hidden % a.heads:
+        problem = f"hidden size {a.hidden} does not split into {a.heads} heads"
+    if problem is not None:
+        raise ModelError(f"{what} has an impossible size: {problem}", where=a.source,
+                         fix="give the model's real config (sizes of a trained model)")
+    return a
 
 
 # GGUF metadata value types (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md)
@@ -122,7 +152,17 @@ def read_gguf_metadata(path: str | Path) -> dict:
     Arrays longer than 16 items are returned as their length. Own code rather than the ``gguf`` package: that is
     an optional extra, and the header is a dozen lines of ``struct`` reading."""
     p = Path(path)
+    size_of_file = p.stat().st_size
+
+    def damaged(what: str) -> ModelError:
+        return ModelError(f"damaged GGUF header ({what})", where=str(p), fix="check the file (download it again)")
+
     with p.open("rb") as fh:
+        def count(n: int, what: str) -> int:  # a length or count can never exceed what the file holds
+            if n > size_of_file:
+                raise damaged(f"{what} of {n} in a file of {size_of_file} bytes")
+            return n
+
         def read(fmt: str):
             size = struct.calcsize(fmt)
             data = fh.read(size)
@@ -131,7 +171,7 @@ def read_gguf_metadata(path: str | Path) -> dict:
             return struct.unpack(fmt, data)[0]
 
         def read_str() -> str:
-            return fh.read(read("<Q")).decode("utf-8", errors="replace")
+            return fh.read(count(read("<Q"), "a string length")).decode("utf-8", errors="replace")
 
         def value(kind: int):
             if kind in _GGUF_SCALARS:
@@ -139,7 +179,7 @@ def read_gguf_metadata(path: str | Path) -> dict:
             if kind == 8:
                 return read_str()
             if kind == 9:
-                sub, n = read("<I"), read("<Q")
+                sub, n = read("<I"), count(read("<Q"), "an array length")
                 items = [value(sub) for _ in range(n)]
                 return items if n <= 16 else n
             raise ModelError(f"unknown GGUF value type {kind}", where=str(p), fix="check the file")
@@ -149,12 +189,12 @@ def read_gguf_metadata(path: str | Path) -> dict:
         version = read("<I")
         if version < 2:
             raise ModelError(f"GGUF version {version} is too old", where=str(p), fix="convert with a recent llama.cpp")
-        n_tensors, n_kv = read("<Q"), read("<Q")
+        n_tensors, n_kv = count(read("<Q"), "a tensor count"), count(read("<Q"), "a key count")
         meta = {read_str(): value(read("<I")) for _ in range(n_kv)}
         names = []
         for _ in range(n_tensors):
             names.append(read_str())
-            n_dims = read("<I")
+            n_dims = count(read("<I"), "a dimension count")
             fh.read(8 * n_dims + 4 + 8)  # dims, type, offset
         meta["__tensors__"] = names
         return meta
@@ -163,22 +203,27 @@ def read_gguf_metadata(path: str | Path) -> dict:
 def _arch_from_gguf(path: Path) -> Architecture:
     meta = read_gguf_metadata(path)
     arch = meta.get("general.architecture", "llama")
+    if not isinstance(arch, str):
+        raise ModelError(f"GGUF header: general.architecture is {arch!r}", where=str(path), fix="check the file")
 
     def get(key, default=None):
         v = meta.get(f"{arch}.{key}", default)
         if v is None:
             raise ModelError(f"GGUF header lacks {arch}.{key}", where=str(path), fix="give a decoder-only model")
-        return int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ModelError(f"GGUF header: {arch}.{key} is {v!r:.40}, not an integer", where=str(path),
+                             fix="check the file")
+        return v
 
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = tokens if isinstance(tokens, int) else len(tokens or []) or get("vocab_size")
     heads = get("attention.head_count")
     hidden = get("embedding_length")
-    return Architecture(vocab=vocab, hidden=hidden, layers=get("block_count"), heads=heads,
-                        kv_heads=get("attention.head_count_kv", heads), intermediate=get("feed_forward_length"),
-                        tied="output.weight" not in meta["__tensors__"],
-                        context=get("context_length", 2048), head_dim=int(meta.get(f"{arch}.attention.key_length", 0)),
-                        model_type=arch, source=str(path))
+    return _checked(Architecture(
+        vocab=vocab, hidden=hidden, layers=get("block_count"), heads=heads,
+        kv_heads=get("attention.head_count_kv", heads), intermediate=get("feed_forward_length"),
+        tied="output.weight" not in meta["__tensors__"], context=get("context_length", 2048),
+        head_dim=get("attention.key_length", 0), model_type=arch, source=str(path)), "GGUF header")
 
 
 def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
@@ -212,9 +257,12 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
         raise ModelError(f"no config.json for {name!r}", where="model.name",
                          fix="give a model directory (or its config.json), a .gguf file, a cached hub name or tiny:")
     try:
-        cfg = json.loads(cfg_path.read_text())
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ModelError(f"invalid JSON ({exc.msg})", where=f"{cfg_path}:{exc.lineno}", fix="fix the file") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise ModelError(f"cannot read config.json ({type(exc).__name__})", where=str(cfg_path),
+                         fix="give a model's config.json (UTF-8 JSON)") from None
     return _arch_from_hf(cfg, str(cfg_path))
 
 
@@ -470,7 +518,12 @@ def fmt_bytes(n: float) -> str:
 def parse_size(text: str) -> float:
     """``80GiB``, ``80GB``, ``24 GiB``, ``512MiB``, ``1.5e9`` -> bytes (GB read as GiB, as GPUs are sold)."""
     t = str(text).strip().lower().replace(" ", "")
-    for suffix, mult in (("gib", GiB), ("gb", GiB), ("g", GiB), ("mib", MiB), ("mb", MiB), ("m", MiB)):
+    mult = 1
+    for suffix, m in (("gib", GiB), ("gb", GiB), ("g", GiB), ("mib", MiB), ("mb", MiB), ("m", MiB)):
         if t.endswith(suffix):
-            return float(t[: -len(suffix)]) * mult
-    return float(t)
+            t, mult = t[: -len(suffix)], m
+            break
+    value = float(t) * mult
+    if not math.isfinite(value) or value < MiB:  # 0, negative, nan, inf, or less than a MiB: not a device
+        raise ValueError(f"{text!r} is not a device memory size")
+    return value
