@@ -10,6 +10,7 @@ from rlhfkit.algos import (
     gae,
     grpo_advantages,
     reinforce_pp_advantages,
+    reinforce_pp_returns,
     rloo_advantages,
     shaped_token_rewards,
 )
@@ -56,6 +57,7 @@ def test_every_estimator_equals_its_direct_formula(kl_in_reward):
         "dr_grpo": grpo_advantages(seq, k, scale_by_std=False).unsqueeze(-1) * mask,
         "rloo": rloo_advantages(seq, k).unsqueeze(-1) * mask,
         "reinforce_pp": reinforce_pp_advantages(rewards, mask, 1.0),
+        "distill": reinforce_pp_returns(rewards, mask, 1.0),  # the teacher's rewards are added to ``rewards``
     }
     assert set(expected) == set(ADVANTAGE_ESTIMATORS)
     for name, est in ADVANTAGE_ESTIMATORS.items():

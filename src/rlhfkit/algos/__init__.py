@@ -10,6 +10,7 @@ from rlhfkit.algos.advantages import (
     reinforce_pp_returns,
     rloo_advantages,
     shaped_token_rewards,
+    teacher_token_rewards,
 )
 from rlhfkit.algos.corrections import (
     OFF_POLICY_CORRECTIONS,
@@ -99,6 +100,7 @@ __all__ = [
     "sft_loss",
     "shaped_token_rewards",
     "simpo_loss",
+    "teacher_token_rewards",
     "token_logprobs",
     "truncated_is",
     "turn_reward_shift",

@@ -1,4 +1,5 @@
-"""Advantage estimators: GAE (with a critic), group baselines (GRPO, Dr. GRPO, RLOO), REINFORCE++.
+"""Advantage estimators: GAE (with a critic), group baselines (GRPO, Dr. GRPO, RLOO), REINFORCE++, and on-policy
+distillation (the teacher's per-token reward, :func:`teacher_token_rewards`, under the ``distill`` estimator).
 
 Token-level estimators take [B, T] tensors with a response ``mask`` (1 from the first response token up to and
 including EOS, 0 after). Positions where the mask is 0 are *skipped*: the reverse scan links each valid token to
@@ -171,6 +172,29 @@ def shaped_token_rewards(
     return zero_outside(score + non_score, valid), zero_outside(non_score, valid)
 
 
+def teacher_token_rewards(
+    teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, mask: torch.Tensor, coef: float = 1.0,
+    log_ratio_clip: float | None = 20.0,
+) -> torch.Tensor:
+    """The on-policy distillation reward of each sampled token: ``coef * (log p_teacher(y_t) - log p_student(y_t))``
+    (Agarwal et al. 2024, GKD, eq. 2 with lambda = 1; Lu & Thinking Machines 2025, "On-Policy Distillation").
+
+    Its negative is the one-sample estimate of the per-token reverse KL(student || teacher) on the student's own
+    tokens, so maximising the return of these rewards minimises the reverse KL. teacher_logprobs, student_logprobs,
+    mask: [B, T] -> [B, T] in float32 (at least), 0 where ``mask`` is 0. The log-ratio is clamped to
+    ``[-log_ratio_clip, log_ratio_clip]`` (None: no clamp) so a token the teacher gives ~0 probability (log-prob
+    -inf or -1e4) yields a large finite penalty, not -inf; a 0 * inf or inf - inf (NaN) counts as 0.
+    How it departs from GKD: no gradient through the teacher-forced sum over the vocabulary; the sampled token's
+    log-ratio is the reward of a policy-gradient update (as in the Thinking Machines recipe and TRL's).
+    """
+    dtype = torch.promote_types(teacher_logprobs.dtype, torch.float32)
+    ratio = teacher_logprobs.to(dtype) - student_logprobs.to(dtype)
+    ratio = torch.where(torch.isnan(ratio), torch.zeros_like(ratio), ratio)
+    if log_ratio_clip is not None:
+        ratio = ratio.clamp(-log_ratio_clip, log_ratio_clip)
+    return zero_outside(coef * ratio, mask.bool())
+
+
 # ─────────────────────────────────────────── the estimator registry ───────────────────────────────────────────
 # One calling convention, so the online loop calls the registered function once and never branches on a name:
 #   fn(token_rewards [B, T], mask [B, T], *, values [B, T] | None, group_size k, gamma, lam)
@@ -201,6 +225,14 @@ def _reinforce_pp_estimator(token_rewards, mask, *, values=None, group_size=1, g
     return reinforce_pp_advantages(token_rewards, mask, gamma), None
 
 
+def _distill_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
+    """On-policy distillation: the advantage of a token is the discounted return of the per-token rewards from it on,
+    neither baselined nor whitened (``gamma=0``, the distill recipe's default: each token's own reward, i.e. its
+    teacher - student log-ratio, plus a task score on the last token). The loop adds the teacher's rewards
+    (:func:`teacher_token_rewards`) to the shaped token rewards whenever ``teacher.model`` is set."""
+    return reinforce_pp_returns(token_rewards, mask, gamma), None
+
+
 @dataclass(frozen=True)
 class AdvantageEstimator:
     """How the online loop uses an estimator.
@@ -208,7 +240,8 @@ class AdvantageEstimator:
     fn: the registry's calling convention (above). needs_critic: train a value model and pass its values;
     group_based: needs k >= 2 completions per prompt (completion-major layout); kl_in_reward_default: where
     ``algo.kl.placement=auto`` puts the KL penalty — in the per-token reward (True) or in the loss (False, GRPO's
-    beta term).
+    beta term); needs_teacher: its advantages are meaningful only with the teacher's per-token rewards
+    (``teacher.model`` set; the config refuses it otherwise).
     """
 
     name: str
@@ -216,6 +249,7 @@ class AdvantageEstimator:
     needs_critic: bool
     group_based: bool
     kl_in_reward_default: bool
+    needs_teacher: bool = False
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
@@ -230,5 +264,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
                            kl_in_reward_default=True),
         AdvantageEstimator("reinforce_pp", _reinforce_pp_estimator, needs_critic=False, group_based=False,
                            kl_in_reward_default=True),
+        AdvantageEstimator("distill", _distill_estimator, needs_critic=False, group_based=False,
+                           kl_in_reward_default=True, needs_teacher=True),
     )
 }
