@@ -478,3 +478,29 @@ def test_reward_function_raising_mid_run_is_one_line_naming_the_step(tmp_path, m
     # the two finished rollout steps are not lost (checkpoints every 32 updates would have saved none): a checkpoint
     # of step 2 = update 4 (2 PPO epochs x 1 mini-batch per step) was written before stopping
     assert [p.name for p in (tmp_path / "flaky_run").glob("checkpoint-*")] == ["checkpoint-4"]
+
+
+def test_distill_teacher_with_another_tokenizer_exits_2_before_any_weights(tmp_path, monkeypatch):
+    """The README's distill command with a teacher whose tokenizer has one token more: one line naming both
+    vocabularies, exit 2, no model loaded (tripwire) and no run directory made."""
+    from rlhfkit.models.tokenizer import load_tokenizer
+
+    teacher = tmp_path / "teacher"
+    tok = load_tokenizer("tiny")
+    tok.add_tokens(["<|tool|>"])
+    tok.save_pretrained(teacher)
+    (teacher / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"shout: {w}", "answer": w.upper()}) + "\n"
+                                                    for w in ["cat", "dog"] * 16))
+    monkeypatch.chdir(tmp_path)
+    rc, stderr, stdout = _in_process([
+        "distill",
+        f"model.name={TINY}", "teacher.model=teacher", "data.train=prompts.jsonl", "data.eval=prompts.jsonl",
+        "output_dir=runs/distill"], tripwire=True)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert rc == 2, (rc, stdout, stderr)
+    assert len(lines) == 1 and lines[0].startswith("error: teacher.model"), stderr
+    for needle in (f"student {TINY} (", "teacher teacher (", "tokens", "'<|tool|>'", "Cross-tokenizer distillation is "
+                   "not built"):
+        assert needle in lines[0], (needle, lines[0])
+    assert not (tmp_path / "runs").exists()

@@ -57,6 +57,7 @@ from .schema import (
     RewardModelConfig,
     RMConfig,
     SFTConfig,
+    TeacherConfig,
     TrackConfig,
     TrainConfig,
     f,
@@ -70,7 +71,7 @@ __all__ = [
     "EnvConfig", "GenerationConfig", "KLConfig", "LoraConfig", "MemoryConfig", "ModelConfig", "OffPolicyConfig",
     "OnlineAlgoConfig", "OnlineConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "PreferenceAlgoConfig",
     "PreferenceConfig", "Recipe", "RewardConfig", "RewardFunction", "RewardModelConfig", "RMConfig", "SFTConfig",
-    "TrackConfig", "TrainConfig", "TrlName", "build_config", "check_backends", "check_output_dir",
+    "TeacherConfig", "TrackConfig", "TrainConfig", "TrlName", "build_config", "check_backends", "check_output_dir",
     "choices_of", "dump_yaml", "f", "known_backends", "load_config", "parse_override", "parse_split", "read_yaml",
     "registry_choices", "replace", "require_model", "save_config", "show_yaml", "specific_sections", "trl_entry",
 ]

@@ -268,15 +268,21 @@ def _inputs_online(cfg) -> None:
         from ..envs import load_environment
 
         load_environment(cfg.env.name)  # an unloadable environment stops the run here, before any weights load
-    if cfg.reward.model is None and not cfg.reward.functions and not cfg.reward.remote.url and not cfg.env.name:
-        raise ConfigError("no reward: give a reward model, reward functions or a remote judge", where="reward",
-                          fix="set reward.model=runs/rm, reward.functions=[{fn: exact_match}], reward.remote.url or "
-                              "env.name")
+    if (cfg.reward.model is None and not cfg.reward.functions and not cfg.reward.remote.url and not cfg.env.name
+            and not cfg.teacher.model):
+        raise ConfigError("no reward: give a reward model, reward functions, a remote judge or a teacher",
+                          where="reward", fix="set reward.model=runs/rm, reward.functions=[{fn: exact_match}], "
+                                              "reward.remote.url, env.name or teacher.model")
     est = algos.ADVANTAGE_ESTIMATORS[cfg.algo.advantage]
+    if est.needs_teacher and not cfg.teacher.model:
+        raise ConfigError(f"algo.advantage={cfg.algo.advantage} learns from a teacher and none is set",
+                          where="teacher.model", fix="set teacher.model=runs/teacher (an HF or run directory, or a "
+                                                     ".gguf file)")
     if est.needs_critic and cfg.critic.model is None and cfg.critic.init == "reward" and cfg.reward.model is None:
         raise ConfigError("critic.init=reward needs reward.model", where="critic.init",
                           fix="set critic.init=policy, or give reward.model")
     _check_model_source(cfg.reward.model, "reward.model")
+    _check_model_source(cfg.teacher.model, "teacher.model")
     if est.needs_critic:
         _check_model_source(cfg.critic.model, "critic.model")
 

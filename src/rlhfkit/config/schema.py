@@ -283,7 +283,7 @@ class GMPOLossConfig:
 
 @dataclass(frozen=True)
 class OnlineAlgoConfig:
-    advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp")
+    advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp | distill (needs teacher.model)")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
     rollout_batch_size: int = f(16, "prompts per rollout step (times num_generations responses)", ge=1)
     ppo_epochs: int = f(2, "passes over each rollout batch", ge=1)
@@ -292,7 +292,7 @@ class OnlineAlgoConfig:
     value_clip: float | None = f(0.2, "value clipping range; null = off", gt=0)
     vf_coef: float = f(0.5, "value-loss weight (critic has its own optimizer; scales its loss)", ge=0)
     entropy_coef: float = f(0.0, "entropy bonus coefficient")
-    gamma: float = f(1.0, "GAE discount", ge=0, le=1)
+    gamma: float = f(1.0, "discount (GAE, REINFORCE++, distill)", ge=0, le=1)
     lam: float = f(0.95, "GAE lambda", ge=0, le=1)
     whiten_advantages: bool = f(True, "normalise advantages over the batch")
     loss_aggregation: str = f("token_mean", "token_mean | seq_mean_token_mean | seq_mean_token_sum_norm")
@@ -340,6 +340,17 @@ class CriticConfig:
 class MemoryConfig:
     offload_reference: bool = f(False, "keep the reference model on CPU between uses")
     offload_reward: bool = f(False, "keep the reward model on CPU between uses")
+    offload_teacher: bool = f(False, "keep the distillation teacher on CPU between uses")
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    model: str | None = f(None, "frozen teacher for on-policy distillation: HF directory, run directory or .gguf file, "
+                                "with the student's tokenizer; null = no teacher")
+    coef: float = f(1.0, "weight of the teacher's per-token reward (teacher - student log-prob of the sampled token) "
+                         "against the task rewards", ge=0)
+    log_ratio_clip: float | None = f(20.0, "clamp of the per-token teacher - student log-ratio (a token the teacher "
+                                           "gives ~0 probability); null = none", gt=0)
 
 
 @dataclass(frozen=True)
@@ -397,7 +408,7 @@ class RewardModelConfig:
 
 @dataclass(frozen=True)
 class OnlineConfig:
-    recipe: str = f("ppo", "ppo | grpo | rloo | reinforce")
+    recipe: str = f("ppo", "ppo | grpo | rloo | reinforce | distill")
     output_dir: str = f("runs/ppo", "run directory")
     model: ModelConfig = f(ModelConfig(), "policy (actor)")
     ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")
@@ -412,6 +423,8 @@ class OnlineConfig:
     critic: CriticConfig = f(CriticConfig(), "value model (PPO only)")
     memory: MemoryConfig = f(MemoryConfig(), "memory savers")
     env: EnvConfig = f(EnvConfig(), "multi-turn environment (tool calls); its rewards add to the reward's")
+    teacher: TeacherConfig = f(TeacherConfig(), "on-policy distillation: a frozen teacher whose per-token log-ratio "
+                               "to the student adds to the token rewards (algo.advantage=distill, or a term in GRPO)")
 
     def check(self) -> None:
         _check_online(self)

@@ -68,3 +68,51 @@ def prepare_tokenizer(tok):
 
 # What ends a reply is defined once, in data/chat.py; the name is kept for the loaders.
 eos_token_ids = stop_token_ids
+
+
+def _tokenizer_from_files(name: str):
+    """The tokenizer of ``name`` (a model / run directory, a ``.gguf`` file, ``tiny``) read from its files alone: a
+    GGUF file's tokenizer comes from its metadata (no dequantisation), a directory's from its tokenizer files; and
+    the stop ids its chat model ends a reply with (``generation_config.json`` when there is one). No weights load."""
+    from pathlib import Path
+
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        tok = load_tokenizer(str(path.parent), gguf_file=path.name)
+        return tok, stop_token_ids(tok)
+    tok = load_tokenizer(name)
+    gen = None
+    if (path / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig.from_pretrained(str(path))
+    return tok, stop_token_ids(tok, gen)
+
+
+def _identity(tok, stop_ids: list[int]) -> dict:
+    """What must be equal for two tokenizers to give the same ids: vocabulary (added tokens included), the special
+    tokens' ids and the ids that end a reply."""
+    special = {name: getattr(tok, f"{name}_token_id", None) for name in ("bos", "eos", "unk", "pad")}
+    return {"vocab": tok.get_vocab(), "special": special, "stop": stop_ids}
+
+
+def check_same_tokenizer(student: str, teacher: str, *, where: str = "teacher.model") -> None:
+    """Raise a one-line ``ModelError`` (exit 2) unless ``teacher``'s tokenizer gives the same ids as ``student``'s:
+    equal vocabularies (token -> id), special-token ids and stop ids. Reads tokenizer files only, before any weights
+    load. Cross-tokenizer distillation (re-tokenising or aligning vocabularies, as in GOLD / ULD) is not built."""
+    (s_tok, s_stop), (t_tok, t_stop) = _tokenizer_from_files(student), _tokenizer_from_files(teacher)
+    a, b = _identity(s_tok, s_stop), _identity(t_tok, t_stop)
+    if a == b:
+        return
+    if a["vocab"] != b["vocab"]:
+        only = sorted(set(b["vocab"].items()) ^ set(a["vocab"].items()), key=lambda kv: kv[1])[:1]
+        detail = f"vocabularies differ (e.g. {only[0][0]!r} -> {only[0][1]})" if only else "vocabularies differ"
+    elif a["special"] != b["special"]:
+        detail = f"special token ids differ (student {a['special']}, teacher {b['special']})"
+    else:
+        detail = f"the ids that end a reply differ (student {a['stop']}, teacher {b['stop']})"
+    raise ModelError(
+        f"the teacher's tokenizer differs from the student's: student {student} ({len(a['vocab'])} tokens), teacher "
+        f"{teacher} ({len(b['vocab'])} tokens); {detail}. Cross-tokenizer distillation is not built",
+        where=where, fix="use a teacher with the student's tokenizer (a model of the same family, or one trained from "
+                         "the student)")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from pathlib import Path
 
 import torch
 
@@ -39,6 +40,7 @@ from ..data import PromptCollator
 from ..data.chat import stop_token_ids
 from ..errors import ConfigError
 from ..models.heads import token_values
+from ..models.tokenizer import check_same_tokenizer
 from ..models.loading import (
     describe,
     is_peft,
@@ -645,8 +647,18 @@ def _with_name(mcfg, name: str):
 
 
 def run_online(cfg: OnlineConfig) -> dict:
-    """PPO / GRPO / RLOO / REINFORCE++ from ``cfg``; returns the last step's metrics."""
-    return run_recipe(cfg, _train_online, prepare=lambda c: load_records(c, "prompt"))  # data errors come first
+    """PPO / GRPO / RLOO / REINFORCE++ / distillation from ``cfg``; returns the last step's metrics."""
+    return run_recipe(cfg, _train_online, prepare=_before_run)
+
+
+def _before_run(cfg: OnlineConfig) -> tuple[list, list]:
+    """What is read and refused before the run directory is looked at and any weights load: the prompt records (data
+    errors come first), then a teacher whose tokenizer gives other ids than the student's (from tokenizer files)."""
+    records = load_records(cfg, "prompt")
+    if cfg.teacher.model:
+        check_same_tokenizer(cfg.model.name if cfg.model.gguf_file is None else
+                             str(Path(cfg.model.name) / cfg.model.gguf_file), cfg.teacher.model)
+    return records
 
 
 def _train_online(cfg: OnlineConfig, run: Run, records: tuple[list, list]) -> dict:
