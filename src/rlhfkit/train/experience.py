@@ -73,6 +73,8 @@ class Experience:
     old_logprobs: torch.Tensor | None = None  # 4.
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None  # distillation: the teacher's log-prob of each sampled token
+    greedy_agree: torch.Tensor | None = None  # distillation: [B, R] bool, the student's argmax is the teacher's
     kl: torch.Tensor | None = None  # 5.
     returns: torch.Tensor | None = None
     untied: torch.Tensor | None = None  # 5. [B] bool: its group's scores differ (keep-factor, when filtering)

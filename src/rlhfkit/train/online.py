@@ -40,7 +40,6 @@ from ..data import PromptCollator
 from ..data.chat import stop_token_ids
 from ..errors import ConfigError
 from ..models.heads import token_values
-from ..models.tokenizer import check_same_tokenizer
 from ..models.loading import (
     describe,
     is_peft,
@@ -49,6 +48,7 @@ from ..models.loading import (
     load_tokenizer_for,
     save_model,
 )
+from ..models.tokenizer import check_same_tokenizer
 from ..rewards import RewardFunctionError, RewardModelScorer
 from ..rewards.functions import rewards_from_config
 from ..rewards.lint import probe_rewards
@@ -179,6 +179,12 @@ class OnlineTrainer:
             self.ref, _ = load_causal_lm(ref_cfg, tokenizer=self.tok, device=self.device, seed=cfg.train.seed,
                                          trainable=False)
             self.ref.to("cpu" if cfg.memory.offload_reference else self.device)
+        self.teacher = None
+        if cfg.teacher.model:  # its tokenizer was compared with the student's before the run began (_before_run)
+            self.teacher, _ = load_causal_lm(_with_name(cfg.model, cfg.teacher.model), tokenizer=self.tok,
+                                             device=self.device, seed=cfg.train.seed, trainable=False)
+            self.teacher.to("cpu" if cfg.memory.offload_teacher else self.device)
+            run.print(f"[{cfg.recipe}] teacher {cfg.teacher.model}: {describe(self.teacher)}")
         self.scorer = None
         if cfg.reward.model:
             rm_cfg = _with_name(cfg.model, cfg.reward.model)
@@ -360,34 +366,63 @@ class OnlineTrainer:
 
     # ── 4. forward passes without grad ──────────────────────────────────────────────────────────────────────
     @torch.no_grad()
-    def logprobs_of(self, model, batch: dict) -> torch.Tensor:
-        with self.acc.autocast():
+    def logprobs_of(self, model, batch: dict, offload: bool = False, argmax: bool = False):
+        """Log-probs [B, R] of the response tokens under ``model`` (the policy, the reference or the teacher: one
+        function for all), moved to the device for the call when ``offload``; with ``argmax``, also the model's
+        greedy token at each position [B, R], from the same logits (no extra forward)."""
+        with on_device(model, self.device, offload), self.acc.autocast():
             logits = response_logits(model, batch, self.cfg.generation.temperature)
-        return algos.token_logprobs(logits, batch["response_ids"]).float()
+        logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
+        return (logprobs, logits.argmax(-1)) if argmax else logprobs
 
     @torch.no_grad()
-    def forward_passes(self, exp: Experience) -> None:
-        """Old log-probs of the policy, reference log-probs (when a KL is used), critic values (PPO) onto ``exp``,
-        in micro-batches of ``train.batch_size``."""
-        self.phases.phase("log-probs")
-        mb = self.cfg.train.batch_size
-        old, ref, values = [], [], []
+    def forward_passes(self, exp: Experience, evaluation: bool = False) -> None:
+        """Old log-probs of the policy, reference log-probs (when a KL is used), critic values (PPO) and the
+        teacher's log-probs and greedy agreement (when a teacher is set) onto ``exp``, in micro-batches of
+        ``train.batch_size``. ``evaluation``: the policy's and the teacher's only (held-out distillation metrics)."""
+        if not evaluation:
+            self.phases.phase("log-probs")
+        mb, distill = self.cfg.train.batch_size, self.teacher is not None
+        old, ref, values, teacher, agree = [], [], [], [], []
         for s in range(0, len(exp.rollout), mb):
             batch = exp.forward_rows(slice(s, s + mb))
-            old.append(self.logprobs_of(self.policy, batch))
-            if self.use_kl:
+            if distill:  # both greedy tokens from the logits of the passes made anyway: no extra forward
+                lp, student_argmax = self.logprobs_of(self.policy, batch, argmax=True)
+                teacher_lp, teacher_argmax = self.logprobs_of(self.teacher, batch, self.cfg.memory.offload_teacher,
+                                                              argmax=True)
+                old.append(lp)
+                teacher.append(teacher_lp)
+                agree.append(student_argmax == teacher_argmax)
+            else:
+                old.append(self.logprobs_of(self.policy, batch))
+            if self.use_kl and not evaluation:
                 if self.ref is None:  # LoRA: the reference is the policy with its adapter disabled
                     with self.acc.unwrap_model(self.policy).disable_adapter():
                         ref.append(self.logprobs_of(self.policy, batch))
                 else:
-                    with on_device(self.ref, self.device, self.cfg.memory.offload_reference):
-                        ref.append(self.logprobs_of(self.ref, batch))
-            if self.critic is not None:
+                    ref.append(self.logprobs_of(self.ref, batch, self.cfg.memory.offload_reference))
+            if self.critic is not None and not evaluation:
                 with self.acc.autocast():
                     values.append(response_values(self.critic, batch))
         exp.old_logprobs = torch.cat(old)
         exp.ref_logprobs = torch.cat(ref) if ref else None
         exp.values = torch.cat(values) if values else None
+        exp.teacher_logprobs = torch.cat(teacher) if teacher else None
+        exp.greedy_agree = torch.cat(agree) if agree else None
+
+    def distill_metrics(self, exp: Experience) -> dict:
+        """Per-token means over the samples of the step: ``distill/reverse_kl`` (student - teacher log-prob of the
+        sampled token, the one-sample reverse KL), the teacher's and the student's log-prob, and
+        ``distill/argmax_agreement`` (the student's greedy token is the teacher's); {} without a teacher."""
+        if exp.teacher_logprobs is None:
+            return {}
+        mask, clip = exp.sample_mask, self.cfg.teacher.log_ratio_clip
+        reverse_kl = -algos.teacher_token_rewards(exp.teacher_logprobs, exp.old_logprobs, mask, 1.0, clip)
+        mean = lambda x: float(algos.masked_mean(x, mask))  # noqa: E731
+        return {"distill/reverse_kl": mean(reverse_kl),
+                "distill/teacher_logprob_mean": mean(exp.teacher_logprobs),
+                "distill/student_logprob_mean": mean(exp.old_logprobs),
+                "distill/argmax_agreement": mean(exp.greedy_agree.float())}
 
     # ── 5. KL, shaped rewards, advantages; the loss mask ─────────────────────────────────────────────────────
     def advantages(self, exp: Experience) -> dict:
@@ -402,6 +437,10 @@ class OnlineTrainer:
                                   log_ratio_clip=algo.kl.log_ratio_clip)
         exp.kl = kl
         token_rewards, non_score = algos.shaped_token_rewards(exp.scores, kl, mask, coef, self.kl_in_reward)
+        if exp.teacher_logprobs is not None:  # distillation: the teacher's per-token reward (teacher.coef)
+            tc = self.cfg.teacher
+            token_rewards = token_rewards + algos.teacher_token_rewards(exp.teacher_logprobs, exp.old_logprobs, mask,
+                                                                        tc.coef, tc.log_ratio_clip)
         if exp.turn_rewards is not None:  # multi-turn: each turn's reward credited to its turn (sums unchanged)
             scale = 1.0 / math.sqrt(max(self.moments.var, 1e-8)) if self.cfg.reward.normalize else 1.0
             token_rewards = token_rewards + scale * algos.turn_reward_shift(exp.turn_rewards, mask)
@@ -414,7 +453,8 @@ class OnlineTrainer:
         if algo.overlong.filter:  # DAPO overlong filtering: truncated responses leave every loss
             exp.finished = exp.rollout.ended
         metrics = {"objective/kl": kl.sum(-1).mean().item(),
-                   "objective/non_score_reward": non_score.sum(-1).mean().item(), "objective/kl_coef": coef}
+                   "objective/non_score_reward": non_score.sum(-1).mean().item(), "objective/kl_coef": coef,
+                   **self.distill_metrics(exp)}
         weights, off_metrics = self.off_policy(exp)
         exp.compose_loss_mask(adv, weights)
         if weights is not None:
@@ -514,6 +554,10 @@ class OnlineTrainer:
             prompts = self.collate(self.eval_prompts[s: s + 64])
             exp = self.rollout(prompts, seed=10_007 + s, k=1, phase="eval")
             self.score(exp, shape=False)
+            if self.teacher is not None:  # held-out distillation metrics, weighted by the batch's size
+                self.forward_passes(exp, evaluation=True)
+                for key, value in self.distill_metrics(exp).items():
+                    env[key] = env.get(key, 0.0) + value * len(exp.rollout)
             scores.append(exp.raw_scores[exp.valid])  # samples with a finite reward
             for key, value in exp.env_metrics.items():  # multi-turn: the environment's metrics, per episode
                 env[key] = env.get(key, 0.0) + value * len(exp.rollout)
