@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import algos
 from ..rollout import Rollout
 
 #: the keep-factors after ``action``, in the order the steps decide them (see the module doc)
@@ -129,6 +130,21 @@ class Experience:
             if value is not None:
                 out[name] = value[idx]
         return out
+
+
+def distill_metrics(exp: Experience, log_ratio_clip: float | None) -> dict:
+    """Per-token means over the samples of the step (``exp.sample_mask``): ``distill/reverse_kl`` (student - teacher
+    log-prob of the sampled token, the one-sample reverse KL, clamped as the teacher's reward is), the teacher's and
+    the student's log-prob, and ``distill/argmax_agreement`` (the student's greedy token is the teacher's); {} when
+    the step has no teacher log-probs."""
+    if exp.teacher_logprobs is None:
+        return {}
+    mask = exp.sample_mask
+    reverse_kl = -algos.teacher_token_rewards(exp.teacher_logprobs, exp.old_logprobs, mask, 1.0, log_ratio_clip)
+    mean = lambda x: float(algos.masked_mean(x, mask))  # noqa: E731
+    return {"distill/reverse_kl": mean(reverse_kl), "distill/teacher_logprob_mean": mean(exp.teacher_logprobs),
+            "distill/student_logprob_mean": mean(exp.old_logprobs),
+            "distill/argmax_agreement": mean(exp.greedy_agree.float())}
 
 
 def merge_groups(parts: list[Experience], groups: list[tuple[int, int]], k: int, pad_token_id: int,

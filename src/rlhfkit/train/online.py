@@ -56,7 +56,7 @@ from ..rollout import SamplingParams, decode_responses, get_engine
 from ..track import NO_PHASES, CriticalHealthStop, Phases, Progress
 from .common import length_policy, load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
 from .distributed import get_strategy
-from .experience import Experience, merge_groups
+from .experience import Experience, distill_metrics, merge_groups
 from .optim import clip_and_step
 from .run import Run, run_recipe, set_up_trained
 
@@ -410,20 +410,6 @@ class OnlineTrainer:
         exp.teacher_logprobs = torch.cat(teacher) if teacher else None
         exp.greedy_agree = torch.cat(agree) if agree else None
 
-    def distill_metrics(self, exp: Experience) -> dict:
-        """Per-token means over the samples of the step: ``distill/reverse_kl`` (student - teacher log-prob of the
-        sampled token, the one-sample reverse KL), the teacher's and the student's log-prob, and
-        ``distill/argmax_agreement`` (the student's greedy token is the teacher's); {} without a teacher."""
-        if exp.teacher_logprobs is None:
-            return {}
-        mask, clip = exp.sample_mask, self.cfg.teacher.log_ratio_clip
-        reverse_kl = -algos.teacher_token_rewards(exp.teacher_logprobs, exp.old_logprobs, mask, 1.0, clip)
-        mean = lambda x: float(algos.masked_mean(x, mask))  # noqa: E731
-        return {"distill/reverse_kl": mean(reverse_kl),
-                "distill/teacher_logprob_mean": mean(exp.teacher_logprobs),
-                "distill/student_logprob_mean": mean(exp.old_logprobs),
-                "distill/argmax_agreement": mean(exp.greedy_agree.float())}
-
     # ── 5. KL, shaped rewards, advantages; the loss mask ─────────────────────────────────────────────────────
     def advantages(self, exp: Experience) -> dict:
         """Per-token KL -> shaped per-token rewards -> the registered estimator (called once) -> optional whitening,
@@ -437,10 +423,12 @@ class OnlineTrainer:
                                   log_ratio_clip=algo.kl.log_ratio_clip)
         exp.kl = kl
         token_rewards, non_score = algos.shaped_token_rewards(exp.scores, kl, mask, coef, self.kl_in_reward)
+        distill = {}
         if exp.teacher_logprobs is not None:  # distillation: the teacher's per-token reward (teacher.coef)
             tc = self.cfg.teacher
             token_rewards = token_rewards + algos.teacher_token_rewards(exp.teacher_logprobs, exp.old_logprobs, mask,
                                                                         tc.coef, tc.log_ratio_clip)
+            distill = distill_metrics(exp, tc.log_ratio_clip)
         if exp.turn_rewards is not None:  # multi-turn: each turn's reward credited to its turn (sums unchanged)
             scale = 1.0 / math.sqrt(max(self.moments.var, 1e-8)) if self.cfg.reward.normalize else 1.0
             token_rewards = token_rewards + scale * algos.turn_reward_shift(exp.turn_rewards, mask)
@@ -454,7 +442,7 @@ class OnlineTrainer:
             exp.finished = exp.rollout.ended
         metrics = {"objective/kl": kl.sum(-1).mean().item(),
                    "objective/non_score_reward": non_score.sum(-1).mean().item(), "objective/kl_coef": coef,
-                   **self.distill_metrics(exp)}
+                   **distill}
         weights, off_metrics = self.off_policy(exp)
         exp.compose_loss_mask(adv, weights)
         if weights is not None:
@@ -556,7 +544,7 @@ class OnlineTrainer:
             self.score(exp, shape=False)
             if self.teacher is not None:  # held-out distillation metrics, weighted by the batch's size
                 self.forward_passes(exp, evaluation=True)
-                for key, value in self.distill_metrics(exp).items():
+                for key, value in distill_metrics(exp, self.cfg.teacher.log_ratio_clip).items():
                     env[key] = env.get(key, 0.0) + value * len(exp.rollout)
             scores.append(exp.raw_scores[exp.valid])  # samples with a finite reward
             for key, value in exp.env_metrics.items():  # multi-turn: the environment's metrics, per episode
