@@ -96,10 +96,14 @@ def _identity(tok, stop_ids: list[int]) -> dict:
     return {"vocab": tok.get_vocab(), "special": special, "stop": stop_ids}
 
 
-def check_same_tokenizer(student: str, teacher: str, *, where: str = "teacher.model") -> None:
+def check_same_tokenizer(student: str, teacher: str, *, student_gguf: str | None = None,
+                         where: str = "teacher.model") -> None:
     """Raise a one-line ``ModelError`` (exit 2) unless ``teacher``'s tokenizer gives the same ids as ``student``'s:
     equal vocabularies (token -> id), special-token ids and stop ids. Reads tokenizer files only, before any weights
-    load. Cross-tokenizer distillation (re-tokenising or aligning vocabularies, as in GOLD / ULD) is not built."""
+    load (``student_gguf``: the student's GGUF file inside the ``student`` directory, as ``model.gguf_file``).
+    Cross-tokenizer distillation (re-tokenising or aligning vocabularies, as in GOLD / ULD) is not built."""
+    if student_gguf:
+        student = f"{student.rstrip('/')}/{student_gguf}"
     (s_tok, s_stop), (t_tok, t_stop) = _tokenizer_from_files(student), _tokenizer_from_files(teacher)
     a, b = _identity(s_tok, s_stop), _identity(t_tok, t_stop)
     if a == b:

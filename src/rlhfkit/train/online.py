@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from pathlib import Path
 
 import torch
 
@@ -383,18 +382,12 @@ class OnlineTrainer:
         if not evaluation:
             self.phases.phase("log-probs")
         mb, distill = self.cfg.train.batch_size, self.teacher is not None
-        old, ref, values, teacher, agree = [], [], [], [], []
+        old, ref, values, teacher = [], [], [], []
         for s in range(0, len(exp.rollout), mb):
             batch = exp.forward_rows(slice(s, s + mb))
-            if distill:  # both greedy tokens from the logits of the passes made anyway: no extra forward
-                lp, student_argmax = self.logprobs_of(self.policy, batch, argmax=True)
-                teacher_lp, teacher_argmax = self.logprobs_of(self.teacher, batch, self.cfg.memory.offload_teacher,
-                                                              argmax=True)
-                old.append(lp)
-                teacher.append(teacher_lp)
-                agree.append(student_argmax == teacher_argmax)
-            else:
-                old.append(self.logprobs_of(self.policy, batch))
+            old.append(self.logprobs_of(self.policy, batch, argmax=distill))  # distill: (log-probs, greedy tokens)
+            if distill:  # the greedy tokens come from the logits of the passes made anyway: no extra forward
+                teacher.append(self.logprobs_of(self.teacher, batch, self.cfg.memory.offload_teacher, argmax=True))
             if self.use_kl and not evaluation:
                 if self.ref is None:  # LoRA: the reference is the policy with its adapter disabled
                     with self.acc.unwrap_model(self.policy).disable_adapter():
@@ -404,11 +397,13 @@ class OnlineTrainer:
             if self.critic is not None and not evaluation:
                 with self.acc.autocast():
                     values.append(response_values(self.critic, batch))
+        if distill:
+            (old, student_argmax), (teacher_lp, teacher_argmax) = (list(zip(*x)) for x in (old, teacher))
+            exp.teacher_logprobs, exp.greedy_agree = torch.cat(teacher_lp), torch.cat(student_argmax) == torch.cat(
+                teacher_argmax)
         exp.old_logprobs = torch.cat(old)
         exp.ref_logprobs = torch.cat(ref) if ref else None
         exp.values = torch.cat(values) if values else None
-        exp.teacher_logprobs = torch.cat(teacher) if teacher else None
-        exp.greedy_agree = torch.cat(agree) if agree else None
 
     # ── 5. KL, shaped rewards, advantages; the loss mask ─────────────────────────────────────────────────────
     def advantages(self, exp: Experience) -> dict:
@@ -542,12 +537,11 @@ class OnlineTrainer:
             prompts = self.collate(self.eval_prompts[s: s + 64])
             exp = self.rollout(prompts, seed=10_007 + s, k=1, phase="eval")
             self.score(exp, shape=False)
-            if self.teacher is not None:  # held-out distillation metrics, weighted by the batch's size
+            if self.teacher is not None:  # held-out distillation metrics (distill/*)
                 self.forward_passes(exp, evaluation=True)
-                for key, value in distill_metrics(exp, self.cfg.teacher.log_ratio_clip).items():
-                    env[key] = env.get(key, 0.0) + value * len(exp.rollout)
             scores.append(exp.raw_scores[exp.valid])  # samples with a finite reward
-            for key, value in exp.env_metrics.items():  # multi-turn: the environment's metrics, per episode
+            extra = {**exp.env_metrics, **distill_metrics(exp, self.cfg.teacher.log_ratio_clip)}
+            for key, value in extra.items():  # multi-turn: the environment's metrics; distillation's; per episode
                 env[key] = env.get(key, 0.0) + value * len(exp.rollout)
         scores = torch.cat(scores)
         out = {f"eval/{key}": total / len(self.eval_prompts) for key, total in env.items()}
@@ -684,12 +678,11 @@ def run_online(cfg: OnlineConfig) -> dict:
 
 
 def _before_run(cfg: OnlineConfig) -> tuple[list, list]:
-    """What is read and refused before the run directory is looked at and any weights load: the prompt records (data
-    errors come first), then a teacher whose tokenizer gives other ids than the student's (from tokenizer files)."""
+    """Before the run directory is looked at or weights load: the prompt records (data errors come first), then a
+    teacher whose tokenizer gives other ids than the student's (compared from tokenizer files)."""
     records = load_records(cfg, "prompt")
     if cfg.teacher.model:
-        check_same_tokenizer(cfg.model.name if cfg.model.gguf_file is None else
-                             str(Path(cfg.model.name) / cfg.model.gguf_file), cfg.teacher.model)
+        check_same_tokenizer(cfg.model.name, cfg.teacher.model, student_gguf=cfg.model.gguf_file)
     return records
 
 
