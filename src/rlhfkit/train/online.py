@@ -678,8 +678,7 @@ def run_online(cfg: OnlineConfig) -> dict:
 
 
 def _before_run(cfg: OnlineConfig) -> tuple[list, list]:
-    """Before the run directory is looked at or weights load: the prompt records (data errors come first), then a
-    teacher whose tokenizer gives other ids than the student's (compared from tokenizer files)."""
+    """Before the run directory is looked at or weights load: the prompts, then the teacher's tokenizer (exit 2)."""
     records = load_records(cfg, "prompt")
     if cfg.teacher.model:
         check_same_tokenizer(cfg.model.name, cfg.teacher.model, student_gguf=cfg.model.gguf_file)
