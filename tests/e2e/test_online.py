@@ -87,8 +87,8 @@ def test_grpo_with_beta_zero_makes_no_reference_forward(task_data, sft_dir, tmp_
     assert trainer.ref is None and not trainer.use_kl
     seen = []
     real = OnlineTrainer.logprobs_of
-    monkeypatch.setattr(OnlineTrainer, "logprobs_of", lambda self, model, batch: seen.append(model) or
-                        real(self, model, batch))
+    monkeypatch.setattr(OnlineTrainer, "logprobs_of", lambda self, model, batch, *a, **kw: seen.append(model) or
+                        real(self, model, batch, *a, **kw))
     exp = trainer.rollout(trainer._prompt_batch(0), seed=0)
     trainer.score(exp)
     trainer.forward_passes(exp)
