@@ -7,13 +7,17 @@ import torch
 from rlhfkit.algos import token_logprobs
 from rlhfkit.config import ModelConfig
 from rlhfkit.models.loading import load_causal_lm
-from rlhfkit.rollout import Rollout, get_engine
+from rlhfkit.rollout import HFEngine, Rollout, SamplingParams
 
 
 @pytest.fixture(scope="module")
 def tiny():
     return load_causal_lm(ModelConfig(name="tiny:hidden=32,layers=1", dtype="float32"), device=torch.device("cpu"),
                           seed=0)
+
+
+def _hf(tok) -> HFEngine:
+    return HFEngine(tok, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
 
 
 def _trainer_logprobs(model, r: Rollout, temperature: float, top_k: int = 0) -> torch.Tensor:
@@ -31,9 +35,8 @@ def _trainer_logprobs(model, r: Rollout, temperature: float, top_k: int = 0) -> 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_logprobs_equal_the_trainer_forward(tiny, temperature):
     model, tok = tiny
-    r = get_engine("hf").generate(model, [[5, 6, 7], [8, 9], [10, 11, 12, 13]] * 2, max_new_tokens=12,
-                                  temperature=temperature, eos_token_ids=[tok.eos_token_id],
-                                  pad_token_id=tok.pad_token_id, seed=3)
+    r = _hf(tok).generate(model, [[5, 6, 7], [8, 9], [10, 11, 12, 13]] * 2,
+                          SamplingParams(max_new_tokens=12, temperature=temperature), seed=3)
     assert r.logprobs is not None and r.logprobs.shape == r.response_ids.shape
     mask = r.response_mask.bool()
     torch.testing.assert_close(r.logprobs[mask], _trainer_logprobs(model, r, temperature)[mask], atol=1e-5, rtol=0)
@@ -43,8 +46,8 @@ def test_sampled_logprobs_equal_the_trainer_forward(tiny, temperature):
 
 def test_top_k_logprobs_are_of_the_renormalised_distribution(tiny):
     model, tok = tiny
-    r = get_engine("hf").generate(model, [[5, 6, 7], [8, 9]] * 2, max_new_tokens=8, temperature=0.7, top_k=5,
-                                  eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, seed=4)
+    r = _hf(tok).generate(model, [[5, 6, 7], [8, 9]] * 2, SamplingParams(max_new_tokens=8, temperature=0.7, top_k=5),
+                          seed=4)
     mask = r.response_mask.bool()
     plain = _trainer_logprobs(model, r, 0.7)[mask]
     topk = _trainer_logprobs(model, r, 0.7, top_k=5)[mask]
@@ -54,11 +57,9 @@ def test_top_k_logprobs_are_of_the_renormalised_distribution(tiny):
 
 def test_rollout_carries_logprobs_through_select_and_concat(tiny):
     model, tok = tiny
-    eng = get_engine("hf")
-    a = eng.generate(model, [[5, 6]], max_new_tokens=3, eos_token_ids=[tok.eos_token_id],
-                     pad_token_id=tok.pad_token_id, seed=0)
-    b = eng.generate(model, [[5, 6, 7, 8]], max_new_tokens=6, eos_token_ids=[tok.eos_token_id],
-                     pad_token_id=tok.pad_token_id, seed=0)
+    eng = _hf(tok)
+    a = eng.generate(model, [[5, 6]], SamplingParams(max_new_tokens=3), seed=0)
+    b = eng.generate(model, [[5, 6, 7, 8]], SamplingParams(max_new_tokens=6), seed=0)
     both = Rollout.concat([a, b], tok.pad_token_id)
     assert both.logprobs.shape == both.response_ids.shape
     torch.testing.assert_close(both[1].logprobs[:, : b.logprobs.shape[1]], b.logprobs)

@@ -1,36 +1,51 @@
-"""Generation engines: EOS-aware sampling, responses cut at the first EOS / stop string, masks after the end."""
+"""Rollout engines: built once per run from ``generation``, prompts in, a :class:`Rollout` out (responses cut at the
+first EOS / stop string, masks after the end, sampling log-probs). ``ENGINES``: hf (transformers ``generate``, the
+reference), static (our compiled static-cache decode loop), auto (the fastest measured for the device and model)."""
 
 from ..data.chat import encode_chat_prompts, render_chat
+from .auto import AutoEngine
 from .engine import (
     ENGINES,
-    HFGenerateEngine,
-    RolloutEngine,
+    Engine,
+    build_engine,
+    check_engine,
     decode_responses,
+    drop_padding_columns,
     eval_mode,
     finalize_responses,
+    finish_rollout,
     first_stop_end,
     generate_text,
-    get_engine,
     left_pad,
     strip_parallel_wrappers,
 )
-from .sampling import SamplingParams
+from .hf import HFEngine
+from .lora import merged_lora
+from .sampling import SamplingParams, sample_tokens
+from .static import StaticEngine
 from .types import Rollout
 
 __all__ = [
     "ENGINES",
-    "HFGenerateEngine",
+    "AutoEngine",
+    "Engine",
+    "HFEngine",
     "Rollout",
-    "RolloutEngine",
     "SamplingParams",
+    "StaticEngine",
+    "build_engine",
+    "check_engine",
     "decode_responses",
+    "drop_padding_columns",
     "encode_chat_prompts",
     "eval_mode",
     "finalize_responses",
+    "finish_rollout",
     "first_stop_end",
     "generate_text",
-    "get_engine",
     "left_pad",
+    "merged_lora",
     "render_chat",
+    "sample_tokens",
     "strip_parallel_wrappers",
 ]

@@ -1,26 +1,34 @@
-"""Generation engines: prompts in, a :class:`~rlhfkit.rollout.types.Rollout` out.
+"""What every rollout engine shares: its lifecycle, the finishing of a rollout, the registry.
 
-Whatever the engine, the masks of a rollout are derived here, from the generated ids themselves: a response ends
-at its first EOS (any of ``eos_token_ids``) or at the token that completes a stop string, whichever comes first;
-everything after is set to the pad id and masked. The pad id is never used to find the end (pad may equal EOS).
+An engine is built once per run from the ``generation`` config section (:func:`build_engine`), holding the
+tokenizer, the EOS ids, the pad id, the stop strings and the micro-batch size. Each call is
+``engine.generate(model, prompt_ids, params, seed) -> Rollout`` with one :class:`~.sampling.SamplingParams`.
 
-:class:`HFGenerateEngine` wraps ``model.generate`` (transformers 5): left-padded micro-batches, KV cache on,
-``min_new_tokens`` 0 unless asked (a response is never forced to the maximum length), every EOS id passed so each
-row stops at its own end, greedy when ``do_sample=False`` or ``temperature == 0``. It reports the log-prob of each
-sampled token under the distribution it was drawn from (``Rollout.logprobs``).
+The model is given per call, not held: it is the trainer's live object, whatever wraps it at that moment (DDP,
+FSDP2 units gathered by ``strategy.gathered(model)``, DeepSpeed ZeRO-3's ``GatheredParameters``, a PEFT adapter
+merged for the call), and its weights are read in place at the call (no copy, no weight sync). An engine keeps
+only what does not depend on the weights' values between calls (a compiled step, a KV cache buffer).
+
+:meth:`Engine.generate` does the common steps: checks, micro-batches of left-padded prompts, eval mode, no grad,
+LoRA merged for the call (:func:`~.lora.merged_lora`), per-micro-batch seeds, and :func:`finish_rollout` (cut at the
+first EOS or stop string, right-pad, masks, lengths, sampled log-probs 0 after the end), then the columns that are
+padding in every row are dropped. An engine writes only ``_decode``: raw token ids and their sampling log-probs.
+Masks are derived from the generated ids themselves; the pad id is never used to find the end (pad may equal EOS).
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from ..data.chat import encode_chat_prompts, stop_token_ids
 from ..errors import ConfigError
+from .lora import merged_lora
+from .sampling import SamplingParams
 from .types import Rollout
 
 # ───────────────────────────────────────────── small helpers ─────────────────────────────────────────────
@@ -97,6 +105,12 @@ def decode_responses(tokenizer, rollout: Rollout, *, skip_special_tokens: bool =
     )
 
 
+def say(message: str) -> None:
+    """One line on stdout from the main process (``RANK`` unset or 0): rollout/ sits above track/, so plain print."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, flush=True)
+
+
 # ───────────────────────────────────────────── end of responses ─────────────────────────────────────────────
 
 
@@ -156,259 +170,149 @@ def finalize_responses(
     return ids, mask.to(torch.long), ended, length.to(torch.long)
 
 
-def _stop_criterion(stop_strings: Sequence[str], tokenizer, prompt_width: int):
-    """A transformers ``StoppingCriteria`` that ends a row once the tail of its response holds a stop string
-    (an early exit only: :func:`finalize_responses` finds the exact end afterwards)."""
-    from transformers import StoppingCriteria
-
-    window = max(len(s) for s in stop_strings) + 8
-
-    class StopOnStrings(StoppingCriteria):
-        def __call__(self, input_ids: torch.LongTensor, scores=None, **kwargs) -> torch.BoolTensor:
-            tails = input_ids[:, prompt_width:][:, -window:].tolist()
-            texts = tokenizer.batch_decode(tails, skip_special_tokens=False)
-            done = [any(s in t for s in stop_strings) for t in texts]
-            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-    return StopOnStrings()
+def finish_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, raw_ids: torch.Tensor,
+                   raw_logprobs: torch.Tensor, *, eos_token_ids: Sequence[int], pad_token_id: int,
+                   stop_strings: Sequence[str] = (), tokenizer=None) -> Rollout:
+    """The steps every engine shares, on one micro-batch: raw ids [B, R] cut at each row's first EOS / stop string
+    (:func:`finalize_responses`), right-padded with the pad id, masks and lengths, and the sampling log-probs
+    [B, R] set to 0 after the end."""
+    r_ids, r_mask, ended, lengths = finalize_responses(raw_ids, eos_token_ids=eos_token_ids,
+                                                       pad_token_id=pad_token_id, stop_strings=stop_strings,
+                                                       tokenizer=tokenizer)
+    logprobs = torch.where(r_mask.bool(), raw_logprobs.float(), torch.zeros((), device=raw_logprobs.device))
+    return Rollout(prompt_ids, prompt_mask, r_ids, r_mask, ended, lengths, logprobs=logprobs)
 
 
-def _sampling_processors(temperature: float, top_k: int, top_p: float, sample: bool):
-    """transformers' own warpers, in the order ``generate`` applies them (temperature, top-k, top-p), followed by a
-    recorder of the log-probs of the distribution each token is then drawn from. We pass the warpers ourselves
-    (and neutral values in the GenerationConfig) because ``generate`` runs user processors *before* its own
-    warpers, so a recorder could not otherwise see the distribution actually sampled."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    procs = LogitsProcessorList()
-    if sample and temperature != 1.0:
-        procs.append(TemperatureLogitsWarper(float(temperature)))
-    if sample and top_k > 0:
-        procs.append(TopKLogitsWarper(top_k=int(top_k)))
-    if sample and top_p < 1.0:
-        procs.append(TopPLogitsWarper(top_p=float(top_p)))
-    recorder = _SampledLogprobs()
-    procs.append(recorder)
-    return procs, recorder
+def drop_padding_columns(rollout: Rollout) -> Rollout:
+    """The rollout without the trailing response columns that are padding in every row (at least one kept)."""
+    width = max(int(rollout.lengths.max()), 1)
+    if width < rollout.response_ids.shape[1]:
+        rollout.response_ids = rollout.response_ids[:, :width].contiguous()
+        rollout.response_mask = rollout.response_mask[:, :width].contiguous()
+        if rollout.logprobs is not None:
+            rollout.logprobs = rollout.logprobs[:, :width].contiguous()
+    return rollout
 
 
-class _SampledLogprobs:
-    """A logits processor (``generate`` calls it with (input_ids, scores)) that keeps log softmax of the final,
-    warped scores of each step; at the next step, where ``input_ids`` ends with the token drawn from them, it
-    records that token's log-prob. ``finish`` records the last token."""
-
-    def __init__(self):
-        self.prev: torch.Tensor | None = None
-        self.out: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.prev is not None:
-            self.out.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.prev = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, generated: torch.Tensor) -> torch.Tensor:
-        """Log-probs [B, R] of the R generated tokens (``generated``: [B, R] ids)."""
-        if self.prev is not None and len(self.out) < generated.shape[1]:
-            self.out.append(self.prev.gather(-1, generated[:, len(self.out)].unsqueeze(-1)).squeeze(-1))
-        self.prev = None
-        if len(self.out) != generated.shape[1]:
-            raise RuntimeError(f"recorded {len(self.out)} sampling log-probs for {generated.shape[1]} tokens")
-        return torch.stack(self.out, dim=1)
+# ───────────────────────────────────────────── the engine ─────────────────────────────────────────────
 
 
-# ───────────────────────────────────────────── engines ─────────────────────────────────────────────
+class Engine:
+    """Base of every engine: built once per run, ``generate`` per batch. A subclass sets ``name`` and writes
+    :meth:`_decode`; its own settings (``generation.engine_kwargs``) are its constructor's keyword arguments."""
 
+    name = "base"
 
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """Anything that turns prompt ids into a :class:`Rollout` (see :meth:`HFGenerateEngine.generate`)."""
-
-    def generate(
-        self,
-        model,
-        prompt_ids: list[list[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_new_tokens: int = 0,
-        do_sample: bool = True,
-        eos_token_ids: list[int],
-        pad_token_id: int,
-        stop_strings: list[str] | None = None,
-        tokenizer=None,
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
-        batch_size: int | None = None,
-        on_rows: Callable[[int], None] | None = None,
-    ) -> Rollout: ...
-
-
-class HFGenerateEngine:
-    """``transformers`` ``model.generate`` in left-padded micro-batches of ``batch_size`` rows (None: all)."""
-
-    name = "hf"
-
-    def __init__(self, batch_size: int | None = None):
+    def __init__(self, tokenizer=None, *, eos_token_ids: Sequence[int], pad_token_id: int,
+                 stop_strings: Sequence[str] = (), batch_size: int | None = None):
+        if not eos_token_ids:
+            raise ValueError("eos_token_ids is empty: responses could never end")
+        self.tokenizer = tokenizer
+        self.eos_token_ids = [int(i) for i in eos_token_ids]
+        self.pad_token_id = int(pad_token_id)
+        self.stop_strings = tuple(s for s in stop_strings if s)
+        if self.stop_strings and tokenizer is None:
+            raise ValueError("stop_strings need the tokenizer (to decode responses)")
         self.batch_size = batch_size
+        self.compile_seconds = 0.0  # spent compiling since the last take_stats()
 
-    def generate(
-        self,
-        model,
-        prompt_ids: list[list[int]],
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_new_tokens: int = 0,
-        do_sample: bool = True,
-        eos_token_ids: list[int],
-        pad_token_id: int,
-        stop_strings: list[str] | None = None,
-        tokenizer=None,
-        seed: int | None = None,
-        generator: torch.Generator | None = None,
-        batch_size: int | None = None,
-        on_rows: Callable[[int], None] | None = None,
-    ) -> Rollout:
-        """Generate one response per prompt (prompts: unpadded id lists) and return the cut, masked rollout.
+    def take_stats(self) -> dict[str, float]:
+        """Metrics of the engine since the last call (``time/rollout_compile``: seconds spent compiling decode
+        steps, 0 for engines that do not compile), then reset."""
+        out = {"time/rollout_compile": self.compile_seconds}
+        self.compile_seconds = 0.0
+        return out
 
-        ``seed`` (or a ``generator``, from which a seed is drawn) makes sampling reproducible without touching the
-        global RNG; greedy decoding (``do_sample=False`` or ``temperature <= 0``) needs neither. ``on_rows(n)`` is
-        called after each micro-batch with its number of rows (a progress display counts them). The model is put
-        in eval mode for generation and each submodule's training flag is restored afterwards.
+    def generate(self, model, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
+                 seed: int | None = None, on_rows: Callable[[int], None] | None = None) -> Rollout:
+        """One response per prompt (prompts: unpadded id lists) as a cut, masked :class:`Rollout`.
+
+        ``seed`` makes sampling reproducible without touching the global RNG (None: a seed drawn from it); greedy
+        decoding needs none. ``on_rows(n)`` is called after each micro-batch with its number of rows (a progress
+        display counts them). The model is put in eval mode and each submodule's training flag restored after;
+        a PEFT LoRA adapter is merged into the weights for the call and the weights restored bit for bit after.
         """
-        from transformers import GenerationConfig, StoppingCriteriaList
-
         if not prompt_ids:
             raise ValueError("generate() got no prompts")
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("generate() got an empty prompt; every prompt needs at least one token")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not eos_token_ids:
-            raise ValueError("eos_token_ids is empty: responses could never end")
-        stop_strings = [s for s in (stop_strings or []) if s]
-        if stop_strings and tokenizer is None:
-            raise ValueError("stop_strings need the tokenizer (to decode responses)")
-
-        sample = bool(do_sample) and temperature > 0
-        gen_kwargs: dict[str, Any] = dict(
-            max_new_tokens=int(max_new_tokens),
-            min_new_tokens=int(min_new_tokens),
-            do_sample=sample,
-            num_beams=1,
-            num_return_sequences=1,
-            eos_token_id=[int(i) for i in eos_token_ids],
-            pad_token_id=int(pad_token_id),
-            use_cache=True,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            return_dict_in_generate=False,
-        )
-        # Set explicitly, so nothing is inherited from the model's generation_config (a checkpoint's top_k=20 would
-        # silently change the sampling distribution). Greedy ignores them; there we give transformers' own neutral
-        # defaults, which it does not warn about.
-        if sample:  # the warpers go in as processors (see _sampling_processors), neutral values here
-            gen_kwargs.update(temperature=1.0, top_p=1.0, top_k=0)
-        else:
-            gen_kwargs.update(temperature=1.0, top_p=1.0, top_k=50)
-        gen_kwargs.update(typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
-        gen_config = GenerationConfig(**gen_kwargs)
-
         outer = strip_parallel_wrappers(model)
         device = model_device(outer)
-        if seed is None and generator is not None and sample:
-            seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
-        step = batch_size or self.batch_size or len(prompt_ids)
-
+        if seed is None and not params.greedy:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        seeds = torch.Generator().manual_seed(seed or 0)
+        step = self.batch_size or len(prompt_ids)
         parts: list[Rollout] = []
-        with eval_mode(outer), torch.no_grad(), seeded(seed if sample else None, device):
+        with eval_mode(outer), torch.no_grad(), merged_lora(outer):
             for start in range(0, len(prompt_ids), step):
-                rows = prompt_ids[start : start + step]
-                ids, mask = left_pad(rows, pad_token_id)
+                ids, mask = left_pad(prompt_ids[start: start + step], self.pad_token_id)
                 ids, mask = ids.to(device), mask.to(device)
-                criteria = StoppingCriteriaList()
-                if stop_strings:
-                    criteria.append(_stop_criterion(stop_strings, tokenizer, ids.shape[1]))
-                processors, recorder = _sampling_processors(temperature, top_k, top_p, sample)
-                out = outer.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    generation_config=gen_config,
-                    stopping_criteria=criteria,
-                    logits_processor=processors,
-                )
-                raw = out[:, ids.shape[1] :]
-                sampled_lp = recorder.finish(raw)
-                r_ids, r_mask, ended, lengths = finalize_responses(
-                    raw,
-                    eos_token_ids=eos_token_ids,
-                    pad_token_id=pad_token_id,
-                    stop_strings=stop_strings,
-                    tokenizer=tokenizer,
-                )
-                sampled_lp = torch.where(r_mask.bool(), sampled_lp, torch.zeros((), device=sampled_lp.device))
-                parts.append(Rollout(ids, mask, r_ids, r_mask, ended, lengths, logprobs=sampled_lp))
+                chunk_seed = int(torch.randint(0, 2**62, (1,), generator=seeds).item())
+                raw_ids, raw_lp = self._decode(outer, ids, mask, params, chunk_seed)
+                parts.append(finish_rollout(ids, mask, raw_ids, raw_lp, eos_token_ids=self.eos_token_ids,
+                                            pad_token_id=self.pad_token_id, stop_strings=self.stop_strings,
+                                            tokenizer=self.tokenizer))
                 if on_rows is not None:
-                    on_rows(len(rows))
+                    on_rows(len(ids))
+        return drop_padding_columns(Rollout.concat(parts, self.pad_token_id))
 
-        rollout = Rollout.concat(parts, pad_token_id)
-        width = max(int(rollout.lengths.max()), 1)  # drop columns that are padding in every row
-        if width < rollout.response_ids.shape[1]:
-            rollout.response_ids = rollout.response_ids[:, :width].contiguous()
-            rollout.response_mask = rollout.response_mask[:, :width].contiguous()
-            rollout.logprobs = rollout.logprobs[:, :width].contiguous()
-        return rollout
-
-
-ENGINES: dict[str, Callable[..., RolloutEngine]] = {"hf": HFGenerateEngine}
+    def _decode(self, model, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
+                seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw response ids [B, R'] (R' <= max_new_tokens; anything after a row's end is ignored) and the log-prob
+        [B, R'] of each under the distribution it was drawn from, for left-padded ``ids`` / ``mask`` [B, P] on the
+        model's device. The model is the bare module (parallel wrappers stripped), in eval mode, under no_grad."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _decode")
 
 
-def get_engine(name: str, **kwargs) -> RolloutEngine:
-    """An engine instance by registry name (``generation.engine``)."""
+# ───────────────────────────────────────────── registry ─────────────────────────────────────────────
+
+ENGINES: dict[str, type[Engine]] = {}  # filled by rollout/__init__.py: hf, static, auto
+
+
+def register(cls: type[Engine]) -> type[Engine]:
+    """Class decorator: ``ENGINES[cls.name] = cls``."""
+    ENGINES[cls.name] = cls
+    return cls
+
+
+def check_engine(name: str, engine_kwargs: dict | None = None) -> None:
+    """ConfigError for an unknown engine name or an engine setting its constructor does not take."""
+    import inspect
+
     if name not in ENGINES:
         close = difflib.get_close_matches(name, list(ENGINES), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(
-            f"unknown rollout engine {name!r}",
-            where="generation.engine",
-            fix=f"{hint}choose one of {sorted(ENGINES)}",
-        )
-    return ENGINES[name](**kwargs)
+        raise ConfigError(f"unknown rollout engine {name!r}", where="generation.engine",
+                          fix=f"{hint}choose one of {sorted(ENGINES)}")
+    known = [p for p in inspect.signature(ENGINES[name].__init__).parameters
+             if p not in ("self", "tokenizer", "eos_token_ids", "pad_token_id", "stop_strings", "batch_size")]
+    for key in engine_kwargs or {}:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"engine {name!r} has no setting {key!r}", where=f"generation.engine_kwargs.{key}",
+                              fix=f"{hint}settings of {name!r}: {', '.join(known) or 'none'}")
 
 
-def generate_text(
-    model,
-    tokenizer,
-    messages_list: Sequence[list[dict]],
-    *,
-    max_new_tokens: int = 256,
-    engine: str | RolloutEngine = "hf",
-    eos_token_ids: list[int] | None = None,
-    pad_token_id: int | None = None,
-    **gen_kwargs,
-) -> list[str]:
-    """Reply to each conversation: chat template with the generation prompt, generate, decode the responses
-    (special tokens skipped). ``gen_kwargs`` go to the engine (temperature, do_sample, seed, stop_strings, …)."""
-    if isinstance(engine, str):
-        engine = get_engine(engine)
+def build_engine(generation, tokenizer, model=None, *, eos_token_ids: Sequence[int] | None = None) -> Engine:
+    """The run's engine from a ``generation`` config section (``engine``, ``engine_kwargs``, ``stop_strings``,
+    ``batch_size``). EOS ids: ``eos_token_ids``, else :func:`~rlhfkit.data.chat.stop_token_ids` of the tokenizer
+    and the model's generation config (the model is only read for that, not held); pad: the tokenizer's, else the
+    first EOS id."""
+    kwargs = dict(generation.engine_kwargs or {})
+    check_engine(generation.engine, kwargs)
     if eos_token_ids is None:
-        eos_token_ids = stop_token_ids(
-            tokenizer, getattr(strip_parallel_wrappers(model), "generation_config", None)
-        )
-    if pad_token_id is None:
-        pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
-    gen_kwargs.setdefault("tokenizer", tokenizer)
-    rollout = engine.generate(
-        model,
-        encode_chat_prompts(tokenizer, messages_list),
-        max_new_tokens=max_new_tokens,
-        eos_token_ids=eos_token_ids,
-        pad_token_id=pad_token_id,
-        **gen_kwargs,
-    )
+        gen_cfg = getattr(strip_parallel_wrappers(model), "generation_config", None) if model is not None else None
+        eos_token_ids = stop_token_ids(tokenizer, gen_cfg)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
+    return ENGINES[generation.engine](tokenizer, eos_token_ids=eos_token_ids, pad_token_id=pad,
+                                      stop_strings=tuple(generation.stop_strings), batch_size=generation.batch_size,
+                                      **kwargs)
+
+
+def generate_text(engine: Engine, model, tokenizer, messages_list: Sequence[list[dict]], params: SamplingParams,
+                  seed: int | None = None) -> list[str]:
+    """Reply to each conversation: chat template with the generation prompt, generate, decode the responses
+    (special tokens skipped)."""
+    rollout = engine.generate(model, encode_chat_prompts(tokenizer, messages_list), params, seed)
     return decode_responses(tokenizer, rollout)
