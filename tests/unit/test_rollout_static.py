@@ -291,3 +291,16 @@ def test_cuda_graph_step_equals_eager_on_cuda():
     eager = static(cuda_graphs=False).generate(model, prompts, greedy)
     graphed = static(cuda_graphs=True).generate(model, prompts, greedy)
     assert_same_rollout(eager, graphed)
+
+
+def test_coverage_reasons():
+    from rlhfkit.rollout.decoder import coverage
+
+    model = random_model()
+    assert coverage(model) is None
+    model.__class__ = type("FSDPLlamaForCausalLM", (type(model),), {})  # what FSDP2's fully_shard does to a class
+    assert coverage(model) is None
+    sliding = random_model("mistral")
+    sliding.config.sliding_window = 8
+    assert "sliding-window" in coverage(sliding)
+    assert "RoPE type 'dynamic'" in coverage(random_model(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))

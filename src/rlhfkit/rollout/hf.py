@@ -7,14 +7,17 @@ of each sampled token under the distribution it was drawn from (``Rollout.logpro
 
 Settings (``generation.engine_kwargs``): ``cache_implementation="static"`` uses transformers' static cache, and
 ``compile=True`` with it compiles the decoding forward with ``torch.compile`` (transformers' auto-compile, which it
-otherwise enables on CUDA only). Measured with ``bench/engines.py`` (see ``rollout/auto.py`` for the figures).
+otherwise enables on CUDA only); a call during which it compiled counts as compile time in ``take_stats``. Measured
+with ``bench/engines.py`` (see ``rollout/auto.py`` for the figures).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 
 from .engine import Engine, register, seeded
 from .sampling import SamplingParams
@@ -130,8 +133,12 @@ class HFEngine(Engine):
         if self.stop_strings:
             criteria.append(_stop_criterion(self.stop_strings, self.tokenizer, ids.shape[1]))
         processors, recorder = _sampling_processors(params)
+        graphs_before = counters["stats"]["unique_graphs"]
+        t0 = time.perf_counter()
         with seeded(None if params.greedy else seed, ids.device):
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=self.generation_config(params),
                                  stopping_criteria=criteria, logits_processor=processors)
+        if counters["stats"]["unique_graphs"] > graphs_before:  # torch.compile made a graph during this call
+            self.compile_seconds += time.perf_counter() - t0  # (the call's generation is counted with it)
         raw = out[:, ids.shape[1]:]
         return raw, recorder.finish(raw)

@@ -12,7 +12,7 @@ One call, per micro-batch of B left-padded prompts (width P), R = ``max_new_toke
 
 1. the decoder's weights are read in place (:func:`~.decoder.read_weights`; a model it does not cover is generated
    by ``hf``, with one line saying why);
-2. a slot set of the bucket b >= B (powers of two) holds the KV cache ``[L, 2, b, kv_heads, S, D]`` with
+2. a slot set of the bucket b >= B (powers of two) holds the KV cache (2L tensors ``[b, kv_heads, S, D]``) with
    S = P + R rounded up to ``cache_multiple``, the current token / position of each slot, the prompt validity mask
    and the sampling settings, all preallocated and kept between calls (a CUDA graph reads fixed addresses);
 3. prefill: the prompts through every layer with SDPA (eager), keys / values into the cache, the first token drawn;
@@ -44,7 +44,7 @@ from .hf import HFEngine
 from .sampling import SamplingParams, gumbel_noise, sample_tokens
 
 
-def decode_step(w: Weights, cache: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
+def decode_step(w: Weights, cache: tuple[torch.Tensor, ...], tok: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
                 p0: torch.Tensor, valid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, gumbel: torch.Tensor,
                 temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, banned: torch.Tensor,
                 min_new: torch.Tensor, *, greedy: bool, filters: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,6 +57,7 @@ def decode_step(w: Weights, cache: torch.Tensor, tok: torch.Tensor, pos: torch.T
                          banned=ban, filters=filters)
 
 
+_LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
 _COMPILED: list = []  # torch.compile(decode_step), made once per process and shared by every static engine
 
 
@@ -76,7 +77,7 @@ def bucket_of(n: int) -> int:
 class Slots:
     """The live batch of one bucket: every buffer a decode step reads, allocated once per (bucket, cache shape)."""
 
-    cache: torch.Tensor  # [L, 2, b, kv_heads, S, D]
+    cache: tuple[torch.Tensor, ...]  # 2L x [b, kv_heads, S, D]: keys, values of each layer
     tok: torch.Tensor  # [b] long: the token each slot feeds next
     pos: torch.Tensor  # [b] long: its RoPE position
     valid: torch.Tensor  # [b, S] bool: real prompt columns
@@ -101,7 +102,8 @@ class Slots:
         def z(*shape, dt=torch.long):
             return torch.zeros(shape, dtype=dt, device=device)
 
-        return cls(cache=z(len(w.layers), 2, b, w.kv_heads, S, w.head_dim, dt=dtype), tok=z(b), pos=z(b),
+        return cls(cache=tuple(z(b, w.kv_heads, S, w.head_dim, dt=dtype) for _ in range(2 * len(w.layers))),
+                   tok=z(b), pos=z(b),
                    valid=z(b, S, dt=torch.bool), done=z(b, dt=torch.bool), rows=z(b), col=z(1), p0=z(1),
                    cos=z(S, w.head_dim, dt=dtype), sin=z(S, w.head_dim, dt=dtype), gumbel=z(b, V, dt=torch.float32),
                    temperature=z(dt=torch.float32), top_p=z(dt=torch.float32), top_k=z(), min_new=z(),
@@ -110,6 +112,10 @@ class Slots:
     @property
     def size(self) -> int:
         return int(self.tok.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.valid.shape[1])
 
     def set_call(self, params: SamplingParams, eos_ids: list[int], cos: torch.Tensor, sin: torch.Tensor,
                  P: int) -> None:
@@ -143,7 +149,8 @@ class Slots:
         """Move the slots ``live`` (indices into ``other``) here, in order; the remaining slots are filler."""
         n = len(live)
         pick = torch.cat([live, live[:1].expand(self.size - n)])  # fillers copy a live slot (finite values)
-        torch.index_select(other.cache, 2, pick, out=self.cache)
+        for mine, theirs in zip(self.cache, other.cache):
+            torch.index_select(theirs, 0, pick, out=mine)
         for name in ("tok", "pos", "valid"):
             getattr(self, name).copy_(getattr(other, name).index_select(0, pick))
         self.done.fill_(True)
@@ -220,7 +227,7 @@ class StaticEngine(Engine):
         out_lp = torch.zeros((R, B + 1), dtype=torch.float32, device=device)
         ptrs = tuple(t.data_ptr() for t in w.tensors())
         with torch.autocast(device.type, enabled=False):  # the weights' own dtype, whatever the caller's autocast
-            cos, sin = rope_tables(w, S, device, dtype)
+            cos, sin = rope_tables(model, S, device, dtype)
             slots = self._slots_for(w, bucket_of(B), S, device, dtype)
             slots.set_call(params, self.eos_token_ids, cos, sin, P)
             # 1. prefill and the first token
@@ -293,10 +300,10 @@ class StaticEngine(Engine):
             if graph is not None and graph.weight_ptrs == ptrs:
                 return graph()
         fn = compiled_step() if self.compile else decode_step
-        key = (slots.size, slots.cache.shape[4], params.greedy, params.filters, graphs)
+        key = (slots.size, slots.width, params.greedy, params.filters, graphs)
         first = key not in self._first_calls and (self.compile or graphs)
         t0 = time.perf_counter()
-        with torch._dynamo.config.patch(recompile_limit=64):
+        with torch._dynamo.config.patch(**{_LIMIT: 64}):  # buckets x cache widths x greedy / sampled
             if graphs:
                 graph = CudaGraphStep(fn, slots.step_args(w), flags, ptrs)
                 slots.graphs[(params.greedy, params.filters)] = graph
@@ -309,7 +316,7 @@ class StaticEngine(Engine):
             self.compile_seconds += seconds
             what = "compiled" + (" and captured" if graphs else "") if self.compile else "captured"
             if seconds >= 1.0:  # (a step compiled by another static engine of this process is only looked up)
-                say(f"[rollout] static engine: decode step for batch {slots.size} x {slots.cache.shape[4]} cache "
+                say(f"[rollout] static engine: decode step for batch {slots.size} x {slots.width} cache "
                     f"columns ({'greedy' if params.greedy else 'sampled'}) {what} in {seconds:.1f} s")
         return out
 
