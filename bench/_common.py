@@ -113,11 +113,15 @@ def llama(device: torch.device, quick: bool, dtype: torch.dtype | None = None, s
 
 
 ROWS: list[tuple[str, str, str]] = []  # (check, status, result) rows of gpu_check's table
+ONLY: list[str] = []  # letters of the checks to run (gpu_check --only c,h); empty: all
 
 
 def check(name: str):
-    """Decorator that runs the function at once; its ``(status, text)`` or its error becomes a table row."""
+    """Decorator that runs the function at once; its ``(status, text)`` or its error becomes a table row. A check
+    whose letter ("(c) ..." -> "c") is not in :data:`ONLY` (when set) is skipped without a row."""
     def wrap(fn):
+        if ONLY and name[1:2] not in ONLY:
+            return fn
         t0 = time.perf_counter()
         try:
             status, text = fn()

