@@ -119,7 +119,7 @@ class HFEngine(Engine):
         if self.cache_implementation == "static":
             kwargs["cache_implementation"] = "static"
             if self.compile:
-                cc = CompileConfig(fullgraph=False, mode="default")
+                cc = CompileConfig()  # transformers' defaults: mode="reduce-overhead" (CUDA graphs on CUDA)
                 cc._compile_all_devices = True  # transformers' own switch to compile off CUDA too
                 kwargs["compile_config"] = cc
             else:
