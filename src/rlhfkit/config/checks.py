@@ -208,6 +208,9 @@ def _check_online(cfg) -> None:
         if not fn.fn.strip():
             raise ConfigError(f"reward.functions[{i}] names no function", where=f"reward.functions[{i}].fn",
                               fix="give fn: package.module:function, file.py:function or a built-in name")
+    from ..rollout import check_engine  # the registry, read lazily (the documented exception)
+
+    check_engine(cfg.generation.engine, cfg.generation.engine_kwargs)
     if any(not text for text in cfg.generation.stop_strings):
         raise ConfigError("generation.stop_strings holds an empty string (every response would stop at once)",
                           where="generation.stop_strings", fix="remove the empty entry")

@@ -276,7 +276,8 @@ def register(cls: type[Engine]) -> type[Engine]:
 
 
 def check_engine(name: str, engine_kwargs: dict | None = None) -> None:
-    """ConfigError for an unknown engine name or an engine setting its constructor does not take."""
+    """ConfigError for an unknown engine name, a setting its constructor does not take, or a value it refuses
+    (the engine is built once with placeholder EOS / pad ids to find out; that touches no model)."""
     import inspect
 
     if name not in ENGINES:
@@ -290,8 +291,15 @@ def check_engine(name: str, engine_kwargs: dict | None = None) -> None:
         if key not in known:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
+            fix = (f"{hint}settings of {name!r}: {', '.join(known)}" if known else
+                   f"{name!r} takes no settings: choose the engine itself (generation.engine=static or hf) to set them")
             raise ConfigError(f"engine {name!r} has no setting {key!r}", where=f"generation.engine_kwargs.{key}",
-                              fix=f"{hint}settings of {name!r}: {', '.join(known) or 'none'}")
+                              fix=fix)
+    try:
+        ENGINES[name](None, eos_token_ids=[0], pad_token_id=0, **(engine_kwargs or {}))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"engine {name!r}: {err}", where="generation.engine_kwargs",
+                          fix="see `rlhfkit config show` for the engine's settings") from None
 
 
 def build_engine(generation, tokenizer, model=None, *, eos_token_ids: Sequence[int] | None = None) -> Engine:
