@@ -39,6 +39,9 @@ OTHER_COMMANDS: dict[str, str] = {
 }
 
 COMMANDS = (*RECIPES, *OTHER_COMMANDS)
+ENGINE_HELP = ("rollout engine, as generation.engine: auto (default: the fastest measured for the device, hf for a "
+               "model static does not cover) | hf (transformers generate) | static (our static-cache decode loop)")
+ENGINE_KWARGS_HELP = "settings of the engine, as generation.engine_kwargs, e.g. \"{compile: false}\" for static"
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 
@@ -200,6 +203,8 @@ def build_parser() -> _Parser:
                    help="assistant turns per episode (default: env.max_turns's)")
     p.add_argument("--max-total-tokens", dest="max_total_tokens", type=int,
                    help="tokens per episode after the prompt (default: env.max_total_tokens's)")
+    p.add_argument("--engine", default="auto", help=ENGINE_HELP)
+    p.add_argument("--engine-kwargs", dest="engine_kwargs", default="{}", metavar="YAML", help=ENGINE_KWARGS_HELP)
 
     p = sub.add_parser("generate", help=OTHER_COMMANDS["generate"], description=OTHER_COMMANDS["generate"] + ".")
     p.add_argument("model", help="model or run directory, or a tiny[:...] spec")
@@ -210,6 +215,8 @@ def build_parser() -> _Parser:
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 = greedy (default 0.7)")
     p.add_argument("--top-p", dest="top_p", type=float, default=1.0, help="nucleus sampling (default 1.0 = off)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--engine", default="auto", help=ENGINE_HELP)
+    p.add_argument("--engine-kwargs", dest="engine_kwargs", default="{}", metavar="YAML", help=ENGINE_KWARGS_HELP)
 
     p = sub.add_parser("export", help=OTHER_COMMANDS["export"], description=OTHER_COMMANDS["export"] + ".")
     p.add_argument("source", metavar="RUN_OR_DIR", help="run directory, model directory or LoRA adapter directory")
@@ -342,7 +349,8 @@ def cmd_eval(args) -> int:
         task=args.task, n=args.n, temperature=0.0 if args.greedy else args.temperature,
         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, out=args.out,
         fields=_field_map(args.fields), env=args.env, env_kwargs=_yaml_mapping(args.env_kwargs, "--env-kwargs"),
-        max_turns=args.max_turns, max_total_tokens=args.max_total_tokens,
+        max_turns=args.max_turns, max_total_tokens=args.max_total_tokens, engine=args.engine,
+        engine_kwargs=_yaml_mapping(args.engine_kwargs, "--engine-kwargs"),
     )
     return EXIT_OK
 
@@ -379,7 +387,8 @@ def cmd_generate(args) -> int:
     from .evaluate import chat
 
     chat(args.model, prompt=args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
-         temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+         temperature=args.temperature, top_p=args.top_p, seed=args.seed, engine=args.engine,
+         engine_kwargs=_yaml_mapping(args.engine_kwargs, "--engine-kwargs"))
     return EXIT_OK
 
 

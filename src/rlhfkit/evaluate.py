@@ -190,13 +190,37 @@ def suggest_task(records: Sequence[dict]) -> str | None:
 # ─────────────────────────────────────────────────── generation ───────────────────────────────────────────────
 
 
+def engine_for(engine, model, tok, batch_size: int, engine_kwargs: dict | None = None):
+    """``engine`` itself, or the rollout engine of that name (``auto``, ``hf``, ``static``; its settings
+    ``engine_kwargs``) built for ``model``'s tokenizer and EOS ids, with micro-batches of ``batch_size``."""
+    from .rollout import make_engine
+
+    if not isinstance(engine, str):
+        return engine
+    check_engine_flags(engine, engine_kwargs)
+    return make_engine(engine, tok, model, batch_size=max(1, batch_size), engine_kwargs=engine_kwargs)
+
+
+def check_engine_flags(engine, engine_kwargs: dict | None = None) -> None:
+    """A ConfigError naming ``--engine`` / ``--engine-kwargs`` for an unknown engine or setting (the recipes' keys
+    are generation.engine / generation.engine_kwargs), before any weights load."""
+    from .rollout import check_engine
+
+    if isinstance(engine, str):
+        try:
+            check_engine(engine, engine_kwargs)
+        except ConfigError as err:
+            flag = "--engine" if err.where == "generation.engine" else "--engine-kwargs"
+            raise ConfigError(err.message, where=flag, fix=err.fix) from None
+
+
 def generate_answers(model, tok, prompts: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
                      top_p: float = 1.0, seed: int | None = 0, batch_size: int = 64,
-                     wheres: Sequence[str] | None = None) -> dict:
+                     wheres: Sequence[str] | None = None, engine="auto") -> dict:
     """One answer per conversation: ``{"texts": [...], "ended": [bool], "lengths": [int]}`` (ended = stopped at
-    EOS rather than at ``max_new_tokens``)."""
-    from .data.chat import encode_chat_prompts, stop_token_ids
-    from .rollout import SamplingParams, decode_responses, get_engine
+    EOS rather than at ``max_new_tokens``). ``engine``: a built rollout engine, or the name of one to build."""
+    from .data.chat import encode_chat_prompts
+    from .rollout import SamplingParams, decode_responses
 
     if max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be at least 1, got {max_new_tokens}", where="--max-new-tokens",
@@ -212,40 +236,31 @@ def generate_answers(model, tok, prompts: Sequence[list[dict]], *, max_new_token
                 raise DataError(f"the prompt has {len(row)} tokens; the model's context is {limit}",
                                 where=wheres[i] if wheres else f"prompt {i}",
                                 fix="shorten the prompt or use a model with a longer context")
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                            do_sample=temperature > 0, batch_size=max(1, batch_size))
-    rollout = get_engine("hf").generate(
-        model, ids, **params.engine_kwargs(),
-        eos_token_ids=stop_token_ids(tok, getattr(model, "generation_config", None)),
-        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id, tokenizer=tok, seed=seed,
-    )
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    rollout = engine_for(engine, model, tok, batch_size).generate(model, ids, params, seed=seed)
     return {"texts": decode_responses(tok, rollout), "ended": rollout.ended.cpu().tolist(),
             "lengths": rollout.lengths.cpu().tolist()}
 
 
 def play_answers(model, tok, records: Sequence[dict], env_cls: type, env_spec: str, env_kwargs: dict, *,
                  max_new_tokens: int, temperature: float, max_turns: int, max_total_tokens: int, seed: int | None = 0,
-                 batch_size: int = 64) -> dict:
+                 batch_size: int = 64, engine="auto") -> dict:
     """One multi-turn episode per record with the environment (``--env``), played by the training's episode code:
     ``{"texts": the final assistant turns, "ended", "lengths": episode tokens, "env": {metric: mean},
     "transcripts": the messages after each prompt}``. The environment's metrics are those the training logs as
     ``env/*`` (its own ``metrics()``, plus turns and episode reward)."""
     from .config import EnvConfig
-    from .data.chat import stop_token_ids
     from .envs import run_episodes
     from .envs.episodes import episode_metrics
     from .envs.host import EnvCalls
-    from .rollout import SamplingParams, get_engine
+    from .rollout import SamplingParams
 
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, do_sample=temperature > 0,
-                            batch_size=max(1, batch_size))
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     rows = [dict(r) for r in records]  # prompt as messages and every other field, as training's rows
     with torch.no_grad(), EnvCalls(env_spec, env_cls, env_kwargs, workers=EnvConfig.workers,
                                    timeout_s=EnvConfig.timeout_s) as envs:  # training's limits, at their defaults
         _, episodes = run_episodes(
-            get_engine("hf"), model, tok, envs, rows, sampling_kwargs=params.engine_kwargs(),
-            eos_token_ids=stop_token_ids(tok, getattr(model, "generation_config", None)),
-            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            engine_for(engine, model, tok, batch_size), model, tok, envs, rows, params=params,
             seed=0 if seed is None else seed, max_turns=max_turns, max_total_tokens=max_total_tokens)
         counts = dict(envs.counts)
     finals = [next((m["content"] for m in reversed(e.messages) if m["role"] == "assistant"), "") for e in episodes]
@@ -312,12 +327,15 @@ def evaluate(
     env_kwargs: dict | None = None,
     max_turns: int | None = None,
     max_total_tokens: int | None = None,
+    engine: str = "auto",
+    engine_kwargs: dict | None = None,
 ) -> dict:
     """Evaluate ``model`` on the prompts of ``data`` (module docstring); writes ``out`` (default
     ``<model>/eval.json``) and returns the results dict. With ``env`` (a built-in environment, ``module:Class`` or
     ``file.py:Class``), each prompt is a multi-turn episode (``env_kwargs``, ``max_turns``, ``max_total_tokens`` as
     ``env.*`` in training, with its defaults); the environment's metrics are reported and the final assistant turn
-    is the answer the gold metric, reward functions and reward model score."""
+    is the answer the gold metric, reward functions and reward model score. ``engine``: the rollout engine
+    (``generation.engine``'s choices; its settings ``engine_kwargs``), built once per model answering."""
     from .rewards import CombinedRewards, RewardModelScorer
     from .tasks import get_task
 
@@ -326,6 +344,7 @@ def evaluate(
         raise ConfigError("a win rate needs a judge", where="--reference",
                           fix="add --reward-model DIR (the reward model judges model vs reference pairwise)")
     the_task = get_task(task) if task else None
+    check_engine_flags(engine, engine_kwargs)
     env_cls = None
     if env is not None:
         from .config import EnvConfig
@@ -368,16 +387,18 @@ def evaluate(
         def answer(model_, tok_):  # one episode per prompt
             return play_answers(model_, tok_, records, env_cls, env, dict(env_kwargs or {}),
                                 max_new_tokens=max_new_tokens, temperature=temperature, max_turns=max_turns,
-                                max_total_tokens=max_total_tokens, seed=seed, batch_size=batch_size)
+                                max_total_tokens=max_total_tokens, seed=seed, batch_size=batch_size,
+                                engine=engine_for(engine, model_, tok_, batch_size, engine_kwargs))
     else:
         def answer(model_, tok_):
-            return generate_answers(model_, tok_, prompts, **gen_kw)
+            return generate_answers(model_, tok_, prompts,
+                                    engine=engine_for(engine, model_, tok_, batch_size, engine_kwargs), **gen_kw)
     answers = answer(policy, tok)
     texts = answers["texts"]
     result: dict = {
         "model": str(model), "data": str(data), "n": len(records),
         "sampling": {"temperature": temperature, "greedy": temperature <= 0, "max_new_tokens": max_new_tokens,
-                     "seed": seed},
+                     "seed": seed, "engine": engine if isinstance(engine, str) else engine.name},
         "responses": {"mean_tokens": _mean(answers["lengths"]),
                       "eos_frac": _mean([float(e) for e in answers["ended"]])},
     }
@@ -496,26 +517,30 @@ def print_results(result: dict) -> None:
 
 
 def reply(model, tok, messages: list[dict], *, max_new_tokens: int = 256, temperature: float = 0.7,
-          top_p: float = 1.0, seed: int | None = None) -> str:
+          top_p: float = 1.0, seed: int | None = None, engine="auto") -> str:
     """The model's next assistant turn for a conversation (chat template, stops at EOS)."""
     answers = generate_answers(model, tok, [messages], max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_p=top_p, seed=seed, batch_size=1)
+                               top_p=top_p, seed=seed, batch_size=1, engine=engine)
     return answers["texts"][0]
 
 
 def chat(model_name: str, *, prompt: str | None = None, system: str | None = None, max_new_tokens: int = 256,
          temperature: float = 0.7, top_p: float = 1.0, seed: int | None = None, device: str | None = None,
-         stdin=None, stdout=None) -> list[dict]:
+         stdin=None, stdout=None, engine: str = "auto", engine_kwargs: dict | None = None) -> list[dict]:
     """``rlhfkit generate``: answer ``prompt`` once, or chat turn by turn on ``stdin`` until EOF or ``/exit``
-    (``/reset`` starts a new conversation). Returns the conversation."""
+    (``/reset`` starts a new conversation), with the rollout engine ``engine`` (settings ``engine_kwargs``) built
+    once for the session.
+    Returns the conversation."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
+    check_engine_flags(engine, engine_kwargs)
     model, tok = load_policy(model_name, device, flag="model")
     if seed is None and temperature > 0:
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
     start = [{"role": "system", "content": system}] if system else []
     messages = list(start)
-    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+    kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+              engine=engine_for(engine, model, tok, 1, engine_kwargs))
     if prompt is not None:
         messages.append({"role": "user", "content": prompt})
         answer = reply(model, tok, messages, seed=seed, **kw)

@@ -160,6 +160,7 @@ def _gold_table(cfg: PipelineConfig, stages) -> tuple[dict, dict]:
     """(gold metric per model, its sampled answers ``[(prompt, answer, score)]`` to the same held-out prompts)."""
     from .config import ModelConfig
     from .models.loading import load_causal_lm
+    from .rollout import make_engine
     from .tasks import get_task
     from .tasks.gold import gold_metric
 
@@ -167,9 +168,13 @@ def _gold_table(cfg: PipelineConfig, stages) -> tuple[dict, dict]:
     prompts = [json.loads(x) for x in (Path(cfg.output_dir) / "data" / "eval_prompts.jsonl").read_text().splitlines()]
     gold, answers = {}, {}
     models = [("untrained", cfg.base_model)] + [(n, c.output_dir) for n, r, c in stages if RECIPES[r].makes_policy]
+    # the engine of the first stage that generates (generation.engine), built once for every model measured
+    engine_name = next((c.generation.engine for _, _, c in stages if hasattr(c, "generation")), "auto")
+    engine = None
     for name, path in models:
         model, tok = load_causal_lm(ModelConfig(name=path), trainable=False, seed=0)
-        result = gold_metric(model, tok, task, prompts, seed=1234)
+        engine = engine or make_engine(engine_name, tok, model, batch_size=128)
+        result = gold_metric(model, tok, task, prompts, seed=1234, engine=engine)
         gold[name], answers[name] = result["gold"], result["samples"]
     return gold, answers
 

@@ -79,7 +79,10 @@ def test_sampling_params_round_trip():
 
     cfg = build_config("grpo", {}, ["generation.top_k=5", "generation.stop_strings=['</a>']"])
     p = SamplingParams.from_config(cfg.generation)
-    kw = p.engine_kwargs()
-    assert kw["top_k"] == 5 and kw["stop_strings"] == ["</a>"] and kw["do_sample"] and not p.greedy
+    assert p.top_k == 5 and p.filters and not p.greedy
+    assert p.max_new_tokens == cfg.generation.max_new_tokens and p.temperature == cfg.generation.temperature
     assert SamplingParams.from_config(cfg.generation, greedy=True).greedy
-    assert SamplingParams().engine_kwargs()["stop_strings"] is None
+    assert SamplingParams(temperature=0).greedy and not SamplingParams(temperature=0).filters
+    assert p.replace(max_new_tokens=3).max_new_tokens == 3 and p.max_new_tokens != 3  # frozen: a copy
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)

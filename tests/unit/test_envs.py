@@ -17,7 +17,7 @@ from rlhfkit.data.chat import render_conversation
 from rlhfkit.envs import CalculatorEnv, EnvError, load_environment, parse_tool_calls, run_episodes, safe_eval
 from rlhfkit.envs.host import EnvCalls
 from rlhfkit.models.loading import load_tokenizer_for
-from rlhfkit.rollout import Rollout, finalize_responses, left_pad
+from rlhfkit.rollout import Engine, SamplingParams
 from rlhfkit.tasks import get_task
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 3"}}</tool_call>'
@@ -64,23 +64,26 @@ def test_calculator_pays_the_tool_reward_once_per_episode():
     assert env.metrics()["tool_calls"] == 3.0 and env.metrics()["tool_call_success"] == 1.0
 
 
-class ScriptedEngine:
-    """Stands in for a rollout engine: answers turn t of every episode with script[t] (text), as token ids."""
+class ScriptedEngine(Engine):
+    """Stands in for a rollout engine: answers turn t of every episode with script[t] (text), as token ids. Like
+    every engine it writes only ``_decode``; the base class cuts, pads and masks."""
+
+    name = "scripted"
 
     def __init__(self, tok, script):
+        super().__init__(tok, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
         self.tok, self.script, self.turn, self.prompts = tok, script, 0, []
 
-    def generate(self, model, prompt_ids, *, max_new_tokens, eos_token_ids, pad_token_id, tokenizer=None, seed=None,
-                 **kw):
-        self.prompts.append([list(p) for p in prompt_ids])
+    def _decode(self, model, ids, mask, params, seed):
+        self.prompts.append([row[m.bool()].tolist() for row, m in zip(ids, mask)])
         text = self.script[min(self.turn, len(self.script) - 1)]
         self.turn += 1
-        ids = self.tok(text, add_special_tokens=False)["input_ids"] + [eos_token_ids[0]]
-        raw = torch.tensor([ids[:max_new_tokens]] * len(prompt_ids))
-        r_ids, r_mask, ended, lengths = finalize_responses(raw, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
-        p_ids, p_mask = left_pad(prompt_ids, pad_token_id)
-        lp = torch.full(r_ids.shape, -0.5) * r_mask
-        return Rollout(p_ids, p_mask, r_ids, r_mask, ended, lengths, logprobs=lp)
+        out = (self.tok(text, add_special_tokens=False)["input_ids"] + [self.eos_token_ids[0]])[:params.max_new_tokens]
+        raw = torch.tensor([out] * len(ids))
+        return raw, torch.full(raw.shape, -0.5)
+
+
+MODEL = torch.nn.Linear(1, 1)  # the scripted engine reads no weights; generate() only needs a module
 
 
 def _calls(cls, kwargs, spec, workers=0, timeout_s=None):
@@ -97,9 +100,8 @@ def _episodes(tok, script, rows=None, **limits):
     rows = rows or [{"prompt": [{"role": "user", "content": "What is 12 * 3?"}]}] * 2
     eng = ScriptedEngine(tok, script)
     kw = {"max_turns": 4, "max_total_tokens": 400, **limits}
-    rollout, eps = run_episodes(eng, None, tok, _calls(CalculatorEnv, {}, "calculator"), rows,
-                                sampling_kwargs={"max_new_tokens": 120}, eos_token_ids=[tok.eos_token_id],
-                                pad_token_id=tok.pad_token_id, seed=0, **kw)
+    rollout, eps = run_episodes(eng, MODEL, tok, _calls(CalculatorEnv, {}, "calculator"), rows,
+                                params=SamplingParams(max_new_tokens=120), seed=0, **kw)
     return rollout, eps, eng
 
 
@@ -149,16 +151,12 @@ def test_user_environment_from_file_and_failures(tmp_path, tok):
     cls = load_environment(f"{f}:Echo")
     rows = [{"prompt": [{"role": "user", "content": "hi"}]}]
     eng = ScriptedEngine(tok, ["ok"])
-    _, eps = run_episodes(eng, None, tok, _calls(cls, {"bonus": 0.5}, f"{f}:Echo"), rows,
-                          sampling_kwargs={"max_new_tokens": 8},
-                          eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, seed=0, max_turns=2,
-                          max_total_tokens=50)
+    _, eps = run_episodes(eng, MODEL, tok, _calls(cls, {"bonus": 0.5}, f"{f}:Echo"), rows,
+                          params=SamplingParams(max_new_tokens=8), seed=0, max_turns=2, max_total_tokens=50)
     assert eps[0].turn_rewards == [1.5]
     with pytest.raises(EnvError, match=r"environment Broken: step\(\) raised KeyError"):
-        run_episodes(ScriptedEngine(tok, ["ok"]), None, tok, _calls(load_environment(f"{f}:Broken"), {}, f"{f}:Broken"),
-                     rows,
-                     sampling_kwargs={"max_new_tokens": 8}, eos_token_ids=[tok.eos_token_id],
-                     pad_token_id=tok.pad_token_id, seed=0, max_turns=2, max_total_tokens=50)
+        run_episodes(ScriptedEngine(tok, ["ok"]), MODEL, tok, _calls(load_environment(f"{f}:Broken"), {}, f"{f}:Broken"),
+                     rows, params=SamplingParams(max_new_tokens=8), seed=0, max_turns=2, max_total_tokens=50)
     for spec, match in ((f"{f}:Nope", "no attribute"), ("calculater", "did you mean 'calculator'"),
                         ("no.such.module:Env", "not found")):
         with pytest.raises(EnvError, match=match):
@@ -279,10 +277,9 @@ def test_an_episode_is_token_for_token_the_demonstration_sft_trained_on(tok):
     record = next(r for r in get_task("calculator").sft_records(50) if len(r["messages"]) == 4)
     msgs = record["messages"]
     _, (episode,) = run_episodes(
-        ScriptedEngine(tok, [msgs[1]["content"], msgs[3]["content"]]), None, tok,
+        ScriptedEngine(tok, [msgs[1]["content"], msgs[3]["content"]]), MODEL, tok,
         _calls(CalculatorEnv, {"system_prompt": ""}, "calculator"), [{"prompt": msgs[:1]}],
-        sampling_kwargs={"max_new_tokens": 120},
-        eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id, seed=0, max_turns=2, max_total_tokens=300)
+        params=SamplingParams(max_new_tokens=120), seed=0, max_turns=2, max_total_tokens=300)
     sft_ids, sft_mask = render_conversation(tok, msgs)
     n = len(episode.prompt_ids) + len(episode.ids)
     assert episode.prompt_ids + episode.ids == sft_ids[:n]

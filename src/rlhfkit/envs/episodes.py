@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..data.chat import render_chat, render_prompt_ids
-from ..rollout.engine import left_pad
+from ..rollout.engine import Engine, left_pad
+from ..rollout.sampling import SamplingParams
 from ..rollout.types import Rollout
 from .base import EnvError
 from .host import EnvCalls
@@ -101,25 +102,24 @@ def _start(envs: EnvCalls, tok, rows: list[dict], step: int | None, prompt_limit
     return episodes
 
 
-def run_episodes(engine, model, tok, envs: EnvCalls, rows: list[dict], *, sampling_kwargs: dict,
-                 eos_token_ids: list[int], pad_token_id: int, seed: int, max_turns: int, max_total_tokens: int,
-                 step: int | None = None, prompt_limit: int | None = None,
+def run_episodes(engine: Engine, model, tok, envs: EnvCalls, rows: list[dict], *, params: SamplingParams, seed: int,
+                 max_turns: int, max_total_tokens: int, step: int | None = None, prompt_limit: int | None = None,
                  overflow: str = "truncate") -> tuple[Rollout, list[Episode]]:
-    """Play one episode per row with the environments of ``envs`` (each call under its time limit, everything
-    returned checked: :mod:`rlhfkit.envs.host`); returns the episodes as one Rollout (with ``action_mask``) and the
+    """Play one episode per row with the run's ``engine`` (its EOS ids, pad id and stop strings end each turn;
+    ``params.max_new_tokens`` bounds each turn) and the environments of ``envs`` (each call under its time limit,
+    everything returned checked: :mod:`rlhfkit.envs.host`); returns the episodes as one Rollout (with ``action_mask``) and the
     episodes. A dropped episode (``failed``) keeps its tokens so far; its ``reward`` is NaN. ``step`` names the
     rollout step in messages; ``prompt_limit`` / ``overflow`` hold reset()'s prompts and every observation (at most
     ``max_total_tokens``) to the data prompts' rule."""
     episodes = _start(envs, tok, rows, step, prompt_limit, overflow)
-    max_new = sampling_kwargs["max_new_tokens"]
     for turn in range(max_turns):
         live = [e for e in episodes if not e.done]
         if not live:
             break
         budget = max(max_total_tokens - len(e.ids) for e in live)
-        kwargs = {**sampling_kwargs, "max_new_tokens": max(1, min(max_new, budget))}
-        out = engine.generate(model, [e.prompt_ids + e.ids for e in live], **kwargs, eos_token_ids=eos_token_ids,
-                              pad_token_id=pad_token_id, tokenizer=tok, seed=seed + 7919 * turn)
+        max_new = max(1, min(params.max_new_tokens, budget))
+        turn_params = params.replace(max_new_tokens=max_new, min_new_tokens=min(params.min_new_tokens, max_new))
+        out = engine.generate(model, [e.prompt_ids + e.ids for e in live], turn_params, seed=seed + 7919 * turn)
         # one host copy per turn, not one per episode and field
         lengths, ended, ids = out.lengths.tolist(), out.ended.tolist(), out.response_ids.tolist()
         lps = out.logprobs.tolist() if out.logprobs is not None else None
@@ -170,7 +170,7 @@ def run_episodes(engine, model, tok, envs: EnvCalls, rows: list[dict], *, sampli
         else:
             e.metrics = envs.check_metrics(m, step)
     envs.drop([e.eid for e in episodes])
-    return to_rollout(episodes, pad_token_id), episodes
+    return to_rollout(episodes, engine.pad_token_id), episodes
 
 
 def to_rollout(episodes: list[Episode], pad_token_id: int) -> Rollout:

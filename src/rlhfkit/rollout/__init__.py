@@ -17,6 +17,7 @@ from .engine import (
     first_stop_end,
     generate_text,
     left_pad,
+    make_engine,
     strip_parallel_wrappers,
 )
 from .hf import HFEngine
@@ -44,6 +45,7 @@ __all__ = [
     "first_stop_end",
     "generate_text",
     "left_pad",
+    "make_engine",
     "merged_lora",
     "render_chat",
     "sample_tokens",

@@ -302,20 +302,27 @@ def check_engine(name: str, engine_kwargs: dict | None = None) -> None:
                           fix="see `rlhfkit config show` for the engine's settings") from None
 
 
-def build_engine(generation, tokenizer, model=None, *, eos_token_ids: Sequence[int] | None = None) -> Engine:
-    """The run's engine from a ``generation`` config section (``engine``, ``engine_kwargs``, ``stop_strings``,
-    ``batch_size``). EOS ids: ``eos_token_ids``, else :func:`~rlhfkit.data.chat.stop_token_ids` of the tokenizer
-    and the model's generation config (the model is only read for that, not held); pad: the tokenizer's, else the
-    first EOS id."""
-    kwargs = dict(generation.engine_kwargs or {})
-    check_engine(generation.engine, kwargs)
+def make_engine(name: str, tokenizer, model=None, *, stop_strings: Sequence[str] = (), batch_size: int | None = None,
+                engine_kwargs: dict | None = None, eos_token_ids: Sequence[int] | None = None) -> Engine:
+    """An engine by name (``auto``, ``hf``, ``static``; its settings ``engine_kwargs`` checked first). EOS ids:
+    ``eos_token_ids``, else :func:`~rlhfkit.data.chat.stop_token_ids` of the tokenizer and the model's generation
+    config (the model is only read for that, not held); pad: the tokenizer's, else the first EOS id."""
+    kwargs = dict(engine_kwargs or {})
+    check_engine(name, kwargs)
     if eos_token_ids is None:
         gen_cfg = getattr(strip_parallel_wrappers(model), "generation_config", None) if model is not None else None
         eos_token_ids = stop_token_ids(tokenizer, gen_cfg)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_token_ids[0]
-    return ENGINES[generation.engine](tokenizer, eos_token_ids=eos_token_ids, pad_token_id=pad,
-                                      stop_strings=tuple(generation.stop_strings), batch_size=generation.batch_size,
-                                      **kwargs)
+    return ENGINES[name](tokenizer, eos_token_ids=eos_token_ids, pad_token_id=pad, stop_strings=tuple(stop_strings),
+                         batch_size=batch_size, **kwargs)
+
+
+def build_engine(generation, tokenizer, model=None, *, eos_token_ids: Sequence[int] | None = None) -> Engine:
+    """The run's engine from a ``generation`` config section (``engine``, ``engine_kwargs``, ``stop_strings``,
+    ``batch_size``): :func:`make_engine`."""
+    return make_engine(generation.engine, tokenizer, model, stop_strings=generation.stop_strings,
+                       batch_size=generation.batch_size, engine_kwargs=generation.engine_kwargs,
+                       eos_token_ids=eos_token_ids)
 
 
 def generate_text(engine: Engine, model, tokenizer, messages_list: Sequence[list[dict]], params: SamplingParams,

@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import torch
 
-from ..rollout import SamplingParams, generate_text
+from ..rollout import Engine, SamplingParams, generate_text, make_engine
 
 
 @torch.no_grad()
 def gold_metric(model, tokenizer, task, prompt_records: list[dict], *, temperature: float = 1.0,
-                max_new_tokens: int = 16, seed: int = 0, batch_size: int = 128) -> dict:
-    """``{"gold": mean score, "n": count, "eos_frac": …, "samples": [(prompt, answer, score), …]}``."""
+                max_new_tokens: int = 16, seed: int = 0, batch_size: int = 128, engine: Engine | str = "auto") -> dict:
+    """``{"gold": mean score, "n": count, "samples": [(prompt, answer, score), …]}``. ``engine``: the run's rollout
+    engine, or the name of one to build (``generation.engine``; ``auto`` by default)."""
+    if isinstance(engine, str):
+        engine = make_engine(engine, tokenizer, model, batch_size=batch_size)
     prompts = [r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"] for r in prompt_records]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     answers: list[str] = []
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, do_sample=temperature > 0)
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start: start + batch_size]
-        answers += generate_text(model, tokenizer, [[{"role": "user", "content": p}] for p in chunk],
-                                 **params.engine_kwargs(), seed=seed + start)
+        answers += generate_text(engine, model, tokenizer, [[{"role": "user", "content": p}] for p in chunk], params,
+                                 seed=seed + start)
     scores = [task.gold(p, a) for p, a in zip(prompts, answers)]
     return {"gold": sum(scores) / max(1, len(scores)), "n": len(scores),
             "samples": list(zip(prompts, answers, scores))}

@@ -51,7 +51,7 @@ from ..models.tokenizer import check_same_tokenizer
 from ..rewards import RewardFunctionError, RewardModelScorer
 from ..rewards.functions import rewards_from_config
 from ..rewards.lint import probe_rewards
-from ..rollout import SamplingParams, decode_responses, get_engine
+from ..rollout import SamplingParams, build_engine, decode_responses
 from ..track import NO_PHASES, CriticalHealthStop, Phases, Progress
 from .common import length_policy, load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
 from .distributed import get_strategy
@@ -201,7 +201,6 @@ class OnlineTrainer:
                                             device=self.device, seed=cfg.train.seed + 1)
             disable_dropout(self.critic)
             run.print(f"[{cfg.recipe}] critic from {source}: {describe(self.critic)}")
-        self.engine = get_engine(cfg.generation.engine)
         self.env_cls = None
         if cfg.env.name:
             from ..envs import load_environment
@@ -211,6 +210,8 @@ class OnlineTrainer:
             self.envs = EnvCalls(cfg.env.name, self.env_cls, cfg.env.kwargs, workers=cfg.env.workers,
                                  timeout_s=cfg.env.timeout_s)
         self.eos_ids = stop_token_ids(self.tok, getattr(self.policy, "generation_config", None))
+        # built once for the run; it reads the policy's weights in place at each call (no copy, no weight sync)
+        self.engine = build_engine(cfg.generation, self.tok, eos_token_ids=self.eos_ids)
 
     def _load_data(self) -> None:
         cfg = self.cfg
@@ -244,9 +245,8 @@ class OnlineTrainer:
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
         self.phases.phase(phase, total=len(ids) * k, unit="sequences")
         with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for the whole rollout
-            rollout = self.engine.generate(self.policy, ids * k, **self.sampling.engine_kwargs(),
-                                           eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id,
-                                           tokenizer=self.tok, seed=seed, on_rows=self.phases.advance)
+            rollout = self.engine.generate(self.policy, ids * k, self.sampling, seed=seed,
+                                           on_rows=self.phases.advance)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 
@@ -262,9 +262,8 @@ class OnlineTrainer:
         self.phases.phase("episodes", total=n * k)
         with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for all the episodes
             rollout, episodes = run_episodes(
-                self.engine, self.policy, self.tok, self.envs, rows, sampling_kwargs=self.sampling.engine_kwargs(),
-                eos_token_ids=self.eos_ids, pad_token_id=self.tok.pad_token_id, seed=seed, max_turns=ec.max_turns,
-                max_total_tokens=ec.max_total_tokens, step=step,
+                self.engine, self.policy, self.tok, self.envs, rows, params=self.sampling, seed=seed,
+                max_turns=ec.max_turns, max_total_tokens=ec.max_total_tokens, step=step,
                 prompt_limit=length_policy(self.cfg).prompt_limit("prompt"), overflow=self.cfg.data.overflow)
         exp = Experience.of(rollout.to(self.device), rows)
         exp.env_returns = torch.tensor([e.reward for e in episodes], device=self.device)  # NaN: dropped
