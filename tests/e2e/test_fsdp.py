@@ -2,7 +2,8 @@
 
 - SFT and DPO loss curves match the single-process run at equal global batch (2 x 4 vs 1 x 8);
 - GRPO under FSDP2 matches GRPO under DDP with the same seeds, and its rollouts run on weights gathered once per
-  rollout phase (no parameter all-gather inside it, while the run does gather); PPO shards policy and critic;
+  rollout phase (no parameter all-gather inside it, while the run does gather), with ``generation.engine=auto`` (the
+  default) and ``static`` (the same rollouts: auto is static on CPU); PPO shards policy and critic;
 - each process holds half of the parameters; the final directory loads with plain transformers;
 - SIGKILL after a sharded checkpoint, then the same command again, gives the final weights of the run that never
   stopped.
@@ -84,6 +85,9 @@ def runs(task_data, tmp_path_factory) -> Path:
         {"name": "dpo", "recipe": "dpo", "overrides": dpo_args(task_data, root / "dpo", 4, *fsdp)},
         {"name": "grpo", "recipe": "grpo", "overrides": grpo_args(task_data, root / "grpo", *fsdp)},
         {"name": "grpo-ddp", "recipe": "grpo", "overrides": grpo_args(task_data, root / "grpo-ddp")},
+        {"name": "grpo-static", "recipe": "grpo", "overrides": grpo_args(
+            task_data, root / "grpo-static", *fsdp, "generation.engine=static",
+            "generation.engine_kwargs={compile: false}")},
         {"name": "ppo", "recipe": "ppo", "overrides": grpo_args(
             task_data, root / "ppo", *fsdp, "algo.advantage=gae", "algo.num_generations=1", "algo.rollout_batch_size=8",
             "algo.mini_batch_size=8", "critic.init=policy", "algo.total_episodes=32")},
@@ -145,10 +149,19 @@ def test_parameters_are_sharded_and_rollouts_gather_once(runs):
         assert (r0["world_size"], r1["world_size"]) == (2, 2)
         assert r0["local_fraction"] == pytest.approx(0.5, abs=0.02) and r1["local_fraction"] == pytest.approx(0.5,
                                                                                                             abs=0.02)
-    for r in ranks(runs / "grpo"):
+    for r in ranks(runs / "grpo") + ranks(runs / "grpo-static"):
         assert r["all_gathers"] > 0  # the counter sees FSDP's gathers ...
         assert len(r["all_gathers_inside_rollouts"]) == 4  # 3 rollouts + the final evaluation
         assert r["all_gathers_inside_rollouts"] == [0, 0, 0, 0]  # ... and none while generating
+
+
+def test_static_engine_under_fsdp2_gives_autos_rollouts(runs):
+    keys = ("objective/scores", "response/length_mean", "rollout/logprob_diff_max")
+    auto, static = ([{k: x[k] for k in keys} for x in read_metrics(runs / name) if "objective/scores" in x]
+                    for name in ("grpo", "grpo-static"))
+    assert len(auto) == len(static) == 3
+    assert auto[0] == static[0]  # auto is the uncompiled static engine on CPU: the same first rollout
+    assert all(x["rollout/logprob_diff_max"] < 1e-4 for x in auto + static)  # on the gathered weights
 
 
 @pytest.mark.parametrize("name", ["sft", "grpo"])

@@ -1,0 +1,118 @@
+"""Every online recipe, the multi-turn calculator and ``rlhfkit eval`` with ``generation.engine=static`` and ``auto``
+(issue 18), a few steps each on the session's SFT policy (tiny model), from the shipped configs/*.yaml.
+
+What is checked on every run: the engine's sampling log-probs equal the trainer's recomputed ones at every step
+(``rollout/logprob_diff_max`` < 1e-4: the engine samples the distribution the trainer optimises), responses end at
+their own EOS, scores and losses are finite, the final model is written. ``auto`` is the static engine uncompiled on
+CPU, so the first step of an ``auto`` run equals the ``static`` run's with the same seed. Learning under ``auto`` (the
+default engine) is what tests/e2e/test_online*.py measure; the compiled static step is tested under ``-m compile``
+(tests/unit/test_rollout_static.py), so ``static`` runs here with ``compile: false``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.cli import main
+from rlhfkit.config import load_config
+from rlhfkit.train.online import run_online
+
+pytestmark = pytest.mark.slow
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+ENGINES = {"static": ["generation.engine=static", "generation.engine_kwargs={compile: false}"],
+           "auto": ["generation.engine=auto"]}
+REWARD_FN = "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]"
+SMALL = ["algo.rollout_batch_size=4", "algo.num_generations=2", "algo.mini_batch_size=8", "train.batch_size=8",
+         "algo.total_episodes=16", "generation.max_new_tokens=12", "optim.lr=1e-4", "data.max_length=64",
+         "track.report=false", "track.sample_every=0", "train.resume=never", "train.save_every=0"]
+RECIPES = {  # config file -> (recipe, what it needs beyond the shipped file to run on the session's SFT policy)
+    "ppo": ("ppo", ["reward.model=null", REWARD_FN, "critic.init=policy"]),
+    "grpo": ("grpo", []),
+    "rloo": ("rloo", []),
+    "reinforce": ("reinforce", []),
+    "gspo": ("grpo", []),
+    "dapo": ("grpo", ["algo.dynamic_sampling.max_draws=2"]),
+}
+
+
+def metrics_of(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_recipe(name: str, engine: str, task_data: Path, sft_dir: Path, out: Path) -> list[dict]:
+    recipe, extra = RECIPES[name]
+    cfg = load_config(recipe, CONFIGS / f"{name}.yaml", [
+        f"data.train={task_data / 'prompts.jsonl'}", f"data.eval={task_data / 'eval_prompts.jsonl'}",
+        f"output_dir={out}", f"model.name={sft_dir}", *SMALL, *extra, *ENGINES[engine]])
+    assert cfg.generation.engine == engine
+    run_online(cfg)
+    assert (out / "model.safetensors").exists()
+    return [r for r in metrics_of(out) if "objective/scores" in r]
+
+
+@pytest.fixture(scope="module")
+def runs(task_data, sft_dir, tmp_path_factory) -> dict:
+    """name -> engine -> the step rows of its metrics.jsonl; every run made once for the module."""
+    root = tmp_path_factory.mktemp("engines")
+    return {name: {engine: run_recipe(name, engine, task_data, sft_dir, root / f"{name}-{engine}")
+                   for engine in ENGINES} for name in RECIPES}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_online_recipe_runs_on_the_engine(runs, name, engine):
+    rows = runs[name][engine]
+    assert len(rows) == 2  # 16 episodes, 8 per step
+    for r in rows:
+        assert r["rollout/logprob_diff_max"] < 1e-4, r["rollout/logprob_diff_max"]  # sampled = trainer's
+        assert math.isfinite(r["objective/scores"]) and math.isfinite(r["loss/policy_avg"])
+        assert r["val/num_eos_tokens"] > 0 and r["response/length_mean"] < 12  # responses end at their own EOS
+    if name == "ppo":
+        assert all(math.isfinite(r["loss/value_avg"]) for r in rows)
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_auto_is_the_uncompiled_static_engine_on_cpu(runs, name):
+    first = {e: runs[name][e][0] for e in ENGINES}  # the same seed, the same weights: the same first rollout
+    for key in ("objective/scores", "response/length_mean", "val/num_eos_tokens"):
+        assert first["auto"][key] == first["static"][key], key
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_multiturn_calculator_on_the_engine(engine, tmp_path):
+    from rlhfkit.envs import make_arithmetic_prompts
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in make_arithmetic_prompts(40)))
+    out = tmp_path / "calc"
+    cfg = load_config("grpo", CONFIGS / "multiturn_calculator.yaml", [
+        f"data.train={data}", "data.eval=null", "data.eval_fraction=0.1", f"output_dir={out}",
+        "model.name=tiny:hidden=32,layers=1", "env.max_turns=2", "env.max_total_tokens=40", *SMALL,
+        "generation.max_new_tokens=16", *ENGINES[engine]])
+    last = run_online(cfg)
+    rows = [r for r in metrics_of(out) if "objective/scores" in r]
+    assert len(rows) == 2 and all(r["rollout/logprob_diff_max"] < 1e-4 for r in rows)
+    assert 1.0 <= last["env/turns_mean"] <= 2.0 and math.isfinite(last["env/episode_reward_mean"])
+    assert (out / "model.safetensors").exists()
+
+
+def test_eval_greedy_answers_are_the_same_on_every_engine(sft_dir, task_data, tmp_path):
+    """``rlhfkit eval --engine E``: greedy answers token-identical to hf's, so the same gold metric."""
+    results = {}
+    for engine, kwargs in (("hf", "{}"), ("static", "{compile: false}"), ("auto", "{}")):
+        out = tmp_path / f"{engine}.json"
+        assert main(["eval", str(sft_dir), "--data", str(task_data / "eval_prompts.jsonl"), "--n", "24", "--greedy",
+                     "--max-new-tokens", "12", "--batch-size", "16", "--task", "quickstart", "--engine", engine,
+                     "--engine-kwargs", kwargs, "--out", str(out)]) == 0
+        results[engine] = json.loads(out.read_text())
+        assert results[engine]["sampling"]["engine"] == engine
+    ref = [s["response"] for s in results["hf"]["samples"]]
+    assert results["hf"]["responses"]["eos_frac"] > 0.5
+    for engine in ("static", "auto"):
+        assert [s["response"] for s in results[engine]["samples"]] == ref, engine
+        assert results[engine]["gold"] == results["hf"]["gold"]
