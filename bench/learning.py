@@ -125,18 +125,19 @@ def evaluate(model: Path, data: dict, s: dict) -> dict:
     """Held-out accuracy by the maths verifier: greedy, and sampled (temperature 1, ``samples`` per problem)."""
     from rlhfkit.config import ModelConfig
     from rlhfkit.models.loading import load_causal_lm
-    from rlhfkit.rollout import SamplingParams, generate_text
+    from rlhfkit.rollout import SamplingParams, generate_text, make_engine
 
     rows = [json.loads(line) for line in data["eval"].read_text().splitlines()]
     policy, tok = load_causal_lm(ModelConfig(name=str(model), dtype=s["dtype"]), trainable=False)
+    engine = make_engine("auto", tok, policy)  # the training's default engine
     out = {}
     for mode, temperature, repeats in (("greedy", 0.0, 1), ("sampled", 1.0, s["samples"])):
-        params = SamplingParams(max_new_tokens=s["max_new"], temperature=temperature, do_sample=temperature > 0)
+        params = SamplingParams(max_new_tokens=s["max_new"], temperature=temperature)
         scores = []
         for r in range(repeats):
             for start in range(0, len(rows), 32):
                 chunk = rows[start: start + 32]
-                texts = generate_text(policy, tok, [c["prompt"] for c in chunk], **params.engine_kwargs(),
+                texts = generate_text(engine, policy, tok, [c["prompt"] for c in chunk], params,
                                       seed=1000 * r + start)
                 scores += reward(None, texts, answer=[c["answer"] for c in chunk])
         out[mode] = sum(scores) / len(scores)
