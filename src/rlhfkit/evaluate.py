@@ -18,6 +18,7 @@ and the conversation kept across turns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -529,8 +530,8 @@ def chat(model_name: str, *, prompt: str | None = None, system: str | None = Non
          stdin=None, stdout=None, engine: str = "auto", engine_kwargs: dict | None = None) -> list[dict]:
     """``rlhfkit generate``: answer ``prompt`` once, or chat turn by turn on ``stdin`` until EOF or ``/exit``
     (``/reset`` starts a new conversation), with the rollout engine ``engine`` (settings ``engine_kwargs``) built
-    once for the session.
-    Returns the conversation."""
+    once for the session. ``stdout`` gets the answers only: what is printed while generating (the engine's note of
+    its choice) goes to stderr. Returns the conversation."""
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     check_engine_flags(engine, engine_kwargs)
@@ -543,7 +544,8 @@ def chat(model_name: str, *, prompt: str | None = None, system: str | None = Non
               engine=engine_for(engine, model, tok, 1, engine_kwargs))
     if prompt is not None:
         messages.append({"role": "user", "content": prompt})
-        answer = reply(model, tok, messages, seed=seed, **kw)
+        with contextlib.redirect_stdout(sys.stderr):
+            answer = reply(model, tok, messages, seed=seed, **kw)
         messages.append({"role": "assistant", "content": answer})
         stdout.write(answer + "\n")
         stdout.flush()
@@ -567,7 +569,8 @@ def chat(model_name: str, *, prompt: str | None = None, system: str | None = Non
         if not text.strip():
             continue
         messages.append({"role": "user", "content": text})
-        answer = reply(model, tok, messages, seed=None if seed is None else seed + turn, **kw)
+        with contextlib.redirect_stdout(sys.stderr):
+            answer = reply(model, tok, messages, seed=None if seed is None else seed + turn, **kw)
         turn += 1
         messages.append({"role": "assistant", "content": answer})
         stdout.write(("model> " if interactive else "") + answer + "\n")
