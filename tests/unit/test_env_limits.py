@@ -10,13 +10,14 @@ import time
 
 import pytest
 import torch
-from test_envs import ScriptedEngine
+from test_envs import MODEL, ScriptedEngine
 
 from rlhfkit.config import ModelConfig
 from rlhfkit.envs import EnvError, load_environment, run_episodes
 from rlhfkit.envs.episodes import episode_metrics, turn_reward_tensor
 from rlhfkit.envs.host import EnvCalls
 from rlhfkit.models.loading import load_tokenizer_for
+from rlhfkit.rollout import SamplingParams
 
 ENVS = '''
 import math
@@ -87,9 +88,8 @@ def play(tok, envfile, name, kwargs, rows, *, workers=0, timeout_s=None, script=
     spec = f"{envfile}:{name}"
     with EnvCalls(spec, load_environment(spec), kwargs, workers=workers, timeout_s=timeout_s) as envs:
         limits = {"max_turns": 2, "max_total_tokens": 60, **kw}
-        rollout, eps = run_episodes(ScriptedEngine(tok, list(script)), None, tok, envs, rows,
-                                    sampling_kwargs={"max_new_tokens": 8}, eos_token_ids=[tok.eos_token_id],
-                                    pad_token_id=tok.pad_token_id, seed=0, step=7, **limits)
+        rollout, eps = run_episodes(ScriptedEngine(tok, list(script)), MODEL, tok, envs, rows,
+                                    params=SamplingParams(max_new_tokens=8), seed=0, step=7, **limits)
         return rollout, eps, episode_metrics(eps, envs.counts)
 
 

@@ -156,7 +156,8 @@ def test_user_environment_from_file_and_failures(tmp_path, tok):
     assert eps[0].turn_rewards == [1.5]
     with pytest.raises(EnvError, match=r"environment Broken: step\(\) raised KeyError"):
         broken = _calls(load_environment(f"{f}:Broken"), {}, f"{f}:Broken")
-        run_episodes(ScriptedEngine(tok, ["ok"]), MODEL, tok, broken, rows, params=SamplingParams(max_new_tokens=8), seed=0, max_turns=2, max_total_tokens=50)
+        run_episodes(ScriptedEngine(tok, ["ok"]), MODEL, tok, broken, rows, params=SamplingParams(max_new_tokens=8),
+                     seed=0, max_turns=2, max_total_tokens=50)
     for spec, match in ((f"{f}:Nope", "no attribute"), ("calculater", "did you mean 'calculator'"),
                         ("no.such.module:Env", "not found")):
         with pytest.raises(EnvError, match=match):
