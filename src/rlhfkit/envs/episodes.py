@@ -109,8 +109,8 @@ def run_episodes(engine: Engine, model, tok, envs: EnvCalls, rows: list[dict], *
     ``params.max_new_tokens`` bounds each turn) and the environments of ``envs`` (each call under its time limit,
     everything returned checked: :mod:`rlhfkit.envs.host`); returns the episodes as one Rollout (with
     ``action_mask``) and the episodes. A dropped episode (``failed``) keeps its tokens so far; its ``reward`` is
-    NaN. ``step`` names the rollout step in messages; ``prompt_limit`` / ``overflow`` hold reset()'s prompts and every observation (at most
-    ``max_total_tokens``) to the data prompts' rule."""
+    NaN. ``step`` names the rollout step in messages; ``prompt_limit`` / ``overflow`` hold reset()'s prompts and
+    every observation (at most ``max_total_tokens``) to the data prompts' rule."""
     episodes = _start(envs, tok, rows, step, prompt_limit, overflow)
     for turn in range(max_turns):
         live = [e for e in episodes if not e.done]
