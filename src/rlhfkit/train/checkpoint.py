@@ -70,15 +70,14 @@ _EDGE = 1 << 20
 
 
 def _file_digest(path: Path, size: int, limit: int | None = None) -> str:
+    """sha256 of the whole file up to ``limit`` bytes (:data:`FULL_HASH_LIMIT`), else of its first and last MiB."""
+    if size <= (FULL_HASH_LIMIT if limit is None else limit):
+        return _sha256(path)
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        if size <= (FULL_HASH_LIMIT if limit is None else limit):
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-        else:
-            digest.update(f.read(_EDGE))
-            f.seek(size - _EDGE)
-            digest.update(f.read(_EDGE))
+        digest.update(f.read(_EDGE))
+        f.seek(size - _EDGE)
+        digest.update(f.read(_EDGE))
     return digest.hexdigest()
 
 
