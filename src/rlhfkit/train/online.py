@@ -17,8 +17,7 @@ Each step (see DESIGN.md, "Data flow of an online step"):
   5. per-token KL to the reference -> shaped rewards -> advantages / returns by the chosen estimator; mismatch
      metrics and the off-policy correction (``algo.off_policy``) from the sampling and the old log-probs; the loss
      mask composed once from the keep-factors the steps set (``experience.py``)
-  6. PPO epochs over mini-batches: the policy loss of `algo.policy_loss` (PPO clip, GSPO, ...; times the off-policy
-     weights when a correction is on) (+ KL in loss, - entropy bonus), clipped value loss
+  6. PPO epochs over mini-batches: the `algo.policy_loss` (x off-policy weights) + KL in loss - entropy; value loss
   7. metrics (TRL names), sample table, health checks, KL-controller update, checkpoint
 
 How it departs from the papers: KL is computed on the sampled tokens with the chosen estimator (k1 by default in the
@@ -364,42 +363,44 @@ class OnlineTrainer:
 
     # ── 4. forward passes without grad ──────────────────────────────────────────────────────────────────────
     @torch.no_grad()
-    def logprobs_of(self, model, batch: dict, offload: bool = False, argmax: bool = False):
+    def logprobs_of(self, model, batch: dict, argmax: bool = False):
         """Log-probs [B, R] of the response tokens under ``model`` (the policy, the reference or the teacher: one
-        function for all), moved to the device for the call when ``offload``; with ``argmax``, also the model's
-        greedy token at each position [B, R], from the same logits (no extra forward)."""
-        with on_device(model, self.device, offload), self.acc.autocast():
+        function for all); with ``argmax``, also the model's greedy token at each position [B, R], from the same
+        logits (no extra forward)."""
+        with self.acc.autocast():
             logits = response_logits(model, batch, self.cfg.generation.temperature)
         logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
         return (logprobs, logits.argmax(-1)) if argmax else logprobs
 
     @torch.no_grad()
     def forward_passes(self, exp: Experience, evaluation: bool = False) -> None:
-        """Old log-probs of the policy, reference log-probs (when a KL is used), critic values (PPO) and the
-        teacher's log-probs and greedy agreement (when a teacher is set) onto ``exp``, in micro-batches of
-        ``train.batch_size``. ``evaluation``: the policy's and the teacher's only (held-out distillation metrics)."""
+        """Old log-probs, reference log-probs (with a KL), critic values (PPO), the teacher's log-probs and greedy
+        agreement (with a teacher) onto ``exp``, in micro-batches of ``train.batch_size``, one model over every
+        micro-batch in turn (an offloaded one moves once per step). ``evaluation``: the policy and the teacher only."""
         if not evaluation:
             self.phases.phase("log-probs")
-        mb, distill = self.cfg.train.batch_size, self.teacher is not None
-        old, ref, values, teacher = [], [], [], []
-        for s in range(0, len(exp.rollout), mb):
-            batch = exp.forward_rows(slice(s, s + mb))
-            old.append(self.logprobs_of(self.policy, batch, argmax=distill))  # distill: (log-probs, greedy tokens)
-            if distill:  # the greedy tokens come from the logits of the passes made anyway: no extra forward
-                teacher.append(self.logprobs_of(self.teacher, batch, self.cfg.memory.offload_teacher, argmax=True))
-            if self.use_kl and not evaluation:
-                if self.ref is None:  # LoRA: the reference is the policy with its adapter disabled
-                    with self.acc.unwrap_model(self.policy).disable_adapter():
-                        ref.append(self.logprobs_of(self.policy, batch))
-                else:
-                    ref.append(self.logprobs_of(self.ref, batch, self.cfg.memory.offload_reference))
-            if self.critic is not None and not evaluation:
-                with self.acc.autocast():
-                    values.append(response_values(self.critic, batch))
-        if distill:
-            (old, student_argmax), (teacher_lp, teacher_argmax) = (list(zip(*x)) for x in (old, teacher))
+        mb, distill, mem = self.cfg.train.batch_size, self.teacher is not None, self.cfg.memory
+        batches = [exp.forward_rows(slice(s, s + mb)) for s in range(0, len(exp.rollout), mb)]
+
+        def each(model, offload: bool = False, argmax: bool = False) -> list:
+            with on_device(model, self.device, offload):
+                return [self.logprobs_of(model, batch, argmax=argmax) for batch in batches]
+
+        old, ref, values = each(self.policy, argmax=distill), [], []  # distill: (log-probs, greedy tokens), from
+        if distill:  # the logits of the passes made anyway: no extra forward
+            (old, student_argmax), (teacher_lp, teacher_argmax) = (
+                list(zip(*x)) for x in (old, each(self.teacher, mem.offload_teacher, argmax=True)))
             exp.teacher_logprobs, exp.greedy_agree = torch.cat(teacher_lp), torch.cat(student_argmax) == torch.cat(
                 teacher_argmax)
+        if self.use_kl and not evaluation:
+            if self.ref is None:  # LoRA: the reference is the policy with its adapter disabled
+                with self.acc.unwrap_model(self.policy).disable_adapter():
+                    ref = each(self.policy)
+            else:
+                ref = each(self.ref, mem.offload_reference)
+        if self.critic is not None and not evaluation:
+            with self.acc.autocast():
+                values = [response_values(self.critic, batch) for batch in batches]
         exp.old_logprobs = torch.cat(old)
         exp.ref_logprobs = torch.cat(ref) if ref else None
         exp.values = torch.cat(values) if values else None
