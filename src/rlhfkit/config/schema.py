@@ -268,7 +268,8 @@ class CISPOLossConfig:
     clip_low: float | None = f(None, "the token IS weight is clipped below at 1 - clip_low; null = no lower bound "
                                      "(MiniMax-M1 sets none)", gt=0)
     clip_high: float | None = f(4.0, "the weight is clipped above at 1 + clip_high (MiniMax-M1 tunes only this bound "
-                                     "and gives no value; 4.0, a cap of 5 on the weight, is our choice, not the paper's); null = no upper bound", gt=0)
+                                     "and gives no value; 4.0, a cap of 5 on the weight, is our choice, not the "
+                                     "paper's); null = no upper bound", gt=0)
 
 
 @dataclass(frozen=True)
