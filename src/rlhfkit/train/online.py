@@ -646,8 +646,8 @@ class OnlineTrainer:
             "response/length_mean": g(exp.rollout.lengths.float()),
             "response/length_std": self.acc.gather(exp.rollout.lengths.float()).std().item()
             if len(exp.rollout) > 1 else 0.0,
-            "lr": self.sched.get_last_lr()[0],
-            "episode": step * per_step,
+            **{k: v for k, v in self.engine.take_stats().items() if v},  # time/rollout_compile when it compiled
+            "lr": self.sched.get_last_lr()[0], "episode": step * per_step,
             "eps": step * per_step / max(time.time() - t0, 1e-6),
         }
 
