@@ -82,18 +82,24 @@ def _trainer(task_data, sft_dir, tmp_path, recipe="grpo", *extra):
     return OnlineTrainer(cfg, start_run(cfg))
 
 
-def test_grpo_with_beta_zero_makes_no_reference_forward(task_data, sft_dir, tmp_path, monkeypatch):
-    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.kl.coef=0")
+@pytest.mark.parametrize("epochs, forwards", [(1, 0), (2, 2)])
+def test_grpo_with_beta_zero_makes_no_reference_forward(epochs, forwards, task_data, sft_dir, tmp_path, monkeypatch):
+    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.kl.coef=0", f"algo.ppo_epochs={epochs}",
+                       "memory.forward_tokens=64")
     assert trainer.ref is None and not trainer.use_kl
+    assert trainer.on_policy_update == (epochs == 1)  # one update per rollout: the update's own log-probs
     seen = []
     real = OnlineTrainer.logprobs_of
     monkeypatch.setattr(OnlineTrainer, "logprobs_of", lambda self, model, batch, *a, **kw: seen.append(model) or
                         real(self, model, batch, *a, **kw))
     exp = trainer.rollout(trainer._prompt_batch(0), seed=0)
     trainer.score(exp)
+    widths = exp.rollout.prompt_mask.sum(-1) + exp.rollout.response_mask.sum(-1)
+    assert int(widths.min()) * 8 > 64  # so 64 tokens cannot hold the 8 rows in one batch
     trainer.forward_passes(exp)
     assert exp.ref_logprobs is None
-    assert all(m is trainer.policy for m in seen) and len(seen) == 2  # 8 responses / micro-batch 4: policy only
+    # policy only: none when on-policy; else 8 responses in token batches of <= 64 tokens, at least 2
+    assert all(m is trainer.policy for m in seen) and (len(seen) >= 2 if forwards else not seen)
 
 
 def test_tokens_after_eos_change_nothing(task_data, sft_dir, tmp_path):

@@ -249,6 +249,7 @@ def test_online_advantages_pass_log_ratio_clip_and_mask():
     assert cfg.algo.kl.log_ratio_clip == 20.0
     trainer = SimpleNamespace(cfg=cfg, kl_ctl=FixedKLController(0.0), estimator=ADVANTAGE_ESTIMATORS["reinforce_pp"],
                               k=1, kl_in_reward=True, off_policy=lambda e: (None, {}))
+    trainer.kl_metrics = lambda e: OnlineTrainer.kl_metrics(trainer, e)
     exp = Experience(rollout=None, rows=[], position_ids=None, action=torch.tensor([[1.0, 1.0, 0.0]]),
                      old_logprobs=torch.tensor([[-100.0, -1.0, NAN]]), ref_logprobs=torch.tensor([[0.0, -1.0, 0.0]]),
                      scores=torch.tensor([1.0]), values=None, turn_rewards=None)

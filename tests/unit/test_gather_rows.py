@@ -46,11 +46,12 @@ def test_gather_rows_takes_uneven_and_empty_shares(tmp_path, counts):
     assert torch.equal(torch.load(out), expected)
 
 
-METRICS = [  # rank 0, rank 1: a mean, a count, a max, a min, a key only rank 1 has, a value already the same
+METRICS = [  # rank 0, rank 1: a mean, a count, a max, a min, a key only rank 1 has, a value already the same,
+    # a phase time (the slowest process's) and a throughput (the processes' sum)
     {"objective/kl": 1.0, "rewards/dropped": 2.0, "rollout/logprob_diff_max": 0.5, "x_min": -1.0, "same": 7.0,
-     "text": "kept as is"},
+     "time/rollout": 2.0, "throughput/tokens_per_s": 10.0, "text": "kept as is"},
     {"objective/kl": 4.0, "rewards/dropped": 3.0, "rollout/logprob_diff_max": 0.25, "x_min": -3.0, "same": 7.0,
-     "env/only_here": 9.0, "text": "other"},
+     "time/rollout": 3.5, "throughput/tokens_per_s": 6.0, "env/only_here": 9.0, "text": "other"},
 ]
 
 
@@ -75,7 +76,7 @@ def test_reduce_metrics_gives_every_process_the_global_values(tmp_path):
     mp.spawn(_reduce_worker, args=(_free_port(), out), nprocs=2, join=True)
     r0, r1 = torch.load(f"{out}.0"), torch.load(f"{out}.1")
     want = {"objective/kl": 2.5, "rewards/dropped": 5.0, "rollout/logprob_diff_max": 0.5, "x_min": -3.0, "same": 7.0,
-            "env/only_here": 9.0}
+            "env/only_here": 9.0, "time/rollout": 3.5, "throughput/tokens_per_s": 16.0}
     for got, text in ((r0, "kept as is"), (r1, "other")):
         assert {k: v for k, v in got.items() if k != "text"} == want
         assert got["text"] == text  # not a number: left to the process

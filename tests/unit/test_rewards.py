@@ -30,7 +30,7 @@ from rlhfkit.rewards import (
     same_tokenizer,
 )
 from rlhfkit.rollout import left_pad
-from rlhfkit.track import NO_PHASES
+from rlhfkit.track import NO_PHASES, PhaseTimer
 
 HERE = Path(__file__).resolve().parent
 FNS_FILE = HERE / "reward_fns_for_tests.py"
@@ -435,12 +435,14 @@ def test_online_score_drops_samples_without_finite_reward(tok):
     # get score 0 and an empty mask; the running normaliser sees only the 3 valid ones
     from types import MethodType, SimpleNamespace
 
+    from rlhfkit.algos import RunningMoments
     from rlhfkit.config import build_config
     from rlhfkit.train.experience import Experience
-    from rlhfkit.train.online import OnlineTrainer, RunningMoments
+    from rlhfkit.train.online import OnlineTrainer
 
     cfg = build_config("ppo", {}, ["reward.missing_eos_penalty=0", "reward.clip=null"])
-    trainer = SimpleNamespace(tok=tok, scorer=None, phases=NO_PHASES, device=torch.device("cpu"), cfg=cfg,
+    trainer = SimpleNamespace(tok=tok, scorer=None, phases=NO_PHASES, timer=PhaseTimer(), device=torch.device("cpu"),
+                              cfg=cfg,
                               moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x),
                               functions=CombinedRewards([f"{FNS_FILE}:some_bad", "exact_match"]))
     trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
@@ -483,13 +485,15 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
     # a reward model that scores [1, nan, inf, 3]: samples 1 and 2 are dropped, the model's mean is over the rest
     from types import MethodType, SimpleNamespace
 
+    from rlhfkit.algos import RunningMoments
     from rlhfkit.config import build_config
     from rlhfkit.train.experience import Experience
-    from rlhfkit.train.online import OnlineTrainer, RunningMoments
+    from rlhfkit.train.online import OnlineTrainer
 
     cfg = build_config("grpo", {}, ["reward.missing_eos_penalty=0"])
     scorer = SimpleNamespace(model=None, score=lambda *a: torch.tensor([1.0, math.nan, math.inf, 3.0]))
-    trainer = SimpleNamespace(tok=tok, scorer=scorer, phases=NO_PHASES, functions=None, device=torch.device("cpu"),
+    trainer = SimpleNamespace(tok=tok, scorer=scorer, phases=NO_PHASES, timer=PhaseTimer(), functions=None,
+                              device=torch.device("cpu"),
                               cfg=cfg, moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x))
     trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
     trainer.penalised = MethodType(OnlineTrainer.penalised, trainer)

@@ -50,6 +50,7 @@ from rlhfkit.algos.preference import (
 )
 from rlhfkit.algos.shaping import (
     DynamicSample,
+    RunningMoments,
     dynamic_sample,
     overlong_penalty,
     turn_reward_shift,
@@ -62,6 +63,7 @@ __all__ = [
     "DPO_LOSS_TYPES",
     "DynamicSample",
     "FixedKLController",
+    "RunningMoments",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "OFF_POLICY_CORRECTIONS",

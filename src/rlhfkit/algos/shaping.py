@@ -8,6 +8,7 @@ p (as everywhere in the online loop, see :func:`~rlhfkit.algos.advantages.group_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -87,3 +88,27 @@ def turn_reward_shift(turn_rewards: torch.Tensor, mask: torch.Tensor) -> torch.T
     last = torch.where(valid, positions, torch.zeros_like(positions)).amax(-1, keepdim=True)
     total = torch.zeros_like(kept).scatter(-1, last, kept.sum(-1, keepdim=True))
     return torch.where(valid, kept - total, torch.zeros_like(kept))
+
+
+class RunningMoments:
+    """Running mean / std of scores over all processes (Chan et al. parallel update), for reward normalisation."""
+
+    def __init__(self):
+        self.mean, self.var, self.count = 0.0, 1.0, 0
+
+    def update(self, x: torch.Tensor) -> None:
+        n, mean, var = x.numel(), x.mean().item(), x.var(unbiased=False).item() if x.numel() > 1 else 0.0
+        total = self.count + n
+        delta = mean - self.mean
+        self.var = (self.var * self.count + var * n + delta**2 * self.count * n / total) / total
+        self.mean += delta * n / total
+        self.count = total
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / math.sqrt(max(self.var, 1e-8))
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]

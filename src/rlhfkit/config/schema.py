@@ -348,7 +348,9 @@ class MemoryConfig:
     offload_reference: bool = f(False, "keep the reference model on CPU between uses")
     offload_reward: bool = f(False, "keep the reward model on CPU between uses")
     offload_teacher: bool = f(False, "keep the distillation teacher on CPU between uses")
-
+    forward_tokens: int = f(8192, "token budget of one no-grad forward of the online step (old policy, reference, "
+                            "teacher, critic values): rows sorted by length, batched so rows x (longest prompt + "
+                            "longest response) stays within it (a longer row goes alone)", ge=1)
 
 @dataclass(frozen=True)
 class TeacherConfig:

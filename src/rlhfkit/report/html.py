@@ -47,6 +47,8 @@ GROUPS: list[tuple[str, Callable[[str], bool]]] = [  # in order of importance: r
     ("Entropy per token", lambda k: k == "policy/entropy_avg"),
     ("Sequence entropy", lambda k: k == "objective/entropy"),
     ("Losses", lambda k: k == "loss" or k.startswith("loss/")),
+    ("Time per phase (s)", lambda k: k.startswith("time/") and k not in ("time/rollout_compile", "time/eval")),
+    ("Throughput (per s)", lambda k: k.startswith("throughput/")),
 ]
 NEAR_ZERO = 1e-3  # a diagnostic whose every value stays within this of 0 is folded away (log-prob differences, ...)
 # the metrics the summary shows from start to end, when the run logged them (at most MAX_KEY_METRICS)

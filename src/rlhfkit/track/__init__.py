@@ -5,6 +5,7 @@ from .health import CriticalHealthStop, HealthMonitor, HealthWarning, read_warni
 from .metrics import MetricsSink, read_metrics
 from .progress import NO_PHASES, Phases, Progress
 from .samples import SampleLogger, read_samples
+from .timing import PhaseTimer
 
 __all__ = [
     "CriticalHealthStop",
@@ -13,6 +14,7 @@ __all__ = [
     "MetricsSink",
     "NO_PHASES",
     "Phases",
+    "PhaseTimer",
     "Progress",
     "SampleLogger",
     "get_console",

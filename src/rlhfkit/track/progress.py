@@ -38,6 +38,9 @@ SHORT_NAMES = {
     "loss/policy_avg": "pg_loss", "loss/value_avg": "vf_loss", "val/eos_frac": "eos",
     "train/rewards/accuracies": "acc", "eval/rewards/accuracies": "eval_acc",
     "train/rewards/margins": "margin", "eval/rewards/margins": "eval_margin",
+    "time/step": "step_s", "time/rollout": "rollout_s", "time/reward": "reward_s", "time/reference": "ref_s",
+    "time/old_logprobs": "old_s", "time/values": "values_s", "time/update": "update_s",
+    "throughput/tokens_per_s": "tok/s", "throughput/episodes_per_s": "ep/s",
 }
 
 

@@ -95,12 +95,15 @@ def gather_rows(acc, rows: torch.Tensor) -> torch.Tensor:
 
 # Step metrics that are counts (summed over processes); every other scalar is a per-process mean over equal shares
 SUMMED_METRICS = frozenset({"rewards/dropped", "rollout/degenerate_groups", "rollout/degenerate_groups_filled"})
+# Prefixes reduced otherwise: a step waits for its slowest process (time/: the largest), throughputs add up
+MAX_PREFIXES, SUM_PREFIXES = ("time/",), ("throughput/",)
 
 
 def reduce_metrics(acc, metrics: dict) -> dict:
     """One step's scalar metrics, the same on every process: the processes' values averaged (each process holds
     the same number of samples, so the mean of their means is the global mean), summed for the counts of
-    :data:`SUMMED_METRICS`, the largest for ``*_max`` and the smallest for ``*_min`` keys. A key some process lacks
+    :data:`SUMMED_METRICS` and ``throughput/`` keys, the largest for ``*_max`` and ``time/`` keys (the step waits for
+    the slowest process) and the smallest for ``*_min`` keys. A key some process lacks
     is reduced over those that have it. Metrics already computed on gathered tensors are the same everywhere and
     come back unchanged. Statistics that do not reduce this way (a percentile) must be computed on gathered data
     before. One ``all_gather_object`` per call; on one process ``metrics`` comes back as is."""
@@ -112,9 +115,9 @@ def reduce_metrics(acc, metrics: dict) -> dict:
     out = dict(metrics)
     for key in set().union(*every):
         values = [m[key] for m in every if key in m]
-        if key in SUMMED_METRICS or key.endswith(("/timeouts", "/errors")):  # counts (rewards/<name>/...)
+        if key in SUMMED_METRICS or key.endswith(("/timeouts", "/errors")) or key.startswith(SUM_PREFIXES):
             out[key] = sum(values)
-        elif key.endswith("_max"):
+        elif key.endswith("_max") or key.startswith(MAX_PREFIXES):
             out[key] = max(values)
         elif key.endswith("_min"):
             out[key] = min(values)

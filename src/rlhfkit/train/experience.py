@@ -121,11 +121,40 @@ class Experience:
         return {"input_ids": r.sequences[idx], "attention_mask": r.attention_mask[idx],
                 "position_ids": self.position_ids[idx], "response_ids": r.response_ids[idx]}
 
+    def token_batches(self, budget: int) -> list[tuple[torch.Tensor, dict]]:
+        """The rows in forward batches of at most ``budget`` tokens (:func:`token_budget_batches`), each as (row
+        indices, :meth:`forward_rows` of them cut to the batch's own width: without the prompt padding every row of
+        it has on the left and the response columns after its longest response)."""
+        r = self.rollout
+        prompt_len = r.prompt_mask.sum(-1)
+        ends = r.response_mask.shape[1] - r.response_mask.flip(-1).long().argmax(-1)  # one past each row's last token
+        response_len = torch.where(r.response_mask.bool().any(-1), ends, torch.ones_like(ends))
+        out = []
+        for rows in token_budget_batches(prompt_len.tolist(), response_len.tolist(), budget):
+            idx = torch.tensor(rows, dtype=torch.long, device=r.prompt_ids.device)
+            P, width = r.prompt_length, int(response_len[idx].max())
+            start = P - int(prompt_len[idx].max())
+            batch = self.forward_rows(idx)
+            cut = {k: v[:, start: P + width] for k, v in batch.items() if k != "response_ids"}
+            out.append((idx, {**cut, "response_ids": batch["response_ids"][:, :width]}))
+        return out
+
+    def per_token(self, batches: list[tuple[torch.Tensor, dict]], parts: list[torch.Tensor]) -> torch.Tensor:
+        """[B, R] of ``parts`` (one [b, width] tensor per batch of :meth:`token_batches`, computed from it) put back
+        in row order, in the parts' dtype (float32 for floats); 0 after each batch's width (response padding,
+        outside every mask)."""
+        r = self.rollout
+        dtype = torch.float32 if parts and parts[0].is_floating_point() else parts[0].dtype if parts else torch.float32
+        out = torch.zeros(r.response_ids.shape, dtype=dtype, device=r.response_ids.device)
+        for (idx, _), part in zip(batches, parts, strict=True):
+            out[idx, : part.shape[1]] = part.to(dtype)
+        return out
+
     def rows_of(self, idx: torch.Tensor) -> dict:
-        """The tensors of rows ``idx`` needed by one PPO micro-batch."""
-        out = {**self.forward_rows(idx), "mask": self.loss_mask[idx], "old_logprobs": self.old_logprobs[idx],
-               "advantages": self.advantages[idx]}
-        for name in ("ref_logprobs", "values", "returns", "is_weights"):
+        """The tensors of rows ``idx`` needed by one PPO micro-batch (no ``old_logprobs`` when the step took none:
+        the update is on-policy and uses its own, see ``OnlineTrainer.on_policy_update``)."""
+        out = {**self.forward_rows(idx), "mask": self.loss_mask[idx], "advantages": self.advantages[idx]}
+        for name in ("old_logprobs", "ref_logprobs", "values", "returns", "is_weights"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value[idx]
@@ -145,6 +174,26 @@ def distill_metrics(exp: Experience, log_ratio_clip: float | None) -> dict:
     return {"distill/reverse_kl": mean(reverse_kl), "distill/teacher_logprob_mean": mean(exp.teacher_logprobs),
             "distill/student_logprob_mean": mean(exp.old_logprobs),
             "distill/argmax_agreement": mean(exp.greedy_agree.float())}
+
+
+def token_budget_batches(prompt_lens: list[int], response_lens: list[int], budget: int) -> list[list[int]]:
+    """Row indices in batches whose padded size (rows x (longest prompt + longest response)) stays within
+    ``budget`` tokens; a row longer than the budget goes alone. Rows are taken longest first, so rows of like length
+    share a batch and little padding is computed; a batch's rows keep ascending index order."""
+    order = sorted(range(len(prompt_lens)), key=lambda i: (-(prompt_lens[i] + response_lens[i]), i))
+    batches: list[list[int]] = []
+    rows: list[int] = []
+    p_max = r_max = 0
+    for i in order:
+        p, r = max(p_max, prompt_lens[i]), max(r_max, response_lens[i])
+        if rows and (len(rows) + 1) * (p + r) > budget:
+            batches.append(sorted(rows))
+            rows, p, r = [], prompt_lens[i], response_lens[i]
+        rows.append(i)
+        p_max, r_max = p, r
+    if rows:
+        batches.append(sorted(rows))
+    return batches
 
 
 def merge_groups(parts: list[Experience], groups: list[tuple[int, int]], k: int, pad_token_id: int,

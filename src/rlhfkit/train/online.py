@@ -13,12 +13,14 @@ Each step (see DESIGN.md, "Data flow of an online step"):
   3. score: reward model (ids reused, or text re-tokenised when its tokenizer differs) and / or reward functions;
      missing-EOS and DAPO overlong penalties, running normalisation, clipping. With DAPO dynamic sampling, steps
      1-3 repeat on fresh prompts until the batch holds only groups whose rewards differ (or the draws are capped)
-  4. forward passes without grad: policy (old log-probs), reference (unless no KL is used), critic (PPO)
+  4. forward passes without grad, in batches of <= ``memory.forward_tokens`` tokens: policy (old log-probs; not when
+     the update is on-policy: :attr:`OnlineTrainer.on_policy_update`), reference (with a KL), critic (PPO)
   5. per-token KL to the reference -> shaped rewards -> advantages / returns by the chosen estimator; mismatch
      metrics and the off-policy correction (``algo.off_policy``) from the sampling and the old log-probs; the loss
      mask composed once from the keep-factors the steps set (``experience.py``)
   6. PPO epochs over mini-batches: the `algo.policy_loss` (x off-policy weights) + KL in loss - entropy; value loss
-  7. metrics (TRL names), sample table, health checks, KL-controller update, checkpoint
+  7. metrics (TRL names; the time of each phase, ``time/<phase>``, and the throughput), sample table, health
+     checks, KL-controller update, checkpoint
 
 How it departs from the papers: KL is computed on the sampled tokens with the chosen estimator (k1 by default in the
 reward, k3 in the loss as in GRPO); the critic has its own optimizer, so ``vf_coef`` only scales its loss; with LoRA
@@ -37,7 +39,6 @@ from ..config import OnlineConfig, replace
 from ..data import PromptCollator
 from ..data.chat import stop_token_ids
 from ..errors import ConfigError
-from ..models.heads import token_values
 from ..models.loading import (
     describe,
     is_peft,
@@ -51,67 +52,13 @@ from ..rewards import RewardFunctionError, RewardModelScorer
 from ..rewards.functions import rewards_from_config
 from ..rewards.lint import probe_rewards
 from ..rollout import SamplingParams, build_engine, decode_responses
-from ..track import NO_PHASES, CriticalHealthStop, Phases, Progress
+from ..track import NO_PHASES, CriticalHealthStop, Phases, PhaseTimer, Progress
 from .common import length_policy, load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
 from .distributed import get_strategy
 from .experience import Experience, distill_metrics, merge_groups
+from .forward import disable_dropout, on_device, response_logits, response_values
 from .optim import clip_and_step
 from .run import Run, run_recipe, set_up_trained
-
-# ─────────────────────────────────────────────────── pieces ───────────────────────────────────────────────────
-
-
-class RunningMoments:
-    """Running mean / std of scores over all processes (Chan et al. parallel update), for reward normalisation."""
-
-    def __init__(self):
-        self.mean, self.var, self.count = 0.0, 1.0, 0
-
-    def update(self, x: torch.Tensor) -> None:
-        n, mean, var = x.numel(), x.mean().item(), x.var(unbiased=False).item() if x.numel() > 1 else 0.0
-        total = self.count + n
-        delta = mean - self.mean
-        self.var = (self.var * self.count + var * n + delta**2 * self.count * n / total) / total
-        self.mean += delta * n / total
-        self.count = total
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / math.sqrt(max(self.var, 1e-8))
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean, "var": self.var, "count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
-
-
-def response_logits(model, batch: dict, temperature: float) -> torch.Tensor:
-    """Logits [B, R, V] predicting each response token; only the last R+1 positions go through the LM head."""
-    R = batch["response_ids"].shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False, logits_to_keep=R + 1)
-    logits = out.logits[:, :-1]
-    return logits / temperature if temperature > 0 and temperature != 1.0 else logits
-
-
-def response_values(critic, batch: dict) -> torch.Tensor:
-    """Critic values [B, R]: the value at the position *before* each response token (the state it is taken in)."""
-    R = batch["response_ids"].shape[1]
-    values = token_values(critic, batch["input_ids"], batch["attention_mask"], position_ids=batch["position_ids"])
-    return values[:, -R - 1:-1].float()
-
-
-@contextlib.contextmanager
-def on_device(model, device, offload: bool):
-    """Move an offloaded model to ``device`` for the duration of the block, and back to CPU after."""
-    if offload:
-        model.to(device)
-    try:
-        yield model
-    finally:
-        if offload:
-            model.to("cpu")
-
 
 # ─────────────────────────────────────────────────── trainer ──────────────────────────────────────────────────
 
@@ -133,10 +80,11 @@ class OnlineTrainer:
         self.device = run.device
         self.strategy = get_strategy(cfg)
         self.sampling = SamplingParams.from_config(cfg.generation)
+        self.timer = PhaseTimer(self.device)  # time/<phase> of each step (one CUDA sync at each phase's end)
         kl = algo.kl
         self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
                        else algos.FixedKLController(kl.coef))
-        self.moments = RunningMoments()
+        self.moments = algos.RunningMoments()
         self.phases: Phases = NO_PHASES  # where the loop reports its phase (the progress display, in train())
         # reward functions and prompt records first: a mistake in them is answered before any weights load
         self.functions = self.envs = None
@@ -226,6 +174,11 @@ class OnlineTrainer:
             raise _too_few_prompts(len(self.prompts), cfg.algo.rollout_batch_size, world)
         batch = cfg.algo.rollout_batch_size * self.k  # its divisibility was checked when the config was built
         self.updates_per_step = cfg.algo.ppo_epochs * (batch // cfg.algo.mini_batch_size)
+        # one update per rollout: the old policy IS the updated one, its log-probs the update's own (as TRL); step 4
+        # skips that forward (ratio exactly 1, same gradient) unless step 5 needs them (KL in reward, correction,
+        # a teacher's reward)
+        self.on_policy_update = self.updates_per_step == 1 and not (self.use_kl and self.kl_in_reward) and \
+            cfg.algo.off_policy.correction == "none" and self.teacher is None
 
     def _prompt_batch(self, step: int) -> dict:
         epoch, pos = divmod(step, self.per_epoch)
@@ -243,7 +196,7 @@ class OnlineTrainer:
         k = self.k if k is None else k
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
         self.phases.phase(phase, total=len(ids) * k, unit="sequences")
-        with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for the whole rollout
+        with self.timer.phase("rollout"), self.strategy.gathered(self.policy):  # sharded: gathered once
             rollout = self.engine.generate(self.policy, ids * k, self.sampling, seed=seed,
                                            on_rows=self.phases.advance)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
@@ -259,7 +212,7 @@ class OnlineTrainer:
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(n)] * k
         ec = self.cfg.env
         self.phases.phase("episodes", total=n * k)
-        with self.strategy.gathered(self.policy):  # sharded: full weights gathered once for all the episodes
+        with self.timer.phase("rollout"), self.strategy.gathered(self.policy):  # sharded: gathered once
             rollout, episodes = run_episodes(
                 self.engine, self.policy, self.tok, self.envs, rows, params=self.sampling, seed=seed,
                 max_turns=ec.max_turns, max_total_tokens=ec.max_total_tokens, step=step,
@@ -299,40 +252,41 @@ class OnlineTrainer:
         also the learning scores (missing-EOS penalty, running normalisation, clipping: this updates the
         normaliser, so evaluation passes ``shape=False``). Samples without a finite reward (NaN / inf / None) are
         dropped from the step: score 0 and ``exp.valid`` False (``rewards/dropped`` counts them)."""
-        rollout, rows = exp.rollout, exp.rows
-        self.phases.phase("reward", total=len(rows), unit="responses")
-        texts = decode_responses(self.tok, rollout)  # one host copy of the ids (the mask is a prefix of lengths)
-        messages = [row["prompt"] for row in rows]
-        total = torch.zeros(len(texts), device=self.device)
-        valid = torch.ones(len(texts), dtype=torch.bool, device=self.device)
-        metrics: dict = {}
-        if exp.env_returns is not None:  # a dropped episode's return is NaN
-            valid &= torch.isfinite(exp.env_returns)
-            total += torch.where(valid, exp.env_returns, 0.0)
-            metrics.update(exp.env_metrics)
-        if self.scorer is not None:
-            with on_device(self.scorer.model, self.device, self.cfg.memory.offload_reward):
-                rm = self.scorer.score(messages, texts, rollout.sequences, rollout.attention_mask).to(self.device)
-            valid &= torch.isfinite(rm)
-            total += torch.where(valid, rm, 0.0)
-            metrics["rewards/model/mean"] = rm[valid].mean().item() if valid.any() else 0.0
-        if self.functions is not None:
-            prompt_text = [m[-1]["content"] for m in messages]
-            fields = [{k: v for k, v in row.items() if k not in ("prompt",)} for row in rows]
-            fn = self.functions(prompt_text, texts, fields, step=step, allow_all_dropped=not shape)
-            total += fn.total.to(self.device)
-            valid &= fn.valid.to(self.device)
-            metrics.update(fn.metrics)
-        ov = self.cfg.algo.overlong
-        if ov.cache_len:
-            metrics["rewards/overlong_penalty/mean"] = algos.overlong_penalty(
-                rollout.lengths, self.cfg.generation.max_new_tokens, ov.cache_len, ov.penalty).mean().item()
-        total = torch.where(valid, total, 0.0)
-        metrics["rewards/dropped"] = float((~valid).sum())
-        exp.valid = valid  # keep-factor: dropped samples take no part in the step
-        exp.texts, exp.raw_scores, exp.reward_metrics = texts, total, metrics
-        if shape:
-            exp.scores = self.shape_scores(total, rollout.ended, rollout.lengths, valid)
+        with self.timer.phase("reward"):
+            rollout, rows = exp.rollout, exp.rows
+            self.phases.phase("reward", total=len(rows), unit="responses")
+            texts = decode_responses(self.tok, rollout)  # one host copy of the ids (the mask is a prefix of lengths)
+            messages = [row["prompt"] for row in rows]
+            total = torch.zeros(len(texts), device=self.device)
+            valid = torch.ones(len(texts), dtype=torch.bool, device=self.device)
+            metrics: dict = {}
+            if exp.env_returns is not None:  # a dropped episode's return is NaN
+                valid &= torch.isfinite(exp.env_returns)
+                total += torch.where(valid, exp.env_returns, 0.0)
+                metrics.update(exp.env_metrics)
+            if self.scorer is not None:
+                with on_device(self.scorer.model, self.device, self.cfg.memory.offload_reward):
+                    rm = self.scorer.score(messages, texts, rollout.sequences, rollout.attention_mask).to(self.device)
+                valid &= torch.isfinite(rm)
+                total += torch.where(valid, rm, 0.0)
+                metrics["rewards/model/mean"] = rm[valid].mean().item() if valid.any() else 0.0
+            if self.functions is not None:
+                prompt_text = [m[-1]["content"] for m in messages]
+                fields = [{k: v for k, v in row.items() if k not in ("prompt",)} for row in rows]
+                fn = self.functions(prompt_text, texts, fields, step=step, allow_all_dropped=not shape)
+                total += fn.total.to(self.device)
+                valid &= fn.valid.to(self.device)
+                metrics.update(fn.metrics)
+            ov = self.cfg.algo.overlong
+            if ov.cache_len:
+                metrics["rewards/overlong_penalty/mean"] = algos.overlong_penalty(
+                    rollout.lengths, self.cfg.generation.max_new_tokens, ov.cache_len, ov.penalty).mean().item()
+            total = torch.where(valid, total, 0.0)
+            metrics["rewards/dropped"] = float((~valid).sum())
+            exp.valid = valid  # keep-factor: dropped samples take no part in the step
+            exp.texts, exp.raw_scores, exp.reward_metrics = texts, total, metrics
+            if shape:
+                exp.scores = self.shape_scores(total, rollout.ended, rollout.lengths, valid)
 
     def penalised(self, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Raw scores with the missing-EOS penalty and DAPO's soft overlong penalty (no running state)."""
@@ -374,36 +328,38 @@ class OnlineTrainer:
 
     @torch.no_grad()
     def forward_passes(self, exp: Experience, evaluation: bool = False) -> None:
-        """Old log-probs, reference log-probs (with a KL), critic values (PPO), the teacher's log-probs and greedy
-        agreement (with a teacher) onto ``exp``, in micro-batches of ``train.batch_size``, one model over every
-        micro-batch in turn (an offloaded one moves once per step). ``evaluation``: the policy and the teacher only."""
+        """Old log-probs (not when :attr:`on_policy_update`), reference log-probs (with a KL), critic values (PPO),
+        the teacher's log-probs and greedy agreement (with a teacher) onto ``exp``: each model a timed phase over
+        the same batches of <= ``memory.forward_tokens`` tokens (``token_batches``), so an offloaded one moves once
+        per step. ``evaluation``: the policy and the teacher only."""
         if not evaluation:
             self.phases.phase("log-probs")
-        mb, distill, mem = self.cfg.train.batch_size, self.teacher is not None, self.cfg.memory
-        batches = [exp.forward_rows(slice(s, s + mb)) for s in range(0, len(exp.rollout), mb)]
+        distill, mem = self.teacher is not None, self.cfg.memory
+        batches = exp.token_batches(mem.forward_tokens)
 
-        def each(model, offload: bool = False, argmax: bool = False) -> list:
-            with on_device(model, self.device, offload):
-                return [self.logprobs_of(model, batch, argmax=argmax) for batch in batches]
+        def each(phase: str, model, context=None, argmax: bool = False):
+            with self.timer.phase(phase), context or contextlib.nullcontext():
+                parts = [self.logprobs_of(model, batch, argmax=argmax) for _, batch in batches]
+            if not argmax:
+                return exp.per_token(batches, parts)
+            return exp.per_token(batches, [p[0] for p in parts]), exp.per_token(batches, [p[1] for p in parts])
 
-        old, ref, values = each(self.policy, argmax=distill), [], []  # distill: (log-probs, greedy tokens), from
-        if distill:  # the logits of the passes made anyway: no extra forward
-            (old, student_argmax), (teacher_lp, teacher_argmax) = (
-                list(zip(*x)) for x in (old, each(self.teacher, mem.offload_teacher, argmax=True)))
-            exp.teacher_logprobs, exp.greedy_agree = torch.cat(teacher_lp), torch.cat(student_argmax) == torch.cat(
-                teacher_argmax)
-        if self.use_kl and not evaluation:
-            if self.ref is None:  # LoRA: the reference is the policy with its adapter disabled
-                with self.acc.unwrap_model(self.policy).disable_adapter():
-                    ref = each(self.policy)
-            else:
-                ref = each(self.ref, mem.offload_reference)
-        if self.critic is not None and not evaluation:
-            with self.acc.autocast():
-                values = [response_values(self.critic, batch) for batch in batches]
-        exp.old_logprobs = torch.cat(old)
-        exp.ref_logprobs = torch.cat(ref) if ref else None
-        exp.values = torch.cat(values) if values else None
+        if distill:  # (log-probs, greedy tokens) from the logits of the passes made anyway: no extra forward
+            exp.old_logprobs, student_argmax = each("old_logprobs", self.policy, argmax=True)
+            exp.teacher_logprobs, teacher_argmax = each(
+                "teacher", self.teacher, on_device(self.teacher, self.device, mem.offload_teacher), argmax=True)
+            exp.greedy_agree = student_argmax == teacher_argmax
+        elif evaluation or not self.on_policy_update:
+            exp.old_logprobs = each("old_logprobs", self.policy)
+        if evaluation:
+            return
+        if self.use_kl:  # LoRA without a reference model: the policy with its adapter disabled
+            exp.ref_logprobs = (each("reference", self.policy, self.acc.unwrap_model(self.policy).disable_adapter())
+                                if self.ref is None else
+                                each("reference", self.ref, on_device(self.ref, self.device, mem.offload_reference)))
+        if self.critic is not None:
+            with self.timer.phase("values"), self.acc.autocast():
+                exp.values = exp.per_token(batches, [response_values(self.critic, b) for _, b in batches])
 
     # ── 5. KL, shaped rewards, advantages; the loss mask ─────────────────────────────────────────────────────
     def advantages(self, exp: Experience) -> dict:
@@ -412,18 +368,16 @@ class OnlineTrainer:
         off-policy correction) and the loss mask composed from every factor, once (experience.py)."""
         algo, mask = self.cfg.algo, exp.sample_mask
         coef = self.kl_ctl.value
-        kl = torch.zeros_like(mask)
-        if exp.ref_logprobs is not None:
-            kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
-                                  log_ratio_clip=algo.kl.log_ratio_clip)
-        exp.kl = kl
-        token_rewards, non_score = algos.shaped_token_rewards(exp.scores, kl, mask, coef, self.kl_in_reward)
-        distill = {}
+        if exp.old_logprobs is not None:
+            metrics = self.kl_metrics(exp)
+        else:  # on-policy update: no KL in the reward; measured after the update (after_on_policy_update)
+            metrics, exp.kl = {}, torch.zeros_like(mask)
+        token_rewards, _ = algos.shaped_token_rewards(exp.scores, exp.kl, mask, coef, self.kl_in_reward)
         if exp.teacher_logprobs is not None:  # distillation: the teacher's per-token reward (teacher.coef)
             tc = self.cfg.teacher
             token_rewards = token_rewards + algos.teacher_token_rewards(exp.teacher_logprobs, exp.old_logprobs, mask,
                                                                         tc.coef, tc.log_ratio_clip)
-            distill = distill_metrics(exp, tc.log_ratio_clip)
+            metrics.update(distill_metrics(exp, tc.log_ratio_clip))
         if exp.turn_rewards is not None:  # multi-turn: each turn's reward credited to its turn (sums unchanged)
             scale = 1.0 / math.sqrt(max(self.moments.var, 1e-8)) if self.cfg.reward.normalize else 1.0
             token_rewards = token_rewards + scale * algos.turn_reward_shift(exp.turn_rewards, mask)
@@ -435,15 +389,29 @@ class OnlineTrainer:
             exp.untied = ~algos.group_all_tied(exp.scores, self.k, valid=mask.bool().any(-1))
         if algo.overlong.filter:  # DAPO overlong filtering: truncated responses leave every loss
             exp.finished = exp.rollout.ended
-        metrics = {"objective/kl": kl.sum(-1).mean().item(),
-                   "objective/non_score_reward": non_score.sum(-1).mean().item(), "objective/kl_coef": coef,
-                   **distill}
-        weights, off_metrics = self.off_policy(exp)
+        metrics["objective/kl_coef"] = coef
+        weights, off_metrics = self.off_policy(exp) if exp.old_logprobs is not None else (None, {})
         exp.compose_loss_mask(adv, weights)
         if weights is not None:
             off_metrics["rollout/is_weight_mean"] = float(algos.masked_mean(exp.is_weights, exp.mask))
         metrics.update(off_metrics)
         return metrics
+
+    def kl_metrics(self, exp: Experience) -> dict:
+        """``exp.kl`` (old policy to reference, per token over the sample mask; 0 without one) and its metrics."""
+        algo, mask = self.cfg.algo, exp.sample_mask
+        exp.kl = torch.zeros_like(mask)
+        if exp.ref_logprobs is not None:
+            exp.kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
+                                      log_ratio_clip=algo.kl.log_ratio_clip)
+        _, non_score = algos.shaped_token_rewards(torch.zeros_like(exp.scores), exp.kl, mask, self.kl_ctl.value,
+                                                  self.kl_in_reward)
+        return {"objective/kl": exp.kl.sum(-1).mean().item(),
+                "objective/non_score_reward": non_score.sum(-1).mean().item()}
+
+    def after_on_policy_update(self, exp: Experience) -> dict:
+        """On-policy: step 5's KL and rollout / trainer mismatch metrics, from the update's own log-probs."""
+        return {**self.kl_metrics(exp), **self.off_policy(exp)[1]}
 
     def off_policy(self, exp: Experience) -> tuple[torch.Tensor | None, dict]:
         """Mismatch metrics between the engine's sampling log-probs and the trainer's old log-probs over the tokens
@@ -473,7 +441,9 @@ class OnlineTrainer:
         with self.acc.autocast():
             logits = response_logits(self.policy, batch, self.cfg.generation.temperature)
             logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
-            loss, st = self.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], batch["mask"],
+            on_policy = "old_logprobs" not in batch  # the update's own log-probs are the old ones
+            old = logprobs.detach() if on_policy else batch["old_logprobs"]
+            loss, st = self.policy_loss(logprobs, old, batch["advantages"], batch["mask"],
                                         getattr(algo, self.policy_loss.section),  # the loss's own settings
                                         aggregation=algo.loss_aggregation, max_len=self.max_response_len,
                                         weights=batch.get("is_weights"))
@@ -488,7 +458,8 @@ class OnlineTrainer:
         self.acc.backward(total * scale)
         return {"loss/policy_avg": loss.detach(), "policy/entropy_avg": entropy.detach(),
                 "policy/clipfrac_avg": st["clipfrac"], "policy/approxkl_avg": st["approxkl"],
-                "val/ratio": st["ratio_mean"], "val/ratio_var": st["ratio_var"]}
+                "val/ratio": st["ratio_mean"], "val/ratio_var": st["ratio_var"],
+                **({"logprobs": old} if on_policy else {})}
 
     def critic_micro_step(self, batch: dict, scale: float) -> dict:
         with self.acc.autocast():
@@ -499,9 +470,11 @@ class OnlineTrainer:
         return {"loss/value_avg": loss.detach(), "val/clipfrac_avg": st["clipfrac"]}
 
     def ppo_update(self, exp: Experience, step: int) -> dict:
+        """Step 6; with :attr:`on_policy_update`, ``exp.old_logprobs`` is set from the update's own log-probs."""
         algo, mb = self.cfg.algo, self.cfg.train.batch_size
         n = len(exp.rollout)
         stats: list[dict] = []
+        own = torch.zeros_like(exp.action) if exp.old_logprobs is None else None
         g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
         self.policy.train()
         self.phases.phase("update", total=algo.ppo_epochs * math.ceil(n / algo.mini_batch_size))
@@ -516,6 +489,8 @@ class OnlineTrainer:
                     st = {}
                     with (contextlib.nullcontext() if last else self.acc.no_sync(self.policy)):
                         st.update(self.policy_micro_step(batch, 1.0 / micro_n))
+                    if own is not None:
+                        own[mini[s: s + mb]] = st.pop("logprobs")
                     if self.critic is not None:
                         with (contextlib.nullcontext() if last else self.acc.no_sync(self.critic)):
                             st.update(self.critic_micro_step(batch, 1.0 / micro_n))
@@ -525,6 +500,8 @@ class OnlineTrainer:
                     clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched,
                                   self.cfg.optim.max_grad_norm)
                 self.phases.advance()
+        if own is not None:
+            exp.old_logprobs = own
         return mean_stats(self.acc, stats)
 
     # ── evaluation on held-out prompts ───────────────────────────────────────────────────────────────────────
@@ -570,7 +547,8 @@ class OnlineTrainer:
                                      max_response_len=self.max_response_len)
         episodes_per_step = cfg.algo.rollout_batch_size * self.k * run.world_size
         every = max(1, math.ceil(cfg.train.save_every / self.updates_per_step)) if cfg.train.save_every > 0 else 0
-        show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean")
+        show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean", "time/step",
+                "time/rollout", "time/update", "throughput/tokens_per_s")
         last: dict = {}
         t_start = time.time()
         with Progress(self.total_steps, desc=cfg.recipe, unit="rollout", show=show,
@@ -584,6 +562,7 @@ class OnlineTrainer:
 
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
+                t_step = time.perf_counter()
                 # 1-3. prompts -> responses (the Experience of this step is born here) -> texts, raw / shaped scores
                 try:
                     exp = self.sample_and_score(step, seed)
@@ -598,15 +577,21 @@ class OnlineTrainer:
                 # 5. KL, shaped rewards, advantages
                 metrics = self.advantages(exp)
                 # 6. PPO epochs
-                metrics.update(self.ppo_update(exp, step))
+                with self.timer.phase("update"):
+                    metrics.update(self.ppo_update(exp, step))
+                if self.on_policy_update:
+                    metrics.update(self.after_on_policy_update(exp))
                 step += 1
                 # 7. metrics, samples, health, KL controller, checkpoint
                 update = step * self.updates_per_step
                 metrics.update(self.rollout_metrics(exp, step, episodes_per_step, t_start))
+                metrics.update(self.step_times(exp, time.perf_counter() - t_step))
                 metrics = reduce_metrics(acc, metrics)  # one value per key on every process (KL controller too)
                 self.kl_ctl.update(metrics["objective/kl"], episodes_per_step)
                 if step == self.total_steps or (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0):
-                    metrics.update(self.evaluate(step))
+                    with self.timer.phase("eval"):
+                        metrics.update(self.evaluate(step))
+                    metrics.update(reduce_metrics(acc, self.timer.take()))
                 run.log(metrics, update)
                 last = metrics
                 progress.update(1, {k: v for k, v in metrics.items() if k in show})
@@ -630,6 +615,15 @@ class OnlineTrainer:
         tied = algos.group_all_tied(exp.scores, self.k, valid=exp.valid)
         return {"rewards/tied_groups_frac": self.acc.gather(tied.float()).mean().item()}
 
+    def step_times(self, exp: Experience, seconds: float) -> dict:
+        """This process's ``time/<phase>``, ``time/step`` (steps 1-7 without evaluation), ``throughput/tokens_per_s``
+        (the model's own tokens) and ``throughput/episodes_per_s`` (the engine's compile time: rollout_metrics)."""
+        out = self.timer.take()
+        out["time/step"] = seconds
+        out["throughput/tokens_per_s"] = float(exp.action.sum()) / max(seconds, 1e-9)
+        out["throughput/episodes_per_s"] = len(exp.rollout) / max(seconds, 1e-9)
+        return out
+
     def rollout_metrics(self, exp: Experience, step: int, per_step: int, t0: float) -> dict:
         mask = exp.action  # the model's own tokens
         g = lambda x: self.acc.gather(x.detach().float().reshape(-1)).mean().item()  # noqa: E731
@@ -650,17 +644,6 @@ class OnlineTrainer:
             "lr": self.sched.get_last_lr()[0], "episode": step * per_step,
             "eps": step * per_step / max(time.time() - t0, 1e-6),
         }
-
-
-def disable_dropout(model) -> None:
-    """Dropout off in online RL (LoRA dropout included): old and new log-probs must agree at equal weights, or the
-    PPO ratio and the KL estimate carry noise that no learning can remove."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
-        if isinstance(getattr(model.config, key, None), float):
-            setattr(model.config, key, 0.0)
 
 
 def _too_few_prompts(n: int, batch: int, world: int) -> ConfigError:

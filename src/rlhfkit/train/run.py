@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MethodType
 from typing import Any
 
 import torch
@@ -162,7 +163,7 @@ def set_up_trained(run: Run, models: dict[str, Any], total_updates: int, *,
     (``lrs[name]`` instead of ``optim.lr`` when given)  3. its LR schedule over ``total_updates`` (ours, stepped once
     per update, never prepared)  4. models and optimizers prepared in one call  5. resume the checkpoint the session
     chose, or start over  6. open the metrics sink (staged: the earlier run's files are replaced with the first
-    line)."""
+    line). A causal LM keeps its logits' dtype under mixed precision (:func:`keep_logits_dtype`)."""
     cfg, strategy, lrs = run.cfg, get_strategy(run.cfg), lrs or {}
     wrapped = {name: strategy.wrap(model, cfg, run.device) for name, model in models.items()}
     optimizers, schedulers = {}, {}
@@ -173,6 +174,27 @@ def set_up_trained(run: Run, models: dict[str, Any], total_updates: int, *,
     names = list(wrapped)
     models = {name: prepared[2 * i] for i, name in enumerate(names)}
     optimizers = {name: prepared[2 * i + 1] for i, name in enumerate(names)}
+    for model in models.values():
+        keep_logits_dtype(run.accelerator, model)
     state = run.session.resume(models=models, optimizers=optimizers, schedulers=schedulers)
     run.session.open_sink()
     return Trained(run.session, models, optimizers, schedulers, state)
+
+
+def keep_logits_dtype(accelerator, model) -> None:
+    """Under mixed precision, a prepared causal LM returns its logits in the dtype it computed them in (bf16), not
+    in float32: accelerate's ``prepare`` wraps ``forward`` in autocast *and* ``convert_outputs_to_fp32``, so the
+    policy handed its losses a float32 copy of the [B, T, V] logits (805 MiB at B=16, T=256, V=49152;
+    ``bench/README.md``, e4). Every loss of rlhfkit reads logits through ``algos.token_logprobs`` /
+    ``entropy_from_logits``, which work on float32 blocks themselves, so the copy bought nothing. The model keeps
+    accelerate's autocast (rollouts and forwards still run in bf16); other models (value / reward heads, whose
+    outputs are small) keep accelerate's wrapper. Nothing to do without native mixed precision."""
+    inner = accelerator.unwrap_model(model, keep_fp32_wrapper=True)
+    original = getattr(inner, "_original_forward", None)
+    if original is None or not accelerator.native_amp or inner.get_output_embeddings() is None:
+        return
+    from accelerate.utils import get_mixed_precision_context_manager
+
+    autocast = get_mixed_precision_context_manager(accelerator.native_amp, accelerator.autocast_handler)
+    func = getattr(original, "__func__", None)
+    inner.forward = MethodType(autocast(func), inner) if func is not None else autocast(original)
