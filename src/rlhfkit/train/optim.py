@@ -10,6 +10,7 @@ arms it on resume and logs it, and is read from there.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -93,7 +94,7 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
         guard.skipped += 1
         guard.consecutive += 1
         optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+        _advance(scheduler)
         lr = optimizer.param_groups[0]["lr"]
         knob = (f"lower optim.max_grad_norm (now {max_grad_norm:g})" if max_grad_norm else "set optim.max_grad_norm")
         if guard.consecutive >= guard.max_consecutive:
@@ -112,10 +113,20 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
     if float(norm) == 0.0:  # nothing in the loss: no learning signal, nothing applied
         guard.empty += 1
         optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+        _advance(scheduler)
         return norm if max_grad_norm is not None and max_grad_norm > 0 else None
     guard.applied += 1
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm if max_grad_norm is not None and max_grad_norm > 0 else None
+
+
+def _advance(scheduler) -> None:
+    """The schedule counts every update, applied or skipped; a skipped one may come before the first
+    ``optimizer.step()``, which torch's scheduler reports with a UserWarning meant for a mistaken call order (here it
+    is the intended order), so that one warning is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before",
+                                category=UserWarning)
+        scheduler.step()
