@@ -23,7 +23,7 @@ def bench():
 
 
 def quick(bench) -> dict:
-    return bench.settings(Namespace(quick=True, teacher_steps=None, teacher_lr=1e-4, distill_steps=None, lr=5e-5,
+    return bench.settings(Namespace(quick=True, teacher_steps=None, teacher_lr=1e-4, distill_steps=None, lr=1e-4,
                                     eval_n=None))
 
 
