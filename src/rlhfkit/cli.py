@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import RECIPES
-from .errors import UserError
+from .errors import UserError, say
 
 # The training commands are the recipes of ``config.RECIPES`` (the one recipe table); the others are below.
 OTHER_COMMANDS: dict[str, str] = {
@@ -318,25 +318,24 @@ def cmd_train(command: str, tokens: list[str]) -> int:
     cfg = load_config(command, config_path, overrides)  # every key and the trackers, before anything is written
     run_dir = Path(cfg.output_dir)
     _STATE["run_dir"] = run_dir
-    print(f"[rlhfkit] {command}: run directory {run_dir.resolve()}"
-          + (f" (config {config_path})" if config_path else " (recipe defaults + overrides)"), flush=True)
+    say(f"[rlhfkit] {command}: run directory {run_dir.resolve()}"  # rank 0 only under torchrun
+        + (f" (config {config_path})" if config_path else " (recipe defaults + overrides)"))
     _quiet_libraries()
     started = time.time()
     RECIPES[command].run(cfg)
     from .track.progress import run_summary_line
 
-    print(run_summary_line(command, run_dir, time.time() - started, since=started), flush=True)
+    say(run_summary_line(command, run_dir, time.time() - started, since=started))
     return EXIT_OK
 
 
 def cmd_quickstart(args) -> int:
     out = Path(args.out)
     _STATE["run_dir"] = out
-    print(f"[rlhfkit] quickstart: run directory {out.resolve()}", flush=True)
+    say(f"[rlhfkit] quickstart: run directory {out.resolve()}")
     _quiet_libraries()
     _lazy("rlhfkit.pipeline", "run_quickstart")(str(out))
-    print(f"[rlhfkit] quickstart finished; run directory {out.resolve()} (report: {out / 'report.html'})",
-          flush=True)
+    say(f"[rlhfkit] quickstart finished; run directory {out.resolve()} (report: {out / 'report.html'})")
     return EXIT_OK
 
 

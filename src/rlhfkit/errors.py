@@ -7,6 +7,21 @@ line and exits with code 2; programming errors keep their traceback.
 
 from __future__ import annotations
 
+import os
+
+
+def is_main_rank() -> bool:
+    """True on the process that speaks for the run: ``RANK`` unset (one process) or 0. Lines printed once per run
+    before an accelerator exists (the CLI's start and closing lines, config notes, data notes) ask this, so under
+    torchrun they are printed once, not once per process. Here, on the ground floor, so every room can ask it."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def say(message: str) -> None:
+    """One line on stdout from the main rank (:func:`is_main_rank`), flushed; rooms below ``track`` use it."""
+    if is_main_rank():
+        print(message, flush=True)
+
 
 class UserError(Exception):
     """An error caused by input the user controls; printed as one line, exit code 2."""

@@ -49,7 +49,7 @@ def test_kl_blowup_absolute_bound_fires_on_the_first_step():
     mon = HealthMonitor()
     (w,) = mon.evaluate({"objective/kl": 70.0}, 1)
     assert w.name == "kl_blowup" and "above 20 nats" in w.message and "\n" not in w.message
-    assert [w.name for w in HealthMonitor(kl_max=100).evaluate({"objective/kl": 70.0}, 1)] == []
+    assert [w.name for w in HealthMonitor(kl_max=100, kl_warn=100).evaluate({"objective/kl": 70.0}, 1)] == []
 
 
 def test_kl_bound_is_per_token_when_the_length_is_logged():

@@ -10,7 +10,7 @@ import dataclasses
 import sys
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, is_main_rank
 from .recipes import RECIPES
 from .trl import NoEquivalent, TrlName, entries_for, same_value, word
 
@@ -232,5 +232,6 @@ def _note(text: str) -> None:
 def _flush_aliases() -> None:
     for text in _ALIASES_PENDING:
         _ALIASES_LOGGED.add(text)
-        print(f"[config] {text}", file=sys.stderr)
+        if is_main_rank():  # once per run under torchrun
+            print(f"[config] {text}", file=sys.stderr)
     _ALIASES_PENDING.clear()

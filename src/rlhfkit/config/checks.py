@@ -101,11 +101,35 @@ def _check_data_format(cfg, *allowed: str) -> None:
                           where="data.format", fix=f"set data.format=auto (or {allowed[0]})")
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def check_model_file(name: str, key: str = "model.name") -> None:
+    """A file named as a model is refused in one line unless it is a ``.gguf`` file: a pickled PyTorch checkpoint
+    (``pytorch_model.bin``, ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``) because unpickling it can run any code (rlhfkit
+    reads weights only from safetensors, or with ``torch.load(weights_only=True)`` inside a model directory), any
+    other file because a model is a directory (config.json + weights). Nothing is opened."""
+    path = Path(name).expanduser()
+    if not path.is_file() or path.suffix.lower() == ".gguf":
+        return
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        raise ConfigError(
+            f"{name} is a pickled PyTorch file; rlhfkit refuses it as a model (unpickling can run any code in it: "
+            "weights are read only from safetensors files, or with torch.load(weights_only=True) in a model "
+            "directory)", where=key,
+            fix="convert it once where you trust it: python -c \"import torch, safetensors.torch as s; "
+                f"s.save_file(torch.load('{name}', weights_only=True), 'DIR/model.safetensors')\" with the model's "
+                f"config.json in DIR, then {key}=DIR")
+    raise ConfigError(f"{name} is a file; a model is a directory (config.json + model.safetensors) or a .gguf file",
+                      where=key, fix=f"give the directory that holds it: {key}={path.parent}")
+
+
 def _check_model_source(name: str | None, key: str) -> None:
     """A local model path that does not exist, or a directory that holds no model, named before anything loads
     (hub-style ``org/name`` and ``tiny`` are left to the loader, which reads only the local cache)."""
     if not name or _is_tiny(name):
         return
+    check_model_file(name, key)
     path = Path(name).expanduser()
     if path.exists():
         if path.is_dir() and not any((path / f).is_file() for f in ("config.json", "adapter_config.json")) \

@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 
 from ..config.splits import parse_split
-from ..errors import DataError
+from ..errors import DataError, say
 from .formats import Record, detect_kind, drop_tied_pairs, normalize_record
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
@@ -315,6 +315,6 @@ def load_dataset_records(
     records, tied = drop_tied_pairs(records, source)
     if tied:
         first = ", ".join(getattr(r, "where", "record") for r in tied[:3]) + (", ..." if len(tied) > 3 else "")
-        print(f"[data] {source}: dropped {len(tied)} of {len(records) + len(tied)} preference pairs whose chosen "
-              f"equals rejected ({first})", flush=True)
+        say(f"[data] {source}: dropped {len(tied)} of {len(records) + len(tied)} preference pairs whose chosen "
+            f"equals rejected ({first})")
     return records

@@ -23,7 +23,9 @@ import torch
 from safetensors import SafetensorError
 
 from .. import files
+from ..config.checks import check_model_file
 from ..errors import ModelError
+from ..errors import say as _say
 from .tiny import tiny_llama_config
 from .tokenizer import eos_token_ids, load_tokenizer
 
@@ -68,6 +70,7 @@ def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | 
     """Map ``model.name`` (+ ``gguf_file``) to a loadable directory / hub name; GGUF files are converted once."""
     if is_tiny(name):
         return name, None
+    check_model_file(name)  # a pickled .bin / .pt (or any non-GGUF file) is refused before anything opens it
     path = Path(name).expanduser()
     gguf_path = None
     if path.suffix == ".gguf":
@@ -104,11 +107,6 @@ def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | 
     raise ModelError(f"model not found: {name!r}", where="model.name",
                      fix="give a model directory, a cached hub name, a .gguf file or 'tiny'")
 
-
-def _say(message: str) -> None:
-    """One line on stdout from the main process (``RANK`` unset or 0); models/ sits above track/, so plain print."""
-    if os.environ.get("RANK", "0") == "0":
-        print(message, flush=True)
 
 
 def _convert_gguf(gguf_path: Path, out: Path) -> None:

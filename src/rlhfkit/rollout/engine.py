@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import os
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
 from ..data.chat import encode_chat_prompts, stop_token_ids
-from ..errors import ConfigError
+from ..errors import ConfigError, say  # noqa: F401 (say: re-exported to the engines)
 from .lora import merged_lora
 from .sampling import SamplingParams
 from .types import Rollout
@@ -104,11 +103,6 @@ def decode_responses(tokenizer, rollout: Rollout, *, skip_special_tokens: bool =
         [r[:n] for r, n in zip(ids, lengths)], skip_special_tokens=skip_special_tokens
     )
 
-
-def say(message: str) -> None:
-    """One line on stdout from the main process (``RANK`` unset or 0): rollout/ sits above track/, so plain print."""
-    if os.environ.get("RANK", "0") == "0":
-        print(message, flush=True)
 
 
 # ───────────────────────────────────────────── end of responses ─────────────────────────────────────────────

@@ -47,6 +47,7 @@ class SupervisedJob:
     show: tuple[str, ...] = ("loss",)
     on_save: Callable[[Any, Path], None] | None = None  # (unwrapped model, run_dir): writes the final model
     extra_state: dict = field(default_factory=dict)
+    health: dict = field(default_factory=dict)  # HealthMonitor settings (vocab_size: train/loss is per-token CE)
 
 
 def total_updates(cfg, n_items: int, world: int) -> tuple[int, int]:
@@ -87,6 +88,12 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     trained = set_up_trained(run, {"model": job.model}, n_updates)
     model, optimizer, scheduler = trained.parts("model")
     evaluate = job.eval_fn and (lambda m, b: _gathered_eval(strategy, job.eval_fn, m, b))
+    health = run.session.open_health(**job.health)  # loss rising / at ln |V|, gradient blow-up: track/health.py
+
+    def log(metrics: dict, at: int) -> None:  # metrics.jsonl, then the health rules (main process: one warning)
+        run.log(metrics, step=at)
+        if run.is_main:
+            health.report(metrics, at)
     step, micro = 0, 0  # optimizer updates done; micro-batches consumed
     if trained.state is not None:
         step, micro = trained.state["step"], trained.state["micro"]
@@ -96,7 +103,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     last: dict = {}
     if step == 0 and job.eval_fn is not None and evals:
         last = {f"eval/{k}": v for k, v in evaluate(model, evals).items()}
-        run.log(last, step=0)
+        log(last, 0)
 
     # 3. update loop
     model.train()
@@ -141,7 +148,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                 progress.phase("eval")
                 metrics.update({f"eval/{k}": v for k, v in evaluate(model, evals).items()})
             if metrics:
-                run.log(metrics, step)
+                log(metrics, step)
                 last.update(metrics)
             # full names: the bar shows eval/loss as eval_loss, never under the train name
             progress.update(1, {k: v for k, v in metrics.items() if k.split("/")[-1] in job.show or k in job.show})

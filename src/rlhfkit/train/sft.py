@@ -69,6 +69,7 @@ def _train_sft(cfg, run, records) -> dict:
         loss_fn=sft_forward, eval_items=evals,
         eval_fn=lambda m, b: sft_eval(run.accelerator, m, b),
         show=("loss", "lr"), on_save=lambda m, d: save_model(m, tok, d),
+        health={"vocab_size": getattr(model.config, "vocab_size", None)},  # train/loss: per-token cross-entropy
     )
     metrics = train_supervised(run, job)
     run.print(f"[sft] done: model saved to {run.run_dir}"
