@@ -312,7 +312,8 @@ def _lazy(module: str, name: str):
 
 
 def cmd_train(command: str, tokens: list[str]) -> int:
-    from .config import load_config
+    from .config import load_config, locate
+    from .errors import ConfigError
 
     config_path, overrides = split_overrides(tokens)
     cfg = load_config(command, config_path, overrides)  # every key and the trackers, before anything is written
@@ -322,7 +323,10 @@ def cmd_train(command: str, tokens: list[str]) -> int:
         + (f" (config {config_path})" if config_path else " (recipe defaults + overrides)"))
     _quiet_libraries()
     started = time.time()
-    RECIPES[command].run(cfg)
+    try:
+        RECIPES[command].run(cfg)
+    except ConfigError as err:  # an input checked before the run (model.name, ...): file:line when the file set it
+        raise locate(err, config_path, overrides) from None
     from .track.progress import run_summary_line
 
     say(run_summary_line(command, run_dir, time.time() - started, since=started))

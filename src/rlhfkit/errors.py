@@ -43,7 +43,12 @@ class UserError(Exception):
 
 
 class ConfigError(UserError):
-    """Unknown key, wrong type, or invalid value in a config file or override."""
+    """Unknown key, wrong type, or invalid value in a config file or override. ``key``: the dotted key the error is
+    about, when ``where`` does not already name it (the config reader turns it into ``file:line``)."""
+
+    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None, key: str | None = None):
+        self.key = key
+        super().__init__(message, where=where, fix=fix)
 
 
 class DataError(UserError):

@@ -25,6 +25,7 @@ from .parse import (
     build_config,
     dump_yaml,
     load_config,
+    locate,
     parse_override,
     read_yaml,
     replace,
@@ -72,6 +73,7 @@ __all__ = [
     "OnlineAlgoConfig", "OnlineConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "PreferenceAlgoConfig",
     "PreferenceConfig", "Recipe", "RewardConfig", "RewardFunction", "RewardModelConfig", "RMConfig", "SFTConfig",
     "TeacherConfig", "TrackConfig", "TrainConfig", "TrlName", "build_config", "check_backends", "check_output_dir",
-    "choices_of", "dump_yaml", "f", "known_backends", "load_config", "parse_override", "parse_split", "read_yaml",
+    "choices_of", "dump_yaml", "f", "known_backends", "load_config", "locate", "parse_override", "parse_split",
+    "read_yaml",
     "registry_choices", "replace", "require_model", "save_config", "show_yaml", "specific_sections", "trl_entry",
 ]

@@ -28,7 +28,7 @@ def trl_entry(name: str, recipe: str, source: str) -> TrlName | None:
     families = sorted({f for e in entries for f in e.families})
     owners = ", ".join(r for r, spec in RECIPES.items() if spec.family in families)
     raise ConfigError(f"'{name}' (TRL) is a setting of the {owners} recipes, not of {recipe}", where=source,
-                      fix=f"remove {name}")
+                      fix=f"remove {name}", key=name)
 
 
 class _Context:
@@ -87,15 +87,16 @@ def translate(name: str, value, recipe: str, source: str, tree: dict, given: dic
         if entry.accepted and same_value(value, entry.accepted):
             _note(f"{name}={_show(value)}: nothing to set ({entry.doc})")
             return {}, set()
-        raise ConfigError(f"'{name}' (TRL) has no rlhfkit equivalent: {entry.doc}", where=source, fix=entry.fix)
+        raise ConfigError(f"'{name}' (TRL) has no rlhfkit equivalent: {entry.doc}", where=source, fix=entry.fix,
+                          key=name)
     try:
         out = {entry.key: value} if entry.key else entry.to(value, ctx)
     except NoEquivalent as exc:
-        raise ConfigError(f"'{name}' (TRL): {exc.why}", where=source, fix=exc.fix) from None
+        raise ConfigError(f"'{name}' (TRL): {exc.why}", where=source, fix=exc.fix, key=name) from None
     for key in out:
         if not _has_key(recipe, key):
             raise ConfigError(f"'{name}' (TRL) stands for {key}, which the {recipe} recipe does not have",
-                              where=source, fix=f"remove {name}")
+                              where=source, fix=f"remove {name}", key=name)
     shown = word(value) if entry.words else _show(value)
     if entry.key:
         _log_alias(name, entry.key)

@@ -43,6 +43,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import re
 import textwrap
 import types
 import typing
@@ -80,13 +81,13 @@ def _coerce(value: Any, tp, path: str, source: str):
     if value is None:
         if optional:
             return None
-        raise ConfigError(f"'{path}' may not be null", where=source, fix=f"give a value for {path}")
+        raise ConfigError(f"'{path}' may not be null", where=source, fix=f"give a value for {path}", key=path)
     where = source
 
     def bad(expected: str):
         return ConfigError(
             f"'{path}' must be {expected}, got {type(value).__name__} {value!r}", where=where,
-            fix=f"set {path} to {expected}",
+            fix=f"set {path} to {expected}", key=path,
         )
 
     if dataclasses.is_dataclass(tp):
@@ -162,7 +163,7 @@ def _check_bounds(value, meta, path: str, source: str) -> None:
             if key in meta and not ok(v, meta[key]):
                 limits = " and ".join(f"{s} {meta[k]}" for k, (_, s) in _BOUNDS.items() if k in meta)
                 raise ConfigError(f"'{path}' must be {limits}, got {v!r}", where=source,
-                                  fix=f"set {path} to a value {limits}")
+                                  fix=f"set {path} to a value {limits}", key=path)
 
 
 def _build(cls, data: dict, prefix: str, source: str, base=None):
@@ -178,7 +179,7 @@ def _build(cls, data: dict, prefix: str, source: str, base=None):
         if key not in names:
             raise ConfigError(
                 f"unknown key '{path}'", where=source,
-                fix=_did_you_mean(str(key), names, f"{prefix}." if prefix else ""),
+                fix=_did_you_mean(str(key), names, f"{prefix}." if prefix else ""), key=path,
             )
         current = getattr(base, key)
         if dataclasses.is_dataclass(current) and isinstance(value, dict):
@@ -190,7 +191,7 @@ def _build(cls, data: dict, prefix: str, source: str, base=None):
         if choices is not None and coerced not in choices:
             raise ConfigError(
                 f"'{path}' must be one of {', '.join(choices)}, got {coerced!r}", where=source,
-                fix=_did_you_mean(str(coerced), list(choices)),
+                fix=_did_you_mean(str(coerced), list(choices)), key=path,
             )
         kwargs[key] = coerced
     return dataclasses.replace(base, **kwargs)
@@ -259,6 +260,67 @@ def read_yaml(path: str | Path) -> dict:
     return _fix_sci(data)
 
 
+Lines = dict[tuple, int]
+_KEY = re.compile(r"^[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*|\[\d+\])*$")
+
+
+def yaml_lines(path: str | Path) -> Lines:
+    """The 1-based line of every key (and list item) of the YAML file ``path``, by its path in the tree
+    (``("optim", "lr")``, ``("reward", "functions", 0, "fn")``): PyYAML's node marks, read beside the parsed data.
+    {} when the file cannot be read or parsed (its own error is reported elsewhere)."""
+    try:
+        root = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    out: Lines = {}
+
+    def walk(node, at: tuple) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for knode, vnode in node.value:
+                here = (*at, str(knode.value))
+                out.setdefault(here, knode.start_mark.line + 1)
+                walk(vnode, here)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                out.setdefault((*at, i), item.start_mark.line + 1)
+                walk(item, (*at, i))
+
+    walk(root, ())
+    return out
+
+
+def _key_path(key: str) -> tuple:
+    """``reward.functions[0].fn`` -> ("reward", "functions", 0, "fn")."""
+    return tuple(int(p[1:-1]) if p.startswith("[") else p for p in re.findall(r"[^.\[\]]+|\[\d+\]", key))
+
+
+def locate(err: ConfigError, path: str | Path | None, overrides=()) -> ConfigError:
+    """``err`` with ``file:line`` as its place when the key it is about (``err.key``, or ``err.where`` when that is a
+    dotted key) was written in the config file ``path`` and not set again by a command-line override; the rest of
+    the message is unchanged (an error placed by a key, ``where=key``, keeps the key after the line). Errors about
+    overrides, or keys the file does not hold, are returned as they were."""
+    if path is None or getattr(err, "located", False):
+        return err
+    key = err.key or (err.where if err.where and _KEY.match(err.where) else None)
+    if not key:
+        return err
+    parts = _key_path(key)
+    for item in overrides:
+        try:
+            over = tuple(parse_override(item)[0])
+        except ConfigError:
+            continue
+        if parts[: len(over)] == over:
+            return err  # the command line set it: its message stays as it was
+    line = yaml_lines(path).get(parts)
+    if line is None:
+        return err
+    err.where = f"{path}:{line}" if err.key else f"{path}:{line}: {err.where}"
+    err.located = True
+    err.args = (err.one_line(),)
+    return err
+
+
 def _fix_sci(node):
     if isinstance(node, dict):
         return {k: _fix_sci(v) for k, v in node.items()}
@@ -306,9 +368,13 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
 
 
 def load_config(recipe: str, path: str | Path | None, overrides=()):
-    """Read ``path`` (may be None) and build ``recipe``'s config."""
+    """Read ``path`` (may be None) and build ``recipe``'s config; an error about a key the file holds names its
+    ``file:line`` (:func:`locate`)."""
     data = read_yaml(path) if path else {}
-    return build_config(recipe, data, overrides, source=str(path) if path else "defaults")
+    try:
+        return build_config(recipe, data, overrides, source=str(path) if path else "defaults")
+    except ConfigError as err:
+        raise locate(err, path, overrides) from None
 
 
 def replace(cfg, **changes):
