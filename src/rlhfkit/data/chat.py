@@ -22,7 +22,7 @@ system / user turns, role headers and separators.
 
 from __future__ import annotations
 
-from ..errors import DataError
+from ..errors import DataError, ModelError
 
 # end-of-turn markers of common templates; only those the tokenizer knows are used (besides its EOS)
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>", "<|eot|>")
@@ -41,6 +41,45 @@ def render_chat(tok, messages: list[dict], add_generation_prompt: bool) -> str:
 _render = render_chat
 
 
+PROBE = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]
+TEMPLATE_FIX = "fix the template, or set model.chat_template to a file (or Jinja text) that renders"
+
+
+def template_failure(exc: Exception) -> str | None:
+    """What went wrong inside a Jinja chat template, in words, or None when ``exc`` is not a template error:
+    a syntax error (with its template line), an operation the sandbox refuses, an undefined variable, or an
+    exception the template raised itself (``raise_exception``)."""
+    try:
+        from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError, UndefinedError
+    except ImportError:  # pragma: no cover - transformers depends on jinja2
+        return None
+    text = " ".join(str(getattr(exc, "message", None) or exc).split())
+    if isinstance(exc, TemplateSyntaxError):
+        return f"syntax error at template line {exc.lineno}: {text}"
+    if isinstance(exc, SecurityError):
+        return f"the Jinja sandbox refused an unsafe operation: {text}"
+    if isinstance(exc, UndefinedError):
+        return f"undefined variable: {text}"
+    if isinstance(exc, TemplateError):
+        return f"the template raised an error: {text}"
+    return None
+
+
+def check_chat_template(tok, origin: str) -> None:
+    """Render a two-turn conversation (user, assistant; then the user turn with the generation prompt) before any
+    data line is read: a template that fails on it is broken, and the error names the template (``origin``: its
+    file, or the key that set it) and what failed, never a data line. Remembers ``origin`` on ``tok`` for the
+    per-record errors of :func:`_render_or_raise`."""
+    tok.rlhfkit_template_origin = origin
+    for messages, gen in ((PROBE, False), (PROBE[:1], True)):
+        try:
+            _render(tok, messages, gen)
+        except Exception as exc:
+            failure = template_failure(exc) or f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+            raise ModelError(f"the chat template does not render a plain user / assistant conversation: {failure}",
+                             where=origin, fix=TEMPLATE_FIX) from None
+
+
 def _try_render(tok, messages: list[dict], add_generation_prompt: bool) -> str | None:
     try:
         return _render(tok, messages, add_generation_prompt)
@@ -52,6 +91,11 @@ def _render_or_raise(tok, messages: list[dict], add_generation_prompt: bool, whe
     try:
         return _render(tok, messages, add_generation_prompt)
     except Exception as exc:
+        failure = template_failure(exc)
+        origin = getattr(tok, "rlhfkit_template_origin", None)
+        if failure and origin and not failure.startswith("the template raised"):  # the template's fault, not the
+            raise ModelError(f"the chat template failed ({failure}) on the record at {where}", where=origin,
+                             fix=TEMPLATE_FIX) from None  # record's: its syntax, sandbox or an undefined name
         raise DataError(
             f"the chat template rejected the conversation: {str(exc).splitlines()[0] if str(exc) else exc!r}",
             where=where, fix="check the message roles against what the model's chat template supports "

@@ -24,6 +24,7 @@ from safetensors import SafetensorError
 
 from .. import files
 from ..config.checks import check_model_file
+from ..data.chat import check_chat_template
 from ..errors import ModelError
 from ..errors import say as _say
 from .tiny import tiny_llama_config
@@ -174,10 +175,21 @@ def _hub_kwargs() -> dict:
 def load_tokenizer_for(mcfg) -> object:
     source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
     tok = load_tokenizer(source)
+    origin = _template_origin(source, mcfg.name)
     if mcfg.chat_template:
-        tpl = Path(mcfg.chat_template)
+        tpl = Path(mcfg.chat_template).expanduser()
         tok.chat_template = tpl.read_text() if tpl.is_file() else mcfg.chat_template
+        origin = str(tpl) if tpl.is_file() else "model.chat_template"
+    check_chat_template(tok, origin)  # a broken template is named here, not blamed on the first data line
     return tok
+
+
+def _template_origin(source: str, name: str) -> str:
+    """Where the chat template of model ``source`` was read from, for messages: its file, or the model's name."""
+    for file in ("chat_template.jinja", "tokenizer_config.json"):
+        if (Path(source) / file).is_file():
+            return str(Path(source) / file)
+    return f"the chat template of {name}"
 
 
 def check_safetensors(path: Path) -> None:

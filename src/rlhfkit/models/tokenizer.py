@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..data.chat import stop_token_ids
 from ..errors import ModelError
 from .tiny import ASSET_DIR
@@ -23,22 +25,64 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 
-def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None):
-    """Load a tokenizer (``tiny`` specs use the shipped one) and apply :func:`prepare_tokenizer`."""
+# files that hold a tokenizer's vocabulary (one of them must be there); the JSON files a tokenizer is read from
+VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+               "sentencepiece.bpe.model", "tokenizer.tiktoken")
+JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json")
+COPY_FIX = "copy the tokenizer files (tokenizer.json, tokenizer_config.json) of the model it came from into {dir}"
+
+
+def check_tokenizer_files(directory: Path, where: str = "model.name") -> None:
+    """One line (``ModelError``) for a local model directory whose tokenizer cannot be read, before transformers
+    tries: a JSON file among :data:`JSON_FILES` that is not valid JSON (file, line and column), or no vocabulary
+    file at all (naming what ``tokenizer_config.json`` points at that is not there)."""
+    import json
+
+    fix = COPY_FIX.format(dir=directory)
+    config: dict = {}
+    for name in JSON_FILES:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_bytes())
+        except (ValueError, OSError) as exc:
+            raise ModelError(f"{path} is damaged: not valid JSON ({exc})", where=where, fix=fix) from None
+        if name == "tokenizer.json" and not (isinstance(data, dict) and isinstance(data.get("model"), dict)):
+            raise ModelError(f"{path} is damaged: not a tokenizers file (no 'model' section)", where=where, fix=fix)
+        if name == "tokenizer_config.json" and isinstance(data, dict):
+            config = data
+    if any((directory / name).is_file() for name in VOCAB_FILES):
+        return
+    named = [f"{k}={v}" for k in ("tokenizer_file", "vocab_file", "merges_file")
+             if isinstance(v := config.get(k), str) and not (directory / v).is_file() and not Path(v).is_file()]
+    pointed = (f"; its tokenizer_config.json names {', '.join(named)}, which {'is' if len(named) == 1 else 'are'} not "
+               "there") if named else ""
+    raise ModelError(f"{directory} holds no tokenizer (none of {', '.join(VOCAB_FILES[:4])}){pointed}", where=where,
+                     fix=fix)
+
+
+def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, where: str = "model.name"):
+    """Load a tokenizer (``tiny`` specs use the shipped one) and apply :func:`prepare_tokenizer`. A local directory's
+    files are checked first (:func:`check_tokenizer_files`); any error transformers / tokenizers raise is one line
+    with the whole of its message (``where``: the key that named the model)."""
     from transformers import AutoTokenizer
 
     if name_or_path.startswith("tiny"):
         source = str(ASSET_DIR)
     else:
         source = name_or_path
+    if not gguf_file and Path(source).expanduser().is_dir():
+        check_tokenizer_files(Path(source).expanduser(), where)
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     try:
         tok = AutoTokenizer.from_pretrained(source, **kwargs)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # OSError, ValueError, KeyError of a torn tokenizer.json, tokenizers' own Exception
+        text = " ".join(str(exc).split()) or type(exc).__name__
         raise ModelError(
-            f"cannot load a tokenizer from {source!r}: {str(exc).splitlines()[0]}",
-            where="model.name",
-            fix="give a local Hugging Face model directory, a cached hub name, a .gguf file or 'tiny'",
+            f"cannot load a tokenizer from {source!r}: {type(exc).__name__}: {text}", where=where,
+            fix="give a local Hugging Face model directory (with its tokenizer files), a cached hub name, a .gguf "
+                "file or 'tiny'",
         ) from None
     return prepare_tokenizer(tok)
 
@@ -70,17 +114,15 @@ def prepare_tokenizer(tok):
 eos_token_ids = stop_token_ids
 
 
-def _tokenizer_from_files(name: str):
+def _tokenizer_from_files(name: str, where: str = "model.name"):
     """The tokenizer of ``name`` (a model / run directory, a ``.gguf`` file, ``tiny``) read from its files alone: a
     GGUF file's tokenizer comes from its metadata (no dequantisation), a directory's from its tokenizer files; and
     the stop ids its chat model ends a reply with (``generation_config.json`` when there is one). No weights load."""
-    from pathlib import Path
-
     path = Path(name).expanduser()
     if path.suffix == ".gguf":
-        tok = load_tokenizer(str(path.parent), gguf_file=path.name)
+        tok = load_tokenizer(str(path.parent), gguf_file=path.name, where=where)
         return tok, stop_token_ids(tok)
-    tok = load_tokenizer(name)
+    tok = load_tokenizer(name, where=where)
     gen = None
     if (path / "generation_config.json").is_file():
         from transformers import GenerationConfig
@@ -104,7 +146,7 @@ def check_same_tokenizer(student: str, teacher: str, *, student_gguf: str | None
     Cross-tokenizer distillation (re-tokenising or aligning vocabularies, as in GOLD / ULD) is not built."""
     if student_gguf:
         student = f"{student.rstrip('/')}/{student_gguf}"
-    (s_tok, s_stop), (t_tok, t_stop) = _tokenizer_from_files(student), _tokenizer_from_files(teacher)
+    (s_tok, s_stop), (t_tok, t_stop) = _tokenizer_from_files(student), _tokenizer_from_files(teacher, where)
     a, b = _identity(s_tok, s_stop), _identity(t_tok, t_stop)
     if a == b:
         return
