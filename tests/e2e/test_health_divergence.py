@@ -6,6 +6,7 @@ fixtures (SFT, RM) stay free of these warnings."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,26 @@ def test_grpo_at_lr1_fires_a_kl_rule(task_data, sft_dir, tmp_path):
     # measured on the tiny model: the policy turns deterministic (entropy 0) repeating one token, KL 0 -> 39 nats
     names = {r["name"] for r in read_warnings(out)}
     assert {"kl_blowup", "kl_high", "kl_per_token"} & names, names
+
+
+def test_dapo_where_every_group_ties_at_every_draw_warns(tmp_path, monkeypatch):
+    """A reward that pays every answer alike: every group ties in every draw of dynamic sampling, and each step says
+    it has no learning signal (the entropy bonus keeps a gradient, so the run itself finishes)."""
+    from rlhfkit.cli import main
+
+    rows = [{"prompt": f"shout: {w}"} for w in ["cat", "dog", "owl", "bee"] * 4]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "flat.py").write_text("def flat(prompts, completions, **fields):\n"
+                                      "    return [0.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    code = main(["grpo", str(Path(__file__).parents[2] / "configs/dapo.yaml"), f"model.name={TINY}",
+                 "data.train=prompts.jsonl", "data.eval=null", f"output_dir={out}",
+                 "reward.functions=[{fn: flat.py:flat}]", "algo.rollout_batch_size=4", "algo.num_generations=4",
+                 "algo.mini_batch_size=16", "train.batch_size=16", "algo.total_episodes=32",
+                 "algo.dynamic_sampling.max_draws=2", "algo.entropy_coef=0.01", "generation.max_new_tokens=6",
+                 "algo.overlong.cache_len=0", "reward.missing_eos_penalty=null",  # no length term: every score 0
+                 "data.max_length=48", "track.report=false", "track.progress=false"])
+    assert code == 0
+    records = [r for r in read_warnings(out) if r["name"] == "dynamic_sampling_starved"]
+    assert records and "no learning signal" in records[0]["message"] and "2 batches" in records[0]["message"]
