@@ -27,8 +27,9 @@ ROWS = [{"prompt": f"shout: {w}", "completion": w.upper()} for w in ["cat", "dog
 PREFS = [{"prompt": f"shout: {w}", "chosen": w.upper(), "rejected": w} for w in ["cat", "dog", "owl", "bee"] * 8]
 
 
-def _cli(argv: list[str], env: dict | None = None) -> tuple[int, str, str]:
-    """(exit code, stderr, stdout) of ``rlhfkit.cli.main``; ``torch.load`` fails the test if anything unpickles."""
+def _cli(argv: list[str], env: dict | None = None, unpickle: bool = False) -> tuple[int, str, str]:
+    """(exit code, stderr, stdout) of ``rlhfkit.cli.main``; ``torch.load`` fails the test if anything unpickles
+    (unless ``unpickle``)."""
     from rlhfkit.cli import main
 
     err, out = io.StringIO(), io.StringIO()
@@ -38,7 +39,8 @@ def _cli(argv: list[str], env: dict | None = None) -> tuple[int, str, str]:
             mp.setenv(key, os.environ[key]) if key in os.environ else mp.delenv(key, raising=False)
         for key, value in (env or {}).items():
             mp.setenv(key, value)
-        mp.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load was called on a refused file"))
+        if not unpickle:
+            mp.setattr(torch, "load", lambda *a, **k: pytest.fail("torch.load was called on a refused file"))
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
             rc = main(list(argv))
     return rc, err.getvalue(), out.getvalue()
@@ -91,6 +93,25 @@ def test_a_safetensors_file_given_as_a_model_names_its_directory(root):
     (root / "m" / "model.safetensors").write_bytes(b"\0" * 16)
     line = _one_line(*_cli(["sft", "model.name=m/model.safetensors", "data.train=sft.jsonl", "output_dir=run"])[:2])
     assert "is a file" in line and "model.name=m" in line
+
+
+class Planted:
+    """A pickled object that runs code when unpickled (what torch.load(weights_only=False) would do)."""
+
+    def __reduce__(self):
+        return (print, ("PLANTED CODE RAN",))
+
+
+def test_a_model_directory_whose_pickled_bin_holds_code_is_one_line(model_dir, root, capsys):
+    bad = root / "bad"
+    shutil.copytree(model_dir, bad)
+    (bad / "model.safetensors").unlink()
+    torch.save({"model.embed_tokens.weight": torch.zeros(2), "x": Planted()}, bad / "pytorch_model.bin")
+    rc, err, out = _cli(["sft", f"model.name={bad}", "data.train=sft.jsonl", "output_dir=run"], unpickle=True)
+    line = _one_line(rc, err)
+    assert "more than tensors (print)" in line and "weights_only=True" in line and "safetensors" in line
+    assert "PLANTED CODE RAN" not in out + err + capsys.readouterr().out
+    assert not (root / "run").exists()
 
 
 # ── (b) tokenizer files ───────────────────────────────────────────────────────────────────────────────────────

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
+import re
 import shutil
 import time
 import warnings
@@ -227,6 +229,13 @@ def _from_pretrained(cls, source: str, dtype: torch.dtype, **kwargs):
             check_safetensors(weights)
     try:
         return cls.from_pretrained(source, dtype=dtype, **_hub_kwargs(), **kwargs)
+    except pickle.UnpicklingError as exc:  # a pickled .bin holding more than tensors: weights_only refused it
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        raise ModelError(
+            f"the pickled weights in {source} hold more than tensors ({found.group(1) if found else 'an object'}): "
+            "refused (rlhfkit reads a .bin only with torch.load(weights_only=True), which runs no code)",
+            where="model.name", fix="save the model again as model.safetensors from a copy you trust "
+                                    "(model.save_pretrained(DIR, safe_serialization=True))") from None
     except (OSError, ValueError, SafetensorError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"cannot load model from {source!r}: {first}", where="model.name",
