@@ -201,6 +201,17 @@ def test_a_broken_template_inside_the_model_directory_is_named(model_dir, root):
     assert "chat_template.jinja" in line and "sandbox" in line and "sft.jsonl" not in line, line
 
 
+def test_a_sandbox_error_on_one_record_names_the_template_and_the_record(root):
+    # renders the probe conversation; fails (sandbox) only on the third record, whose answer is OWL
+    (root / "tpl.jinja").write_text("{% for m in messages %}{% if m['content'] == 'OWL' %}{{ m.__class__.__mro__ }}"
+                                    "{% endif %}"
+                                    "{{ m['content'] }}<|im_end|>{% endfor %}")
+    line = _one_line(*_cli(["sft", f"model.name={TINY}", f"model.chat_template={root / 'tpl.jinja'}",
+                            "data.train=sft.jsonl", "output_dir=run"])[:2])
+    assert line.startswith(f"error: {root / 'tpl.jinja'}: the chat template failed (the Jinja sandbox"), line
+    assert "sft.jsonl:3" in line, line
+
+
 def test_inline_template_text_is_named_by_its_key(root):
     line = _one_line(*_cli(["sft", f"model.name={TINY}", "model.chat_template={{ nothing.here }}",
                             "data.train=sft.jsonl", "output_dir=run"])[:2])
