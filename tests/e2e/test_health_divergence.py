@@ -19,16 +19,17 @@ SUPERVISED_RULES = {"loss_rising", "loss_at_uniform", "grad_norm_blowup"}
 
 def _lr1(recipe: str, data, out) -> list[str]:
     return [f"data.train={data}", f"output_dir={out}", f"model.name={TINY}", "optim.lr=1", "train.batch_size=8",
-            "train.max_steps=8", "train.log_every=1", "track.report=false", "track.progress=false",
+            "train.max_steps=6", "train.log_every=1", "track.report=false", "track.progress=false", "data.limit=64",
             "data.max_length=48"]
 
 
 @pytest.mark.parametrize("recipe, data, expected", [
-    # measured (batch 8, 8 steps): SFT 4.6 -> 20-80 per token, gradient norm 2.4 -> 30-80; RM 0.69 -> 5-18 with a
-    # gradient norm of 100+; DPO 0.69 -> 2-4
+    # measured (batch 8, 6 steps, 64 records): SFT loss 4.63 -> 44, 35, 50, 50, 44 per token (ln |V| = 4.6), gradient
+    # norm 3.3 -> 38; RM 0.69 -> 2.6, 3.0, 2.0, 0.65, 0.68, gradient norm 0.49 -> 573; DPO 0.69 -> 2.5, 1.2, 2.3, 1.8,
+    # 0.66, gradient norm 0.69 -> 16. Each names all three rules it can (RM and DPO have no ln |V|)
     ("sft", "sft.jsonl", {"loss_rising", "loss_at_uniform", "grad_norm_blowup"}),
-    ("rm", "preference.jsonl", {"loss_rising"}),
-    ("dpo", "preference.jsonl", {"loss_rising"}),
+    ("rm", "preference.jsonl", {"loss_rising", "grad_norm_blowup"}),
+    ("dpo", "preference.jsonl", {"loss_rising", "grad_norm_blowup"}),
 ])
 def test_supervised_recipes_at_lr1_name_the_divergence(recipe, data, expected, task_data, tmp_path, capsys):
     from rlhfkit.train.preference import run_preference
