@@ -64,6 +64,18 @@ def test_loss_above_uniform_is_worse_than_guessing():
     assert _first([{"train/loss": v} for v in SFT_LR1], "loss_at_uniform", vocab_size=100) == 5
 
 
+def test_the_uniform_messages_say_which_side_and_the_value():
+    mon = HealthMonitor(vocab_size=100)
+    at = [mon.evaluate({"train/loss": v}, i) for i, v in enumerate((4.6, 3.0, 3.0, 4.6, 4.6, 4.6, 4.6, 4.6))][-1]
+    (w,) = [w for w in at if w.name == "loss_at_uniform"]
+    assert "at the uniform value ln |V| = 4.605 (100 tokens)" in w.message and "collapsed to uniform" in w.message
+    assert w.severity == "critical" and w.knob == "optim.lr"
+    mon = HealthMonitor(vocab_size=100)
+    above = [mon.evaluate({"train/loss": v}, i) for i, v in enumerate(SFT_LR1[:6])][-1]
+    (w,) = [w for w in above if w.name == "loss_at_uniform"]
+    assert "above the uniform value" in w.message and "worse than a uniform guess" in w.message
+
+
 def test_a_random_model_at_uniform_that_has_not_learned_yet_is_left_alone():
     # random weights start at ln |V| and fall slowly at a small lr: never 10% below, never above 5% over
     seq = [{"train/loss": LN100 * (1 + 0.01 * math.sin(i)) - 0.002 * i} for i in range(30)]

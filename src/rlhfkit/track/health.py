@@ -330,10 +330,10 @@ def loss_at_uniform(m: dict[str, float], prev: History, mon: HealthMonitor) -> s
     back = abs(now - uniform) <= tol * uniform and min(history) < 0.9 * uniform
     if not (back or now > (1 + tol) * uniform):
         return None
-    where = "at" if back else "above"
-    return (f"train/loss {fmt(now)} per token is {where} the uniform value ln |V| = {fmt(uniform)} ({mon.vocab_size} "
-            "tokens): the model predicts no better than a uniform guess (its output collapsed); lower optim.lr and "
-            "start again from the model or the last good checkpoint")
+    what = ("at the uniform value", "no better than a uniform guess (its output collapsed to uniform)") if back else \
+        ("above the uniform value", "worse than a uniform guess (confidently wrong: its weights diverged)")
+    return (f"train/loss {fmt(now)} per token is {what[0]} ln |V| = {fmt(uniform)} ({mon.vocab_size} tokens): the "
+            f"model predicts {what[1]}; lower optim.lr and start again from the model or the last good checkpoint")
 
 
 def grad_norm_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
