@@ -95,7 +95,12 @@ def plan_stages(cfg: PipelineConfig) -> list[tuple[str, str, object]]:
                                                                "its own data.train / data.eval, or drop it")
             defaults["data"] = {k: str(data_dir / v) for k, v in spec.task_files.items()}
         tree = _deep_default(tree, defaults)
-        stage_cfg = build_config(recipe, tree, source=f"pipeline {where} ({name})")
+        try:
+            stage_cfg = build_config(recipe, tree, source=f"pipeline {where} ({name})")
+        except ConfigError as err:  # the key inside the pipeline file, so the CLI can name its file:line
+            if err.key:
+                err.key = f"{where}.config.{err.key}"
+            raise
         planned.append((name, recipe, stage_cfg))
         if spec.family == "reward":
             reward_model = stage_cfg.output_dir
@@ -117,16 +122,17 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
     cfg.check_inputs()
     console = get_console()
     out = Path(cfg.output_dir)
+    # 1. the plan of every stage (configs built and checked, trackers too: a mistake in one is reported before the
+    #    pipeline directory is made), then the data of the built-in task when one is named
+    stages = plan_stages(cfg)
     files.make_dirs(out)
     files.check_run_dir(out)
-    # 1. data of the built-in task (when one is named) and the plan of every stage, validated before any training
     if cfg.task:
         from .tasks import make_task_data
 
         if not (out / "data" / "eval_prompts.jsonl").is_file():
             make_task_data(cfg.task, out / "data", n=cfg.task_size, n_eval=cfg.eval_prompts)
             console.print(f"[pipeline] wrote the {cfg.task} task's data to {out / 'data'}", markup=False)
-    stages = plan_stages(cfg)  # every stage's config built and checked (trackers too) before the first stage
     save_config(cfg, out)
     state_path = out / "pipeline_state.json"
     state = _load_state(state_path)

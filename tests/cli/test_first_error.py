@@ -254,6 +254,15 @@ def test_a_list_item_and_an_input_checked_before_the_run_name_their_line(root):
     assert "m.yaml:2: model.name: model not found: ./no/such/model" in line, line
 
 
+def test_a_stage_key_in_a_pipeline_file_names_its_line(root):
+    (root / "p.yaml").write_text(f"recipe: pipeline\noutput_dir: pipe\nbase_model: {TINY}\nstages:\n  - name: sft\n"
+                                 "    recipe: sft\n    config:\n      data: {train: sft.jsonl}\n      optim:\n"
+                                 "        lrr: 5.0e-3\n")
+    line = _one_line(*_cli(["pipeline", "p.yaml"])[:2])
+    assert "error: p.yaml:10: unknown key 'optim.lrr'" in line, line
+    assert not (root / "pipe").exists()
+
+
 def test_the_same_mistake_as_an_override_keeps_its_message(root):
     (root / "c.yaml").write_text(CONFIG.format(tiny=TINY, extra="train:\n  batch_size: 0\n"))
     line = _one_line(*_cli(["sft", "c.yaml", "train.batch_size=-1", "output_dir=run"])[:2])
