@@ -79,13 +79,16 @@ def test_a_pickled_file_as_model_is_refused_before_anything_opens_it(name, root)
     (["grpo", "data.train=prompts.jsonl", f"model.name={TINY}", "teacher.model=pytorch_model.bin",
       "reward.functions=[{fn: exact_match}]"], "teacher.model"),
     (["eval", "pytorch_model.bin", "--data", "prompts.jsonl"], "model.name"),
+    (["generate", "pytorch_model.bin", "--prompt", "hi"], "model.name"),
+    (["export", "pytorch_model.bin", "--out", "exported"], "pytorch_model.bin"),
+    (["plan", "grpo", "model.name=pytorch_model.bin"], "model.name"),
 ])
 def test_every_key_that_names_a_model_refuses_a_pickle(argv, key, root):
     torch.save({"w": torch.zeros(2)}, root / "pytorch_model.bin")
-    rc, err, _ = _cli([*argv, "output_dir=run"] if argv[0] != "eval" else argv)
+    rc, err, _ = _cli([*argv, "output_dir=run"] if argv[0] in ("sft", "dpo", "grpo") else argv)
     line = _one_line(rc, err)
     assert key in line and "pickled" in line
-    assert not (root / "run").exists()
+    assert not (root / "run").exists() and not (root / "exported").exists()
 
 
 def test_a_safetensors_file_given_as_a_model_names_its_directory(root):

@@ -104,11 +104,12 @@ def _check_data_format(cfg, *allowed: str) -> None:
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 
 
-def check_model_file(name: str, key: str = "model.name") -> None:
+def check_model_file(name: str, key: str = "model.name", where: str | None = None) -> None:
     """A file named as a model is refused in one line unless it is a ``.gguf`` file: a pickled PyTorch checkpoint
     (``pytorch_model.bin``, ``.pt``, ``.pth``, ``.ckpt``, ``.pkl``) because unpickling it can run any code (rlhfkit
     reads weights only from safetensors, or with ``torch.load(weights_only=True)`` inside a model directory), any
-    other file because a model is a directory (config.json + weights). Nothing is opened."""
+    other file because a model is a directory (config.json + weights). Nothing is opened. ``where``: the place the
+    message names (default: ``key``)."""
     path = Path(name).expanduser()
     if not path.is_file() or path.suffix.lower() == ".gguf":
         return
@@ -116,12 +117,12 @@ def check_model_file(name: str, key: str = "model.name") -> None:
         raise ConfigError(
             f"{name} is a pickled PyTorch file; rlhfkit refuses it as a model (unpickling can run any code in it: "
             "weights are read only from safetensors files, or with torch.load(weights_only=True) in a model "
-            "directory)", where=key,
+            "directory)", where=where or key,
             fix="convert it once where you trust it: python -c \"import torch, safetensors.torch as s; "
                 f"s.save_file(torch.load('{name}', weights_only=True), 'DIR/model.safetensors')\" with the model's "
                 f"config.json in DIR, then {key}=DIR")
     raise ConfigError(f"{name} is a file; a model is a directory (config.json + model.safetensors) or a .gguf file",
-                      where=key, fix=f"give the directory that holds it: {key}={path.parent}")
+                      where=where or key, fix=f"give the directory that holds it: {key}={path.parent}")
 
 
 def _check_model_source(name: str | None, key: str) -> None:
