@@ -295,3 +295,27 @@ def test_say_prints_on_rank_0_only(capsys, monkeypatch):
     monkeypatch.delenv("RANK")
     say("shown")
     assert is_main_rank() and capsys.readouterr().out == "shown\n"
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_start_and_closing_lines_are_printed_once(root):
+    """Two processes (DDP over gloo on CPU): one start line, one closing line, one TRL renaming note."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
+           "-m", "rlhfkit", "sft", f"model.name={TINY}", "data.train=sft.jsonl", "output_dir=run", "train.max_steps=2",
+           "train.batch_size=4", "learning_rate=1e-3", "track.report=false", "track.progress=false",
+           "data.eval_fraction=0.25"]  # 8 held-out records: each rank evaluates some
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    assert text.count("[rlhfkit] sft: run directory") == 1, text
+    assert text.count("[sft] finished in") == 1, text
+    assert text.count("[config] learning_rate") == 1, text
