@@ -76,6 +76,11 @@ def test_dapo_where_every_group_ties_at_every_draw_warns(tmp_path, monkeypatch):
     (tmp_path / "flat.py").write_text("def flat(prompts, completions, **fields):\n"
                                       "    return [0.0] * len(completions)\n")
     monkeypatch.chdir(tmp_path)
+    from rlhfkit.models.tokenizer import load_tokenizer
+    from rlhfkit.train.session import Session
+
+    opened, real = {}, Session.open_health
+    monkeypatch.setattr(Session, "open_health", lambda self, **kw: opened.update(kw) or real(self, **kw))
     out = tmp_path / "run"
     code = main(["grpo", str(Path(__file__).parents[2] / "configs/dapo.yaml"), f"model.name={TINY}",
                  "data.train=prompts.jsonl", "data.eval=null", f"output_dir={out}",
@@ -87,3 +92,4 @@ def test_dapo_where_every_group_ties_at_every_draw_warns(tmp_path, monkeypatch):
     assert code == 0
     records = [r for r in read_warnings(out) if r["name"] == "dynamic_sampling_starved"]
     assert records and "no learning signal" in records[0]["message"] and "2 batches" in records[0]["message"]
+    assert opened["vocab_size"] == len(load_tokenizer(TINY)) == 100  # the online monitor knows ln |V|

@@ -544,7 +544,7 @@ class OnlineTrainer:
         samples = session.open_samples()
         health = session.open_health(batch_size=cfg.algo.rollout_batch_size * self.k,
                                      repeat_every=10 * self.updates_per_step,
-                                     max_response_len=self.max_response_len)
+                                     max_response_len=self.max_response_len, vocab_size=len(self.tok))
         episodes_per_step = cfg.algo.rollout_batch_size * self.k * run.world_size
         every = max(1, math.ceil(cfg.train.save_every / self.updates_per_step)) if cfg.train.save_every > 0 else 0
         show = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean", "time/step",
