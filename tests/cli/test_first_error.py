@@ -239,6 +239,7 @@ optim:
     ("train:\n  epochs: many\n", 9, ["'train.epochs' must be a number"]),
     ("train:\n  mixed_precision: fp4\n", 9, ["'train.mixed_precision' must be one of"]),
     ("push_to_hub: true\n", 8, ["'push_to_hub' (TRL) has no rlhfkit equivalent"]),
+    ("learning_rate: 1.0e-3\n", 8, ["'learning_rate' and 'optim.lr' are both set"]),  # TRL's name and ours
 ])
 def test_a_wrong_key_or_value_in_a_file_names_file_and_line(extra, line_no, needles, root):
     (root / "c.yaml").write_text(CONFIG.format(tiny=TINY, extra=extra))
@@ -246,6 +247,12 @@ def test_a_wrong_key_or_value_in_a_file_names_file_and_line(extra, line_no, need
     assert f"error: c.yaml:{line_no}: " in line, line
     for needle in needles:
         assert needle in line, line
+
+
+def test_a_value_under_trls_name_names_the_line_it_was_written_on(root):
+    (root / "t.yaml").write_text(f"model:\n  name: {TINY}\ndata:\n  train: sft.jsonl\nlearning_rate: -1\n")
+    line = _one_line(*_cli(["sft", "t.yaml", "output_dir=run"])[:2])
+    assert "error: t.yaml:5: 'optim.lr' must be >= 0" in line, line
 
 
 def test_a_list_item_and_an_input_checked_before_the_run_name_their_line(root):

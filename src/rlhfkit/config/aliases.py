@@ -147,11 +147,11 @@ def _check_conflict(name, key, new, direct, written, read, source) -> None:
             node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
         if node is not _MISSING and node != new:
             raise ConfigError(f"'{name}' and '{key}' are both set, to different values", where=source,
-                              fix=f"keep only {key}")
+                              fix=f"keep only {key}", key=name)
     if key in written and written[key][1] != new and key not in read:
         other = written[key][0]
         raise ConfigError(f"'{other}' and '{name}' both set {key}, to different values ({_show(written[key][1])}, "
-                          f"{_show(new)})", where=source, fix=f"keep one of {other} and {name}")
+                          f"{_show(new)})", where=source, fix=f"keep one of {other} and {name}", key=name)
 
 
 _MISSING = object()

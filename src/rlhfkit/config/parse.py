@@ -57,6 +57,7 @@ from ..errors import ConfigError
 from .aliases import _begin_aliases, _flush_aliases, apply_trl_names, move_policy_settings, split_trl_names, trl_entry
 from .choices import choices_of
 from .recipes import RECIPES
+from .trl import TRL_NAMES
 
 
 def _did_you_mean(key: str, options: list[str], prefix: str = "") -> str:
@@ -312,7 +313,10 @@ def locate(err: ConfigError, path: str | Path | None, overrides=()) -> ConfigErr
             continue
         if parts[: len(over)] == over:
             return err  # the command line set it: its message stays as it was
-    line = yaml_lines(path).get(parts)
+    lines = yaml_lines(path)
+    line = lines.get(parts)
+    if line is None:  # the file may have written it under TRL's name (learning_rate: -1 -> optim.lr)
+        line = next((lines[(t.name,)] for t in TRL_NAMES if t.key == key and (t.name,) in lines), None)
     if line is None:
         return err
     err.where = f"{path}:{line}" if err.key else f"{path}:{line}: {err.where}"
