@@ -284,8 +284,11 @@ def test_the_same_mistake_as_an_override_keeps_its_message(root):
 # ── (a) rank 0 speaks for the run ─────────────────────────────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("rank, printed", [("0", True), ("1", False)])
-def test_start_line_and_config_notes_only_on_rank_0(rank, printed, root):
+def test_start_line_and_config_notes_only_on_rank_0(rank, printed, root, monkeypatch):
     # a run that stops at its data (after the start line): the start line and TRL's renaming note are once-per-run
+    import rlhfkit.config.aliases as aliases
+
+    monkeypatch.setattr(aliases, "_ALIASES_LOGGED", set())  # notes are once per process: this test's own set
     rc, err, out = _cli(["sft", f"model.name={TINY}", "data.train=nothere.jsonl", "output_dir=run",
                          "learning_rate=1e-4"], env={"RANK": rank})
     assert rc == 2 and "nothere.jsonl" in err
