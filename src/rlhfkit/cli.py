@@ -2,8 +2,9 @@
 
 This module parses and dispatches, nothing else. Recipe modules are imported inside each command (so
 ``rlhfkit --help`` answers without importing torch). Exit codes: 0 success, 2 a :class:`~rlhfkit.errors.UserError`
-(one line on stderr: ``error: <where>: <what> (fix: <how>)``), 130 interrupted (Ctrl-C); any other exception is a
-bug and keeps its traceback.
+(one line on stderr: ``error: <where>: <what> (fix: <how>)``), 130 interrupted (Ctrl-C), 143 / 138 stopped by
+SIGTERM / SIGUSR1 with a checkpoint (``train/stop.py``); any other exception is a bug and keeps its traceback (under
+torchrun followed by one line naming the rank, exit 1).
 
 Overrides of a training command may be written ``key.sub=value``, ``--key.sub value`` or ``--key.sub=value``;
 dashes in a ``--`` key become underscores (``--output-dir x`` is ``output_dir=x``).
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import RECIPES
-from .errors import UserError, say
+from .errors import Stopped, UserError, say
 
 # The training commands are the recipes of ``config.RECIPES`` (the one recipe table); the others are below.
 OTHER_COMMANDS: dict[str, str] = {
@@ -574,19 +575,33 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_environment()
     argv = list(sys.argv[1:] if argv is None else argv)
     _STATE["run_dir"] = None
+    rank = int(os.environ.get("RANK", "0"))
+    who = f"rank {rank}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""  # under torchrun: which process
     try:
         return _dispatch(argv)
     except UserError as err:
         sys.stdout.flush()
-        print(f"error: {err}".replace("\n", " "), file=sys.stderr, flush=True)
+        print(f"error: {who}{err}".replace("\n", " "), file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C, or a stop by SIGTERM / SIGUSR1 / another rank's failure (Stopped)
         sys.stdout.flush()
+        stopped = err if isinstance(err, Stopped) else None
         ckpt = _last_checkpoint(_STATE["run_dir"])
         where = (f"; last checkpoint: {ckpt} (run the same command again to resume from it)" if ckpt
                  else (f"; no checkpoint written yet in {_STATE['run_dir']}" if _STATE["run_dir"] else ""))
-        print(f"interrupted{where}", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        line = "interrupted" + where if stopped is None else stopped.message + ("" if stopped.names_checkpoint
+                                                                                else where)
+        if rank == 0 or stopped is None:  # a stop is the same on every rank: said once
+            print(line, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED if stopped is None else stopped.exit_code
+    except Exception as err:
+        if not who:
+            raise  # a bug: its traceback
+        import traceback
+
+        traceback.print_exc()  # a bug keeps its traceback; then the one line that names the process
+        print(f"error: {who}{type(err).__name__}: {' '.join(str(err).split())[:300]}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -76,3 +76,14 @@ class NoUpdateError(UserError):
 class NonFiniteError(UserError):
     """Training diverged: too many consecutive non-finite losses / gradients, or non-finite weights about to be
     saved."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A run stopped on purpose before its end: by a preemption signal (SIGTERM, SIGUSR1; ``train/stop.py``) or
+    because another rank failed. Like Ctrl-C's ``KeyboardInterrupt`` (which it is, so no ``except Exception`` in user
+    code swallows it), the CLI prints it as one line (``message``; None: the CLI's own line naming the last
+    checkpoint) and exits with ``exit_code``; ``names_checkpoint`` False: the CLI adds the last checkpoint to it."""
+
+    def __init__(self, message: str, exit_code: int, *, names_checkpoint: bool = True):
+        self.message, self.exit_code, self.names_checkpoint = message, exit_code, names_checkpoint
+        super().__init__(message)

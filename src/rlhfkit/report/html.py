@@ -76,7 +76,7 @@ table.samples,table.side-by-side{table-layout:fixed;width:100%}
 table.samples th:first-child,table.samples th:last-child{width:8em}
 .grid img{max-width:100%;height:auto}summary{cursor:pointer;margin:.5em 0}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.critical td{background:#fde8e8}tr.warning td{background:#fff6e0}
+tr.critical td{background:#fde8e8}tr.warning td{background:#fff6e0}p.warn{background:#fde8e8;padding:.5em}
 pre{background:#f6f6f6;padding:1em;overflow:auto;font-size:13px;white-space:pre-wrap;overflow-wrap:anywhere}
 .side{display:flex;gap:24px;align-items:center}section{margin-bottom:2em}
 #summary{border:1px solid #ddd;border-radius:6px;padding:.5em 1em;background:#fafafa}
@@ -90,19 +90,23 @@ def build_report(
     gold: Mapping[str, float] | None = None,
     stages: Sequence[Mapping[str, Any]] | None = None,
     answers: Mapping[str, Sequence[Sequence[Any]]] | None = None,
+    status: str | None = None,
 ) -> Path:
     """Write the HTML report of ``run_dir`` (default ``run_dir/report.html``) and return its path.
 
     ``gold``: gold metric per model, e.g. ``{"untrained": 0.02, "sft": 0.41, "ppo": 0.83}``.
     ``stages``: ``[{"name", "run_dir", "summary"}]`` for a pipeline; relative stage dirs are looked up under
     ``run_dir``. ``answers``: per model, ``[(prompt, answer, score), ...]`` on the same prompts in the same order,
-    shown side by side.
+    shown side by side. ``status``: how a run that did not finish ended (a failure, a stop by a signal), shown
+    first.
     """
     run_dir = Path(run_dir)
     out_path = Path(out_path) if out_path is not None else run_dir / "report.html"
     title = title or f"rlhfkit report: {run_dir.name}"
     has_metrics = (run_dir / "metrics.jsonl").exists()
     body = [f"<h1>{_e(title)}</h1>", f'<p class="muted">{_e(str(run_dir))}</p>']
+    if status:
+        body.append(f'<p id="status" class="warn"><b>Not finished:</b> {_e(status)}</p>')
     body.append(_summary(run_dir, stages, out_path.parent) if stages else _summary(run_dir))
     if gold:
         body.append(_gold_section(gold))

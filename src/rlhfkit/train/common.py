@@ -140,9 +140,10 @@ def to_device(batch: dict, device) -> dict:
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
 
-def write_report(run) -> None:
-    """``report.html`` of the run (main process, when ``track.report``)."""
+def write_report(run, status: str | None = None) -> None:
+    """``report.html`` of the run (main process, when ``track.report``); ``status``: why it ended early, shown
+    first."""
     if run.is_main and run.cfg.track.report:
         from ..report import build_report
 
-        build_report(run.run_dir, title=f"rlhfkit {run.cfg.recipe}: {run.run_dir}")
+        build_report(run.run_dir, title=f"rlhfkit {run.cfg.recipe}: {run.run_dir}", status=status)

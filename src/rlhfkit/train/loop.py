@@ -15,6 +15,7 @@ directory then renamed, so a crash never leaves a half checkpoint.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from .common import mean_stats, plan_batches, to_device
 from .distributed import get_strategy
 from .optim import clip_and_step
 from .run import Run, set_up_trained
+from .stop import GO
 
 LossFn = Callable[[Any, dict], tuple[torch.Tensor, dict]]
 
@@ -76,7 +78,8 @@ def eval_batches(run: Run, job: SupervisedJob) -> list[dict]:
 
 def train_supervised(run: Run, job: SupervisedJob) -> dict:
     """The supervised loop. Steps: 1. plan  2. set up and resume  3. update loop (accumulate, clip, step, log,
-    evaluate, checkpoint)  4. save. Returns the last metrics."""
+    evaluate, checkpoint; a SIGTERM / SIGUSR1 stops every rank after the update under way, with a checkpoint: see
+    ``stop.py``)  4. save. Returns the last metrics."""
     cfg, acc = run.cfg, run.accelerator
     # 1. plan: how many optimizer updates, and the data position of each
     n_updates, per_epoch = total_updates(cfg, len(job.train_items), run.world_size)
@@ -107,6 +110,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
 
     # 3. update loop
     model.train()
+    saved = step  # the update the newest checkpoint holds (0: none needed yet)
     batches_cache: dict[int, list[list[int]]] = {}
 
     def micro_batch(i: int) -> dict:
@@ -119,6 +123,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
 
     with Progress(n_updates, desc=job.name, unit="update", show=None, is_main=run.is_main and cfg.track.progress,
                   initial=step) as progress:
+        run.stop.arm(True)
         while step < n_updates:
             stats = []
             progress.phase("update", total=ga, unit="micro-batches")
@@ -152,8 +157,13 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                 last.update(metrics)
             # full names: the bar shows eval/loss as eval_loss, never under the train name
             progress.update(1, {k: v for k, v in metrics.items() if k.split("/")[-1] in job.show or k in job.show})
+            save = functools.partial(trained.save, step, state={"micro": micro, "extra": job.extra_state})
             if cfg.train.save_every > 0 and step % cfg.train.save_every == 0 and step != n_updates:
-                trained.save(step, state={"micro": micro, "extra": job.extra_state})
+                save()
+                saved = step
+            if step < n_updates and run.stop.check(acc) != GO:  # every rank at the same update
+                run.stop.stop(acc, step, None if saved == step else save)
+        run.stop.arm(False)
 
     # 4. final model, one ordinary HF directory whatever the strategy (the final evaluation was logged with the
     #    last update), finished marker, report

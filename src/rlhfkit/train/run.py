@@ -26,6 +26,7 @@ from ..track.console import get_console
 from .distributed import die_with_launcher, get_strategy
 from .optim import build_optimizer, build_scheduler
 from .session import Session
+from .stop import StopControl
 
 
 @dataclass
@@ -38,13 +39,15 @@ class Run:
     sink: MetricsSink | None = None
     started: float = field(default_factory=time.time)
     session: Session | None = None  # the lifecycle of the run directory (train/session.py), made by start_run
+    stop: StopControl = field(default_factory=StopControl)  # SIGTERM / SIGUSR1 / another rank's failure (stop.py)
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self.stop.uninstall()
         if self.session is not None:
-            self.session.close(failed=exc_type is not None)
+            self.session.close(failed=exc_type is not None, error=exc)
 
     @property
     def is_main(self) -> bool:
@@ -113,7 +116,12 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     accelerator.wait_for_everyone()
     run = Run(cfg=cfg, accelerator=accelerator, run_dir=run_dir)
     run.session = Session(run, created=created)
-    run.session.acquire()
+    run.stop.install()  # every process: SIGTERM / SIGUSR1 end the run at a step boundary with a checkpoint
+    try:
+        run.session.acquire()
+    except BaseException:
+        run.stop.uninstall()
+        raise
     set_seed(cfg.train.seed)
     return run
 

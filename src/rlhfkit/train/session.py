@@ -46,7 +46,7 @@ from pathlib import Path
 
 from .. import files
 from ..config import save_config
-from ..errors import NoUpdateError, RunError
+from ..errors import NoUpdateError, RunError, Stopped, UserError
 from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
 from ..track.console import get_console
 from .checkpoint import (
@@ -84,6 +84,17 @@ def _step_of(path: Path) -> int:
         return int(path.name.split("-", 1)[1].removesuffix(".tmp"))
     except ValueError:
         return -1
+
+
+def _status(error: BaseException | None) -> str:
+    """How a run ended early, for the top of its report."""
+    if isinstance(error, Stopped):
+        return error.message
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    if isinstance(error, UserError):
+        return f"failed: {error.one_line()}"
+    return f"failed: {type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 
 # ─────────────────────────────────────────────────── lock ────────────────────────────────────────────────────
@@ -401,13 +412,21 @@ class Session:
         if report:
             write_report(run)
 
-    def close(self, failed: bool) -> None:
+    def close(self, failed: bool, error: BaseException | None = None) -> None:
         """Release the directory. A run that failed before committing removes its staged files, and the run
-        directory when it made it and left it empty."""
+        directory when it made it and left it empty; one that ends early after it (a failure, a stop by a signal)
+        closes its files and writes the report, ``error`` at its top."""
         try:
             if failed and not self.committed and self.run.is_main:
                 for f in self._files():
                     f.discard()
+            elif failed:
+                for f in self._files():
+                    f.close()
+                try:
+                    write_report(self.run, status=_status(error))
+                except Exception as err:  # noqa: BLE001 - the run's own error is the one to show
+                    self.run.print(f"[report] warning: no report written ({type(err).__name__}: {err})")
         finally:
             self.lock.release()
         if failed and not self.committed and self.created and self.run.is_main:

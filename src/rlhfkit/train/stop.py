@@ -1,0 +1,142 @@
+"""Stopping a run cleanly on every rank: preemption signals, and a failure on one rank.
+
+Clusters preempt a job with SIGTERM and a grace period (SLURM can send SIGUSR1 ahead of it: ``--signal=USR1@120``;
+Kubernetes: ``terminationGracePeriodSeconds``; torchrun forwards the SIGTERM it gets to its workers and kills them 30 s
+later). :class:`StopControl` (one per run, ``run.stop``, installed by ``start_run`` on every process, removed when the
+run ends) turns both signals into a stop at the next step boundary:
+
+- its handler only *notes* the signal while a loop is between its first and its last update (``armed``); anywhere
+  else (loading, the final save) or at a second signal it raises :class:`~rlhfkit.errors.Stopped` at once, as Ctrl-C
+  raises ``KeyboardInterrupt`` (the run's files are staged or closed, checkpoints are renamed into place only when
+  complete: nothing half-written is ever picked up);
+- the loops call :meth:`StopControl.check` at their step boundaries (the supervised loop after each optimizer update;
+  the online loop after the rollout and scoring, and after the PPO epochs): one all-reduce (max) of every rank's state
+  (go on, a signal, this rank failed), so all ranks stop at the same step and can write the checkpoint together. A
+  signal during a rollout abandons it (:meth:`StopControl.abandon_point`, between micro-batches of generation);
+- a rank whose local part of a step fails (rollout, reward functions, environment: no collective inside) notes the
+  error (:meth:`StopControl.fail`) and joins that all-reduce instead of dying, so the others stop through the same path;
+- then :meth:`StopControl.stop`: one ``all_gather_object`` of why each rank stops, the checkpoint of the step reached
+  (every rank; skipped when it is already on disk), and the exit: the failing rank re-raises its error, every other
+  rank raises ``Stopped`` whose one line ("stopped by SIGTERM at step N; checkpoint-N saved; rerun the same command
+  to resume") the CLI prints on rank 0. ``Session.close`` closes the run's files and writes the report on the way out.
+
+Exit codes (README, "Exit codes"): 143 after SIGTERM, 138 after SIGUSR1 (128 + the signal's number, as Ctrl-C's 130);
+a rank stopped because another failed exits with that rank's code (2 for a user error, 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+import torch
+
+from ..errors import Stopped, UserError
+
+SIGNALS = ("SIGTERM", "SIGUSR1")
+GO, SIGNALLED, FAILED = 0, 1, 2
+
+
+def exit_code(name: str) -> int:
+    """128 + the signal's number: 143 for SIGTERM, 138 for SIGUSR1 (Linux)."""
+    return 128 + int(getattr(signal, name))
+
+
+def error_code(err: BaseException) -> int:
+    return 2 if isinstance(err, UserError) else 1
+
+
+def one_line(err: BaseException) -> str:
+    text = err.one_line() if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+    return " ".join(text.split())[:300]
+
+
+class Abandoned(Exception):
+    """Raised inside a rollout when a stop was asked: the rollout is dropped (caught by the online loop)."""
+
+
+class StopControl:
+    """The stop requests of one run on this process; see the module doc."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None  # the first signal noted while armed
+        self.error: BaseException | None = None  # this rank's failure in the local part of a step
+        self.armed = False
+        self.where = "before the first update"  # for a stop outside the loop
+        self._previous: dict = {}
+
+    # ── the handler ──────────────────────────────────────────────────────────────────────────────────────────
+    def install(self) -> None:
+        """Catch SIGTERM / SIGUSR1 (main thread only: Python runs handlers there)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.armed and self.signal is None:
+            self.signal = name
+            if int(os.environ.get("RANK", "0")) == 0:  # os.write: print() may be half-way through a line
+                os.write(2, f"[stop] {name} received: finishing the current update, then a checkpoint\n".encode())
+            return
+        self.armed = False
+        raise Stopped(f"stopped by {name} {self.where}", exit_code(name), names_checkpoint=False)
+
+    def arm(self, armed: bool, where: str = "while saving the final model") -> None:
+        """Note signals (between the loop's first and last update) or raise at once (``where`` says when)."""
+        self.armed = armed
+        if not armed:
+            self.where = where
+
+    # ── the loops ────────────────────────────────────────────────────────────────────────────────────────────
+    def abandon_point(self) -> None:
+        """Inside a rollout (between micro-batches): raise :class:`Abandoned` once a signal was noted."""
+        if self.signal is not None:
+            raise Abandoned(self.signal)
+
+    def fail(self, err: BaseException) -> None:
+        """This rank's local part of the step failed: stop every rank at the next :meth:`check`."""
+        self.error = err
+
+    def check(self, acc) -> int:
+        """Every rank's state, reduced (max) over processes: ``GO``, ``SIGNALLED`` or ``FAILED`` (one all-reduce of a
+        scalar; every process must call it at the same point)."""
+        mine = FAILED if self.error is not None else SIGNALLED if self.signal else GO
+        if acc.num_processes == 1:
+            return mine
+        return int(acc.reduce(torch.tensor([mine], device=acc.device), "max").item())
+
+    def stop(self, acc, update: int, save: Callable[[], object] | None):
+        """Stop every rank at optimizer update ``update`` (after :meth:`check` said so): ``save()`` writes its
+        checkpoint (None: it is on disk already, or nothing was trained), then raise (see the module doc)."""
+        self.armed = False
+        why = [(acc.process_index, self.signal, one_line(self.error) if self.error else None,
+                error_code(self.error) if self.error else 0)]
+        if acc.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            why = gather_object(why)
+        if update == 0:
+            saved = "nothing trained yet, no checkpoint needed; rerun the same command to start"
+        else:
+            if save is not None:
+                save()
+            saved = f"checkpoint-{update} saved; rerun the same command to resume"
+        if self.error is not None:
+            raise self.error
+        failed = [w for w in why if w[2] is not None]
+        if failed:
+            rank, _, line, code = failed[0]
+            raise Stopped(f"stopped at step {update} because rank {rank} failed ({line}); {saved}", code)
+        name = self.signal or next(w[1] for w in why if w[1])
+        raise Stopped(f"stopped by {name} at step {update}; {saved}", exit_code(name))

@@ -1,0 +1,113 @@
+"""Preemption: SIGTERM / SIGUSR1 in the middle of a run stops it after the update under way with one line, a
+checkpoint at the step of the stop, the report and a documented exit code; the same command again resumes it and
+ends with the weights of the run that never stopped, bit for bit (``train/stop.py``).
+
+Every run here is a process of its own (``cli_script.py``: the ``rlhfkit`` command with updates slowed down past a
+step, so the signal lands mid-run), one intra-op thread each, so the straight and the resumed runs do the same
+arithmetic.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhfkit.track import read_metrics
+from rlhfkit.train.checkpoint import list_checkpoints
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).with_name("cli_script.py")
+TINY = "tiny:hidden=64,layers=2,intermediate=128"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def sft_args(data: Path, out: Path) -> list[str]:
+    return ["sft", f"data.train={data / 'sft.jsonl'}", f"output_dir={out}", f"model.name={TINY}", "optim.lr=5e-3",
+            "train.batch_size=8", "train.max_steps=10", "train.save_every=4", "data.limit=300", "data.max_length=64"]
+
+
+def grpo_args(data: Path, out: Path) -> list[str]:
+    # 2 updates per rollout step (2 mini-batches of 8), 6 steps: checkpoints hold whole steps (update 2k)
+    return ["grpo", f"data.train={data / 'prompts.jsonl'}", f"output_dir={out}", f"model.name={TINY}",
+            "optim.lr=1e-3", "train.batch_size=8", "generation.max_new_tokens=8", "data.max_length=64",
+            "track.sample_every=0", "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]",
+            "algo.rollout_batch_size=4", "algo.num_generations=4", "algo.mini_batch_size=8",
+            "algo.total_episodes=96", "data.limit=200", "train.save_every=8"]
+
+
+def run(args: list[str], env: dict | None = None, wait: bool = True):
+    cmd = [sys.executable, str(SCRIPT), *args]
+    if not wait:
+        return subprocess.Popen(cmd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    proc = subprocess.run(cmd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, f"rlhfkit failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def signal_after(proc, out: Path, step: int, sig: int) -> tuple[int, str, str]:
+    """Send ``sig`` once metrics.jsonl holds a line past ``step``; (exit code, stdout, stderr)."""
+    deadline = time.time() + 300
+    while not any(x["step"] >= step for x in read_metrics(out)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=300)
+    return proc.returncode, stdout, stderr
+
+
+def stopped_at(stderr: str, name: str) -> int:
+    line = stderr.strip().splitlines()[-1]
+    head, _, tail = line.partition(" at step ")
+    assert head == f"stopped by {name}", line
+    step = int(tail.split(";")[0])
+    assert line == f"stopped by {name} at step {step}; checkpoint-{step} saved; rerun the same command to resume"
+    return step
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the straight run's"
+
+
+@pytest.fixture(scope="module")
+def straight(task_data, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("straight")
+    run(sft_args(task_data, root / "sft"))
+    run(grpo_args(task_data, root / "grpo"))
+    return {"sft": root / "sft", "grpo": root / "grpo"}
+
+
+@pytest.mark.parametrize("recipe,sig", [("sft", signal.SIGTERM), ("grpo", signal.SIGUSR1)])
+def test_signal_stops_with_a_checkpoint_and_resumes_bit_exact(straight, task_data, tmp_path, recipe, sig):
+    out = tmp_path / recipe
+    args = (sft_args if recipe == "sft" else grpo_args)(task_data, out)
+    proc = run(args, env={"RLHFKIT_TEST_SLOW_AFTER": "4", "RLHFKIT_TEST_PAUSE": "0.5"}, wait=False)
+    code, _, stderr = signal_after(proc, out, 5, sig)
+    name = signal.Signals(sig).name
+    assert code == 128 + sig, stderr[-3000:]  # 143 for SIGTERM, 138 for SIGUSR1 (README: exit codes)
+    step = stopped_at(stderr, name)
+    assert 5 < step < 10 and step % 4 != 0  # the update under way finished; not a periodic checkpoint
+    assert max(s for s, _ in list_checkpoints(out)) == step
+    assert read_metrics(out)[-1]["step"] == step  # every update done is logged, none after the stop
+    assert not (out / "finished.json").exists() and not (out / "model.safetensors").exists()
+    report = (out / "report.html").read_text()
+    assert f"stopped by {name} at step {step}" in report
+    # the same command again: resumed from the stop's checkpoint, the straight run's result bit for bit
+    resumed = run(args)
+    assert f"resumed from {out / f'checkpoint-{step}'}" in resumed.stdout
+    assert_same_weights(out, straight[recipe])
+    curve = {x["step"]: x.get("train/loss", x.get("loss/policy_avg")) for x in read_metrics(out)}
+    whole = {x["step"]: x.get("train/loss", x.get("loss/policy_avg")) for x in read_metrics(straight[recipe])}
+    assert curve == whole
