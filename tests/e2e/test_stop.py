@@ -111,3 +111,38 @@ def test_signal_stops_with_a_checkpoint_and_resumes_bit_exact(straight, task_dat
     curve = {x["step"]: x.get("train/loss", x.get("loss/policy_avg")) for x in read_metrics(out)}
     whole = {x["step"]: x.get("train/loss", x.get("loss/policy_avg")) for x in read_metrics(straight[recipe])}
     assert curve == whole
+
+
+def torchrun(args: list[str], wait: bool = True, env: dict | None = None):
+    from test_fsdp import free_port
+
+    cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(SCRIPT), *args]
+    if not wait:
+        return subprocess.Popen(cmd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    proc = subprocess.run(cmd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_sigterm_to_torchrun_stops_both_ranks_with_one_line_and_resumes_bit_exact(task_data, tmp_path):
+    """The launcher gets the SIGTERM (Kubernetes, a scheduler): torchrun forwards it to its workers and gives them
+    30 s; both stop after the same update, write the sharded checkpoint together, and rank 0 says so once."""
+    fsdp = ["distributed.strategy=fsdp2", "train.batch_size=4"]  # 2 x 4 per update
+    run_args = lambda out: [*sft_args(task_data, out), *fsdp]  # noqa: E731
+    torchrun(run_args(tmp_path / "straight"))
+    out = tmp_path / "stopped"
+    proc = torchrun(run_args(out), wait=False, env={"RLHFKIT_TEST_SLOW_AFTER": "4", "RLHFKIT_TEST_PAUSE": "0.5"})
+    _, stdout, stderr = signal_after(proc, out, 5, signal.SIGTERM)
+    # torchrun itself then exits 1 with its own SignalException traceback (README: exit codes)
+    lines = [x for x in (stdout + stderr).splitlines() if x.startswith("stopped by")]
+    assert len(lines) == 1, stdout[-2000:] + stderr[-3000:]
+    step = stopped_at(lines[0], "SIGTERM")
+    assert 5 < step < 10 and step % 4 != 0
+    assert max(s for s, _ in list_checkpoints(out)) == step
+    assert sorted(p.name for p in (out / f"checkpoint-{step}" / "sharded").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]  # both ranks' shards
+    assert f"stopped by SIGTERM at step {step}" in (out / "report.html").read_text()
+    torchrun(run_args(out))  # the same command again
+    assert_same_weights(out, tmp_path / "straight")

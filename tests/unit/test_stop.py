@@ -1,0 +1,129 @@
+"""Stopping a run (``train/stop.py``): the SIGTERM / SIGUSR1 handler, a stop at a step boundary of the supervised
+loop with a checkpoint there and a bit-exact resume, and every early end (a signal, a failure after the first
+metrics line) closing the run's files and writing the report with the cause at its top. A toy torch model, as in
+test_loop.py: each test well under a second or two."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+from test_loop import _job
+
+import rlhfkit.train.loop as loop
+from rlhfkit.config import build_config
+from rlhfkit.errors import Stopped
+from rlhfkit.track import read_metrics
+from rlhfkit.train.checkpoint import list_checkpoints
+from rlhfkit.train.loop import train_supervised
+from rlhfkit.train.run import start_run
+from rlhfkit.train.stop import StopControl, exit_code
+
+
+def test_exit_codes_are_128_plus_the_signal():
+    assert exit_code("SIGTERM") == 143 and exit_code("SIGUSR1") == 138
+
+
+def test_handler_notes_a_signal_in_the_loop_and_stops_at_once_outside_it():
+    before = signal.getsignal(signal.SIGUSR1)
+    stop = StopControl()
+    stop.install()
+    try:
+        with pytest.raises(Stopped) as err:  # not armed (loading): at once, like Ctrl-C
+            os.kill(os.getpid(), signal.SIGUSR1)
+        assert (err.value.exit_code, err.value.message) == (138, "stopped by SIGUSR1 before the first update")
+        assert not err.value.names_checkpoint  # the CLI adds the last checkpoint
+        stop.arm(True)
+        os.kill(os.getpid(), signal.SIGTERM)  # armed: noted, the loop goes on to its step boundary
+        assert stop.signal == "SIGTERM" and stop.armed
+        with pytest.raises(Stopped) as err:  # a second signal does not wait
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert err.value.exit_code == 143
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def _cfg(tmp_path, name: str, *overrides: str):
+    return build_config("sft", {}, [f"output_dir={tmp_path / name}", "optim.lr=1e-2", "optim.warmup_steps=2",
+                                    "train.max_steps=6", "train.batch_size=8", "train.save_every=4",
+                                    "train.mixed_precision='no'", *overrides])
+
+
+def _toy(cfg):
+    with start_run(cfg) as run:
+        job = _job()
+        train_supervised(run, job)
+    return job
+
+
+def test_sigterm_stops_after_the_update_with_a_checkpoint_and_resumes_bit_exact(tmp_path, monkeypatch):
+    straight = _toy(_cfg(tmp_path, "straight"))
+    real, calls = loop.clip_and_step, []
+
+    def signalled_in_update_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of update 3
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "clip_and_step", signalled_in_update_3)
+    cfg = _cfg(tmp_path, "stopped")
+    with pytest.raises(Stopped) as err:
+        _toy(cfg)
+    assert err.value.exit_code == 143
+    assert err.value.message == "stopped by SIGTERM at step 3; checkpoint-3 saved; rerun the same command to resume"
+    assert len(calls) == 3  # update 3 finished, no update 4
+    out = tmp_path / "stopped"
+    assert sorted(s for s, _ in list_checkpoints(out)) == [3]
+    assert [x["step"] for x in read_metrics(out) if "train/loss" in x] == [1, 2, 3]
+    assert "stopped by SIGTERM at step 3" in (out / "report.html").read_text()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the run's handler is gone with the run
+    monkeypatch.setattr(loop, "clip_and_step", real)
+    resumed = _toy(cfg)
+    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert [x["step"] for x in read_metrics(out) if "train/loss" in x] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_signal_at_a_periodic_checkpoint_writes_no_second_one(tmp_path, monkeypatch):
+    real, calls = loop.clip_and_step, []
+
+    def signalled_in_update_4(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "clip_and_step", signalled_in_update_4)
+    with pytest.raises(Stopped, match="stopped by SIGUSR1 at step 4; checkpoint-4 saved") as err:
+        _toy(_cfg(tmp_path, "at4"))
+    assert err.value.exit_code == 138
+    assert sorted(s for s, _ in list_checkpoints(tmp_path / "at4")) == [4]
+
+
+def test_a_failure_after_the_first_line_closes_the_files_and_writes_the_report(tmp_path, monkeypatch):
+    real, calls, sinks = loop.clip_and_step, [], []
+
+    def fails_in_update_3(accelerator, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("disk on fire")
+        return real(accelerator, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "clip_and_step", fails_in_update_3)
+    real_log = loop.Run.log
+
+    def log(self, metrics, step):
+        sinks.append(self.sink)
+        return real_log(self, metrics, step)
+
+    monkeypatch.setattr(loop.Run, "log", log)
+    with pytest.raises(ValueError, match="disk on fire"):
+        _toy(_cfg(tmp_path, "failed"))
+    out = tmp_path / "failed"
+    assert [x["step"] for x in read_metrics(out) if "train/loss" in x] == [1, 2]
+    assert sinks and sinks[-1]._writer._file.closed  # metrics.jsonl closed
+    assert "failed: ValueError: disk on fire" in (out / "report.html").read_text()
