@@ -305,7 +305,7 @@ def _common_keys_help(recipe) -> str:
 
 # ───────────────────────────────────────────────── commands ───────────────────────────────────────────────────
 
-_STATE: dict[str, Path | None] = {"run_dir": None}
+_STATE: dict = {"run_dir": None, "timeout_s": None}
 
 
 def _lazy(module: str, name: str):
@@ -320,6 +320,7 @@ def cmd_train(command: str, tokens: list[str]) -> int:
     cfg = load_config(command, config_path, overrides)  # every key and the trackers, before anything is written
     run_dir = Path(cfg.output_dir)
     _STATE["run_dir"] = run_dir
+    _STATE["timeout_s"] = getattr(getattr(cfg, "distributed", None), "timeout_s", None)
     say(f"[rlhfkit] {command}: run directory {run_dir.resolve()}"  # rank 0 only under torchrun
         + (f" (config {config_path})" if config_path else " (recipe defaults + overrides)"))
     _quiet_libraries()
@@ -600,7 +601,12 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         traceback.print_exc()  # a bug keeps its traceback; then the one line that names the process
-        print(f"error: {who}{type(err).__name__}: {' '.join(str(err).split())[:300]}", file=sys.stderr, flush=True)
+        cause = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
+        if "timed out" in cause.lower() or "timeout" in cause.lower():  # torch.distributed's collective timeout
+            cause = (f"a collective waited longer than distributed.timeout_s={_STATE.get('timeout_s')} s for the other "
+                     f"processes ({cause}) (fix: another rank failed or hangs: see its line above; raise "
+                     "distributed.timeout_s if it was only slow)")
+        print(f"error: {who}{cause}", file=sys.stderr, flush=True)
         return 1
 
 

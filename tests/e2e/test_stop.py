@@ -146,3 +146,17 @@ def test_sigterm_to_torchrun_stops_both_ranks_with_one_line_and_resumes_bit_exac
     assert f"stopped by SIGTERM at step {step}" in (out / "report.html").read_text()
     torchrun(run_args(out))  # the same command again
     assert_same_weights(out, tmp_path / "straight")
+
+
+def test_a_rank_that_hangs_ends_the_others_at_the_collective_timeout(task_data, tmp_path):
+    """Rank 1 hangs after update 2 (a long sleep): rank 0 waits at the next collective for distributed.timeout_s,
+    then ends with one line naming that key, closes its files and writes the report; checkpoints stay valid."""
+    out = tmp_path / "hang"
+    proc = torchrun([*sft_args(task_data, out), "distributed.timeout_s=8"], wait=False,
+                    env={"RLHFKIT_TEST_SLOW_AFTER": "2", "RLHFKIT_TEST_PAUSE": "300", "RLHFKIT_TEST_PAUSE_RANK": "1"})
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    lines = [x for x in stderr.splitlines() if x.startswith("error: rank 0: ")]
+    assert len(lines) == 1 and "distributed.timeout_s=8.0 s" in lines[0], stderr[-3000:]
+    assert "failed: RuntimeError" in (out / "report.html").read_text()
+    assert [x["step"] for x in read_metrics(out) if "train/loss" in x] == [1, 2]

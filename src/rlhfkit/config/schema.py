@@ -146,6 +146,9 @@ class DistributedConfig:
     reshard_after_forward: bool = f(True, "fsdp2: free each layer's gathered parameters after its forward (ZeRO-3 "
                                           "like); false keeps them until backward (ZeRO-2 like: more memory, less "
                                           "communication)")
+    timeout_s: float = f(1800.0, "seconds a process waits at a collective (all-reduce, barrier, checkpoint) for the "
+                                 "others before it fails with one line naming this key (torch's process-group "
+                                 "timeout): a rank that died or hangs never blocks the others for ever", gt=0)
 
 
 # ─────────────────────────────────────────────── recipe sections ──────────────────────────────────────────────

@@ -51,7 +51,7 @@ from .distributed import get_strategy
 NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpointing", "train.resume",
                      "train.log_every", "train.eval_every", "train.save_every", "train.save_total_limit",
                      "train.eval_batch_size", "train.max_nonfinite_skips", "train.epochs", "train.max_steps",
-                     "algo.total_episodes")
+                     "algo.total_episodes", "distributed.timeout_s")
 #: the run length: a finished run rerun with the same length is finished; with another, it resumes
 LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
 #: keys renamed since a checkpoint may have been written: old key -> today's, so that its fingerprint still matches.

@@ -95,6 +95,16 @@ def mixed_precision(name: str) -> str:
     return name
 
 
+def collective_timeout(cfg):
+    """``distributed.timeout_s`` for the process group accelerate creates (the first run of a process creates it)."""
+    from datetime import timedelta
+
+    from accelerate.utils import InitProcessGroupKwargs
+
+    dist = getattr(cfg, "distributed", None)
+    return InitProcessGroupKwargs(timeout=timedelta(seconds=dist.timeout_s if dist is not None else 1800.0))
+
+
 def start_run(cfg, *, resume_step: int | None = None) -> Run:
     """Create the accelerator and the run directory, lock it, seed everything. Use as ``with start_run(cfg) as
     run:`` so the directory is released (and, after a failure before the first line, left as it was)."""
@@ -107,7 +117,8 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     die_with_launcher()  # torchrun: a killed launcher takes its workers with it
     # cpu=True without CUDA: only then does accelerate set up DDP (gloo) for processes started by torchrun
     accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision),
-                              cpu=not torch.cuda.is_available(), **get_strategy(cfg).accelerator_kwargs(cfg))
+                              cpu=not torch.cuda.is_available(), kwargs_handlers=[collective_timeout(cfg)],
+                              **get_strategy(cfg).accelerator_kwargs(cfg))
     run_dir = Path(cfg.output_dir)
     created = not run_dir.exists()
     accelerator.wait_for_everyone()
