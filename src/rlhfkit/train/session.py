@@ -239,21 +239,44 @@ class Session:
         return None
 
     def _choose_checkpoint(self) -> None:
-        """The checkpoint to resume (``train.resume``), refused when another run made it (see :meth:`begin`)."""
+        """The checkpoint to resume (``train.resume``), refused when another run made it (see :meth:`begin`).
+        The main process validates the checkpoints (every file's sha256) and compares the fingerprints, once; the
+        others receive its choice (one broadcast)."""
+        acc = self.run.accelerator
+        choice, error = (None, []), None
+        if acc.is_main_process:
+            try:
+                choice = self._choose_here()
+            except UserError as err:
+                error = err
+        if acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            box = [(choice, error.one_line() if error else None)]
+            broadcast_object_list(box)
+            choice, message = box[0]
+            if message and error is None:
+                error = RunError(message)
+        if error is not None:
+            raise error
+        self._resume_path, self._diff = choice
+        self._chosen = True
+
+    def _choose_here(self) -> tuple[Path | None, list[str]]:
+        """(the checkpoint to resume or None, its settings that differ from this run's); main process."""
         cfg = self.cfg
         self._old_checkpoints = [p for _, p in sorted(list_checkpoints(self.run.run_dir))]
         path = self.ckpt.find(cfg.train.resume)
-        self._diff = []
+        diff = []
         if path is not None:
             old = checkpoint_fingerprint(path) or config_fingerprint(self.run.run_dir)  # no manifest: its run's config
             if old is None:
                 self.run.print(f"[ckpt] warning: {path.name} records no settings (no manifest, no config.yaml that "
                                "still builds): resumed without comparing them")
-            self._diff = fingerprint_diff(old, self.fingerprint) if old is not None else []
-        if self._diff and cfg.train.resume == "auto":  # force and an explicit path adopt the new settings
-            raise _mismatch(self.run.run_dir, path.name, self._diff)
-        self._resume_path = path
-        self._chosen = True
+            diff = fingerprint_diff(old, self.fingerprint) if old is not None else []
+        if diff and cfg.train.resume == "auto":  # force and an explicit path adopt the new settings
+            raise _mismatch(self.run.run_dir, path.name, diff)
+        return path, diff
 
     # ── 2. resume or start over ──────────────────────────────────────────────────────────────────────────────
     def resume(self, *, models: dict, optimizers: dict, schedulers: dict) -> dict | None:
