@@ -1,0 +1,42 @@
+"""The rollout metrics of an online step, over every process's samples in **one** gather.
+
+Each process holds the same number of samples (``algo.rollout_batch_size x algo.num_generations``); their per-sample
+values (raw score, entropy, RLHF reward, EOS reached, length, group tied) are stacked into one ``[B, C]`` tensor and
+gathered once, instead of one gather per metric (eight per step before). Means, the EOS count and the length
+spread are then taken over all the samples of the step, on every process alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import algos
+
+
+def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size: int, group_based: bool) -> dict:
+    """TRL's rollout metrics of ``exp`` (an ``Experience`` after its advantages): ``objective/scores``,
+    ``objective/entropy`` (sum of the sampled tokens' negative log-probs), ``objective/rlhf_reward`` (score +
+    the KL penalty when it is in the reward), ``val/num_eos_tokens``, ``val/eos_frac``, ``response/length_mean`` /
+    ``_std`` and, for group estimators, ``rewards/tied_groups_frac``. Every process must call it (one gather)."""
+    mask = exp.action  # the model's own tokens
+    entropy = (-exp.old_logprobs * mask).sum(-1)
+    non_score = -(kl_coef * exp.kl * mask).sum(-1) if kl_in_reward else torch.zeros_like(entropy)
+    columns = [exp.raw_scores, entropy, exp.scores + non_score, exp.rollout.ended, exp.rollout.lengths]
+    tied = group_based and group_size >= 2
+    if tied:  # per sample: its group's value, so the mean over samples is the fraction of groups (equal sizes)
+        columns.append(algos.group_all_tied(exp.scores, group_size, valid=exp.valid))
+    local = torch.stack([c.detach().float().reshape(-1) for c in columns], dim=1)
+    every = acc.gather(local) if acc.num_processes > 1 else local
+    scores, ent, rlhf, ended, lengths = (every[:, i] for i in range(5))
+    out = {
+        "objective/scores": scores.mean().item(),
+        "objective/entropy": ent.mean().item(),
+        "objective/rlhf_reward": rlhf.mean().item(),
+        "val/num_eos_tokens": float(ended.sum().item()),
+        "val/eos_frac": ended.mean().item(),
+        "response/length_mean": lengths.mean().item(),
+        "response/length_std": lengths.std().item() if len(local) > 1 else 0.0,
+    }
+    if tied:
+        out["rewards/tied_groups_frac"] = every[:, 5].mean().item()
+    return out

@@ -1,0 +1,71 @@
+"""The online step's rollout metrics in one gather (``train/step_metrics.py``) equal the metrics computed one by one
+over every process's samples (the former eight gathers), here with two simulated processes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlhfkit import algos
+from rlhfkit.train.step_metrics import rollout_metrics
+
+
+def _exp(seed: int, n: int = 8, t: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    action = (torch.rand(n, t, generator=g) > 0.3).float()
+    scores = torch.randint(0, 2, (n,), generator=g).float()
+    return SimpleNamespace(action=action, old_logprobs=-torch.rand(n, t, generator=g), kl=torch.rand(n, t, generator=g),
+                           raw_scores=scores + 0.5, scores=scores, valid=torch.ones(n, dtype=torch.bool),
+                           rollout=SimpleNamespace(ended=torch.rand(n, generator=g) > 0.5,
+                                                   lengths=torch.randint(1, t + 1, (n,), generator=g)))
+
+
+class TwoProcesses:
+    """An accelerator of process 0 whose gather appends process 1's rows (``other``), and counts the gathers."""
+
+    num_processes = 2
+
+    def __init__(self, other: torch.Tensor):
+        self.other, self.gathers = other, 0
+
+    def gather(self, x):
+        self.gathers += 1
+        return torch.cat([x, self.other])
+
+
+def test_one_gather_gives_the_metrics_of_every_sample():
+    a, b = _exp(0), _exp(1)
+    kwargs = dict(kl_coef=0.1, kl_in_reward=True, group_size=4, group_based=True)
+    sent = {}  # process 1's stacked columns, as rollout_metrics gives them to its gather
+    rollout_metrics(SimpleNamespace(num_processes=2, gather=lambda x: sent.setdefault("rows", x)), b, **kwargs)
+    acc = TwoProcesses(sent["rows"])
+    got = rollout_metrics(acc, a, **kwargs)
+    assert acc.gathers == 1  # one collective for the whole step
+
+    cat = lambda f: torch.cat([f(a), f(b)])  # noqa: E731 - every sample of both processes
+    entropy = cat(lambda e: (-e.old_logprobs * e.action).sum(-1))
+    rlhf = cat(lambda e: e.scores - (0.1 * e.kl * e.action).sum(-1))
+    lengths = cat(lambda e: e.rollout.lengths.float())
+    tied = cat(lambda e: algos.group_all_tied(e.scores, 4, valid=e.valid).float())
+    expected = {
+        "objective/scores": cat(lambda e: e.raw_scores).mean().item(),
+        "objective/entropy": entropy.mean().item(),
+        "objective/rlhf_reward": rlhf.mean().item(),
+        "val/num_eos_tokens": float(cat(lambda e: e.rollout.ended.float()).sum()),
+        "val/eos_frac": cat(lambda e: e.rollout.ended.float()).mean().item(),
+        "response/length_mean": lengths.mean().item(),
+        "response/length_std": lengths.std().item(),
+        "rewards/tied_groups_frac": tied.mean().item(),
+    }
+    assert got == pytest.approx(expected, rel=1e-6)
+
+
+def test_one_process_needs_no_gather_and_skips_tied_groups_without_groups():
+    acc = SimpleNamespace(num_processes=1, gather=None)
+    got = rollout_metrics(acc, _exp(2), kl_coef=0.1, kl_in_reward=False, group_size=1, group_based=False)
+    assert "rewards/tied_groups_frac" not in got
+    e = _exp(2)
+    assert got["objective/rlhf_reward"] == pytest.approx(e.scores.mean().item())  # no KL in the reward
+    assert got["val/num_eos_tokens"] == float(e.rollout.ended.sum())
