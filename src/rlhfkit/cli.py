@@ -598,17 +598,23 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         if not who:
             raise  # a bug: its traceback
-        import traceback
-
-        traceback.print_exc()  # a bug keeps its traceback; then the one line that names the process
         cause = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
-        if "timed out" in cause.lower() or "timeout" in cause.lower():  # torch.distributed's collective timeout
-            cause = (f"a collective waited longer than distributed.timeout_s={_STATE.get('timeout_s')} s for the other "
-                     f"processes ({cause}) (fix: another rank failed or hangs: see its line above; raise "
-                     "distributed.timeout_s if it was only slow)")
-        print(f"error: {who}{cause}", file=sys.stderr, flush=True)
-        return 1
+        ckpt = _last_checkpoint(_STATE["run_dir"])
+        resume = f"; last checkpoint: {ckpt} (rerun the same command to resume from it)" if ckpt else ""
+        low = cause.lower()
+        if "timed out" in low or "timeout" in low:  # torch.distributed's collective timeout
+            line = (f"a collective waited longer than distributed.timeout_s={_STATE.get('timeout_s')} s for the other "
+                    f"processes ({cause}){resume} (fix: another rank failed or hangs: see its line; raise "
+                    "distributed.timeout_s if it was only slow)")
+        elif "closed by peer" in low or "connection reset" in low or "remote process" in low:
+            line = f"another process of the run ended, so a collective failed ({cause}){resume}"
+        else:
+            import traceback
 
+            traceback.print_exc()  # a bug keeps its traceback; then the one line that names the process
+            line = cause
+        print(f"error: {who}{line}", file=sys.stderr, flush=True)
+        return 1
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

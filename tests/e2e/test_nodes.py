@@ -1,8 +1,8 @@
 """Two nodes on one machine: two torchrun launchers (``--nnodes 2 --nproc_per_node 1``, one per node rank) meet at a
-rendezvous on 127.0.0.1 and train SFT under FSDP2 as one world of two processes; the loss curve is the one of the
-one-node two-process run. Killing one node's launcher ends the other node's run within seconds (its worker's
-collective fails when the peer's connection closes), and the same two commands resume to the final weights of the
-run that never stopped.
+rendezvous on 127.0.0.1 and train SFT and GRPO under FSDP2 as one world of two processes; the loss curve (GRPO: the
+step metrics) and the final weights are those of the one-node two-process run. Killing one node's launcher ends the
+other node's run within seconds (its worker's collective fails when the peer's connection closes), and the same two
+commands resume to the final weights of the run that never stopped.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from test_fsdp import free_port
-from test_stop import ENV, SCRIPT, assert_same_weights, sft_args, torchrun
+from test_preemption import ENV, SCRIPT, assert_same_weights, grpo_args, sft_args, torchrun
 
 from rlhfkit.track import read_metrics
 
@@ -59,6 +59,17 @@ def test_two_nodes_match_one_node_with_two_processes(task_data, tmp_path):
     assert_same_weights(two, one)
 
 
+def test_grpo_on_two_nodes_matches_one_node_with_two_processes(task_data, tmp_path):
+    one, two = tmp_path / "one-node", tmp_path / "two-nodes"
+    torchrun([*grpo_args(task_data, one), "distributed.strategy=fsdp2"])
+    results = finish(two_nodes([*grpo_args(task_data, two), "distributed.strategy=fsdp2"]))
+    assert [code for code, _ in results] == [0, 0], results[0][1][-3000:] + results[1][1][-3000:]
+    keys = ("objective/scores", "loss/policy_avg", "objective/kl", "response/length_mean")
+    curve = lambda out: [x[k] for x in read_metrics(out) if "objective/scores" in x for k in keys]  # noqa: E731
+    assert len(curve(two)) == 3 * len(keys) and curve(two) == pytest.approx(curve(one), abs=1e-6)
+    assert_same_weights(two, one)
+
+
 def test_killing_one_nodes_launcher_ends_the_other_and_the_rerun_resumes(task_data, tmp_path):
     straight = tmp_path / "straight"
     torchrun([*sft_args(task_data, straight), *FSDP])
@@ -75,7 +86,7 @@ def test_killing_one_nodes_launcher_ends_the_other_and_the_rerun_resumes(task_da
     code, text = finish(procs[:1])[0]
     ended_in = time.time() - killed
     assert code != 0 and ended_in < 45, (ended_in, text[-3000:])
-    assert "error: rank 0: " in text  # one line from the surviving rank
+    assert "error: rank 0: another process of the run ended" in text  # one line from the surviving rank
     assert not (out / "model.safetensors").exists()
     assert "failed: " in (out / "report.html").read_text()  # rank 0 wrote the report, the cause at its top
     results = finish(two_nodes(args))  # the same two commands again: resumed from checkpoint-4

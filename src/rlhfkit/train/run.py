@@ -45,9 +45,13 @@ class Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.stop.uninstall()
-        if self.session is not None:
-            self.session.close(failed=exc_type is not None, error=exc)
+        if exc_type is not None:  # ending early: a signal now must not cut the report (stop.py)
+            self.stop.stopping = True
+        try:
+            if self.session is not None:
+                self.session.close(failed=exc_type is not None, error=exc)
+        finally:  # several processes: a stopped rank ignores the launcher's SIGTERM to the end
+            self.stop.uninstall(keep_ignoring=self.stop.stopping and self.world_size > 1)
 
     @property
     def is_main(self) -> bool:

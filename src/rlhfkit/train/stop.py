@@ -64,6 +64,7 @@ class StopControl:
         self.signal: str | None = None  # the first signal noted while armed
         self.error: BaseException | None = None  # this rank's failure in the local part of a step
         self.armed = False
+        self.stopping = False  # the run is ending (a stop, a failure): further signals are ignored
         self.where = "before the first update"  # for a stop outside the loop
         self._previous: dict = {}
 
@@ -77,13 +78,19 @@ class StopControl:
             if sig is not None:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
 
-    def uninstall(self) -> None:
+    def uninstall(self, *, keep_ignoring: bool = False) -> None:
+        """Restore the handlers found at :meth:`install`; ``keep_ignoring``: ignore SIGTERM / SIGUSR1 instead, until
+        the process exits (a rank that stopped under torchrun: the launcher's SIGTERM, sent when another rank exits,
+        must not cut its last line)."""
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+            previous = signal.SIG_DFL if previous is None else previous
+            signal.signal(sig, signal.SIG_IGN if keep_ignoring else previous)
         self._previous = {}
 
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
+        if self.stopping:  # already on the way out (closing the files, writing the report): finish that
+            return
         if self.armed and self.signal is None:
             self.signal = name
             if int(os.environ.get("RANK", "0")) == 0:  # os.write: print() may be half-way through a line
@@ -119,7 +126,7 @@ class StopControl:
     def stop(self, acc, update: int, save: Callable[[], object] | None):
         """Stop every rank at optimizer update ``update`` (after :meth:`check` said so): ``save()`` writes its
         checkpoint (None: it is on disk already, or nothing was trained), then raise (see the module doc)."""
-        self.armed = False
+        self.armed, self.stopping = False, True
         why = [(acc.process_index, self.signal, one_line(self.error) if self.error else None,
                 error_code(self.error) if self.error else 0)]
         if acc.num_processes > 1:

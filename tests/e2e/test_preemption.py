@@ -36,12 +36,12 @@ def sft_args(data: Path, out: Path) -> list[str]:
 
 
 def grpo_args(data: Path, out: Path) -> list[str]:
-    # 2 updates per rollout step (2 mini-batches of 8), 6 steps: checkpoints hold whole steps (update 2k)
+    # 2 updates per rollout step (2 mini-batches of 8), 6 steps (12 updates): checkpoints hold whole steps (update 2k)
     return ["grpo", f"data.train={data / 'prompts.jsonl'}", f"output_dir={out}", f"model.name={TINY}",
             "optim.lr=1e-3", "train.batch_size=8", "generation.max_new_tokens=8", "data.max_length=64",
             "track.sample_every=0", "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]",
             "algo.rollout_batch_size=4", "algo.num_generations=4", "algo.mini_batch_size=8",
-            "algo.total_episodes=96", "data.limit=200", "train.save_every=8"]
+            "algo.ppo_epochs=1", "algo.total_episodes=96", "data.limit=200", "train.save_every=10"]
 
 
 def run(args: list[str], env: dict | None = None, wait: bool = True):
@@ -81,24 +81,37 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert all(torch.equal(wa[k], wb[k]) for k in wa), "resumed weights differ from the straight run's"
 
 
+def ppo_args(data: Path, out: Path) -> list[str]:
+    # a critic (from the policy) and GAE; 8 samples, 1 update per step, 12 steps
+    return ["ppo", *grpo_args(data, out)[1:], "algo.advantage=gae", "algo.num_generations=1",
+            "algo.rollout_batch_size=8", "critic.init=policy"]
+
+
+ARGS = {"sft": sft_args, "grpo": grpo_args, "ppo": ppo_args}
+
+
 @pytest.fixture(scope="module")
 def straight(task_data, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("straight")
-    run(sft_args(task_data, root / "sft"))
-    run(grpo_args(task_data, root / "grpo"))
-    return {"sft": root / "sft", "grpo": root / "grpo"}
+    for recipe, args in ARGS.items():
+        run(args(task_data, root / recipe))
+    return {recipe: root / recipe for recipe in ARGS}
 
 
-@pytest.mark.parametrize("recipe,sig", [("sft", signal.SIGTERM), ("grpo", signal.SIGUSR1)])
-def test_signal_stops_with_a_checkpoint_and_resumes_bit_exact(straight, task_data, tmp_path, recipe, sig):
+# (recipe, signal, sent after this update, the periodic checkpoint before it, the last update)
+@pytest.mark.parametrize("recipe,sig,at,period,end", [("sft", signal.SIGTERM, 5, 4, 10),
+                                                      ("grpo", signal.SIGUSR1, 4, 10, 12),
+                                                      ("ppo", signal.SIGTERM, 4, 10, 12)])
+def test_signal_stops_with_a_checkpoint_and_resumes_bit_exact(straight, task_data, tmp_path, recipe, sig, at, period,
+                                                             end):
     out = tmp_path / recipe
-    args = (sft_args if recipe == "sft" else grpo_args)(task_data, out)
+    args = ARGS[recipe](task_data, out)
     proc = run(args, env={"RLHFKIT_TEST_SLOW_AFTER": "4", "RLHFKIT_TEST_PAUSE": "0.5"}, wait=False)
-    code, _, stderr = signal_after(proc, out, 5, sig)
+    code, _, stderr = signal_after(proc, out, at, sig)
     name = signal.Signals(sig).name
     assert code == 128 + sig, stderr[-3000:]  # 143 for SIGTERM, 138 for SIGUSR1 (README: exit codes)
     step = stopped_at(stderr, name)
-    assert 5 < step < 10 and step % 4 != 0  # the update under way finished; not a periodic checkpoint
+    assert at <= step < end and step != period  # the update (online: the step, or none: the rollout abandoned)
     assert max(s for s, _ in list_checkpoints(out)) == step
     assert read_metrics(out)[-1]["step"] == step  # every update done is logged, none after the stop
     assert not (out / "finished.json").exists() and not (out / "model.safetensors").exists()
@@ -139,7 +152,7 @@ def test_sigterm_to_torchrun_stops_both_ranks_with_one_line_and_resumes_bit_exac
     lines = [x for x in (stdout + stderr).splitlines() if x.startswith("stopped by")]
     assert len(lines) == 1, stdout[-2000:] + stderr[-3000:]
     step = stopped_at(lines[0], "SIGTERM")
-    assert 5 < step < 10 and step % 4 != 0
+    assert 5 <= step < 10 and step % 4 != 0
     assert max(s for s, _ in list_checkpoints(out)) == step
     assert sorted(p.name for p in (out / f"checkpoint-{step}" / "sharded").iterdir()) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp"]  # both ranks' shards
@@ -160,3 +173,29 @@ def test_a_rank_that_hangs_ends_the_others_at_the_collective_timeout(task_data, 
     assert len(lines) == 1 and "distributed.timeout_s=8.0 s" in lines[0], stderr[-3000:]
     assert "failed: RuntimeError" in (out / "report.html").read_text()
     assert [x["step"] for x in read_metrics(out) if "train/loss" in x] == [1, 2]
+
+
+def test_a_reward_failing_on_rank_1_stops_both_ranks_with_a_checkpoint_and_a_report(task_data, tmp_path):
+    """Rank 1's reward function raises in rollout step 3 (of 3: 2 x 16 samples a step): rank 1 says so in one line
+    (exit 2); it first tells rank 0 at the step's check, both write checkpoint-4 (the 2 steps done), rank 0 writes the
+    report with the failure at its top and one line of its own."""
+    out = tmp_path / "rank1"
+    fn = Path(__file__).with_name("rank_reward.py")
+    args = [*grpo_args(task_data, out), f"reward.functions=[{{fn: '{fn}:reward'}}]", "reward.workers=0",
+            "distributed.strategy=fsdp2"]
+    proc = torchrun(args, wait=False)
+    stdout, stderr = proc.communicate(timeout=400)
+    assert proc.returncode != 0
+    text = stdout + stderr
+    rank1 = [x for x in text.splitlines() if x.startswith("error: rank 1: ")]
+    assert len(rank1) == 1 and "rank 1's reward fails on purpose" in rank1[0], text[-4000:]
+    rank0 = [x for x in text.splitlines() if x.startswith("stopped at step")]
+    assert len(rank0) == 1, text[-4000:]
+    assert rank0[0].startswith("stopped at step 4 because rank 1 failed (reward.functions: ")
+    assert rank0[0].endswith("); checkpoint-4 saved; rerun the same command to resume")
+    assert "exitcode: 2" in text  # both ranks exit with the failing rank's code (a user error)
+    from rlhfkit.train.checkpoint import validate_checkpoint
+
+    assert max(s for s, _ in list_checkpoints(out)) == 4 and validate_checkpoint(out / "checkpoint-4") is None
+    assert "stopped at step 4 because rank 1 failed" in (out / "report.html").read_text()
+    assert [x["step"] for x in read_metrics(out) if "objective/scores" in x] == [2, 4]
