@@ -456,7 +456,6 @@ def test_online_score_drops_samples_without_finite_reward(tok):
     rows = [{"prompt": [{"role": "user", "content": "say a"}], "answer": "a"}] * 6
     exp = Experience(rollout=rollout, rows=rows, position_ids=None, action=torch.ones(6, 1))
     OnlineTrainer.score(trainer, exp, step=1)
-    exp.scores = trainer.shape_scores(exp.raw_scores, rollout.ended, rollout.lengths, exp.valid)  # as the loop does
     assert exp.texts == ["a"] * 5 + ["b"]
     assert exp.raw_scores.tolist() == [2.0, 0.0, 0.0, 1.0, 0.0, 2.0]
     assert exp.mask.squeeze(-1).tolist() == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
@@ -506,7 +505,6 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
     exp = Experience(rollout=rollout, rows=[{"prompt": [{"role": "user", "content": "x"}]}] * 4, position_ids=None,
                      action=torch.ones(4, 1))
     OnlineTrainer.score(trainer, exp, step=1)
-    exp.scores = trainer.shape_scores(exp.raw_scores, rollout.ended, rollout.lengths, exp.valid)  # as the loop does
     assert exp.raw_scores.tolist() == [1.0, 0.0, 0.0, 3.0] and exp.scores.tolist() == [1.0, 0.0, 0.0, 3.0]
     assert exp.mask.squeeze(-1).tolist() == [1.0, 0.0, 0.0, 1.0]
     assert exp.reward_metrics["rewards/dropped"] == 2.0 and exp.reward_metrics["rewards/model/mean"] == 2.0
