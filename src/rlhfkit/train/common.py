@@ -1,11 +1,10 @@
 """Pieces every recipe shares: loading the configured data (with a held-out split), tokenising it under the length
 policy with the counts printed, the seeded per-epoch batch plan of both loops, the forward pass that gives per-token
-log-probs of the labels, averaging and reducing step metrics over processes, the running moments of the online
-loop's reward normalisation, moving a batch to a device, and the end-of-run report."""
+log-probs of the labels, averaging and reducing step metrics over processes, moving a batch to a device, and the
+end-of-run report."""
 
 from __future__ import annotations
 
-import math
 import random
 
 import torch
@@ -148,27 +147,3 @@ def write_report(run, status: str | None = None) -> None:
         from ..report import build_report
 
         build_report(run.run_dir, title=f"rlhfkit {run.cfg.recipe}: {run.run_dir}", status=status)
-
-
-class RunningMoments:
-    """Running mean / std of scores over all processes (Chan et al. parallel update), for reward normalisation."""
-
-    def __init__(self):
-        self.mean, self.var, self.count = 0.0, 1.0, 0
-
-    def update(self, x: torch.Tensor) -> None:
-        n, mean, var = x.numel(), x.mean().item(), x.var(unbiased=False).item() if x.numel() > 1 else 0.0
-        total = self.count + n
-        delta = mean - self.mean
-        self.var = (self.var * self.count + var * n + delta**2 * self.count * n / total) / total
-        self.mean += delta * n / total
-        self.count = total
-
-    def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / math.sqrt(max(self.var, 1e-8))
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean, "var": self.var, "count": self.count}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]

@@ -48,17 +48,20 @@ from ..models.loading import (
     save_model,
 )
 from ..models.tokenizer import check_same_tokenizer
-from ..rewards import RewardFunctionError, RewardModelScorer
+from ..rewards import RewardModelScorer
 from ..rewards.functions import rewards_from_config
 from ..rewards.lint import probe_rewards
 from ..rollout import SamplingParams, build_engine, decode_responses
-from ..track import NO_PHASES, CriticalHealthStop, Phases, PhaseTimer, Progress
-from .common import length_policy, load_records, mean_stats, plan_batches, reduce_metrics, tokenize, write_report
+from ..track import NO_PHASES, Phases, PhaseTimer, Progress
+from .checkpoint import rng_state, set_rng_state
+from .common import length_policy, load_records, mean_stats, plan_batches, reduce_metrics, tokenize
 from .distributed import get_strategy
 from .experience import Experience, distill_metrics, merge_groups
 from .forward import disable_dropout, on_device, response_logits, response_values
 from .optim import clip_and_step
 from .run import Run, run_recipe, set_up_trained
+from .step_metrics import rollout_metrics
+from .stop import GO, Abandoned
 
 # ─────────────────────────────────────────────────── trainer ──────────────────────────────────────────────────
 
@@ -196,9 +199,15 @@ class OnlineTrainer:
         k = self.k if k is None else k
         ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
         self.phases.phase(phase, total=len(ids) * k, unit="sequences")
+        abandon = phase == "rollout" and (self.run.world_size == 1 or not self.cfg.algo.dynamic_sampling.enabled)
+
+        def rows_done(n: int) -> None:  # a stop asked (SIGTERM, ...) abandons a training rollout between micro-batches
+            self.phases.advance(n)
+            if abandon:
+                self.run.stop.abandon_point()
+
         with self.timer.phase("rollout"), self.strategy.gathered(self.policy):  # sharded: gathered once
-            rollout = self.engine.generate(self.policy, ids * k, self.sampling, seed=seed,
-                                           on_rows=self.phases.advance)
+            rollout = self.engine.generate(self.policy, ids * k, self.sampling, seed=seed, on_rows=rows_done)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 
@@ -223,13 +232,14 @@ class OnlineTrainer:
         exp.env_metrics = {f"env/{key}": value for key, value in episode_metrics(episodes, self.envs.counts).items()}
         return exp
 
-    def sample_and_score(self, step: int, seed: int) -> Experience:
+    def sample_and_score(self, step: int, seed: int, shape: bool = True) -> Experience:
         """Steps 1-3: prompts -> responses -> scores. With dynamic sampling (DAPO), more prompt batches are drawn
-        (up to ``max_draws``) and only groups whose penalised scores differ are kept until the batch is full."""
+        (up to ``max_draws``) and only groups whose penalised scores differ are kept until the batch is full.
+        ``shape=False``: raw scores, on this process alone (no collective: the normaliser's gather comes after)."""
         ds = self.cfg.algo.dynamic_sampling
         if not ds.enabled:
             exp = self.rollout(self._prompt_batch(step), seed, step=step + 1)
-            self.score(exp, step=step + 1)
+            self.score(exp, shape=shape, step=step + 1, allow_all_dropped=False)
             return exp
 
         def draw(j: int):
@@ -242,16 +252,19 @@ class OnlineTrainer:
         exp.reward_metrics.update({"rollout/dynamic_draws": float(pick.draws),
                                    "rollout/degenerate_groups": float(pick.degenerate),
                                    "rollout/degenerate_groups_filled": float(pick.filled)})
-        exp.scores = self.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths, exp.valid)
+        if shape:
+            exp.scores = self.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths, exp.valid)
         return exp
 
     # ── 3. score ─────────────────────────────────────────────────────────────────────────────────────────────
     @torch.no_grad()
-    def score(self, exp: Experience, shape: bool = True, step: int | None = None) -> None:
+    def score(self, exp: Experience, shape: bool = True, step: int | None = None,
+              allow_all_dropped: bool | None = None) -> None:
         """Decoded texts, raw scores (reward model + functions) and their metrics onto ``exp``; with ``shape``,
         also the learning scores (missing-EOS penalty, running normalisation, clipping: this updates the
         normaliser, so evaluation passes ``shape=False``). Samples without a finite reward (NaN / inf / None) are
-        dropped from the step: score 0 and ``exp.valid`` False (``rewards/dropped`` counts them)."""
+        dropped from the step: score 0 and ``exp.valid`` False (``rewards/dropped`` counts them; all: an error
+        unless ``allow_all_dropped``, by default ``not shape``)."""
         with self.timer.phase("reward"):
             rollout, rows = exp.rollout, exp.rows
             self.phases.phase("reward", total=len(rows), unit="responses")
@@ -273,7 +286,8 @@ class OnlineTrainer:
             if self.functions is not None:
                 prompt_text = [m[-1]["content"] for m in messages]
                 fields = [{k: v for k, v in row.items() if k not in ("prompt",)} for row in rows]
-                fn = self.functions(prompt_text, texts, fields, step=step, allow_all_dropped=not shape)
+                fn = self.functions(prompt_text, texts, fields, step=step,
+                                    allow_all_dropped=not shape if allow_all_dropped is None else allow_all_dropped)
                 total += fn.total.to(self.device)
                 valid &= fn.valid.to(self.device)
                 metrics.update(fn.metrics)
@@ -507,23 +521,37 @@ class OnlineTrainer:
     # ── evaluation on held-out prompts ───────────────────────────────────────────────────────────────────────
     @torch.no_grad()
     def evaluate(self, step: int) -> dict:
+        """Held-out prompts sharded over the processes (the same number of rollout phases on each), the sums gathered
+        once; with a teacher every process evaluates them all (its forwards are collectives under fsdp2)."""
         if not self.eval_prompts:
             return {}
-        scores, env = [], {}
-        for s in range(0, len(self.eval_prompts), 64):
-            prompts = self.collate(self.eval_prompts[s: s + 64])
-            exp = self.rollout(prompts, seed=10_007 + s, k=1, phase="eval")
+        n, world = len(self.eval_prompts), 1 if self.teacher is not None else self.run.world_size
+        per = math.ceil(n / world)
+        first = self.acc.process_index * per if world > 1 else 0
+        mine = self.eval_prompts[first: first + per]
+        total = {"scores": 0.0, "scored": 0.0}  # sums over this process's share
+        for s in range(0, per, 64):
+            if s >= len(mine):  # a short share: the sharded policy's gather, as the other processes do
+                with self.strategy.gathered(self.policy):
+                    continue
+            exp = self.rollout(self.collate(mine[s: s + 64]), seed=10_007 + first + s, k=1, phase="eval")
             self.score(exp, shape=False)
             if self.teacher is not None:  # held-out distillation metrics (distill/*)
                 self.forward_passes(exp, evaluation=True)
-            scores.append(exp.raw_scores[exp.valid])  # samples with a finite reward
+            total["scores"] += exp.raw_scores[exp.valid].sum().item()  # samples with a finite reward
+            total["scored"] += exp.valid.sum().item()
             extra = {**exp.env_metrics, **distill_metrics(exp, self.cfg.teacher.log_ratio_clip)}
             for key, value in extra.items():  # multi-turn: the environment's metrics; distillation's; per episode
-                env[key] = env.get(key, 0.0) + value * len(exp.rollout)
-        scores = torch.cat(scores)
-        out = {f"eval/{key}": total / len(self.eval_prompts) for key, total in env.items()}
-        if len(scores):
-            out["eval/scores"] = scores.mean().item()
+                total[key] = total.get(key, 0.0) + value * len(exp.rollout)
+        if world > 1:
+            from accelerate.utils import gather_object
+
+            every = gather_object([total])
+            total = {key: sum(t.get(key, 0.0) for t in every) for key in every[0]}
+        scores, scored = total.pop("scores"), total.pop("scored")
+        out = {f"eval/{key}": value / n for key, value in total.items()}
+        if scored:
+            out["eval/scores"] = scores / scored
         return out
 
     # ── the loop ─────────────────────────────────────────────────────────────────────────────────────────────
@@ -560,18 +588,27 @@ class OnlineTrainer:
                 trained.save(at * self.updates_per_step, state={"step_rollout": at, "kl_ctl": self.kl_ctl.state_dict(),
                                                                 "moments": self.moments.state_dict()})
 
+            def stop_if_asked(rng: dict | None = None) -> None:  # every process at the same point (train/stop.py)
+                if run.stop.check(acc) != GO:
+                    if rng is not None:  # the step was abandoned: the RNG as it found it
+                        set_rng_state(rng)
+                    run.stop.stop(acc, step * self.updates_per_step, None if saved == step else lambda: save(step))
+
+            run.stop.arm(True)
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
                 t_step = time.perf_counter()
-                # 1-3. prompts -> responses (the Experience of this step is born here) -> texts, raw / shaped scores
+                # 1-3. prompts -> responses (the Experience is born here) -> raw scores, on this process alone: a
+                #      failure or a stop signal (the rollout abandoned) stops every process at the check (stop.py)
+                rng = rng_state()
                 try:
-                    exp = self.sample_and_score(step, seed)
-                except RewardFunctionError:
-                    # a reward function failed mid-run: keep the work since the last checkpoint (one process only:
-                    # with several, the others are not here to join the save's barriers), then one line
-                    if every and step > saved and run.world_size == 1:
-                        save(step)
-                    raise
+                    exp = self.sample_and_score(step, seed, shape=False)
+                except Abandoned:
+                    pass
+                except Exception as err:  # noqa: BLE001 - re-raised by stop() on this process, after the save
+                    run.stop.fail(err)
+                stop_if_asked(rng)
+                exp.scores = self.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths, exp.valid)
                 # 4. old / reference log-probs, values
                 self.forward_passes(exp)
                 # 5. KL, shaped rewards, advantages
@@ -584,7 +621,7 @@ class OnlineTrainer:
                 step += 1
                 # 7. metrics, samples, health, KL controller, checkpoint
                 update = step * self.updates_per_step
-                metrics.update(self.rollout_metrics(exp, step, episodes_per_step, t_start))
+                metrics.update(self.step_metrics(exp, step, episodes_per_step, t_start))
                 metrics.update(self.step_times(exp, time.perf_counter() - t_step))
                 metrics = reduce_metrics(acc, metrics)  # one value per key on every process (KL controller too)
                 self.kl_ctl.update(metrics["objective/kl"], episodes_per_step)
@@ -603,17 +640,12 @@ class OnlineTrainer:
                 if every and step % every == 0 and step != self.total_steps:
                     save(step)
                     saved = step
+                if step < self.total_steps:  # a stop asked during the update: before the next rollout
+                    stop_if_asked()
+            run.stop.arm(False)
         # final policy (gathered by the strategy: one HF directory), finished marker, report
         session.finish(self.policy, lambda m, d: save_model(m, self.tok, d), step * self.updates_per_step)
         return last
-
-    def tied_metrics(self, exp: Experience) -> dict:
-        """``rewards/tied_groups_frac``: the fraction of groups whose valid samples' scores all tie (no learning
-        signal in them); only for group estimators."""
-        if not self.estimator.group_based or self.k < 2:
-            return {}
-        tied = algos.group_all_tied(exp.scores, self.k, valid=exp.valid)
-        return {"rewards/tied_groups_frac": self.acc.gather(tied.float()).mean().item()}
 
     def step_times(self, exp: Experience, seconds: float) -> dict:
         """This process's ``time/<phase>``, ``time/step`` (steps 1-7 without evaluation), ``throughput/tokens_per_s``
@@ -624,22 +656,12 @@ class OnlineTrainer:
         out["throughput/episodes_per_s"] = len(exp.rollout) / max(seconds, 1e-9)
         return out
 
-    def rollout_metrics(self, exp: Experience, step: int, per_step: int, t0: float) -> dict:
-        mask = exp.action  # the model's own tokens
-        g = lambda x: self.acc.gather(x.detach().float().reshape(-1)).mean().item()  # noqa: E731
-        entropy = (-exp.old_logprobs * mask).sum(-1)
-        non_score = -(self.kl_ctl.value * exp.kl * mask).sum(-1) if self.kl_in_reward else torch.zeros_like(entropy)
+    def step_metrics(self, exp: Experience, step: int, per_step: int, t0: float) -> dict:
+        """The step's reward metrics, its rollout metrics over every process's samples (one gather), LR, episodes."""
         return {
             **exp.reward_metrics,
-            "objective/scores": g(exp.raw_scores),
-            "objective/entropy": g(entropy),
-            "objective/rlhf_reward": g(exp.scores + non_score),
-            **self.tied_metrics(exp),
-            "val/num_eos_tokens": float(self.acc.gather(exp.rollout.ended.float()).sum().item()),
-            "val/eos_frac": g(exp.rollout.ended.float()),
-            "response/length_mean": g(exp.rollout.lengths.float()),
-            "response/length_std": self.acc.gather(exp.rollout.lengths.float()).std().item()
-            if len(exp.rollout) > 1 else 0.0,
+            **rollout_metrics(self.acc, exp, kl_coef=self.kl_ctl.value, kl_in_reward=self.kl_in_reward,
+                              group_size=self.k, group_based=self.estimator.group_based),
             **{k: v for k, v in self.engine.take_stats().items() if v},  # time/rollout_compile when it compiled
             "lr": self.sched.get_last_lr()[0], "episode": step * per_step,
             "eps": step * per_step / max(time.time() - t0, 1e-6),
@@ -670,13 +692,8 @@ def _before_run(cfg: OnlineConfig) -> tuple[list, list]:
 
 def _train_online(cfg: OnlineConfig, run: Run, records: tuple[list, list]) -> dict:
     trainer = OnlineTrainer(cfg, run, records)
-    try:
-        metrics = trainer.train()
-    except CriticalHealthStop:  # track.stop_on_critical: the report shows what happened up to the stop
-        if run.sink is not None:
-            run.sink.close()
-        write_report(run)
-        raise
+    try:  # an early end (track.stop_on_critical, a failure, a signal) closes the files and writes the report in
+        metrics = trainer.train()  # Session.close
     finally:
         trainer.close()
     run.print(f"[{cfg.recipe}] done: policy saved to {run.run_dir}")
