@@ -128,3 +128,23 @@ def test_a_failure_after_the_first_line_closes_the_files_and_writes_the_report(t
     assert [x["step"] for x in read_metrics(out) if "train/loss" in x] == [1, 2]
     assert sinks and sinks[-1]._writer._file.closed  # metrics.jsonl closed
     assert "failed: ValueError: disk on fire" in (out / "report.html").read_text()
+
+
+def test_should_stop_and_local_failures():
+    from types import SimpleNamespace
+
+    one, two = SimpleNamespace(num_processes=1), SimpleNamespace(num_processes=2)
+    stop = StopControl()
+    assert not stop.should_stop(one) and not stop.should_stop(one, last=True)
+    stop.signal = "SIGTERM"  # a signal: stop before the last step, but let the last step finish and save
+    assert stop.should_stop(one) and not stop.should_stop(one, last=True)
+    stop.signal = None
+
+    def boom():
+        raise RuntimeError("health: critical")
+
+    with pytest.raises(RuntimeError):  # one process: raised at once
+        stop.local(one, boom)
+    assert stop.local(one, lambda x: x + 1, 1) == 2 and stop.error is None
+    stop.local(two, boom)  # several processes: noted, every rank stops at the next check, the last step included
+    assert isinstance(stop.error, RuntimeError) and stop.should_stop(one, last=True)

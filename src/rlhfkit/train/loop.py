@@ -29,7 +29,6 @@ from .common import mean_stats, plan_batches, to_device
 from .distributed import get_strategy
 from .optim import clip_and_step
 from .run import Run, set_up_trained
-from .stop import GO
 
 LossFn = Callable[[Any, dict], tuple[torch.Tensor, dict]]
 
@@ -95,8 +94,8 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
 
     def log(metrics: dict, at: int) -> None:  # metrics.jsonl, then the health rules (main process: one warning)
         run.log(metrics, step=at)
-        if run.is_main:
-            health.report(metrics, at)
+        if run.is_main:  # a critical stop (track.stop_on_critical) reaches every rank at the step's check
+            run.stop.local(acc, health.report, metrics, at)
     step, micro = 0, 0  # optimizer updates done; micro-batches consumed
     if trained.state is not None:
         step, micro = trained.state["step"], trained.state["micro"]
@@ -161,7 +160,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             if cfg.train.save_every > 0 and step % cfg.train.save_every == 0 and step != n_updates:
                 save()
                 saved = step
-            if step < n_updates and run.stop.check(acc) != GO:  # every rank at the same update
+            if run.stop.should_stop(acc, last=step == n_updates):  # every rank at the same update
                 run.stop.stop(acc, step, None if saved == step else save)
         run.stop.arm(False)
 

@@ -61,7 +61,7 @@ from .forward import disable_dropout, on_device, response_logits, response_value
 from .optim import clip_and_step
 from .run import Run, run_recipe, set_up_trained
 from .step_metrics import rollout_metrics
-from .stop import GO, Abandoned
+from .stop import Abandoned
 
 # ─────────────────────────────────────────────────── trainer ──────────────────────────────────────────────────
 
@@ -588,8 +588,8 @@ class OnlineTrainer:
                 trained.save(at * self.updates_per_step, state={"step_rollout": at, "kl_ctl": self.kl_ctl.state_dict(),
                                                                 "moments": self.moments.state_dict()})
 
-            def stop_if_asked(rng: dict | None = None) -> None:  # every process at the same point (train/stop.py)
-                if run.stop.check(acc) != GO:
+            def stop_if_asked(rng: dict | None = None, last: bool = False) -> None:  # every process at one point
+                if run.stop.should_stop(acc, last):  # (train/stop.py)
                     if rng is not None:  # the step was abandoned: the RNG as it found it
                         set_rng_state(rng)
                     run.stop.stop(acc, step * self.updates_per_step, None if saved == step else lambda: save(step))
@@ -632,16 +632,15 @@ class OnlineTrainer:
                 run.log(metrics, update)
                 last = metrics
                 progress.update(1, {k: v for k, v in metrics.items() if k in show})
-                if run.is_main:
-                    health.report(metrics, update, texts=exp.texts)  # steps of metrics.jsonl
+                if run.is_main:  # steps of metrics.jsonl; a critical stop reaches every rank at the check below
+                    run.stop.local(acc, health.report, metrics, update, texts=exp.texts)
                 if cfg.track.sample_every > 0 and (step % cfg.track.sample_every == 0 or step == 1):
                     samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
                                 exp.raw_scores.tolist())
                 if every and step % every == 0 and step != self.total_steps:
                     save(step)
                     saved = step
-                if step < self.total_steps:  # a stop asked during the update: before the next rollout
-                    stop_if_asked()
+                stop_if_asked(last=step == self.total_steps)  # a stop asked during the update: before the rollout
             run.stop.arm(False)
         # final policy (gathered by the strategy: one HF directory), finished marker, report
         session.finish(self.policy, lambda m, d: save_model(m, self.tok, d), step * self.updates_per_step)

@@ -123,6 +123,23 @@ class StopControl:
             return mine
         return int(acc.reduce(torch.tensor([mine], device=acc.device), "max").item())
 
+    def should_stop(self, acc, last: bool = False) -> bool:
+        """:meth:`check` at a step boundary: stop when a rank failed, or was signalled before the ``last`` step (a
+        signal during the last step lets the run finish and save as usual)."""
+        state = self.check(acc)
+        return state == FAILED or (state == SIGNALLED and not last)
+
+    def local(self, acc, fn: Callable, *args, **kwargs):
+        """``fn(*args, **kwargs)``: work of this process alone (no collective inside, e.g. the health rules on the main
+        process). With several processes its exception is noted (:meth:`fail`) so every rank stops at the next
+        :meth:`should_stop` instead of the others waiting at a collective; with one it is raised at once."""
+        if acc.num_processes == 1:
+            return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - re-raised by stop() on this process, after the save
+            self.fail(err)
+
     def stop(self, acc, update: int, save: Callable[[], object] | None):
         """Stop every rank at optimizer update ``update`` (after :meth:`check` said so): ``save()`` writes its
         checkpoint (None: it is on disk already, or nothing was trained), then raise (see the module doc)."""
