@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE = 1
 export HF_HUB_DISABLE_PROGRESS_BARS = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install quickstart test test-fast bench bench-trl lint clean
+.PHONY: install quickstart test test-cluster test-fast bench bench-trl lint clean
 
 $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,9 @@ quickstart: $(STAMP)
 ## The whole test suite (unit, end-to-end on tiny models, CLI, 2-process DDP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster tests/e2e
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit

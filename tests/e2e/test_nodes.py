@@ -20,7 +20,7 @@ from test_preemption import ENV, SCRIPT, assert_same_weights, grpo_args, sft_arg
 
 from rlhfkit.track import read_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # make test-cluster (CI runs it after make test)
 
 FSDP = ["distributed.strategy=fsdp2", "train.batch_size=4"]  # 2 ranks x 4 per update
 

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from rlhfkit.track import read_metrics
 from rlhfkit.train.checkpoint import list_checkpoints
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # make test-cluster (CI runs it after make test)
 
 SCRIPT = Path(__file__).with_name("cli_script.py")
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
