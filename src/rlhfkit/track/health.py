@@ -144,13 +144,20 @@ def negative_kl(m: dict[str, float], prev: History, mon: HealthMonitor) -> str |
 def kl_spike(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
     """KL to the reference above ``mon.kl_factor`` x its running median (and above ``mon.kl_floor`` nats)."""
     kl, history = m.get("objective/kl"), list(prev.get("objective/kl", []))[-50:]
-    if kl is None or not math.isfinite(kl) or len(history) < 3:
-        return None
-    median = statistics.median(history)
-    if median > 0 and kl > mon.kl_factor * median and kl > mon.kl_floor:
+    median = _jump_over(kl, history if len(history) >= 3 else [], mon.kl_factor, mon.kl_floor)
+    if median is not None:
         return (f"objective/kl={fmt(kl)} nats is {kl / median:.0f}x its running median {fmt(median)}: the policy is "
                 "running away from the reference; lower optim.lr, raise algo.kl.coef (or set algo.kl.adaptive=true)")
     return None
+
+
+def _jump_over(value: float | None, history: list[float], factor: float, floor: float) -> float | None:
+    """The median of ``history`` when ``value`` is finite, above ``factor`` x that (positive) median and above
+    ``floor``; None otherwise (and for an empty history)."""
+    if value is None or not math.isfinite(value) or not history:
+        return None
+    median = statistics.median(history)
+    return median if median > 0 and value > factor * median and value > floor else None
 
 
 def kl_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
@@ -341,10 +348,8 @@ def grad_norm_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> 
     ``window`` values, as many as there are yet) and above ``mon.grad_floor`` (1): the loss surface the optimizer
     stands on turned steep (lr 1 on the tiny model: 0.35 -> 110 for RM, 2.4 -> 77 for SFT)."""
     norm, early = m.get("train/grad_norm"), list(prev.get("train/grad_norm", []))[: mon.window]
-    if norm is None or not math.isfinite(norm) or not early:
-        return None
-    start = statistics.median(early)
-    if start > 0 and norm > mon.grad_factor * start and norm > mon.grad_floor:
+    start = _jump_over(norm, early, mon.grad_factor, mon.grad_floor)
+    if start is not None:
         return (f"train/grad_norm {fmt(norm)} is {norm / start:.0f}x its early {fmt(start)}: the gradients blew up; "
                 "lower optim.lr, set optim.max_grad_norm (e.g. 1.0) or a warm-up (optim.warmup_ratio)")
     return None
