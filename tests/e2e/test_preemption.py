@@ -44,14 +44,18 @@ def grpo_args(data: Path, out: Path) -> list[str]:
             "algo.ppo_epochs=1", "algo.total_episodes=96", "data.limit=200", "train.save_every=10"]
 
 
-def run(args: list[str], env: dict | None = None, wait: bool = True):
-    cmd = [sys.executable, str(SCRIPT), *args]
+def launch(cmd: list[str], what: str, env: dict | None, wait: bool):
+    """``cmd`` with the offline environment: a running Popen (``wait`` False), or the finished run, asserted exit 0."""
     if not wait:
         return subprocess.Popen(cmd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
     proc = subprocess.run(cmd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, f"rlhfkit failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"{what} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
+
+
+def run(args: list[str], env: dict | None = None, wait: bool = True):
+    return launch([sys.executable, str(SCRIPT), *args], "rlhfkit", env, wait)
 
 
 def signal_after(proc, out: Path, step: int, sig: int) -> tuple[int, str, str]:
@@ -131,12 +135,7 @@ def torchrun(args: list[str], wait: bool = True, env: dict | None = None):
 
     cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), str(SCRIPT), *args]
-    if not wait:
-        return subprocess.Popen(cmd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    proc = subprocess.run(cmd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc
+    return launch(cmd, "torchrun", env, wait)
 
 
 def test_sigterm_to_torchrun_stops_both_ranks_with_one_line_and_resumes_bit_exact(task_data, tmp_path):
