@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import files
 from .config import RECIPES, PipelineConfig, build_config, save_config
+from .config.parse import is_key
 from .errors import ConfigError
 from .track.console import get_console
 
@@ -100,6 +101,9 @@ def plan_stages(cfg: PipelineConfig) -> list[tuple[str, str, object]]:
         except ConfigError as err:  # the key inside the pipeline file, so the CLI can name its file:line
             if err.key:
                 err.key = f"{where}.config.{err.key}"
+            elif is_key(err.where):  # a cross-field check placed by its key (where=algo.num_generations)
+                err.where = f"{where}.config.{err.where}"
+                err.args = (err.one_line(),)
             raise
         planned.append((name, recipe, stage_cfg))
         if spec.family == "reward":
@@ -119,7 +123,6 @@ def _save_state(path: Path, state: dict) -> None:
 
 def run_pipeline(cfg: PipelineConfig) -> dict:
     """Run every stage (skipping finished ones), then measure the gold metric and write the report."""
-    cfg.check_inputs()
     console = get_console()
     out = Path(cfg.output_dir)
     # 1. the plan of every stage (configs built and checked, trackers too: a mistake in one is reported before the
@@ -174,12 +177,15 @@ def _gold_table(cfg: PipelineConfig, stages) -> tuple[dict, dict]:
     prompts = [json.loads(x) for x in (Path(cfg.output_dir) / "data" / "eval_prompts.jsonl").read_text().splitlines()]
     gold, answers = {}, {}
     models = [("untrained", cfg.base_model)] + [(n, c.output_dir) for n, r, c in stages if RECIPES[r].makes_policy]
-    # the engine of the first stage that generates (generation.engine), built once for every model measured
-    engine_name = next((c.generation.engine for _, _, c in stages if hasattr(c, "generation")), "auto")
+    # the engine of the first stage that generates (its generation.engine, engine_kwargs and stop strings), built
+    # once for every model measured
+    gen = next((c.generation for _, _, c in stages if hasattr(c, "generation")), None)
     engine = None
     for name, path in models:
         model, tok = load_causal_lm(ModelConfig(name=path), trainable=False, seed=0)
-        engine = engine or make_engine(engine_name, tok, model, batch_size=128)
+        engine = engine or make_engine(gen.engine if gen else "auto", tok, model, batch_size=128,
+                                       engine_kwargs=gen.engine_kwargs if gen else None,
+                                       stop_strings=gen.stop_strings if gen else ())
         result = gold_metric(model, tok, task, prompts, seed=1234, engine=engine)
         gold[name], answers[name] = result["gold"], result["samples"]
     return gold, answers

@@ -273,12 +273,26 @@ def test_a_stage_key_in_a_pipeline_file_names_its_line(root):
     assert not (root / "pipe").exists()
 
 
+def test_a_stage_cross_field_mistake_in_a_pipeline_file_names_its_line(root):
+    (root / "p.yaml").write_text(f"recipe: pipeline\noutput_dir: pipe\nbase_model: {TINY}\nstages:\n  - name: grpo\n"
+                                 "    recipe: grpo\n    config:\n      data: {train: prompts.jsonl}\n      algo:\n"
+                                 "        num_generations: 1\n")
+    line = _one_line(*_cli(["pipeline", "p.yaml"])[:2])
+    assert "error: p.yaml:10: stages[0].config.algo.num_generations:" in line, line
+    assert not (root / "pipe").exists()
+
+
 def test_the_same_mistake_as_an_override_keeps_its_message(root):
     (root / "c.yaml").write_text(CONFIG.format(tiny=TINY, extra="train:\n  batch_size: 0\n"))
     line = _one_line(*_cli(["sft", "c.yaml", "train.batch_size=-1", "output_dir=run"])[:2])
     assert "error: c.yaml + overrides: 'train.batch_size' must be >= 1, got -1" in line, line
-    line = _one_line(*_cli(["sft", "optim.lrr=1"])[:2])
-    assert ".yaml:" not in line and "unknown key 'optim.lrr'" in line
+    (root / "c.yaml").write_text(CONFIG.format(tiny=TINY, extra=""))
+    line = _one_line(*_cli(["sft", "c.yaml", "optim.lrr=1", "output_dir=run"])[:2])
+    assert ".yaml:" not in line and "unknown key 'optim.lrr'" in line, line
+    (root / "g.yaml").write_text(f"model:\n  name: {TINY}\nreward:\n  functions:\n"
+                                 "    - fn: rlhfkit.tasks.quickstart:reward\n      weight: 1.0\n")
+    line = _one_line(*_cli(["grpo", "g.yaml", "reward.functions[0].weight=heavy"])[:2])
+    assert ".yaml:" not in line and "reward.functions[0]" in line, line  # the override's mistake, not the file's
 
 
 # ── (a) rank 0 speaks for the run ─────────────────────────────────────────────────────────────────────────────

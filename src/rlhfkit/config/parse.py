@@ -290,6 +290,11 @@ def yaml_lines(path: str | Path) -> Lines:
     return out
 
 
+def is_key(text: str | None) -> bool:
+    """``text`` is a dotted config key (``algo.kl.coef``, ``reward.functions[0].fn``), not a file or a phrase."""
+    return bool(text and _KEY.match(text))
+
+
 def _key_path(key: str) -> tuple:
     """``reward.functions[0].fn`` -> ("reward", "functions", 0, "fn")."""
     return tuple(int(p[1:-1]) if p.startswith("[") else p for p in re.findall(r"[^.\[\]]+|\[\d+\]", key))
@@ -302,17 +307,17 @@ def locate(err: ConfigError, path: str | Path | None, overrides=()) -> ConfigErr
     overrides, or keys the file does not hold, are returned as they were."""
     if path is None or getattr(err, "located", False):
         return err
-    key = err.key or (err.where if err.where and _KEY.match(err.where) else None)
+    key = err.key or (err.where if is_key(err.where) else None)
     if not key:
         return err
     parts = _key_path(key)
     for item in overrides:
         try:
-            over = tuple(parse_override(item)[0])
+            over = _key_path(".".join(parse_override(item)[0]))  # reward.functions[0].weight as the error's path
         except ConfigError:
             continue
-        if parts[: len(over)] == over:
-            return err  # the command line set it: its message stays as it was
+        if parts[: len(over)] == over or over[: len(parts)] == parts:
+            return err  # the command line set it (or a key inside it): its message stays as it was
     lines = yaml_lines(path)
     line = lines.get(parts)
     if line is None:  # the file may have written it under TRL's name (learning_rate: -1 -> optim.lr)
