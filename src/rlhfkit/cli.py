@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import RECIPES
-from .errors import Stopped, UserError, say
+from .errors import Stopped, UserError, is_main_rank, say
 
 # The training commands are the recipes of ``config.RECIPES`` (the one recipe table); the others are below.
 OTHER_COMMANDS: dict[str, str] = {
@@ -575,9 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rlhfkit`` console script and ``python -m rlhfkit``; returns the exit code."""
     _quiet_environment()
     argv = list(sys.argv[1:] if argv is None else argv)
-    _STATE["run_dir"] = None
-    rank = int(os.environ.get("RANK", "0"))
-    who = f"rank {rank}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""  # under torchrun: which process
+    _STATE["run_dir"], _STATE["timeout_s"] = None, None
+    who = f"rank {os.environ.get('RANK', '0')}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""  # torchrun
     try:
         return _dispatch(argv)
     except UserError as err:
@@ -592,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
                  else (f"; no checkpoint written yet in {_STATE['run_dir']}" if _STATE["run_dir"] else ""))
         line = "interrupted" + where if stopped is None else stopped.message + ("" if stopped.names_checkpoint
                                                                                 else where)
-        if rank == 0 or stopped is None:  # a stop is the same on every rank: said once
+        if is_main_rank() or stopped is None:  # a stop is the same on every rank: said once
             print(line, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED if stopped is None else stopped.exit_code
     except Exception as err:
@@ -602,11 +601,12 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = _last_checkpoint(_STATE["run_dir"])
         resume = f"; last checkpoint: {ckpt} (rerun the same command to resume from it)" if ckpt else ""
         low = cause.lower()
-        if "timed out" in low or "timeout" in low:  # torch.distributed's collective timeout
+        collective = isinstance(err, RuntimeError) or type(err).__module__.startswith("torch.distributed")
+        if collective and ("timed out" in low or "timeout" in low):  # torch.distributed's collective timeout
             line = (f"a collective waited longer than distributed.timeout_s={_STATE.get('timeout_s')} s for the other "
                     f"processes ({cause}){resume} (fix: another rank failed or hangs: see its line; raise "
                     "distributed.timeout_s if it was only slow)")
-        elif "closed by peer" in low or "connection reset" in low or "remote process" in low:
+        elif collective and ("closed by peer" in low or "connection reset" in low or "remote process" in low):
             line = f"another process of the run ended, so a collective failed ({cause}){resume}"
         else:
             import traceback
