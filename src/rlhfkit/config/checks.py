@@ -113,7 +113,15 @@ def check_model_file(name: str, key: str = "model.name", where: str | None = Non
     path = Path(name).expanduser()
     if not path.is_file() or path.suffix.lower() == ".gguf":
         return
-    if path.suffix.lower() in PICKLE_SUFFIXES:
+    refuse_pickle(name, key, where)
+    raise ConfigError(f"{name} is a file; a model is a directory (config.json + model.safetensors) or a .gguf file",
+                      where=where or key, fix=f"give the directory that holds it: {key}={path.parent}")
+
+
+def refuse_pickle(name: str, key: str = "model.name", where: str | None = None) -> None:
+    """A pickled PyTorch file (``PICKLE_SUFFIXES``) named as a model: one line saying why it is refused and how to
+    convert it (see :func:`check_model_file`); any other name passes. Nothing is opened."""
+    if Path(name).suffix.lower() in PICKLE_SUFFIXES:
         raise ConfigError(
             f"{name} is a pickled PyTorch file; rlhfkit refuses it as a model (unpickling can run any code in it: "
             "weights are read only from safetensors files, or with torch.load(weights_only=True) in a model "
@@ -121,8 +129,6 @@ def check_model_file(name: str, key: str = "model.name", where: str | None = Non
             fix="convert it once where you trust it: python -c \"import torch, safetensors.torch as s; "
                 f"s.save_file(torch.load('{name}', weights_only=True), 'DIR/model.safetensors')\" with the model's "
                 f"config.json in DIR, then {key}=DIR")
-    raise ConfigError(f"{name} is a file; a model is a directory (config.json + model.safetensors) or a .gguf file",
-                      where=where or key, fix=f"give the directory that holds it: {key}={path.parent}")
 
 
 def _check_model_source(name: str | None, key: str) -> None:

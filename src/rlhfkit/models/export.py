@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..config.checks import PICKLE_SUFFIXES, check_model_file
+from ..config.checks import refuse_pickle
 from ..errors import ConfigError, ModelError
 
 PROBE = [
@@ -83,8 +83,7 @@ def locate(src: str | Path, base: str | None = None) -> Located:
         raise ModelError(f"no such model or run directory: {src}", where=str(src),
                          fix="give a run directory, a model directory or a LoRA adapter directory")
     if not root.is_dir():
-        if root.suffix.lower() in PICKLE_SUFFIXES:
-            check_model_file(str(src), where=str(src))  # a pickled weights file: refused with why
+        refuse_pickle(str(src), where=str(src))  # a pickled weights file: refused with why
         raise ModelError(f"{src} is a file, not a model directory", where=str(src),
                          fix="give the directory that holds config.json (or adapter_config.json)")
     if (root / "adapter_config.json").is_file():

@@ -41,7 +41,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.checks import PICKLE_SUFFIXES, check_model_file
+from ..config.checks import refuse_pickle
 from ..errors import ModelError
 
 GiB = 1024**3
@@ -244,8 +244,7 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
         if not path.is_file():
             raise ModelError(f"GGUF file not found: {path}", where="model.name", fix="check the path")
         return _arch_from_gguf(path)
-    if path.suffix.lower() in PICKLE_SUFFIXES:
-        check_model_file(str(path))  # a pickled weights file: refused with why, as everywhere else
+    refuse_pickle(str(path))  # a pickled weights file: refused with why, as everywhere else
     cfg_path = path if path.name == "config.json" else path / "config.json"
     if not cfg_path.is_file() and not path.exists() and name.count("/") == 1:
         try:
