@@ -263,7 +263,7 @@ def play_answers(model, tok, records: Sequence[dict], env_cls: type, env_spec: s
         _, episodes = run_episodes(
             engine_for(engine, model, tok, batch_size), model, tok, envs, rows, params=params,
             seed=0 if seed is None else seed, max_turns=max_turns, max_total_tokens=max_total_tokens)
-        counts = dict(envs.counts)
+        counts = envs.take_counts()
     finals = [next((m["content"] for m in reversed(e.messages) if m["role"] == "assistant"), "") for e in episodes]
     return {"texts": finals, "ended": [e.ended for e in episodes], "lengths": [len(e.ids) for e in episodes],
             "env": episode_metrics(episodes, counts), "transcripts": [e.messages[e.n_first:] for e in episodes]}

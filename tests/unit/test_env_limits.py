@@ -91,7 +91,8 @@ def play(tok, envfile, name, kwargs, rows, *, workers=0, timeout_s=None, script=
         limits = {"max_turns": 2, "max_total_tokens": 60, **kw}
         rollout, eps = run_episodes(ScriptedEngine(tok, list(script)), MODEL, tok, envs, rows,
                                     params=SamplingParams(max_new_tokens=8), seed=0, step=7, **limits)
-        return rollout, eps, episode_metrics(eps, envs.counts)
+        metrics = episode_metrics(eps, envs.take_counts())  # this step's counts: the next step starts from 0
+        return rollout, eps, {**metrics, "timeouts_next_step": envs.take_counts()["timeouts"]}
 
 
 def rows_of(*texts):
@@ -125,7 +126,7 @@ def test_a_hanging_step_is_cut_dropped_and_counted_and_the_rest_goes_on(tok, env
     assert time.monotonic() - t0 < 120  # cut at the limit, not the 300 s the step sleeps
     # the slow episode timed out; episode 3 shared its worker, whose kill lost its state: both dropped
     assert [bool(e.failed) for e in eps] == [False, True, False, True]
-    assert m["timeouts"] == 1 and m["dropped"] == 2 and m["turns"] == 1.0
+    assert m["timeouts"] == 1 and m["dropped"] == 2 and m["turns"] == 1.0 and m["timeouts_next_step"] == 0
     assert [math.isnan(e.reward) for e in eps] == [False, True, False, True]
     assert turn_reward_tensor(eps, rollout.response_ids.shape[1])[1].abs().sum() == 0
 

@@ -104,21 +104,17 @@ class EnvCalls:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def fail(self, method: str, step: int | None, problem: str, fix: str) -> EnvError:
+    def fail(self, method: str, step: int | None, problem: str, fix: str, where: str = WHERE) -> EnvError:
         at = "" if step is None else f" at rollout step {step}"
-        return EnvError(f"environment {self.name}: {method}(){at} {problem}", where=WHERE, fix=fix)
+        return EnvError(f"environment {self.name}: {method}(){at} {problem}", where=where, fix=fix)
 
     def calls(self, method: str, items: list[tuple[int, tuple]], step: int | None) -> list[Any]:
         """``method`` for each ``(eid, args)`` on the episode's worker; per item its value, or an
         :class:`EpisodeFailed` (a timeout, a dead worker, a worker killed under another episode). An exception the
         environment raised stops the run with one line."""
         before = [w.restarts for w in self.pool.workers]
-        if method == "new":
-            jobs = [Job("env", "new", (eid,), on=eid) for eid, _ in items]
-        elif method == "metrics":
-            jobs = [Job("env", "metrics", (eid,), on=eid) for eid, _ in items]
-        else:
-            jobs = [Job("env", "call", (eid, method, *args), on=eid) for eid, args in items]
+        jobs = [Job("env", method, (eid,), on=eid) if method in ("new", "metrics")
+                else Job("env", "call", (eid, method, *args), on=eid) for eid, args in items]
         outcomes: list[Outcome] = self.pool.run(jobs)
         lost = {i for i, w in enumerate(self.pool.workers) if w.restarts != before[i]}
         out: list[Any] = []
@@ -128,23 +124,27 @@ class EnvCalls:
                 out.append(EpisodeFailed(str(o.error)))
             elif isinstance(o.error, CallFailed) and o.error.kind == EpisodeLost.__name__:
                 out.append(EpisodeFailed("its worker was restarted"))
+            elif o.error is not None and method == "new":  # the constructor: env.kwargs, as make_environment says
+                raise self.fail("__init__", step, f"raised {o.error}", "check the keyword arguments against the "
+                                "environment's __init__", where="env.kwargs") from None
             elif o.error is not None:
-                what = "__init__" if method == "new" else method
-                raise self.fail(what, step, f"raised {o.error}", "fix the environment (call it in Python to see "
-                                                                 "the traceback)") from None
+                raise self.fail(method, step, f"raised {o.error}", "fix the environment (call it in Python to see "
+                                                                   "the traceback)") from None
             elif self.pool.n and eid % self.pool.n in lost:
                 out.append(EpisodeFailed("its worker was restarted"))  # the episode's state is gone
             else:
                 out.append(o.value)
         return out
 
+    def take_counts(self) -> dict[str, int]:
+        """Timed-out and crashed calls since the last call (``env/timeouts``, ``env/errors`` of one step)."""
+        out, self.counts = self.counts, {"timeouts": 0, "errors": 0}
+        return out
+
     def drop(self, eids: list[int]) -> None:
-        if self.pool.n == 0:
-            self.pool.local["env"].drop(eids)
-            return
-        by_worker: dict[int, list[int]] = {}
+        by_worker: dict[int, list[int]] = {}  # no workers: run() calls the local host
         for eid in eids:
-            by_worker.setdefault(eid % self.pool.n, []).append(eid)
+            by_worker.setdefault(eid % max(1, self.pool.n), []).append(eid)
         self.pool.run([Job("env", "drop", (ids,), on=w) for w, ids in by_worker.items()])
 
     # ── checks of what comes back ────────────────────────────────────────────────────────────────────────────
