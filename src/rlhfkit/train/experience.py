@@ -129,11 +129,11 @@ class Experience:
         prompt_len = r.prompt_mask.sum(-1)
         ends = r.response_mask.shape[1] - r.response_mask.flip(-1).long().argmax(-1)  # one past each row's last token
         response_len = torch.where(r.response_mask.bool().any(-1), ends, torch.ones_like(ends))
-        out = []
-        for rows in token_budget_batches(prompt_len.tolist(), response_len.tolist(), budget):
+        out, p_len, r_len = [], prompt_len.tolist(), response_len.tolist()  # one host copy, not one per batch
+        for rows in token_budget_batches(p_len, r_len, budget):
             idx = torch.tensor(rows, dtype=torch.long, device=r.prompt_ids.device)
-            P, width = r.prompt_length, int(response_len[idx].max())
-            start = P - int(prompt_len[idx].max())
+            P, width = r.prompt_length, max(r_len[i] for i in rows)
+            start = P - max(p_len[i] for i in rows)
             batch = self.forward_rows(idx)
             cut = {k: v[:, start: P + width] for k, v in batch.items() if k != "response_ids"}
             out.append((idx, {**cut, "response_ids": batch["response_ids"][:, :width]}))
