@@ -5,8 +5,9 @@
 
 ``JOBS_JSON``: a list of ``{"name", "recipe", "overrides": [...]}``. Every process writes
 ``<output_dir>/ranks/rank-<r>.json`` per job: world size, rank, the fraction of the trained model's parameter
-elements it holds after sharding, and (online recipes) the parameter all-gathers counted inside the rollout phase
-(full weights gathered once before it: none inside) against all the all-gathers of the run (the counter works).
+elements it holds after sharding, and (online recipes) the parameter all-gathers counted inside each block that
+gathered the full weights once (a rollout, a no-grad forward pass: none inside) against all the all-gathers of the
+run (the counter works).
 ``RLHFKIT_TEST_SLOW_AFTER=N`` sleeps 0.5 s after every optimizer update past update N (a test kills the run then).
 """
 

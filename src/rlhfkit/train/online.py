@@ -1,10 +1,9 @@
 """The online loop: PPO with actor / critic / reference / reward, and the critic-free GRPO, RLOO and REINFORCE++ —
 one loop, the advantage estimator chosen by name (``algo.advantage``).
 
-It is the second of rlhfkit's two training loops (the supervised one is ``loop.py``). Both share the run and the
-set-up of the trained models (``run.set_up_trained``: wrap, optimizer, schedule, prepare, resume, metrics sink), the
-update (``optim.clip_and_step``), checkpoints (``checkpoint.py``) and the run's lifecycle (``session.py``); this one
-makes its own data each step, in an :class:`~rlhfkit.train.experience.Experience`.
+The second of two training loops (the supervised one: ``loop.py``); both share ``run.set_up_trained`` (wrap,
+optimizer, schedule, prepare, resume, metrics), ``optim.clip_and_step``, ``checkpoint.py`` and ``session.py``; this
+one makes its own data each step, in an :class:`~rlhfkit.train.experience.Experience`.
 
 Each step (see DESIGN.md, "Data flow of an online step"):
   1. take a batch of prompts (each repeated ``num_generations`` times, completion-major)
@@ -22,9 +21,9 @@ Each step (see DESIGN.md, "Data flow of an online step"):
   7. metrics (TRL names; the time of each phase, ``time/<phase>``, and the throughput), sample table, health
      checks, KL-controller update, checkpoint
 
-How it departs from the papers: KL is computed on the sampled tokens with the chosen estimator (k1 by default in the
-reward, k3 in the loss as in GRPO); the critic has its own optimizer, so ``vf_coef`` only scales its loss; with LoRA
-the reference is the policy with its adapter disabled.
+Departures from the papers: KL on the sampled tokens by the chosen estimator (k1 in the reward, k3 in the loss as in
+GRPO); the critic has its own optimizer (``vf_coef`` only scales its loss); with LoRA the reference is the policy
+with its adapter disabled.
 """
 from __future__ import annotations
 
@@ -229,7 +228,8 @@ class OnlineTrainer:
         exp = Experience.of(rollout.to(self.device), rows)
         exp.env_returns = torch.tensor([e.reward for e in episodes], device=self.device)  # NaN: dropped
         exp.turn_rewards = turn_reward_tensor(episodes, rollout.response_ids.shape[1]).to(self.device)
-        exp.env_metrics = {f"env/{key}": value for key, value in episode_metrics(episodes, self.envs.counts).items()}
+        metrics = episode_metrics(episodes, self.envs.take_counts())  # this step's timeouts / errors
+        exp.env_metrics = {f"env/{key}": value for key, value in metrics.items()}
         return exp
 
     def sample_and_score(self, step: int, seed: int, shape: bool = True) -> Experience:
@@ -249,9 +249,8 @@ class OnlineTrainer:
 
         pick = algos.dynamic_sample(draw, self.cfg.algo.rollout_batch_size, self.k, ds.max_draws)
         exp = merge_groups(pick.results, pick.groups, self.k, self.tok.pad_token_id, self.device)
-        exp.reward_metrics.update({"rollout/dynamic_draws": float(pick.draws),
-                                   "rollout/degenerate_groups": float(pick.degenerate),
-                                   "rollout/degenerate_groups_filled": float(pick.filled)})
+        exp.reward_metrics.update({"rollout/dynamic_draws": float(pick.draws), "rollout/degenerate_groups":
+                                   float(pick.degenerate), "rollout/degenerate_groups_filled": float(pick.filled)})
         if shape:
             exp.scores = self.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths, exp.valid)
         return exp
@@ -260,11 +259,10 @@ class OnlineTrainer:
     @torch.no_grad()
     def score(self, exp: Experience, shape: bool = True, step: int | None = None,
               allow_all_dropped: bool | None = None) -> None:
-        """Decoded texts, raw scores (reward model + functions) and their metrics onto ``exp``; with ``shape``,
-        also the learning scores (missing-EOS penalty, running normalisation, clipping: this updates the
-        normaliser, so evaluation passes ``shape=False``). Samples without a finite reward (NaN / inf / None) are
-        dropped from the step: score 0 and ``exp.valid`` False (``rewards/dropped`` counts them; all: an error
-        unless ``allow_all_dropped``, by default ``not shape``)."""
+        """Decoded texts, raw scores (reward model + functions) and their metrics onto ``exp``; with ``shape`` also
+        the learning scores (penalties, running normalisation, clipping: evaluation passes ``shape=False``). Samples
+        without a finite reward (NaN / inf / None) are dropped (score 0, ``exp.valid`` False, ``rewards/dropped``;
+        all dropped: an error unless ``allow_all_dropped``, by default ``not shape``)."""
         with self.timer.phase("reward"):
             rollout, rows = exp.rollout, exp.rows
             self.phases.phase("reward", total=len(rows), unit="responses")
@@ -343,36 +341,41 @@ class OnlineTrainer:
     @torch.no_grad()
     def forward_passes(self, exp: Experience, evaluation: bool = False) -> None:
         """Old log-probs (not when :attr:`on_policy_update`), reference log-probs (with a KL), critic values (PPO),
-        the teacher's log-probs and greedy agreement (with a teacher) onto ``exp``: each model a timed phase over
-        the same batches of <= ``memory.forward_tokens`` tokens (``token_batches``), so an offloaded one moves once
-        per step. ``evaluation``: the policy and the teacher only."""
+        the teacher's log-probs and greedy agreement onto ``exp``: each model a timed phase over the same batches of
+        <= ``memory.forward_tokens`` tokens (an offloaded model moves once), gathered once when sharded (the number
+        of batches differs between processes). ``evaluation``: the policy and the teacher only."""
+        distill, mem = self.teacher is not None, self.cfg.memory
+        if not (evaluation or distill or not self.on_policy_update or self.use_kl or self.critic is not None):
+            return  # on-policy, no KL, no critic: nothing to compute before the update
         if not evaluation:
             self.phases.phase("log-probs")
-        distill, mem = self.teacher is not None, self.cfg.memory
         batches = exp.token_batches(mem.forward_tokens)
 
-        def each(phase: str, model, context=None, argmax: bool = False):
-            with self.timer.phase(phase), context or contextlib.nullcontext():
+        def each(phase: str, model, *contexts, argmax: bool = False):
+            with self.timer.phase(phase), contextlib.ExitStack() as stack:
+                for context in contexts:
+                    stack.enter_context(context)
                 parts = [self.logprobs_of(model, batch, argmax=argmax) for _, batch in batches]
             if not argmax:
                 return exp.per_token(batches, parts)
             return exp.per_token(batches, [p[0] for p in parts]), exp.per_token(batches, [p[1] for p in parts])
 
+        gather = self.strategy.gathered  # the trained models (policy, critic) may be sharded; ref / teacher are not
         if distill:  # (log-probs, greedy tokens) from the logits of the passes made anyway: no extra forward
-            exp.old_logprobs, student_argmax = each("old_logprobs", self.policy, argmax=True)
+            exp.old_logprobs, student_argmax = each("old_logprobs", self.policy, gather(self.policy), argmax=True)
             exp.teacher_logprobs, teacher_argmax = each(
                 "teacher", self.teacher, on_device(self.teacher, self.device, mem.offload_teacher), argmax=True)
             exp.greedy_agree = student_argmax == teacher_argmax
         elif evaluation or not self.on_policy_update:
-            exp.old_logprobs = each("old_logprobs", self.policy)
+            exp.old_logprobs = each("old_logprobs", self.policy, gather(self.policy))
         if evaluation:
             return
         if self.use_kl:  # LoRA without a reference model: the policy with its adapter disabled
-            exp.ref_logprobs = (each("reference", self.policy, self.acc.unwrap_model(self.policy).disable_adapter())
-                                if self.ref is None else
+            exp.ref_logprobs = (each("reference", self.policy, gather(self.policy),
+                                     self.acc.unwrap_model(self.policy).disable_adapter()) if self.ref is None else
                                 each("reference", self.ref, on_device(self.ref, self.device, mem.offload_reference)))
         if self.critic is not None:
-            with self.timer.phase("values"), self.acc.autocast():
+            with self.timer.phase("values"), gather(self.critic), self.acc.autocast():
                 exp.values = exp.per_token(batches, [response_values(self.critic, b) for _, b in batches])
 
     # ── 5. KL, shaped rewards, advantages; the loss mask ─────────────────────────────────────────────────────
@@ -418,10 +421,8 @@ class OnlineTrainer:
         if exp.ref_logprobs is not None:
             exp.kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
                                       log_ratio_clip=algo.kl.log_ratio_clip)
-        _, non_score = algos.shaped_token_rewards(torch.zeros_like(exp.scores), exp.kl, mask, self.kl_ctl.value,
-                                                  self.kl_in_reward)
-        return {"objective/kl": exp.kl.sum(-1).mean().item(),
-                "objective/non_score_reward": non_score.sum(-1).mean().item()}
+        kl = exp.kl.sum(-1).mean().item()  # exp.kl is 0 outside the mask; the non-score reward is -coef x KL in it
+        return {"objective/kl": kl, "objective/non_score_reward": -self.kl_ctl.value * kl if self.kl_in_reward else 0.0}
 
     def after_on_policy_update(self, exp: Experience) -> dict:
         """On-policy: step 5's KL and rollout / trainer mismatch metrics, from the update's own log-probs."""
@@ -648,7 +649,7 @@ class OnlineTrainer:
 
     def step_times(self, exp: Experience, seconds: float) -> dict:
         """This process's ``time/<phase>``, ``time/step`` (steps 1-7 without evaluation), ``throughput/tokens_per_s``
-        (the model's own tokens) and ``throughput/episodes_per_s`` (the engine's compile time: rollout_metrics)."""
+        (the model's own tokens) and ``throughput/episodes_per_s`` (the engine's compile time: step_metrics)."""
         out = self.timer.take()
         out["time/step"] = seconds
         out["throughput/tokens_per_s"] = float(exp.action.sum()) / max(seconds, 1e-9)
