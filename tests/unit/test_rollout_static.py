@@ -305,3 +305,32 @@ def test_coverage_reasons():
     sliding.config.sliding_window = 8
     assert "sliding-window" in coverage(sliding)
     assert "RoPE type 'dynamic'" in coverage(random_model(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+
+
+def test_a_repeated_prompt_is_prefilled_once_with_the_same_cache_and_logits(monkeypatch):
+    from rlhfkit.rollout import decoder
+
+    model = random_model(seed=5)
+    w = decoder.read_weights(model)
+    prompts = ragged_prompts(3, seed=6)
+    P = max(map(len, prompts))
+    ids = torch.tensor([[PAD] * (P - len(p)) + p for p in prompts])
+    mask = (torch.arange(P)[None] >= torch.tensor([P - len(p) for p in prompts])[:, None]).long()
+    order = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 1])  # completion-major groups, and one row more
+    cos, sin = decoder.rope_tables(model, 64, ids.device, torch.float32)
+
+    def cache():
+        return tuple(torch.zeros(10, w.kv_heads, 64, w.head_dim) for _ in range(2 * len(w.layers)))
+
+    rows_run = []
+    real = decoder._prefill
+    monkeypatch.setattr(decoder, "_prefill", lambda w, i, *a: (rows_run.append(len(i)), real(w, i, *a))[1])
+    with torch.no_grad():
+        once, each = cache(), cache()
+        logits = decoder.prefill(w, ids[order], mask[order], once, cos, sin)
+        slow = torch.stack([real(w, ids[i:i + 1], mask[i:i + 1], c, cos, sin)[0]  # row by row, the slow way
+                            for i, c in ((int(j), tuple(x[r:r + 1] for x in each)) for r, j in enumerate(order))])
+    assert rows_run == [3]  # the three distinct prompts went through the layers, not ten rows
+    torch.testing.assert_close(logits, slow, atol=1e-5, rtol=0)
+    for a, b in zip(once, each):
+        torch.testing.assert_close(a[:, :, :P], b[:, :, :P], atol=1e-5, rtol=0)

@@ -155,11 +155,27 @@ def _logits(w: Weights, h: torch.Tensor) -> torch.Tensor:
 def prefill(w: Weights, ids: torch.Tensor, mask: torch.Tensor, cache: tuple[torch.Tensor, ...],
             cos_tab: torch.Tensor, sin_tab: torch.Tensor) -> torch.Tensor:
     """Run left-padded prompts ids / mask [B, P] through the decoder; keys / values go to rows :B, columns :P of
-    the cache;
-    returns the logits [B, V] of each prompt's last position (the first response token's distribution).
+    the cache; returns the logits [B, V] of each prompt's last position (the first response token's distribution).
+
+    A prompt that appears several times (GRPO's group of ``num_generations`` rows) runs once: the distinct rows go
+    through the layers, then their cache rows and logits are copied to every row that repeats them. On 2 CPU cores,
+    for SmolLM2 with 2 prompts x 4 completions, the prefill was a third of the rollout before.
 
     Causal attention over the real prompt tokens (SDPA with a boolean mask); a padding position attends to itself
     only, so no row of the softmax is empty (its output is never used: padding columns stay masked)."""
+    B, P = ids.shape
+    distinct, inverse = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)
+    if len(distinct) < B:
+        logits = _prefill(w, distinct[:, :P], distinct[:, P:], cache, cos_tab, sin_tab)
+        for c in cache:
+            c[:B, :, :P] = c[inverse, :, :P]  # the right side is a copy (advanced indexing): no overlap
+        return logits[inverse]
+    return _prefill(w, ids, mask, cache, cos_tab, sin_tab)
+
+
+def _prefill(w: Weights, ids: torch.Tensor, mask: torch.Tensor, cache: tuple[torch.Tensor, ...],
+             cos_tab: torch.Tensor, sin_tab: torch.Tensor) -> torch.Tensor:
+    """:func:`prefill` of distinct rows."""
     B, P = ids.shape
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cos, sin = cos_tab[positions].unsqueeze(1), sin_tab[positions].unsqueeze(1)  # [B, 1, P, D]
