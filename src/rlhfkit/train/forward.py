@@ -6,17 +6,74 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from transformers import DynamicCache
 
 from ..models.heads import token_values
 
 
-def response_logits(model, batch: dict, temperature: float) -> torch.Tensor:
-    """Logits [B, R, V] predicting each response token; only the last R+1 positions go through the LM head."""
+def response_logits(model, batch: dict, temperature: float, share_prompts: bool = True) -> torch.Tensor:
+    """Logits [B, R, V] predicting each response token; only the last R+1 positions go through the LM head.
+
+    ``share_prompts``: rows whose prompt columns are equal (a GRPO group: ``num_generations`` responses to one
+    prompt) run their prompt once (:func:`shared_prompt_logits`); the others as one batch."""
     R = batch["response_ids"].shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False, logits_to_keep=R + 1)
-    logits = out.logits[:, :-1]
+    logits = shared_prompt_logits(model, batch) if share_prompts and can_share_prompts(model) else None
+    if logits is None:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                    position_ids=batch["position_ids"], use_cache=False, logits_to_keep=R + 1)
+        logits = out.logits[:, :-1]
     return logits / temperature if temperature > 0 and temperature != 1.0 else logits
+
+
+def can_share_prompts(model) -> bool:
+    """Whether :func:`shared_prompt_logits` may run ``model``: not under gradient checkpointing (transformers then
+    drops the cache the responses attend to), a model whose cache keeps every key (no sliding window), and with
+    gradients only a model that no engine wraps (DDP, DeepSpeed, FSDP2 expect one forward per backward)."""
+    wrapped = hasattr(model, "module") or isinstance(model, FSDPModule)
+    if wrapped and torch.is_grad_enabled():
+        return False
+    lm = model.module if hasattr(model, "module") else model
+    cfg = getattr(lm, "config", None)
+    flag = next((n for n in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(lm), n)),
+                None)  # transformers 5.23 renamed it (the old name warns)
+    checkpointing = bool(flag and getattr(lm, flag))
+    return cfg is not None and not checkpointing and not getattr(cfg.get_text_config(), "sliding_window", None)
+
+
+def shared_prompt_logits(model, batch: dict) -> torch.Tensor | None:
+    """:func:`response_logits` with each distinct prompt run once: its keys / values (with their autograd graph)
+    are copied to the rows that repeat it, and the responses attend to them, as ``generate`` runs a decode after the
+    prefill. None when no prompt repeats (the caller runs the whole batch).
+
+    Why: in GRPO / RLOO every prompt comes ``num_generations`` times and is often longer than its responses, so the
+    policy's update and the no-grad passes spent most of their forward (and backward) on identical prompt columns.
+    Measured on 2 CPU cores (SmolLM2-135M, 2 prompts of 43 tokens x 4 responses of 40): forward + backward 3.7 ->
+    3.0 s, no-grad forward 1.2 -> 0.9 s. Equal to the whole-batch forward to float rounding (tested: log-probs and
+    gradients)."""
+    ids, mask, pos = batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    B, R = ids.shape[0], batch["response_ids"].shape[1]
+    P = ids.shape[1] - R
+    if P < 1 or R < 1:
+        return None
+    distinct, inverse = torch.unique(torch.cat([ids[:, :P], mask[:, :P].long()], 1), dim=0, return_inverse=True)
+    U = len(distinct)
+    if U == B:
+        return None
+    first = torch.full((U,), B, dtype=torch.long, device=ids.device).scatter_reduce(
+        0, inverse, torch.arange(B, device=ids.device), "amin")  # a row of each distinct prompt
+    out = model(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=pos[first, :P], use_cache=True,
+                logits_to_keep=1)
+    columns = 0 if out.past_key_values is None else out.past_key_values.get_seq_length()
+    if columns == P:
+        cache = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, inverse), layer.values.index_select(
+            0, inverse)) for layer in out.past_key_values.layers])
+        rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
+                     use_cache=True, logits_to_keep=R)
+        columns = cache.get_seq_length() - R
+    if columns != P:  # the responses would not attend to their prompts: never a silent wrong result
+        raise RuntimeError(f"shared-prompt forward: the model kept {columns} prompt columns in its cache, not {P}")
+    return torch.cat([out.logits[:, -1:].index_select(0, inverse), rest.logits[:, :-1]], 1)
 
 
 def response_values(critic, batch: dict) -> torch.Tensor:
