@@ -118,3 +118,8 @@ def pays_for_short(prompts, completions, **fields):
 def pays_for_long(prompts, completions, **fields):
     """A hackable length reward: longer is better, up to 1."""
     return [min(1.0, len(c) / 1000) for c in completions]
+
+
+def pays_for_target_length(prompts, completions, **fields):
+    """1 at 40 characters, falling linearly with the distance (bench/vs_trl.py's reward): very negative for 4,000."""
+    return [1.0 - abs(len(c) - 40) / 40 for c in completions]

@@ -93,3 +93,14 @@ def test_reward_lint_command(tmp_path, capsys):
     assert "needs an online recipe" in capsys.readouterr().err
     assert main(["reward-lint", f"data.train={data}"]) == 2  # no functions: one line
     assert "no reward" in capsys.readouterr().err
+
+
+def test_one_kind_scored_far_below_the_rest_does_not_make_the_others_high():
+    # a target-length reward gives the 4,000-character repetition about -98: measured from there, the empty answer
+    # (0) looked "high" too; measured from the lower quartile only the kinds near the target length are
+    report = lint_rewards(CombinedRewards([f"{FNS}:pays_for_target_length"]), PROMPTS, ROWS)
+    means, high = report.means["pays_for_target_length"], {k for _, k, _ in report.high}
+    assert means["repetition"] < -90 and means["empty"] == 0.0
+    assert "prompt_echo" in high and "format_only" in high
+    assert not high & {"empty", "whitespace", "repetition", "answer_repeated", "reference_only"}
+    assert report.bugs == []

@@ -18,7 +18,8 @@ The completions, for each prompt (those marked * need the row's reference, ``ans
 
 :func:`lint_rewards` scores them with the run's own :class:`~rlhfkit.rewards.functions.CombinedRewards` (the same
 workers, limits and kwargs) and reports, per function and for the weighted total, the mean score of each kind, and
-which kinds score *high*: at least halfway from the lowest to the highest mean the reward gave any kind. That is a
+which kinds score *high*: at least halfway from the low end (the lower quartile of the kinds' means) to the highest
+mean the reward gave any kind. That is a
 warning, not an error: ``reference_only`` scoring high may be what the task wants. Exit 2 (``LintReport.bugs``) is
 kept for what is certainly a bug: the empty (or whitespace-only) completion getting the highest total of all the
 kinds while some kind gets less — a policy trained on it learns to say nothing.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -142,7 +144,7 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
         finite = [m for m in means.values() if not math.isnan(m)]
         if not finite or max(finite) - min(finite) < 1e-9:
             continue
-        lo, hi = min(finite), max(finite)
+        lo, hi = _low_end(finite), max(finite)
         report.high += [(reward, k, m) for k, m in means.items() if not math.isnan(m) and m >= lo + 0.5 * (hi - lo)]
     total_name = "total" if "total" in report.means else next(iter(report.means))
     total = report.means[total_name]
@@ -155,6 +157,14 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
                                    f"({finite[kind]:.3g}, {total_name}): a policy learns to answer nothing")
                 break
     return report
+
+
+def _low_end(means: list[float]) -> float:
+    """The low end that "high" is measured from: the lower quartile of the kinds' means, not their minimum, so that
+    one kind scored far below the rest (a 4,000-character repetition under a length reward: -48) does not make every
+    other kind look high; the minimum where the quartile already is the top (most kinds paid the most)."""
+    quartile = statistics.quantiles(means, n=4, method="inclusive")[0]
+    return quartile if max(means) - quartile > 1e-9 else min(means)
 
 
 def _means(kinds: list[str], values: list[float]) -> dict[str, float]:
