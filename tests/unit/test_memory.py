@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -186,6 +187,26 @@ def test_bad_sources_are_user_errors(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 10}))
     with pytest.raises(ModelError, match="lacks the size"):
         read_architecture(str(tmp_path))
+
+
+@pytest.mark.parametrize("value, says", [
+    ("Infinity", "is inf, not a whole number"), ("-Infinity", "is -inf, not a whole number"),
+    ("NaN", "is nan, not a whole number"), ("576.5", "is 576.5, not a whole number"), ('"576"', "not a whole"),
+    ("-576", "hidden = -576 (must be at least 1)"), ("0", "hidden = 0 (must be at least 1)"),
+    ("1e300", "hidden is about 10**300 (more than 2**40)"), ("1" + "0" * 400, "hidden is about 10**400"),
+])
+def test_a_bad_size_in_config_json_is_one_model_error(tmp_path, value, says):
+    """Infinity / NaN (JSON that Python reads), negative and huge sizes: one ModelError naming the key, never an
+    OverflowError from int(inf) or from the byte arithmetic of a 10**300-wide model."""
+    text = json.dumps({**SMOLLM2_135M, "hidden_size": "@"}).replace('"@"', value)
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ModelError, match=re.escape(says)):
+        read_architecture(str(tmp_path))
+
+
+def test_a_bad_tiny_spec_size_is_one_model_error():
+    with pytest.raises(ModelError, match=re.escape("layers = 0 (must be at least 1)")):
+        read_architecture("tiny:layers=0")
 
 
 def test_parse_size():

@@ -112,8 +112,11 @@ def _arch_from_hf(cfg: dict, source: str) -> Architecture:
             raise ModelError(f"config.json lacks the size {key!r}", where=source,
                              fix="give a decoder-only model's config.json (hidden_size, num_hidden_layers, ...)")
         v = text[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or int(v) != v:
-            raise ModelError(f"config.json: {key} is {v!r:.40}, not a whole number", where=f"{source}: {key}",
+        # isfinite before int(): JSON's Infinity / NaN parse as floats and int(inf) raises OverflowError; an int is
+        # whole already (math.isfinite of a 400-digit int would itself overflow; _checked bounds its size)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+                isinstance(v, float) and (not math.isfinite(v) or not v.is_integer())):
+            raise ModelError(f"{key} is {v!r:.40}, not a whole number", where=f"{source}: {key}",
                              fix="fix the file (or give the model's real config.json)")
         return int(v)
 
@@ -126,12 +129,20 @@ def _arch_from_hf(cfg: dict, source: str) -> Architecture:
         model_type=str(cfg.get("model_type", "")), source=source), "config.json")
 
 
+MAX_SIZE = 2**40  # above any real model's size; keeps every byte count a finite float (no OverflowError)
+
+
 def _checked(a: Architecture, what: str) -> Architecture:
-    """Sizes a model can have: positive (head_dim may be 0: hidden // heads), heads divisible by kv_heads, hidden by
-    heads when head_dim is not given; anything else is one line naming the field (a plan of it would "fit")."""
+    """Sizes a model can have: positive (head_dim may be 0: hidden // heads) and at most :data:`MAX_SIZE`, heads
+    divisible by kv_heads, hidden by heads when head_dim is not given; anything else is one line naming the field
+    (a plan of it would "fit", or the byte arithmetic would overflow a float)."""
     fields = {"vocab": a.vocab, "hidden": a.hidden, "layers": a.layers, "heads": a.heads, "kv_heads": a.kv_heads,
               "intermediate": a.intermediate, "context": a.context}
     problem = next((f"{k} = {v} (must be at least 1)" for k, v in fields.items() if v < 1), None)
+    if problem is None:
+        sizes = {**fields, "head_dim": a.head_dim}
+        problem = next((f"{k} is about 10**{len(str(v)) - 1} (more than 2**40)" for k, v in sizes.items()
+                        if v > MAX_SIZE), None)
     if problem is None and a.head_dim < 0:
         problem = f"head_dim = {a.head_dim} (must be 0 or more)"
     if problem is None and a.heads % a.kv_heads:
@@ -234,9 +245,10 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
 
     if name == "tiny" or name.startswith("tiny:"):
         s = parse_tiny_spec(name)
-        return Architecture(vocab=len(SPECIAL_TOKENS) + len(CHARS), hidden=s["hidden"], layers=s["layers"],
-                            heads=s["heads"], kv_heads=s["kv_heads"], intermediate=s["intermediate"], tied=True,
-                            context=s["context"], source=name)
+        return _checked(Architecture(
+            vocab=len(SPECIAL_TOKENS) + len(CHARS), hidden=s["hidden"], layers=s["layers"], heads=s["heads"],
+            kv_heads=s["kv_heads"], intermediate=s["intermediate"], tied=True, context=s["context"], source=name),
+            "the tiny model spec")
     path = Path(name).expanduser()
     if gguf_file:
         path = path / gguf_file
