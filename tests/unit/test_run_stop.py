@@ -148,3 +148,64 @@ def test_should_stop_and_local_failures():
     assert stop.local(one, lambda x: x + 1, 1) == 2 and stop.error is None
     stop.local(two, boom)  # several processes: noted, every rank stops at the next check, the last step included
     assert isinstance(stop.error, RuntimeError) and stop.should_stop(one, last=True)
+
+
+def test_a_second_signal_in_the_loop_says_it_was_a_second_signal():
+    stop = StopControl()
+    stop.install()
+    try:
+        stop.arm(True)
+        os.kill(os.getpid(), signal.SIGTERM)  # noted
+        with pytest.raises(Stopped) as err:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        assert err.value.message == ("stopped by SIGUSR1 at a second signal (the first, SIGTERM, was waiting for the "
+                                     "step to end)")
+        assert err.value.exit_code == 138 and not err.value.names_checkpoint
+    finally:
+        stop.uninstall()
+
+
+def _stop_two_ranks(monkeypatch, error, other):
+    """StopControl.stop on rank 0 of two (a fake accelerator; the gather returns this rank's reason and ``other``):
+    the updates ``save`` was called for, and what it raised."""
+    from types import SimpleNamespace
+
+    import accelerate.utils
+
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda why: [*why, other])
+    stop, saves = StopControl(), []
+    stop.error = error
+    with pytest.raises(BaseException) as err:  # Stopped is a KeyboardInterrupt
+        stop.stop(SimpleNamespace(num_processes=2, process_index=0), 3, lambda: saves.append(3))
+    return saves, err.value
+
+
+def test_a_critical_health_stop_saves_no_checkpoint_under_several_processes(monkeypatch):
+    from rlhfkit.track import CriticalHealthStop
+
+    calm = (1, None, None, 0, False)
+    health = CriticalHealthStop("stopped on a critical health warning: KL 80", where="step 3", fix="lower optim.lr")
+    saves, err = _stop_two_ranks(monkeypatch, health, calm)  # the main rank: its own error, nothing saved
+    assert err is health and saves == []
+    line = ("rank 0 failed", (0, None, health.one_line(), 2, True))  # the other rank: one line, exit 2, nothing saved
+    saves, err = _stop_two_ranks(monkeypatch, None, line[1])
+    assert isinstance(err, Stopped) and err.exit_code == 2 and saves == []
+    assert line[0] in err.message and "step 3 not saved (a critical health warning)" in err.message
+    saves, err = _stop_two_ranks(monkeypatch, RuntimeError("reward server down"), calm)  # any other failure: saved
+    assert isinstance(err, RuntimeError) and saves == [3]
+
+
+def test_a_critical_health_stop_saves_no_checkpoint_with_one_process(tmp_path, monkeypatch):
+    from rlhfkit.track import CriticalHealthStop, HealthMonitor
+    from rlhfkit.track.health import CRITICAL, HealthWarning
+
+    real = HealthMonitor.evaluate
+
+    def critical_at_4(self, metrics, step, texts=None):
+        out = real(self, metrics, step, texts)
+        return [*out, HealthWarning(step, "kl_blowup", CRITICAL, "optim.lr", "KL 80")] if step == 4 else out
+
+    monkeypatch.setattr(HealthMonitor, "evaluate", critical_at_4)
+    with pytest.raises(CriticalHealthStop, match="KL 80"):  # at step 4, a periodic checkpoint step (save_every=4)
+        _toy(_cfg(tmp_path, "health", "track.stop_on_critical=true"))
+    assert list_checkpoints(tmp_path / "health") == []

@@ -5,18 +5,22 @@ Kubernetes: ``terminationGracePeriodSeconds``; torchrun forwards the SIGTERM it 
 later). :class:`StopControl` (one per run, ``run.stop``, installed by ``start_run`` on every process, removed when the
 run ends) turns both signals into a stop at the next step boundary:
 
-- its handler only *notes* the signal while a loop is between its first and its last update (``armed``); anywhere
-  else (loading, the final save) or at a second signal it raises :class:`~rlhfkit.errors.Stopped` at once, as Ctrl-C
+- its handler only *notes* the signal while a loop runs its steps, up to the check after the last step's update
+  (``armed``); anywhere else (loading, the final save) or at a second signal it raises
+  :class:`~rlhfkit.errors.Stopped` at once, as Ctrl-C
   raises ``KeyboardInterrupt`` (the run's files are staged or closed, checkpoints are renamed into place only when
   complete: nothing half-written is ever picked up);
 - the loops call :meth:`StopControl.check` at their step boundaries (the supervised loop after each optimizer update;
   the online loop after the rollout and scoring, and after the PPO epochs): one all-reduce (max) of every rank's state
   (go on, a signal, this rank failed), so all ranks stop at the same step and can write the checkpoint together. A
   signal during a rollout abandons it (:meth:`StopControl.abandon_point`, between micro-batches of generation);
-- a rank whose local part of a step fails (rollout, reward functions, environment: no collective inside) notes the
-  error (:meth:`StopControl.fail`) and joins that all-reduce instead of dying, so the others stop through the same path;
+- a rank whose local part of a step fails (rollout, reward functions, environment: no collective inside but the
+  weight all-gather that opens a rollout of a sharded policy) notes the error (:meth:`StopControl.fail`) and joins
+  that all-reduce instead of dying, so the others stop through the same path;
 - then :meth:`StopControl.stop`: one ``all_gather_object`` of why each rank stops, the checkpoint of the step reached
-  (every rank; skipped when it is already on disk), and the exit: the failing rank re-raises its error, every other
+  (every rank; skipped when it is already on disk, and on a critical health stop: the weights that tripped the rule
+  are not saved, as with one process, where :class:`~rlhfkit.track.CriticalHealthStop` is raised before the step's
+  save), and the exit: the failing rank re-raises its error, every other
   rank raises ``Stopped`` whose one line ("stopped by SIGTERM at step N; checkpoint-N saved; rerun the same command
   to resume") the CLI prints on rank 0. ``Session.close`` closes the run's files and writes the report on the way out.
 
@@ -34,6 +38,7 @@ from collections.abc import Callable
 import torch
 
 from ..errors import Stopped, UserError
+from ..track import CriticalHealthStop
 
 SIGNALS = ("SIGTERM", "SIGUSR1")
 GO, SIGNALLED, FAILED = 0, 1, 2
@@ -96,11 +101,14 @@ class StopControl:
             if int(os.environ.get("RANK", "0")) == 0:  # os.write: print() may be half-way through a line
                 os.write(2, f"[stop] {name} received: finishing the current update, then a checkpoint\n".encode())
             return
+        where = (f"at a second signal (the first, {self.signal}, was waiting for the step to end)" if self.armed
+                 else self.where)
         self.armed = False
-        raise Stopped(f"stopped by {name} {self.where}", exit_code(name), names_checkpoint=False)
+        raise Stopped(f"stopped by {name} {where}", exit_code(name), names_checkpoint=False)
 
     def arm(self, armed: bool, where: str = "while saving the final model") -> None:
-        """Note signals (between the loop's first and last update) or raise at once (``where`` says when)."""
+        """Note signals (while the loop runs its steps, up to the check after the last step's update) or raise at once
+        (``where`` says when)."""
         self.armed = armed
         if not armed:
             self.where = where
@@ -124,8 +132,8 @@ class StopControl:
         return int(acc.reduce(torch.tensor([mine], device=acc.device), "max").item())
 
     def should_stop(self, acc, last: bool = False) -> bool:
-        """:meth:`check` at a step boundary: stop when a rank failed, or was signalled before the ``last`` step (a
-        signal during the last step lets the run finish and save as usual)."""
+        """:meth:`check` at a step boundary: stop when a rank failed or was signalled, except for a signal at the
+        check after the last step's update (``last``): the run then finishes and saves as usual."""
         state = self.check(acc)
         return state == FAILED or (state == SIGNALLED and not last)
 
@@ -145,13 +153,15 @@ class StopControl:
         checkpoint (None: it is on disk already, or nothing was trained), then raise (see the module doc)."""
         self.armed, self.stopping = False, True
         why = [(acc.process_index, self.signal, one_line(self.error) if self.error else None,
-                error_code(self.error) if self.error else 0)]
+                error_code(self.error) if self.error else 0, isinstance(self.error, CriticalHealthStop))]
         if acc.num_processes > 1:
             from accelerate.utils import gather_object
 
             why = gather_object(why)
         if update == 0:
             saved = "nothing trained yet, no checkpoint needed; rerun the same command to start"
+        elif any(w[4] for w in why):  # a critical health stop: the step's weights are what tripped the rule
+            saved = f"step {update} not saved (a critical health warning)"
         else:
             if save is not None:
                 save()
@@ -160,7 +170,7 @@ class StopControl:
             raise self.error
         failed = [w for w in why if w[2] is not None]
         if failed:
-            rank, _, line, code = failed[0]
+            rank, _, line, code, _ = failed[0]
             raise Stopped(f"stopped at step {update} because rank {rank} failed ({line}); {saved}", code)
         name = self.signal or next(w[1] for w in why if w[1])
         raise Stopped(f"stopped by {name} at step {update}; {saved}", exit_code(name))
