@@ -77,7 +77,7 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
     the update is skipped (gradients zeroed, the optimizer not stepped; the schedule still steps, so update counts
     and LR stay aligned with the data position), counted (``train/skipped_updates``) and warned about; after
     ``train.max_nonfinite_skips`` consecutive skips the run stops with :class:`NonFiniteError` (nothing saved).
-    This costs one host sync per update.
+    The decisions cost one device-to-host copy per update (the non-finite flag and the norm together).
 
     An update whose gradient is exactly zero (or absent) carries no learning signal (every sample of the step
     dropped, every group tied and filtered, every token filtered): it is not applied either (AdamW would still move
@@ -92,11 +92,14 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
         bad = bad | ~torch.isfinite(loss.detach().float()).all().to(bad.device)
     if accelerator.num_processes > 1:
         bad = accelerator.reduce(bad.float().to(accelerator.device), "max") > 0
+    flag, value = torch.stack([bad.float().reshape(()), torch.as_tensor(norm, dtype=torch.float32).reshape(())
+                               .to(bad.device)]).tolist()  # the one host sync: the flag and the norm together
+    bad = flag > 0
     guard = guard_of(optimizer)
     guard.updates += 1
-    if bool(bad) and getattr(accelerator, "scaler", None) is not None:
-        bad = torch.zeros((), dtype=torch.bool)  # fp16: the grad scaler skips this step and lowers its scale
-    if bool(bad):
+    if bad and getattr(accelerator, "scaler", None) is not None:
+        bad = False  # fp16: the grad scaler skips this step and lowers its scale
+    if bad:
         guard.skipped += 1
         guard.consecutive += 1
         optimizer.zero_grad(set_to_none=True)
@@ -111,12 +114,12 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
         if accelerator.is_main_process:
             get_console().print(
                 f"[nan] warning: update {guard.updates} of the {guard.name}: loss or gradient norm not finite "
-                f"({float(norm):g}); update skipped ({guard.consecutive} in a row, stop at {guard.max_consecutive}). "
+                f"({value:g}); update skipped ({guard.consecutive} in a row, stop at {guard.max_consecutive}). "
                 f"If it repeats: lower optim.lr (now {lr:g}) or {knob}", markup=False,
                 highlight=False)
         return norm if max_grad_norm is not None and max_grad_norm > 0 else None
     guard.consecutive = 0
-    if float(norm) == 0.0:  # nothing in the loss: no learning signal, nothing applied
+    if value == 0.0:  # nothing in the loss: no learning signal, nothing applied
         guard.empty += 1
         optimizer.zero_grad(set_to_none=True)
         _advance(scheduler)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..config import DistributedConfig
 from ..errors import RunError
 from ..track import MetricsSink
 from ..track.console import get_console
@@ -105,8 +106,8 @@ def collective_timeout(cfg):
 
     from accelerate.utils import InitProcessGroupKwargs
 
-    dist = getattr(cfg, "distributed", None)
-    return InitProcessGroupKwargs(timeout=timedelta(seconds=dist.timeout_s if dist is not None else 1800.0))
+    dist = getattr(cfg, "distributed", None) or DistributedConfig()  # a config without the section: its default
+    return InitProcessGroupKwargs(timeout=timedelta(seconds=dist.timeout_s))
 
 
 def start_run(cfg, *, resume_step: int | None = None) -> Run:

@@ -3,7 +3,8 @@
 Each process holds the same number of samples (``algo.rollout_batch_size x algo.num_generations``); their per-sample
 values (raw score, entropy, RLHF reward, EOS reached, length, group tied) are stacked into one ``[B, C]`` tensor and
 gathered once, instead of one gather per metric (eight per step before). Means, the EOS count and the length
-spread are then taken over all the samples of the step, on every process alike.
+spread are then taken over all the samples of the step, on every process alike, and copied to the host together
+(one device sync, not one ``.item()`` each).
 """
 
 from __future__ import annotations
@@ -28,15 +29,11 @@ def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size:
     local = torch.stack([c.detach().float().reshape(-1) for c in columns], dim=1)
     every = acc.gather(local) if acc.num_processes > 1 else local
     scores, ent, rlhf, ended, lengths = (every[:, i] for i in range(5))
-    out = {
-        "objective/scores": scores.mean().item(),
-        "objective/entropy": ent.mean().item(),
-        "objective/rlhf_reward": rlhf.mean().item(),
-        "val/num_eos_tokens": float(ended.sum().item()),
-        "val/eos_frac": ended.mean().item(),
-        "response/length_mean": lengths.mean().item(),
-        "response/length_std": lengths.std().item() if len(local) > 1 else 0.0,
-    }
+    names = ["objective/scores", "objective/entropy", "objective/rlhf_reward", "val/num_eos_tokens", "val/eos_frac",
+             "response/length_mean", "response/length_std"]
+    values = [scores.mean(), ent.mean(), rlhf.mean(), ended.sum(), ended.mean(), lengths.mean(),
+              lengths.std() if len(local) > 1 else lengths.new_zeros(())]
     if tied:
-        out["rewards/tied_groups_frac"] = every[:, 5].mean().item()
-    return out
+        names.append("rewards/tied_groups_frac")
+        values.append(every[:, 5].mean())
+    return dict(zip(names, torch.stack(values).tolist()))  # one device-to-host copy for all of them
