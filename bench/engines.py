@@ -204,7 +204,9 @@ def main() -> None:
                    help="cpu: process CPU time (with --threads 1, robust on a machine shared with other jobs)")
     args = p.parse_args()
     if args.clock == "cpu":  # inductor compiles in this process, so its compile time is in the process's CPU time
-        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        import torch._inductor.config  # (its env variable is read at import, which rlhfkit.rollout has done)
+
+        torch._inductor.config.compile_threads = 1
     if not args.warm_cache:  # a cold compile, as a user's first run pays it (inductor caches compiled graphs on disk)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlhfkit-bench-inductor-")
     if args.threads:

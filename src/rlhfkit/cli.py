@@ -13,6 +13,7 @@ dashes in a ``--`` key become underscores (``--output-dir x`` is ``output_dir=x`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import shlex
@@ -22,7 +23,7 @@ import warnings
 from pathlib import Path
 
 from . import __version__
-from .config import RECIPES
+from .config import RECIPES, GenerationConfig
 from .errors import Stopped, UserError, is_main_rank, say
 
 # The training commands are the recipes of ``config.RECIPES`` (the one recipe table); the others are below.
@@ -40,8 +41,8 @@ OTHER_COMMANDS: dict[str, str] = {
 }
 
 COMMANDS = (*RECIPES, *OTHER_COMMANDS)
-ENGINE_HELP = ("rollout engine, as generation.engine: auto (default: the fastest measured for the device, hf for a "
-               "model static does not cover) | hf (transformers generate) | static (our static-cache decode loop)")
+ENGINE_HELP = "as generation.engine: " + next(  # the schema's own words, so the two never disagree
+    fl.metadata["help"] for fl in dataclasses.fields(GenerationConfig) if fl.name == "engine")
 ENGINE_KWARGS_HELP = "settings of the engine, as generation.engine_kwargs, e.g. \"{compile: false}\" for static"
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED = 0, 2, 130

@@ -542,12 +542,16 @@ def chat(model_name: str, *, prompt: str | None = None, system: str | None = Non
     messages = list(start)
     kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
               engine=engine_for(engine, model, tok, 1, engine_kwargs))
+
+    def answer(messages: list[dict], text: str, turn_seed: int | None) -> str:  # the user's turn and the reply
+        messages.append({"role": "user", "content": text})
+        with contextlib.redirect_stdout(sys.stderr):  # the engine's notes: stdout gets the answers only
+            out = reply(model, tok, messages, seed=turn_seed, **kw)
+        messages.append({"role": "assistant", "content": out})
+        return out
+
     if prompt is not None:
-        messages.append({"role": "user", "content": prompt})
-        with contextlib.redirect_stdout(sys.stderr):
-            answer = reply(model, tok, messages, seed=seed, **kw)
-        messages.append({"role": "assistant", "content": answer})
-        stdout.write(answer + "\n")
+        stdout.write(answer(messages, prompt, seed) + "\n")
         stdout.flush()
         return messages
     interactive = hasattr(stdin, "isatty") and stdin.isatty()
@@ -568,11 +572,8 @@ def chat(model_name: str, *, prompt: str | None = None, system: str | None = Non
             continue
         if not text.strip():
             continue
-        messages.append({"role": "user", "content": text})
-        with contextlib.redirect_stdout(sys.stderr):
-            answer = reply(model, tok, messages, seed=None if seed is None else seed + turn, **kw)
+        said = answer(messages, text, None if seed is None else seed + turn)
         turn += 1
-        messages.append({"role": "assistant", "content": answer})
-        stdout.write(("model> " if interactive else "") + answer + "\n")
+        stdout.write(("model> " if interactive else "") + said + "\n")
         stdout.flush()
     return messages

@@ -124,10 +124,10 @@ class GenerationConfig:
     top_p: float = f(1.0, "nucleus sampling; 1.0 = off", gt=0, le=1)
     top_k: int = f(0, "top-k sampling; 0 = off", ge=0)
     stop_strings: list[str] = f([], "extra strings that end a response (EOS always does)")
-    engine: str = f("auto", "rollout engine (see `rollout.ENGINES`): auto (the fastest measured for the device and "
-                            "model: static uncompiled on CPU, static with CUDA graphs on CUDA, hf for a model static "
-                            "does not cover) | hf (transformers generate, the reference) | static (our decode loop "
-                            "over a preallocated KV cache, compiled)")
+    engine: str = f("auto", "rollout engine (see `rollout.ENGINES`): auto (the fastest expected for the device and "
+                            "model: static uncompiled on CPU (measured), static with CUDA graphs on CUDA (not yet "
+                            "measured on a GPU), hf for a model static does not cover) | hf (transformers generate, "
+                            "the reference) | static (our decode loop over a preallocated KV cache, compiled)")
     engine_kwargs: dict[str, Any] = f({}, "settings of the engine: hf: cache_implementation (static), compile; "
                                           "static: compile (default true), cuda_graphs (default true), sync_every "
                                           "(tokens between checks for ended rows, 8), cache_multiple (64)")

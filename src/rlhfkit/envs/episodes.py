@@ -122,7 +122,7 @@ def run_episodes(engine: Engine, model, tok, envs: EnvCalls, rows: list[dict], *
         out = engine.generate(model, [e.prompt_ids + e.ids for e in live], turn_params, seed=seed + 7919 * turn)
         # one host copy per turn, not one per episode and field
         lengths, ended, ids = out.lengths.tolist(), out.ended.tolist(), out.response_ids.tolist()
-        lps = out.logprobs.tolist() if out.logprobs is not None else None
+        lps = out.logprobs.tolist()  # every engine's generate() returns the sampling log-probs
         texts, cut = [], []
         for i, e in enumerate(live):
             n = int(lengths[i])
@@ -131,7 +131,7 @@ def run_episodes(engine: Engine, model, tok, envs: EnvCalls, rows: list[dict], *
             e.ids += comp
             e.turn_ends.append(len(e.ids) - 1 if comp else -1)
             e.action += [1] * len(comp)
-            e.logprobs += lps[i][:n_fit] if lps is not None else [0.0] * len(comp)
+            e.logprobs += lps[i][:n_fit]
             texts.append(tok.decode(comp, skip_special_tokens=True))
             cut.append(n_fit < n or not ended[i])
         results = envs.calls("step", [(e.eid, (list(e.messages), t)) for e, t in zip(live, texts)], step)

@@ -1,4 +1,5 @@
-"""``generation.engine=auto`` (the default): per device type, the engine measured fastest, compile time included.
+"""``generation.engine=auto`` (the default): per device type, the engine expected fastest, compile time included
+(measured on CPU; on CUDA not yet measured on a GPU, see below).
 
 :data:`TABLE` maps a device type to an engine and its settings, for a model the static engine covers
 (:func:`~.decoder.coverage`: Llama, Qwen2, Mistral without sliding window; the built-in tiny model is a Llama); any
@@ -22,19 +23,20 @@ measurement, issue 18: 1.2x for 116 s), which the short CPU runs this table is f
 ``generation.engine=static`` (compile on). transformers' own paths gain nothing here (its static cache alone is
 slower; compiled, 1.03x for 74 s; continuous batching is built for serving, not one batch).
 
-CUDA -> ``static`` with CUDA graphs, uncompiled. Issue 18's H100 measurement (SmolLM2-135M shape, bf16, batch 64,
-256 new tokens): eager ``generate`` 1,747 tok/s, ``generate`` + static cache + compile 11,107 tok/s, the whole
-decode step replayed as one CUDA graph 17,079 tok/s. Eager decoding of a small model is bound by kernel launches,
-which the graph removes without a compile (capturing a step takes milliseconds), so auto is never slower than hf
-compile time included. Whether ``torch.compile`` on top pays within one run is what ``bench/gpu_check.py``'s rows
-(c) measure ("static: compiled + CUDA graphs" against "static: CUDA graphs (= auto)", compile time apart); not yet
-run on a GPU for this table.
+CUDA -> ``static`` with CUDA graphs, uncompiled: a choice not yet measured on a GPU for this engine (it is reasoned
+from another measurement). Issue 18's H100 measurement (SmolLM2-135M shape, bf16, batch 64, 256 new tokens): eager
+``generate`` 1,747 tok/s, ``generate`` + static cache + compile 11,107 tok/s, the whole decode step replayed as one
+CUDA graph 17,079 tok/s. Eager decoding of a small model is bound by kernel launches, which the graph removes without
+a compile (capturing a step takes milliseconds), so auto is expected never to be slower than hf, compile time
+included. ``bench/gpu_check.py``'s rows (c) measure it against hf, and whether ``torch.compile`` on top pays within
+one run ("static: compiled + CUDA graphs" against "static: CUDA graphs (= auto)", compile time apart); not yet run on
+a GPU for this table.
 """
 
 from __future__ import annotations
 
 from .decoder import coverage
-from .engine import Engine, model_device, register, say, strip_parallel_wrappers
+from .engine import ENGINES, Engine, model_device, register, strip_parallel_wrappers
 from .hf import HFEngine
 from .static import StaticEngine
 
@@ -59,9 +61,7 @@ class AutoEngine(Engine):
         self.hf = HFEngine(tokenizer, **common)
         self.engines: dict[str, Engine] = {}
         for device, (name, kwargs) in TABLE.items():
-            cls = StaticEngine if name == "static" else HFEngine
-            self.engines[device] = cls(tokenizer, **common, **kwargs)
-        self._said: set[str] = set()
+            self.engines[device] = ENGINES[name](tokenizer, **common, **kwargs)
 
     def pick(self, model) -> Engine:
         """The engine for this model (bare, or wrapped: parallel wrappers are stripped)."""
@@ -73,13 +73,14 @@ class AutoEngine(Engine):
             engine, line = self.hf, f"[rollout] auto: {reason} is not covered by the static engine; using hf"
         else:
             line = f"[rollout] auto: {engine.name} engine on {device}"
-        if line not in self._said:
-            self._said.add(line)
-            say(line)
+        self.say_once(line)
         return engine
 
     def _decode(self, model, ids, mask, params, seed):
-        return self.pick(model)._decode(model, ids, mask, params, seed)
+        engine = self.pick(model)
+        if isinstance(engine, StaticEngine):  # covered: pick checked it, once per micro-batch
+            return engine.decode_covered(model, ids, mask, params, seed)
+        return engine._decode(model, ids, mask, params, seed)
 
     def take_stats(self) -> dict[str, float]:
         out = {"time/rollout_compile": 0.0}

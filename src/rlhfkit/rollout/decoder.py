@@ -25,8 +25,6 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .lora import unmerged_lora_layers
-
 DECODERS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 ROPE_TYPES = ("default", "linear", "llama3")  # inverse frequencies fixed at build (no dependence on the length)
 
@@ -59,7 +57,9 @@ def causal_lm(model):
 
 
 def coverage(model) -> str | None:
-    """None when :func:`read_weights` covers ``model`` exactly, else the reason it does not (one short phrase)."""
+    """None when :func:`read_weights` covers ``model`` exactly, else the reason it does not (one short phrase).
+    Called inside ``Engine.generate``'s :func:`~.lora.merged_lora`, which has merged every active LoRA layer on
+    floating-point weights; one on integer (quantized) weights is caught here as quantized weights."""
     lm = causal_lm(model)
     # FSDP2's fully_shard swaps the class for a subclass named FSDP<name>: look through the class's bases
     arch = next((c.__name__ for c in type(lm).__mro__ if c.__name__ in DECODERS), type(lm).__name__)
@@ -80,9 +80,6 @@ def coverage(model) -> str | None:
     if getattr(lm, "hf_quantizer", None) is not None or any(
             not p.dtype.is_floating_point for p in lm.parameters()):
         return "quantized weights"
-    unmerged = unmerged_lora_layers(model)
-    if unmerged:
-        return f"a LoRA adapter that is not merged ({unmerged[0]})"
     if hasattr(model, "peft_config") and any(getattr(c, "peft_type", "LORA") != "LORA"
                                              for c in model.peft_config.values()):
         return "a PEFT adapter other than LoRA"

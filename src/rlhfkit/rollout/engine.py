@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from ..data.chat import encode_chat_prompts, stop_token_ids
-from ..errors import ConfigError, say  # noqa: F401 (say: re-exported to the engines)
+from ..errors import ConfigError, say
 from .lora import merged_lora
 from .sampling import SamplingParams
 from .types import Rollout
@@ -209,6 +209,13 @@ class Engine:
             raise ValueError("stop_strings need the tokenizer (to decode responses)")
         self.batch_size = batch_size
         self.compile_seconds = 0.0  # spent compiling since the last take_stats()
+        self._said: set[str] = set()
+
+    def say_once(self, line: str) -> None:
+        """Print ``line`` (main process, stderr) the first time this engine says it."""
+        if line not in self._said:
+            self._said.add(line)
+            say(line)
 
     def take_stats(self) -> dict[str, float]:
         """Metrics of the engine since the last call (``time/rollout_compile``: seconds spent compiling decode

@@ -38,18 +38,6 @@ def mergeable_lora_layers(model: torch.nn.Module) -> list:
     return out
 
 
-def unmerged_lora_layers(model: torch.nn.Module) -> list[str]:
-    """Names of LoRA layers that would change the output but are not merged (an engine reading base weights
-    directly would miss them)."""
-    if not hasattr(model, "peft_config"):
-        return []
-    from peft.tuners.lora import LoraLayer
-
-    return [name for name, m in model.named_modules()
-            if isinstance(m, LoraLayer) and not m.merged and not m.disable_adapters
-            and any(a in m.lora_A for a in m.active_adapters)]
-
-
 @contextlib.contextmanager
 def merged_lora(model: torch.nn.Module) -> Iterator[int]:
     """Merge every mergeable LoRA layer for the block (yields how many); restore the exact weights after."""

@@ -33,13 +33,15 @@ logged and returned by ``take_stats`` (``time/rollout_compile``).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import say
 from .decoder import Weights, coverage, decode_logits, prefill, read_weights, rope_tables
-from .engine import Engine, register, say
+from .engine import Engine, register
 from .hf import HFEngine
 from .sampling import SamplingParams, gumbel_noise, sample_tokens
 
@@ -208,14 +210,17 @@ class StaticEngine(Engine):
                                  stop_strings=stop_strings, batch_size=batch_size)
         self._slots: dict[tuple, Slots] = {}
         self._first_calls: set[tuple] = set()
-        self._said: set[str] = set()
 
     # ── the call ─────────────────────────────────────────────────────────────────────────────────────────────
     def _decode(self, model, ids, mask, params, seed):
         reason = coverage(model)
         if reason is not None:
-            self._say_once(f"[rollout] static engine: {reason} is not covered; generating with hf")
+            self.say_once(f"[rollout] static engine: {reason} is not covered; generating with hf")
             return self.fallback._decode(model, ids, mask, params, seed)
+        return self.decode_covered(model, ids, mask, params, seed)
+
+    def decode_covered(self, model, ids, mask, params, seed):
+        """``_decode`` of a model :func:`~.decoder.coverage` accepted (``auto`` checks that once, in its pick)."""
         w = read_weights(model)
         device, dtype = ids.device, w.embed.dtype
         B, P = ids.shape
@@ -303,7 +308,8 @@ class StaticEngine(Engine):
         key = (slots.size, slots.width, params.greedy, params.filters, graphs)
         first = key not in self._first_calls and (self.compile or graphs)
         t0 = time.perf_counter()
-        with torch._dynamo.config.patch(**{_LIMIT: 64}):  # buckets x cache widths x greedy / sampled
+        # compiled: room for buckets x cache widths x greedy / sampled (the eager step needs no dynamo setting)
+        with torch._dynamo.config.patch(**{_LIMIT: 64}) if self.compile else contextlib.nullcontext():
             if graphs:
                 graph = CudaGraphStep(fn, slots.step_args(w), flags, ptrs)
                 slots.graphs[(params.greedy, params.filters)] = graph
@@ -319,8 +325,3 @@ class StaticEngine(Engine):
                 say(f"[rollout] static engine: decode step for batch {slots.size} x {slots.width} cache "
                     f"columns ({'greedy' if params.greedy else 'sampled'}) {what} in {seconds:.1f} s")
         return out
-
-    def _say_once(self, line: str) -> None:
-        if line not in self._said:
-            self._said.add(line)
-            say(line)
