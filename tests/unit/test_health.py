@@ -221,3 +221,27 @@ def test_length_growth_several_fold_against_the_early_median():
 def test_thresholds_are_stated():
     text = HealthMonitor().thresholds()
     assert "20 nats per response" in text and "1 nat per token" in text and "4x its start" in text
+
+
+def test_one_bad_kl_step_gives_one_kl_warning():
+    """Each KL band has one owner: kl_per_token up to kl_warn (10 nats), kl_high up to kl_max (20), kl_blowup above;
+    15 nats over 4 tokens (3.75 per token) used to fire kl_per_token and kl_high together."""
+    for kl, name in ((8.0, "kl_per_token"), (15.0, "kl_high"), (30.0, "kl_blowup")):
+        warned = HealthMonitor().evaluate({"objective/kl": kl, "response/length_mean": 4.0}, 1)
+        assert [w.name for w in warned] == [name], kl
+
+
+def test_grad_norm_advice_fits_a_run_that_clips():
+    # train/grad_norm is logged only when optim.max_grad_norm is set: "set it" would be no advice
+    mon = HealthMonitor()
+    for step, norm in enumerate((2.0, 2.1, 60.0)):
+        warned = mon.evaluate({"train/grad_norm": norm}, step)
+    (w,) = warned
+    assert w.name == "grad_norm_blowup" and "lower optim.lr or optim.max_grad_norm" in w.message
+    assert "set optim.max_grad_norm" not in w.message
+
+
+def test_a_one_step_window_averages_one_loss():
+    # window=1: the mean of the last loss alone (it summed the whole history, and the first check had no start)
+    mon = HealthMonitor(window=1)
+    assert [mon.evaluate({"train/loss": 1.0}, step) for step in range(6)] == [[]] * 6

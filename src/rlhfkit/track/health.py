@@ -10,9 +10,10 @@ prints it as one line, exit 2). The knobs named are keys of ``rlhfkit.config``.
 
 The thresholds are heuristics, chosen to stay silent on the healthy runs of the tests and the quickstart and to
 fire on the collapse of issue 12 (GRPO at lr 3e-2: KL 70-82 nats, scores falling to 0) and on the finite divergence
-of issue 21 (SFT, RM, DPO and GRPO at lr 1); each is a constructor argument of ``HealthMonitor``. The supervised
-recipes (SFT, RM, the offline preference losses) run the same monitor on their ``train/loss``, ``eval/loss`` and
-``train/grad_norm``; a rule whose metrics a recipe does not log stays silent.
+of issue 21 (SFT, RM, DPO and GRPO at lr 1). The main ones (KL, response length, text, reward hacking, tied groups,
+loss and gradient bounds) are constructor arguments of ``HealthMonitor``; the others are constants in their rule.
+The supervised recipes (SFT, RM, the offline preference losses) run the same monitor on their ``train/loss``,
+``eval/loss`` and ``train/grad_norm``; a rule whose metrics a recipe does not log stays silent.
 """
 
 from __future__ import annotations
@@ -160,27 +161,34 @@ def _jump_over(value: float | None, history: list[float], factor: float, floor: 
     return median if median > 0 and value > factor * median and value > floor else None
 
 
-def kl_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
-    """KL to the reference above ``mon.kl_max`` nats per response, and (when the response length is logged) above
-    ``mon.kl_token_max`` nats per token, so long responses with a moderate per-token KL do not trip it."""
+def _kl_above(m: dict[str, float], mon: HealthMonitor, floor: float, ceiling: float, what: str) -> str | None:
+    """KL to the reference in (``floor``, ``ceiling``] nats per response and, when the response length is logged,
+    above ``mon.kl_token_max`` nats per token (long responses with a moderate per-token KL do not trip it): the
+    message, ``what`` saying how far the policy went; None otherwise. :func:`kl_blowup` and :func:`kl_high`."""
     kl = m.get("objective/kl")
-    if kl is None or not math.isfinite(kl) or kl <= mon.kl_max:
+    if kl is None or not math.isfinite(kl) or not floor < kl <= ceiling:
         return None
     length = m.get("response/length_mean")
     per_token = kl / length if length else None
     if per_token is not None and per_token <= mon.kl_token_max:
         return None
     per = f" ({fmt(per_token)} per token)" if per_token is not None else ""
-    return (f"objective/kl={fmt(kl)} nats{per} is above {fmt(mon.kl_max)} nats: the policy has run away from the "
-            "reference; lower optim.lr, raise algo.kl.coef (or set algo.kl.adaptive=true)")
+    return (f"objective/kl={fmt(kl)} nats{per} is above {fmt(floor)} nats: {what}; lower optim.lr, raise "
+            "algo.kl.coef (or set algo.kl.adaptive=true)")
+
+
+def kl_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """KL to the reference above ``mon.kl_max`` nats per response (and ``mon.kl_token_max`` per token)."""
+    return _kl_above(m, mon, mon.kl_max, math.inf, "the policy has run away from the reference")
 
 
 def kl_per_token(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
     """KL to the reference above ``mon.kl_token_warn`` nats per token (``objective/kl / response/length_mean``)
-    while the response total is still under ``mon.kl_max`` (above it :func:`kl_blowup` speaks): on short responses a
-    few nats per token is a policy far from its reference long before the total looks large."""
+    while the response total is still at most ``mon.kl_warn`` (above it :func:`kl_high`, above ``mon.kl_max``
+    :func:`kl_blowup` speaks, each naming the per-token KL: one warning per step): on short responses a few nats
+    per token is a policy far from its reference long before the total looks large."""
     kl, length = m.get("objective/kl"), m.get("response/length_mean")
-    if kl is None or not length or not math.isfinite(kl) or kl > mon.kl_max:
+    if kl is None or not length or not math.isfinite(kl) or kl > mon.kl_warn:
         return None
     per_token = kl / length
     if per_token > mon.kl_token_warn:
@@ -194,10 +202,8 @@ def length_growth(m: dict[str, float], prev: History, mon: HealthMonitor) -> str
     """Mean response length above ``mon.length_growth`` x its early level (the median of the first ``window``
     checks): responses growing several-fold usually chase the reward (or a loss aggregation that favours length)."""
     length, early = m.get("response/length_mean"), list(prev.get("response/length_mean", []))[: mon.window]
-    if length is None or not math.isfinite(length) or len(early) < mon.window:
-        return None
-    start = statistics.median(early)
-    if start > 0 and length > mon.length_growth * start:
+    start = _jump_over(length, early if len(early) >= mon.window else [], mon.length_growth, 0.0)
+    if start is not None:
         return (f"mean response length {fmt(length)} tokens is {length / start:.1f}x its early {fmt(start)}: the "
                 "policy is lengthening its answers (often reward hacking); read the samples, raise algo.kl.coef, or "
                 "use algo.loss_aggregation=seq_mean_token_sum_norm / algo.overlong")
@@ -275,14 +281,7 @@ def kl_high(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | Non
     """KL to the reference above ``mon.kl_warn`` (10) nats per response and, when the response length is logged,
     above ``mon.kl_token_max`` (0.2) nats per token, but not above ``mon.kl_max`` (there :func:`kl_blowup` speaks):
     a policy drifting away step by step (KL 0 -> 15 with no single spike for :func:`kl_spike` to see)."""
-    kl, length = m.get("objective/kl"), m.get("response/length_mean")
-    if kl is None or not math.isfinite(kl) or not mon.kl_warn < kl <= mon.kl_max:
-        return None
-    if length and kl / length <= mon.kl_token_max:
-        return None
-    per = f" ({fmt(kl / length)} per token)" if length else ""
-    return (f"objective/kl={fmt(kl)} nats{per} is above {fmt(mon.kl_warn)} nats: the policy is drifting far from the "
-            "reference; lower optim.lr, raise algo.kl.coef (or set algo.kl.adaptive=true)")
+    return _kl_above(m, mon, mon.kl_warn, mon.kl_max, "the policy is drifting far from the reference")
 
 
 def nonfinite_loss(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
@@ -308,9 +307,9 @@ def loss_rising(m: dict[str, float], prev: History, mon: HealthMonitor) -> str |
         if loss is None or not math.isfinite(loss):
             continue
         if key == "train/loss":
-            if len(history) < mon.window - 1:
+            if not history or len(history) < mon.window - 1:  # (window 1: one earlier loss is its start)
                 continue
-            start, now = min(history[: mon.window]), sum(history[-(mon.window - 1):] + [loss]) / mon.window
+            start, now = min(history[: mon.window]), _recent_mean(prev, key, mon.window, loss)
         elif history:
             start, now = history[0], loss
         else:
@@ -332,7 +331,7 @@ def loss_at_uniform(m: dict[str, float], prev: History, mon: HealthMonitor) -> s
         return None
     if len(history) < mon.window:
         return None
-    uniform, now = math.log(mon.vocab_size), sum(history[-(mon.window - 1):] + [loss]) / mon.window
+    uniform, now = math.log(mon.vocab_size), _recent_mean(prev, "train/loss", mon.window, loss)
     tol = mon.uniform_tol
     back = abs(now - uniform) <= tol * uniform and min(history) < 0.9 * uniform
     if not (back or now > (1 + tol) * uniform):
@@ -351,7 +350,8 @@ def grad_norm_blowup(m: dict[str, float], prev: History, mon: HealthMonitor) -> 
     start = _jump_over(norm, early, mon.grad_factor, mon.grad_floor)
     if start is not None:
         return (f"train/grad_norm {fmt(norm)} is {norm / start:.0f}x its early {fmt(start)}: the gradients blew up; "
-                "lower optim.lr, set optim.max_grad_norm (e.g. 1.0) or a warm-up (optim.warmup_ratio)")
+                "lower optim.lr or optim.max_grad_norm (it is set: the norm is logged only then), or add a warm-up "
+                "(optim.warmup_ratio)")
     return None
 
 
@@ -367,13 +367,17 @@ def dynamic_sampling_starved(m: dict[str, float], prev: History, mon: HealthMoni
             "algo.dynamic_sampling.max_draws, or use a denser reward")
 
 
-def _recent_mean(m: Mapping[str, float], prev: History, w: int) -> float | None:
+def _recent_mean(history: History, key: str, window: int, now: float) -> float:
+    """Mean of the last ``window`` values of ``key``: this step's ``now`` and the ``window - 1`` before it in
+    ``history`` (fewer at the start)."""
+    recent = (list(history.get(key, [])) + [now])[-window:]
+    return sum(recent) / len(recent)
+
+
+def _recent_score(m: Mapping[str, float], prev: History, w: int) -> float | None:
     """Mean of the last ``w`` training scores, this step's included (None when this step has none)."""
     score = m.get("objective/scores")
-    if score is None or not math.isfinite(score):
-        return None
-    recent = list(prev.get("objective/scores", []))[-(w - 1):] + [score] if w > 1 else [score]
-    return sum(recent) / len(recent)
+    return None if score is None or not math.isfinite(score) else _recent_mean(prev, "objective/scores", w, score)
 
 
 def reward_hacking(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
@@ -382,7 +386,7 @@ def reward_hacking(m: dict[str, float], prev: History, mon: HealthMonitor) -> st
     that best evaluation: the policy gets better at the training reward and worse at the task."""
     held = m.get("eval/scores")
     evals, at_eval = list(prev.get("eval/scores", [])), list(prev.get("scores/at_eval", []))
-    train = _recent_mean(m, prev, mon.window)
+    train = _recent_score(m, prev, mon.window)
     if held is None or train is None or not evals or len(at_eval) != len(evals):
         return None
     best_i = max(range(len(evals)), key=evals.__getitem__)
@@ -575,7 +579,7 @@ class HealthMonitor(StagedFile):
                 self._last_warned[name] = step
                 out.append(HealthWarning(int(step), name, rule.severity, rule.knob, _SPACE.sub(" ", message)))
         if "eval/scores" in m and math.isfinite(m["eval/scores"]):  # the training reward when each eval was taken
-            train = _recent_mean(m, self.history, self.window)
+            train = _recent_score(m, self.history, self.window)
             if train is None:
                 m = {k: v for k, v in m.items() if k != "eval/scores"}  # no training score to pair it with
             else:
