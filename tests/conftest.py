@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,13 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (torchrun's / torch.distributed's rendezvous); tests import it from here."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def sft_overrides(data: Path, out: Path) -> list[str]:

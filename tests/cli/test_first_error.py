@@ -324,13 +324,12 @@ def test_say_prints_on_rank_0_only(capsys, monkeypatch):
 @pytest.mark.slow
 def test_under_torchrun_the_start_and_closing_lines_are_printed_once(root):
     """Two processes (DDP over gloo on CPU): one start line, one closing line, one TRL renaming note."""
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from conftest import free_port
+
+    port = free_port()
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
            "-m", "rlhfkit", "sft", f"model.name={TINY}", "data.train=sft.jsonl", "output_dir=run", "train.max_steps=2",

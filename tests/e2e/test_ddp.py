@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 from safetensors.torch import load_file
 
 from rlhfkit.track import read_metrics
@@ -26,12 +26,6 @@ UPDATES = 6
 # per update: 2 ranks x 2 accumulated micro-batches of 4 = 16 examples; checkpoint at update 3
 SETTINGS = ["data.limit=300", "train.batch_size=4", "train.grad_accum=2", f"train.max_steps={UPDATES}",
             "train.save_every=3", "train.eval_every=3"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import free_port
 from safetensors.torch import load_file
 
 from rlhfkit.config import RECIPES, build_config
@@ -34,12 +34,6 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).with_name("fsdp_script.py")
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}  # gloo on CPU, even beside a GPU
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sft_args(data: Path, out: Path, batch: int, *extra) -> list[str]:

@@ -17,7 +17,7 @@ TINY = "tiny:hidden=64,layers=2,intermediate=128"
 SUPERVISED_RULES = {"loss_rising", "loss_at_uniform", "grad_norm_blowup"}
 
 
-def _lr1(recipe: str, data, out) -> list[str]:
+def _lr1(data, out) -> list[str]:
     return [f"data.train={data}", f"output_dir={out}", f"model.name={TINY}", "optim.lr=1", "train.batch_size=8",
             "train.max_steps=6", "train.log_every=1", "track.report=false", "track.progress=false", "data.limit=64",
             "data.max_length=48"]
@@ -38,7 +38,7 @@ def test_supervised_recipes_at_lr1_name_the_divergence(recipe, data, expected, t
 
     run = {"sft": run_sft, "rm": run_rm, "dpo": run_preference}[recipe]
     out = tmp_path / recipe
-    run(build_config(recipe, {}, _lr1(recipe, task_data / data, out)))
+    run(build_config(recipe, {}, _lr1(task_data / data, out)))
     names = {r["name"] for r in read_warnings(out)}
     assert expected <= names, (names, [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()])
     printed = capsys.readouterr().out

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_fsdp import free_port
+from conftest import free_port
 from test_preemption import ENV, SCRIPT, assert_same_weights, grpo_args, sft_args, torchrun
 
 from rlhfkit.track import read_metrics

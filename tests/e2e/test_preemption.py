@@ -131,7 +131,7 @@ def test_signal_stops_with_a_checkpoint_and_resumes_bit_exact(straight, task_dat
 
 
 def torchrun(args: list[str], wait: bool = True, env: dict | None = None):
-    from test_fsdp import free_port
+    from conftest import free_port
 
     cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), str(SCRIPT), *args]

@@ -86,9 +86,9 @@ class ScriptedEngine(Engine):
 MODEL = torch.nn.Linear(1, 1)  # the scripted engine reads no weights; generate() only needs a module
 
 
-def _calls(cls, kwargs, spec, workers=0, timeout_s=None):
+def _calls(cls, kwargs, spec):
     """The environment's calls in this process (the worker pool is tested in test_env_limits.py)."""
-    return EnvCalls(spec, cls, kwargs, workers=workers, timeout_s=timeout_s)
+    return EnvCalls(spec, cls, kwargs, workers=0, timeout_s=None)
 
 
 @pytest.fixture(scope="module")

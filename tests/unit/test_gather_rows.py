@@ -5,17 +5,11 @@ reduce_metrics, which makes an online step's scalar metrics one value per key on
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from conftest import free_port
 
 
 def _worker(rank: int, port: int, counts: list[int], out: str) -> None:
@@ -40,7 +34,7 @@ def _worker(rank: int, port: int, counts: list[int], out: str) -> None:
 @pytest.mark.parametrize("counts", [[3, 1], [0, 2], [2, 0]])
 def test_gather_rows_takes_uneven_and_empty_shares(tmp_path, counts):
     out = str(tmp_path / "rows.pt")
-    mp.spawn(_worker, args=(_free_port(), counts, out), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), counts, out), nprocs=2, join=True)
     expected = torch.cat([torch.arange(n * 2, dtype=torch.float32).reshape(n, 2) + 100 * r
                           for r, n in enumerate(counts)])
     assert torch.equal(torch.load(out), expected)
@@ -73,7 +67,7 @@ def _reduce_worker(rank: int, port: int, out: str) -> None:
 
 def test_reduce_metrics_gives_every_process_the_global_values(tmp_path):
     out = str(tmp_path / "metrics")
-    mp.spawn(_reduce_worker, args=(_free_port(), out), nprocs=2, join=True)
+    mp.spawn(_reduce_worker, args=(free_port(), out), nprocs=2, join=True)
     r0, r1 = torch.load(f"{out}.0"), torch.load(f"{out}.1")
     want = {"objective/kl": 2.5, "rewards/dropped": 5.0, "rollout/logprob_diff_max": 0.5, "x_min": -3.0, "same": 7.0,
             "env/only_here": 9.0, "time/rollout": 3.5, "throughput/tokens_per_s": 16.0}
