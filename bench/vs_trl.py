@@ -16,7 +16,10 @@ process are left out (compilation, allocator warm-up); model loading and data pr
 every rlhfkit run prints the median of its per-phase times (``time/rollout``, ``time/reference``, ``time/update``,
 ... from its metrics.jsonl), so a ratio comes with where the step goes.
 
-Equal settings (both frameworks get the same model files, the same data files, the same reward function):
+Equal settings (both frameworks get the same model files, the same data files, the same reward function, no
+gradient checkpointing: TRL's default turns it on, rlhfkit's leaves it off; figures before 2026-11-24 ran TRL with
+it on, which made TRL's update about a forward pass slower), AdamW fused in both (TRL's default
+``adamw_torch_fused``; rlhfkit's own since 2026-11-24):
 
 - GRPO / RLOO: ``prompts x completions`` per step (CPU 2 x 4, CUDA 8 x 8), one optimizer update per rollout
   (TRL: ``steps_per_generation=1, num_iterations=1``; rlhfkit: ``ppo_epochs=1``, one mini-batch), KL to the
@@ -173,7 +176,7 @@ def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: 
     common = dict(output_dir=str(out_dir), max_steps=steps, logging_steps=1, save_strategy="no", report_to="none",
                   use_cpu=s["dtype"] == "float32" and not torch.cuda.is_available(),
                   bf16=s["dtype"] == "bfloat16", seed=0, dataloader_num_workers=0, disable_tqdm=True,
-                  lr_scheduler_type="constant")
+                  lr_scheduler_type="constant", gradient_checkpointing=False)  # TRL's default is True: equal work
     rows = lambda name: [json.loads(line) for line in data[name].read_text().splitlines()]  # noqa: E731
     if recipe in ("grpo", "rloo"):
         from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
