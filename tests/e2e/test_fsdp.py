@@ -82,6 +82,10 @@ def runs(task_data, tmp_path_factory) -> Path:
         {"name": "grpo-static", "recipe": "grpo", "overrides": grpo_args(
             task_data, root / "grpo-static", *fsdp, "generation.engine=static",
             "generation.engine_kwargs={compile: false}")},
+        {"name": "dapo", "recipe": "grpo", "overrides": grpo_args(
+            task_data, root / "dapo", *fsdp, "algo.dynamic_sampling.enabled=true", "algo.dynamic_sampling.max_draws=3",
+            f"reward.functions=[{{fn: '{Path(__file__).with_name('rank_reward.py')}:ties_on_rank0'}}]",
+            "reward.workers=0", "algo.total_episodes=64", "distributed.timeout_s=120")},
         {"name": "ppo", "recipe": "ppo", "overrides": grpo_args(
             task_data, root / "ppo", *fsdp, "algo.advantage=gae", "algo.num_generations=1", "algo.rollout_batch_size=8",
             "algo.mini_batch_size=8", "critic.init=policy", "algo.total_episodes=32",
@@ -128,6 +132,15 @@ def test_grpo_under_fsdp2_matches_ddp_with_the_same_seeds(runs):
     assert first[0] == pytest.approx(other[0], rel=1e-4, abs=1e-6)
     for a, b in zip(first, other):
         assert a["objective/scores"] == pytest.approx(b["objective/scores"], abs=0.15)
+
+
+def test_dynamic_sampling_draws_a_different_number_of_times_per_process_under_one_gather(runs):
+    # rank 0's groups all tie (it draws 3 times a step), rank 1's mostly differ: a gather per draw would pair
+    # different draws across the processes (a hang until distributed.timeout_s); one gather around the draws does not
+    draws = [x["rollout/dynamic_draws"] for x in read_metrics(runs / "dapo") if "rollout/dynamic_draws" in x]
+    assert draws == [2.0, 2.0]  # the mean over the processes of rank 0's 3 draws a step and rank 1's 1
+    for r in ranks(runs / "dapo"):
+        assert r["all_gathers_inside_rollouts"] and all(n == 0 for n in r["all_gathers_inside_rollouts"])
 
 
 def test_ppo_shards_policy_and_critic(runs):

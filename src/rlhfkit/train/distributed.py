@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 from pathlib import Path
 
@@ -40,6 +41,27 @@ SHIPPED_DS = {"zero2": "zero2.json", "zero3": "zero3.json"}
 
 def _world() -> int:
     return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def reentrant(gathered):
+    """A strategy's ``gathered`` that does nothing inside another ``gathered`` block of the same model: DAPO's
+    dynamic sampling gathers once around all its draws (each process draws its own number of times, so a gather
+    per draw would pair different draws across processes) and each draw's rollout finds the weights gathered."""
+
+    @functools.wraps(gathered)
+    @contextlib.contextmanager
+    def once(self, model):
+        if getattr(model, "rlhfkit_gathered", False):
+            yield model
+            return
+        with gathered(self, model):
+            model.rlhfkit_gathered = True
+            try:
+                yield model
+            finally:
+                model.rlhfkit_gathered = False
+
+    return once
 
 
 class DDPStrategy:
@@ -105,6 +127,7 @@ class FSDP2Strategy(DDPStrategy):
     def prepare(self, accelerator, *objects):
         return objects if len(objects) > 1 else objects[0]
 
+    @reentrant
     @contextlib.contextmanager
     def gathered(self, model):
         """Every FSDP unit all-gathered once, kept unsharded through all the forwards of the block (generation,
@@ -192,6 +215,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
         return {"deepspeed_plugin": DeepSpeedPlugin(hf_ds_config=ds_config(cfg))}
 
+    @reentrant
     @contextlib.contextmanager
     def gathered(self, model):
         """ZeRO-3: the whole model's parameters gathered once for the block (not per token); ZeRO-2: nothing."""

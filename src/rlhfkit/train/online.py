@@ -233,9 +233,9 @@ class OnlineTrainer:
         return exp
 
     def sample_and_score(self, step: int, seed: int, shape: bool = True) -> Experience:
-        """Steps 1-3: prompts -> responses -> scores. With dynamic sampling (DAPO), more prompt batches are drawn
-        (up to ``max_draws``) and only groups whose penalised scores differ are kept until the batch is full.
-        ``shape=False``: raw scores, on this process alone (no collective: the normaliser's gather comes after)."""
+        """Steps 1-3: prompts -> responses -> scores; with DAPO's dynamic sampling, batches drawn (<= ``max_draws``,
+        one gather of a sharded policy) until the batch holds only groups whose penalised scores differ.
+        ``shape=False``: raw scores (no collective but that gather: the normaliser's comes after)."""
         ds = self.cfg.algo.dynamic_sampling
         if not ds.enabled:
             exp = self.rollout(self._prompt_batch(step), seed, step=step + 1)
@@ -247,7 +247,8 @@ class OnlineTrainer:
             self.score(e, shape=False, step=step + 1)
             return e, self.penalised(e.raw_scores, e.rollout.ended, e.rollout.lengths), e.valid
 
-        pick = algos.dynamic_sample(draw, self.cfg.algo.rollout_batch_size, self.k, ds.max_draws)
+        with self.strategy.gathered(self.policy):  # each process draws its own number of times
+            pick = algos.dynamic_sample(draw, self.cfg.algo.rollout_batch_size, self.k, ds.max_draws)
         exp = merge_groups(pick.results, pick.groups, self.k, self.tok.pad_token_id, self.device)
         exp.reward_metrics.update({"rollout/dynamic_draws": float(pick.draws), "rollout/degenerate_groups":
                                    float(pick.degenerate), "rollout/degenerate_groups_filled": float(pick.filled)})
@@ -599,7 +600,7 @@ class OnlineTrainer:
             while step < self.total_steps:
                 seed = cfg.train.seed * 100_003 + step * run.world_size + acc.process_index
                 t_step = time.perf_counter()
-                # 1-3. prompts -> responses (the Experience is born here) -> raw scores, on this process alone: a
+                # 1-3. prompts -> responses -> raw scores, on this process alone (but a sharded policy's gather): a
                 #      failure or a stop signal (the rollout abandoned) stops every process at the check (stop.py)
                 rng = rng_state()
                 try:
@@ -664,8 +665,7 @@ class OnlineTrainer:
                               group_size=self.k, group_based=self.estimator.group_based),
             **{k: v for k, v in self.engine.take_stats().items() if v},  # time/rollout_compile when it compiled
             "lr": self.sched.get_last_lr()[0], "episode": step * per_step,
-            "eps": step * per_step / max(time.time() - t0, 1e-6),
-        }
+            "eps": step * per_step / max(time.time() - t0, 1e-6)}
 
 
 def _too_few_prompts(n: int, batch: int, world: int) -> ConfigError:
