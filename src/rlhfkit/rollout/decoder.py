@@ -156,7 +156,8 @@ def prefill(w: Weights, ids: torch.Tensor, mask: torch.Tensor, cache: tuple[torc
 
     A prompt that appears several times (GRPO's group of ``num_generations`` rows) runs once: the distinct rows go
     through the layers, then their cache rows and logits are copied to every row that repeats them. On 2 CPU cores,
-    for SmolLM2 with 2 prompts x 4 completions, the prefill was a third of the rollout before.
+    for SmolLM2 with 2 prompts of 43 tokens x 4 completions, the prefill took about 0.5 s of a 4.2 s rollout, run
+    once per prompt 0.2-0.3 s.
 
     Causal attention over the real prompt tokens (SDPA with a boolean mask); a padding position attends to itself
     only, so no row of the softmax is empty (its output is never used: padding columns stay masked)."""
