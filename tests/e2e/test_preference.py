@@ -55,7 +55,11 @@ def test_dpo_raises_heldout_accuracy_and_gold(task_data, sft_dir, gold_of, sft_g
         assert f"train/{key}" in metrics and f"eval/{key}" in metrics
     assert len(list(out.glob(P.CACHE_GLOB))) == 1
     assert (out / "model.safetensors").is_file() and (out / "report.html").is_file()
-    assert gold_of(out) > sft_gold + 0.15  # measured 0.66 vs 0.375
+    # gold is sampled accuracy on 200 held-out prompts: its own noise is about 0.035 (binomial at 0.55), and a
+    # rounding-level change upstream (fused AdamW: the same updates to float32 rounding) moves the SFT model and
+    # with it DPO's outcome: measured over train seeds 42, 1-4, +0.115..+0.165 from the fused SFT model (0.39),
+    # +0.175..+0.265 from the per-tensor one (0.375). The bar: a gain beyond twice that noise
+    assert gold_of(out) > sft_gold + 0.07
 
 
 def test_kto_on_unpaired_data_improves_gold(task_data, sft_dir, gold_of, sft_gold, tmp_path):
