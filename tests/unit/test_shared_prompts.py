@@ -71,6 +71,11 @@ def test_it_runs_the_distinct_prompts_once_and_steps_aside_where_it_must():
         assert can_share_prompts(ddp_like)  # the no-grad passes may
     checkpointing(model)
     assert not can_share_prompts(model)
+    from transformers import MistralConfig, MistralForCausalLM
+
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                               num_attention_heads=4, num_key_value_heads=2, intermediate_size=64))
+    assert not can_share_prompts(mistral)  # a sliding window: the prompt's keys may be dropped from the cache
 
 
 def test_a_cache_the_responses_did_not_attend_to_is_an_error():

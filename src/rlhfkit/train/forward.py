@@ -8,6 +8,7 @@ import contextlib
 import torch
 from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from ..models.heads import token_values
 
@@ -28,8 +29,9 @@ def response_logits(model, batch: dict, temperature: float, share_prompts: bool 
 
 def can_share_prompts(model) -> bool:
     """Whether :func:`shared_prompt_logits` may run ``model``: not under gradient checkpointing (transformers then
-    drops the cache the responses attend to), a model whose cache keeps every key (no sliding window), and with
-    gradients only a model that no engine wraps (DDP, DeepSpeed, FSDP2 expect one forward per backward)."""
+    drops the cache the responses attend to), a model whose every layer is full attention keeping every key (no
+    sliding window, no linear-attention or recurrent layers), and with gradients only a model that no engine wraps
+    (DDP, DeepSpeed, FSDP2 expect one forward per backward)."""
     wrapped = hasattr(model, "module") or isinstance(model, FSDPModule)
     if wrapped and torch.is_grad_enabled():
         return False
@@ -38,7 +40,11 @@ def can_share_prompts(model) -> bool:
     flag = next((n for n in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(lm), n)),
                 None)  # transformers 5.23 renamed it (the old name warns)
     checkpointing = bool(flag and getattr(lm, flag))
-    return cfg is not None and not checkpointing and not getattr(cfg.get_text_config(), "sliding_window", None)
+    if cfg is None or checkpointing:
+        return False
+    text = cfg.get_text_config()
+    return not getattr(text, "sliding_window", None) and set(getattr(text, "layer_types", None) or
+                                                             ["full_attention"]) == {"full_attention"}
 
 
 def shared_prompt_logits(model, batch: dict) -> torch.Tensor | None:
@@ -64,6 +70,8 @@ def shared_prompt_logits(model, batch: dict) -> torch.Tensor | None:
         0, inverse, torch.arange(B, device=ids.device), "amin")  # a row of each distinct prompt
     out = model(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=pos[first, :P], use_cache=True,
                 logits_to_keep=1)
+    if out.past_key_values is not None and any(type(layer) is not DynamicLayer for layer in out.past_key_values.layers):
+        return None  # a cache of another kind (a model the config check let through): the whole batch, correct
     columns = 0 if out.past_key_values is None else out.past_key_values.get_seq_length()
     if columns == P:
         cache = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, inverse), layer.values.index_select(
