@@ -616,6 +616,22 @@ def main(argv: list[str] | None = None) -> int:
             line = cause
         print(f"error: {who}{line}", file=sys.stderr, flush=True)
         return 1
+    finally:
+        if who:
+            _end_process_group()
+
+
+def _end_process_group() -> None:
+    """Under torchrun, destroy the process group while the interpreter is whole. Left to interpreter shutdown,
+    gloo's worker threads can abort the process (SIGABRT, "terminate called without an active exception"; seen in
+    CI on a rank that finished while the other still wrote the report; pytorch/pytorch#179291)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - after a failed collective the group may not shut down cleanly; exiting anyway
+        pass
+
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
