@@ -264,6 +264,18 @@ def test_export_with_a_wrong_base_is_refused(lora_run, tmp_path):
         export_model(run, tmp_path / "out", log=None)
 
 
+@pytest.mark.parametrize("seed", [".inf", "forty-two", "true"])
+def test_export_names_a_run_seed_that_is_not_an_integer(seed, lora_run, tmp_path):
+    from rlhfkit.models.export import export_model
+
+    run = tmp_path / "run"
+    shutil.copytree(lora_run, run)
+    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("seed: 42", f"seed: {seed}"))
+    with pytest.raises(ModelError, match=r"train.seed is .*not an integer") as err:
+        export_model(run, tmp_path / "out", log=None)
+    assert "config.yaml: train.seed" in err.value.one_line() and not (tmp_path / "out").exists()
+
+
 def test_export_reward_model_reloads_as_sequence_classifier(rm_dir, tmp_path, capsys):
     out = tmp_path / "rm-export"
     assert main(["export", str(rm_dir), "--out", str(out)]) == 0

@@ -72,6 +72,17 @@ def _run_config(run_dir: Path) -> dict:
         return {}
 
 
+def _seed_of(run_cfg: dict, run_dir: Path | None) -> int:
+    """The run's ``train.seed`` (it builds a ``tiny:`` base's weights): an integer, or one line naming the key (a
+    hand-edited ``.inf`` or text was an OverflowError / ValueError traceback)."""
+    seed = (run_cfg.get("train") or {}).get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        where = f"{run_dir / 'config.yaml'}: train.seed" if run_dir is not None else "train.seed"
+        raise ModelError(f"the run's train.seed is {seed!r}, not an integer", where=where,
+                         fix="restore the integer rlhfkit wrote there, or give the base model with --base MODEL")
+    return seed
+
+
 def is_sequence_classifier(config: dict) -> bool:
     return any(str(a).endswith("ForSequenceClassification") for a in config.get("architectures") or [])
 
@@ -109,7 +120,7 @@ def locate(src: str | Path, base: str | None = None) -> Located:
     tok_dir = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else merged_copy
     return Located(
         kind="lora", model_dir=merged_copy, adapter_dir=adapter_dir, base=str(base_name),
-        base_seed=int((run_cfg.get("train") or {}).get("seed", 0)) if not base else 0,
+        base_seed=_seed_of(run_cfg, run_dir) if not base else 0,
         base_dtype=str(model_cfg.get("dtype") or "auto"), base_gguf=model_cfg.get("gguf_file") if not base else None,
         tokenizer_dir=tok_dir, task_type=str(adapter_cfg.get("task_type") or "CAUSAL_LM"),
     )
