@@ -264,21 +264,16 @@ def test_a_list_item_and_an_input_checked_before_the_run_name_their_line(root):
     assert "m.yaml:2: model.name: model not found: ./no/such/model" in line, line
 
 
-def test_a_stage_key_in_a_pipeline_file_names_its_line(root):
-    (root / "p.yaml").write_text(f"recipe: pipeline\noutput_dir: pipe\nbase_model: {TINY}\nstages:\n  - name: sft\n"
-                                 "    recipe: sft\n    config:\n      data: {train: sft.jsonl}\n      optim:\n"
-                                 "        lrr: 5.0e-3\n")
+@pytest.mark.parametrize("recipe, train, section, line_10, said", [
+    ("sft", "sft.jsonl", "optim", "lrr: 5.0e-3", "error: p.yaml:10: unknown key 'optim.lrr'"),  # a key
+    ("grpo", "prompts.jsonl", "algo", "num_generations: 1",  # a cross-field mistake
+     "error: p.yaml:10: stages[0].config.algo.num_generations:")])
+def test_a_stage_mistake_in_a_pipeline_file_names_its_line(root, recipe, train, section, line_10, said):
+    (root / "p.yaml").write_text(f"recipe: pipeline\noutput_dir: pipe\nbase_model: {TINY}\nstages:\n"
+                                 f"  - name: {recipe}\n    recipe: {recipe}\n    config:\n"
+                                 f"      data: {{train: {train}}}\n      {section}:\n        {line_10}\n")
     line = _one_line(*_cli(["pipeline", "p.yaml"])[:2])
-    assert "error: p.yaml:10: unknown key 'optim.lrr'" in line, line
-    assert not (root / "pipe").exists()
-
-
-def test_a_stage_cross_field_mistake_in_a_pipeline_file_names_its_line(root):
-    (root / "p.yaml").write_text(f"recipe: pipeline\noutput_dir: pipe\nbase_model: {TINY}\nstages:\n  - name: grpo\n"
-                                 "    recipe: grpo\n    config:\n      data: {train: prompts.jsonl}\n      algo:\n"
-                                 "        num_generations: 1\n")
-    line = _one_line(*_cli(["pipeline", "p.yaml"])[:2])
-    assert "error: p.yaml:10: stages[0].config.algo.num_generations:" in line, line
+    assert said in line, line
     assert not (root / "pipe").exists()
 
 
