@@ -11,23 +11,23 @@ SmolLM2-135M-Instruct (float32; random weights of the same shape with ``--random
 
     .venv/bin/python bench/step_parts.py [--random] [--repeats 5] [--prompts 2 --k 4 --prompt-len 43 --response-len 40]
 
-Timings alternate peer / rlhfkit; the median of ``--repeats`` after one warm-up. Prints ``RATIO`` lines
-(peer / rlhfkit: above 1, rlhfkit faster).
+Timings alternate peer / rlhfkit (``_common.paired_times``); the median of ``--repeats`` after one warm-up. Prints
+``RATIO`` lines (peer / rlhfkit: above 1, rlhfkit faster).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import tempfile
+from pathlib import Path
 
 import torch
+from _common import paired_times, ratio_line
+
+CPU = torch.device("cpu")
 
 
 def load(random: bool):
-    import tempfile
-    from pathlib import Path
-
     from transformers import AutoConfig, AutoModelForCausalLM
     from vs_trl import model_dir
 
@@ -35,19 +35,6 @@ def load(random: bool):
     if random:
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-
-
-def timed(pairs: dict, repeats: int) -> dict:
-    """Median seconds of each callable, run in alternation after one warm-up each."""
-    for fn in pairs.values():
-        fn()
-    times = {name: [] for name in pairs}
-    for _ in range(repeats):
-        for name, fn in pairs.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def optimizer_rows(model, repeats: int) -> list[tuple]:
@@ -60,9 +47,8 @@ def optimizer_rows(model, repeats: int) -> list[tuple]:
     ours = build_optimizer(params, OptimConfig(lr=1e-6))
     loop = torch.optim.AdamW(params, lr=1e-6, foreach=False)
     foreach = torch.optim.AdamW(params, lr=1e-6, foreach=True)
-    t = timed({"per-tensor": loop.step, "foreach": foreach.step, "fused": ours.step}, repeats)
-    return [("AdamW step, per-tensor loop (CPU default)", t["per-tensor"], t["fused"]),
-            ("AdamW step, foreach", t["foreach"], t["fused"])]
+    return [("AdamW step, per-tensor loop (CPU default)", *paired_times(loop.step, ours.step, CPU, repeats, 1)),
+            ("AdamW step, foreach", *paired_times(foreach.step, ours.step, CPU, repeats, 1))]
 
 
 def forward_rows(model, args) -> list[tuple]:
@@ -97,11 +83,9 @@ def forward_rows(model, args) -> list[tuple]:
         diff = (logprobs(True) - logprobs(False)).abs().max().item()
     print(f"step_parts: shared-prompt log-probs differ from the whole batch's by at most {diff:.2e}")
     model.train()
-    t = timed({"whole": train(False), "shared": train(True)}, args.repeats)
-    rows = [(f"forward + backward, {args.prompts} prompts x {args.k}, whole batch", t["whole"], t["shared"])]
-    t = timed({"whole": no_grad(False), "shared": no_grad(True)}, args.repeats)
-    rows.append((f"no-grad forward, {args.prompts} prompts x {args.k}, whole batch", t["whole"], t["shared"]))
-    return rows
+    shape = f"{args.prompts} prompts x {args.k}, whole batch"
+    return [(f"forward + backward, {shape}", *paired_times(train(False), train(True), CPU, args.repeats, 1)),
+            (f"no-grad forward, {shape}", *paired_times(no_grad(False), no_grad(True), CPU, args.repeats, 1))]
 
 
 def main() -> int:
@@ -121,7 +105,7 @@ def main() -> int:
     for name, peer, ours in rows:
         print(f"| {name} | {peer:.3f} | {ours:.3f} | **{peer / ours:.2f}x** |")
     for name, peer, ours in rows:
-        print(f"RATIO step_parts {name}: time peer/rlhfkit = {peer / ours:.2f}")
+        print(ratio_line(f"step_parts {name}", peer, ours))
     return 0
 
 
