@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY, free_port
 
-TINY = "tiny:hidden=64,layers=2,intermediate=128"
 ROWS = [{"prompt": f"shout: {w}", "completion": w.upper()} for w in ["cat", "dog", "owl", "bee"] * 8]
 PREFS = [{"prompt": f"shout: {w}", "chosen": w.upper(), "rejected": w} for w in ["cat", "dog", "owl", "bee"] * 8]
 
@@ -52,6 +52,11 @@ def _one_line(rc: int, stderr: str) -> str:
     return lines[0]
 
 
+def _error(argv: list[str], **kw) -> str:
+    """The one error line of ``rlhfkit argv`` (exit 2, nothing else on stderr)."""
+    return _one_line(*_cli(argv, **kw)[:2])
+
+
 @pytest.fixture
 def root(tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
@@ -66,35 +71,35 @@ def root(tmp_path, monkeypatch) -> Path:
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "weights.pth", "last.ckpt", "state.pkl"])
 def test_a_pickled_file_as_model_is_refused_before_anything_opens_it(name, root):
     torch.save({"w": torch.zeros(2)}, root / name)
-    rc, err, _ = _cli(["sft", f"model.name={root / name}", "data.train=sft.jsonl", "output_dir=run"])
-    line = _one_line(rc, err)
+    line = _error(["sft", f"model.name={root / name}", "data.train=sft.jsonl", "output_dir=run"])
     assert "model.name" in line and name in line and "pickled" in line and "refuses" in line
     assert "safetensors" in line and "weights_only=True" in line  # why, and how to convert
     assert not (root / "run").exists()
 
 
-@pytest.mark.parametrize("argv, key", [
-    (["dpo", "data.train=pairs.jsonl", f"model.name={TINY}", "ref_model=pytorch_model.bin"], "ref_model"),
-    (["grpo", "data.train=prompts.jsonl", f"model.name={TINY}", "reward.model=pytorch_model.bin"], "reward.model"),
+@pytest.mark.parametrize("argv, key, not_written", [
+    (["dpo", "data.train=pairs.jsonl", f"model.name={TINY}", "ref_model=pytorch_model.bin", "output_dir=run"],
+     "ref_model", "run"),
+    (["grpo", "data.train=prompts.jsonl", f"model.name={TINY}", "reward.model=pytorch_model.bin", "output_dir=run"],
+     "reward.model", "run"),
     (["grpo", "data.train=prompts.jsonl", f"model.name={TINY}", "teacher.model=pytorch_model.bin",
-      "reward.functions=[{fn: exact_match}]"], "teacher.model"),
-    (["eval", "pytorch_model.bin", "--data", "prompts.jsonl"], "model.name"),
-    (["generate", "pytorch_model.bin", "--prompt", "hi"], "model.name"),
-    (["export", "pytorch_model.bin", "--out", "exported"], "pytorch_model.bin"),
-    (["plan", "grpo", "model.name=pytorch_model.bin"], "model.name"),
+      "reward.functions=[{fn: exact_match}]", "output_dir=run"], "teacher.model", "run"),
+    (["eval", "pytorch_model.bin", "--data", "prompts.jsonl"], "model.name", None),
+    (["generate", "pytorch_model.bin", "--prompt", "hi"], "model.name", None),
+    (["export", "pytorch_model.bin", "--out", "exported"], "pytorch_model.bin", "exported"),
+    (["plan", "grpo", "model.name=pytorch_model.bin"], "model.name", None),
 ])
-def test_every_key_that_names_a_model_refuses_a_pickle(argv, key, root):
+def test_every_key_that_names_a_model_refuses_a_pickle(argv, key, not_written, root):
     torch.save({"w": torch.zeros(2)}, root / "pytorch_model.bin")
-    rc, err, _ = _cli([*argv, "output_dir=run"] if argv[0] in ("sft", "dpo", "grpo") else argv)
-    line = _one_line(rc, err)
+    line = _error(argv)
     assert key in line and "pickled" in line
-    assert not (root / "run").exists() and not (root / "exported").exists()
+    assert not_written is None or not (root / not_written).exists()  # what the command would have written
 
 
 def test_a_safetensors_file_given_as_a_model_names_its_directory(root):
     (root / "m").mkdir()
     (root / "m" / "model.safetensors").write_bytes(b"\0" * 16)
-    line = _one_line(*_cli(["sft", "model.name=m/model.safetensors", "data.train=sft.jsonl", "output_dir=run"])[:2])
+    line = _error(["sft", "model.name=m/model.safetensors", "data.train=sft.jsonl", "output_dir=run"])
     assert "is a file" in line and "model.name=m" in line
 
 
@@ -154,7 +159,7 @@ def _point_at_missing(d: Path) -> None:
 ])
 def test_an_unreadable_tokenizer_is_one_whole_line(damage, needles, model_dir, root):
     broken = _broken(model_dir, root, damage)
-    line = _one_line(*_cli(["sft", f"model.name={broken}", "data.train=sft.jsonl", "output_dir=run"])[:2])
+    line = _error(["sft", f"model.name={broken}", "data.train=sft.jsonl", "output_dir=run"])
     assert "model.name" in line and str(broken) in line and line.rstrip().endswith(")"), line
     for needle in needles:
         assert needle in line, (needle, line)
@@ -193,14 +198,14 @@ TEMPLATES = {
 def test_a_broken_chat_template_file_is_named_not_the_first_data_line(kind, root):
     text, needle = TEMPLATES[kind]
     (root / "tpl.jinja").write_text(text)
-    line = _one_line(*_cli(["sft", f"model.name={TINY}", f"model.chat_template={root / 'tpl.jinja'}",
-                            "data.train=sft.jsonl", "output_dir=run"])[:2])
+    line = _error(["sft", f"model.name={TINY}", f"model.chat_template={root / 'tpl.jinja'}",
+                   "data.train=sft.jsonl", "output_dir=run"])
     assert "tpl.jinja" in line and needle in line and "sft.jsonl" not in line, line
 
 
 def test_a_broken_template_inside_the_model_directory_is_named(model_dir, root):
     broken = _broken(model_dir, root, lambda d: (d / "chat_template.jinja").write_text(TEMPLATES["sandbox"][0]))
-    line = _one_line(*_cli(["sft", f"model.name={broken}", "data.train=sft.jsonl", "output_dir=run"])[:2])
+    line = _error(["sft", f"model.name={broken}", "data.train=sft.jsonl", "output_dir=run"])
     assert "chat_template.jinja" in line and "sandbox" in line and "sft.jsonl" not in line, line
 
 
@@ -209,15 +214,15 @@ def test_a_sandbox_error_on_one_record_names_the_template_and_the_record(root):
     (root / "tpl.jinja").write_text("{% for m in messages %}{% if m['content'] == 'OWL' %}{{ m.__class__.__mro__ }}"
                                     "{% endif %}"
                                     "{{ m['content'] }}<|im_end|>{% endfor %}")
-    line = _one_line(*_cli(["sft", f"model.name={TINY}", f"model.chat_template={root / 'tpl.jinja'}",
-                            "data.train=sft.jsonl", "output_dir=run"])[:2])
+    line = _error(["sft", f"model.name={TINY}", f"model.chat_template={root / 'tpl.jinja'}",
+                   "data.train=sft.jsonl", "output_dir=run"])
     assert line.startswith(f"error: {root / 'tpl.jinja'}: the chat template failed (the Jinja sandbox"), line
     assert "sft.jsonl:3" in line, line
 
 
 def test_inline_template_text_is_named_by_its_key(root):
-    line = _one_line(*_cli(["sft", f"model.name={TINY}", "model.chat_template={{ nothing.here }}",
-                            "data.train=sft.jsonl", "output_dir=run"])[:2])
+    line = _error(["sft", f"model.name={TINY}", "model.chat_template={{ nothing.here }}",
+                   "data.train=sft.jsonl", "output_dir=run"])
     assert line.startswith("error: model.chat_template: ") and "undefined variable" in line
 
 
@@ -243,7 +248,7 @@ optim:
 ])
 def test_a_wrong_key_or_value_in_a_file_names_file_and_line(extra, line_no, needles, root):
     (root / "c.yaml").write_text(CONFIG.format(tiny=TINY, extra=extra))
-    line = _one_line(*_cli(["sft", "c.yaml", "output_dir=run"])[:2])
+    line = _error(["sft", "c.yaml", "output_dir=run"])
     assert f"error: c.yaml:{line_no}: " in line, line
     for needle in needles:
         assert needle in line, line
@@ -251,16 +256,16 @@ def test_a_wrong_key_or_value_in_a_file_names_file_and_line(extra, line_no, need
 
 def test_a_value_under_trls_name_names_the_line_it_was_written_on(root):
     (root / "t.yaml").write_text(f"model:\n  name: {TINY}\ndata:\n  train: sft.jsonl\nlearning_rate: -1\n")
-    line = _one_line(*_cli(["sft", "t.yaml", "output_dir=run"])[:2])
+    line = _error(["sft", "t.yaml", "output_dir=run"])
     assert "error: t.yaml:5: 'optim.lr' must be >= 0" in line, line
 
 
 def test_a_list_item_and_an_input_checked_before_the_run_name_their_line(root):
     (root / "g.yaml").write_text(f"model:\n  name: {TINY}\ndata:\n  train: prompts.jsonl\nreward:\n  functions:\n"
                                  "    - fn: exact_match\n      weight: heavy\n")
-    assert "g.yaml:8: 'reward.functions[0].weight' must be a number" in _one_line(*_cli(["grpo", "g.yaml"])[:2])
+    assert "g.yaml:8: 'reward.functions[0].weight' must be a number" in _error(["grpo", "g.yaml"])
     (root / "m.yaml").write_text("model:\n  name: ./no/such/model\ndata:\n  train: sft.jsonl\n")
-    line = _one_line(*_cli(["sft", "m.yaml", "output_dir=run"])[:2])
+    line = _error(["sft", "m.yaml", "output_dir=run"])
     assert "m.yaml:2: model.name: model not found: ./no/such/model" in line, line
 
 
@@ -272,21 +277,21 @@ def test_a_stage_mistake_in_a_pipeline_file_names_its_line(root, recipe, train, 
     (root / "p.yaml").write_text(f"recipe: pipeline\noutput_dir: pipe\nbase_model: {TINY}\nstages:\n"
                                  f"  - name: {recipe}\n    recipe: {recipe}\n    config:\n"
                                  f"      data: {{train: {train}}}\n      {section}:\n        {line_10}\n")
-    line = _one_line(*_cli(["pipeline", "p.yaml"])[:2])
+    line = _error(["pipeline", "p.yaml"])
     assert said in line, line
     assert not (root / "pipe").exists()
 
 
 def test_the_same_mistake_as_an_override_keeps_its_message(root):
     (root / "c.yaml").write_text(CONFIG.format(tiny=TINY, extra="train:\n  batch_size: 0\n"))
-    line = _one_line(*_cli(["sft", "c.yaml", "train.batch_size=-1", "output_dir=run"])[:2])
+    line = _error(["sft", "c.yaml", "train.batch_size=-1", "output_dir=run"])
     assert "error: c.yaml + overrides: 'train.batch_size' must be >= 1, got -1" in line, line
     (root / "c.yaml").write_text(CONFIG.format(tiny=TINY, extra=""))
-    line = _one_line(*_cli(["sft", "c.yaml", "optim.lrr=1", "output_dir=run"])[:2])
+    line = _error(["sft", "c.yaml", "optim.lrr=1", "output_dir=run"])
     assert ".yaml:" not in line and "unknown key 'optim.lrr'" in line, line
     (root / "g.yaml").write_text(f"model:\n  name: {TINY}\nreward:\n  functions:\n"
                                  "    - fn: rlhfkit.tasks.quickstart:reward\n      weight: 1.0\n")
-    line = _one_line(*_cli(["grpo", "g.yaml", "reward.functions[0].weight=heavy"])[:2])
+    line = _error(["grpo", "g.yaml", "reward.functions[0].weight=heavy"])
     assert ".yaml:" not in line and "reward.functions[0]" in line, line  # the override's mistake, not the file's
 
 
@@ -322,7 +327,6 @@ def test_under_torchrun_the_start_and_closing_lines_are_printed_once(root):
     import subprocess
     import sys
 
-    from conftest import free_port
 
     port = free_port()
     torchrun = Path(sys.executable).with_name("torchrun")

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import TINY
 
 from rlhfkit.config import build_config
 from rlhfkit.track import read_warnings
 
-TINY = "tiny:hidden=64,layers=2,intermediate=128"
 SUPERVISED_RULES = {"loss_rising", "loss_at_uniform", "grad_norm_blowup"}
 
 

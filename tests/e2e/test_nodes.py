@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 from test_preemption import ENV, SCRIPT, assert_same_weights, grpo_args, sft_args, torchrun
+from test_resume import losses
 
 from rlhfkit.track import read_metrics
 
@@ -42,10 +43,6 @@ def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
         stdout, stderr = p.communicate(timeout=400)
         out.append((p.returncode, stdout + stderr))
     return out
-
-
-def losses(out: Path) -> dict[int, float]:
-    return {x["step"]: x["train/loss"] for x in read_metrics(out) if "train/loss" in x}
 
 
 def test_two_nodes_match_one_node_with_two_processes(task_data, tmp_path):

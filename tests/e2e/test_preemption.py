@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY, free_port
 from safetensors.torch import load_file
 
 from rlhfkit.track import read_metrics
@@ -26,7 +27,6 @@ from rlhfkit.train.checkpoint import list_checkpoints
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # make test-cluster (CI runs it after make test)
 
 SCRIPT = Path(__file__).with_name("cli_script.py")
-TINY = "tiny:hidden=64,layers=2,intermediate=128"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -131,7 +131,6 @@ def test_signal_stops_with_a_checkpoint_and_resumes_bit_exact(straight, task_dat
 
 
 def torchrun(args: list[str], wait: bool = True, env: dict | None = None):
-    from conftest import free_port
 
     cmd = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(free_port()), str(SCRIPT), *args]

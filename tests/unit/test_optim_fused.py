@@ -8,8 +8,8 @@ from rlhfkit.config.schema import OptimConfig
 from rlhfkit.train.optim import build_optimizer
 
 
-def _params(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
+def _params():
+    g = torch.Generator().manual_seed(0)
     return [torch.nn.Parameter(torch.randn(40, 30, generator=g)), torch.nn.Parameter(torch.randn(30, generator=g))]
 
 

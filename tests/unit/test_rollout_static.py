@@ -328,8 +328,10 @@ def test_a_repeated_prompt_is_prefilled_once_with_the_same_cache_and_logits(monk
     with torch.no_grad():
         once, each = cache(), cache()
         logits = decoder.prefill(w, ids[order], mask[order], once, cos, sin)
-        slow = torch.stack([real(w, ids[i:i + 1], mask[i:i + 1], c, cos, sin)[0]  # row by row, the slow way
-                            for i, c in ((int(j), tuple(x[r:r + 1] for x in each)) for r, j in enumerate(order))])
+        slow = []  # row by row, the slow way, each into its own row of `each`
+        for r, j in enumerate(order.tolist()):
+            slow.append(real(w, ids[j:j + 1], mask[j:j + 1], tuple(x[r:r + 1] for x in each), cos, sin)[0])
+        slow = torch.stack(slow)
     assert rows_run == [3]  # the three distinct prompts went through the layers, not ten rows
     torch.testing.assert_close(logits, slow, atol=1e-5, rtol=0)
     for a, b in zip(once, each):

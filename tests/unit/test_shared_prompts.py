@@ -16,15 +16,15 @@ from rlhfkit.train.forward import can_share_prompts, response_logits, shared_pro
 PAD = 0
 
 
-def model_and_batch(order, seed: int = 0):
-    torch.manual_seed(seed)
+def model_and_batch(order):
+    torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                          num_key_value_heads=2, intermediate_size=64, pad_token_id=PAD,
                                          initializer_range=0.2))
     prompts = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]  # ragged: left padding differs per prompt
     P, R = 5, 6
     rows = [prompts[i] for i in order]
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, R + 1, (len(rows),), generator=g)  # right-padded responses of different lengths
     resp = torch.randint(1, 64, (len(rows), R), generator=g) * (torch.arange(R)[None] < lengths[:, None])
     ids = torch.tensor([[PAD] * (P - len(p)) + p for p in rows])
