@@ -587,9 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # Ctrl-C, or a stop by SIGTERM / SIGUSR1 / another rank's failure (Stopped)
         sys.stdout.flush()
         stopped = err if isinstance(err, Stopped) else None
-        ckpt = _last_checkpoint(_STATE["run_dir"])
-        where = (f"; last checkpoint: {ckpt} (run the same command again to resume from it)" if ckpt
-                 else (f"; no checkpoint written yet in {_STATE['run_dir']}" if _STATE["run_dir"] else ""))
+        where = _resume_hint() or (f"; no checkpoint written yet in {_STATE['run_dir']}" if _STATE["run_dir"] else "")
         line = "interrupted" + where if stopped is None else stopped.message + ("" if stopped.names_checkpoint
                                                                                 else where)
         if is_main_rank() or stopped is None:  # a stop is the same on every rank: said once
@@ -598,9 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         if not who:
             raise  # a bug: its traceback
-        cause = f"{type(err).__name__}: {' '.join(str(err).split())[:200]}"
-        ckpt = _last_checkpoint(_STATE["run_dir"])
-        resume = f"; last checkpoint: {ckpt} (rerun the same command to resume from it)" if ckpt else ""
+        from .train.stop import one_line
+
+        cause, resume = one_line(err), _resume_hint()
         low = cause.lower()
         collective = isinstance(err, RuntimeError) or type(err).__module__.startswith("torch.distributed")
         if collective and ("timed out" in low or "timeout" in low):  # torch.distributed's collective timeout
@@ -619,6 +617,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if who:
             _end_process_group()
+
+
+def _resume_hint() -> str:
+    """"; last checkpoint: PATH (...)" after an early end, when the run wrote one; "" otherwise."""
+    ckpt = _last_checkpoint(_STATE["run_dir"])
+    return f"; last checkpoint: {ckpt} (run the same command again to resume from it)" if ckpt else ""
 
 
 def _end_process_group() -> None:
