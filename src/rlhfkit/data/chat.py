@@ -45,10 +45,10 @@ PROBE = [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "c
 TEMPLATE_FIX = "fix the template, or set model.chat_template to a file (or Jinja text) that renders"
 
 
-def template_failure(exc: Exception) -> str | None:
+def template_failure(exc: Exception, raised: bool = True) -> str | None:
     """What went wrong inside a Jinja chat template, in words, or None when ``exc`` is not a template error:
     a syntax error (with its template line), an operation the sandbox refuses, an undefined variable, or an
-    exception the template raised itself (``raise_exception``)."""
+    exception the template raised itself (``raise_exception``; None for that one unless ``raised``)."""
     try:
         from jinja2.exceptions import SecurityError, TemplateError, TemplateSyntaxError, UndefinedError
     except ImportError:  # pragma: no cover - transformers depends on jinja2
@@ -60,7 +60,7 @@ def template_failure(exc: Exception) -> str | None:
         return f"the Jinja sandbox refused an unsafe operation: {text}"
     if isinstance(exc, UndefinedError):
         return f"undefined variable: {text}"
-    if isinstance(exc, TemplateError):
+    if isinstance(exc, TemplateError) and raised:
         return f"the template raised an error: {text}"
     return None
 
@@ -91,9 +91,9 @@ def _render_or_raise(tok, messages: list[dict], add_generation_prompt: bool, whe
     try:
         return _render(tok, messages, add_generation_prompt)
     except Exception as exc:
-        failure = template_failure(exc)
+        failure = template_failure(exc, raised=False)  # a template's own raise_exception is about the record
         origin = getattr(tok, "rlhfkit_template_origin", None)
-        if failure and origin and not failure.startswith("the template raised"):  # the template's fault, not the
+        if failure and origin:  # the template's fault, not the
             raise ModelError(f"the chat template failed ({failure}) on the record at {where}", where=origin,
                              fix=TEMPLATE_FIX) from None  # record's: its syntax, sandbox or an undefined name
         raise DataError(
