@@ -167,7 +167,7 @@ def run_pipeline(cfg: PipelineConfig) -> dict:
 
 def _gold_table(cfg: PipelineConfig, stages) -> tuple[dict, dict]:
     """(gold metric per model, its sampled answers ``[(prompt, answer, score)]`` to the same held-out prompts)."""
-    from .config import ModelConfig
+    from .config import GenerationConfig, ModelConfig
     from .models.loading import load_causal_lm
     from .rollout import make_engine
     from .tasks import get_task
@@ -179,13 +179,12 @@ def _gold_table(cfg: PipelineConfig, stages) -> tuple[dict, dict]:
     models = [("untrained", cfg.base_model)] + [(n, c.output_dir) for n, r, c in stages if RECIPES[r].makes_policy]
     # the engine of the first stage that generates (its generation.engine, engine_kwargs and stop strings), built
     # once for every model measured
-    gen = next((c.generation for _, _, c in stages if hasattr(c, "generation")), None)
+    gen = next((c.generation for _, _, c in stages if hasattr(c, "generation")), GenerationConfig())
     engine = None
     for name, path in models:
         model, tok = load_causal_lm(ModelConfig(name=path), trainable=False, seed=0)
-        engine = engine or make_engine(gen.engine if gen else "auto", tok, model, batch_size=128,
-                                       engine_kwargs=gen.engine_kwargs if gen else None,
-                                       stop_strings=gen.stop_strings if gen else ())
+        engine = engine or make_engine(gen.engine, tok, model, batch_size=128, engine_kwargs=gen.engine_kwargs,
+                                       stop_strings=gen.stop_strings)
         result = gold_metric(model, tok, task, prompts, seed=1234, engine=engine)
         gold[name], answers[name] = result["gold"], result["samples"]
     return gold, answers
