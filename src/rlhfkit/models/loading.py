@@ -177,11 +177,13 @@ def _hub_kwargs() -> dict:
 def load_tokenizer_for(mcfg) -> object:
     source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
     tok = load_tokenizer(source)
-    origin = _template_origin(source, mcfg.name)
     if mcfg.chat_template:
         tpl = Path(mcfg.chat_template).expanduser()
-        tok.chat_template = tpl.read_text() if tpl.is_file() else mcfg.chat_template
-        origin = str(tpl) if tpl.is_file() else "model.chat_template"
+        from_file = tpl.is_file()
+        tok.chat_template = tpl.read_text() if from_file else mcfg.chat_template
+        origin = str(tpl) if from_file else "model.chat_template"
+    else:
+        origin = _template_origin(source, mcfg.name)
     check_chat_template(tok, origin)  # a broken template is named here, not blamed on the first data line
     return tok
 
