@@ -162,13 +162,24 @@ def prefill(w: Weights, ids: torch.Tensor, mask: torch.Tensor, cache: tuple[torc
     Causal attention over the real prompt tokens (SDPA with a boolean mask); a padding position attends to itself
     only, so no row of the softmax is empty (its output is never used: padding columns stay masked)."""
     B, P = ids.shape
-    distinct, inverse = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)
-    if len(distinct) < B:
-        logits = _prefill(w, distinct[:, :P], distinct[:, P:], cache, cos_tab, sin_tab)
+    first, inverse = distinct_rows(ids, mask)
+    if len(first) < B:
+        logits = _prefill(w, ids[first], mask[first], cache, cos_tab, sin_tab)
         for c in cache:
             c[:B, :, :P] = c[inverse, :, :P]  # the right side is a copy (advanced indexing): no overlap
         return logits[inverse]
     return _prefill(w, ids, mask, cache, cos_tab, sin_tab)
+
+
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of ``ids`` / ``mask`` [B, P] that repeat (a GRPO group's prompt): ``(first [U], inverse [B])``, the
+    index of one row of each distinct (ids, mask) pair and, per row, which of them it is (``ids[first][inverse]``
+    equals ``ids``). The static engine's prefill and the trainer's shared-prompt forward both run ``first`` only."""
+    B = ids.shape[0]
+    distinct, inverse = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)
+    first = torch.full((len(distinct),), B, dtype=torch.long, device=ids.device).scatter_reduce(
+        0, inverse, torch.arange(B, device=ids.device), "amin")
+    return first, inverse
 
 
 def _prefill(w: Weights, ids: torch.Tensor, mask: torch.Tensor, cache: tuple[torch.Tensor, ...],

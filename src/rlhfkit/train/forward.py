@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ..models.heads import token_values
+from ..rollout.decoder import distinct_rows
 
 
 def response_logits(model, batch: dict, temperature: float, share_prompts: bool = True) -> torch.Tensor:
@@ -32,10 +33,9 @@ def can_share_prompts(model) -> bool:
     drops the cache the responses attend to), a model whose every layer is full attention keeping every key (no
     sliding window, no linear-attention or recurrent layers), and with gradients only a model that no engine wraps
     (DDP, DeepSpeed, FSDP2 expect one forward per backward)."""
-    wrapped = hasattr(model, "module") or isinstance(model, FSDPModule)
-    if wrapped and torch.is_grad_enabled():
+    lm = getattr(model, "module", model)  # DDP / DeepSpeed's wrapped model
+    if (lm is not model or isinstance(model, FSDPModule)) and torch.is_grad_enabled():
         return False
-    lm = model.module if hasattr(model, "module") else model
     cfg = getattr(lm, "config", None)
     flag = next((n for n in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(lm), n)),
                 None)  # transformers 5.23 renamed it (the old name warns)
@@ -62,12 +62,9 @@ def shared_prompt_logits(model, batch: dict) -> torch.Tensor | None:
     P = ids.shape[1] - R
     if P < 1 or R < 1:
         return None
-    distinct, inverse = torch.unique(torch.cat([ids[:, :P], mask[:, :P].long()], 1), dim=0, return_inverse=True)
-    U = len(distinct)
-    if U == B:
+    first, inverse = distinct_rows(ids[:, :P], mask[:, :P])  # a row of each distinct prompt
+    if len(first) == B:
         return None
-    first = torch.full((U,), B, dtype=torch.long, device=ids.device).scatter_reduce(
-        0, inverse, torch.arange(B, device=ids.device), "amin")  # a row of each distinct prompt
     out = model(input_ids=ids[first, :P], attention_mask=mask[first, :P], position_ids=pos[first, :P], use_cache=True,
                 logits_to_keep=1)
     if out.past_key_values is not None and any(type(layer) is not DynamicLayer for layer in out.past_key_values.layers):
