@@ -32,6 +32,9 @@ class UserError(Exception):
         self.fix = fix
         super().__init__(self.one_line())
 
+    def __str__(self) -> str:  # what it says now: a reader may place it later (``where`` set to file:line)
+        return self.one_line()
+
     def one_line(self) -> str:
         parts = []
         if self.where:
@@ -48,6 +51,7 @@ class ConfigError(UserError):
 
     def __init__(self, message: str, *, where: str | None = None, fix: str | None = None, key: str | None = None):
         self.key = key
+        self.located = False  # set when the config reader has placed it at a file:line
         super().__init__(message, where=where, fix=fix)
 
 

@@ -103,7 +103,6 @@ def plan_stages(cfg: PipelineConfig) -> list[tuple[str, str, object]]:
                 err.key = f"{where}.config.{err.key}"
             elif is_key(err.where):  # a cross-field check placed by its key (where=algo.num_generations)
                 err.where = f"{where}.config.{err.where}"
-                err.args = (err.one_line(),)
             raise
         planned.append((name, recipe, stage_cfg))
         if spec.family == "reward":

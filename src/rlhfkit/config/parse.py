@@ -305,7 +305,7 @@ def locate(err: ConfigError, path: str | Path | None, overrides=()) -> ConfigErr
     dotted key) was written in the config file ``path`` and not set again by a command-line override; the rest of
     the message is unchanged (an error placed by a key, ``where=key``, keeps the key after the line). Errors about
     overrides, or keys the file does not hold, are returned as they were."""
-    if path is None or getattr(err, "located", False):
+    if path is None or err.located:
         return err
     key = err.key or (err.where if is_key(err.where) else None)
     if not key:
@@ -326,7 +326,6 @@ def locate(err: ConfigError, path: str | Path | None, overrides=()) -> ConfigErr
         return err
     err.where = f"{path}:{line}" if err.key else f"{path}:{line}: {err.where}"
     err.located = True
-    err.args = (err.one_line(),)
     return err
 
 
