@@ -127,10 +127,6 @@ def main() -> None:
             return "OK", (f"{Bg * R_gen / t:,.0f} tok/s ({t:.2f} s/call; first call {first:.1f} s, of which "
                           f"compile / capture ~{max(0.0, first - t):.1f} s){note}")
 
-    for label, eng in engines.items():
-        for Bg in gen_batches:
-            engine_row(label, eng, Bg)
-
     # (h) rollout correctness on this device and dtype (bf16 on CUDA: other kernels may flip near-tied logits)
     Bc, Rc = (4, 12) if quick else (64, 64)
     cprompts = torch.randint(3, V, (Bc, 32), generator=g).tolist()
@@ -177,6 +173,11 @@ def main() -> None:
                            for m, x in errs.values())
         text = "; ".join(f"{label.split(' (')[0]}: mean {m:.1e} max {x:.1e}" for label, (m, x) in errs.items())
         return ("PASS" if ok else "FAIL"), f"|logprob - recomputed| {text}; same seed reproduces: {repro}"
+
+    # (c) after (h): correctness first, so a run cut short by its time limit has it
+    for label, eng in engines.items():
+        for Bg in gen_batches:
+            engine_row(label, eng, Bg)
 
     @check("(d1) ratio token_logprobs vs naive")
     def _():
