@@ -218,7 +218,11 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
 
     common = [f"model.name={model}", f"output_dir={out_dir}", f"train.max_steps={steps}", "train.log_every=1",
               "train.save_every=0", "track.report=false", "track.progress=false", "train.seed=0",
-              "train.resume=never", "data.eval_fraction=0", "train.eval_every=0", f"model.dtype={s['dtype']}",
+              "train.resume=never", "data.eval_fraction=0", "train.eval_every=0",
+              # TRL loads the checkpoint's float32 weights and trains them under bf16 autocast (bf16=True): the same
+              # here (model.dtype=auto: float32 master weights, bf16 autocast on CUDA); rlhfkit's frozen reference is
+              # bf16, TRL's is loaded like the policy (float32, run under autocast)
+              f"model.dtype={'auto' if s['dtype'] == 'bfloat16' else s['dtype']}",
               "optim.schedule=constant", "optim.warmup_steps=0"]
     if recipe in ("grpo", "rloo"):
         batch = s["prompts"] * s["k"]
@@ -229,6 +233,7 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
             "algo.kl.estimator=k3", "algo.loss_aggregation=seq_mean_token_mean", "generation.temperature=1.0",
             f"generation.max_new_tokens={s['max_new']}", f"data.max_length={s['max_new'] + 128}",
             "reward.functions=[{fn: 'bench/vs_trl.py:reward'}]", "reward.missing_eos_penalty=0",
+            "reward.clip=null",  # TRL does not clip scores (rlhfkit's default 10 tied every forced-length group)
             f"algo.total_episodes={steps * batch}", "track.sample_every=0",  # online runs are sized in episodes
         ]
         if s["force_length"]:
