@@ -26,8 +26,9 @@ num_iterations=1``; rlhfkit ``ppo_epochs=1`` and one mini-batch), clip epsilon 0
 (TRL ``scale_rewards="group"``; rlhfkit's ``grpo`` estimator), the loss averaged per sequence then over the batch
 (TRL ``loss_type="grpo"``; rlhfkit ``seq_mean_token_mean``), KL to the reference with beta (k3, in the loss).
 TRL's own defaults that differ from the values set here: ``beta=0.0`` (we set ``--beta``, default 0.04, in both),
-``loss_type="dapo"``, ``learning_rate=1e-6``, a linear schedule, ``max_completion_length=256``; rlhfkit's defaults
-that differ: ``algo.kl.coef``, ``reward.missing_eos_penalty`` (set to 0 here), ``train.batch_size``.
+``loss_type="dapo"``, ``learning_rate=1e-6`` (we set ``--lr``, default 5e-6, in both), a linear schedule,
+``max_completion_length=256``; rlhfkit's defaults that differ: ``algo.kl.coef``, ``reward.missing_eos_penalty`` (set
+to 0 here), ``reward.clip`` (off here), ``train.batch_size``.
 """
 
 from __future__ import annotations
@@ -125,6 +126,7 @@ def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> N
         "algo.loss_aggregation=seq_mean_token_mean", "generation.temperature=1.0",
         f"generation.max_new_tokens={s['max_new']}", f"data.max_length={s['max_new'] + 128}",
         "reward.functions=[{fn: 'bench/learning.py:reward'}]", "reward.missing_eos_penalty=0",
+        "reward.clip=null",  # TRL does not clip scores (a no-op here: the verifier's scores are in [0, 1])
         f"algo.total_episodes={s['steps'] * batch}", "track.sample_every=0",
     ]
     RECIPES["grpo"].run(build_config("grpo", {}, over, source="learning"))
@@ -231,7 +233,8 @@ def main() -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--seeds", default="3", help="how many training seeds (N: 0..N-1), or which (e.g. 2,3)")
     p.add_argument("--steps", type=int, default=None, help="optimizer updates per run (default 60; --quick 2)")
-    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--lr", type=float, default=5e-6, help="constant learning rate (default 5e-6: the run of record; "
+                   "TRL's default 1e-6 was not run)")
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--samples", type=int, default=4, help="sampled answers per held-out problem")
     p.add_argument("--high", type=int, default=20, help="largest number in the problems")
