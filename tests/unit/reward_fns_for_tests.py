@@ -123,3 +123,8 @@ def pays_for_long(prompts, completions, **fields):
 def pays_for_target_length(prompts, completions, **fields):
     """1 at 40 characters, falling linearly with the distance (bench/vs_trl.py's reward): very negative for 4,000."""
     return [1.0 - abs(len(c) - 40) / 40 for c in completions]
+
+
+def far_below_clip(prompts, completions, **fields):
+    """Scores in [-30, -20] (more for longer answers, up to 10 characters): all beyond the default clip of 10."""
+    return [-30.0 + min(len(c.strip()), 10) for c in completions]

@@ -104,3 +104,21 @@ def test_one_kind_scored_far_below_the_rest_does_not_make_the_others_high():
     assert "prompt_echo" in high and "format_only" in high
     assert not high & {"empty", "whitespace", "repetition", "answer_repeated", "reference_only"}
     assert report.bugs == []
+
+
+def test_scores_beyond_the_clip_are_a_warning_before_the_run():
+    from types import SimpleNamespace
+
+    from rlhfkit.rewards.lint import clip_of
+
+    combo = CombinedRewards([f"{FNS}:far_below_clip"])
+    report = lint_rewards(combo, PROMPTS, ROWS, clip=10.0)  # every lint completion scores in [-30, -20]
+    assert len(report.warnings) == 1 and "reward.clip=10" in report.warnings[0] and report.bugs == []
+    assert any(line.startswith("warning: ") and "the clip ties such scores" in line for line in report.lines())
+    assert lint_rewards(combo, PROMPTS, ROWS, clip=30.0).warnings == []  # a clip wide enough
+    assert lint_rewards(combo, PROMPTS, ROWS).warnings == []  # reward.clip=null
+    # a length reward (-98 for the 4,000-character repetition) reaches the clip on a few kinds only: no warning
+    assert lint_rewards(CombinedRewards([f"{FNS}:pays_for_target_length"]), PROMPTS, ROWS, clip=10.0).warnings == []
+    # reward.normalize rescales the scores before the clip: the raw scale does not meet it
+    assert clip_of(SimpleNamespace(normalize=True, clip=10.0)) is None
+    assert clip_of(SimpleNamespace(normalize=False, clip=10.0)) == 10.0

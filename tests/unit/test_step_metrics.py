@@ -69,3 +69,18 @@ def test_one_process_needs_no_gather_and_skips_tied_groups_without_groups():
     e = _exp(2)
     assert got["objective/rlhf_reward"] == pytest.approx(e.scores.mean().item())  # no KL in the reward
     assert got["val/num_eos_tokens"] == float(e.rollout.ended.sum())
+
+
+def test_clipped_fraction_counts_kept_scores_at_the_clip():
+    e = _exp(3)
+    e.scores = torch.tensor([10.0, -10.0, 9.99, 0.0, -12.0, 10.0, 3.0, 10.0])  # shaped scores after the clip
+    e.valid = torch.tensor([True, True, True, True, True, True, True, False])  # the last was dropped
+    acc = SimpleNamespace(num_processes=1, gather=None)
+    got = rollout_metrics(acc, e, kl_coef=0.0, kl_in_reward=False, group_size=4, group_based=True, clip=10.0)
+    assert got["rewards/clipped_frac"] == pytest.approx(4 / 8)  # 10, -10, -12, 10 of the 8 (not 9.99, not dropped)
+    assert got["rewards/tied_groups_frac"] == pytest.approx(0.0)  # the tied column keeps its place beside it
+    assert "rewards/clipped_frac" not in rollout_metrics(acc, e, kl_coef=0.0, kl_in_reward=False, group_size=4,
+                                                         group_based=True)  # reward.clip=null: not logged
+    e.valid = None  # an experience before any sample was dropped
+    assert rollout_metrics(acc, e, kl_coef=0.0, kl_in_reward=False, group_size=1, group_based=False,
+                           clip=10.0)["rewards/clipped_frac"] == pytest.approx(5 / 8)

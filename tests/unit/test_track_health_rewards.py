@@ -42,3 +42,10 @@ def test_most_groups_tied_for_many_steps():
     # one informative step in between resets the count
     broken = [{"rewards/tied_groups_frac": f} for f in [0.9] * 9 + [0.3] + [0.9] * 9]
     assert warnings_of(broken, tied_steps=10) == []
+
+
+def test_most_scores_at_the_clip_warns_once_per_window():
+    seq = [{"rewards/clipped_frac": f} for f in (0.0, 0.2, 0.49, 0.5, 1.0, 1.0)]
+    assert warnings_of(seq) == [(3, "scores_clipped")]  # from half of the scores; not repeated within 10 steps
+    assert warnings_of(seq, clipped_frac=0.9) == [(4, "scores_clipped")]
+    assert warnings_of([{"objective/scores": 1.0}] * 3) == []  # reward.clip=null: no metric, no warning

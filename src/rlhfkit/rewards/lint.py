@@ -23,6 +23,10 @@ mean the reward gave any kind. That is a
 warning, not an error: ``reference_only`` scoring high may be what the task wants. Exit 2 (``LintReport.bugs``) is
 kept for what is certainly a bug: the empty (or whitespace-only) completion getting the highest total of all the
 kinds while some kind gets less — a policy trained on it learns to say nothing.
+
+Given the run's ``reward.clip`` (and no ``reward.normalize``, which rescales the scores before the clip), the lint
+also warns when half or more of its completions score at or beyond +-clip: the scores are then on another scale
+than the clip, which ties them (a reward in characters, a reward model's logits against the default clip of 10).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class LintReport:
 
     means: dict[str, dict[str, float]] = field(default_factory=dict)
     high: list[tuple[str, str, float]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     bugs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -93,9 +98,10 @@ class LintReport:
             out.append(f"{reward:<{width}}  {cells}")
         for reward, kind, mean in self.high:
             out.append(f"warning: {reward} pays for {kind} completions (mean {mean:.3g}): a policy can learn that")
+        out += [f"warning: {w}" for w in self.warnings]
         out += [f"note: {n}" for n in self.notes]
         out += [f"error: {b}" for b in self.bugs]
-        if not self.high and not self.bugs:
+        if not self.high and not self.bugs and not self.warnings:
             out.append("no adversarial completion scores high")
         return out
 
@@ -111,9 +117,10 @@ def _cell(value: float | None) -> str:
 
 
 def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: str = "answer",
-                 max_prompts: int = 4) -> LintReport:
+                 max_prompts: int = 4, clip: float | None = None) -> LintReport:
     """Score the adversarial completions of the first ``max_prompts`` prompts with ``combo`` (a
-    :class:`~rlhfkit.rewards.functions.CombinedRewards`) and judge them (module docstring)."""
+    :class:`~rlhfkit.rewards.functions.CombinedRewards`) and judge them (module docstring); ``clip``: the run's
+    ``reward.clip`` when its scores are clipped as they come (no ``reward.normalize``)."""
     batch_prompts, batch_rows, kinds = [], [], []
     for prompt, row in list(zip(prompts, rows))[:max_prompts]:
         ref = row.get(field)
@@ -146,6 +153,12 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
             continue
         lo, hi = _low_end(finite), max(finite)
         report.high += [(reward, k, m) for k, m in means.items() if not math.isnan(m) and m >= lo + 0.5 * (hi - lo)]
+    totals = [t for t, v in zip(scores.total.tolist(), scores.valid.tolist()) if v and math.isfinite(t)]
+    at_clip = sum(abs(t) >= clip for t in totals) if clip is not None else 0
+    if totals and at_clip >= 0.5 * len(totals):
+        report.warnings.append(f"{at_clip} of the {len(totals)} lint completions score at or beyond reward.clip="
+                               f"{clip:g} (e.g. {totals[0]:.3g}): the clip ties such scores, so groups tie and nothing "
+                               "is learned; raise reward.clip, set reward.normalize=true, or reward.clip=null")
     total_name = "total" if "total" in report.means else next(iter(report.means))
     total = report.means[total_name]
     finite = {k: m for k, m in total.items() if not math.isnan(m)}
@@ -197,7 +210,13 @@ def lint_config(cfg, max_prompts: int = 4) -> LintReport:
     with combo:
         prompts, rows = [r["prompt"][-1]["content"] for r in records], [_fields(r) for r in records]
         combo.probe(prompts, rows)
-        return lint_rewards(combo, prompts, rows, max_prompts=max_prompts)
+        return lint_rewards(combo, prompts, rows, max_prompts=max_prompts, clip=clip_of(cfg.reward))
+
+
+def clip_of(reward_cfg) -> float | None:
+    """The clip the raw scores meet as they are (``reward.clip``), or None when ``reward.normalize`` rescales them
+    first (or there is no clip)."""
+    return None if reward_cfg.normalize else reward_cfg.clip
 
 
 def _fields(record) -> dict:
@@ -205,16 +224,17 @@ def _fields(record) -> dict:
 
 
 def probe_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, lint: bool = True, say=print,
-                  max_prompts: int = 2) -> LintReport | None:
+                  max_prompts: int = 2, clip: float | None = None) -> LintReport | None:
     """What a run does with its reward functions before any weights load: set them up in their workers and check
     their output on placeholder completions (:meth:`~rlhfkit.rewards.functions.CombinedRewards.probe`), then (with
-    ``lint``) the reward lint on ``max_prompts`` prompts: its warnings are printed with ``say``, a certain bug raises
+    ``lint``) the reward lint on ``max_prompts`` prompts (``clip``: :func:`clip_of` the run's reward config): its
+    warnings are printed with ``say``, a certain bug raises
     :class:`~rlhfkit.errors.RewardError`. The workers are stopped when this raises."""
     try:
         combo.probe(list(prompts[:4]), list(rows[:4]))
         if not lint:
             return None
-        report = lint_rewards(combo, prompts, rows, max_prompts=max_prompts)
+        report = lint_rewards(combo, prompts, rows, max_prompts=max_prompts, clip=clip)
         for line in report.lines()[2 + len(report.means):]:
             say(f"[reward lint] {line}")
         report.raise_on_bug()

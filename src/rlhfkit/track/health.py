@@ -430,6 +430,17 @@ def tied_groups(m: dict[str, float], prev: History, mon: HealthMonitor) -> str |
     return None
 
 
+def scores_clipped(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """At least ``mon.clipped_frac`` of a step's scores sat at +-``reward.clip``: the clip erased their differences,
+    so groups tie and advantages shrink (a reward on another scale than the clip, e.g. a reward model's logits or a
+    length reward in characters, against the default clip of 10)."""
+    frac = m.get("rewards/clipped_frac")
+    if frac is None or frac < mon.clipped_frac:
+        return None
+    return (f"{frac:.0%} of this step's scores were clipped to +-reward.clip: their differences are lost (groups tie, "
+            "advantages shrink); raise reward.clip, set reward.normalize=true, or reward.clip=null")
+
+
 # ── rules over the generated texts ─────────────────────────────────────────────────────────────────────────────
 
 
@@ -516,6 +527,7 @@ RULES: dict[str, Rule] = {
     "reward_hacking": Rule(reward_hacking, WARNING, "algo.kl.coef"),
     "length_to_limit": Rule(length_to_limit, WARNING, "algo.overlong.cache_len"),
     "tied_groups": Rule(tied_groups, WARNING, "algo.num_generations"),
+    "scores_clipped": Rule(scores_clipped, WARNING, "reward.clip"),
     "dynamic_sampling_starved": Rule(dynamic_sampling_starved, WARNING, "algo.dynamic_sampling.max_draws"),
     "loss_rising": Rule(loss_rising, CRITICAL, "optim.lr"),
     "loss_at_uniform": Rule(loss_at_uniform, CRITICAL, "optim.lr"),
@@ -547,13 +559,13 @@ class HealthMonitor(StagedFile):
                  max_response_len: int | None = None, length_frac: float = 0.85, hack_drop: float = 0.25,
                  tied_frac: float = 0.8, tied_steps: int = 10, vocab_size: int | None = None, kl_warn: float = 10.0,
                  loss_rise: float = 2.0, loss_rise_floor: float = 0.5, uniform_tol: float = 0.05,
-                 grad_factor: float = 10.0, grad_floor: float = 1.0):
+                 grad_factor: float = 10.0, grad_floor: float = 1.0, clipped_frac: float = 0.5):
         self.window, self.repeat_every, self.batch_size = window, repeat_every, batch_size
         self.kl_max, self.kl_token_max, self.kl_factor, self.kl_floor = kl_max, kl_token_max, kl_factor, kl_floor
         self.kl_token_warn, self.length_growth = kl_token_warn, length_growth
         self.repetition_max, self.gibberish_max, self.texts_frac = repetition_max, gibberish_max, texts_frac
         self.max_response_len, self.length_frac, self.hack_drop = max_response_len, length_frac, hack_drop
-        self.tied_frac, self.tied_steps = tied_frac, tied_steps
+        self.tied_frac, self.tied_steps, self.clipped_frac = tied_frac, tied_steps, clipped_frac
         self.vocab_size, self.kl_warn, self.uniform_tol = vocab_size, kl_warn, uniform_tol
         self.loss_rise, self.loss_rise_floor, self.grad_factor, self.grad_floor = (loss_rise, loss_rise_floor,
                                                                                    grad_factor, grad_floor)
@@ -600,7 +612,7 @@ class HealthMonitor(StagedFile):
                 f"response length above {fmt(self.length_growth)}x its start, or at {fmt(self.length_frac)} of the "
                 "limit and rising with the reward; scores falling by half from their best; the held-out score "
                 f"falling by {fmt(self.hack_drop)} while the training score rises; {fmt(self.tied_frac)} of the groups "
-                f"tied for {self.tied_steps} steps; "
+                f"tied for {self.tied_steps} steps; {fmt(self.clipped_frac)} of a step's scores at +-reward.clip; "
                 "per-token entropy below 10% or above 3x its start (or near ln |V|); every group tied after dynamic "
                 "sampling; the importance ratio outside [0.5, 2]; "
                 f"a training loss above {fmt(self.loss_rise)}x its start, a per-token loss at or above ln |V|, the "

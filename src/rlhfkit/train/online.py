@@ -49,7 +49,7 @@ from ..models.loading import (
 from ..models.tokenizer import check_same_tokenizer
 from ..rewards import RewardModelScorer
 from ..rewards.functions import rewards_from_config
-from ..rewards.lint import probe_rewards
+from ..rewards.lint import clip_of, probe_rewards
 from ..rollout import SamplingParams, build_engine, decode_responses
 from ..track import NO_PHASES, Phases, PhaseTimer, Progress
 from .checkpoint import rng_state, set_rng_state
@@ -101,7 +101,7 @@ class OnlineTrainer:
                 head = self.records[0][:4]
                 probe_rewards(self.functions, [r["prompt"][-1]["content"] for r in head],
                               [{k: v for k, v in r.items() if k != "prompt"} for r in head], lint=cfg.reward.lint,
-                              say=run.print)
+                              say=run.print, clip=clip_of(cfg.reward))
             self._load_models()
             self._load_data()
         except BaseException:
@@ -662,7 +662,7 @@ class OnlineTrainer:
         return {
             **exp.reward_metrics,
             **rollout_metrics(self.acc, exp, kl_coef=self.kl_ctl.value, kl_in_reward=self.kl_in_reward,
-                              group_size=self.k, group_based=self.estimator.group_based),
+                              group_size=self.k, group_based=self.estimator.group_based, clip=self.cfg.reward.clip),
             **{k: v for k, v in self.engine.take_stats().items() if v},  # time/rollout_compile when it compiled
             "lr": self.sched.get_last_lr()[0], "episode": step * per_step,
             "eps": step * per_step / max(time.time() - t0, 1e-6)}

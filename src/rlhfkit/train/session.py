@@ -400,8 +400,9 @@ class Session:
             f"no update of the {g.name} was applied in this run: {g.skipped} skipped for a non-finite loss or "
             f"gradient, {g.empty} without any learning signal (every sample dropped, every group tied and filtered, "
             "every token filtered); no final model saved", where=str(self.run.run_dir),
-            fix="see rewards/dropped, rewards/tied_groups_frac, train/skipped_updates in metrics.jsonl: fix the "
-                "rewards / environment, lower optim.lr, or turn off the filter that removes every sample")
+            fix="see rewards/dropped, rewards/tied_groups_frac, rewards/clipped_frac, train/skipped_updates in "
+                "metrics.jsonl: fix the rewards / environment, raise reward.clip (or null) if it ties the scores, "
+                "lower optim.lr, or turn off the filter that removes every sample")
 
     # ── 4. checkpoints ───────────────────────────────────────────────────────────────────────────────────────
     def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict) -> Path | None:

@@ -14,11 +14,14 @@ import torch
 from .. import algos
 
 
-def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size: int, group_based: bool) -> dict:
+def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size: int, group_based: bool,
+                    clip: float | None = None) -> dict:
     """TRL's rollout metrics of ``exp`` (an ``Experience`` after its advantages): ``objective/scores``,
     ``objective/entropy`` (sum of the sampled tokens' negative log-probs), ``objective/rlhf_reward`` (score +
     the KL penalty when it is in the reward), ``val/num_eos_tokens``, ``val/eos_frac``, ``response/length_mean`` /
-    ``_std`` and, for group estimators, ``rewards/tied_groups_frac``. Every process must call it (one gather)."""
+    ``_std``, for group estimators ``rewards/tied_groups_frac`` and, with ``clip`` (``reward.clip``),
+    ``rewards/clipped_frac``: the fraction of the samples whose shaped score sits at +-clip (kept samples only), whose
+    differences the clip erased. Every process must call it (one gather)."""
     mask = exp.action  # the model's own tokens
     entropy = (-exp.old_logprobs * mask).sum(-1)
     non_score = -(kl_coef * exp.kl * mask).sum(-1) if kl_in_reward else torch.zeros_like(entropy)
@@ -26,6 +29,9 @@ def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size:
     tied = group_based and group_size >= 2
     if tied:  # per sample: its group's value, so the mean over samples is the fraction of groups (equal sizes)
         columns.append(algos.group_all_tied(exp.scores, group_size, valid=exp.valid))
+    if clip is not None:
+        at_clip = exp.scores.abs() >= clip
+        columns.append(at_clip if exp.valid is None else at_clip & exp.valid)
     local = torch.stack([c.detach().float().reshape(-1) for c in columns], dim=1)
     every = acc.gather(local) if acc.num_processes > 1 else local
     scores, ent, rlhf, ended, lengths = (every[:, i] for i in range(5))
@@ -36,4 +42,7 @@ def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size:
     if tied:
         names.append("rewards/tied_groups_frac")
         values.append(every[:, 5].mean())
+    if clip is not None:
+        names.append("rewards/clipped_frac")
+        values.append(every[:, -1].mean())
     return dict(zip(names, torch.stack(values).tolist()))  # one device-to-host copy for all of them
