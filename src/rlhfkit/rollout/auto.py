@@ -1,5 +1,5 @@
 """``generation.engine=auto`` (the default): per device type, the engine expected fastest, compile time included
-(measured on CPU; on CUDA not yet measured on a GPU, see below).
+(measured on CPU; on CUDA measured in part, see below).
 
 :data:`TABLE` maps a device type to an engine and its settings, for a model the static engine covers
 (:func:`~.decoder.coverage`: Llama, Qwen2, Mistral without sliding window; the built-in tiny model is a Llama); any
@@ -29,8 +29,16 @@ from another measurement). Issue 18's H100 measurement (SmolLM2-135M shape, bf16
 CUDA graph 17,079 tok/s. Eager decoding of a small model is bound by kernel launches, which the graph removes without
 a compile (capturing a step takes milliseconds), so auto is expected never to be slower than hf, compile time
 included. ``bench/gpu_check.py``'s rows (c) measure it against hf, and whether ``torch.compile`` on top pays within
-one run ("static: compiled + CUDA graphs" against "static: CUDA graphs (= auto)", compile time apart); not yet run on
-a GPU for this table.
+one run ("static: compiled + CUDA graphs" against "static: CUDA graphs (= auto)", compile time apart).
+
+Measured in part on an H100 (2026-11-24, torch 2.11.0+cu130, transformers 5.17.0; ``bench/gpu_check.py --only h,c``,
+cut by its time limit after five (c) rows): the engine is correct there (greedy within bf16 near-ties of hf, graph
+replay equal to the plain step, sampled log-probs equal to the recomputed ones); at batch 8 x 256 new tokens eager
+``generate`` 266 tok/s, ``generate`` + static cache + compile 1,976 (41 s compile), ours compiled with graphs 4,438
+(41 s compile + capture); at batch 64, ``generate`` 1,680 and ``generate`` + static cache + compile 12,808 (63 s
+compile). Inside a GRPO step at batch 64 (``bench/vs_trl.py --device cuda``) auto's choice generated ~9,100 tok/s,
+prefill and sampling included. Not yet measured: our engine at batch 64 alone, compiled and not, so whether
+compiling pays there within one run is open; auto keeps the uncompiled graphs (no compile wait) until it is.
 """
 
 from __future__ import annotations
