@@ -128,3 +128,19 @@ def pays_for_target_length(prompts, completions, **fields):
 def far_below_clip(prompts, completions, **fields):
     """Scores in [-30, -20] (more for longer answers, up to 10 characters): all beyond the default clip of 10."""
     return [-30.0 + min(len(c.strip()), 10) for c in completions]
+
+
+class RecordsSetup:
+    """A reward with a slow constructor that records, per worker process, when it started and ended."""
+
+    def __init__(self, path: str, seconds: float = 1.5):
+        import os
+        import time
+
+        start = time.time()
+        time.sleep(seconds)
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {start} {time.time()}\n")
+
+    def __call__(self, prompts, completions, **fields):
+        return [0.0] * len(completions)

@@ -137,3 +137,35 @@ def test_pool_runs_calls_concurrently():
         out = pool.map("sleep", [((1.0,), {})] * 2)
         assert all(o.ok for o in out)
         assert time.perf_counter() - t0 < 1.9  # two one-second calls on two workers overlap
+
+
+def test_pool_sets_its_workers_up_side_by_side_and_closes_them(tmp_path):
+    # each child's constructor runs while the other's does: the pool is ready in one set-up's time, not two
+    log = tmp_path / "setups.txt"
+    pool = WorkerPool(2, 30)
+    pool.setup("slow", f"{FNS}:RecordsSetup", {"path": str(log)})
+    rows = [line.split() for line in log.read_text().splitlines()]
+    assert len({pid for pid, _, _ in rows}) == 2  # one per worker
+    starts, ends = [float(s) for _, s, _ in rows], [float(e) for _, _, e in rows]
+    assert max(starts) < min(ends)  # the two set-ups overlapped
+    # a second set-up goes to the running children (no restart) and a failing one leaves no child behind
+    pool.setup("sleep", "time:sleep")
+    assert all(o.ok for o in pool.map("sleep", [((0.0,), {})] * 2)) and all(w.restarts == 0 for w in pool.workers)
+    with pytest.raises(RewardError, match="no_such_function"):
+        pool.setup("bad", f"{FNS}:no_such_function")
+    assert all(w.proc is None for w in pool.workers)  # killed: they restart with every set-up on their next use
+    pool.workers[0].setups.pop("bad")
+    pool.workers[1].setups.pop("bad")
+    assert all(o.ok for o in pool.map("sleep", [((0.0,), {})] * 2))  # restarted, set-ups replayed
+    pool.close()
+    assert all(w.proc is None for w in pool.workers)
+
+
+def test_importing_a_task_for_its_reward_does_not_import_torch():
+    # a reward worker imports the user's reward module: rlhfkit.tasks.quickstart must not pull in the rollout engines
+    import subprocess
+    import sys
+
+    code = "import sys, rlhfkit.tasks.quickstart, rlhfkit.envs; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -89,6 +89,10 @@ class _Setup:
     kwargs: dict = field(default_factory=dict)
     label: str = ""
 
+    @classmethod
+    def of(cls, key: str, spec: Any, kwargs: dict | None, label: str | None) -> _Setup:
+        return cls(key, _portable(spec, label or str(spec)), dict(kwargs or {}), label or str(spec))
+
 
 def _portable(spec: Any, label: str) -> Any:
     """What a child is sent to load ``spec``: the spec string, or the pickled callable (refused with one line when
@@ -113,6 +117,7 @@ class Worker:
         self.recv_conn: Connection | None = None
         self.setups: dict[str, _Setup] = {}
         self.restarts = 0
+        self._starting = False  # launched, its start not yet answered
 
     # ── life cycle ───────────────────────────────────────────────────────────────────────────────────────────
     @property
@@ -121,8 +126,13 @@ class Worker:
 
     def start(self) -> None:
         """Start the child (if not running) and replay every set-up; a set-up that fails raises its error."""
+        if self.launch():
+            self.settle(list(self.setups.values()))
+
+    def launch(self) -> bool:
+        """Spawn the child and send it this process's path, without waiting for it (False: it was running)."""
         if self.alive:
-            return
+            return False
         self.kill()
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
@@ -137,9 +147,24 @@ class Worker:
             os.close(rep_w)
         self.send_conn, self.recv_conn = Connection(req_w, readable=False), Connection(rep_r, writable=False)
         self._send(("path", list(sys.path), os.getcwd()))
-        self._reply(SETUP_TIMEOUT_S, "start")
-        for s in self.setups.values():
-            self._load(s)
+        self._starting = True
+        return True
+
+    def send_setups(self, setups: Sequence[_Setup]) -> None:
+        """Send each set-up to the child, without waiting for it (:meth:`settle` collects the replies)."""
+        for s in setups:
+            self._send(("setup", s.key, s.spec, s.kwargs, s.label))
+
+    def settle(self, setups: Sequence[_Setup], sent: bool = False) -> None:
+        """The replies of a launch (when one is pending) and of ``setups`` (sent now unless ``sent``), in order; a
+        set-up that fails raises its error."""
+        if not sent:
+            self.send_setups(setups)
+        if self._starting:
+            self._reply(SETUP_TIMEOUT_S, "start")
+            self._starting = False
+        for s in setups:
+            self._reply(SETUP_TIMEOUT_S, f"setting up {s.label}")
 
     def kill(self) -> None:
         """Kill the child and everything it started (its process group); idempotent."""
@@ -155,18 +180,29 @@ class Worker:
                 with _suppress():
                     conn.close()
         self.proc = self.send_conn = self.recv_conn = None
+        self._starting = False
 
     def close(self) -> None:
+        self.ask_exit()
+        self.reap()
+
+    def ask_exit(self) -> None:
+        """Tell the child to exit, without waiting (:meth:`reap` waits)."""
         if self.alive:
             with _suppress():
                 self._send(("exit",))
+
+    def reap(self) -> None:
+        """Wait up to 2 s for a child told to exit (an interpreter with torch takes about 0.7 s), then kill it."""
+        if self.alive:
+            with _suppress():
                 self.proc.wait(timeout=2)
         self.kill()
 
     # ── set-ups and calls ────────────────────────────────────────────────────────────────────────────────────
     def setup(self, key: str, spec: Any, kwargs: dict | None = None, label: str | None = None) -> None:
         """Load ``spec`` under ``key`` in the child (now if it runs, and after every restart)."""
-        s = _Setup(key, _portable(spec, label or str(spec)), dict(kwargs or {}), label or str(spec))
+        s = _Setup.of(key, spec, kwargs, label)
         self.setups[key] = s
         if self.alive:
             self._load(s)
@@ -194,8 +230,7 @@ class Worker:
 
     # ── internals ────────────────────────────────────────────────────────────────────────────────────────────
     def _load(self, s: _Setup) -> None:
-        self._send(("setup", s.key, s.spec, s.kwargs, s.label))
-        self._reply(SETUP_TIMEOUT_S, f"setting up {s.label}")
+        self.settle([s])
 
     def _send(self, message: tuple) -> None:
         try:
@@ -243,8 +278,23 @@ class WorkerPool:
             obj = load_reward_function(spec) if isinstance(spec, str) else spec
             self.local[key] = _bind(instantiate(obj, dict(kwargs or {}), label or str(spec)), kwargs)
             return
-        for w in self.workers:
-            w.setup(key, spec, kwargs, label)
+        s = _Setup.of(key, spec, kwargs, label)
+        # 1. every worker gets what it has to load (a new child: all its set-ups) before any reply is awaited, so
+        #    the children start and import side by side: the pool is ready in one child's time, not n (each child
+        #    imports the user's code, often torch: ~2 s)
+        todo = {}
+        try:
+            for w in self.workers:
+                w.setups[key] = s
+                todo[w] = list(w.setups.values()) if w.launch() else [s]
+                w.send_setups(todo[w])
+            # 2. the replies, worker by worker; a set-up that fails raises its error
+            for w, setups in todo.items():
+                w.settle(setups, sent=True)
+        except BaseException:
+            for w in self.workers:  # replies may be left in the pipes: every child restarts cleanly on its next use
+                w.kill()
+            raise
 
     def map(self, key: str, calls: Sequence[tuple[tuple, dict]], method: str | None = None) -> list[Outcome]:
         """Run each ``(args, kwargs)`` of ``calls`` on the object ``key``; one :class:`Outcome` per call, in order.
@@ -314,8 +364,11 @@ class WorkerPool:
         return Outcome(value=value, seconds=time.perf_counter() - t0)
 
     def close(self) -> None:
+        """Every child told to exit first, then each waited for: the children's interpreters end side by side."""
         for w in self.workers:
-            w.close()
+            w.ask_exit()
+        for w in self.workers:
+            w.reap()
 
     def __enter__(self) -> WorkerPool:
         return self
