@@ -251,8 +251,7 @@ def play_answers(model, tok, records: Sequence[dict], env_cls: type, env_spec: s
     "transcripts": the messages after each prompt}``. The environment's metrics are those the training logs as
     ``env/*`` (its own ``metrics()``, plus turns and episode reward)."""
     from .config import EnvConfig
-    from .envs import run_episodes
-    from .envs.episodes import episode_metrics
+    from .envs.episodes import episode_metrics, run_episodes
     from .envs.host import EnvCalls
     from .rollout import SamplingParams
 

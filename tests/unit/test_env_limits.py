@@ -14,8 +14,8 @@ import torch
 from test_envs import MODEL, ScriptedEngine
 
 from rlhfkit.config import ModelConfig
-from rlhfkit.envs import EnvError, load_environment, run_episodes
-from rlhfkit.envs.episodes import episode_metrics, turn_reward_tensor
+from rlhfkit.envs import EnvError, load_environment
+from rlhfkit.envs.episodes import episode_metrics, run_episodes, turn_reward_tensor
 from rlhfkit.envs.host import EnvCalls
 from rlhfkit.models.loading import load_tokenizer_for
 from rlhfkit.rollout import SamplingParams

@@ -14,7 +14,8 @@ import torch
 
 from rlhfkit.config import ModelConfig
 from rlhfkit.data.chat import render_conversation
-from rlhfkit.envs import CalculatorEnv, EnvError, load_environment, parse_tool_calls, run_episodes, safe_eval
+from rlhfkit.envs import CalculatorEnv, EnvError, load_environment, parse_tool_calls, safe_eval
+from rlhfkit.envs.episodes import run_episodes
 from rlhfkit.envs.host import EnvCalls
 from rlhfkit.models.loading import load_tokenizer_for
 from rlhfkit.rollout import Engine, SamplingParams
