@@ -263,7 +263,8 @@ class Worker:
 
 class WorkerPool:
     """``n`` workers sharing the same set-ups; :meth:`map` runs independent calls on them concurrently, each
-    under ``timeout_s``. ``n = 0``: calls run in this process, no limit (see the module docstring)."""
+    under ``timeout_s``; :meth:`setup` and :meth:`close` act on every child side by side. ``n = 0``: calls run in
+    this process, no limit (see the module docstring)."""
 
     def __init__(self, n: int, timeout_s: float | None):
         self.n, self.timeout_s = n, timeout_s
