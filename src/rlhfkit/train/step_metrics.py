@@ -26,23 +26,17 @@ def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size:
     entropy = (-exp.old_logprobs * mask).sum(-1)
     non_score = -(kl_coef * exp.kl * mask).sum(-1) if kl_in_reward else torch.zeros_like(entropy)
     columns = [exp.raw_scores, entropy, exp.scores + non_score, exp.rollout.ended, exp.rollout.lengths]
-    tied = group_based and group_size >= 2
-    if tied:  # per sample: its group's value, so the mean over samples is the fraction of groups (equal sizes)
-        columns.append(algos.group_all_tied(exp.scores, group_size, valid=exp.valid))
+    fractions = {}  # per-sample 0 / 1 columns whose mean over every process's samples is the metric
+    if group_based and group_size >= 2:  # per sample: its group's value, so the mean is the fraction of groups
+        fractions["rewards/tied_groups_frac"] = algos.group_all_tied(exp.scores, group_size, valid=exp.valid)
     if clip is not None:
         at_clip = exp.scores.abs() >= clip
-        columns.append(at_clip if exp.valid is None else at_clip & exp.valid)
-    local = torch.stack([c.detach().float().reshape(-1) for c in columns], dim=1)
+        fractions["rewards/clipped_frac"] = at_clip if exp.valid is None else at_clip & exp.valid
+    local = torch.stack([c.detach().float().reshape(-1) for c in [*columns, *fractions.values()]], dim=1)
     every = acc.gather(local) if acc.num_processes > 1 else local
-    scores, ent, rlhf, ended, lengths = (every[:, i] for i in range(5))
+    scores, ent, rlhf, ended, lengths = every[:, :len(columns)].unbind(1)
     names = ["objective/scores", "objective/entropy", "objective/rlhf_reward", "val/num_eos_tokens", "val/eos_frac",
-             "response/length_mean", "response/length_std"]
+             "response/length_mean", "response/length_std", *fractions]
     values = [scores.mean(), ent.mean(), rlhf.mean(), ended.sum(), ended.mean(), lengths.mean(),
-              lengths.std() if len(local) > 1 else lengths.new_zeros(())]
-    if tied:
-        names.append("rewards/tied_groups_frac")
-        values.append(every[:, 5].mean())
-    if clip is not None:
-        names.append("rewards/clipped_frac")
-        values.append(every[:, -1].mean())
+              lengths.std() if len(local) > 1 else lengths.new_zeros(()), *every[:, len(columns):].mean(0)]
     return dict(zip(names, torch.stack(values).tolist()))  # one device-to-host copy for all of them
