@@ -142,9 +142,10 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
     except RewardFunctionError as exc:
         report.notes.append(f"{exc.message} (on the lint's completions; the first rollout will judge it)")
         return report
+    totals = [t if v else math.nan for t, v in zip(scores.total.tolist(), scores.valid.tolist())]
     columns = {name: values.tolist() for name, values in scores.per_function.items()}
     if len(columns) > 1:
-        columns["total"] = [t if v else math.nan for t, v in zip(scores.total.tolist(), scores.valid.tolist())]
+        columns["total"] = totals
     for reward, values in columns.items():
         means = _means(kinds, values)
         report.means[reward] = means
@@ -153,11 +154,11 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
             continue
         lo, hi = _low_end(finite), max(finite)
         report.high += [(reward, k, m) for k, m in means.items() if not math.isnan(m) and m >= lo + 0.5 * (hi - lo)]
-    totals = [t for t, v in zip(scores.total.tolist(), scores.valid.tolist()) if v and math.isfinite(t)]
-    at_clip = sum(abs(t) >= clip for t in totals) if clip is not None else 0
-    if totals and at_clip >= 0.5 * len(totals):
-        report.warnings.append(f"{at_clip} of the {len(totals)} lint completions score at or beyond reward.clip="
-                               f"{clip:g} (e.g. {totals[0]:.3g}): the clip ties such scores, so groups tie and nothing "
+    scored = [t for t in totals if math.isfinite(t)]
+    at_clip = sum(abs(t) >= clip for t in scored) if clip is not None else 0
+    if scored and at_clip >= 0.5 * len(scored):
+        report.warnings.append(f"{at_clip} of the {len(scored)} lint completions score at or beyond reward.clip="
+                               f"{clip:g} (e.g. {scored[0]:.3g}): the clip ties such scores, so groups tie and nothing "
                                "is learned; raise reward.clip, set reward.normalize=true, or reward.clip=null")
     total_name = "total" if "total" in report.means else next(iter(report.means))
     total = report.means[total_name]
