@@ -127,7 +127,9 @@ class Worker:
     def start(self) -> None:
         """Start the child (if not running) and replay every set-up; a set-up that fails raises its error."""
         if self.launch():
-            self.settle(list(self.setups.values()))
+            todo = list(self.setups.values())
+            self.send_setups(todo)
+            self.settle(todo)
 
     def launch(self) -> bool:
         """Spawn the child and send it this process's path, without waiting for it (False: it was running)."""
@@ -155,11 +157,17 @@ class Worker:
         for s in setups:
             self._send(("setup", s.key, s.spec, s.kwargs, s.label))
 
-    def settle(self, setups: Sequence[_Setup], sent: bool = False) -> None:
-        """The replies of a launch (when one is pending) and of ``setups`` (sent now unless ``sent``), in order; a
-        set-up that fails raises its error."""
-        if not sent:
-            self.send_setups(setups)
+    def begin_setup(self, s: _Setup) -> list[_Setup]:
+        """Keep ``s`` and send the child what it must load, without waiting: ``s``, or every set-up when the child is
+        new (launched now). :meth:`settle` on the returned list collects the replies."""
+        self.setups[s.key] = s
+        todo = list(self.setups.values()) if self.launch() else [s]
+        self.send_setups(todo)
+        return todo
+
+    def settle(self, setups: Sequence[_Setup]) -> None:
+        """The replies of a launch (when one is pending) and of the sent ``setups``, in order; a set-up that fails
+        raises its error."""
         if self._starting:
             self._reply(SETUP_TIMEOUT_S, "start")
             self._starting = False
@@ -202,12 +210,7 @@ class Worker:
     # ── set-ups and calls ────────────────────────────────────────────────────────────────────────────────────
     def setup(self, key: str, spec: Any, kwargs: dict | None = None, label: str | None = None) -> None:
         """Load ``spec`` under ``key`` in the child (now if it runs, and after every restart)."""
-        s = _Setup.of(key, spec, kwargs, label)
-        self.setups[key] = s
-        if self.alive:
-            self._load(s)
-        else:
-            self.start()
+        self.settle(self.begin_setup(_Setup.of(key, spec, kwargs, label)))
 
     def drop(self, key: str) -> None:
         self.setups.pop(key, None)
@@ -229,9 +232,6 @@ class Worker:
         return self._reply(timeout, "call")
 
     # ── internals ────────────────────────────────────────────────────────────────────────────────────────────
-    def _load(self, s: _Setup) -> None:
-        self.settle([s])
-
     def _send(self, message: tuple) -> None:
         try:
             self.send_conn.send(message)
@@ -280,18 +280,14 @@ class WorkerPool:
             self.local[key] = _bind(instantiate(obj, dict(kwargs or {}), label or str(spec)), kwargs)
             return
         s = _Setup.of(key, spec, kwargs, label)
-        # 1. every worker gets what it has to load (a new child: all its set-ups) before any reply is awaited, so
-        #    the children start and import side by side: the pool is ready in one child's time, not n (each child
-        #    imports the user's code, often torch: ~2 s)
-        todo = {}
         try:
-            for w in self.workers:
-                w.setups[key] = s
-                todo[w] = list(w.setups.values()) if w.launch() else [s]
-                w.send_setups(todo[w])
+            # 1. every worker gets what it has to load (a new child: all its set-ups) before any reply is awaited,
+            #    so the children start and import side by side: the pool is ready in one child's time, not n (each
+            #    child imports the user's code, often torch: ~2 s)
+            todo = {w: w.begin_setup(s) for w in self.workers}
             # 2. the replies, worker by worker; a set-up that fails raises its error
             for w, setups in todo.items():
-                w.settle(setups, sent=True)
+                w.settle(setups)
         except BaseException:
             for w in self.workers:  # replies may be left in the pipes: every child restarts cleanly on its next use
                 w.kill()
