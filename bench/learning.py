@@ -16,19 +16,20 @@ sampled (temperature 1, ``--samples`` answers per problem), scored by the maths 
 ``--parallel N`` runs N (framework, seed) workers at once (a GPU has room for several 135M runs; each worker's
 threads are the cores divided by N); the learning is unchanged, but ``train s / run`` then times shared hardware.
 
-Equal settings (``settings``): the same SmolLM2-135M-Instruct files (converted once from the GGUF by rlhfkit,
-float32), the same precision (CPU: float32; CUDA: float32 weights under bf16 autocast in both, TRL ``bf16=True``
-with the checkpoint's dtype, rlhfkit ``model.dtype=auto``, ``train.mixed_precision=auto``; the evaluator loads
-bf16), the same prompt and held-out files, the same reward (this file's ``reward``: the maths verifier, ``None``
-counted as 0 in both), ``prompts x completions`` per step, max new tokens, temperature 1, learning rate (constant,
-no warm-up), AdamW, gradient clipping 1.0, one optimizer update per rollout (TRL ``steps_per_generation=1,
-num_iterations=1``; rlhfkit ``ppo_epochs=1`` and one mini-batch), clip epsilon 0.2, rewards scaled by the group std
-(TRL ``scale_rewards="group"``; rlhfkit's ``grpo`` estimator), the loss averaged per sequence then over the batch
-(TRL ``loss_type="grpo"``; rlhfkit ``seq_mean_token_mean``), KL to the reference with beta (k3, in the loss).
+Equal settings (``settings``, built by ``vs_trl.trl_online`` / ``vs_trl.rlhfkit_online``, which vs_trl.py's GRPO
+rows use too): the same SmolLM2-135M-Instruct files (converted once from the GGUF by rlhfkit, float32), the same
+precision (CPU: float32; CUDA: float32 weights under bf16 autocast in both, TRL ``bf16=True`` with the checkpoint's
+dtype, rlhfkit ``model.dtype=auto``, ``train.mixed_precision=auto``; the evaluator loads bf16), the same prompt and
+held-out files, the same reward (this file's ``reward``: the maths verifier, ``None`` counted as 0 in both),
+``prompts x completions`` per step, max new tokens, temperature 1, learning rate (constant, no warm-up), AdamW,
+gradient clipping 1.0, one optimizer update per rollout (TRL ``steps_per_generation=1, num_iterations=1``; rlhfkit
+``ppo_epochs=1`` and one mini-batch), clip epsilon 0.2, rewards scaled by the group std (TRL
+``scale_rewards="group"``; rlhfkit's ``grpo`` estimator), the loss averaged per sequence then over the batch (TRL
+``loss_type="grpo"``; rlhfkit ``seq_mean_token_mean``), KL to the reference with beta (k3, in the loss).
 TRL's own defaults that differ from the values set here: ``beta=0.0`` (we set ``--beta``, default 0.04, in both),
-``loss_type="dapo"``, ``learning_rate=1e-6`` (we set ``--lr``, default 5e-6, in both), a linear schedule,
-``max_completion_length=256``; rlhfkit's defaults that differ: ``algo.kl.coef``, ``reward.missing_eos_penalty`` (set
-to 0 here), ``reward.clip`` (off here), ``train.batch_size``.
+``loss_type="dapo"``, ``gradient_checkpointing=True`` (off in both: equal work), ``learning_rate=1e-6`` (we set
+``--lr``, default 5e-6, in both), a linear schedule, ``max_completion_length=256``; rlhfkit's defaults that differ:
+``algo.kl.coef``, ``reward.missing_eos_penalty`` (set to 0 here), ``reward.clip`` (off here), ``train.batch_size``.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from vs_trl import _text  # importing vs_trl also sets the offline environment variables both frameworks need
+from vs_trl import _text, rlhfkit_online, trl_online  # importing vs_trl also sets the offline environment
 from vs_trl import model_dir as smollm2_dir
 
 HERE = Path(__file__).resolve()
@@ -94,15 +95,9 @@ def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    batch = s["prompts"] * s["k"]
-    cfg = GRPOConfig(
-        output_dir=str(out_dir), max_steps=s["steps"], logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=s["device"] == "cpu", bf16=s["device"] == "cuda", seed=seed, data_seed=seed,
-        dataloader_num_workers=0, disable_tqdm=True, lr_scheduler_type="constant", warmup_steps=0,
-        learning_rate=s["lr"], max_grad_norm=1.0, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
-        num_generations=s["k"], max_completion_length=s["max_new"], steps_per_generation=1, num_iterations=1,
-        beta=s["beta"], epsilon=0.2, temperature=1.0, top_p=1.0, loss_type="grpo", scale_rewards="group",
-        log_completions=False)
+    cfg = GRPOConfig(**trl_online(out_dir, s["steps"], s["device"] == "cuda", prompts=s["prompts"], k=s["k"],
+                                  max_new=s["max_new"], lr=s["lr"], beta=s["beta"], seed=seed),
+                     loss_type="grpo", scale_rewards="group")
     rows = [json.loads(line) for line in data["train"].read_text().splitlines()]
     trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows))
     trainer.train()
@@ -113,22 +108,9 @@ def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
 def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
     from rlhfkit.config import RECIPES, build_config
 
-    batch = s["prompts"] * s["k"]
-    over = [
-        f"model.name={model}", f"output_dir={out_dir / 'final'}", "train.save_every=0", "track.report=false",
-        "track.progress=false", f"train.seed={seed}", "train.resume=never", "train.eval_every=0",
-        "model.dtype=auto", "train.mixed_precision=auto", "optim.schedule=constant", "optim.warmup_steps=0",
-        f"optim.lr={s['lr']}",
-        "optim.max_grad_norm=1.0", f"data.train={data['train']}", "data.eval=null", "data.eval_fraction=0",
-        "algo.advantage=grpo", f"algo.num_generations={s['k']}", f"algo.rollout_batch_size={s['prompts']}",
-        "algo.ppo_epochs=1", f"algo.mini_batch_size={batch}", f"train.batch_size={batch}", "algo.clip_low=0.2",
-        "algo.clip_high=0.2", f"algo.kl.coef={s['beta']}", "algo.kl.estimator=k3", "algo.kl.placement=loss",
-        "algo.loss_aggregation=seq_mean_token_mean", "generation.temperature=1.0",
-        f"generation.max_new_tokens={s['max_new']}", f"data.max_length={s['max_new'] + 128}",
-        "reward.functions=[{fn: 'bench/learning.py:reward'}]", "reward.missing_eos_penalty=0",
-        "reward.clip=null",  # TRL does not clip scores (a no-op here: the verifier's scores are in [0, 1])
-        f"algo.total_episodes={s['steps'] * batch}", "track.sample_every=0",
-    ]
+    over = rlhfkit_online("grpo", model, out_dir / "final", data["train"], prompts=s["prompts"], k=s["k"],
+                          max_new=s["max_new"], lr=s["lr"], beta=s["beta"], reward_fn="bench/learning.py:reward",
+                          steps=s["steps"], seed=seed)
     RECIPES["grpo"].run(build_config("grpo", {}, over, source="learning"))
 
 

@@ -155,6 +155,53 @@ def _peak_mib() -> float | None:
     return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
 
 
+def trl_common(out_dir: Path, steps: int, cuda: bool, seed: int = 0) -> dict:
+    """TRL ``TrainingArguments`` held equal to rlhfkit's run (:func:`rlhfkit_common`) in every comparison here and
+    in ``bench/learning.py``: float32 weights under bf16 autocast on CUDA, constant LR without warm-up, clipping
+    1.0, no gradient checkpointing (TRL's default turns it on, rlhfkit's leaves it off: equal work)."""
+    return dict(output_dir=str(out_dir), max_steps=steps, logging_steps=1, save_strategy="no", report_to="none",
+                use_cpu=not cuda, bf16=cuda, seed=seed, data_seed=seed, dataloader_num_workers=0, disable_tqdm=True,
+                lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, gradient_checkpointing=False)
+
+
+def trl_online(out_dir: Path, steps: int, cuda: bool, *, prompts: int, k: int, max_new: int, lr: float, beta: float,
+               seed: int = 0, gen: dict | None = None) -> dict:
+    """:func:`trl_common` plus the ``GRPOConfig`` / ``RLOOConfig`` keywords of one online step as
+    :func:`rlhfkit_online` sets it: ``prompts x k`` completions, one update per rollout, clip 0.2, temperature 1."""
+    batch = prompts * k
+    return dict(trl_common(out_dir, steps, cuda, seed), learning_rate=lr, per_device_train_batch_size=batch,
+                gradient_accumulation_steps=1, num_generations=k, max_completion_length=max_new,
+                steps_per_generation=1, num_iterations=1, beta=beta, epsilon=0.2, temperature=1.0, top_p=1.0,
+                generation_kwargs=gen, log_completions=False)
+
+
+def rlhfkit_common(model: Path, out_dir: Path, seed: int = 0) -> list[str]:
+    """rlhfkit's side of :func:`trl_common`. TRL loads the checkpoint's float32 weights and trains them under bf16
+    autocast (``bf16=True``): ``model.dtype=auto`` does the same on CUDA (float32 everywhere on CPU); rlhfkit's
+    frozen reference is bf16 there, TRL's is loaded like the policy (float32, run under autocast)."""
+    return [f"model.name={model}", f"output_dir={out_dir}", "train.save_every=0", "track.report=false",
+            "track.progress=false", f"train.seed={seed}", "train.resume=never", "data.eval_fraction=0",
+            "train.eval_every=0", "model.dtype=auto", "train.mixed_precision=auto", "optim.schedule=constant",
+            "optim.warmup_steps=0", "optim.max_grad_norm=1.0"]
+
+
+def rlhfkit_online(recipe: str, model: Path, out_dir: Path, train: Path, *, prompts: int, k: int, max_new: int,
+                   lr: float, beta: float, reward_fn: str, steps: int, seed: int = 0) -> list[str]:
+    """rlhfkit's side of :func:`trl_online` (``recipe``: grpo or rloo, as the advantage estimator): KL k3 with
+    ``beta``, in the loss for GRPO and in the reward for RLOO (where each of TRL's trainers puts it), the loss
+    averaged per sequence then over the batch, no reward clip (TRL clips none), no missing-EOS penalty."""
+    batch = prompts * k
+    return rlhfkit_common(model, out_dir, seed) + [
+        f"data.train={train}", "data.eval=null", f"algo.advantage={recipe}", f"algo.num_generations={k}",
+        f"algo.rollout_batch_size={prompts}", "algo.ppo_epochs=1", f"algo.mini_batch_size={batch}",
+        f"train.batch_size={batch}", f"optim.lr={lr}", "algo.ppo.clip_low=0.2", "algo.ppo.clip_high=0.2",
+        f"algo.kl.coef={beta}", "algo.kl.estimator=k3", f"algo.kl.placement={'loss' if recipe == 'grpo' else 'reward'}",
+        "algo.loss_aggregation=seq_mean_token_mean", "generation.temperature=1.0",
+        f"generation.max_new_tokens={max_new}", f"data.max_length={max_new + 128}",
+        f"reward.functions=[{{fn: '{reward_fn}'}}]", "reward.missing_eos_penalty=0", "reward.clip=null",
+        f"algo.total_episodes={steps * batch}", "track.sample_every=0"]  # online runs are sized in episodes
+
+
 def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path) -> dict:
     import torch
     from datasets import Dataset
@@ -173,19 +220,15 @@ def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: 
             if logs and "completions/mean_length" in logs:
                 lengths.append(float(logs["completions/mean_length"]))
 
-    common = dict(output_dir=str(out_dir), max_steps=steps, logging_steps=1, save_strategy="no", report_to="none",
-                  use_cpu=s["dtype"] == "float32" and not torch.cuda.is_available(),
-                  bf16=s["dtype"] == "bfloat16", seed=0, dataloader_num_workers=0, disable_tqdm=True,
-                  lr_scheduler_type="constant", gradient_checkpointing=False)  # TRL's default is True: equal work
+    cuda = s["dtype"] == "bfloat16"
+    common = trl_common(out_dir, steps, cuda)
     rows = lambda name: [json.loads(line) for line in data[name].read_text().splitlines()]  # noqa: E731
     if recipe in ("grpo", "rloo"):
         from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
         gen = {"min_new_tokens": s["max_new"]} if s["force_length"] else None
-        batch = s["prompts"] * s["k"]
-        kw = dict(common, learning_rate=1e-6, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
-                  num_generations=s["k"], max_completion_length=s["max_new"], steps_per_generation=1,
-                  num_iterations=1, beta=0.04, temperature=1.0, generation_kwargs=gen, log_completions=False)
+        kw = trl_online(out_dir, steps, cuda, prompts=s["prompts"], k=s["k"], max_new=s["max_new"], lr=1e-6,
+                        beta=0.04, gen=gen)
         if recipe == "grpo":
             cfg, cls = GRPOConfig(**kw, loss_type="grpo", scale_rewards="group"), GRPOTrainer
         else:
@@ -216,29 +259,14 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
     from rlhfkit.config import RECIPES, build_config
     from rlhfkit.track.metrics import read_metrics
 
-    common = [f"model.name={model}", f"output_dir={out_dir}", f"train.max_steps={steps}", "train.log_every=1",
-              "train.save_every=0", "track.report=false", "track.progress=false", "train.seed=0",
-              "train.resume=never", "data.eval_fraction=0", "train.eval_every=0",
-              # TRL loads the checkpoint's float32 weights and trains them under bf16 autocast (bf16=True): the same
-              # here (model.dtype=auto: float32 master weights, bf16 autocast on CUDA); rlhfkit's frozen reference is
-              # bf16, TRL's is loaded like the policy (float32, run under autocast)
-              f"model.dtype={'auto' if s['dtype'] == 'bfloat16' else s['dtype']}",
-              "optim.schedule=constant", "optim.warmup_steps=0"]
+    limits = [f"train.max_steps={steps}", "train.log_every=1"]
+    common = rlhfkit_common(model, out_dir) + limits
     if recipe in ("grpo", "rloo"):
-        batch = s["prompts"] * s["k"]
-        over = common + [
-            f"data.train={data['prompts']}", "data.eval=null", f"algo.advantage={recipe}",
-            f"algo.num_generations={s['k']}", f"algo.rollout_batch_size={s['prompts']}", "algo.ppo_epochs=1",
-            f"algo.mini_batch_size={batch}", f"train.batch_size={batch}", "optim.lr=1e-6", "algo.kl.coef=0.04",
-            "algo.kl.estimator=k3", "algo.loss_aggregation=seq_mean_token_mean", "generation.temperature=1.0",
-            f"generation.max_new_tokens={s['max_new']}", f"data.max_length={s['max_new'] + 128}",
-            "reward.functions=[{fn: 'bench/vs_trl.py:reward'}]", "reward.missing_eos_penalty=0",
-            "reward.clip=null",  # TRL does not clip scores (rlhfkit's default 10 tied every forced-length group)
-            f"algo.total_episodes={steps * batch}", "track.sample_every=0",  # online runs are sized in episodes
-        ]
+        over = rlhfkit_online(recipe, model, out_dir, data["prompts"], prompts=s["prompts"], k=s["k"],
+                              max_new=s["max_new"], lr=1e-6, beta=0.04, reward_fn="bench/vs_trl.py:reward",
+                              steps=steps) + limits
         if s["force_length"]:
             over.append(f"generation.min_new_tokens={s['max_new']}")
-        over.append("algo.kl.placement=loss" if recipe == "grpo" else "algo.kl.placement=reward")
         if engine:
             over.append(f"generation.engine={engine}")
     elif recipe == "sft":
