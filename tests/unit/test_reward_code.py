@@ -6,6 +6,7 @@ cannot be set up is one line at the probe."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -90,30 +91,47 @@ def test_hostile_programs_are_scored_failures_within_the_limit(tmp_path, isolati
     assert took < 3 * 4 * len(completions)
 
 
-def test_hostile_program_output_and_reason():
-    box = Sandbox(Limits(**LIMITS))
-    assert box.probe() in ("namespaces", "process")
+def available(level):
+    box = Sandbox(Limits(**LIMITS), isolation=level)
+    try:
+        box.probe()
+    except SandboxError as exc:
+        pytest.skip(f"isolation {level} is not available here: {exc}")
+    return box
+
+
+@pytest.mark.parametrize("level", ["namespaces", "unshare", "process"])
+def test_hostile_program_output_and_reason(level):
+    box = available(level)
     r = box.run("while True:\n    print('y' * 100)")
     assert r.output_capped and len(r.stdout) <= LIMITS["output_bytes"] and "output limit" in r.reason
     r = box.run("import time\ntime.sleep(60)")
     assert r.timed_out and r.seconds < 20 and r.reason == "timed out"
-    r = box.run("import os\nprint(os.getcwd(), sorted(os.environ))")
+    r = box.run("import signal\nsignal.raise_signal(signal.SIGSEGV)")
+    assert r.returncode == -signal.SIGSEGV and r.reason == "killed by signal 11"
+    r = box.run("import os\nprint(os.getcwd(), ' '.join(os.environ))")
     cwd, env = r.stdout.split(" ", 1)
-    assert cwd.startswith(os.path.realpath(os.environ.get("TMPDIR", "/tmp"))) or "rlhfkit-sandbox-" in cwd
-    assert "rlhfkit-sandbox-" in cwd and not os.path.exists(cwd)  # its own directory, removed after
-    assert env.strip() == "['HOME', 'LANG', 'PATH', 'TMPDIR']"  # scrubbed: no tokens, no keys
+    # scrubbed: no tokens, no keys (the init shell or bubblewrap may add its working directory)
+    assert set(env.split()) - {"PWD", "SHLVL", "_"} == {"HOME", "LANG", "PATH", "TMPDIR"}
+    if level == "namespaces":
+        assert cwd == "/sandbox"
+    else:
+        assert "rlhfkit-sandbox-" in cwd and not os.path.exists(cwd)  # its own directory, removed after
 
 
 def test_sandbox_that_cannot_be_set_up_is_one_line(monkeypatch):
-    box = Sandbox(Limits(**LIMITS), isolation="namespaces", python="/nonexistent/python3")
+    box = Sandbox(Limits(**LIMITS), isolation="process", python="/nonexistent/python3")
     with pytest.raises(SandboxError, match="code sandbox cannot be set up") as info:
         box.probe()
     assert "\n" not in str(info.value) and info.value.fix
     with pytest.raises(SandboxError, match="unknown sandbox isolation"):
         Sandbox(isolation="docker")
     monkeypatch.setattr("shutil.which", lambda name: None)
-    with pytest.raises(SandboxError, match="`unshare` not found"):
+    with pytest.raises(SandboxError, match=r"isolation namespaces \(bubblewrap \(bwrap\) is not installed\)") as info:
         Sandbox(Limits(**LIMITS), isolation="namespaces").probe()
+    assert "apt-get install bubblewrap" in info.value.fix
+    with pytest.raises(SandboxError, match="`unshare` not found"):
+        Sandbox(Limits(**LIMITS), isolation="unshare").probe()
 
 
 def test_code_tests_in_worker_processes_go_on_after_hostile_programs():
@@ -125,3 +143,4 @@ def test_code_tests_in_worker_processes_go_on_after_hostile_programs():
         out = combo(["p"] * 4, completions, rows)
     assert out.total.tolist() == pytest.approx([0.0, 1.0, 0.0, 1 / 3])
     assert out.metrics["rewards/code_tests/errors"] == 0 and out.metrics["rewards/code_tests/timeouts"] == 0
+
