@@ -144,3 +144,57 @@ def test_code_tests_in_worker_processes_go_on_after_hostile_programs():
     assert out.total.tolist() == pytest.approx([0.0, 1.0, 0.0, 1 / 3])
     assert out.metrics["rewards/code_tests/errors"] == 0 and out.metrics["rewards/code_tests/timeouts"] == 0
 
+
+
+def _without(monkeypatch, *tools):
+    import shutil
+
+    which = shutil.which
+    monkeypatch.setattr("shutil.which", lambda name, *a, **k: None if name in tools else which(name, *a, **k))
+
+
+def test_a_run_decides_its_isolation_once_and_says_it_in_one_line(monkeypatch):
+    from rlhfkit.config.schema import RewardFunction, SandboxConfig
+    from rlhfkit.rewards.code import settle_sandboxes
+
+    lines = []
+    specs = [RewardFunction(fn="code_tests", kwargs={"wall_s": 3}), RewardFunction(fn="exact_match"),
+             RewardFunction(fn="code_tests", name="strict", kwargs={"isolation": "process"})]
+    out = settle_sandboxes(specs, SandboxConfig(), say=lines.append)
+    level = available_level()
+    assert out[0]["kwargs"] == {"wall_s": 3, "isolation": level} and out[1] is specs[1]
+    assert out[2]["kwargs"]["isolation"] == "process" and out[2]["name"] == "strict"
+    assert len(lines) == 2 and all(line.startswith("[sandbox] ") and "\n" not in line for line in lines)
+    assert "warning" in lines[1] and "apt-get install bubblewrap" in lines[1] and "not a boundary" in lines[1]
+    if level == "namespaces":
+        assert "runs in namespaces (bubblewrap" in lines[0] and "warning" not in lines[0]
+    assert settle_sandboxes([RewardFunction(fn="exact_match")], SandboxConfig(), say=lines.append) and len(lines) == 2
+
+
+def available_level() -> str:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Sandbox(isolation="auto").probe()
+
+
+def test_without_bubblewrap_auto_warns_and_a_required_boundary_is_refused_in_one_line(monkeypatch):
+    from rlhfkit.config.schema import RewardFunction, SandboxConfig
+    from rlhfkit.rewards.code import settle_sandboxes
+
+    _without(monkeypatch, "bwrap")
+    lines = []
+    out = settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(), say=lines.append)
+    assert out[0]["kwargs"]["isolation"] in ("unshare", "process")
+    assert len(lines) == 1 and lines[0].startswith("[sandbox] warning:") and "bubblewrap (bwrap) is not installed" \
+        in lines[0] and "apt-get install bubblewrap" in lines[0]
+    with pytest.raises(SandboxError, match="require_boundary is set but this machine gives") as info:
+        settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(require_boundary=True), say=lines.append)
+    assert info.value.where == "reward.sandbox.require_boundary" and "apt-get install bubblewrap" in info.value.fix
+    assert "\n" not in str(info.value) and len(lines) == 1  # refused before saying anything
+    for asked in (SandboxConfig(isolation="namespaces"), SandboxConfig(isolation="process", require_boundary=True)):
+        with pytest.raises(SandboxError, match="bubblewrap|require_boundary"):
+            settle_sandboxes([RewardFunction(fn="code_tests")], asked, say=lines.append)
+    with pytest.raises(SandboxError, match="unknown sandbox isolation 'docker'"):
+        settle_sandboxes([RewardFunction(fn="code_tests", kwargs={"isolation": "docker"})], SandboxConfig())

@@ -160,7 +160,8 @@ def test_sockets_fail():
             " socket.SOCK_DGRAM), (socket.AF_UNIX, socket.SOCK_STREAM), (socket.AF_NETLINK, socket.SOCK_RAW)]:\n"
             "    try:\n        socket.socket(family, kind)\n        print('opened')\n    except OSError as exc:\n"
             "        print('refused', exc.errno)\n"
-            "try:\n    socket.socketpair()\n    print('opened')\nexcept OSError as exc:\n    print('refused', exc.errno)\n")
+            "try:\n    socket.socketpair()\n    print('opened')\n"
+            "except OSError as exc:\n    print('refused', exc.errno)\n")
     r = attempt(BOX, code)
     assert "opened" not in r.stdout and r.stdout.count("refused 1") == 5, r.stdout  # EPERM: the seccomp filter
 
@@ -225,7 +226,8 @@ def test_finding_the_worker_through_proc_to_forge_its_reply_fails(tmp_path):
     assert out.metrics["rewards/code_tests/errors"] == 0 and out.valid.all()
     assert not marker.exists()
     r = BOX.run(attack)  # on its own: what it saw (its writes reached only its own output, through bubblewrap's init)
-    assert "disarmed" in r.stdout and "WORKER" not in r.stdout and r.stdout.count("b'") == 1, r.stdout  # the other process: bubblewrap's init
+    # the only other process it saw: bubblewrap's init
+    assert "disarmed" in r.stdout and "WORKER" not in r.stdout and r.stdout.count("b'") == 1, r.stdout
 
 
 FILTERED = {  # what the seccomp filter refuses at every level (never run without it: a real fork bomb otherwise)
