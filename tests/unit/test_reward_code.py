@@ -198,3 +198,10 @@ def test_without_bubblewrap_auto_warns_and_a_required_boundary_is_refused_in_one
             settle_sandboxes([RewardFunction(fn="code_tests")], asked, say=lines.append)
     with pytest.raises(SandboxError, match="unknown sandbox isolation 'docker'"):
         settle_sandboxes([RewardFunction(fn="code_tests", kwargs={"isolation": "docker"})], SandboxConfig())
+
+
+def test_a_large_input_the_program_never_reads_ends_at_the_wall_time():
+    box = Sandbox(Limits(**{**LIMITS, "wall_s": 2.0}))
+    t0 = time.perf_counter()
+    r = box.run("import time\ntime.sleep(60)", stdin="x" * (4 << 20))  # far past a pipe's buffer
+    assert r.timed_out and time.perf_counter() - t0 < 15

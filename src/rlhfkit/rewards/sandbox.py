@@ -71,6 +71,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -350,11 +351,25 @@ def _python_binds(python: str) -> list[str]:
     return sorted(out)
 
 
+@functools.lru_cache(maxsize=1)
+def _bwrap_options() -> str:
+    """bubblewrap's ``--help`` (its options differ by version: ``--disable-userns`` is 0.8's, ``--size`` 0.5's)."""
+    try:
+        return subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10, env={}).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def _bwrap_argv(python: str, lim: Limits) -> list[str]:
-    """bubblewrap's arguments for one run (the module docstring's ``namespaces``)."""
+    """bubblewrap's arguments for one run (the module docstring's ``namespaces``). Where this bubblewrap lacks
+    ``--disable-userns`` the seccomp filter alone refuses new namespaces (``unshare``, ``clone`` of a process); where
+    it lacks ``--size`` the private directories are uncapped tmpfs (each file still capped by ``file_mb``)."""
+    known = _bwrap_options()
     argv = ["bwrap", "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-            "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--clearenv",
-            "--uid", "65534", "--gid", "65534", "--hostname", "sandbox"]
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv", "--uid", "65534", "--gid",
+            "65534", "--hostname", "sandbox"]
+    if "--disable-userns" in known:
+        argv.append("--disable-userns")
     if os.geteuid() == 0:
         argv += ["--cap-drop", "ALL"]
     argv += ["--ro-bind", "/usr", "/usr"]
@@ -368,9 +383,9 @@ def _bwrap_argv(python: str, lim: Limits) -> list[str]:
         argv += ["--ro-bind-try", path, path]
     for path in _python_binds(python):
         argv += ["--ro-bind", path, path]
-    size = str(lim.disk_mb << 20)
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", WORKDIR, "--size", size, "--tmpfs",
-             "/tmp", "--remount-ro", "/", "--chdir", WORKDIR]
+    size = ["--size", str(lim.disk_mb << 20)] if "--size" in known else []
+    argv += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", WORKDIR, *size, "--tmpfs", "/tmp", "--remount-ro",
+             "/", "--chdir", WORKDIR]
     for key, value in _program_env(WORKDIR).items():
         argv += ["--setenv", key, value]
     return argv + ["--"]
@@ -582,14 +597,8 @@ def _collect(proc: subprocess.Popen, stdin: str | None, report_fd: int | None, l
     sel.register(proc.stderr, selectors.EVENT_READ, proc.stderr)
     if report_fd is not None:
         sel.register(report_fd, selectors.EVENT_READ, "report")
-    if stdin:
-        try:
-            proc.stdin.write(stdin.encode())
-        except (BrokenPipeError, OSError):
-            pass
-        finally:
-            with _quiet():
-                proc.stdin.close()
+    if stdin:  # fed from a thread: a program that never reads a large input must not stall this loop's clock
+        threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
     deadline = time.perf_counter() + lim.wall_s
     size, report_size, timed_out, capped = 0, 0, False, False
     while sel.get_map():
@@ -619,6 +628,16 @@ def _collect(proc: subprocess.Popen, stdin: str | None, report_fd: int | None, l
     out, err = b"".join(chunks[proc.stdout]), b"".join(chunks[proc.stderr])
     return (out[: lim.output_bytes], err[: max(0, lim.output_bytes - len(out))],
             b"".join(chunks["report"]).decode("ascii", "replace"), timed_out, capped)
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, OSError, ValueError):  # the program ended (or was killed) before reading it all
+        pass
+    finally:
+        with _quiet():
+            pipe.close()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
