@@ -355,7 +355,7 @@ def _python_binds(python: str) -> list[str]:
 def _bwrap_options() -> str:
     """bubblewrap's ``--help`` (its options differ by version: ``--disable-userns`` is 0.8's, ``--size`` 0.5's)."""
     try:
-        return subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10, env={}).stdout
+        return subprocess.run([_tool("bwrap"), "--help"], capture_output=True, text=True, timeout=10, env={}).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -365,7 +365,7 @@ def _bwrap_argv(python: str, lim: Limits) -> list[str]:
     ``--disable-userns`` the seccomp filter alone refuses new namespaces (``unshare``, ``clone`` of a process); where
     it lacks ``--size`` the private directories are uncapped tmpfs (each file still capped by ``file_mb``)."""
     known = _bwrap_options()
-    argv = ["bwrap", "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+    argv = [_tool("bwrap"), "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv", "--uid", "65534", "--gid",
             "65534", "--hostname", "sandbox"]
     if "--disable-userns" in known:
@@ -391,13 +391,18 @@ def _bwrap_argv(python: str, lim: Limits) -> list[str]:
     return argv + ["--"]
 
 
+def _tool(name: str) -> str:
+    """A tool's full path as this process's PATH finds it (the runs start it with a minimal environment)."""
+    return shutil.which(name) or name
+
+
 def _program_env(home: str) -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
 
 
 def bwrap_version() -> str:
     try:
-        out = subprocess.run(["bwrap", "--version"], capture_output=True, text=True, timeout=10, env={})
+        out = subprocess.run([_tool("bwrap"), "--version"], capture_output=True, text=True, timeout=10, env={})
     except (OSError, subprocess.SubprocessError):
         return "bubblewrap"
     return out.stdout.strip() or "bubblewrap"
@@ -538,7 +543,8 @@ class Sandbox:
             if level == "namespaces":
                 argv, env, cwd = _bwrap_argv(self.python, lim) + argv, {"PATH": "/usr/bin:/bin"}, scratch
             else:
-                argv, env, cwd = (UNSHARE + argv if level == "unshare" else argv), _program_env(home), home
+                argv = [_tool("unshare"), *UNSHARE[1:], *argv] if level == "unshare" else argv
+                env, cwd = _program_env(home), home
             fds = (cfg_fd,) + ((report_w,) if report_w is not None else ())
             t0 = time.perf_counter()
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
