@@ -189,7 +189,7 @@ def test_without_bubblewrap_auto_warns_and_a_required_boundary_is_refused_in_one
     assert out[0]["kwargs"]["isolation"] in ("unshare", "process")
     assert len(lines) == 1 and lines[0].startswith("[sandbox] warning:") and "bubblewrap (bwrap) is not installed" \
         in lines[0] and "apt-get install bubblewrap" in lines[0]
-    with pytest.raises(SandboxError, match="require_boundary is set but this machine gives") as info:
+    with pytest.raises(SandboxError, match="a boundary is required, but model-written code would run under") as info:
         settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(require_boundary=True), say=lines.append)
     assert info.value.where == "reward.sandbox.require_boundary" and "apt-get install bubblewrap" in info.value.fix
     assert "\n" not in str(info.value) and len(lines) == 1  # refused before saying anything

@@ -77,6 +77,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import RewardError
+from ..errors import say as say_line
 
 ISOLATIONS = ("auto", "namespaces", "unshare", "process")
 LEVELS = ("namespaces", "unshare", "process")  # strongest first: what ``auto`` tries
@@ -576,21 +577,18 @@ def announce(isolation: str = "auto", require_boundary: bool = False, say=None) 
     """The trainer's side, once per run before any weights load: decide the level (:meth:`Sandbox.probe`), say it
     in one line (``say``; a warning naming bubblewrap when weaker than ``namespaces``) and return it, to be handed
     to the workers. ``require_boundary``: :class:`SandboxError` (one line) unless the level is ``namespaces``."""
-    from ..errors import say as say_
-
     box = Sandbox(isolation=isolation)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the line below says it
         level = box.probe()
     if require_boundary and level != BOUNDARY:
         why = "; ".join(f"{k}: {v}" for k, v in box.passed_over.items())
-        raise SandboxError(f"reward.sandbox.require_boundary is set but this machine gives model-written code only "
-                           f"the {level} isolation" + (f" ({why})" if why else " (reward.sandbox.isolation asks for "
-                                                       "it)"),
+        raise SandboxError(f"a boundary is required, but model-written code would run under {level} only"
+                           + (f" ({why})" if why else " (reward.sandbox.isolation asks for it)"),
                            where="reward.sandbox.require_boundary",
                            fix=f"install bubblewrap ({INSTALL['bubblewrap']}) and set reward.sandbox.isolation=auto "
                                "or namespaces")
-    (say or say_)(box.summary())
+    (say or say_line)(box.summary())
     return level
 
 
