@@ -18,6 +18,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "algo.off_policy.level": ("token", "sequence"),
     "distributed.strategy": ("ddp", "fsdp2", "deepspeed"),
     "reward.remote.kind": ("chat", "json"),
+    "reward.sandbox.isolation": ("auto", "namespaces", "unshare", "process"),
 }
 
 

@@ -206,6 +206,17 @@ class RemoteJudgeConfig:
 
 
 @dataclass(frozen=True)
+class SandboxConfig:
+    isolation: str = f("auto", "how model-written code (code_tests) is isolated: auto (the strongest this machine "
+                               "offers, said in one line at the start; a warning naming bubblewrap when weaker than "
+                               "namespaces) | namespaces (the boundary: bubblewrap's mount / PID / network / user "
+                               "namespaces, a read-only system, a seccomp filter, limits) | unshare (PID and network "
+                               "namespaces; your file system) | process (limits only)")
+    require_boundary: bool = f(False, "refuse to run (one line, exit 2, before any weights load) unless model-written "
+                                      "code runs in namespaces (bubblewrap)")
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     model: str | None = f(None, "reward-model directory (from `rlhfkit rm`); null = functions only")
     functions: list[RewardFunction] = f([], "rule / user reward functions combined by weight")
@@ -220,6 +231,8 @@ class RewardConfig:
     lint: bool = f(True, "before the run, call the rewards on adversarial completions built from the prompts: print "
                          "which score high, stop on a certain bug (an empty answer paid the most)")
     remote: RemoteJudgeConfig = f(RemoteJudgeConfig(), "a remote judge (HTTP) as one more reward function")
+    sandbox: SandboxConfig = f(SandboxConfig(), "where code_tests runs model-written code (a code_tests kwarg "
+                                                "`isolation` overrides the level for that function)")
 
 
 @dataclass(frozen=True)

@@ -426,8 +426,11 @@ def rewards_from_config(rc) -> CombinedRewards | None:
     """The run's reward functions from its ``reward`` section: ``reward.functions`` plus the remote judge when
     ``reward.remote.url`` is set (as the function ``remote_judge`` named ``reward.remote.name``, weight
     ``reward.remote.weight``), run on ``reward.workers`` workers under ``reward.timeout_s``; None without any. The
-    caller closes it (its workers stop) when the run ends."""
-    specs = list(rc.functions)
+    code sandbox's level is decided here, once (:func:`~rlhfkit.rewards.code.settle_sandboxes`). The caller closes
+    it (its workers stop) when the run ends."""
+    from .code import settle_sandboxes
+
+    specs = settle_sandboxes(list(rc.functions), getattr(rc, "sandbox", None))  # the sandbox's one line, or refusal
     remote = getattr(rc, "remote", None)
     if remote is not None and remote.url:
         kwargs = {k: getattr(remote, k) for k in remote.__dataclass_fields__ if k not in ("weight", "name")}

@@ -5,8 +5,11 @@ One :class:`Worker` is one child interpreter started with :mod:`subprocess` (``p
 not :mod:`multiprocessing`): the child never re-imports the trainer's ``__main__`` (a user script without a
 ``__name__`` guard would run again under ``spawn`` / ``forkserver``), never inherits the trainer's threads or CUDA
 state (``fork`` after CUDA initialisation is undefined behaviour) and does not import torch unless the user's code
-does. Requests and replies are pickled over two pipes (:class:`multiprocessing.connection.Connection`), so what
-the user's code prints on stdout cannot corrupt them.
+does. Requests and replies travel over two pipes of their own (:class:`multiprocessing.connection.Connection`'s
+framing), so what the user's code prints on stdout cannot corrupt them. Requests (made by the trainer only) are
+pickled; replies are JSON plain data checked field by field (:mod:`rlhfkit.rewards.wire`): nothing a worker sends
+is unpickled in the trainer, and a reply that is not what the wire allows kills the worker (:class:`CallFailed`,
+kind ``bad reply``).
 
 - ``setup(key, spec, kwargs)`` loads ``spec`` (a spec string as :func:`~rlhfkit.rewards.loading.load_reward_function`
   reads it, or a picklable callable) in the child and keeps it under ``key``; a class is built there once as
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import RewardError
+from . import wire
 
 BOOT = "from rlhfkit.rewards.workers import _child_main; _child_main({r}, {w})"
 SETUP_TIMEOUT_S = 300.0  # loading a model in a stateful reward's constructor may take minutes
@@ -49,11 +53,17 @@ class CallTimeout(Exception):
 
 
 class CallFailed(Exception):
-    """The call raised (``kind`` is the exception's type name) or the worker died under it (``kind`` 'died')."""
+    """The call raised (``kind`` is the exception's type name), the worker died under it (``kind`` 'died') or sent
+    a reply the wire does not allow and was killed for it (``kind`` 'bad reply'): :attr:`worker_lost` for both."""
 
     def __init__(self, kind: str, message: str, trace: str = ""):
         self.kind, self.message, self.trace = kind, message, trace
         super().__init__(f"{kind}: {message}" if message else kind)
+
+    @property
+    def worker_lost(self) -> bool:
+        """The worker is gone (and restarts on its next use, its objects' state lost)."""
+        return self.kind in ("died", "bad reply")
 
 
 @dataclass
@@ -246,14 +256,23 @@ class Worker:
             self.kill()
             self.restarts += 1
             raise CallTimeout(f"{what} took more than {timeout:g} s")
+        problem = ""
         try:
-            status, payload = conn.recv()
-        except (EOFError, OSError):
+            data = conn.recv_bytes(wire.MAX_REPLY_BYTES)
+            status, payload = wire.read_reply(data)
+        except EOFError:
             code = self.proc.wait() if self.proc is not None else None
             self.kill()
             self.restarts += 1
             raise CallFailed("died", f"worker exited with code {code} during {what}"
                              + (" (killed by a signal: often the memory limit)" if code and code < 0 else "")) from None
+        except (OSError, wire.ProtocolError) as exc:  # a frame past the limit ("bad message length"), not the wire
+            problem = str(exc)
+        if problem:
+            self.kill()
+            self.restarts += 1
+            raise CallFailed("bad reply", f"worker {self.name} sent a reply that is not plain data during {what} "
+                                          f"({problem}); it was killed and restarts on its next use")
         if status == "ok":
             return payload
         if status == "user_error":
@@ -439,14 +458,15 @@ def _child_main(read_fd: int, write_fd: int) -> None:
                 _, key, method, args, kwargs = message
                 obj = objects[key]
                 reply = (getattr(obj, method) if method else obj)(*args, **kwargs)
-            send.send(("ok", reply))
+            data = wire.ok(reply)
         except RewardError as exc:  # a one-line complaint of the code itself (a built-in rule missing an option)
-            send.send(("user_error", exc))
+            data = wire.user_error(exc)
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported, never fatal here
             try:
-                send.send(("error", (type(exc).__name__, _first_line(exc), traceback.format_exc(limit=20))))
-            except Exception:  # the reply itself could not be pickled
-                send.send(("error", (type(exc).__name__, _first_line(exc)[:500], "")))
+                data = wire.error(type(exc).__name__, _first_line(exc), traceback.format_exc(limit=20))
+            except Exception:  # noqa: BLE001 - an exception whose message cannot even be read
+                data = wire.error(type(exc).__name__, "(its message could not be read)")
+        send.send_bytes(data)
 
 
 def _child_load(spec: Any, kwargs: dict, label: str) -> Callable:
