@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from rlhfkit.algos import token_logprobs
 from rlhfkit.models.tokenizer import load_tokenizer
-from rlhfkit.rollout import AutoEngine, HFEngine, Rollout, SamplingParams, StaticEngine, merged_lora
+from rlhfkit.rollout import AutoEngine, ContinuousEngine, HFEngine, Rollout, SamplingParams, StaticEngine, merged_lora
 from rlhfkit.rollout import static as static_module
 from rlhfkit.train.experience import position_ids_of
 from rlhfkit.train.online import response_logits
@@ -126,11 +126,17 @@ def test_sampled_logprobs_equal_the_trainers(temperature):
 
 
 def test_top_k_top_p_logprobs_are_of_the_distribution_sampled():
+    check_filtered_logprobs(static())
+
+
+def check_filtered_logprobs(engine) -> None:
+    """Sampled with top-k and top-p: the log-probs are those of transformers' filtered distribution (shared with
+    the other engines' tests)."""
     from transformers import TopKLogitsWarper, TopPLogitsWarper
 
     model = random_model(seed=5)
-    r = static().generate(model, ragged_prompts(4, seed=6), SamplingParams(max_new_tokens=10, temperature=0.8,
-                                                                          top_k=7, top_p=0.6), seed=1)
+    r = engine.generate(model, ragged_prompts(4, seed=6), SamplingParams(max_new_tokens=10, temperature=0.8,
+                                                                         top_k=7, top_p=0.6), seed=1)
     batch = {"input_ids": r.sequences, "attention_mask": r.attention_mask,
              "position_ids": position_ids_of(r.attention_mask), "response_ids": r.response_ids}
     with torch.no_grad():
@@ -158,17 +164,21 @@ def test_seeded_runs_reproducible():
     assert len(set(a.lengths.tolist())) > 1
 
 
-def test_lora_merged_for_the_call_and_weights_bit_identical_after(tok):
+def random_lora(seed: int = 9):
+    """A random model with a LoRA adapter of non-zero weights on q, v and gate, and a copy of its state dict."""
     from peft import LoraConfig, get_peft_model
 
-    base = random_model(seed=9)
-    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"],
-                                           init_lora_weights=False))
+    lora = get_peft_model(random_model(seed=seed), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False))
     with torch.no_grad():
         for n, p in lora.named_parameters():
             if "lora_B" in n:
                 p.normal_(0.0, 0.5)
-    before = {n: t.detach().clone() for n, t in lora.state_dict().items()}
+    return lora, {n: t.detach().clone() for n, t in lora.state_dict().items()}
+
+
+def test_lora_merged_for_the_call_and_weights_bit_identical_after(tok):
+    lora, before = random_lora()
     prompts = ragged_prompts(4, seed=10)
     params = SamplingParams(max_new_tokens=12, greedy=True)
     ids = [torch.tensor(p)[None] for p in prompts]
@@ -205,11 +215,13 @@ def test_uncovered_model_falls_back_to_hf_with_one_line(capsys):
     prompts = ragged_prompts(3, seed=2)
     params = SamplingParams(max_new_tokens=6, greedy=True)
     ref = HFEngine(**COMMON).generate(gpt2, prompts, params)
-    for engine in (static(), AutoEngine(**COMMON)):
+    for engine in (static(), ContinuousEngine(**COMMON), AutoEngine(**COMMON)):
         for _ in range(2):
             assert_same_rollout(ref, engine.generate(gpt2, prompts, params))
     lines = [line for line in capsys.readouterr().out.splitlines() if "GPT2LMHeadModel" in line]
-    assert len(lines) == 2 and "generating with hf" in lines[0] and "using hf" in lines[1]  # once per engine
+    assert len(lines) == 3 and "using hf" in lines[2]  # once per engine
+    assert all("generating with hf" in line for line in lines[:2])
+    assert "static engine" in lines[0] and "continuous engine" in lines[1]
 
 
 def test_auto_uses_the_table_and_reports_compile_time(capsys):
