@@ -39,7 +39,7 @@ def random_model(arch: str = "llama", eos_bias: float = 0.0, seed: int = 0, **ov
     cfg, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                 "mistral": (MistralConfig, MistralForCausalLM)}[arch]
     if arch == "mistral":
-        kw["sliding_window"] = None
+        kw.setdefault("sliding_window", None)
     model = cls(cfg(**kw)).eval()
     if eos_bias:
         head = model.lm_head if not model.config.tie_word_embeddings else None
@@ -303,8 +303,23 @@ def test_coverage_reasons():
     assert coverage(model) is None
     sliding = random_model("mistral")
     sliding.config.sliding_window = 8
-    assert "sliding-window" in coverage(sliding)
+    assert coverage(sliding) is None  # a window on every layer, masked by the decoder
+    qwen = random_model("qwen2")
+    qwen.config.layer_types = ["sliding_attention", "chunked_attention"]
+    assert "layer types ['chunked_attention']" in coverage(qwen)
     assert "RoPE type 'dynamic'" in coverage(random_model(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+
+
+def test_dropping_the_window_changes_the_tokens(monkeypatch):
+    """The sliding-window mask matters in these tests: a decoder that ignored it would not give hf's tokens."""
+    from rlhfkit.rollout import decoder
+
+    model = random_model("mistral", eos_bias=3.0, sliding_window=4)
+    prompts, params = ragged_prompts(6, seed=2), SamplingParams(max_new_tokens=16, greedy=True)
+    ref = HFEngine(**COMMON).generate(model, prompts, params)
+    assert_same_rollout(ref, static().generate(model, prompts, params))
+    monkeypatch.setattr(decoder, "layer_windows", lambda arch, cfg: (None,) * cfg.num_hidden_layers)
+    assert not torch.equal(ref.response_ids, static().generate(model, prompts, params).response_ids)
 
 
 def test_a_repeated_prompt_is_prefilled_once_with_the_same_cache_and_logits(monkeypatch):

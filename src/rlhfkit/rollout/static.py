@@ -87,7 +87,7 @@ class Slots:
     rows: torch.Tensor  # [b] long: output row of each slot (B, a scratch row, for filler slots)
     col: torch.Tensor  # [1] long: cache column of the token fed next (the same for every slot)
     p0: torch.Tensor  # [1] long: padded prompt width P
-    cos: torch.Tensor  # [S, D]
+    cos: torch.Tensor  # [S, D] or [K, S, D] (decoder.rope_tables)
     sin: torch.Tensor
     gumbel: torch.Tensor  # [b, V] float32
     temperature: torch.Tensor  # 0-d float32
@@ -98,8 +98,12 @@ class Slots:
     graphs: dict = field(default_factory=dict)  # (greedy, filters) -> CudaGraphStep
 
     @classmethod
-    def allocate(cls, w: Weights, b: int, S: int, device: torch.device, dtype: torch.dtype) -> Slots:
+    def allocate(cls, w: Weights, b: int, S: int, device: torch.device, dtype: torch.dtype,
+                 rope_shape: tuple[int, ...] | None = None) -> Slots:
+        """Buffers for bucket ``b`` and cache width S; ``rope_shape``: that of :func:`~.decoder.rope_tables`' tables
+        (default ``(S, head_dim)``)."""
         V = w.head.shape[0]
+        rope_shape = tuple(rope_shape or (S, w.head_dim))
 
         def z(*shape, dt=torch.long):
             return torch.zeros(shape, dtype=dt, device=device)
@@ -107,7 +111,7 @@ class Slots:
         return cls(cache=tuple(z(b, w.kv_heads, S, w.head_dim, dt=dtype) for _ in range(2 * len(w.layers))),
                    tok=z(b), pos=z(b),
                    valid=z(b, S, dt=torch.bool), done=z(b, dt=torch.bool), rows=z(b), col=z(1), p0=z(1),
-                   cos=z(S, w.head_dim, dt=dtype), sin=z(S, w.head_dim, dt=dtype), gumbel=z(b, V, dt=torch.float32),
+                   cos=z(*rope_shape, dt=dtype), sin=z(*rope_shape, dt=dtype), gumbel=z(b, V, dt=torch.float32),
                    temperature=z(dt=torch.float32), top_p=z(dt=torch.float32), top_k=z(), min_new=z(),
                    banned=z(V, dt=torch.bool))
 
@@ -233,7 +237,7 @@ class StaticEngine(Engine):
         ptrs = tuple(t.data_ptr() for t in w.tensors())
         with torch.autocast(device.type, enabled=False):  # the weights' own dtype, whatever the caller's autocast
             cos, sin = rope_tables(model, S, device, dtype)
-            slots = self._slots_for(w, bucket_of(B), S, device, dtype)
+            slots = self._slots_for(w, bucket_of(B), S, device, dtype, tuple(cos.shape))
             slots.set_call(params, self.eos_token_ids, cos, sin, P)
             # 1. prefill and the first token
             logits = prefill(w, ids, mask, slots.cache, cos, sin)
@@ -284,14 +288,14 @@ class StaticEngine(Engine):
         b = bucket_of(len(live))
         if b >= slots.size:
             return slots
-        smaller = self._slots_for(w, b, S, device, dtype)
+        smaller = self._slots_for(w, b, S, device, dtype, tuple(slots.cos.shape))
         smaller.take(slots, live.to(device), B)
         return smaller
 
-    def _slots_for(self, w: Weights, b: int, S: int, device, dtype) -> Slots:
-        key = (b, S, len(w.layers), w.kv_heads, w.head_dim, w.head.shape[0], dtype, str(device))
+    def _slots_for(self, w: Weights, b: int, S: int, device, dtype, rope_shape: tuple[int, ...]) -> Slots:
+        key = (b, S, len(w.layers), w.kv_heads, w.head_dim, w.head.shape[0], rope_shape, dtype, str(device))
         if key not in self._slots:
-            self._slots[key] = Slots.allocate(w, b, S, device, dtype)
+            self._slots[key] = Slots.allocate(w, b, S, device, dtype, rope_shape)
         return self._slots[key]
 
     def _run_step(self, w: Weights, slots: Slots, params: SamplingParams,
