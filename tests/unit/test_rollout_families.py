@@ -1,7 +1,10 @@
-"""The static engine's decoder on every family it covers, against ``hf`` (transformers ``generate``, the reference),
-on tiny random models built from config dicts (no download): greedy tokens identical with ragged prompts, rows ending
-at different steps (early EOS), stop strings and micro-batches; sampled log-probs equal to the trainer's recomputed
-ones within 1e-4 in float32; LoRA merged for the call and the weights restored bit for bit.
+"""The static engine on every family, against ``hf`` (transformers ``generate``, the reference), on tiny random models
+built from config dicts (no download): greedy tokens identical with ragged prompts, rows ending at different steps
+(early EOS), stop strings and micro-batches; sampled log-probs equal to the trainer's recomputed ones within 1e-4 in
+float32; LoRA merged for the call and the weights restored bit for bit. The families of rlhfkit's decoder
+(:data:`FAMILIES`) and, for the generic path (the model's own modules over rlhfkit's cache, rollout/generic.py),
+families it does not cover (:data:`OWN_MODULES`: GPT-2's learned positions, OLMo 2's norms, Cohere 2's sliding layers
+and parallel block, Phi-3 with LongRoPE).
 
 Each config exercises what its family adds over Llama: Qwen2's q/k/v biases and sliding layers above
 ``max_window_layers``, Qwen3's per-head q/k norms, Mistral's and Phi-3's window on every layer, Gemma's norms, scaled
@@ -20,7 +23,7 @@ from test_rollout_static import COMMON, EOS, PAD, _trainer_logprobs, assert_same
 
 from rlhfkit.models.tokenizer import load_tokenizer
 from rlhfkit.rollout import HFEngine, SamplingParams, StaticEngine, finalize_responses
-from rlhfkit.rollout.decoder import coverage, read_weights
+from rlhfkit.rollout.decoder import read_weights
 
 V = 100  # the tiny tokenizer's vocabulary, so stop strings can be decoded
 BASE = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -41,7 +44,14 @@ FAMILIES = {  # name -> (config class prefix, what it sets beyond BASE); Llama, 
                               "final_logit_softcapping": 30.0}),
     "gemma3-multimodal": ("Gemma3", {"eos_bias": 2.0}),
     "phi3": ("Phi3", {"partial_rotary_factor": 0.5, "sliding_window": 7}),
+    # the generic path
+    "gpt2": ("GPT2", {"eos_bias": 0.2}),
+    "olmo2": ("Olmo2", {}),
+    "cohere2-sliding": ("Cohere2", {"sliding_window": 5, "layer_types": ["sliding_attention", "full_attention"]}),
+    "phi3-longrope": ("Phi3", {"original_max_position_embeddings": 64, "rope_scaling": {
+        "rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}, "eos_bias": 0.6}),
 }
+OWN_MODULES = ("gpt2", "olmo2", "cohere2-sliding", "phi3-longrope")
 
 
 def family_model(name: str, seed: int = 0):
@@ -56,6 +66,10 @@ def family_model(name: str, seed: int = 0):
             patch_size=4), mm_tokens_per_image=4, image_token_index=V - 1, boi_token_index=V - 2,
             eoi_token_index=V - 3, pad_token_id=PAD, eos_token_id=EOS)
         cls = transformers.Gemma3ForConditionalGeneration
+    elif prefix == "GPT2":
+        cfg = transformers.GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                      eos_token_id=EOS, bos_token_id=EOS, pad_token_id=PAD, initializer_range=0.3)
+        cls = transformers.GPT2LMHeadModel
     else:
         cfg = getattr(transformers, f"{prefix}Config")(**{**BASE, **over})
         cls = getattr(transformers, f"{prefix.removesuffix('Text')}ForCausalLM")
@@ -64,7 +78,9 @@ def family_model(name: str, seed: int = 0):
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     with torch.no_grad():
-        model.lm_head.weight[EOS] += eos_bias
+        if prefix == "GPT2":  # its final LayerNorm centres the hidden state: a bias gives the EOS row a direction
+            model.transformer.ln_f.bias.fill_(0.3)
+        model.get_output_embeddings().weight[EOS] += eos_bias
     return model
 
 
@@ -84,7 +100,7 @@ def tok():
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_greedy_token_identical_to_hf(name, tok):
     model = family_model(name)
-    assert coverage(model) is None
+    assert static().path_of(model)[0] == ("modules" if name in OWN_MODULES else "decoder")
     params = SamplingParams(max_new_tokens=16, greedy=True)
     ps = prompts(9, seed=1)
     ref = HFEngine(**COMMON).generate(model, ps, params)  # bucket 16, moving down as rows end
@@ -111,7 +127,7 @@ def test_sampled_logprobs_equal_the_trainers(name):
     torch.testing.assert_close(r.logprobs[mask], _trainer_logprobs(model, r, 0.8)[mask], atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi3"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi3", "gpt2"])
 def test_lora_merged_for_the_call_and_weights_bit_identical_after(name):
     from peft import LoraConfig, get_peft_model
 

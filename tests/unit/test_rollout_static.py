@@ -196,20 +196,21 @@ def test_lora_merged_for_the_call_and_weights_bit_identical_after(tok):
     q.base_layer.weight.data.copy_(before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
 
 
-def test_uncovered_model_falls_back_to_hf_with_one_line(capsys):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def test_a_model_neither_path_covers_falls_back_to_hf_with_one_line(capsys):
+    from transformers import BloomConfig, BloomForCausalLM
 
-    torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=64,
-                                      eos_token_id=EOS, bos_token_id=EOS)).eval()
+    torch.manual_seed(0)  # Bloom: ALiBi attention, no custom attention function (not transformers' attention backend)
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=100, hidden_size=32, n_layer=1, n_head=2, eos_token_id=EOS,
+                                         bos_token_id=EOS, pad_token_id=PAD)).eval()
     prompts = ragged_prompts(3, seed=2)
     params = SamplingParams(max_new_tokens=6, greedy=True)
-    ref = HFEngine(**COMMON).generate(gpt2, prompts, params)
+    ref = HFEngine(**COMMON).generate(bloom, prompts, params)
     for engine in (static(), AutoEngine(**COMMON)):
         for _ in range(2):
-            assert_same_rollout(ref, engine.generate(gpt2, prompts, params))
-    lines = [line for line in capsys.readouterr().out.splitlines() if "GPT2LMHeadModel" in line]
-    assert len(lines) == 2 and "generating with hf" in lines[0] and "using hf" in lines[1]  # once per engine
+            assert_same_rollout(ref, engine.generate(bloom, prompts, params))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "BloomForCausalLM" in line]
+    assert len(lines) == 2 and "generating with hf" in lines[0] and "auto: hf engine on cpu" in lines[1]  # once each
+    assert "does not take a custom attention function" in lines[1]
 
 
 def test_auto_uses_the_table_and_reports_compile_time(capsys):
@@ -224,7 +225,7 @@ def test_auto_uses_the_table_and_reports_compile_time(capsys):
     assert_same_rollout(HFEngine(**COMMON).generate(model, ragged_prompts(3), params),
                         engine.generate(model, ragged_prompts(3), params))
     assert engine.take_stats() == {"time/rollout_compile": 0.0}  # the CPU entry does not compile
-    assert f"auto: {name} engine on cpu" in capsys.readouterr().out
+    assert f"auto: {name} engine on cpu, rlhfkit's decoder for LlamaForCausalLM" in capsys.readouterr().out
 
 
 def test_sample_tokens_against_transformers_warpers_and_frequencies():

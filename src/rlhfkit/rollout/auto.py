@@ -43,7 +43,7 @@ compiling pays there within one run is open; auto keeps the uncompiled graphs (n
 
 from __future__ import annotations
 
-from .decoder import coverage
+from .decoder import architecture
 from .engine import ENGINES, Engine, model_device, register, strip_parallel_wrappers
 from .hf import HFEngine
 from .static import StaticEngine
@@ -72,22 +72,34 @@ class AutoEngine(Engine):
             self.engines[device] = ENGINES[name](tokenizer, **common, **kwargs)
 
     def pick(self, model) -> Engine:
-        """The engine for this model (bare, or wrapped: parallel wrappers are stripped)."""
+        """The engine for this model (bare, or wrapped: parallel wrappers are stripped); says once, in one line,
+        which engine and which path run, and why."""
+        return self._pick(model)[0]
+
+    def _pick(self, model) -> tuple[Engine, str | None]:
+        """(engine, the static engine's path or None)."""
         model = strip_parallel_wrappers(model)
         device = model_device(model).type
         engine = self.engines.get(device, self.hf)
-        reason = coverage(model) if isinstance(engine, StaticEngine) else None
-        if reason is not None:
-            engine, line = self.hf, f"[rollout] auto: {reason} is not covered by the static engine; using hf"
+        if not isinstance(engine, StaticEngine):
+            self.say_once(f"[rollout] auto: {engine.name} engine on {device}")
+            return engine, None
+        kind, why = engine.path_of(model)
+        graphs = " with CUDA graphs" if device == "cuda" and engine.cuda_graphs else ""
+        if kind == "decoder":
+            line = f"[rollout] auto: static engine on {device}{graphs}, rlhfkit's decoder for {architecture(model)}"
+        elif kind == "modules":
+            line = (f"[rollout] auto: static engine on {device}{graphs}, the model's own modules over rlhfkit's cache "
+                    f"({why})")
         else:
-            line = f"[rollout] auto: {engine.name} engine on {device}"
+            engine, kind, line = self.hf, None, f"[rollout] auto: hf engine on {device}: {why}"
         self.say_once(line)
-        return engine
+        return engine, kind
 
     def _decode(self, model, ids, mask, params, seed):
-        engine = self.pick(model)
-        if isinstance(engine, StaticEngine):  # covered: pick checked it, once per micro-batch
-            return engine.decode_covered(model, ids, mask, params, seed)
+        engine, kind = self._pick(model)
+        if kind is not None:  # the static engine, on the path _pick chose
+            return engine.decode_path(kind, model, ids, mask, params, seed)
         return engine._decode(model, ids, mask, params, seed)
 
     def take_stats(self) -> dict[str, float]:

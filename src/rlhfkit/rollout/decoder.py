@@ -170,7 +170,7 @@ def coverage(model) -> str | None:
     lm = causal_lm(model)
     arch = architecture(model)
     if arch not in DECODERS or getattr(lm, "config", None) is None:
-        return f"architecture {arch} (covered: {', '.join(DECODERS)})"
+        return f"architecture {arch}"
     inner = text_model(model)
     cfg = inner.config
     act = getattr(cfg, "hidden_activation", None) if arch in _GEMMA else getattr(cfg, "hidden_act", "silu")
@@ -335,13 +335,18 @@ def _logits(w: Weights, h: torch.Tensor) -> torch.Tensor:
 
 
 def attention(w: Weights, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T * scale) v over the ``allowed`` (boolean, broadcast to the scores) keys: SDPA, or with Gemma 2's
-    soft cap transformers' eager arithmetic (scores capped, softmax in float32, cast back)."""
-    scale = w.scale if w.scale is not None else w.head_dim ** -0.5
-    if w.attn_softcap is None:
+    """:func:`scores_attention` with the model's scale and soft cap."""
+    return scores_attention(q, k, v, allowed, w.scale if w.scale is not None else w.head_dim ** -0.5, w.attn_softcap)
+
+
+def scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float,
+                     softcap: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) v over the ``allowed`` keys (a boolean mask broadcast to the scores): SDPA, or with a
+    soft cap (Gemma 2) transformers' eager arithmetic (scores capped, masked, softmax in float32, cast back)."""
+    if softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / w.attn_softcap) * w.attn_softcap
+    scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
     return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
 

@@ -35,15 +35,19 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import say
-from .decoder import Weights, coverage, decode_logits, prefill, read_weights, rope_tables
-from .engine import Engine, register
+from .decoder import Weights, causal_lm, coverage, decode_logits, prefill, read_weights, rope_tables
+from .engine import Engine, model_device, register
+from .generic import Modules, NotCovered, allocate_cache, check_model, module_prefill, module_step
+from .generic import coverage as generic_coverage
 from .hf import HFEngine
-from .sampling import SamplingParams, gumbel_noise, sample_tokens
+from .sampling import SamplingParams, gumbel_noise, sample_next, sample_tokens
 
 
 def decode_step(w: Weights, cache: tuple[torch.Tensor, ...], tok: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
@@ -51,12 +55,9 @@ def decode_step(w: Weights, cache: tuple[torch.Tensor, ...], tok: torch.Tensor, 
                 temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, banned: torch.Tensor,
                 min_new: torch.Tensor, *, greedy: bool, filters: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step of every slot: ``(next tokens [b], their log-probs [b])``. Writes only the cache column
-    ``col`` (so running it twice on the same inputs is harmless: a CUDA graph's warm-up does). The response token
-    drawn now has index ``col - p0 + 1``; EOS (``banned``) is impossible while that is below ``min_new``."""
-    logits = decode_logits(w, cache, tok, pos, col, p0, valid, cos, sin)
-    ban = banned & ((col - p0 + 1) < min_new)
-    return sample_tokens(logits, None if greedy else gumbel, temperature=temperature, top_k=top_k, top_p=top_p,
-                         banned=ban, filters=filters)
+    ``col`` (so running it twice on the same inputs is harmless: a CUDA graph's warm-up does)."""
+    return sample_next(decode_logits(w, cache, tok, pos, col, p0, valid, cos, sin), col, p0, gumbel, temperature,
+                       top_k, top_p, banned, min_new, greedy=greedy, filters=filters)
 
 
 _LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
@@ -100,20 +101,25 @@ class Slots:
     @classmethod
     def allocate(cls, w: Weights, b: int, S: int, device: torch.device, dtype: torch.dtype,
                  rope_shape: tuple[int, ...] | None = None) -> Slots:
-        """Buffers for bucket ``b`` and cache width S; ``rope_shape``: that of :func:`~.decoder.rope_tables`' tables
-        (default ``(S, head_dim)``)."""
-        V = w.head.shape[0]
-        rope_shape = tuple(rope_shape or (S, w.head_dim))
+        """Buffers for bucket ``b`` and cache width S of the decoder's weights ``w``; ``rope_shape``: that of
+        :func:`~.decoder.rope_tables`' tables (default ``(S, head_dim)``)."""
+        cache = tuple(torch.zeros(b, w.kv_heads, S, w.head_dim, dtype=dtype, device=device)
+                      for _ in range(2 * len(w.layers)))
+        return cls.create(cache, w.head.shape[0], tuple(rope_shape or (S, w.head_dim)), dtype)
+
+    @classmethod
+    def create(cls, cache: tuple[torch.Tensor, ...], vocab: int, rope_shape: tuple[int, ...],
+               dtype: torch.dtype) -> Slots:
+        """The buffers around a cache ``[b, kv_heads, S, D]`` x 2L (its device, bucket and width)."""
+        b, S, device = cache[0].shape[0], cache[0].shape[2], cache[0].device
 
         def z(*shape, dt=torch.long):
             return torch.zeros(shape, dtype=dt, device=device)
 
-        return cls(cache=tuple(z(b, w.kv_heads, S, w.head_dim, dt=dtype) for _ in range(2 * len(w.layers))),
-                   tok=z(b), pos=z(b),
-                   valid=z(b, S, dt=torch.bool), done=z(b, dt=torch.bool), rows=z(b), col=z(1), p0=z(1),
-                   cos=z(*rope_shape, dt=dtype), sin=z(*rope_shape, dt=dtype), gumbel=z(b, V, dt=torch.float32),
-                   temperature=z(dt=torch.float32), top_p=z(dt=torch.float32), top_k=z(), min_new=z(),
-                   banned=z(V, dt=torch.bool))
+        return cls(cache=cache, tok=z(b), pos=z(b), valid=z(b, S, dt=torch.bool), done=z(b, dt=torch.bool),
+                   rows=z(b), col=z(1), p0=z(1), cos=z(*rope_shape, dt=dtype), sin=z(*rope_shape, dt=dtype),
+                   gumbel=z(b, vocab, dt=torch.float32), temperature=z(dt=torch.float32), top_p=z(dt=torch.float32),
+                   top_k=z(), min_new=z(), banned=z(vocab, dt=torch.bool))
 
     @property
     def size(self) -> int:
@@ -166,7 +172,8 @@ class Slots:
         for name in ("col", "p0", "cos", "sin", "temperature", "top_p", "top_k", "min_new", "banned"):
             getattr(self, name).copy_(getattr(other, name))
 
-    def step_args(self, w: Weights) -> tuple:
+    def step_args(self, w) -> tuple:
+        """The arguments of a step (``w``: the decoder's Weights, or the generic path's Modules)."""
         return (w, self.cache, self.tok, self.pos, self.col, self.p0, self.valid, self.cos, self.sin, self.gumbel,
                 self.temperature, self.top_k, self.top_p, self.banned, self.min_new)
 
@@ -193,12 +200,52 @@ class CudaGraphStep:
         return self.out
 
 
+@dataclass
+class Path:
+    """How the decode loop runs one model: with rlhfkit's decoder over its weights (``decoder``) or through the
+    model's own modules (``modules``, :mod:`~.generic`). ``arg``: the first argument of ``prefill`` and ``step``
+    (the decoder's :class:`~.decoder.Weights` or a :class:`~.generic.Modules`)."""
+
+    kind: str
+    arg: object
+    prefill: Callable
+    step: Callable
+    key: tuple  # what fixes the slots' buffers besides bucket and width
+
+    @classmethod
+    def decoder(cls, model) -> Path:
+        w = read_weights(model)
+        return cls("decoder", w, prefill, decode_step,
+                   ("decoder", len(w.layers), w.kv_heads, w.head_dim, w.head.shape[0]))
+
+    @classmethod
+    def modules(cls, model, checked: Modules) -> Path:
+        return cls("modules", checked, module_prefill, module_step, ("modules", id(checked)))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.arg.embed.dtype if self.kind == "decoder" else self.arg.dtype
+
+    def tables(self, model, S: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE tables of the decoder (the model's own modules apply their RoPE: none)."""
+        if self.kind == "decoder":
+            return rope_tables(model, S, device, self.dtype)
+        empty = torch.zeros(1, 1, dtype=self.dtype, device=device)
+        return empty, empty
+
+    def allocate(self, b: int, S: int, device, rope_shape: tuple[int, ...]) -> Slots:
+        if self.kind == "decoder":
+            return Slots.allocate(self.arg, b, S, device, self.dtype, rope_shape)
+        return Slots.create(allocate_cache(self.arg, b, S, device), self.arg.vocab, rope_shape, self.dtype)
+
+
 @register
 class StaticEngine(Engine):
     """Our decode loop (see the module docstring). Settings (``generation.engine_kwargs``): ``compile``
-    (``torch.compile`` the decode step), ``cuda_graphs`` (replay the step as a CUDA graph; CUDA only, ignored
-    elsewhere), ``sync_every`` (tokens between the host's checks for ended rows), ``cache_multiple`` (the cache
-    width is rounded up to a multiple of it, so prompts of similar widths share a compiled step)."""
+    (``torch.compile`` the decode step; the decoder's path only), ``cuda_graphs`` (replay the step as a CUDA graph;
+    CUDA only, ignored elsewhere), ``sync_every`` (tokens between the host's checks for ended rows),
+    ``cache_multiple`` (the cache width is rounded up to a multiple of it, so prompts of similar widths share a
+    compiled step)."""
 
     name = "static"
 
@@ -214,19 +261,54 @@ class StaticEngine(Engine):
                                  stop_strings=stop_strings, batch_size=batch_size)
         self._slots: dict[tuple, Slots] = {}
         self._first_calls: set[tuple] = set()
+        self._checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # lm -> Modules or why not
+        self._uncaptured: set[tuple] = set()  # paths whose step could not be captured as a CUDA graph
+
+    # ── which path ───────────────────────────────────────────────────────────────────────────────────────────
+    def path_of(self, model) -> tuple[str, str | None]:
+        """``("decoder", None)``: rlhfkit's decoder covers the model; ``("modules", why not the decoder)``: its own
+        modules over our cache (checked once per model, :func:`~.generic.check_model`); ``("hf", why neither)``."""
+        reason = coverage(model)
+        if reason is None:
+            return "decoder", None
+        checked = self._modules(model)
+        if isinstance(checked, str):
+            return "hf", f"{reason} is not in rlhfkit's decoder, and its own modules cannot decode over our cache: " \
+                         f"{checked}"
+        return "modules", f"{reason} is not in rlhfkit's decoder"
+
+    def _modules(self, model) -> Modules | str:
+        lm = causal_lm(model)
+        if lm not in self._checked:
+            checked = generic_coverage(model)
+            if checked is None:
+                try:
+                    with torch.autocast(model_device(lm).type, enabled=False):
+                        checked = check_model(model)
+                except NotCovered as err:
+                    checked = str(err)
+            self._checked[lm] = checked
+        return self._checked[lm]
 
     # ── the call ─────────────────────────────────────────────────────────────────────────────────────────────
     def _decode(self, model, ids, mask, params, seed):
-        reason = coverage(model)
-        if reason is not None:
-            self.say_once(f"[rollout] static engine: {reason} is not covered; generating with hf")
+        kind, why = self.path_of(model)
+        if kind == "hf":
+            self.say_once(f"[rollout] static engine: {why}; generating with hf")
             return self.fallback._decode(model, ids, mask, params, seed)
-        return self.decode_covered(model, ids, mask, params, seed)
+        if kind == "modules":
+            self.say_once(f"[rollout] static engine: {why}; decoding with the model's own modules over rlhfkit's "
+                          "cache" + (" (compile applies to the decoder only)" if self.compile else ""))
+        return self.decode_path(kind, model, ids, mask, params, seed)
 
     def decode_covered(self, model, ids, mask, params, seed):
-        """``_decode`` of a model :func:`~.decoder.coverage` accepted (``auto`` checks that once, in its pick)."""
-        w = read_weights(model)
-        device, dtype = ids.device, w.embed.dtype
+        """``_decode`` of a model :func:`~.decoder.coverage` accepted (rlhfkit's decoder)."""
+        return self.decode_path("decoder", model, ids, mask, params, seed)
+
+    def decode_path(self, kind: str, model, ids, mask, params, seed):
+        """``_decode`` on the path ``kind`` (``decoder`` or ``modules``) :meth:`path_of` chose."""
+        path = Path.decoder(model) if kind == "decoder" else Path.modules(model, self._modules(model))
+        device, dtype = ids.device, path.dtype
         B, P = ids.shape
         R = params.max_new_tokens
         S = -(-(P + R) // self.cache_multiple) * self.cache_multiple
@@ -234,13 +316,13 @@ class StaticEngine(Engine):
         gen.manual_seed(seed)
         out_ids = torch.full((R, B + 1), self.pad_token_id, dtype=torch.long, device=device)  # row B: scratch
         out_lp = torch.zeros((R, B + 1), dtype=torch.float32, device=device)
-        ptrs = tuple(t.data_ptr() for t in w.tensors())
+        ptrs = tuple(t.data_ptr() for t in path.arg.tensors())
         with torch.autocast(device.type, enabled=False):  # the weights' own dtype, whatever the caller's autocast
-            cos, sin = rope_tables(model, S, device, dtype)
-            slots = self._slots_for(w, bucket_of(B), S, device, dtype, tuple(cos.shape))
+            cos, sin = path.tables(model, S, device)
+            slots = self._slots_for(path, bucket_of(B), S, device, dtype, tuple(cos.shape))
             slots.set_call(params, self.eos_token_ids, cos, sin, P)
             # 1. prefill and the first token
-            logits = prefill(w, ids, mask, slots.cache, cos, sin)
+            logits = path.prefill(path.arg, ids, mask, slots.cache, cos, sin)
             noise = None if params.greedy else gumbel_noise((B, logits.shape[-1]), gen, device)
             first, lp = sample_tokens(logits, noise, temperature=slots.temperature, top_k=slots.top_k,
                                       top_p=slots.top_p, banned=slots.banned if params.min_new_tokens > 0 else None,
@@ -252,13 +334,13 @@ class StaticEngine(Engine):
             end = R
             for t in range(1, R):  # token t is drawn from the step fed with token t - 1
                 if (t - 1) % self.sync_every == 0:
-                    slots = self._sync(w, slots, out_ids, t, B, S, device, dtype)
+                    slots = self._sync(path, slots, out_ids, t, B, S, device, dtype)
                     if slots is None:
                         end = t
                         break
                 if not params.greedy:
                     gumbel_noise(slots.gumbel.shape, gen, device, out=slots.gumbel)
-                tok, lp = self._run_step(w, slots, params, ptrs)
+                tok, lp = self._run_step(path, slots, params, ptrs)
                 slots.tok.copy_(tok)
                 slots.pos.add_(1)
                 slots.col.add_(1)
@@ -267,7 +349,8 @@ class StaticEngine(Engine):
                 out_lp[t].index_copy_(0, slots.rows, lp)
         return out_ids[:end, :B].T, out_lp[:end, :B].T
 
-    def _sync(self, w, slots: Slots, out_ids: torch.Tensor, t: int, B: int, S: int, device, dtype) -> Slots | None:
+    def _sync(self, path: Path, slots: Slots, out_ids: torch.Tensor, t: int, B: int, S: int, device,
+              dtype) -> Slots | None:
         """After ``t`` tokens: mark slots whose tail holds a stop string as done; None when every row has ended,
         else the slots of the smallest bucket that holds the live rows (the same slots when that is no smaller)."""
         done = slots.done.cpu()
@@ -288,43 +371,53 @@ class StaticEngine(Engine):
         b = bucket_of(len(live))
         if b >= slots.size:
             return slots
-        smaller = self._slots_for(w, b, S, device, dtype, tuple(slots.cos.shape))
+        smaller = self._slots_for(path, b, S, device, dtype, tuple(slots.cos.shape))
         smaller.take(slots, live.to(device), B)
         return smaller
 
-    def _slots_for(self, w: Weights, b: int, S: int, device, dtype, rope_shape: tuple[int, ...]) -> Slots:
-        key = (b, S, len(w.layers), w.kv_heads, w.head_dim, w.head.shape[0], rope_shape, dtype, str(device))
+    def _slots_for(self, path: Path, b: int, S: int, device, dtype, rope_shape: tuple[int, ...]) -> Slots:
+        key = (b, S, path.key, rope_shape, dtype, str(device))
         if key not in self._slots:
-            self._slots[key] = Slots.allocate(w, b, S, device, dtype, rope_shape)
+            self._slots[key] = path.allocate(b, S, device, rope_shape)
         return self._slots[key]
 
-    def _run_step(self, w: Weights, slots: Slots, params: SamplingParams,
+    def _run_step(self, path: Path, slots: Slots, params: SamplingParams,
                   ptrs: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step: eager, compiled, or replayed from a CUDA graph; the first call of each variant is
-        timed and counted as compile time."""
+        """One decode step: eager, compiled (decoder only), or replayed from a CUDA graph; the first call of each
+        variant is timed and counted as compile time."""
         flags = {"greedy": params.greedy, "filters": params.filters}
-        graphs = self.cuda_graphs and slots.tok.device.type == "cuda"
+        graphs = self.cuda_graphs and slots.tok.device.type == "cuda" and path.key not in self._uncaptured
         if graphs:
             graph = slots.graphs.get((params.greedy, params.filters))
             if graph is not None and graph.weight_ptrs == ptrs:
                 return graph()
-        fn = compiled_step() if self.compile else decode_step
-        key = (slots.size, slots.width, params.greedy, params.filters, graphs)
-        first = key not in self._first_calls and (self.compile or graphs)
+        compiled = self.compile and path.kind == "decoder"
+        fn = compiled_step() if compiled else path.step
+        key = (path.kind, slots.size, slots.width, params.greedy, params.filters, graphs)
+        first = key not in self._first_calls and (compiled or graphs)
         t0 = time.perf_counter()
         # compiled: room for buckets x cache widths x greedy / sampled (the eager step needs no dynamo setting)
-        with torch._dynamo.config.patch(**{_LIMIT: 64}) if self.compile else contextlib.nullcontext():
+        with torch._dynamo.config.patch(**{_LIMIT: 64}) if compiled else contextlib.nullcontext():
             if graphs:
-                graph = CudaGraphStep(fn, slots.step_args(w), flags, ptrs)
+                try:
+                    graph = CudaGraphStep(fn, slots.step_args(path.arg), flags, ptrs)
+                except Exception as err:  # noqa: BLE001 - any capture failure: the same step, eagerly
+                    if path.kind == "decoder":
+                        raise
+                    self._uncaptured.add(path.key)
+                    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+                    self.say_once(f"[rollout] static engine: the model's forward cannot be captured as a CUDA graph "
+                                  f"({first_line}); its decode steps run eagerly")
+                    return fn(*slots.step_args(path.arg), **flags)
                 slots.graphs[(params.greedy, params.filters)] = graph
                 out = graph()
             else:
-                out = fn(*slots.step_args(w), **flags)
+                out = fn(*slots.step_args(path.arg), **flags)
         if first:
             self._first_calls.add(key)
             seconds = time.perf_counter() - t0
             self.compile_seconds += seconds
-            what = "compiled" + (" and captured" if graphs else "") if self.compile else "captured"
+            what = "compiled" + (" and captured" if graphs else "") if compiled else "captured"
             if seconds >= 1.0:  # (a step compiled by another static engine of this process is only looked up)
                 say(f"[rollout] static engine: decode step for batch {slots.size} x {slots.width} cache "
                     f"columns ({'greedy' if params.greedy else 'sampled'}) {what} in {seconds:.1f} s")
