@@ -29,13 +29,13 @@ V = 100  # the tiny tokenizer's vocabulary, so stop strings can be decoded
 BASE = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             intermediate_size=128, max_position_embeddings=256, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=None,
             initializer_range=0.3, tie_word_embeddings=False)
-GEMMA = dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=6)
+GEMMA = dict(head_dim=32, query_pre_attn_scalar=24, sliding_window=6)  # head_dim * heads != hidden, as in Gemma 3
 FAMILIES = {  # name -> (config class prefix, what it sets beyond BASE); Llama, Llama 3.x RoPE, Qwen2 / Qwen2.5 and
     # Mistral without a window: tests/unit/test_rollout_static.py
     "llama-yarn": ("Llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0,
                                               "original_max_position_embeddings": 64}, "eos_bias": 1.0}),
     "qwen2-sliding": ("Qwen2", {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1}),
-    "qwen3": ("Qwen3", {"head_dim": 16}),
+    "qwen3": ("Qwen3", {"head_dim": 24}),  # head_dim * heads != hidden, as in Qwen3-0.6B (128 x 16 vs 1024)
     "qwen3-sliding": ("Qwen3", {"head_dim": 16, "use_sliding_window": True, "sliding_window": 5,
                                 "max_window_layers": 0}),
     "mistral-sliding": ("Mistral", {"sliding_window": 6}),
@@ -166,3 +166,15 @@ def test_each_family_reads_what_it_adds():
     assert [layer.window for layer in w.layers] == [7, 7]
     w = read_weights(family_model("gemma2"))
     assert w.attn_softcap == 5.0 and w.final_softcap == 3.0 and w.layers[0].q_norm is None
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["gemma3", "phi3"])
+def test_compiled_step_equals_hf(name):
+    """The decoder's step compiled (fullgraph) with a family's settings: windows, several RoPE tables, soft caps,
+    fused projections (about a minute per family on 2 CPU cores)."""
+    model = family_model(name)
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    ref = HFEngine(**COMMON).generate(model, prompts(5, seed=6), params)
+    got = StaticEngine(**COMMON, compile=True, sync_every=4).generate(model, prompts(5, seed=6), params)
+    assert_same_rollout(ref, got, lp_atol=1e-4)

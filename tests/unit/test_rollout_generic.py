@@ -82,3 +82,21 @@ def test_cuda_graph_step_equals_eager_on_cuda():
     eager = static(cuda_graphs=False).generate(model, prompts(5, 5), GREEDY)
     graphed = static(cuda_graphs=True).generate(model, prompts(5, 5), GREEDY)
     assert_same_rollout(eager, graphed)
+
+
+def test_the_engine_keeps_no_model_alive():
+    """What the check learned is kept per model, weakly: a model the run drops (a pipeline's finished stage) is
+    freed, and a model of the same shapes reuses the cache buffers."""
+    import gc
+    import weakref
+
+    engine = static()
+    model = family_model("olmo2")
+    engine.generate(model, prompts(2, 7), GREEDY)
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None and len(engine._checked) == 0
+    slots = len(engine._slots)
+    engine.generate(family_model("olmo2", seed=3), prompts(2, 7), GREEDY)
+    assert len(engine._slots) == slots

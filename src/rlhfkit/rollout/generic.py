@@ -147,14 +147,27 @@ def coverage(model) -> str | None:
     return None
 
 
-class Modules:
-    """A causal LM's own forward with our attention: the first argument of :func:`module_step` (in the place of the
-    decoder's weights), and what :func:`check_model` learned about its layers."""
+@dataclass(frozen=True)
+class Layout:
+    """What :func:`check_model` learned about a model's attention layers: the keys' and values' shapes
+    ``([Hkv, Dk], [Hkv, Dv])`` per layer in call order, each layer's ``layer_idx`` -> position, the vocabulary and
+    the cache's dtype. Holds no reference to the model (the engine keeps one per model, weakly keyed)."""
 
-    def __init__(self, model, shapes: list, layers: dict, vocab: int):
+    shapes: tuple
+    layers: tuple  # (layer_idx, position) pairs
+    vocab: int
+    dtype: torch.dtype
+
+
+class Modules:
+    """A causal LM's own forward with our attention, for one call: the first argument of :func:`module_step` (in the
+    place of the decoder's weights)."""
+
+    def __init__(self, model, layout: Layout):
         self.lm = causal_lm(model)
-        self.shapes, self.layers, self.vocab = shapes, layers, vocab  # filled by check_model's probe
-        self.dtype: torch.dtype | None = None
+        self.layout = layout
+        self.shapes, self.layers, self.vocab, self.dtype = layout.shapes, dict(layout.layers), layout.vocab, \
+            layout.dtype
         self.configs = _configs(self.lm)
         self.logits_to_keep = "logits_to_keep" in inspect.signature(self.lm.forward).parameters
 
@@ -227,7 +240,7 @@ def module_logits(modules: Modules, cache: tuple[torch.Tensor, ...], tok: torch.
     return modules.logits(call, tok[:, None], pos[:, None])
 
 
-def check_model(model) -> Modules:
+def check_model(model) -> Layout:
     """Learn the layers' cache shapes and check this path against the model's own forward (see the module
     docstring); raises :class:`NotCovered` with the reason. Two rows (one left-padded) of 6 token ids: prefill the
     first 4 columns, decode the last 2; their logits must equal the full forward's at those positions (float32:
@@ -240,11 +253,12 @@ def check_model(model) -> Modules:
     kwargs = {"logits_to_keep": 0} if "logits_to_keep" in inspect.signature(lm.forward).parameters else {}
     ref = lm(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, **kwargs).logits.float()
     probe = _Call("probe", {}, mask=mask[:, :4])
-    modules = Modules(model, probe.shapes, probe.layers, ref.shape[-1])
-    modules.logits(probe, ids[:, :4], positions[:, :4])
+    Modules(model, Layout((), (), ref.shape[-1], torch.float32)).logits(probe, ids[:, :4], positions[:, :4])
     if not probe.layers:
         raise NotCovered("no attention through the attention interface")
-    modules.dtype = dtype = probe.dtype
+    layout = Layout(tuple(probe.shapes), tuple(probe.layers.items()), ref.shape[-1], probe.dtype)
+    modules = Modules(model, layout)
+    dtype = layout.dtype
     cache = allocate_cache(modules, 2, 8, device)
     got = [module_prefill(modules, ids[:, :4], mask[:, :4], cache)]
     valid = torch.zeros(2, 8, dtype=torch.bool, device=device)
@@ -258,7 +272,7 @@ def check_model(model) -> Modules:
     tol = (1e-3 if dtype == torch.float32 else 5e-2) * (1.0 + want.abs().max().item())
     if not err <= tol:
         raise NotCovered(f"its cached decode differs from its own forward by {err:.3g} (tolerance {tol:.3g})")
-    return modules
+    return layout
 
 
 def module_step(modules: Modules, cache: tuple[torch.Tensor, ...], tok: torch.Tensor, pos: torch.Tensor,

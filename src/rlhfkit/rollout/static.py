@@ -46,7 +46,7 @@ import torch
 from ..errors import say
 from .decoder import Weights, causal_lm, coverage, decode_logits, prefill, read_weights, rope_tables
 from .engine import Engine, model_device, register
-from .generic import Modules, NotCovered, allocate_cache, check_model, module_prefill, module_step
+from .generic import Layout, Modules, NotCovered, allocate_cache, check_model, module_prefill, module_step
 from .generic import coverage as generic_coverage
 from .hf import HFEngine
 from .sampling import SamplingParams, gumbel_noise, sample_next, sample_tokens
@@ -221,8 +221,8 @@ class Path:
                    ("decoder", len(w.layers), w.kv_heads, w.head_dim, w.head.shape[0]))
 
     @classmethod
-    def modules(cls, model, checked: Modules) -> Path:
-        return cls("modules", checked, module_prefill, module_step, ("modules", id(checked)))
+    def modules(cls, model, layout: Layout) -> Path:
+        return cls("modules", Modules(model, layout), module_prefill, module_step, ("modules", layout))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -263,7 +263,7 @@ class StaticEngine(Engine):
                                  stop_strings=stop_strings, batch_size=batch_size)
         self._slots: dict[tuple, Slots] = {}
         self._first_calls: set[tuple] = set()
-        self._checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # lm -> Modules or why not
+        self._checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # lm -> its Layout or why not
         self._uncaptured: set[tuple] = set()  # paths whose step could not be captured as a CUDA graph
 
     # ── which path ───────────────────────────────────────────────────────────────────────────────────────────
@@ -279,7 +279,7 @@ class StaticEngine(Engine):
                          f"{checked}"
         return "modules", f"{reason} is not in rlhfkit's decoder"
 
-    def _modules(self, model) -> Modules | str:
+    def _modules(self, model) -> Layout | str:
         lm = causal_lm(model)
         if lm not in self._checked:
             checked = generic_coverage(model)
