@@ -15,13 +15,16 @@ On CUDA: a SmolLM2-135M-shaped Llama with random weights in bf16, batch 16, prom
   (h) rollout correctness: the static engine's greedy tokens against hf's, checked teacher-forced (each token's logit
       against the largest under a full forward, allowing bf16 near-ties), CUDA graph replay against the plain step,
       sampled log-probs against the trainer's recomputed ones (next to hf's own error), seeded reproducibility
+  (g) each family's static decode against hf (bench/families.py: Qwen3-0.6B, Qwen2.5-0.5B, Llama-3.2-1B, Gemma-3-1B,
+      Gemma 2 and Phi-3.5 layers, Mistral with a window, OLMo-2-1B on the generic path; random weights, bf16, batch
+      32 x 128 new tokens): the path taken, tok/s and the ratio, the first call (capture), greedy checked as in (h)
 On CPU the same checks run with ``--quick`` sizes (a tiny Llama), so a machine without a GPU can smoke it (every
 path but the CUDA graphs, which need CUDA; their rows say so). ``--only c,h`` runs only the rows whose letter is
-given (two calls of at most 10 minutes on a GPU: ``--only a,b,d,e,f`` and ``--only c,h``).
+given (three calls of at most 10 minutes on a GPU: ``--only a,b,d,e,f``, ``--only c,h`` and ``--only g``).
 Each check is wrapped: a failure is a FAIL row with its error, never a crash. Budget: well under 5 min on an H100.
 A WARN row is no failure: it points at a cost worth knowing (see bench/README.md).
 
-    python bench/gpu_check.py [--only c,h]   # CUDA
+    python bench/gpu_check.py [--only c,h]   # CUDA (--only g: the families, about 3 minutes on an H100)
     .venv/bin/python bench/gpu_check.py --quick   # CPU smoke
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import _common
 import engines as bench_engines
+import families as bench_families
 import logprobs as bench_logprobs
 import response_logits as bench_response
 import rollout as bench_rollout
@@ -295,6 +299,11 @@ def main() -> None:
                 return "FAIL", f"{argv[0]} exit {out.returncode}: {last}"
             done.append(f"{argv[0]} {time.perf_counter() - t0:.0f}s")
         return "PASS", ", ".join(done)
+
+    for family in bench_families.SHAPES:  # (g) last: each builds its own model (bench/families.py)
+        @check(f"(g) {family}")
+        def _(family=family):
+            return bench_families.verdict(bench_families.measure(family, dev, quick))
 
     print_table(name)
 

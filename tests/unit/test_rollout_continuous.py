@@ -224,3 +224,22 @@ def test_cuda_graph_steps_equal_eager_on_cuda():
         eager = cont(cuda_graphs=False, block_size=4).generate(model, prompts, params, seed=1)
         graphed = cont(cuda_graphs=True, block_size=4).generate(model, prompts, params, seed=1)
         assert_same_rollout(eager, graphed)
+
+
+DECODER_FAMILIES = ("qwen3", "qwen3-sliding", "mistral-sliding", "gemma2", "gemma3", "phi3")
+
+
+@pytest.mark.parametrize("name", DECODER_FAMILIES)
+def test_every_decoder_family_greedy_equals_hf_and_samples_the_trainers_distribution(name):
+    """The families rlhfkit's decoder covers (tests/unit/test_rollout_families.py builds them), on the paged cache:
+    sliding windows within each layer's window, Gemma's scale / soft caps / RoPE tables, Qwen3's q/k norms."""
+    from test_rollout_families import family_model, prompts
+
+    model = family_model(name)
+    ps = prompts(5, seed=3) * 2
+    greedy = SamplingParams(max_new_tokens=16, greedy=True)
+    assert_same_rollout(HFEngine(**COMMON).generate(model, ps, greedy),
+                        cont(block_size=4, batch_size=4, prefill_chunk=6).generate(model, ps, greedy))
+    r = cont(block_size=4).generate(model, ps, SamplingParams(max_new_tokens=12, temperature=0.8), seed=1)
+    mask = r.response_mask.bool()
+    torch.testing.assert_close(r.logprobs[mask], _trainer_logprobs(model, r, 0.8)[mask], atol=1e-4, rtol=0)

@@ -39,7 +39,7 @@ def random_model(arch: str = "llama", eos_bias: float = 0.0, seed: int = 0, **ov
     cfg, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                 "mistral": (MistralConfig, MistralForCausalLM)}[arch]
     if arch == "mistral":
-        kw["sliding_window"] = None
+        kw.setdefault("sliding_window", None)
     model = cls(cfg(**kw)).eval()
     if eos_bias:
         head = model.lm_head if not model.config.tie_word_embeddings else None
@@ -206,22 +206,22 @@ def test_lora_merged_for_the_call_and_weights_bit_identical_after(tok):
     q.base_layer.weight.data.copy_(before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
 
 
-def test_uncovered_model_falls_back_to_hf_with_one_line(capsys):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def test_a_model_neither_path_covers_falls_back_to_hf_with_one_line(capsys):
+    from transformers import BloomConfig, BloomForCausalLM
 
-    torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=64,
-                                      eos_token_id=EOS, bos_token_id=EOS)).eval()
+    torch.manual_seed(0)  # Bloom: ALiBi attention, no custom attention function (not transformers' attention backend)
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=100, hidden_size=32, n_layer=1, n_head=2, eos_token_id=EOS,
+                                         bos_token_id=EOS, pad_token_id=PAD)).eval()
     prompts = ragged_prompts(3, seed=2)
     params = SamplingParams(max_new_tokens=6, greedy=True)
-    ref = HFEngine(**COMMON).generate(gpt2, prompts, params)
+    ref = HFEngine(**COMMON).generate(bloom, prompts, params)
     for engine in (static(), ContinuousEngine(**COMMON), AutoEngine(**COMMON)):
         for _ in range(2):
-            assert_same_rollout(ref, engine.generate(gpt2, prompts, params))
-    lines = [line for line in capsys.readouterr().out.splitlines() if "GPT2LMHeadModel" in line]
-    assert len(lines) == 3 and "using hf" in lines[2]  # once per engine
-    assert all("generating with hf" in line for line in lines[:2])
-    assert "static engine" in lines[0] and "continuous engine" in lines[1]
+            assert_same_rollout(ref, engine.generate(bloom, prompts, params))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "BloomForCausalLM" in line]
+    assert len(lines) == 3 and "generating with hf" in lines[0] and "auto: hf engine on cpu" in lines[2]  # once each
+    assert "does not take a custom attention function" in lines[2]
+    assert "continuous engine" in lines[1] and "generating with hf" in lines[1]
 
 
 def test_auto_uses_the_table_and_reports_compile_time(capsys):
@@ -236,7 +236,7 @@ def test_auto_uses_the_table_and_reports_compile_time(capsys):
     assert_same_rollout(HFEngine(**COMMON).generate(model, ragged_prompts(3), params),
                         engine.generate(model, ragged_prompts(3), params))
     assert engine.take_stats() == {"time/rollout_compile": 0.0}  # the CPU entry does not compile
-    assert f"auto: {name} engine on cpu" in capsys.readouterr().out
+    assert f"auto: {name} engine on cpu, rlhfkit's decoder for LlamaForCausalLM" in capsys.readouterr().out
 
 
 def test_sample_tokens_against_transformers_warpers_and_frequencies():
@@ -315,8 +315,23 @@ def test_coverage_reasons():
     assert coverage(model) is None
     sliding = random_model("mistral")
     sliding.config.sliding_window = 8
-    assert "sliding-window" in coverage(sliding)
+    assert coverage(sliding) is None  # a window on every layer, masked by the decoder
+    qwen = random_model("qwen2")
+    qwen.config.layer_types = ["sliding_attention", "chunked_attention"]
+    assert "layer types ['chunked_attention']" in coverage(qwen)
     assert "RoPE type 'dynamic'" in coverage(random_model(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+
+
+def test_dropping_the_window_changes_the_tokens(monkeypatch):
+    """The sliding-window mask matters in these tests: a decoder that ignored it would not give hf's tokens."""
+    from rlhfkit.rollout import decoder
+
+    model = random_model("mistral", eos_bias=3.0, sliding_window=4)
+    prompts, params = ragged_prompts(6, seed=2), SamplingParams(max_new_tokens=16, greedy=True)
+    ref = HFEngine(**COMMON).generate(model, prompts, params)
+    assert_same_rollout(ref, static().generate(model, prompts, params))
+    monkeypatch.setattr(decoder, "layer_windows", lambda arch, cfg: (None,) * cfg.num_hidden_layers)
+    assert not torch.equal(ref.response_ids, static().generate(model, prompts, params).response_ids)
 
 
 def test_a_repeated_prompt_is_prefilled_once_with_the_same_cache_and_logits(monkeypatch):

@@ -247,7 +247,8 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
         s = parse_tiny_spec(name)
         return _checked(Architecture(
             vocab=len(SPECIAL_TOKENS) + len(CHARS), hidden=s["hidden"], layers=s["layers"], heads=s["heads"],
-            kv_heads=s["kv_heads"], intermediate=s["intermediate"], tied=True, context=s["context"], source=name),
+            kv_heads=s["kv_heads"], intermediate=s["intermediate"], tied=True, context=s["context"],
+            model_type={"gemma3": "gemma3_text"}.get(s["arch"], s["arch"]), source=name),
             "the tiny model spec")
     path = Path(name).expanduser()
     if gguf_file:

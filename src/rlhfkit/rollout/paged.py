@@ -10,7 +10,8 @@ written once and its full blocks are read by every sample of the group.
 prefill) through the decoder's own layers (:func:`~.decoder._layer`, the arithmetic the static engine and
 transformers use): each row writes its new keys / values into its blocks, gathers its blocks into a dense
 ``[kv_heads, W, head_dim]`` view and attends to the positions up to its own (SDPA with a boolean mask, the query
-heads grouped per key / value head as in :func:`~.decoder.decode_logits`). The gather is a copy of the row's cache per
+heads grouped per key / value head as in :func:`~.decoder.decode_logits`; a sliding-window layer within its window;
+the model's scale and soft cap through :func:`~.decoder.attention`). The gather is a copy of the row's cache per
 layer: without a paged-attention kernel this is the price of paging in plain PyTorch, and it is why the gathered
 width W is bucketed to the longest live sequence rather than to the longest possible one (the static engine attends
 over its whole cache width at every step as well).
@@ -19,9 +20,8 @@ over its whole cache width at every step as well).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from .decoder import Weights, _layer, _logits
+from .decoder import Weights, _embed, _layer, _logits, _tables, attention
 
 SCRATCH = 0  # the block where idle slots and padding write
 
@@ -101,22 +101,25 @@ def paged_forward(w: Weights, caches: tuple[torch.Tensor, ...], ids: torch.Tenso
     block = torch.where(real & (index < Wb), table.gather(1, index.clamp(max=Wb - 1)),
                         torch.full_like(index, SCRATCH))
     offset = p % bs
-    cos, sin = cos_tab[p].unsqueeze(1), sin_tab[p].unsqueeze(1)  # [n, 1, C, D]
+    cos, sin = _tables(cos_tab, p)[:, :, None], _tables(sin_tab, p)[:, :, None]  # [K, n, 1, C, D]: K RoPE tables
     rep = w.heads // w.kv_heads
-    allowed = torch.arange(W, device=ids.device)[None, None, :] <= p[:, :, None]  # [n, C, W]
-    allowed = allowed[:, None].expand(n, rep, C, W).reshape(n, 1, rep * C, W)  # query heads grouped per kv head
-    h = F.embedding(ids, w.embed)
+    keys_at = torch.arange(W, device=ids.device)[None, None, :]
+    allowed = {}  # window -> [n, 1, rep * C, W]: the query heads grouped per key / value head
+    for window in w.windows:
+        ok = (keys_at <= p[:, :, None]) & (True if window is None else keys_at > p[:, :, None] - window)  # [n, C, W]
+        allowed[window] = ok[:, None].expand(n, rep, C, W).reshape(n, 1, rep * C, W)
+    h = _embed(w, ids)
     for i, layer in enumerate(w.layers):
-        def attend(q, k, v, i=i):
+        def attend(q, k, v, i=i, window=layer.window):
             keys, values = caches[2 * i], caches[2 * i + 1]
             keys[block, offset] = k.transpose(1, 2).to(keys.dtype)
             values[block, offset] = v.transpose(1, 2).to(values.dtype)
             kk = keys[table].reshape(n, W, w.kv_heads, w.head_dim).transpose(1, 2)
             vv = values[table].reshape(n, W, w.kv_heads, w.head_dim).transpose(1, 2)
             qg = q.reshape(n, w.kv_heads, rep * C, w.head_dim)
-            out = F.scaled_dot_product_attention(qg, kk, vv, attn_mask=allowed, scale=w.head_dim ** -0.5)
+            out = attention(w, qg, kk, vv, allowed[window])
             return out.view(n, w.kv_heads, rep, C, w.head_dim).reshape(n, w.heads, C, w.head_dim) \
                 .transpose(1, 2).reshape(n, C, w.heads * w.head_dim)
 
-        h = _layer(w, layer, h, cos, sin, attend)
+        h = _layer(w, layer, h, cos[layer.rope], sin[layer.rope], attend)
     return _logits(w, h[torch.arange(n, device=ids.device), last][:, None])

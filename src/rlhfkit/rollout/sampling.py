@@ -117,3 +117,14 @@ def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator, device: tor
     above) and a -inf log-prob can never win the argmax."""
     out = torch.empty(shape, device=device, dtype=torch.float32) if out is None else out
     return out.uniform_(generator=generator).clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_().log_().neg_()
+
+
+def sample_next(logits: torch.Tensor, col: torch.Tensor, p0: torch.Tensor, gumbel: torch.Tensor,
+                temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, banned: torch.Tensor,
+                min_new: torch.Tensor, *, greedy: bool, filters: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token a decode step draws from its ``logits`` [b, V] (writing cache column ``col``, prompts padded to
+    ``p0``) and its log-prob: the response token drawn now has index ``col - p0 + 1``, and EOS (``banned``) is
+    impossible while that is below ``min_new``."""
+    ban = banned & ((col - p0 + 1) < min_new)
+    return sample_tokens(logits, None if greedy else gumbel, temperature=temperature, top_k=top_k, top_p=top_p,
+                         banned=ban, filters=filters)
