@@ -94,10 +94,11 @@ def test_auto_is_the_uncompiled_static_engine_on_cpu(runs, name):
         assert first["auto"][key] == first["static"][key], key
 
 
-def test_continuous_engine_resumed_run_generates_what_the_straight_run_did(task_data, sft_dir, tmp_path):
+def test_continuous_engine_resumed_run_generates_what_the_straight_run_did(task_data, tmp_path):
     """GRPO on the continuous engine, 3 steps with a checkpoint after each: a run stopped after its first checkpoint
     and resumed generates, at steps 2 and 3, the responses the run that never stopped generated (each request's
-    generator is seeded by the run seed, the step, its prompt and its sample, nothing else)."""
+    generator is seeded by the run seed, the step, its prompt and its sample, nothing else). A random tiny policy:
+    what is checked is the generation, not learning."""
     from rlhfkit.track.samples import read_samples
     from rlhfkit.train import checkpoint as checkpoint_mod
 
@@ -105,7 +106,7 @@ def test_continuous_engine_resumed_run_generates_what_the_straight_run_did(task_
         recipe, extra = RECIPES["grpo"]
         return load_config(recipe, CONFIGS / "grpo.yaml", [
             f"data.train={task_data / 'prompts.jsonl'}", "data.eval=null", f"output_dir={out}",
-            f"model.name={sft_dir}", *SMALL, *extra, *ENGINES["continuous"], "algo.total_episodes=24",
+            "model.name=tiny:hidden=32,layers=1", *SMALL, *extra, *ENGINES["continuous"], "algo.total_episodes=24",
             "train.save_every=1", "track.sample_every=1", f"train.resume={resume}"])
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
@@ -128,7 +129,7 @@ def test_continuous_engine_resumed_run_generates_what_the_straight_run_did(task_
     run_online(cfg_for(resumed, "auto"))
     want = [(r["step"], r["prompt"], r["response"]) for r in read_samples(straight)]
     got = [(r["step"], r["prompt"], r["response"]) for r in read_samples(resumed)]
-    assert {step for step, _, _ in want} == {1, 2, 3} and got == want
+    assert len({step for step, _, _ in want}) == 3 and got == want  # three steps (updates 2, 4, 6)
     assert len({response for _, _, response in want}) > 4  # sampled, not one repeated answer
 
 
