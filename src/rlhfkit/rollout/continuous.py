@@ -523,6 +523,7 @@ class ContinuousEngine(Engine):
                                  stop_strings=stop_strings, batch_size=batch_size)
         self.pool: BlockPool | None = None
         self.graphs: dict = {}
+        self._graph_pool = None
         self.on_rows = None
         self.arrival = None  # tests: a function n -> the order requests enter the queue (default group-major)
         self.counts: dict = {}  # the last call's counts (decode steps, preemptions, ...), for benchmarks
@@ -545,6 +546,7 @@ class ContinuousEngine(Engine):
             return out
         w = read_weights(model)
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        self.graphs = {}  # a call's step buffers are its own: its graphs are captured on them (see ``step``)
         with torch.autocast(ids.device.type, enabled=False):
             sched = Scheduler(self, model, w, prompts, params, seed, ids.device)
             self._weights = tuple(t.data_ptr() for t in w.tensors())
@@ -569,7 +571,7 @@ class ContinuousEngine(Engine):
         p = self.pool
         key = (len(w.layers), w.kv_heads, w.head_dim, dtype, str(device), bs)
         if p is None or p.blocks < blocks or getattr(p, "key", None) != key:
-            self.pool, self.graphs = None, {}  # the old pool (and graphs reading it) freed before the new one
+            self.pool, self.graphs, self._graph_pool = None, {}, None  # the old pool (and graphs reading it) freed
             p = BlockPool(w, blocks, bs, device, dtype)
             p.key = key
             self.pool = p
@@ -580,12 +582,16 @@ class ContinuousEngine(Engine):
 
     def step(self, args: tuple, flags: dict, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         """One decode step: replayed from a CUDA graph on CUDA (captured per slot bucket, cache width and sampling
-        mode, against the buffers of this call), called eagerly elsewhere."""
+        mode, against the buffers of this call, all in one memory pool), called eagerly elsewhere. The graphs are
+        captured again at each call (its buffers are new; a capture costs three steps): keeping the slot buffers
+        between calls would save that, not measured yet."""
         if not (self.cuda_graphs and args[2].device.type == "cuda"):
             return paged_step(*args, **flags)
         graph = self.graphs.get(key)
         if graph is None or graph.weight_ptrs != self._weights or graph.args_ptrs != _ptrs(args):
-            graph = CudaGraphStep(paged_step, args, flags, self._weights)
+            if self._graph_pool is None:  # one pool for every step graph: they run one at a time, and each
+                self._graph_pool = torch.cuda.graph_pool_handle()  # holds a gathered cache's worth of intermediates
+            graph = CudaGraphStep(paged_step, args, flags, self._weights, pool=self._graph_pool)
             graph.args_ptrs = _ptrs(args)
             self.graphs[key] = graph
         return graph()

@@ -185,7 +185,9 @@ class CudaGraphStep:
     ``torch.cuda.CUDAGraph``). Replays read the buffers' current contents; the weights must stay at the addresses
     they had at capture (``weight_ptrs``, checked by the caller before each call's first replay)."""
 
-    def __init__(self, fn, args: tuple, kwargs: dict, weight_ptrs: tuple[int, ...]):
+    def __init__(self, fn, args: tuple, kwargs: dict, weight_ptrs: tuple[int, ...], pool=None):
+        """``pool``: a memory pool shared with other graphs never replayed at the same time (the continuous engine's
+        graphs, one per slot and width bucket, whose intermediates would otherwise each keep their own memory)."""
         self.weight_ptrs = weight_ptrs
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -194,7 +196,7 @@ class CudaGraphStep:
                 fn(*args, **kwargs)  # the step only rewrites the cache column it writes anyway
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.out = fn(*args, **kwargs)
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
