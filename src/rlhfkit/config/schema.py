@@ -59,7 +59,8 @@ class LoraConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str | None = f(None, "the model (required): HF directory, cached hub name, .gguf file, or "
-                               "tiny[:hidden=..,layers=..] (the built-in toy model, only when named)")
+                               "tiny[:hidden=..,layers=..,arch=llama|qwen3|gemma3] (the built-in toy model, only "
+                               "when named)")
     gguf_file: str | None = f(None, "GGUF file name inside `name` (a directory) when loading a GGUF model")
     dtype: str = f("auto", "auto (CUDA: fp32 weights + bf16 autocast when trained, bf16 when frozen or LoRA base; "
                            "CPU: fp32) | float32 | bfloat16 | float16")
@@ -137,13 +138,24 @@ class GenerationConfig:
     top_k: int = f(0, "top-k sampling; 0 = off", ge=0)
     stop_strings: list[str] = f([], "extra strings that end a response (EOS always does)")
     engine: str = f("auto", "rollout engine (see `rollout.ENGINES`): auto (the fastest expected for the device and "
-                            "model: static uncompiled on CPU (measured), static with CUDA graphs on CUDA (not yet "
-                            "measured on a GPU), hf for a model static does not cover) | hf (transformers generate, "
-                            "the reference) | static (our decode loop over a preallocated KV cache, compiled)")
+                            "model: static uncompiled on CPU (measured), static with CUDA graphs on CUDA; hf only for "
+                            "a model neither static path runs; one line says which) | hf (transformers generate, the "
+                            "reference) | static (our decode loop over a preallocated KV cache, compiled: rlhfkit's "
+                            "decoder for Llama, Qwen2/2.5/3, Mistral, Gemma 2/3, Phi-3/4, else the model's own "
+                            "modules over the same cache) | continuous (continuous batching: requests wait in a queue, "
+                            "slots decode together and take the next request as they end, over a paged cache of "
+                            "generation.cache_tokens; rlhfkit's decoder's models, else hf)")
     engine_kwargs: dict[str, Any] = f({}, "settings of the engine: hf: cache_implementation (static), compile; "
                                           "static: compile (default true), cuda_graphs (default true), sync_every "
-                                          "(tokens between checks for ended rows, 8), cache_multiple (64)")
-    batch_size: int | None = f(None, "generation micro-batch; null = whole rollout batch", ge=1)
+                                          "(tokens between checks for ended rows, 8), cache_multiple (64); "
+                                          "continuous: block_size (16), prefill_chunk (512), sync_every (8), "
+                                          "memory_fraction (0.3), cuda_graphs (true)")
+    batch_size: int | None = f(None, "generation micro-batch (continuous: the slots decoding together); null = whole "
+                                     "rollout batch (continuous: every request, at most 256)", ge=1)
+    cache_tokens: int | None = f(None, "continuous engine: the KV cache's budget in tokens (paged; `rlhfkit plan` "
+                                       "prints it in GiB and the slots it holds at full length); null = what every "
+                                       "slot needs at full length, capped on CUDA at engine_kwargs.memory_fraction "
+                                       "(0.3) of the free device memory", ge=1)
 
 
 @dataclass(frozen=True)
