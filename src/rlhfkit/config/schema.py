@@ -167,6 +167,9 @@ class RewardFunction:
     weight: float = f(1.0, "weight of this function in the total reward")
     name: str | None = f(None, "name in the logs (rewards/<name>/mean); default = function name")
     kwargs: dict[str, Any] = f({}, "keyword arguments passed to the function")
+    convention: str = f("auto", "how it is called: rlhfkit (fn(prompts, completions, **fields), texts) | trl (TRL's "
+                                "keywords: completion_ids, trainer_state, and completions as messages when the data is "
+                                "conversational) | auto (trl when it names completions first or takes only **kwargs)")
 
 
 @dataclass(frozen=True)

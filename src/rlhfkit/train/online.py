@@ -96,7 +96,7 @@ class OnlineTrainer:
                 raise _too_few_prompts(len(self.records[0]), cfg.algo.rollout_batch_size, run.world_size)
             # reward functions (in their workers), checked on a few prompts and linted before the run directory is
             # touched: wrong length / type, a constructor or sandbox that fails, an empty answer paid the most
-            self.functions = rewards_from_config(cfg.reward)
+            self.functions = rewards_from_config(cfg.reward, self.records[0])
             if self.functions is not None:
                 head = self.records[0][:4]
                 probe_rewards(self.functions, [r["prompt"][-1]["content"] for r in head],
@@ -283,10 +283,9 @@ class OnlineTrainer:
                 total += torch.where(valid, rm, 0.0)
                 metrics["rewards/model/mean"] = rm[valid].mean().item() if valid.any() else 0.0
             if self.functions is not None:
-                prompt_text = [m[-1]["content"] for m in messages]
-                fields = [{k: v for k, v in row.items() if k not in ("prompt",)} for row in rows]
-                fn = self.functions(prompt_text, texts, fields, step=step,
-                                    allow_all_dropped=not shape if allow_all_dropped is None else allow_all_dropped)
+                keep_none = not shape if allow_all_dropped is None else allow_all_dropped
+                fn = self.functions.of_rows(rows, texts, rollout, step=step, max_steps=self.total_steps,
+                                            allow_all_dropped=keep_none)
                 total += fn.total.to(self.device)
                 valid &= fn.valid.to(self.device)
                 metrics.update(fn.metrics)
