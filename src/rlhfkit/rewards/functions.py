@@ -266,8 +266,9 @@ class CombinedRewards:
         ``step`` (optional) is named in errors. For functions of TRL's convention: ``messages`` (each prompt's
         messages), ``rollout`` (its ``response_ids`` / ``lengths`` give ``completion_ids``, computed only when a
         function reads them) and ``max_steps`` (with ``step``: ``trainer_state``). Raises :class:`RewardError` /
-        :class:`RewardFunctionError` as the module docstring says (``allow_all_dropped``: a batch without any valid sample is returned, not an error —
-        for evaluation, whose batches may be a single prompt); never returns a non-finite total.
+        :class:`RewardFunctionError` as the module docstring says (``allow_all_dropped``: a batch without any valid
+        sample is returned, not an error — for evaluation, whose batches may be a single prompt); never returns a
+        non-finite total.
         """
         B = len(completions)
         if len(prompts) != B or len(rows) != B:
