@@ -348,6 +348,7 @@ def dataset_file(data: Any, label: str) -> str:
 
         files.make_dirs(path.parent)
         files.write_atomic(path, text, what=f"the {label} data", fix="free disk space, or set RLHFKIT_CACHE")
+    say(f"[data] the {label} data ({len(rows)} rows) is the file {path} (written once; the run's config names it)")
     return str(path)
 
 
