@@ -18,8 +18,9 @@ class Recipe:
 
     family: supervised | reward | online | preference | pipeline. ``makes_policy``: its output is a policy the next
     pipeline stage starts from. ``title``: its name in the Python API's classes (``GRPO`` -> ``rlhfkit.GRPOTrainer``,
-    ``rlhfkit.GRPOConfig``; default: the name in capitals). ``task_files``: the built-in task's data files for ``data.*`` (pipelines with a task).
-    ``runner`` is ``module:function`` (imported only when the recipe runs, so ``--help`` does not import torch).
+    ``rlhfkit.GRPOConfig``; default: the name in capitals). ``task_files``: the built-in task's data files for
+    ``data.*`` (pipelines with a task). ``runner`` is ``module:function`` (imported only when the recipe runs, so
+    ``--help`` does not import torch).
     """
 
     name: str

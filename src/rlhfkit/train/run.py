@@ -36,7 +36,6 @@ from .optim import build_optimizer, build_scheduler
 from .session import Session
 from .stop import StopControl
 
-
 #: the callbacks of the runs started in this context (:func:`with_callbacks`)
 _CALLBACKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("rlhfkit_callbacks", default=())
 
