@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import time
 import warnings
@@ -384,8 +385,9 @@ def _model_dir(model: Any, tokenizer: Any, arg: str) -> str:
     """A loaded model (and its tokenizer) written once to ``$RLHFKIT_CACHE/models/<name>-<digest>``, the digest of
     its weights and config: the same weights are written once, and a run resumed with them fingerprints the same."""
     from .data.sources import _cache_root
-    from .files import fresh_dir, replace
+    from .files import fresh_dir, make_dirs, replace
     from .models.loading import is_peft, save_model
+    from .track.console import silence_libraries
 
     if is_peft(model):
         raise ConfigError(f"{arg} is a PEFT model", where=arg,
@@ -393,16 +395,23 @@ def _model_dir(model: Any, tokenizer: Any, arg: str) -> str:
     if tokenizer is None:
         raise ConfigError(f"a loaded {arg} needs its tokenizer", where=arg,
                           fix="give processing_class=tokenizer (or tokenizer=)")
-    digest = hashlib.sha256(model.config.to_json_string().encode())
+    settings = {k: v for k, v in model.config.to_dict().items()  # what saving adds or rewrites left out
+                if k not in ("architectures", "_name_or_path", "transformers_version")}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
     for key, tensor in sorted(model.state_dict().items()):
-        digest.update(key.encode())
+        digest.update(f"{key}:{tensor.dtype}".encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
     base = str(getattr(model, "name_or_path", "") or "model").rstrip("/").rsplit("/", 1)[-1] or "model"
     out = _cache_root() / "models" / f"{base}-{digest.hexdigest()[:16]}"
     if not (out / "config.json").is_file():
         say(f"[model] the loaded {arg} is written once to {out} (the run's config names that directory)")
+        make_dirs(out.parent)
         tmp = fresh_dir(out.with_name(out.name + ".tmp"))
-        save_model(model, tokenizer, tmp)
+        restore = silence_libraries()  # transformers' "Writing model shards" bar
+        try:
+            save_model(model, tokenizer, tmp)
+        finally:
+            restore()
         replace(tmp, out)
     return str(out)
 
