@@ -175,7 +175,7 @@ class Trainer:
         except Stopped as stop:
             if stop.exit_code != 0:  # a signal, another rank's failure: as in the CLI
                 raise
-            stopped = stop.message
+            stopped = stop.message.replace("rerun the same command to resume", "train() again resumes it")
             rows = read_metrics(run_dir)
             metrics = rows[-1] if rows else {}
         except ConfigError as err:  # an input checked when the run starts: file:line when a YAML file set it

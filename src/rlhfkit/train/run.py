@@ -117,7 +117,8 @@ class Run:
             if fn is None and event == "on_step" and not hasattr(cb, "on_eval") and callable(cb):
                 fn = cb
             if fn is not None and fn(step, payload) is True:
-                self.stop.request(f"a callback ({getattr(fn, '__qualname__', event)})")
+                self.stop.request(f"a callback ({type(cb).__name__ if fn is not cb else ''}"
+                                  f"{'.' if fn is not cb else ''}{getattr(fn, '__name__', event)})")
 
 
 def set_seed(seed: int) -> None:
