@@ -332,7 +332,8 @@ class OnlineAlgoConfig:
 @dataclass(frozen=True)
 class EnvConfig:
     name: str | None = f(None, "multi-turn environment: null = single-turn (reward model / functions) | calculator "
-                               "(built-in) | package.module:Class | path/to/file.py:Class")
+                               "(built-in) | openenv (an OpenEnv environment, named in env.kwargs) | "
+                               "package.module:Class | path/to/file.py:Class")
     kwargs: dict[str, Any] = f({}, "keyword arguments of the environment class")
     max_turns: int = f(4, "most assistant turns per episode", ge=1)
     max_total_tokens: int = f(256, "most tokens per episode after the first prompt (model + environment)", ge=1)

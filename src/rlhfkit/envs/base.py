@@ -39,8 +39,9 @@ class Environment(Protocol):
 
 def _builtin() -> dict[str, type]:
     from .calculator import CalculatorEnv
+    from .openenv import OpenEnvAdapter
 
-    return {"calculator": CalculatorEnv}
+    return {"calculator": CalculatorEnv, "openenv": OpenEnvAdapter}
 
 
 def environment_names() -> tuple[str, ...]:
