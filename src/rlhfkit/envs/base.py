@@ -38,10 +38,13 @@ class Environment(Protocol):
 
 
 def _builtin() -> dict[str, type]:
-    from .calculator import CalculatorEnv
-    from .openenv import OpenEnvAdapter
+    import importlib
 
-    return {"calculator": CalculatorEnv, "openenv": OpenEnvAdapter}
+    from .calculator import CalculatorEnv
+
+    # the OpenEnv adapter raises this module's EnvError: named by module, as rewards.BUILTINS names its functions
+    return {"calculator": CalculatorEnv,
+            "openenv": importlib.import_module("rlhfkit.envs.openenv").OpenEnvAdapter}
 
 
 def environment_names() -> tuple[str, ...]:

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import EnvError
-
 WHERE = "env.kwargs"
+
+
+def _error(message: str, fix: str):
+    from .base import EnvError
+
+    return EnvError(message, where=WHERE, fix=fix)
 
 
 def _load(spec: str, what: str):
@@ -34,8 +38,8 @@ def _load(spec: str, what: str):
     try:
         return load_reward_function(spec)  # the same import rules: module or file.py, the cwd on the path
     except RewardError as exc:
-        raise EnvError(f"openenv: cannot load the {what} {spec!r} ({exc.message})", where=WHERE,
-                       fix=f"name the {what} class as package.module:Class or path/to/file.py:Class") from None
+        raise _error(f"openenv: cannot load the {what} {spec!r} ({exc.message})",
+                     f"name the {what} class as package.module:Class or path/to/file.py:Class") from None
 
 
 def observation_text(observation: Any, field: str | None = None) -> str:
@@ -67,14 +71,13 @@ class OpenEnvAdapter:
                  observation: str | None = None, client: str | None = None, base_url: str | None = None,
                  env_kwargs: dict | None = None, reset_kwargs: dict | None = None, show_reset: bool = True):
         if (env is None) == (client is None):
-            raise EnvError("openenv needs one of env (an Environment class, run here) and client (an EnvClient "
-                           "class, with base_url)", where=WHERE,
-                           fix="env.kwargs={env: pkg.mod:MyEnvironment, action: pkg.mod:MyAction}")
+            raise _error("openenv needs one of env (an Environment class, run here) and client (an EnvClient class, "
+                         "with base_url)", "env.kwargs={env: pkg.mod:MyEnvironment, action: pkg.mod:MyAction}")
         if action is None:
-            raise EnvError("openenv needs the action class", where=WHERE,
-                           fix="add action: pkg.mod:MyAction (and field: its text field, default message)")
+            raise _error("openenv needs the action class",
+                         "add action: pkg.mod:MyAction (and field: its text field, default message)")
         if client is not None and not base_url:
-            raise EnvError("openenv: a client needs base_url", where=WHERE, fix="add base_url: http://host:port")
+            raise _error("openenv: a client needs base_url", "add base_url: http://host:port")
         self.action_cls, self.field, self.observation = _load(action, "action"), field, observation
         self.reset_kwargs, self.show_reset = dict(reset_kwargs or {}), show_reset
         if env is not None:
@@ -103,8 +106,8 @@ class OpenEnvAdapter:
         try:
             action = self.action_cls(**{self.field: completion})
         except Exception as exc:  # noqa: BLE001 - a pydantic ValidationError, a TypeError
-            raise EnvError(f"openenv: {self.action_cls.__name__}({self.field}=...) failed: {type(exc).__name__}",
-                           where=WHERE, fix="set field: to the action's text field") from None
+            raise _error(f"openenv: {self.action_cls.__name__}({self.field}=...) failed: {type(exc).__name__}",
+                         "set field: to the action's text field") from None
         obs, reward, done = self._unpack(self.env.step(action))
         text = "" if done else observation_text(obs, self.observation)
         return ([{"role": "user", "content": text}] if text else []), reward, done
