@@ -145,10 +145,10 @@ class Trainer:
         tree, self._source, self._yaml = _args_tree(args, self.recipe)
         own = _inputs(self.recipe, model, processing_class or tokenizer, train_dataset, eval_dataset, peft_config,
                       ref_model, reward_model)
-        if reward_funcs is not None:
-            tree.pop("reward_funcs", None)
-            own = _merge(own, {"reward": {"functions": _reward_entries(reward_funcs, tree.pop("reward_weights",
-                                                                                             None))}})
+        funcs = tree.pop("reward_funcs", None) if reward_funcs is None else reward_funcs
+        tree.pop("reward_funcs", None)
+        if funcs is not None:  # TRL's reward_funcs, in the trainer or in args: callables kept as callables
+            own = _merge(own, {"reward": {"functions": _reward_entries(funcs, tree.pop("reward_weights", None))}})
         self.config = _build(self.recipe, _merge(tree, own), self._source, yaml_path=self._yaml)
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> Summary:

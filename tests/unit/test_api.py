@@ -99,6 +99,9 @@ def test_reward_funcs_become_specs_and_weights():
     assert [f.fn for f in fns[:1]] == ["trl_reward_fns:format_reward_func"]  # imported by name in the workers
     assert fns[1].fn.startswith("python:") and IN_PROCESS[fns[1].fn] is mine  # the script's own: in this process
     assert [f.weight for f in fns] == [1.0, 2.0, 0.5] and [f.convention for f in fns] == ["trl", "trl", "auto"]
+    # TRL's reward_funcs given in args instead: the callable stays a callable (not its repr)
+    fns = GRPOTrainer(model=TINY, train_dataset="p.jsonl", args={"reward_funcs": mine}).config.reward.functions
+    assert IN_PROCESS[fns[0].fn] is mine
 
 
 def test_peft_lora_config_and_what_is_refused():
