@@ -184,6 +184,7 @@ class Trainer:
             restore()
         line = run_summary_line(self.recipe, run_dir, time.time() - started, since=started)
         if stopped:
+            line = line.replace(f"[{self.recipe}] finished", f"[{self.recipe}] stopped", 1)
             say(f"[{self.recipe}] {stopped}")
         say(line)
         return Summary(self.recipe, run_dir, dict(metrics), line, stopped)

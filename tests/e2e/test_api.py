@@ -97,6 +97,7 @@ def test_callback_stops_with_a_checkpoint_and_train_again_resumes(tmp_path, monk
     first = trainer.train()
     assert first.stopped == "stopped by a callback (StopAtTwo.on_step) at step 2; checkpoint-2 saved; train() again " \
                             "resumes it"
+    assert first.line.startswith("[sft] stopped in ")
     assert cb.saved == [(2, "checkpoint-2")] and (tmp_path / "runs/sft/checkpoint-2").is_dir()
     assert not (tmp_path / "runs/sft/finished.json").exists()
     cb.steps.clear()
