@@ -21,6 +21,13 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHFKIT_CACHE", str(tmp_path / "cache"))
 
 
+@pytest.fixture(autouse=True)
+def _alias_notes(monkeypatch):
+    from rlhfkit.config import aliases
+
+    monkeypatch.setattr(aliases, "_ALIASES_LOGGED", set())  # notes are once per process: these tests' own set
+
+
 def test_one_trainer_and_one_config_per_recipe_and_a_light_import():
     import rlhfkit
     from rlhfkit import api
