@@ -23,6 +23,9 @@ UNIT = ROOT / "tests" / "unit"
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHFKIT_CACHE", str(tmp_path / "cache"))  # datasets / models written by the API land here
+    from rlhfkit.config import aliases
+
+    monkeypatch.setattr(aliases, "_ALIASES_LOGGED", set())  # notes are once per process: these tests' own set
 
 
 def metrics_of(run_dir) -> list[dict]:
