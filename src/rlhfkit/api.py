@@ -257,8 +257,11 @@ def _args_tree(args: Any, recipe: str) -> tuple[dict, str, str | None]:
 
 
 def _as_tree(obj) -> Any:
+    """A config object as the mapping of its keys (``algo.async``, whose field is ``async_``)."""
+    from .config.schema import key_of
+
     if dataclasses.is_dataclass(obj):
-        return {fl.name: _as_tree(getattr(obj, fl.name)) for fl in dataclasses.fields(obj)}
+        return {key_of(fl.name): _as_tree(getattr(obj, fl.name)) for fl in dataclasses.fields(obj)}
     if isinstance(obj, list):
         return [_as_tree(v) for v in obj]
     return obj
