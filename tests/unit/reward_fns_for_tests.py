@@ -144,3 +144,8 @@ class RecordsSetup:
 
     def __call__(self, prompts, completions, **fields):
         return [0.0] * len(completions)
+
+
+def one_unnamed(texts):
+    """One parameter that neither convention names: refused when the run starts."""
+    return [0.0] * len(texts)

@@ -443,7 +443,7 @@ def test_online_score_drops_samples_without_finite_reward(tok):
 
     cfg = build_config("ppo", {}, ["reward.missing_eos_penalty=0", "reward.clip=null"])
     trainer = SimpleNamespace(tok=tok, scorer=None, phases=NO_PHASES, timer=PhaseTimer(), device=torch.device("cpu"),
-                              cfg=cfg,
+                              cfg=cfg, max_steps=10,
                               moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x),
                               functions=CombinedRewards([f"{FNS_FILE}:some_bad", "exact_match"]))
     trainer.shape_scores = MethodType(Learner.shape_scores, trainer)
@@ -515,5 +515,7 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
 def test_bools_count_as_numbers_and_signature_is_checked_at_construction():
     # [c == "a" for c in completions] is a common reward: True / False are 1.0 / 0.0
     assert CombinedRewards([f"{FNS_FILE}:returns_bool"])(["p"] * 2, ["a", "b"], [{}] * 2).total.tolist() == [1.0, 1.0]
-    with pytest.raises(RewardError, match=r"takes \(completions\), not \(prompts, completions, \*\*fields\)"):
-        CombinedRewards([f"{FNS_FILE}:one_argument"])
+    with pytest.raises(RewardError, match=r"takes \(texts\), not \(prompts, completions, \*\*fields\)"):
+        CombinedRewards([f"{FNS_FILE}:one_unnamed"])
+    # a function of completions alone is TRL's convention (rewards/trl_style.py): called with completions only
+    assert CombinedRewards([f"{FNS_FILE}:one_argument"])(["p"] * 2, ["a", "b"], [{}] * 2).valid.all()

@@ -191,6 +191,9 @@ class RewardFunction:
     weight: float = f(1.0, "weight of this function in the total reward")
     name: str | None = f(None, "name in the logs (rewards/<name>/mean); default = function name")
     kwargs: dict[str, Any] = f({}, "keyword arguments passed to the function")
+    convention: str = f("auto", "how it is called: rlhfkit (fn(prompts, completions, **fields), texts) | trl (TRL's "
+                                "keywords: completion_ids, trainer_state, and completions as messages when the data is "
+                                "conversational) | auto (trl when it names completions first or takes only **kwargs)")
 
 
 @dataclass(frozen=True)
@@ -384,7 +387,8 @@ class OnlineAlgoConfig:
 @dataclass(frozen=True)
 class EnvConfig:
     name: str | None = f(None, "multi-turn environment: null = single-turn (reward model / functions) | calculator "
-                               "(built-in) | package.module:Class | path/to/file.py:Class")
+                               "(built-in) | openenv (an OpenEnv environment, named in env.kwargs) | "
+                               "package.module:Class | path/to/file.py:Class")
     kwargs: dict[str, Any] = f({}, "keyword arguments of the environment class")
     max_turns: int = f(4, "most assistant turns per episode", ge=1)
     max_total_tokens: int = f(256, "most tokens per episode after the first prompt (model + environment)", ge=1)

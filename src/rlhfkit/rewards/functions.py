@@ -3,7 +3,11 @@
 time limit (:mod:`rlhfkit.rewards.workers`).
 
 A reward function is called as ``fn(prompts, completions, **fields)`` (see :mod:`rlhfkit.rewards.rules`) and
-returns one ``float`` or ``None`` per completion; ``None`` skips that function for that sample.
+returns one ``float`` or ``None`` per completion; ``None`` skips that function for that sample. A function written
+for TRL's convention (``def f(completions, **kwargs)``, conversational completions as messages, ``completion_ids``,
+``trainer_state``) is recognised by its signature and called TRL's way (:mod:`rlhfkit.rewards.trl_style`). A
+callable no worker process can import (:func:`~rlhfkit.rewards.loading.spec_of`: ``python:<name>``) is called in
+this process, under the same ``timeout_s`` (a timer signal), said in one line when the functions start.
 
 What a run does with what a function returns (:meth:`CombinedRewards.__call__`):
 
@@ -38,9 +42,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import RewardError, UserError
-from .loading import WHERE, RewardFunctionError, load_reward_function
-from .workers import CallFailed, CallTimeout, WorkerPool
+from ..errors import RewardError, UserError, say
+from .loading import WHERE, RewardFunctionError, importable_name, is_in_process, load_reward_function
+from .trl_style import EXTRA, TrlStyle, is_trl_style, keyword_callable, wanted_extra
+from .workers import CallFailed, CallTimeout, WorkerPool, _alarm
 
 # ───────────────────────────────────────────── combining ─────────────────────────────────────────────
 
@@ -53,6 +58,10 @@ class RewardFunctionSpec:
     weight: float = 1.0
     name: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    convention: str = "auto"  # rlhfkit | trl | auto (by the signature: rlhfkit.rewards.trl_style.is_trl_style)
+
+
+CONVENTIONS = ("auto", "rlhfkit", "trl")
 
 
 def _as_spec(item: Any) -> RewardFunctionSpec:
@@ -68,6 +77,7 @@ def _as_spec(item: Any) -> RewardFunctionSpec:
             weight=getattr(item, "weight", 1.0),
             name=getattr(item, "name", None),
             kwargs=dict(getattr(item, "kwargs", None) or {}),
+            convention=getattr(item, "convention", "auto"),
         )
     raise TypeError(f"cannot make a reward function spec from {item!r}")
 
@@ -94,6 +104,8 @@ class _Loaded:
     reserved: frozenset  # field names that must not be passed (the spec's kwargs, the positional names)
     accepts: frozenset | None  # named parameters, or None when the function takes **fields
     kwargs: dict = field(default_factory=dict)  # bound to a function per call; a class's constructor arguments
+    trl: frozenset | None = None  # TRL's convention: the per-call data it reads (completion_ids, messages)
+    local: bool = False  # no worker can import it: called in this process (under the time limit)
 
 
 def _to_float(value: Any, label: str, index: int, at: str = "") -> float | None:
@@ -148,7 +160,9 @@ class CombinedRewards:
     """
 
     def __init__(self, specs: Sequence[RewardFunctionSpec | str | dict | Any], *, workers: int = 0,
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, conversational: bool = False):
+        """``conversational``: the run's prompts are conversations (the data gave them as messages), so functions of
+        TRL's convention get prompts and completions as messages."""
         specs = [_as_spec(s) for s in specs]
         if not specs:
             raise ValueError("CombinedRewards needs at least one reward function")
@@ -166,7 +180,9 @@ class CombinedRewards:
                     f"function {label} has weight {spec.weight!r}", where=WHERE, fix="use a finite number"
                 )
             call = _call_signature_of(obj)
-            _check_positional(label, call)
+            trl = _uses_trl_convention(label, obj, spec.convention)
+            if not trl:
+                _check_positional(label, call)
             kwargs = dict(spec.kwargs or {})
             if kwargs:
                 _check_kwargs(label, obj if isinstance(obj, type) else call, kwargs)
@@ -181,19 +197,31 @@ class CombinedRewards:
                 while name in taken:
                     name, k = f"{base}_{k}", k + 1
             taken.add(name)
+            target = spec.fn if isinstance(spec.fn, str) else obj
+            local = workers > 0 and (is_in_process(spec.fn) or (not isinstance(spec.fn, str)
+                                                                and importable_name(obj) is None))
             self.functions.append(
                 _Loaded(
                     name=name,
                     label=label,
-                    fn=spec.fn if isinstance(spec.fn, str) else obj,
+                    fn=TrlStyle(target, conversational, kwargs, label) if trl else target,
                     weight=weight,
                     reserved=(frozenset() if isinstance(obj, type) else frozenset(kwargs)) | {"prompts",
                                                                                                "completions"},
-                    accepts=_named_params(call),
-                    kwargs=kwargs,
+                    accepts=None if trl else _named_params(call),
+                    kwargs={} if trl else kwargs,
+                    trl=frozenset(wanted_extra(obj)) if trl else None,
+                    local=local,
                 )
             )
+            if local:
+                limit = (f"each call under reward.timeout_s={timeout_s:g} s (a timer signal)"
+                         if timeout_s and _alarm.available() else "with no time limit (not on the main thread)")
+                say(f"[reward] {label} cannot be imported by a worker process (defined in __main__, a lambda or a "
+                    f"closure): it runs in this process, {limit}; put it in a module or file to run it in the "
+                    "workers")
         self.pool = WorkerPool(workers, timeout_s)
+        self.local_pool = WorkerPool(0, timeout_s, limit_local=True)
         self._ready = False
 
     @property
@@ -207,12 +235,15 @@ class CombinedRewards:
             return
         for f in self.functions:
             try:
-                self.pool.setup(f.name, f.fn, f.kwargs, f.label)
+                self._pool(f).setup(f.name, f.fn, f.kwargs, f.label)
             except (CallFailed, CallTimeout) as exc:
                 raise RewardError(f"reward function {f.label} could not be set up in a worker process ({exc})",
                                   where=WHERE, fix="import it in Python to see the error, or set reward.workers=0 "
                                   "to call it in the trainer's process") from None
         self._ready = True
+
+    def _pool(self, f: _Loaded) -> WorkerPool:
+        return self.local_pool if f.local else self.pool
 
     def close(self) -> None:
         self.pool.close()
@@ -226,19 +257,25 @@ class CombinedRewards:
 
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict], *, step: int | None = None,
-        allow_all_dropped: bool = False,
+        allow_all_dropped: bool = False, messages: Sequence[list] | None = None, rollout: Any = None,
+        max_steps: int | None = None,
     ) -> RewardScores:
         """Score ``completions`` -> :class:`RewardScores` (total, per_function, metrics, valid).
 
         ``rows`` are the dataset records of the prompts (their columns become the functions' ``**fields``);
-        ``step`` (optional) is named in errors. Raises :class:`RewardError` / :class:`RewardFunctionError` as the
-        module docstring says (``allow_all_dropped``: a batch without any valid sample is returned, not an error —
-        for evaluation, whose batches may be a single prompt); never returns a non-finite total.
+        ``step`` (optional) is named in errors. For functions of TRL's convention: ``messages`` (each prompt's
+        messages), ``rollout`` (its ``response_ids`` / ``lengths`` give ``completion_ids``, computed only when a
+        function reads them) and ``max_steps`` (with ``step``: ``trainer_state``). Raises :class:`RewardError` /
+        :class:`RewardFunctionError` as the module docstring says (``allow_all_dropped``: a batch without any valid
+        sample is returned, not an error — for evaluation, whose batches may be a single prompt); never returns a
+        non-finite total.
         """
         B = len(completions)
         if len(prompts) != B or len(rows) != B:
             raise ValueError(f"got {len(prompts)} prompts, {B} completions and {len(rows)} rows")
-        outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step)
+        extra = {"messages": None if messages is None else list(messages), "rollout": rollout, "step": step,
+                 "max_steps": max_steps}
+        outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step, extra)
         total = torch.zeros(B, dtype=torch.float32)
         covered = torch.zeros(B, dtype=torch.bool)
         finite = torch.ones(B, dtype=torch.bool)
@@ -268,6 +305,15 @@ class CombinedRewards:
         metrics["rewards/dropped"] = float((~valid).sum())
         return RewardScores(total, per_function, metrics, valid)
 
+    def of_rows(self, rows: Sequence[dict], completions: Sequence[str], rollout: Any = None, **kwargs) -> RewardScores:
+        """Score the completions of the prompt records ``rows`` (``{"prompt": messages, **columns}``, one per
+        completion): the prompts as their last message's text (rlhfkit's convention) and as messages (TRL's), the
+        other columns as fields; ``rollout`` gives TRL's ``completion_ids``; ``kwargs`` as :meth:`__call__`."""
+        messages = [row["prompt"] for row in rows]
+        fields = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
+        return self([m[-1]["content"] for m in messages], completions, fields, messages=messages, rollout=rollout,
+                    **kwargs)
+
     @staticmethod
     def _failures(f: _Loaded, metrics: dict) -> str:
         t, e = metrics.get(f"rewards/{f.name}/timeouts", 0), metrics.get(f"rewards/{f.name}/errors", 0)
@@ -283,7 +329,7 @@ class CombinedRewards:
         completions = list(completions) if completions is not None else [""] * len(prompts)
         self.start()
         for f in self.functions:
-            [outcome] = self.pool.map(f.name, [((list(prompts), completions), self._fields(f, rows))])
+            [outcome] = self._pool(f).map(f.name, [((list(prompts), completions), self._fields(f, rows))])
             if isinstance(outcome.error, RewardError):
                 raise outcome.error
             if outcome.ok:
@@ -303,18 +349,26 @@ class CombinedRewards:
         bounds = [round(i * B / n) for i in range(n + 1)]
         return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
-    def _call_each(self, prompts: list, completions: list, rows: list, step: int | None):
+    def _call_each(self, prompts: list, completions: list, rows: list, step: int | None, extra: dict | None = None):
         """Each function on the batch (in chunks over the workers) -> (values per function, metrics: time_s,
         timeouts, errors per function). A chunk that times out or raises gives None for its samples; a function
         whose every chunk failed (at least one by raising) stops the run with :class:`RewardFunctionError`."""
         self.start()
         chunks = self._chunks(len(completions))
         outputs, metrics = [], {}
+        ids = None
         for f in self.functions:
             fields = self._fields(f, rows)
             calls = [((prompts[c], completions[c]), {k: v[c] for k, v in fields.items()}) for c in chunks]
+            if f.trl is not None and extra:  # TRL's per-call data, each list cut to the call's chunk
+                if ids is None and "completion_ids" in f.trl and extra.get("rollout") is not None:
+                    ids = _completion_ids(extra["rollout"])
+                trl = {"messages": extra.get("messages"), "completion_ids": ids if "completion_ids" in f.trl else None,
+                       "step": extra.get("step"), "max_steps": extra.get("max_steps")}
+                for (_, kw), c in zip(calls, chunks):
+                    kw[EXTRA] = {k: v[c] if isinstance(v, list) else v for k, v in trl.items()}
             t0 = time.perf_counter()
-            outcomes = self.pool.map(f.name, calls)
+            outcomes = self._pool(f).map(f.name, calls)
             metrics[f"rewards/{f.name}/time_s"] = time.perf_counter() - t0
             values: list[float | None] = []
             timeouts = errors = 0
@@ -359,6 +413,12 @@ class CombinedRewards:
         return [_to_float(v, label, i, at) for i, v in enumerate(out)]
 
 
+def _completion_ids(rollout) -> list[list[int]]:
+    """Each response's token ids up to its end (TRL's ``completion_ids``)."""
+    ids, lengths = rollout.response_ids.cpu().tolist(), rollout.lengths.cpu().tolist()
+    return [row[:n] for row, n in zip(ids, lengths)]
+
+
 def _summary(values: list[float | None]) -> str:
     """What a function returned for a batch, in a few words: "None x 8", "nan x 3, None x 5"."""
     counts: dict[str, int] = {}
@@ -366,6 +426,23 @@ def _summary(values: list[float | None]) -> str:
         key = "None" if v is None else ("a number" if math.isfinite(v) else repr(v))
         counts[key] = counts.get(key, 0) + 1
     return ", ".join(f"{k} x {n}" for k, n in counts.items())
+
+
+def _uses_trl_convention(label: str, obj: Callable, convention: str) -> bool:
+    """``convention`` (``reward.functions[].convention``) resolved for ``obj``: ``auto`` by its signature; ``trl``
+    holds only a signature TRL can call (keywords by name, or ``(prompts, completions, ...)``)."""
+    if convention not in CONVENTIONS:
+        raise RewardError(f"function {label} has convention {convention!r}", where=WHERE,
+                          fix=f"use one of {', '.join(CONVENTIONS)}")
+    if convention == "auto":  # an async function is TRL's (rlhfkit's convention has none): called through its wrapper
+        return is_trl_style(obj) or (inspect.iscoroutinefunction(obj) and keyword_callable(obj))
+    if convention == "rlhfkit":
+        return False
+    if keyword_callable(obj):
+        return True
+    raise RewardError(f"function {label} cannot be called with TRL's keywords (it names neither prompts nor "
+                      "completions)", where=WHERE, fix="name its parameters as TRL does (prompts, completions, "
+                      "**kwargs), or set its convention to rlhfkit")
 
 
 def _check_positional(label: str, fn: Callable) -> None:
@@ -422,12 +499,13 @@ def _named_params(fn: Callable) -> frozenset | None:
 
 
 
-def rewards_from_config(rc) -> CombinedRewards | None:
+def rewards_from_config(rc, records: Sequence[dict] = ()) -> CombinedRewards | None:
     """The run's reward functions from its ``reward`` section: ``reward.functions`` plus the remote judge when
     ``reward.remote.url`` is set (as the function ``remote_judge`` named ``reward.remote.name``, weight
     ``reward.remote.weight``), run on ``reward.workers`` workers under ``reward.timeout_s``; None without any. The
-    code sandbox's level is decided here, once (:func:`~rlhfkit.rewards.code.settle_sandboxes`). The caller closes
-    it (its workers stop) when the run ends."""
+    code sandbox's level is decided here, once (:func:`~rlhfkit.rewards.code.settle_sandboxes`). ``records``: the
+    run's prompt records; when their data gave the prompts as messages (:func:`rlhfkit.data.sources.is_conversational`),
+    TRL-style functions get conversational completions. The caller closes it (its workers stop) when the run ends."""
     from .code import settle_sandboxes
 
     specs = settle_sandboxes(list(rc.functions), getattr(rc, "sandbox", None))  # the sandbox's one line, or refusal
@@ -437,4 +515,5 @@ def rewards_from_config(rc) -> CombinedRewards | None:
         specs.append(RewardFunctionSpec("remote_judge", weight=remote.weight, name=remote.name, kwargs=kwargs))
     if not specs:
         return None
-    return CombinedRewards(specs, workers=rc.workers, timeout_s=rc.timeout_s)
+    conversational = bool(records) and bool(getattr(records[0], "conversational", False))
+    return CombinedRewards(specs, workers=rc.workers, timeout_s=rc.timeout_s, conversational=conversational)

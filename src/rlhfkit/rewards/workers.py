@@ -283,10 +283,11 @@ class Worker:
 class WorkerPool:
     """``n`` workers sharing the same set-ups; :meth:`map` runs independent calls on them concurrently, each
     under ``timeout_s``; :meth:`setup` and :meth:`close` act on every child side by side. ``n = 0``: calls run in
-    this process, no limit (see the module docstring)."""
+    this process, no limit (see the module docstring), unless ``limit_local``: then each call is bounded by
+    ``timeout_s`` with a wall-clock timer signal (:func:`_alarm`) — for callables no worker can import."""
 
-    def __init__(self, n: int, timeout_s: float | None):
-        self.n, self.timeout_s = n, timeout_s
+    def __init__(self, n: int, timeout_s: float | None, *, limit_local: bool = False):
+        self.n, self.timeout_s, self.limit_local = n, timeout_s, limit_local
         self.workers = [Worker(f"{i}") for i in range(n)]
         self.local: dict[str, Callable] = {}
 
@@ -371,7 +372,10 @@ class WorkerPool:
         t0 = time.perf_counter()
         obj = self.local[key]
         try:
-            value = (getattr(obj, method) if method else obj)(*args, **kwargs)
+            with _alarm(self.timeout_s if self.limit_local else None):
+                value = (getattr(obj, method) if method else obj)(*args, **kwargs)
+        except CallTimeout as exc:
+            return Outcome(error=exc, seconds=time.perf_counter() - t0)
         except RewardError as exc:
             return Outcome(error=exc, seconds=time.perf_counter() - t0)
         except Exception as exc:
@@ -396,6 +400,40 @@ class WorkerPool:
         with _suppress():
             for w in self.workers:
                 w.kill()
+
+
+class _alarm:
+    """A wall-clock limit on the code inside, in this process: SIGALRM (``setitimer``) raises :class:`CallTimeout`
+    where the code is when the time is up. Python code stops there; code inside one long C call stops when the call
+    returns to the interpreter (a worker process, killed whole, has no such limit: the reason workers exist). Only
+    on the main thread of a POSIX process (where Python runs signal handlers); elsewhere no limit. ``None``: none."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds if seconds and hasattr(signal, "setitimer") else None
+        self.previous = None
+
+    @staticmethod
+    def available() -> bool:
+        import threading
+
+        return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+    def _expired(self, signum, frame):
+        raise CallTimeout(f"call took more than {self.seconds:g} s")
+
+    def __enter__(self):
+        if self.seconds is not None and self.available():
+            self.previous = signal.signal(signal.SIGALRM, self._expired)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        else:
+            self.seconds = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.seconds is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous if self.previous is not None else signal.SIG_DFL)
+        return False
 
 
 def _bind(obj: Callable, kwargs: dict | None) -> Callable:

@@ -149,9 +149,18 @@ def _excluded(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_FINGERPRINTED)
 
 
+#: settings added to the items of a list key after checkpoints were written, with their default: an item holding the
+#: default is fingerprinted without it, as before the setting existed (an older checkpoint still resumes)
+ITEM_DEFAULTS = {"reward.functions": {"convention": "auto"}}
+
+
 def run_fingerprint(cfg) -> dict[str, Any]:
     """The settings that define the run (dotted key -> JSON value); see the module doc for what is left out."""
     flat = {k: data_identity(v) if k in DATA_FILE_KEYS else v for k, v in _flat(cfg).items() if not _excluded(k)}
+    for key, defaults in ITEM_DEFAULTS.items():
+        if isinstance(flat.get(key), list):
+            flat[key] = [{k: v for k, v in item.items() if not (k in defaults and v == defaults[k])}
+                         if isinstance(item, dict) else item for item in flat[key]]
     return _without_unused_policy_sections(flat)
 
 

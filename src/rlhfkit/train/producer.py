@@ -66,6 +66,8 @@ class Producer:
         self.timer = timer or PhaseTimer(device)
         self.phases: Phases = NO_PHASES  # where the producer reports its phase (the progress display)
         self.k = cfg.algo.num_generations
+        # the run's length in rollout steps, as TRL-style reward functions read it (trainer_state.max_steps)
+        self.max_steps = max(1, cfg.algo.total_episodes // (cfg.algo.rollout_batch_size * self.k * shares))
         self.strategy = get_strategy(cfg)
         self.sampling = SamplingParams.from_config(cfg.generation)
         self.records = records
@@ -74,7 +76,7 @@ class Producer:
             raise too_few_prompts(len(records[0]), cfg.algo.rollout_batch_size, shares)
         # 0. reward functions (in their workers), checked on a few prompts and linted before the run directory is
         #    touched: wrong length / type, a constructor or sandbox that fails, an empty answer paid the most
-        self.functions = rewards_from_config(cfg.reward)
+        self.functions = rewards_from_config(cfg.reward, records[0])
         if self.functions is not None:
             try:
                 head = records[0][:4]
@@ -237,9 +239,8 @@ class Producer:
                 total += torch.where(valid, rm, 0.0)
                 metrics["rewards/model/mean"] = rm[valid].mean().item() if valid.any() else 0.0
             if self.functions is not None:
-                prompt_text = [m[-1]["content"] for m in messages]
-                fields = [{k: v for k, v in row.items() if k not in ("prompt",)} for row in rows]
-                fn = self.functions(prompt_text, texts, fields, step=step, allow_all_dropped=allow_all_dropped)
+                fn = self.functions.of_rows(rows, texts, rollout, step=step, max_steps=self.max_steps,
+                                            allow_all_dropped=allow_all_dropped)
                 total += fn.total.to(self.device)
                 valid &= fn.valid.to(self.device)
                 metrics.update(fn.metrics)

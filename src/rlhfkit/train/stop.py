@@ -45,8 +45,10 @@ GO, SIGNALLED, FAILED = 0, 1, 2
 
 
 def exit_code(name: str) -> int:
-    """128 + the signal's number: 143 for SIGTERM, 138 for SIGUSR1 (Linux)."""
-    return 128 + int(getattr(signal, name))
+    """128 + the signal's number: 143 for SIGTERM, 138 for SIGUSR1 (Linux); 0 for a stop the run's own code asked
+    for (:meth:`StopControl.request`: a callback)."""
+    sig = getattr(signal, name, None) if name in SIGNALS else None
+    return 128 + int(sig) if sig is not None else 0
 
 
 def error_code(err: BaseException) -> int:
@@ -113,6 +115,12 @@ class StopControl:
         self.armed = armed
         if not armed:
             self.where = where
+
+    def request(self, why: str) -> None:
+        """Stop at the next step boundary as after a signal (``why`` names who asked, e.g. a callback): the
+        checkpoint of the step reached, then ``Stopped`` with exit code 0."""
+        if self.signal is None:
+            self.signal = why
 
     # ── the loops ────────────────────────────────────────────────────────────────────────────────────────────
     def abandon_point(self) -> None:
