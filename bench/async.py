@@ -95,7 +95,7 @@ def table(base: dict | None, results: dict[str, list[dict]], s: dict) -> list[st
         if runs:
             lines.append(f"| {names[mode]} | {len(runs)} | {mean_sd([r['eps'] for r in runs], 2)} | "
                          f"{mean_sd([r['greedy'] for r in runs])} | {mean_sd([r['sampled'] for r in runs])} | "
-                         f"{runs[0]['episodes']} |")
+                         f"{int(runs[0]['episodes'])} |")
     sync = [m for m in ("ddp", "fsdp2") if results.get(m)]
     if results.get("async") and sync:
         best = max(sync, key=lambda m: statistics.mean(r["eps"] for r in results[m]))
