@@ -132,3 +132,16 @@ def test_rooms_import_only_rooms_below_them():
 def test_no_source_file_over_700_lines():
     long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_test_files_have_unique_basenames():
+    """pytest imports test modules by basename (rootdir-relative, no packages): two `test_x.py` in different folders
+    break collection of the whole suite on a clean clone ("import file mismatch"), so they are refused here."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.name in seen and path.name != "__init__.py":
+            clashes.append(f"{seen[path.name].relative_to(tests)} and {path.relative_to(tests)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "same basename in two test folders: " + "; ".join(clashes)
