@@ -33,7 +33,7 @@ def ties_on_rank0(prompts, completions, **fields):
 
 def hangs_on_rank1(prompts, completions, **fields):
     """On rank 1 (an asynchronous run's producer) the third training call of 16 completions never returns (a reward
-    stuck on a dead service): the learner must end at the collective timeout (tests/e2e/test_async.py)."""
+    stuck on a dead service): the learner must end at the collective timeout (tests/e2e/test_async_processes.py)."""
     if len(completions) == 16:
         CALLS[0] += 1
         if os.environ.get("RANK") == "1" and CALLS[0] >= 3:

@@ -1,6 +1,6 @@
 """The asynchronous mode's pieces that need no second process: the layout (which rank makes which piece of which
 learner's share), its refusals, the wire format of an experience, the weights' buckets, the ``algo.async`` key and
-the correction it turns on. The processes themselves: tests/e2e/test_async.py (make test-cluster)."""
+the correction it turns on. The processes themselves: tests/e2e/test_async_processes.py (make test-cluster)."""
 
 from __future__ import annotations
 
