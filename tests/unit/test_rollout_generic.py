@@ -100,3 +100,15 @@ def test_the_engine_keeps_no_model_alive():
     slots = len(engine._slots)
     engine.generate(family_model("olmo2", seed=3), prompts(2, 7), GREEDY)
     assert len(engine._slots) == slots
+
+
+def test_the_continuous_engine_runs_a_model_outside_its_paged_decoder_on_the_static_engine(capsys):
+    """Not eager hf: the static engine's generic path, greedy tokens hf's."""
+    from rlhfkit.rollout import ContinuousEngine
+
+    model = family_model("gpt2")
+    ref = HFEngine(**COMMON).generate(model, prompts(5, 8), GREEDY)
+    assert_same_rollout(ref, ContinuousEngine(**COMMON).generate(model, prompts(5, 8), GREEDY), lp_atol=1e-4)
+    out = capsys.readouterr().out
+    assert "continuous engine: architecture GPT2LMHeadModel is not covered by its paged decoder; generating with " \
+           "the static engine" in out and "decoding with the model's own modules" in out

@@ -219,9 +219,11 @@ def test_a_model_neither_path_covers_falls_back_to_hf_with_one_line(capsys):
         for _ in range(2):
             assert_same_rollout(ref, engine.generate(bloom, prompts, params))
     lines = [line for line in capsys.readouterr().out.splitlines() if "BloomForCausalLM" in line]
-    assert len(lines) == 3 and "generating with hf" in lines[0] and "auto: hf engine on cpu" in lines[2]  # once each
-    assert "does not take a custom attention function" in lines[2]
-    assert "continuous engine" in lines[1] and "generating with hf" in lines[1]
+    # once each: static; continuous, then its static fallback; auto
+    assert len(lines) == 4 and "generating with hf" in lines[0] and "auto: hf engine on cpu" in lines[3]
+    assert "does not take a custom attention function" in lines[3]
+    assert "continuous engine" in lines[1] and "generating with the static engine" in lines[1]
+    assert lines[2] == lines[0]
 
 
 def test_auto_uses_the_table_and_reports_compile_time(capsys):
