@@ -309,3 +309,37 @@ def test_no_tensor_of_batch_x_tokens_x_vocab_elements_in_a_training_step():
     with Watch():  # the plain path does make one (the check sees it)
         response_logits(model, batch, 0.7, share_prompts=False).sum().backward()
     assert max(over_vocab)[0] >= B * R
+
+
+def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
+    """Liger's kernel needs CUDA; here a stand-in with its signature and its per-token loss (-log p, 0 where ignored)
+    checks what rlhfkit hands it and reads back (bench/gpu_check.py compares the real kernel on a GPU)."""
+    import sys
+    import types
+
+    import rlhfkit.train.forward as fwd
+
+    calls = []
+
+    def fake(h, weight, target, bias=None, ignore_index=-100, reduction="mean", return_predicted_tokens=False,
+             accum_dtype=None):
+        calls.append(reduction)
+        logits = h @ weight.t() + (0 if bias is None else bias)
+        keep = target != ignore_index
+        loss = torch.where(keep, torch.nn.functional.cross_entropy(logits, target.clamp(min=0), reduction="none"), 0.0)
+        return types.SimpleNamespace(loss=loss, predicted_tokens=torch.where(keep, logits.argmax(-1), -1))
+
+    mod = types.ModuleType("liger_kernel.transformers.functional")
+    mod.liger_fused_linear_cross_entropy = fake
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", mod)
+    monkeypatch.setattr(fwd, "liger_serves", lambda x, lows, entropy: not entropy and not lows)
+    model = _model(False)
+    model.lm_head = torch.nn.Linear(32, V, bias=True)
+    batch = _batch()
+    st = response_stats(model, batch, 0.7, argmax=True, share_prompts=False)
+    lp, _, top = _plain_response(model, batch, 0.7, False)
+    assert calls == ["none"]
+    torch.testing.assert_close(st.logprobs, lp, atol=1e-5, rtol=1e-5)
+    assert torch.equal(st.argmax, top)
+    response_stats(model, batch, 0.7, entropy=True, share_prompts=False)  # the entropy: rlhfkit's own path
+    assert calls == ["none"]

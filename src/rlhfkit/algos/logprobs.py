@@ -169,6 +169,15 @@ def _head_logits(h, weight, bias, lows, temperature: float) -> torch.Tensor:
     return z.div_(temperature) if temperature != 1.0 else z
 
 
+def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, in place (``addmm_``) when the dtypes agree; else through a product in a's dtype (a bf16
+    gradient of float32 master weights, as autocast's own backward makes it)."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    else:
+        acc += a @ b
+
+
 class _LinearTokenStats(torch.autograd.Function):
     """logits = (hidden @ weight.T + bias + sum_i low_in_i @ low_w_i.T) / temperature, computed ``chunk`` rows at a
     time: forward keeps per row only the label's log-prob (and the entropy, the argmax); backward recomputes each
@@ -196,8 +205,8 @@ class _LinearTokenStats(torch.autograd.Function):
                 logp = torch.log_softmax(z, dim=-1, dtype=acc)
                 del z
                 lp[s:e] = logp.gather(-1, labels[s:e, None]).squeeze(-1)
-                if want_entropy:
-                    ent[s:e] = torch.special.entr(logp.exp_()).sum(-1)  # -p log p, 0 at p = 0
+                if want_entropy:  # -p log p (0 at p = 0), in the block's own memory
+                    ent[s:e] = torch.special.entr(logp.exp_(), out=logp).sum(-1)
                 del logp
         ctx.save_for_backward(hidden, weight, bias, labels, ent, *lows_flat)
         ctx.meta = (temperature, want_entropy, chunk, dt, acc, len(lows))
@@ -246,13 +255,13 @@ class _LinearTokenStats(torch.autograd.Function):
                     gd.div_(temperature)
                 if grad_h is not None:
                     grad_h[s:e] = gd @ w
-                if grad_w is not None:
-                    grad_w += gd.t() @ h
+                if grad_w is not None:  # in place when the dtypes agree (no [V, H] temporary per chunk)
+                    _accumulate(grad_w, gd.t(), h)
                 for i, (x, v) in enumerate(xs):
                     if grad_x[i] is not None:
                         grad_x[i][s:e] = gd @ v
                     if grad_v[i] is not None:
-                        grad_v[i] += gd.t() @ x
+                        _accumulate(grad_v[i], gd.t(), x)
                 del gd
         lows_grads = [g for pair in zip(grad_x, grad_v) for g in pair]
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)

@@ -186,6 +186,10 @@ def _check_distributed(cfg) -> None:
         if hasattr(algo, "advantage") and algos.ADVANTAGE_ESTIMATORS[algo.advantage].needs_critic:
             raise ConfigError("distributed.strategy=deepspeed trains one model; PPO's critic is a second one",
                               where="distributed.strategy", fix="use fsdp2 for PPO, or a critic-free estimator")
+        if getattr(getattr(cfg, "memory", None), "offload_optimizer", False):
+            raise ConfigError("memory.offload_optimizer moves a torch optimizer's state; DeepSpeed keeps its own",
+                              where="memory.offload_optimizer",
+                              fix="use distributed.cpu_offload=true (DeepSpeed's optimizer offload) instead")
 
 
 def _inputs_distributed(cfg) -> None:

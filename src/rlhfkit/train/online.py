@@ -57,6 +57,7 @@ from .common import length_policy, load_records, mean_stats, plan_batches, reduc
 from .distributed import get_strategy
 from .experience import Experience, distill_metrics, merge_groups
 from .forward import disable_dropout, on_device, response_stats, response_values
+from .memory import rollout_phase
 from .optim import clip_and_step
 from .run import Run, run_recipe, set_up_trained
 from .step_metrics import rollout_metrics
@@ -205,7 +206,7 @@ class OnlineTrainer:
             if abandon:
                 self.run.stop.abandon_point()
 
-        with self.timer.phase("rollout"), self.strategy.gathered(self.policy):  # sharded: gathered once
+        with self.timer.phase("rollout"), self.strategy.gathered(self.policy), rollout_phase(self):  # gathered once
             rollout = self.engine.generate(self.policy, ids * k, self.sampling, seed=seed, on_rows=rows_done)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
@@ -220,7 +221,7 @@ class OnlineTrainer:
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(n)] * k
         ec = self.cfg.env
         self.phases.phase("episodes", total=n * k)
-        with self.timer.phase("rollout"), self.strategy.gathered(self.policy):  # sharded: gathered once
+        with self.timer.phase("rollout"), self.strategy.gathered(self.policy), rollout_phase(self):  # gathered once
             rollout, episodes = run_episodes(
                 self.engine, self.policy, self.tok, self.envs, rows, params=self.sampling, seed=seed,
                 max_turns=ec.max_turns, max_total_tokens=ec.max_total_tokens, step=step,
