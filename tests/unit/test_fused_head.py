@@ -93,7 +93,11 @@ def test_hand_values_uniform_head():
 
 
 def test_gradcheck_float64_every_input():
-    t, labels = _inputs(N=7, seed=3, dtype=torch.float64, r=2)
+    g = torch.Generator().manual_seed(3)
+    N, Hs, Vs, r = 5, 4, 9, 2  # small: gradcheck perturbs every input element
+    t = {k: torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_(True) for k, shape in
+         (("hidden", (N, Hs)), ("weight", (Vs, Hs)), ("bias", (Vs,)), ("x", (N, r)), ("w", (Vs, r)))}
+    labels = torch.randint(0, Vs, (N,), generator=g)
     labels[1] = IGNORE
 
     def f(*xs):

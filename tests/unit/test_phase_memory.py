@@ -37,17 +37,19 @@ def _train(offload: bool, steps: int = 4):
         x, y = torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)
         if offload and opt.state:
             before = [v.clone() for s in opt.state.values() for v in s.values()]
-            ptrs = [v.data_ptr() for s in opt.state.values() for v in s.values()]
             moved = offload_optimizer(opt)
             assert is_offloaded(opt) and moved == sum(v.numel() * v.element_size() for v in before)
             for v, b in zip((v for s in opt.state.values() for v in s.values()), before):
                 assert torch.equal(v, b)
-            # the state now lives in the host buffers (other storage), with the same values
-            assert all(v.data_ptr() not in ptrs for s in opt.state.values() for v in s.values())
-            seen.append({v.data_ptr() for s in opt.state.values() for v in s.values()})
+            # the state now lives in the host buffers, with the same values
+            hosts = {id(t) for t in opt.optimizer.rlhfkit_host_state.values()}
+            assert all(id(v) in hosts for s in opt.state.values() for v in s.values())
+            seen.append(hosts)
         acc.backward(torch.nn.functional.mse_loss(model(x), y))
         clip_and_step(acc, model, opt, sched, 1.0)
         assert not is_offloaded(opt)
+        if offload and seen:  # back on its device in tensors of its own (the host buffers kept for the next time)
+            assert not any(id(v) in seen[-1] for s in opt.state.values() for v in s.values())
     if offload:
         assert len(seen) == steps - 1 and all(s == seen[0] for s in seen)  # one set of host buffers, reused
     return [p.detach().clone() for p in model.parameters()], opt
