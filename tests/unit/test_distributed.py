@@ -50,6 +50,10 @@ def test_shipped_deepspeed_configs_get_the_runs_values():
     ("grpo", ["distributed.strategy=deepspeed", "train.batch_size=8"], "algo.mini_batch_size"),
     ("ppo", ["distributed.strategy=deepspeed", "train.batch_size=16"], "distributed.strategy"),
     ("sft", ["distributed.strategy=fsdp2", "model.lora.enabled=true"], "distributed.strategy"),
+    ("grpo", ["distributed.strategy=fsdp2", "memory.offload_optimizer=true"], "memory.offload_optimizer"),
+    ("grpo", ["distributed.strategy=deepspeed", "train.batch_size=8", "algo.mini_batch_size=8",
+              "memory.offload_optimizer=true"],
+     "memory.offload_optimizer"),
     ("sft", ["distributed.strategy=zero3"], "config + overrides"),
 ])
 def test_unsupported_combinations_are_config_errors(recipe, overrides, where):

@@ -353,7 +353,8 @@ class MemoryConfig:
     offload_teacher: bool = f(False, "keep the distillation teacher on CPU between uses")
     offload_optimizer: bool = f(False, "the trained models' optimizer states (AdamW: 8 bytes per trained parameter "
                                        "+ the step) in host memory while the engine generates, back on the device "
-                                       "for the update: one copy out and one back per step, the same updates")
+                                       "for the update: one copy out and one back per step, the same updates "
+                                       "(ddp; fsdp2 / deepspeed offload with distributed.cpu_offload)")
     release_engine_cache: bool = f(True, "free the rollout engine's caches (KV cache of each batch bucket, CUDA "
                                          "graphs) after each rollout, for the forwards and the update; the next "
                                          "rollout allocates them again (and re-captures its CUDA graphs)")
