@@ -100,20 +100,22 @@ def test_activations_per_token_per_layer_by_hand(llama7b):
     acts = activation_bytes(llama7b, Setup(device="cuda", autocast=True), tokens, grad=True)
     assert acts["activations"][0] == tokens * 32 * 268_288  # 32.75 GiB: why a 7B needs checkpointing
     # the fused LM head: no [4096, 32000] logits; one chunk of 2^25 // 32000 = 1048 tokens, its bf16 logits (2 B) and
-    # float32 softmax / gradient (4 B) per element: 1048 x 32000 x 6 B = 192 MiB; the fp32 head weight's gradient
-    # arrives as a bf16 [32000, 4096] product: 250 MiB
+    # float32 softmax / gradient (4 B) per element: 1048 x 32000 x 6 B = 192 MiB; in backward the fp32 head weight
+    # is cast to bf16 and its gradient arrives as a bf16 [32000, 4096] product: 2 x 250 MiB
     assert "logits + gradient" not in acts
     assert acts["LM head chunk (fused log-probs, no logits)"][0] == 1048 * 32000 * 6
-    assert acts["LM head weight-gradient product"][0] == 32000 * 4096 * 2
+    assert acts["LM head weight cast + gradient product"][0] == 2 * 32000 * 4096 * 2
+    frozen = activation_bytes(llama7b, Setup(device="cuda", autocast=True), tokens, grad=True, head_trained=False)
+    assert "LM head weight cast + gradient product" not in frozen  # LoRA: a bf16 head without a gradient
     with_entropy = activation_bytes(llama7b, Setup(device="cuda", autocast=True, entropy_grad=True), tokens, grad=True)
     assert with_entropy["LM head chunk (fused log-probs, no logits)"][0] == 1048 * 32000 * 10  # + entr(p), 4 B
     forward = activation_bytes(llama7b, Setup(device="cuda", autocast=True), tokens, grad=False)
     assert forward["LM head chunk (fused log-probs, no logits)"][0] == 1048 * 32000 * 6
-    assert "LM head weight-gradient product" not in forward
+    assert "LM head weight cast + gradient product" not in forward
     ckpt = activation_bytes(llama7b, Setup(device="cuda", autocast=True, gradient_checkpointing=True), tokens,
                             grad=True)
     # layer inputs 4096 tokens x 32 x 4 B x 4096 = 2 GiB, + one recomputed layer beyond the head's bytes
-    head = 1048 * 32000 * 6 + 32000 * 4096 * 2
+    head = 1048 * 32000 * 6 + 2 * 32000 * 4096 * 2
     assert ckpt["activations (checkpointed)"][0] == 2**31 + (tokens * 268_288 - head)
     # CPU, fp32, no autocast: 4 x (9H + 2KV + 4I)
     cpu = activation_bytes(llama7b, Setup(device="cpu", autocast=False), 1, grad=True)

@@ -10,6 +10,7 @@ log-probs) keeps only the input logits for backward, never a float32 [B, T, V] c
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -160,12 +161,18 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return hidden.dtype
 
 
-def _head_logits(h, weight, bias, lows, temperature: float) -> torch.Tensor:
+def _head_logits(h, weight, bias, lows, temperature: float, autocast: bool = False) -> torch.Tensor:
     """One chunk's logits ``(h W^T + b + sum_i x_i w_i^T) / temperature`` in the compute dtype (as the plain path
-    rounds them: the head's output in that dtype, divided by the temperature in it)."""
-    z = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
-    for x, w in lows:
-        z = z.addmm_(x, w.t())
+    rounds them: the head's output in that dtype, divided by the temperature in it). ``autocast``: through
+    ``F.linear`` under the caller's autocast (its cached cast of the weight)."""
+    if autocast:
+        z = torch.nn.functional.linear(h, weight, bias)
+        for x, w in lows:
+            z = z + torch.nn.functional.linear(x, w)
+    else:
+        z = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
+        for x, w in lows:
+            z = z.addmm_(x, w.t())
     return z.div_(temperature) if temperature != 1.0 else z
 
 
@@ -191,15 +198,19 @@ class _LinearTokenStats(torch.autograd.Function):
         acc = torch.promote_types(dt, torch.float32)
         N = hidden.shape[0]
         lows = list(zip(lows_flat[0::2], lows_flat[1::2]))
-        with torch.autocast(hidden.device.type, enabled=False):
-            w, b = weight.to(dt), None if bias is None else bias.to(dt)
-            lw = [(x.to(dt), v.to(dt)) for x, v in lows]
+        autocast = torch.is_autocast_enabled(hidden.device.type)
+        # under autocast its linear casts the weight once and caches it for the region, as the model's own layers
+        # do (no copy of ours); without it the weight is cast to the input's dtype (a no-op when they agree)
+        w, b = (weight, bias) if autocast else (weight.to(dt), None if bias is None else bias.to(dt))
+        lw = lows if autocast else [(x.to(dt), v.to(dt)) for x, v in lows]
+        with contextlib.nullcontext() if autocast else torch.autocast(hidden.device.type, enabled=False):
             lp = torch.empty(N, dtype=acc, device=hidden.device)
             ent = torch.empty(N if want_entropy else 0, dtype=acc, device=hidden.device)
             top = torch.empty(N if want_argmax else 0, dtype=torch.long, device=hidden.device)
             for s in range(0, N, chunk):
                 e = min(N, s + chunk)
-                z = _head_logits(hidden[s:e].to(dt), w, b, [(x[s:e], v) for x, v in lw], temperature)
+                h = hidden[s:e] if autocast else hidden[s:e].to(dt)
+                z = _head_logits(h, w, b, [(x[s:e], v) for x, v in lw], temperature, autocast)
                 if want_argmax:
                     top[s:e] = z.argmax(-1)
                 logp = torch.log_softmax(z, dim=-1, dtype=acc)

@@ -443,8 +443,8 @@ def _dtypes(setup: Setup) -> tuple[int, int]:
     return 2, (4 if setup.autocast else 2)
 
 
-def activation_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool,
-                     head: str = "lm") -> dict[str, tuple[float, str]]:
+def activation_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool, head: str = "lm",
+                     head_trained: bool = True) -> dict[str, tuple[float, str]]:
     """Bytes of the activations of a forward of ``tokens`` tokens (``grad``: kept for backward) and its logits."""
     H, KV, I_, L = arch.hidden, arch.kv_dim, arch.intermediate, arch.layers
     c, r = _dtypes(setup)
@@ -454,7 +454,7 @@ def activation_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: boo
     formula = (f"{r}x6H + {c}x(3H + 2KV + {mlp}I{f' + {casts // H}H' if casts else ''}) = {_n(per_layer)} B per "
                "token per layer")
     out = {}
-    logits = head_bytes(arch, setup, tokens, grad=grad) if head == "lm" else {}
+    logits = head_bytes(arch, setup, tokens, grad=grad, trained=head_trained) if head == "lm" else {}
     if grad and setup.gradient_checkpointing:
         # backward is done with the LM head (its chunk freed) before it recomputes any layer: the larger of the two
         layer = tokens * per_layer
@@ -471,14 +471,16 @@ def activation_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: boo
     return out
 
 
-def head_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool) -> dict[str, tuple[float, str]]:
+def head_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool,
+               trained: bool = True) -> dict[str, tuple[float, str]]:
     """The LM head's part of a forward (``grad``: and its backward) over ``tokens`` tokens.
 
     rlhfkit's fused head (train/forward.py, ``algos.linear_token_stats``): no logits tensor; one chunk of at most
     2^25 / V tokens at a time, whose logits (compute dtype, c B) and float32 log-softmax (4 B) live together; in
     backward the float32 softmax becomes the gradient in place, its compute-dtype copy (c B) sits beside it (+4 B for
-    the entropy's gradient), and a float32 head weight under autocast gets its chunk's gradient as a [V, H] product
-    in the compute dtype before it is added. A model that changes its logits after the head (:data:`PLAIN_HEAD_TYPES`)
+    the entropy's gradient), and a trained float32 head weight under autocast (``trained``) is cast to the compute
+    dtype for the backward and gets each chunk's gradient as a [V, H] product in it before it is added (forward
+    reuses autocast's cached cast, counted with the other weights'). A model that changes its logits after the head (:data:`PLAIN_HEAD_TYPES`)
     materialises them: [tokens, V] in the compute dtype (and their gradient) + one float32 softmax block."""
     c, _ = _dtypes(setup)
     V = arch.vocab
@@ -492,8 +494,9 @@ def head_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool) -> 
     per = 4 + c + (4 if grad and setup.entropy_grad else 0)
     out = {"LM head chunk (fused log-probs, no logits)": (chunk * V * per, f"{_n(chunk)} tokens (min(tokens, 2^25 / V))"
                                                                             f" x {_n(V)} vocab x {per} B")}
-    if grad and setup.device == "cuda" and setup.autocast and c != 4:
-        out["LM head weight-gradient product"] = (V * arch.hidden * c, f"{_n(V)} x {_n(arch.hidden)} x {c} B")
+    if grad and trained and setup.device == "cuda" and setup.autocast and c != 4:
+        out["LM head weight cast + gradient product"] = (2 * V * arch.hidden * c, f"2 x {_n(V)} x {_n(arch.hidden)} "
+                                                                                  f"x {c} B (backward)")
     return out
 
 
@@ -544,7 +547,9 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
         tokens = seqs * setup.seq_len
         # trained models step one after the other (PPO: the policy's backward, then the critic's): the largest
         # activations count, the others are noted
-        acts = {role.name: activation_bytes(role.arch, setup, tokens, grad=True, head=role.head) for role in trainables}
+        acts = {role.name: activation_bytes(role.arch, setup, tokens, grad=True, head=role.head,
+                                            head_trained=role.trainable == "full" and role.weight_bytes == 4)
+                for role in trainables}
         largest = max(acts, key=lambda name: sum(v for v, _ in acts[name].values()))
         for role in trainables:
             if role.name == largest:
@@ -552,7 +557,8 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
             else:
                 ph.add(f"{role.name} activations (another time)", 0.0,
                        f"{fmt_bytes(sum(v for v, _ in acts[role.name].values()))} while the {largest}'s are freed")
-            if setup.device == "cuda" and setup.autocast and role.trainable == "full" and not gathers:
+            if setup.device == "cuda" and setup.autocast and role.trainable == "full" and not gathers and \
+                    role.weight_bytes == 4:  # autocast's cached bf16 casts of fp32 weights (none for bf16 ones)
                 P = role_params(role)
                 ph.add(f"{role.name} bf16 autocast copies of weights", P * 2, f"{_n(P)} x 2 B")
             if gathers:
@@ -586,6 +592,10 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
         big = max(roles, key=role_params)
         ph.extend(activation_bytes(big.arch, setup, setup.micro_batch * length, grad=False, head=big.head),
                   f"{big.name} ")
+        if setup.device == "cuda" and setup.autocast and policy.trainable == "full" and not gathers and \
+                policy.weight_bytes == 4:  # autocast caches a bf16 cast of each fp32 weight it meets in the pass
+            P = role_params(policy)
+            ph.add("policy bf16 autocast copies of weights", P * 2, f"{_n(P)} x 2 B (old log-probs' pass)")
         phases.append(ph)
         phases.append(train_step(setup.micro_batch))
         if not setup.release_engine_cache:  # the static engine keeps its buckets' caches between rollouts
