@@ -480,8 +480,9 @@ def head_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool,
     backward the float32 softmax becomes the gradient in place, its compute-dtype copy (c B) sits beside it (+4 B for
     the entropy's gradient), and a trained float32 head weight under autocast (``trained``) is cast to the compute
     dtype for the backward and gets each chunk's gradient as a [V, H] product in it before it is added (forward
-    reuses autocast's cached cast, counted with the other weights'). A model that changes its logits after the head (:data:`PLAIN_HEAD_TYPES`)
-    materialises them: [tokens, V] in the compute dtype (and their gradient) + one float32 softmax block."""
+    reuses autocast's cached cast, counted with the other weights'). A model that changes its logits after the head
+    (:data:`PLAIN_HEAD_TYPES`) materialises them: [tokens, V] in the compute dtype (and their gradient) + one float32
+    softmax block."""
     c, _ = _dtypes(setup)
     V = arch.vocab
     if arch.model_type in PLAIN_HEAD_TYPES:
