@@ -160,7 +160,7 @@ def random_weights(device: torch.device, tmp: Path):
 @contextlib.contextmanager
 def substituted(device: torch.device, tmp: Path, peaks: dict):
     """Random weights for every model, no final model written, each timed phase's peak recorded in ``peaks``."""
-    import rlhfkit.train.online as online
+    import rlhfkit.train.online_run as online
     from rlhfkit.models import loading
     from rlhfkit.track import timing
     from rlhfkit.train.distributed import FSDP2Strategy

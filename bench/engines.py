@@ -106,7 +106,7 @@ def first_and_median(call, device: torch.device, reps: int) -> tuple[float, floa
 
 
 def _trainer_logits(model, rollout) -> torch.Tensor:
-    """The trainer's logits [B, R, V] for the rollout's responses (``train.online.response_logits``)."""
+    """The trainer's logits [B, R, V] for the rollout's responses (``train.forward.response_logits``)."""
     from rlhfkit.train.experience import position_ids_of
     from rlhfkit.train.forward import response_logits
 

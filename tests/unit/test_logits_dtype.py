@@ -11,7 +11,7 @@ from accelerate.state import AcceleratorState
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhfkit import algos
-from rlhfkit.train.online import OnlineTrainer
+from rlhfkit.train.learner import Learner
 from rlhfkit.train.run import keep_logits_dtype
 
 
@@ -40,7 +40,7 @@ def test_the_fused_head_computes_in_bf16_as_the_plain_logits_did():
     keep_logits_dtype(acc, model)
     batch = _batch()
     trainer = SimpleNamespace(acc=acc, cfg=SimpleNamespace(generation=SimpleNamespace(temperature=1.0)))
-    ours = OnlineTrainer.logprobs_of(trainer, model, batch)
+    ours = Learner.logprobs_of(trainer, model, batch)
     with torch.no_grad(), acc.autocast():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        position_ids=batch["position_ids"]).logits[:, -5:-1]

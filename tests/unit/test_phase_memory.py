@@ -90,11 +90,10 @@ def test_rollout_phase_releases_the_engine_and_leaves_a_cpu_optimizer_in_place(o
     opt = build_optimizer(model.parameters(), OptimConfig())
     model(torch.randn(2, 6)).sum().backward()
     opt.step()
-    trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(memory=types.SimpleNamespace(
-        offload_optimizer=offload, release_engine_cache=release)), engine=_Engine(), opt=opt)
-    with rollout_phase(trainer):
+    memory, engine = types.SimpleNamespace(offload_optimizer=offload, release_engine_cache=release), _Engine()
+    with rollout_phase(memory, engine, opt, None):
         assert not is_offloaded(opt)  # trained on the CPU: there is nowhere else to put the state
-    assert trainer.engine.released == int(release)
+    assert engine.released == int(release)
 
 
 def test_static_engine_release_frees_its_buckets_and_the_next_call_rebuilds_them():

@@ -83,18 +83,17 @@ def _trains_on_an_accelerator(optimizer) -> bool:
 
 
 @contextlib.contextmanager
-def rollout_phase(trainer):
-    """The context of the online trainer's rollout (it reads the trainer's ``cfg.memory``, ``engine`` and its
-    optimizers ``opt`` / ``critic_opt`` once they exist): with ``memory.offload_optimizer``, each optimizer's state
-    (of models trained on an accelerator; on CPU there is nowhere to move it) goes to host memory first (back at the
-    next update, in ``clip_and_step``); with ``memory.release_engine_cache``, the engine's caches are freed after."""
-    memory = trainer.cfg.memory
+def rollout_phase(memory, engine, *optimizers):
+    """The context of a rollout (``Producer.memory_phase``): with ``memory.offload_optimizer``, each optimizer's state
+    (``None`` skipped; of models trained on an accelerator: on CPU there is nowhere to move it) goes to host memory
+    first (back at the next update, in ``clip_and_step``); with ``memory.release_engine_cache``, the engine's caches
+    are freed after."""
     if memory.offload_optimizer:
-        for opt in (getattr(trainer, "opt", None), getattr(trainer, "critic_opt", None)):
+        for opt in optimizers:
             if opt is not None and isinstance(_inner(opt), torch.optim.Optimizer) and _trains_on_an_accelerator(opt):
                 offload_optimizer(opt)
     try:
         yield
     finally:
         if memory.release_engine_cache:
-            trainer.engine.release()
+            engine.release()
