@@ -21,18 +21,28 @@ On CUDA: a SmolLM2-135M-shaped Llama with random weights in bf16, batch 16, prom
   (i) the continuous engine (issue 31): (h)'s three checks for it, and on long-tailed lengths (the model rigged by
       ``_common.rig_lengths``, mean 64, at most 512 new tokens, 128 requests) its decode steps and tokens/s against
       the static engine at equal slots (32)
+  (j) the fused LM head (issue 32): log-probs, entropy and gradients through ``train.forward.response_stats`` equal
+      the plain logits path in bf16 on the device; ``liger-kernel``'s fused linear cross-entropy against rlhfkit's
+      PyTorch path when it is installed; ``bench/logprobs.py --head``'s bytes at Qwen's vocabulary (max allocated)
+  (m) the big-model section (bench/big_models.py), only when asked (``--only m``): PPO with a Llama-2-7B-shaped
+      policy (LoRA; then every weight through FSDP2 CPU offload) and Pythia-1.4B-shaped reward model and critic,
+      GRPO with a Qwen3-8B-shaped policy (LoRA; QLoRA when bitsandbytes is there), random weights from the published
+      configs, each phase's measured peak against ``rlhfkit plan``'s prediction, and s/step
 On CPU the same checks run with ``--quick`` sizes (a tiny Llama), so a machine without a GPU can smoke it (every
 path but the CUDA graphs, which need CUDA; their rows say so). ``--only c,h`` runs only the rows whose letter is
-given (four calls of at most 10 minutes on a GPU: ``--only a,b,d,e,f``, ``--only c,h``, ``--only g`` and
-``--only i``).
+given (five calls of at most 10 minutes on a GPU: ``--only a,b,d,e,f``, ``--only c,h,j``, ``--only g``, ``--only i``
+and ``--only m``).
 Each check is wrapped: a failure is a FAIL row with its error, never a crash. Budget: well under 5 min on an H100.
 A WARN row is no failure: it points at a cost worth knowing (see bench/README.md).
 
     python bench/gpu_check.py [--only c,h]   # CUDA (--only g: the families, about 3 minutes on an H100)
-    .venv/bin/python bench/gpu_check.py --quick   # CPU smoke
+    python bench/gpu_check.py --only m       # CUDA: the big-model section alone (< 8 minutes on an H100)
+    .venv/bin/python bench/gpu_check.py --quick   # CPU smoke (--only m: the big-model section at a tiny scale)
 """
 
 from __future__ import annotations
+
+import time
 
 import _common
 import engines as bench_engines
@@ -47,13 +57,16 @@ from _common import check, llama, median_time, parse_args, print_table, sync
 from rlhfkit import algos
 from rlhfkit.rollout import ContinuousEngine, HFEngine, SamplingParams, StaticEngine
 from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.forward import response_logits, response_values
+from rlhfkit.train.forward import response_logits, response_stats, response_values
 from rlhfkit.train.sft import sft_forward
 
 
 def main() -> None:
-    args = parse_args(__doc__, lambda p: p.add_argument("--only", default="", help="letters of the checks to run, "
-                                                                                    "e.g. c,h (default: all)"))
+    args = parse_args(__doc__, lambda p: p.add_argument(
+        "--only", default="", help="letters of the checks to run, e.g. c,h (default: all but m); m = the big-model "
+                                   "section (issue 32: PPO Llama-2-7B + Pythia-1.4B with LoRA and with FSDP2 CPU "
+                                   "offload, GRPO Qwen3-8B with LoRA / QLoRA; plan's predicted GiB against the "
+                                   "measured peak of each phase, s/step; bench/big_models.py)"))
     _common.ONLY[:] = [x.strip() for x in args.only.split(",") if x.strip()]
     dev, quick = args.device, args.quick
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
@@ -93,14 +106,14 @@ def main() -> None:
         batch = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids_of(mask),
                  "response_ids": ids[:, P:], "mask": torch.ones(B, R, device=dev)}
         with torch.no_grad():
-            batch["old_logprobs"] = algos.token_logprobs(response_logits(model, batch, 1.0), batch["response_ids"])
+            batch["old_logprobs"] = response_stats(model, batch, 1.0).logprobs  # what training runs: no logits
             batch["values"] = response_values(critic, batch)
         batch["advantages"] = torch.randn(B, R, generator=g).to(dev)
         batch["returns"] = batch["values"] + torch.randn(B, R, generator=g).to(dev)
         opts = [torch.optim.AdamW(m.parameters(), lr=1e-5) for m in (model, critic)]
 
         def update():
-            lp = algos.token_logprobs(response_logits(model, batch, 1.0), batch["response_ids"])
+            lp = response_stats(model, batch, 1.0).logprobs
             pl, _ = algos.ppo_policy_loss(lp, batch["old_logprobs"], batch["advantages"], batch["mask"])
             vl, _ = algos.value_loss(response_values(critic, batch), batch["values"], batch["returns"], batch["mask"])
             (pl + 0.5 * vl).backward()
@@ -367,10 +380,75 @@ def main() -> None:
             done.append(f"{argv[0]} {time.perf_counter() - t0:.0f}s")
         return "PASS", ", ".join(done)
 
+    @check("(j1) fused head == logits path")
+    def _():
+        batch = bench_response.make_batch(model, B, P, R, dev)
+        keep = torch.ones(B, R, device=dev)
+        params = [p for p in model.parameters() if p.requires_grad][-3:]
+        st = response_stats(model, batch, 0.7, entropy=True, entropy_grad=True, argmax=True)
+        ga = torch.autograd.grad((st.logprobs + st.entropy).mul(keep).sum(), params)
+        logits = response_logits(model, batch, 0.7)
+        logp = torch.log_softmax(logits.float(), -1)
+        lp = logp.gather(-1, batch["response_ids"][..., None]).squeeze(-1)
+        ent = -(logp.exp() * logp).sum(-1)
+        gb = torch.autograd.grad((lp + ent).mul(keep).sum(), params)
+        errs = [(st.logprobs - lp).abs().max().item(), (st.entropy - ent).abs().max().item(),
+                max((a.float() - b.float()).abs().max().item() / max(b.float().abs().max().item(), 1e-6)
+                    for a, b in zip(ga, gb)), (st.argmax != logits.argmax(-1)).float().mean().item()]
+        bf16 = next(model.parameters()).dtype == torch.bfloat16
+        ok = errs[0] < (5e-2 if bf16 else 1e-4) and errs[1] < (5e-2 if bf16 else 1e-4) and errs[2] < 5e-2
+        return ("PASS" if ok else "FAIL"), ("max |diff| logp {:.1e}, entropy {:.1e}, grad (relative) {:.1e}, "
+                                            "argmax differs {:.1%}".format(*errs))
+
+    @check("(j2) liger fused CE == rlhfkit chunked")
+    def _():
+        import importlib.util
+
+        if importlib.util.find_spec("liger_kernel") is None or dev.type != "cuda":
+            return "SKIP", "liger-kernel not installed here (optional; bench/README.md) or no CUDA"
+        from rlhfkit.train import forward as fwd
+
+        x = torch.randn(B * R, model.config.hidden_size, generator=g).to(dev, torch.bfloat16).requires_grad_(True)
+        w = (torch.randn(V, model.config.hidden_size, generator=g) * 0.02).to(dev, torch.bfloat16).requires_grad_(True)
+        y = torch.randint(0, V, (B * R,), generator=g).to(dev)
+        y[::7] = fwd.IGNORE
+        ours = algos.linear_token_stats(x, w, y, temperature=0.7, argmax=True, ignore_index=fwd.IGNORE)
+        theirs = fwd.liger_stats(x, w, None, y, 0.7, True)
+        g1 = torch.autograd.grad(ours.logprobs.sum(), (x, w))
+        g2 = torch.autograd.grad(theirs.logprobs.sum(), (x, w))
+        errs = [(ours.logprobs - theirs.logprobs).abs().max().item(),
+                max((a.float() - b.float()).abs().max().item() for a, b in zip(g1, g2)),
+                (ours.argmax != theirs.argmax).float().mean().item()]
+        ok = errs[0] < 5e-2 and errs[1] < 5e-2 and errs[2] < 0.01
+        return ("PASS" if ok else "FAIL"), "max |diff| logp {:.1e}, grad {:.1e}, argmax differs {:.1%}".format(*errs)
+
+    @check("(j3) fused head bytes (Qwen vocab)")
+    def _():
+        tiny = {"B": 2, "T": 64, "H": 64, "V": bench_logprobs.QWEN_VOCAB, "dtype": torch.float32}
+        r = bench_logprobs.head_rows(dev, quick, sizes=tiny if quick else None)
+        rows = {row["name"]: row for row in r["rows"] if "absent" not in row}
+        fused = rows["fused"]
+        parts = [f"{k} {v['peak'] / 2**20:,.0f} MiB" for k, v in rows.items() if v["peak"] is not None]
+        worst = max(v["err"] for v in rows.values())
+        return ("OK" if worst < 5e-2 else "FAIL"), (f"peak above inputs: {'; '.join(parts)} (fused kept for "
+                                                    f"backward {fused['saved'] / 2**20:,.0f} MiB); max |diff| "
+                                                    f"{worst:.1e}")
+
     for family in bench_families.SHAPES:  # (g) last: each builds its own model (bench/families.py)
         @check(f"(g) {family}")
         def _(family=family):
             return bench_families.verdict(bench_families.measure(family, dev, quick))
+
+    if "m" in _common.ONLY:  # only when asked: minutes of big models
+        import big_models
+
+        t0 = time.perf_counter()
+        results = big_models.run(dev, quick, [1, 2, 3, 4])
+        for line in big_models.table(results):
+            print(line)
+        ok = big_models.within(results)
+        _common.ROWS.append(("(m) big models: plan within 10 %", "n/a" if ok is None else ("PASS" if ok else "FAIL"),
+                             f"{len(results)} cases in {time.perf_counter() - t0:.0f} s (table above)"))
 
     print_table(name)
 

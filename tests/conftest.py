@@ -17,6 +17,19 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
 
 
+def import_bench(name: str):
+    """A script of ``bench/`` imported as a module (they import each other by bare name)."""
+    import importlib
+    import sys
+
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(bench)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (torchrun's / torch.distributed's rendezvous); tests import it from here."""
     with socket.socket() as s:

@@ -35,6 +35,7 @@ from .models.memory import (
     cache_summary,
     estimate,
     fmt_bytes,
+    host_bytes,
     read_architecture,
     role_params,
     weight_bytes_of,
@@ -60,6 +61,7 @@ class Plan:
     checks: list[Check] = field(default_factory=list)
     fit: Fit | None = None  # the cheapest change that fits (when the run does not)
     command: str = ""  # the command line that was planned (``rlhfkit RECIPE [config] [overrides]``)
+    fit_roles_setup: Any = None  # () -> (roles, setup) of the fit, for its host memory
 
     def fix_command(self) -> str | None:
         """The one command line that runs with :attr:`fit` applied (``accelerate launch`` for more devices)."""
@@ -106,6 +108,11 @@ class Plan:
                 lines.append(f"  {k:<{width}}  {fmt_bytes(v):>11}   {ph.how.get(k, '')}")
             lines.append(f"  {'total':<{width}}  {fmt_bytes(ph.total):>11}")
             lines.append("")
+        host = host_bytes(self.roles, self.setup)
+        if host:
+            lines.append(f"host memory for what is off the device: {fmt_bytes(sum(v for v, _ in host.values()))} per "
+                         "process (" + "; ".join(f"{name}: {fmt_bytes(v)} of {how}" for name, (v, how) in host.items())
+                         + ")")
         peak = self.peak
         verdict = f"peak per device: {fmt_bytes(peak.total)} ({peak.name})"
         if self.gpu_memory is not None:
@@ -127,6 +134,10 @@ class Plan:
                              + (f" on {self.fit.world} devices" if self.fit.world != self.setup.world else "")
                              + f" -> {fmt_bytes(self.fit.peak)} per device")
                 lines.append(f"  {self.fix_command()}")
+                fixed_host = host_bytes(*self.fit_roles_setup()) if self.fit_roles_setup else {}
+                if fixed_host:
+                    lines.append(f"  (it keeps {fmt_bytes(sum(v for v, _ in fixed_host.values()))} in host memory per "
+                                 "process: the machine needs that much RAM beside the run's own)")
         lines.append("estimates: activations counted per tensor autograd keeps (models/memory.py); validated "
                      "within 25% of measured CPU peaks, CUDA terms not measured here")
         if self.checks:
@@ -211,7 +222,9 @@ def setup_of(cfg, world: int, device: str) -> Setup:
         new = cfg.generation.max_new_tokens
         requests = cfg.algo.rollout_batch_size * cfg.algo.num_generations
         kw = {"rollout_batch": cfg.generation.batch_size or requests, "prompt_len": prompt, "new_tokens": new,
-              "seq_len": prompt + new, **continuous_cache(cfg, requests, prompt + new)}
+              "seq_len": prompt + new, "offload_optimizer": cfg.memory.offload_optimizer,
+              "release_engine_cache": cfg.memory.release_engine_cache, "entropy_grad": cfg.algo.entropy_coef > 0,
+              **continuous_cache(cfg, requests, prompt + new)}
     else:
         kw = {"seq_len": d.max_length}
     lora = cfg.model.lora
@@ -299,8 +312,15 @@ def levers_of(cfg, world: int, device: str) -> list[Lever]:
         lever("offload the reference", (2, {"memory.offload_reference": True}, None))
     if online and cfg.reward.model and not cfg.memory.offload_reward:
         lever("offload the reward model", (2, {"memory.offload_reward": True}, None))
-    if device == "cuda" and cfg.distributed.strategy != "ddp" and not cfg.distributed.cpu_offload:
-        lever("CPU offload", (3, {"distributed.cpu_offload": True}, None))
+    if online and not cfg.memory.release_engine_cache:
+        lever("release the engine's cache after each rollout", (0.5, {"memory.release_engine_cache": True}, None))
+    if online and not cfg.memory.offload_optimizer and cfg.distributed.strategy != "deepspeed":
+        lever("optimizer state in host memory while generating", (2, {"memory.offload_optimizer": True}, None))
+    if device == "cuda" and not cfg.distributed.cpu_offload:
+        if cfg.distributed.strategy != "ddp":
+            lever("CPU offload", (3, {"distributed.cpu_offload": True}, None))
+        elif not cfg.model.lora.enabled:  # all weights still trained: FSDP2 keeps them in host memory, one GPU too
+            lever("CPU offload", (3, {"distributed.strategy": "fsdp2", "distributed.cpu_offload": True}, None))
     lora = []
     if not cfg.model.lora.enabled:
         lora.append((4, {"model.lora.enabled": True}, None))
@@ -581,5 +601,8 @@ def plan(cfg, *, world: int | None = None, gpu_memory: float | None = None, devi
     if gpu_memory is not None and not p.fits:
         p.suggestions = suggest(cfg, world, device, gpu_memory)
         p.fit = cheapest_fit(cfg, world, device, gpu_memory)
+        if p.fit is not None:
+            fit = p.fit
+            p.fit_roles_setup = lambda: _estimate(apply_overrides(cfg, fit.overrides), fit.world, device, [])[:2]
     p.checks = notes + (preflight(cfg, p.arch, world) if checks else [])
     return p

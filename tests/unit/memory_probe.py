@@ -5,8 +5,9 @@ process's resident set (for tests/unit/test_memory.py):
                                          "checkpointing": false}, ...]'
 
 For each configuration: the resident set's high-water mark is reset (``5`` written to ``/proc/self/clear_refs``),
-a model and its AdamW optimizer are built and trained for two steps (forward, chunked log-probs, backward,
-optimizer step), and the peak above the resident set before the model was built is recorded. The test sets
+a model and its AdamW optimizer are built and trained for two steps (forward, log-probs through the fused LM
+head as SFT computes them, backward, optimizer step), and the peak above the resident set before the model was
+built is recorded. The test sets
 MALLOC_MMAP_THRESHOLD_ so glibc maps every large block on its own and freed tensors leave the resident set.
 Prints one JSON list of peaks in bytes.
 """
@@ -35,7 +36,7 @@ def measure(arch: dict, batch: int, seq: int, checkpointing: bool) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlhfkit.algos import token_logprobs
+    from rlhfkit.train.common import completion_logprobs
 
     cfg = LlamaConfig(vocab_size=arch["vocab"], hidden_size=arch["hidden"], num_hidden_layers=arch["layers"],
                       num_attention_heads=arch["heads"], num_key_value_heads=arch["kv_heads"],
@@ -51,9 +52,7 @@ def measure(arch: dict, batch: int, seq: int, checkpointing: bool) -> int:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(2):
-        logits = model(input_ids=ids, use_cache=False).logits
-        loss = -token_logprobs(logits[:, :-1], ids[:, 1:]).mean()
-        del logits
+        loss = -completion_logprobs(model, ids, torch.ones_like(ids)).mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

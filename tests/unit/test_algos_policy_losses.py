@@ -9,7 +9,14 @@ import math
 import pytest
 import torch
 
-from rlhfkit.algos import POLICY_LOSSES, gspo_loss, gspo_token_loss, ppo_policy_loss, sequence_log_ratio
+from rlhfkit.algos import (
+    POLICY_LOSSES,
+    gspo_loss,
+    gspo_token_loss,
+    ppo_policy_loss,
+    sequence_log_ratio,
+    token_stats_from_logits,
+)
 
 E = math.e
 
@@ -314,7 +321,8 @@ def test_the_loop_passes_the_chosen_loss_its_section(monkeypatch, name):
         return spec.fn(*args, **kwargs)
 
     logits = torch.randn(2, 3, 5, requires_grad=True)
-    monkeypatch.setattr(learner, "response_logits", lambda model, batch, temperature: logits)
+    monkeypatch.setattr(learner, "response_stats", lambda model, batch, temperature, **kw: token_stats_from_logits(
+        logits, batch["response_ids"], entropy=True))
     trainer = types.SimpleNamespace(
         cfg=cfg, policy=None, policy_loss=dataclasses.replace(spec, fn=spy), max_response_len=11, kl_in_reward=True,
         acc=types.SimpleNamespace(autocast=contextlib.nullcontext, backward=lambda t: t.backward()))

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import json
-import sys
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from conftest import import_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import distill
-    finally:
-        sys.path.remove(str(BENCH))
-    return distill
+    return import_bench("distill")
 
 
 def quick(bench) -> dict:

@@ -50,6 +50,10 @@ def test_shipped_deepspeed_configs_get_the_runs_values():
     ("grpo", ["distributed.strategy=deepspeed", "train.batch_size=8"], "algo.mini_batch_size"),
     ("ppo", ["distributed.strategy=deepspeed", "train.batch_size=16"], "distributed.strategy"),
     ("sft", ["distributed.strategy=fsdp2", "model.lora.enabled=true"], "distributed.strategy"),
+    ("grpo", ["distributed.strategy=fsdp2", "memory.offload_optimizer=true"], "memory.offload_optimizer"),
+    ("grpo", ["distributed.strategy=deepspeed", "train.batch_size=8", "algo.mini_batch_size=8",
+              "memory.offload_optimizer=true"],
+     "memory.offload_optimizer"),
     ("sft", ["distributed.strategy=zero3"], "config + overrides"),
 ])
 def test_unsupported_combinations_are_config_errors(recipe, overrides, where):
@@ -78,3 +82,39 @@ def test_fsdp2_cpu_offload_without_gpu_is_one_line(task_data, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "distributed.cpu_offload" in err
     assert not out.exists()
+
+
+def test_fsdp2_cpu_offload_on_one_device_trains_as_the_plain_model():
+    """distributed.cpu_offload on one process: FSDP2 over a group of one (the 7B-on-one-GPU path); on CPU the
+    offload has nowhere to go, but the path runs and its updates equal the unwrapped model's."""
+    import torch.distributed as dist
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlhfkit.config.schema import OptimConfig
+    from rlhfkit.train.optim import build_optimizer
+
+    cfg = build_config("sft", {}, [TINY, "distributed.strategy=fsdp2", "distributed.cpu_offload=true",
+                                   "train.mixed_precision=no"])
+    losses = {}
+    try:
+        for wrapped in (False, True):
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2,
+                                                 num_attention_heads=4, num_key_value_heads=2, intermediate_size=64))
+            if wrapped:
+                model = D.FSDP2Strategy().wrap(model, cfg, "cpu")
+                assert D.local_param_fraction(model) == 1.0 and type(next(model.parameters())).__name__ == "DTensor"
+            opt = build_optimizer(model.parameters(), OptimConfig(lr=1e-2))
+            x = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+            losses[wrapped] = []
+            for _ in range(3):
+                loss = model(input_ids=x, labels=x).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses[wrapped].append(loss.item())
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert losses[True] == pytest.approx(losses[False], abs=1e-5)
+    assert losses[True][-1] < losses[True][0]

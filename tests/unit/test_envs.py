@@ -211,13 +211,15 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
         assert torch.all(getattr(exp, name)[env_pos] == 0), name
 
     seen = {}
-    real_logits, real_values = learner_module.response_logits, learner_module.response_values
+    real_stats, real_values = learner_module.response_stats, learner_module.response_values
 
-    def logits_hook(model, batch, temperature):
-        out = real_logits(model, batch, temperature)
-        if out.requires_grad:
-            out.retain_grad()
-            seen["logits"] = out
+    def stats_hook(model, batch, temperature, **kwargs):
+        out = real_stats(model, batch, temperature, **kwargs)
+        for name in ("logprobs", "entropy"):  # what the policy's loss reads of the head (train/forward.py)
+            t = getattr(out, name)
+            if t is not None and t.requires_grad:
+                t.retain_grad()
+                seen[name] = t
         return out
 
     def values_hook(critic, batch):
@@ -227,7 +229,7 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
             seen["values"] = out
         return out
 
-    monkeypatch.setattr(learner_module, "response_logits", logits_hook)
+    monkeypatch.setattr(learner_module, "response_stats", stats_hook)
     monkeypatch.setattr(learner_module, "response_values", values_hook)
 
     def step(e):
@@ -240,7 +242,8 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
         return st, grads
 
     st_a, g_a = step(exp)
-    assert torch.all(seen["logits"].grad[env_pos] == 0)
+    assert torch.all(seen["logprobs"].grad[env_pos] == 0)
+    assert "entropy" not in seen or torch.all(seen["entropy"].grad[env_pos] == 0)
     assert torch.all(seen["values"].grad[env_pos] == 0)
     assert g_a.abs().sum() > 0
     garbage = torch.randn_like(exp.old_logprobs) * 10

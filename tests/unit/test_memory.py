@@ -21,6 +21,7 @@ from rlhfkit.models.memory import (
     Setup,
     activation_bytes,
     estimate,
+    host_bytes,
     kv_cache_bytes,
     model_states,
     parse_size,
@@ -98,12 +99,23 @@ def test_activations_per_token_per_layer_by_hand(llama7b):
     tokens = 4 * 1024
     acts = activation_bytes(llama7b, Setup(device="cuda", autocast=True), tokens, grad=True)
     assert acts["activations"][0] == tokens * 32 * 268_288  # 32.75 GiB: why a 7B needs checkpointing
-    assert acts["logits + gradient"][0] == tokens * 32000 * 2 * 2
-    assert acts["one float32 softmax block"][0] == 2**26 * 4  # the chunk cap, not the whole [B, T, V]
+    # the fused LM head: no [4096, 32000] logits; one chunk of 2^25 // 32000 = 1048 tokens, its bf16 logits (2 B) and
+    # float32 softmax / gradient (4 B) per element: 1048 x 32000 x 6 B = 192 MiB; in backward the fp32 head weight
+    # is cast to bf16 and its gradient arrives as a bf16 [32000, 4096] product: 2 x 250 MiB
+    assert "logits + gradient" not in acts
+    assert acts["LM head chunk (fused log-probs, no logits)"][0] == 1048 * 32000 * 6
+    assert acts["LM head weight cast + gradient product"][0] == 2 * 32000 * 4096 * 2
+    frozen = activation_bytes(llama7b, Setup(device="cuda", autocast=True), tokens, grad=True, head_trained=False)
+    assert "LM head weight cast + gradient product" not in frozen  # LoRA: a bf16 head without a gradient
+    with_entropy = activation_bytes(llama7b, Setup(device="cuda", autocast=True, entropy_grad=True), tokens, grad=True)
+    assert with_entropy["LM head chunk (fused log-probs, no logits)"][0] == 1048 * 32000 * 10  # + entr(p), 4 B
+    forward = activation_bytes(llama7b, Setup(device="cuda", autocast=True), tokens, grad=False)
+    assert forward["LM head chunk (fused log-probs, no logits)"][0] == 1048 * 32000 * 6
+    assert "LM head weight cast + gradient product" not in forward
     ckpt = activation_bytes(llama7b, Setup(device="cuda", autocast=True, gradient_checkpointing=True), tokens,
                             grad=True)
-    # layer inputs 4096 tokens x 32 x 4 B x 4096 = 2 GiB, + one recomputed layer beyond the logits' bytes
-    head = tokens * 32000 * 2 * 2 + 2**26 * 4
+    # layer inputs 4096 tokens x 32 x 4 B x 4096 = 2 GiB, + one recomputed layer beyond the head's bytes
+    head = 1048 * 32000 * 6 + 2 * 32000 * 4096 * 2
     assert ckpt["activations (checkpointed)"][0] == 2**31 + (tokens * 268_288 - head)
     # CPU, fp32, no autocast: 4 x (9H + 2KV + 4I)
     cpu = activation_bytes(llama7b, Setup(device="cpu", autocast=False), 1, grad=True)
@@ -236,23 +248,24 @@ def test_parse_size():
 
 
 # ───────────────────────── estimates against measured peaks (CPU, fp32, process resident set) ─────────────────────
-# Each row: a Llama built from sizes, trained two steps (forward, chunked log-probs, backward, AdamW), its peak
+# Each row: a Llama built from sizes, trained two steps (forward, fused-head log-probs, backward, AdamW), its peak
 # resident-set growth measured by tests/unit/memory_probe.py in one process (high-water mark reset per row), against
 # the estimate of the same setup. The last two columns were measured on the development machine (MiB) and are
 # kept as the record; the test measures again and asserts the estimate is within 25 % of its own measurement.
 
 _A = {"vocab": 4000, "hidden": 256, "layers": 2, "heads": 4, "kv_heads": 4, "intermediate": 688, "tied": True}
 MEASURED = [
-    # (what it exercises, architecture, batch, seq, checkpointing, estimate MiB, measured MiB)
-    ("activations ~ logits", _A, 8, 128, False, 130.1, 124.4),
-    ("GQA, untied LM head", {**_A, "kv_heads": 2, "tied": False}, 4, 128, False, 97.6, 85.2),
-    ("activations dominate", {**_A, "layers": 4}, 8, 256, False, 331.7, 314.0),
-    ("same with gradient checkpointing", {**_A, "layers": 4}, 8, 256, True, 165.7, 159.9),
-    ("logits dominate (vocab 32k)", {**_A, "vocab": 32000, "hidden": 128, "layers": 1, "intermediate": 344},
-     4, 128, False, 258.5, 242.7),
+    # (what it exercises, architecture, batch, seq, checkpointing, estimate MiB, measured MiB); measured 2026-11-26
+    # with the fused LM head (no logits; before it, the rows with a large head measured 124.4 and 242.7 MiB)
+    ("LM head ~ activations", _A, 8, 128, False, 114.5, 112.3),
+    ("GQA, untied LM head", {**_A, "kv_heads": 2, "tied": False}, 4, 128, False, 89.8, 80.6),
+    ("activations dominate", {**_A, "layers": 4}, 8, 256, False, 300.4, 286.5),
+    ("same with gradient checkpointing", {**_A, "layers": 4}, 8, 256, True, 134.4, 132.4),
+    ("large vocabulary (32k): the head's chunk", {**_A, "vocab": 32000, "hidden": 128, "layers": 1,
+                                                 "intermediate": 344}, 4, 128, False, 196.0, 195.5),
     ("weights and AdamW dominate", {**_A, "hidden": 512, "layers": 4, "heads": 8, "kv_heads": 8,
-                                    "intermediate": 1376}, 1, 32, False, 280.9, 240.4),
-    ("long sequence", {**_A, "vocab": 1000}, 2, 1024, False, 138.5, 134.2),
+                                    "intermediate": 1376}, 1, 32, False, 280.4, 240.3),
+    ("long sequence", {**_A, "vocab": 1000}, 2, 1024, False, 130.7, 128.2),
 ]
 
 
@@ -283,3 +296,98 @@ def test_estimates_within_25_percent_of_measured_cpu_peaks():
         est = _estimate_row(arch, b, s, ckpt)
         report.append(f"{name}: estimate {est / 2**20:.1f} MiB, measured {peak / 2**20:.1f} MiB")
         assert abs(est / peak - 1) <= 0.25, "\n".join(report)
+
+
+# ─────────────────────────── issue 32: the fused head, memory between phases, offload ───────────────────────────
+PYTHIA = json.loads((_MODELS / "pythia-1.4b" / "config.json").read_text())
+QWEN3_8B = json.loads((_MODELS / "qwen3-8b" / "config.json").read_text())
+
+
+def _arch(tmp_path, cfg: dict, name: str) -> Architecture:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    return read_architecture(str(tmp_path / name))
+
+
+def test_pythia_and_qwen3_parameter_counts(tmp_path):
+    pythia = _arch(tmp_path, PYTHIA, "pythia")
+    # GPT-NeoX: qkv 2048 x 6144 + 6144, dense 2048^2 + 2048, h_to_4h 2048 x 8192 + 8192, 4h_to_h 8192 x 2048 + 2048,
+    # two LayerNorms 2 x 2 x 2048 = 50,358,272 per layer; embed_in and embed_out 50304 x 2048 each; final LayerNorm
+    assert not pythia.gated and pythia.layer_params() == 50_358_272
+    assert pythia.params() == 24 * 50_358_272 + 2 * 50304 * 2048 + 2 * 2048 == 1_414_647_808  # "1.4B"
+    qwen = _arch(tmp_path, QWEN3_8B, "qwen")
+    # head_dim 128: q 4096 x 4096, k / v 4096 x 1024, o 4096^2, MLP 3 x 4096 x 12288, 2 RMSNorms; untied 151936 x 4096
+    per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096
+    assert qwen.layer_params() == per_layer
+    assert qwen.params() == 36 * per_layer + 2 * 151936 * 4096 + 4096  # 8.19B (q / k norms, 36 x 256, left out)
+    # its fused head: 2^25 // 151936 = 220 tokens per chunk, bf16 logits + float32 softmax: 6 B per element
+    head = activation_bytes(qwen, Setup(device="cuda"), 64 * 1024, grad=False)
+    assert head["LM head chunk (fused log-probs, no logits)"][0] == 220 * 151936 * 6  # 191 MiB, not 18.5 GiB
+
+
+def test_a_model_that_changes_its_logits_after_the_head_is_planned_with_them(llama7b):
+    gemma = Architecture(**{**llama7b.__dict__, "model_type": "gemma2"})
+    acts = activation_bytes(gemma, Setup(device="cuda"), 1000, grad=True)
+    assert acts["logits + gradient"][0] == 1000 * 32000 * 2 * 2 and "one float32 softmax block" in acts
+
+
+def test_full_model_in_bf16_keeps_gradients_and_adamw_in_bf16(llama7b):
+    P = 6_738_415_616
+    st = model_states(ModelRole("policy", llama7b, "full", 2), Setup())
+    assert st["policy gradients"][0] == P * 2 and st["policy optimizer (AdamW)"][0] == P * 4  # torch's AdamW
+
+
+def _ppo_roles(llama7b, tmp_path):
+    pythia = _arch(tmp_path, PYTHIA, "pythia")
+    return [ModelRole("policy", llama7b, "full", 4), ModelRole("reference", llama7b, "frozen", 2, sharded=False),
+            ModelRole("reward", pythia, "frozen", 2, head="scalar", sharded=False),
+            ModelRole("critic", pythia, "full", 4, head="scalar")]
+
+
+def test_optimizer_offload_leaves_the_rollout_and_forwards_and_comes_back_for_the_update(llama7b, tmp_path):
+    roles = _ppo_roles(llama7b, tmp_path)
+    setup = Setup(device="cuda", micro_batch=8, seq_len=640, rollout_batch=8, prompt_len=512, new_tokens=128)
+    plain = {p.name: p for p in estimate(roles, setup, "online")}
+    moved = {p.name: p for p in estimate(roles, Setup(**{**setup.__dict__, "offload_optimizer": True}), "online")}
+    P, C = 6_738_415_616, 1_414_647_808 - 50304 * 2048 + 2048  # the critic: the LM head replaced by 2048 x 1
+    for name in ("rollout (generation)", "scoring and forward passes"):
+        assert plain[name].total - moved[name].total == (P + C) * 8  # AdamW's two fp32 moments of both models
+        assert moved[name].items["policy optimizer (AdamW)"] == 0
+    assert moved["train step"].total == plain["train step"].total
+    host = host_bytes(roles, Setup(**{**setup.__dict__, "offload_optimizer": True}))
+    assert host["policy"][0] == P * 8 and host["critic"][0] == C * 8
+
+
+def test_the_engine_cache_kept_between_rollouts_counts_in_every_later_phase(llama7b):
+    roles = [ModelRole("policy", llama7b, "lora", 2)]
+    setup = Setup(device="cuda", micro_batch=4, seq_len=600, rollout_batch=6, prompt_len=500, new_tokens=100)
+    kept = {p.name: p for p in estimate(roles, Setup(**{**setup.__dict__, "release_engine_cache": False}), "online")}
+    released = {p.name: p for p in estimate(roles, setup, "online")}
+    # the static engine's bucket of 8 rows x 640 columns (600 rounded up to 64): 2 x 32 x 8 x 640 x 4096 x 2 B
+    cache = 2 * 32 * 8 * 640 * 4096 * 2
+    assert cache == 2.5 * GiB
+    for name in ("scoring and forward passes", "train step"):
+        assert kept[name].items["rollout engine's KV cache (kept)"] == cache
+        assert kept[name].total - released[name].total == cache
+    assert kept["rollout (generation)"].total == released["rollout (generation)"].total
+    # the continuous engine keeps its paged pool: its token budget, 2 x 32 x 8,192 tokens x 4096 x 2 B
+    paged = Setup(**{**setup.__dict__, "release_engine_cache": False, "cache_tokens": 8192, "requests": 6})
+    kept = {p.name: p for p in estimate(roles, paged, "online")}
+    assert kept["train step"].items["rollout engine's KV cache (kept)"] == 2 * 32 * 8192 * 4096 * 2
+
+
+def test_fsdp2_cpu_offload_on_one_device_gathers_layers_and_keeps_the_states_in_host_memory(llama7b, tmp_path):
+    roles = _ppo_roles(llama7b, tmp_path)
+    setup = Setup(strategy="fsdp2", world=1, offload=True, device="cuda", micro_batch=8, seq_len=640,
+                  rollout_batch=8, prompt_len=512, new_tokens=128)
+    phases = {p.name: p for p in estimate(roles, setup, "online")}
+    P, C = 6_738_415_616, 1_414_647_808 - 50304 * 2048 + 2048
+    step = phases["train step"]
+    assert step.items["policy weights"] == step.items["policy gradients"] == step.items["critic weights"] == 0
+    assert step.items["policy gathered layers"] == 2 * 202_383_360 * 2  # bf16, current + next
+    assert phases["rollout (generation)"].items["policy weights gathered for generation"] == P * 2
+    # the critic's backward comes after the policy's: its activations are noted, not added
+    assert step.items["critic activations (another time)"] == 0 and "critic activations" not in step.items
+    host = host_bytes(roles, setup)
+    assert host["policy"][0] == P * 16 and host["critic"][0] == C * 16  # fp32 weights, gradients, two moments
+    assert "reference" not in host and "reward" not in host

@@ -45,11 +45,15 @@ def test_sft_7b_on_one_80gb_card_does_not_fit_and_says_what_would(llama_dir):
     # checkpointing alone removes the activations but not the 12 B per parameter of weights, grads and AdamW
     assert P7B * 12 < fixes["model.gradient_checkpointing=true"] < step.total
     assert "distributed.strategy=fsdp2" not in fixes  # one device: nothing to shard over
-    # the cheapest change that fits: checkpointing (cost 1) cannot, smaller micro-batches neither; LoRA (4) does
-    assert p.fit is not None and p.fit.text() == "model.lora.enabled=true" and p.fit.peak <= 80 * GiB
+    # the cheapest change that fits: checkpointing (cost 1) cannot, smaller micro-batches neither; CPU offload (3:
+    # FSDP2 keeps weights, gradients and AdamW in host memory, all weights still trained) does, before LoRA (4)
+    offload = "distributed.strategy=fsdp2 distributed.cpu_offload=true"
+    assert fixes[offload] <= 80 * GiB
+    assert p.fit is not None and p.fit.text() == offload and p.fit.peak <= 80 * GiB
     text = p.render()
     assert "does NOT fit in 80.00 GiB" in text and "6.74B x 4 B" in text
     assert re.search(r"\n  fits +\d+\.\d+ GiB  model\.lora\.enabled=true\n", text), text
+    assert "(it keeps 100.41 GiB in host memory per process" in text  # 6.74B x (4 + 4 + 8) B
     assert re.search(r"\n  no +\d+\.\d+ GiB  model\.gradient_checkpointing=true\n", text), text
 
 
@@ -227,11 +231,18 @@ def test_full_7b_sft_on_24gib_shards_over_more_devices_or_says_nothing_fits(llam
     assert p.fit is not None  # on CPU the LoRA base stays fp32 (27 GiB): sharding over more devices is what fits
     assert p.fit.world > 1 and p.fix_command().startswith("accelerate launch --num_processes ")
     assert _fix_command_plans(p.fix_command(), 24 * GiB, device="cpu").fits is True
-    # on CUDA: LoRA with a smaller micro-batch; the user's own train.batch_size=4 is not repeated in the line
+    # on CUDA: CPU offload with a smaller micro-batch (all weights trained; cost 3 + 0.5 below LoRA + a smaller
+    # micro-batch, 4.5); the user's own train.batch_size=4 is not repeated in the line
     p = plan(cfg, world=1, gpu_memory=24 * GiB, checks=False, command=f"rlhfkit sft model.name={llama_dir} "
              "train.batch_size=4 data.max_length=1024")
-    assert "model.lora.enabled=true" in p.fit.text() and p.fix_command().count("train.batch_size=") == 1
+    assert p.fit.text() == ("train.batch_size=2 train.grad_accum=2 distributed.strategy=fsdp2 "
+                            "distributed.cpu_offload=true") and p.fix_command().count("train.batch_size=") == 1
     assert _fix_command_plans(p.fix_command(), 24 * GiB).fits is True  # through the config's own checks
+    # LoRA (with a smaller micro-batch) when full training is not on the table
+    lora = build_config("sft", {}, [f"model.name={llama_dir}", "train.batch_size=4", "data.max_length=1024",
+                                    "model.lora.enabled=true"])
+    p = plan(lora, world=1, gpu_memory=24 * GiB, checks=False)
+    assert p.fits or "distributed.cpu_offload" not in p.fit.text()
     p = plan(cfg, world=1, gpu_memory=2 * GiB, checks=False)
     assert p.fit is None and "nothing fits" in p.render()
 
@@ -326,3 +337,50 @@ def test_continuous_engine_cache_is_its_token_budget_and_plan_says_the_slots(lla
         build_config("grpo", {}, [*common, "generation.cache_tokens=100000"])
     with pytest.raises(Exception, match="holds less than one sequence"):
         build_config("grpo", {}, [*common, "generation.engine=continuous", "generation.cache_tokens=4000"])
+
+
+_PPO_7B = ["model.name=configs/models/llama2-7b", "reward.model=configs/models/pythia-1.4b",
+           "critic.model=configs/models/pythia-1.4b", "generation.max_new_tokens=128", "algo.rollout_batch_size=8",
+           "algo.mini_batch_size=8", "train.batch_size=8", "data.max_prompt_length=512", "data.max_length=640"]
+
+
+def test_ppo_7b_with_pythia_reward_and_critic_lists_the_offload_levers_and_keeps_full_training(capsys):
+    """Issue 32: Llama-2-7B full PPO with a Pythia-1.4B reward model and critic on one 80 GiB GPU: the plan lists
+    every offload lever with what it gives, and the cheapest fit trains every weight (CPU offload, not LoRA)."""
+    rc = main(["plan", "ppo", *(o.replace("configs/models/", f"{_MODELS}/") for o in _PPO_7B), "--gpu-memory",
+               "80GiB", "--no-checks"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "does NOT fit in 80.00 GiB" in out
+    levers = dict(re.findall(r"\n  (?:fits|no) +([\d.]+ GiB)  (.+)", out)[i][::-1] for i in range(9))
+    for lever in ("memory.offload_optimizer=true", "memory.offload_reference=true", "memory.offload_reward=true",
+                  "distributed.strategy=fsdp2 distributed.cpu_offload=true", "model.lora.enabled=true"):
+        assert lever in levers, out
+    fit = re.search(r"cheapest change that fits: (.*) -> ([\d.]+) GiB per device\n  (.*)\n", out)
+    assert fit[1] == "distributed.strategy=fsdp2 distributed.cpu_offload=true" and float(fit[2]) <= 80, out
+    assert "model.lora" not in fit[1]
+    again = _fix_command_plans(fit[3], 80 * GiB)
+    assert again.fits and all(r.trainable == "full" for r in again.roles if r.name in ("policy", "critic"))
+    # the host memory it needs: the policy's and the critic's fp32 weights, gradients and AdamW moments (16 B each)
+    host = (P7B + 1_414_647_808 - 50304 * 2048 + 2048) * 16
+    assert f"(it keeps {host / GiB:.2f} GiB in host memory per process" in out
+    phases = {p.name: p for p in again.phases}
+    assert phases["rollout (generation)"].items["policy weights gathered for generation"] == P7B * 2
+
+
+def test_the_release_and_offload_levers_carry_their_costs():
+    from rlhfkit.plan import levers_of
+
+    llama = f"model.name={_MODELS / 'llama2-7b'}"
+    cfg = build_config("grpo", {}, [llama, "memory.release_engine_cache=false", "reward.functions=[{fn: exact_match}]"])
+    by_name = {lv.name: lv.steps for lv in levers_of(cfg, 1, "cuda")}
+    assert by_name["release the engine's cache after each rollout"] == ((0.5, (("memory.release_engine_cache",
+                                                                                True),), 1),)
+    assert by_name["optimizer state in host memory while generating"][0][:2] == (
+        2, (("memory.offload_optimizer", True),))
+    assert by_name["CPU offload"][0][:2] == (3, (("distributed.strategy", "fsdp2"), ("distributed.cpu_offload", True)))
+    pulled = build_config("grpo", {}, [llama, "memory.offload_optimizer=true", "model.lora.enabled=true",
+                                       "reward.functions=[{fn: exact_match}]"])
+    names = {lv.name for lv in levers_of(pulled, 1, "cuda")}
+    assert "optimizer state in host memory while generating" not in names  # already pulled
+    assert "CPU offload" not in names  # LoRA under FSDP2 is not built: no offload lever for it
+    assert "release the engine's cache after each rollout" not in names  # on by default

@@ -20,7 +20,13 @@ from rlhfkit.algos.corrections import (
     truncated_is,
 )
 from rlhfkit.algos.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_penalty
-from rlhfkit.algos.logprobs import entropy_from_logits, token_logprobs
+from rlhfkit.algos.logprobs import (
+    TokenStats,
+    entropy_from_logits,
+    linear_token_stats,
+    token_logprobs,
+    token_stats_from_logits,
+)
 from rlhfkit.algos.losses import (
     LOSS_AGGREGATIONS,
     aggregate_loss,
@@ -104,6 +110,9 @@ __all__ = [
     "simpo_loss",
     "teacher_token_rewards",
     "token_logprobs",
+    "TokenStats",
+    "linear_token_stats",
+    "token_stats_from_logits",
     "truncated_is",
     "turn_reward_shift",
     "value_loss",

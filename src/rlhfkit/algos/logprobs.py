@@ -10,7 +10,9 @@ log-probs) keeps only the input logits for backward, never a float32 [B, T, V] c
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -127,3 +129,217 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> 
     if logits.dim() == 2:
         return entropy_from_logits(logits.unsqueeze(0), chunk_size).squeeze(0)
     return _Entropy.apply(logits, _chunk_tokens(logits.shape[-1], chunk_size))
+
+
+# ─────────────────────────────────── from hidden states, through the LM head ───────────────────────────────────
+
+
+class TokenStats(NamedTuple):
+    """Per-token statistics of the next-token distributions: ``logprobs`` of the labels (float32, differentiable),
+    ``entropy`` (float32, differentiable; None when not asked), ``argmax`` (the greedy token, long; None when not
+    asked). Positions whose label is the ignore index hold 0 (and argmax -1)."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    argmax: torch.Tensor | None = None
+
+    def map(self, fn) -> TokenStats:
+        """The same statistics with ``fn`` applied to each present tensor (a slice, a concatenation part, ...)."""
+        return TokenStats(*(None if t is None else fn(t) for t in self))
+
+
+#: float32 elements of one block of the linear path: a chunk's logits in float32 (and their softmax / gradient
+#: beside them, so about 3 such blocks live at the peak); 2**25 elements = 128 MiB per block
+LINEAR_CHUNK_ELEMENTS = 2**25
+
+
+def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype an ``nn.Linear`` would compute in here: autocast's when it is on for the device, else the input's."""
+    kind = hidden.device.type
+    if torch.is_autocast_enabled(kind) and hidden.is_floating_point():
+        return torch.get_autocast_dtype(kind)
+    return hidden.dtype
+
+
+def _head_logits(h, weight, bias, lows, temperature: float, autocast: bool = False) -> torch.Tensor:
+    """One chunk's logits ``(h W^T + b + sum_i x_i w_i^T) / temperature`` in the compute dtype (as the plain path
+    rounds them: the head's output in that dtype, divided by the temperature in it). ``autocast``: through
+    ``F.linear`` under the caller's autocast (its cached cast of the weight)."""
+    if autocast:
+        z = torch.nn.functional.linear(h, weight, bias)
+        for x, w in lows:
+            z = z + torch.nn.functional.linear(x, w)
+    else:
+        z = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
+        for x, w in lows:
+            z = z.addmm_(x, w.t())
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _accumulate(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, in place (``addmm_``) when the dtypes agree; else through a product in a's dtype (a bf16
+    gradient of float32 master weights, as autocast's own backward makes it)."""
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    else:
+        acc += a @ b
+
+
+class _LinearTokenStats(torch.autograd.Function):
+    """logits = (hidden @ weight.T + bias + sum_i low_in_i @ low_w_i.T) / temperature, computed ``chunk`` rows at a
+    time: forward keeps per row only the label's log-prob (and the entropy, the argmax); backward recomputes each
+    chunk's logits and softmax and sends d logp / d logits = onehot - p (and d H / d logits = entr(p) - p H) back
+    through the linear maps. Saved: the inputs (views of what the model holds anyway) and [N] vectors."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature, want_entropy, want_argmax, chunk, *lows_flat):
+        ctx.set_materialize_grads(False)
+        dt = _compute_dtype(hidden)
+        acc = torch.promote_types(dt, torch.float32)
+        N = hidden.shape[0]
+        lows = list(zip(lows_flat[0::2], lows_flat[1::2]))
+        autocast = torch.is_autocast_enabled(hidden.device.type)
+        # under autocast its linear casts the weight once and caches it for the region, as the model's own layers
+        # do (no copy of ours); without it the weight is cast to the input's dtype (a no-op when they agree)
+        w, b = (weight, bias) if autocast else (weight.to(dt), None if bias is None else bias.to(dt))
+        lw = lows if autocast else [(x.to(dt), v.to(dt)) for x, v in lows]
+        with contextlib.nullcontext() if autocast else torch.autocast(hidden.device.type, enabled=False):
+            lp = torch.empty(N, dtype=acc, device=hidden.device)
+            ent = torch.empty(N if want_entropy else 0, dtype=acc, device=hidden.device)
+            top = torch.empty(N if want_argmax else 0, dtype=torch.long, device=hidden.device)
+            for s in range(0, N, chunk):
+                e = min(N, s + chunk)
+                h = hidden[s:e] if autocast else hidden[s:e].to(dt)
+                z = _head_logits(h, w, b, [(x[s:e], v) for x, v in lw], temperature, autocast)
+                if want_argmax:
+                    top[s:e] = z.argmax(-1)
+                logp = torch.log_softmax(z, dim=-1, dtype=acc)
+                del z
+                lp[s:e] = logp.gather(-1, labels[s:e, None]).squeeze(-1)
+                if want_entropy:  # -p log p (0 at p = 0), in the block's own memory
+                    ent[s:e] = torch.special.entr(logp.exp_(), out=logp).sum(-1)
+                del logp
+        ctx.save_for_backward(hidden, weight, bias, labels, ent, *lows_flat)
+        ctx.meta = (temperature, want_entropy, chunk, dt, acc, len(lows))
+        ctx.mark_non_differentiable(top)
+        return lp, ent, top
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_lp, g_ent, _g_top):
+        hidden, weight, bias, labels, ent, *lows_flat = ctx.saved_tensors
+        temperature, want_entropy, chunk, dt, acc, n_low = ctx.meta
+        lows = list(zip(lows_flat[0::2], lows_flat[1::2]))
+        needs = ctx.needs_input_grad
+        N = hidden.shape[0]
+        if g_ent is not None and not want_entropy:
+            g_ent = None
+        with torch.autocast(hidden.device.type, enabled=False):
+            w, b = weight.to(dt), None if bias is None else bias.to(dt)
+            lw = [(x.to(dt), v.to(dt)) for x, v in lows]
+            grad_h = torch.empty_like(hidden) if needs[0] else None
+            grad_w = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, dt), device=weight.device) \
+                if needs[1] else None
+            grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if bias is not None and needs[2] else None
+            grad_x = [torch.empty_like(x) if needs[8 + 2 * i] else None for i, (x, _) in enumerate(lows)]
+            grad_v = [torch.zeros(v.shape, dtype=torch.promote_types(v.dtype, dt), device=v.device)
+                      if needs[9 + 2 * i] else None for i, (_, v) in enumerate(lows)]
+            for s in range(0, N, chunk):
+                e = min(N, s + chunk)
+                h = hidden[s:e].to(dt)
+                xs = [(x[s:e], v) for x, v in lw]
+                p = torch.log_softmax(_head_logits(h, w, b, xs, temperature), dim=-1, dtype=acc).exp_()
+                glp = torch.zeros(e - s, dtype=acc, device=p.device) if g_lp is None else g_lp[s:e].to(acc)
+                if g_ent is not None:  # d/dz [a logp_y + c H] = a (onehot_y - p) + c (entr(p) - p H)
+                    ge = g_ent[s:e].to(acc)
+                    grad = torch.special.entr(p).mul_(ge[:, None])
+                    grad.addcmul_(p, (glp + ge * ent[s:e])[:, None], value=-1.0)
+                else:
+                    grad = p.mul_(-glp[:, None])
+                del p
+                grad.scatter_add_(-1, labels[s:e, None], glp[:, None])
+                if grad_b is not None:
+                    grad_b += grad.sum(0) / temperature
+                gd = grad.to(dt)
+                del grad
+                if temperature != 1.0:
+                    gd.div_(temperature)
+                if grad_h is not None:
+                    grad_h[s:e] = gd @ w
+                if grad_w is not None:  # in place when the dtypes agree (no [V, H] temporary per chunk)
+                    _accumulate(grad_w, gd.t(), h)
+                for i, (x, v) in enumerate(xs):
+                    if grad_x[i] is not None:
+                        grad_x[i][s:e] = gd @ v
+                    if grad_v[i] is not None:
+                        _accumulate(grad_v[i], gd.t(), x)
+                del gd
+        lows_grads = [g for pair in zip(grad_x, grad_v) for g in pair]
+        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+        lows_grads = [None if g is None else g.to(t.dtype) for g, t in zip(lows_grads, lows_flat)]
+        return (grad_h, grad_w, grad_b, None, None, None, None, None, *lows_grads)
+
+
+def linear_token_stats(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                       bias: torch.Tensor | None = None,
+                       low_rank: tuple[tuple[torch.Tensor, torch.Tensor], ...] = (),
+                       temperature: float = 1.0, entropy: bool = False, argmax: bool = False,
+                       chunk_size: int | None = None, ignore_index: int = -100) -> TokenStats:
+    """Log-prob of each label, entropy and argmax of softmax(logits / temperature) where logits = hidden @ W^T + b
+    (+ sum_i x_i @ w_i^T: a LoRA adapter's low-rank path, x_i = scaling x A_i^T(dropout(hidden)), w_i = B_i), without
+    ever holding the logits of more than ``chunk_size`` tokens: the fused linear + log-softmax of Liger's kernels
+    (Hsu et al. 2024), in PyTorch, with a backward that recomputes each chunk.
+
+    hidden: [..., H] (any float dtype; under autocast the head computes in autocast's dtype, as ``nn.Linear``);
+    weight: [V, H]; labels: [...] ids in [0, V) or ``ignore_index`` (those positions are not computed at all: 0 in
+    every output, argmax -1, no gradient); bias: [V]; low_rank: pairs ([..., r], [V, r]).
+    Returns :class:`TokenStats` of shape [...]: float32 log-probs (and entropies, nats) for bf16 / fp16 / fp32
+    inputs, float64 for float64. Both are differentiable with respect to hidden, weight, bias and the low-rank
+    pairs; detach the entropy when it is a metric only (its gradient is then not computed).
+    ``chunk_size``: tokens per block (None: about 2**25 / V tokens, i.e. 128 MiB of float32 logits per block).
+    Memory: O(chunk x V) beyond the inputs, in forward and backward; compute: the head's matmul twice (forward and
+    recomputed in backward), as any recomputation.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} disagree")
+    V = weight.shape[0]
+    chunk = max(1, LINEAR_CHUNK_ELEMENTS // V) if chunk_size is None else _chunk_tokens(V, chunk_size)
+    shape = labels.shape
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    flat_y = labels.reshape(-1).long()
+    lows = [(x.reshape(-1, x.shape[-1]), w) for x, w in low_rank]
+    keep = flat_y != ignore_index
+    everything = bool(keep.all())
+    if not everything:  # only the positions with a label go through the head
+        idx = keep.nonzero().squeeze(-1)
+        flat_h, flat_y = flat_h.index_select(0, idx), flat_y.index_select(0, idx)
+        lows = [(x.index_select(0, idx), w) for x, w in lows]
+    if flat_y.numel() and (int(flat_y.min()) < 0 or int(flat_y.max()) >= V):
+        raise ValueError(f"labels must lie in [0, {V}) or be the ignore index {ignore_index}")
+    lp, ent, top = _LinearTokenStats.apply(flat_h, weight, bias, flat_y, float(temperature), bool(entropy),
+                                           bool(argmax), chunk, *[t for pair in lows for t in pair])
+
+    def place(t: torch.Tensor | None, fill) -> torch.Tensor | None:
+        if t is None:
+            return None
+        if not everything:
+            t = torch.full(keep.shape, fill, dtype=t.dtype, device=t.device).index_put((idx,), t)
+        return t.reshape(shape)
+
+    return TokenStats(place(lp, 0.0), place(ent, 0.0) if entropy else None, place(top, -1) if argmax else None)
+
+
+def token_stats_from_logits(logits: torch.Tensor, labels: torch.Tensor, *, entropy: bool = False,
+                            argmax: bool = False, chunk_size: int | None = None,
+                            ignore_index: int = -100) -> TokenStats:
+    """:class:`TokenStats` from logits already made ([..., V]; a head that is not a linear map): the chunked
+    :func:`token_logprobs` / :func:`entropy_from_logits`; positions labelled ``ignore_index`` hold 0 (argmax -1)."""
+    keep = labels != ignore_index
+    safe = torch.where(keep, labels, 0)
+    lp = torch.where(keep, token_logprobs(logits, safe, chunk_size), 0.0)
+    ent = torch.where(keep, entropy_from_logits(logits, chunk_size), 0.0) if entropy else None
+    top = torch.where(keep, logits.argmax(-1), -1) if argmax else None
+    return TokenStats(lp, ent, top)

@@ -166,6 +166,10 @@ def _check_distributed(cfg) -> None:
         raise ConfigError("distributed.strategy=fsdp2 with LoRA is not built (adapters are small: data parallel "
                           "suffices)", where="distributed.strategy",
                           fix="use distributed.strategy=ddp with LoRA, or train all weights under fsdp2")
+    if dist.strategy == "fsdp2" and getattr(getattr(cfg, "memory", None), "offload_optimizer", False):
+        raise ConfigError("memory.offload_optimizer moves whole optimizer states; FSDP2's are sharded",
+                          where="memory.offload_optimizer",
+                          fix="use distributed.cpu_offload=true (FSDP2 keeps its sharded states in host memory)")
     if dist.strategy == "fsdp2" and cfg.train.mixed_precision == "fp16":
         raise ConfigError("fsdp2 here supports bf16 or fp32, not fp16 (no sharded gradient scaler)",
                           where="train.mixed_precision", fix="use train.mixed_precision=bf16")
@@ -186,6 +190,10 @@ def _check_distributed(cfg) -> None:
         if hasattr(algo, "advantage") and algos.ADVANTAGE_ESTIMATORS[algo.advantage].needs_critic:
             raise ConfigError("distributed.strategy=deepspeed trains one model; PPO's critic is a second one",
                               where="distributed.strategy", fix="use fsdp2 for PPO, or a critic-free estimator")
+        if getattr(getattr(cfg, "memory", None), "offload_optimizer", False):
+            raise ConfigError("memory.offload_optimizer moves a torch optimizer's state; DeepSpeed keeps its own",
+                              where="memory.offload_optimizer",
+                              fix="use distributed.cpu_offload=true (DeepSpeed's optimizer offload) instead")
 
 
 def _inputs_distributed(cfg) -> None:

@@ -410,6 +410,13 @@ class MemoryConfig:
     offload_reference: bool = f(False, "keep the reference model on CPU between uses")
     offload_reward: bool = f(False, "keep the reward model on CPU between uses")
     offload_teacher: bool = f(False, "keep the distillation teacher on CPU between uses")
+    offload_optimizer: bool = f(False, "the trained models' optimizer states (AdamW: 8 bytes per trained parameter "
+                                       "+ the step) in host memory while the engine generates, back on the device "
+                                       "for the update: one copy out and one back per step, the same updates "
+                                       "(ddp; fsdp2 / deepspeed offload with distributed.cpu_offload)")
+    release_engine_cache: bool = f(True, "free the rollout engine's caches (KV cache of each batch bucket, CUDA "
+                                         "graphs) after each rollout, for the forwards and the update; the next "
+                                         "rollout allocates them again (and re-captures its CUDA graphs)")
     forward_tokens: int = f(8192, "token budget of one no-grad forward of the online step (old policy, reference, "
                             "teacher, critic values): rows sorted by length, batched so rows x (longest prompt + "
                             "longest response) stays within it (a longer row goes alone)", ge=1)

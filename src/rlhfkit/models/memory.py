@@ -46,7 +46,14 @@ from ..errors import ModelError
 
 GiB = 1024**3
 MiB = 1024**2
-SOFTMAX_BLOCK_ELEMENTS = 2**26  # rlhfkit.algos.logprobs: float32 elements of one log-softmax block
+SOFTMAX_BLOCK_ELEMENTS = 2**26  # rlhfkit.algos.logprobs: float32 elements of one log-softmax block (from logits)
+HEAD_CHUNK_ELEMENTS = 2**25  # rlhfkit.algos.logprobs.LINEAR_CHUNK_ELEMENTS: one chunk of the fused LM head
+UNGATED_TYPES = frozenset({"gpt_neox", "gpt2", "gptj", "opt"})  # MLPs of two matrices, not gate / up / down
+# models that change their logits after the LM head (soft-capping, scaling): rlhfkit computes their log-probs from
+# the whole logits (train/forward.py notices it at the first call); every other model goes through the fused head
+PLAIN_HEAD_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma4", "vaultgemma", "cohere",
+                              "cohere2", "granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "minicpm3",
+                              "nanochat"})
 
 
 # ───────────────────────────────────────────────── architecture ───────────────────────────────────────────────
@@ -76,21 +83,31 @@ class Architecture:
     def kv_dim(self) -> int:
         return self.kv_heads * self.hd
 
+    @property
+    def gated(self) -> bool:
+        """A gated MLP (SwiGLU: gate, up, down) as Llama / Qwen / Mistral; GPT-NeoX (Pythia) has two matrices."""
+        return self.model_type not in UNGATED_TYPES
+
     def linears(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear layer of one decoder layer."""
-        H, q = self.hidden, self.heads * self.hd
+        H, q, I_ = self.hidden, self.heads * self.hd, self.intermediate
+        if not self.gated:  # GPT-NeoX: fused q / k / v, a GELU MLP
+            return {"query_key_value": (H, q + 2 * self.kv_dim), "dense": (q, H), "dense_h_to_4h": (H, I_),
+                    "dense_4h_to_h": (I_, H)}
         return {"q_proj": (H, q), "k_proj": (H, self.kv_dim), "v_proj": (H, self.kv_dim), "o_proj": (q, H),
-                "gate_proj": (H, self.intermediate), "up_proj": (H, self.intermediate),
-                "down_proj": (self.intermediate, H)}
+                "gate_proj": (H, I_), "up_proj": (H, I_), "down_proj": (I_, H)}
 
     def layer_params(self) -> int:
-        return sum(i * o for i, o in self.linears().values()) + 2 * self.hidden  # + two RMSNorm weights
+        weights = sum(i * o for i, o in self.linears().values())
+        if not self.gated:  # every linear has a bias; two LayerNorms of weight and bias
+            return weights + sum(o for _, o in self.linears().values()) + 4 * self.hidden
+        return weights + 2 * self.hidden  # + two RMSNorm weights
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden * (1 if self.tied else 2)
 
-    def params(self) -> int:
-        return self.embedding_params() + self.layers * self.layer_params() + self.hidden  # + final norm
+    def params(self) -> int:  # + the final norm (a LayerNorm's weight and bias for GPT-NeoX)
+        return self.embedding_params() + self.layers * self.layer_params() + self.hidden * (1 if self.gated else 2)
 
     def lora_params(self, r: int, targets: list[str] | None = None) -> int:
         """Trainable LoRA parameters: r x (in + out) per adapted linear (default: all seven of a layer)."""
@@ -318,6 +335,9 @@ class Setup:
     new_tokens: int = 0
     cache_tokens: int = 0  # continuous engine: the paged KV cache's token budget (0: another engine's cache)
     requests: int = 0  # continuous engine: requests of one rollout (prompts x samples)
+    offload_optimizer: bool = False  # memory.offload_optimizer: AdamW states in host memory outside the update
+    release_engine_cache: bool = True  # memory.release_engine_cache: the engine's KV cache freed after the rollout
+    entropy_grad: bool = False  # algo.entropy_coef > 0: the entropy's gradient through the LM head too
 
 
 @dataclass
@@ -386,14 +406,35 @@ def model_states(role: ModelRole, setup: Setup) -> dict[str, tuple[float, str]]:
     offload_states = setup.offload and setup.strategy != "ddp"
     if role.trainable == "lora":
         out[f"{role.name} LoRA adapters"] = (T * 4, f"{_n(T)} x 4 B (r={setup.lora_r})")
+    # gradients and AdamW's two moments take the trained parameters' dtype (fp32 adapters; a full model's own)
+    gb = 4 if role.trainable == "lora" else role.weight_bytes
     if offload_states and setup.strategy == "fsdp2":
         out[f"{role.name} gradients"] = (0.0, "offloaded to CPU memory")
     else:
-        out[f"{role.name} gradients"] = (T * 4 / ds, f"{_n(T)} x 4 B{shard}")
+        out[f"{role.name} gradients"] = (T * gb / ds, f"{_n(T)} x {gb:g} B{shard}")
     if offload_states:
         out[f"{role.name} optimizer (AdamW)"] = (0.0, "offloaded to CPU memory")
     else:
-        out[f"{role.name} optimizer (AdamW)"] = (T * 8 / ds, f"{_n(T)} x 2 states x 4 B{shard}")
+        out[f"{role.name} optimizer (AdamW)"] = (T * 2 * gb / ds, f"{_n(T)} x 2 states x {gb:g} B{shard}")
+    return out
+
+
+def host_bytes(roles: list[ModelRole], setup: Setup) -> dict[str, tuple[float, str]]:
+    """What the run keeps in host memory instead of on the device, per model (the same on every process): the
+    weights of a frozen model offloaded between uses, the state CPU offload keeps there (``distributed.cpu_offload``),
+    the optimizer's state while the engine generates (``memory.offload_optimizer``)."""
+    out = {}
+    plain = Setup(**{**setup.__dict__, "offload": False})
+    for role in roles:
+        on = model_states(role, setup)
+        off = model_states(ModelRole(**{**role.__dict__, "offloaded": False}), plain)
+        moved = sum(v for v, _ in off.values()) - sum(v for v, _ in on.values())
+        if role.trainable != "frozen" and setup.offload_optimizer and setup.rollout_batch:
+            moved += on.get(f"{role.name} optimizer (AdamW)", (0.0, ""))[0]
+        if moved > 0:
+            out[role.name] = (moved, ", ".join(k.removeprefix(f"{role.name} ") for k, (v, _) in off.items()
+                                               if v and (on[k][0] == 0 or "optimizer" in k and
+                                                         setup.offload_optimizer and setup.rollout_batch)))
     return out
 
 
@@ -405,28 +446,23 @@ def _dtypes(setup: Setup) -> tuple[int, int]:
     return 2, (4 if setup.autocast else 2)
 
 
-def activation_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool,
-                     head: str = "lm") -> dict[str, tuple[float, str]]:
+def activation_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool, head: str = "lm",
+                     head_trained: bool = True) -> dict[str, tuple[float, str]]:
     """Bytes of the activations of a forward of ``tokens`` tokens (``grad``: kept for backward) and its logits."""
     H, KV, I_, L = arch.hidden, arch.kv_dim, arch.intermediate, arch.layers
     c, r = _dtypes(setup)
-    casts = 5 * H if (setup.device == "cuda" and setup.autocast) else 0
-    per_layer = r * 6 * H + c * (3 * H + 2 * KV + 4 * I_ + casts)
-    formula = f"{r}x6H + {c}x(3H + 2KV + 4I{' + 5H' if casts else ''}) = {_n(per_layer)} B per token per layer"
+    casts = (5 if arch.gated else 2) * H if (setup.device == "cuda" and setup.autocast) else 0
+    mlp = 4 if arch.gated else 2  # gate, up, silu(gate), product | up, gelu(up)
+    per_layer = r * 6 * H + c * (3 * H + 2 * KV + mlp * I_ + casts)
+    formula = (f"{r}x6H + {c}x(3H + 2KV + {mlp}I{f' + {casts // H}H' if casts else ''}) = {_n(per_layer)} B per "
+               "token per layer")
     out = {}
-    logits: dict[str, tuple[float, str]] = {}
-    if head == "lm":
-        k = 2 if grad else 1
-        logits["logits" + (" + gradient" if grad else "")] = (
-            tokens * arch.vocab * c * k,
-            f"{_n(tokens)} tokens x {_n(arch.vocab)} vocab x {c} B" + (" x 2" if grad else ""))
-        block = min(tokens * arch.vocab, SOFTMAX_BLOCK_ELEMENTS)
-        logits["one float32 softmax block"] = (block * 4, f"min({_n(tokens)} x {_n(arch.vocab)}, 2^26) x 4 B")
+    logits = head_bytes(arch, setup, tokens, grad=grad, trained=head_trained) if head == "lm" else {}
     if grad and setup.gradient_checkpointing:
-        # backward meets the logits (and frees them) before it recomputes any layer: the larger of the two
+        # backward is done with the LM head (its chunk freed) before it recomputes any layer: the larger of the two
         layer = tokens * per_layer
-        head_bytes = sum(v for v, _ in logits.values())
-        out["activations (checkpointed)"] = (tokens * L * r * H + max(0.0, layer - head_bytes),
+        head_total = sum(v for v, _ in logits.values())
+        out["activations (checkpointed)"] = (tokens * L * r * H + max(0.0, layer - head_total),
                                              f"{_n(tokens)} tokens x {L} layers x {r}H, + one recomputed layer "
                                              f"({formula}) beyond the logits")
     elif grad:
@@ -435,6 +471,36 @@ def activation_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: boo
         out["activations (no grad, two layers live)"] = (tokens * 2 * per_layer,
                                                           f"{_n(tokens)} tokens x 2 x ({formula})")
     out.update(logits)
+    return out
+
+
+def head_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool,
+               trained: bool = True) -> dict[str, tuple[float, str]]:
+    """The LM head's part of a forward (``grad``: and its backward) over ``tokens`` tokens.
+
+    rlhfkit's fused head (train/forward.py, ``algos.linear_token_stats``): no logits tensor; one chunk of at most
+    2^25 / V tokens at a time, whose logits (compute dtype, c B) and float32 log-softmax (4 B) live together; in
+    backward the float32 softmax becomes the gradient in place, its compute-dtype copy (c B) sits beside it (+4 B for
+    the entropy's gradient), and a trained float32 head weight under autocast (``trained``) is cast to the compute
+    dtype for the backward and gets each chunk's gradient as a [V, H] product in it before it is added (forward
+    reuses autocast's cached cast, counted with the other weights'). A model that changes its logits after the head
+    (:data:`PLAIN_HEAD_TYPES`) materialises them: [tokens, V] in the compute dtype (and their gradient) + one float32
+    softmax block."""
+    c, _ = _dtypes(setup)
+    V = arch.vocab
+    if arch.model_type in PLAIN_HEAD_TYPES:
+        k = 2 if grad else 1
+        block = min(tokens * V, SOFTMAX_BLOCK_ELEMENTS)
+        return {"logits" + (" + gradient" if grad else ""): (tokens * V * c * k, f"{_n(tokens)} tokens x {_n(V)} vocab "
+                                                                                f"x {c} B" + (" x 2" if grad else "")),
+                "one float32 softmax block": (block * 4, f"min({_n(tokens)} x {_n(V)}, 2^26) x 4 B")}
+    chunk = min(tokens, max(1, HEAD_CHUNK_ELEMENTS // V))
+    per = 4 + c + (4 if grad and setup.entropy_grad else 0)
+    out = {"LM head chunk (fused log-probs, no logits)": (chunk * V * per, f"{_n(chunk)} tokens (min(tokens, 2^25 / V))"
+                                                                            f" x {_n(V)} vocab x {per} B")}
+    if grad and trained and setup.device == "cuda" and setup.autocast and c != 4:
+        out["LM head weight cast + gradient product"] = (2 * V * arch.hidden * c, f"2 x {_n(V)} x {_n(arch.hidden)} "
+                                                                                  f"x {c} B (backward)")
     return out
 
 
@@ -473,6 +539,19 @@ def cache_summary(arch: Architecture, setup: Setup) -> str:
             f"fit at full length at once (more while answers are shorter; past that the last admitted waits)")
 
 
+def kept_engine_cache(arch: Architecture, setup: Setup) -> tuple[float, str]:
+    """The engine's KV cache held between rollouts (``memory.release_engine_cache=false``): the continuous engine's
+    paged pool of ``cache_tokens``; the static engine's largest bucket, the rollout batch rounded up to a power of
+    two, of the sequence length rounded up to 64 columns."""
+    if setup.cache_tokens:
+        return kv_cache_bytes(arch, setup, 1, setup.cache_tokens), (
+            f"paged pool of {_n(setup.cache_tokens)} tokens, held after the rollout (memory.release_engine_cache=false)")
+    b = 1 << max(0, setup.rollout_batch - 1).bit_length()
+    S = -(-(setup.prompt_len + setup.new_tokens) // 64) * 64
+    return kv_cache_bytes(arch, setup, b, S), (f"bucket {b} seqs x {S} columns, held after the rollout "
+                                               "(memory.release_engine_cache=false)")
+
+
 def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
     """Per-device peak of each phase of a step. ``roles[0]`` is the trained policy (or reward model).
 
@@ -486,21 +565,37 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
     policy = roles[0]
     trainables = [r for r in roles if r.trainable != "frozen"]
     c, _ = _dtypes(setup)
-    gathers = SHARDS_WEIGHTS[setup.strategy] and setup.world > 1
+    # sharded weights come to the device for a phase: over several devices, or from host memory (CPU offload)
+    gathers = SHARDS_WEIGHTS[setup.strategy] and (setup.world > 1 or setup.offload)
 
-    def base(name: str, keep_grads: bool) -> Phase:
+    def base(name: str, keep_grads: bool, update: bool = True) -> Phase:
         ph = Phase(name)
         for k, v in resident.items.items():
-            if keep_grads or "gradients" not in k:
-                ph.add(k, v, resident.how[k])
+            if not keep_grads and "gradients" in k:
+                continue
+            if not update and setup.offload_optimizer and "optimizer (AdamW)" in k and v:
+                ph.add(k, 0.0, "in host memory outside the update (memory.offload_optimizer)")
+                continue
+            ph.add(k, v, resident.how[k])
         return ph
 
     def train_step(seqs: int) -> Phase:
         ph = base("train step", True)
         tokens = seqs * setup.seq_len
+        # trained models step one after the other (PPO: the policy's backward, then the critic's): the largest
+        # activations count, the others are noted
+        acts = {role.name: activation_bytes(role.arch, setup, tokens, grad=True, head=role.head,
+                                            head_trained=role.trainable == "full" and role.weight_bytes == 4)
+                for role in trainables}
+        largest = max(acts, key=lambda name: sum(v for v, _ in acts[name].values()))
         for role in trainables:
-            ph.extend(activation_bytes(role.arch, setup, tokens, grad=True, head=role.head), f"{role.name} ")
-            if setup.device == "cuda" and setup.autocast and role.trainable == "full" and not gathers:
+            if role.name == largest:
+                ph.extend(acts[role.name], f"{role.name} ")
+            else:
+                ph.add(f"{role.name} activations (another time)", 0.0,
+                       f"{fmt_bytes(sum(v for v, _ in acts[role.name].values()))} while the {largest}'s are freed")
+            if setup.device == "cuda" and setup.autocast and role.trainable == "full" and not gathers and \
+                    role.weight_bytes == 4:  # autocast's cached bf16 casts of fp32 weights (none for bf16 ones)
                 P = role_params(role)
                 ph.add(f"{role.name} bf16 autocast copies of weights", P * 2, f"{_n(P)} x 2 B")
             if gathers:
@@ -521,19 +616,27 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
     phases = []
     if family == "online":
         length = setup.prompt_len + setup.new_tokens
-        ph = base("rollout (generation)", False)
+        ph = base("rollout (generation)", False, update=False)
         if gathers:
             P = role_params(policy)
             wb = 2 if setup.device == "cuda" else policy.weight_bytes
             ph.add("policy weights gathered for generation", P * wb, f"{_n(P)} x {wb:g} B, gathered once per rollout")
         ph.extend(rollout_cache(policy.arch, setup))
         phases.append(ph)
-        ph = base("scoring and forward passes", False)
+        ph = base("scoring and forward passes", False, update=False)
         big = max(roles, key=role_params)
         ph.extend(activation_bytes(big.arch, setup, setup.micro_batch * length, grad=False, head=big.head),
                   f"{big.name} ")
+        if setup.device == "cuda" and setup.autocast and policy.trainable == "full" and not gathers and \
+                policy.weight_bytes == 4:  # autocast caches a bf16 cast of each fp32 weight it meets in the pass
+            P = role_params(policy)
+            ph.add("policy bf16 autocast copies of weights", P * 2, f"{_n(P)} x 2 B (old log-probs' pass)")
         phases.append(ph)
         phases.append(train_step(setup.micro_batch))
+        if not setup.release_engine_cache:  # the static engine keeps its buckets' caches between rollouts
+            kept = kept_engine_cache(policy.arch, setup)
+            for ph in phases[1:]:
+                ph.add("rollout engine's KV cache (kept)", *kept)
     elif family == "preference":
         phases.append(train_step(2 * setup.micro_batch))
     else:

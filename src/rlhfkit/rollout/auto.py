@@ -112,6 +112,10 @@ class AutoEngine(Engine):
             return engine.decode_path(kind, model, ids, mask, params, seed)
         return engine._decode(model, ids, mask, params, seed)
 
+    def release(self) -> None:
+        for engine in (self.hf, *self.engines.values()):
+            engine.release()
+
     def take_stats(self) -> dict[str, float]:
         out = {"time/rollout_compile": 0.0}
         for engine in (self.hf, *self.engines.values()):

@@ -558,6 +558,12 @@ class ContinuousEngine(Engine):
         self.counts = sched.counts
         return out
 
+    def release(self) -> None:
+        """Drop the block pool and the CUDA graphs that read its addresses (with their memory pool), and the static
+        fallback's buckets; the next call makes the pool again (``memory.release_engine_cache``)."""
+        self.pool, self.graphs, self._graph_pool = None, {}, None
+        self.fallback.release()
+
     def pool_for(self, w: Weights, slots: int, longest: int, device: torch.device, dtype: torch.dtype) -> BlockPool:
         """The block pool for this call: kept between calls (a CUDA graph reads its addresses), made anew only when
         the budget asks for more blocks (or another shape)."""

@@ -7,7 +7,8 @@ tokenizer, the EOS ids, the pad id, the stop strings and the micro-batch size. E
 The model is given per call, not held: it is the trainer's live object, whatever wraps it at that moment (DDP,
 FSDP2 units gathered by ``strategy.gathered(model)``, DeepSpeed ZeRO-3's ``GatheredParameters``, a PEFT adapter
 merged for the call), and its weights are read in place at the call (no copy, no weight sync). An engine keeps
-only what does not depend on the weights' values between calls (a compiled step, a KV cache buffer).
+only what does not depend on the weights' values between calls (a compiled step, a KV cache buffer), and frees the
+memory of it on :meth:`Engine.release`.
 
 :meth:`Engine.generate` does the common steps: checks, micro-batches of left-padded prompts, eval mode, no grad,
 LoRA merged for the call (:func:`~.lora.merged_lora`), per-micro-batch seeds, and :func:`finish_rollout` (cut at the
@@ -216,6 +217,12 @@ class Engine:
         if line not in self._said:
             self._said.add(line)
             say(line)
+
+    def release(self) -> None:
+        """Free what the engine keeps between calls (KV cache buffers, CUDA graphs and their memory pools) so the
+        trainer's forwards and update can use that memory; the next :meth:`generate` allocates it again (and
+        re-captures a CUDA graph; a compiled step is not compiled again). The online loop calls it after each
+        rollout (``memory.release_engine_cache``). An engine that keeps nothing has nothing to free."""
 
     def take_stats(self) -> dict[str, float]:
         """Metrics of the engine since the last call (``time/rollout_compile``: seconds spent compiling decode

@@ -27,10 +27,11 @@ One call, per micro-batch of B left-padded prompts (width P), R = ``max_new_toke
    (their cache rows copied) and the finished rows drop out of the batch.
 
 The raw ids and log-probs go to :func:`~.engine.finish_rollout` like every engine's. Memory: the caches of the
-buckets used stay allocated (for SmolLM2-135M at batch 64 x 512 columns in bf16: 0.75 GiB for the largest bucket,
-less than twice that for all). Compile: ``torch.compile`` of the step, once per (bucket, cache width, greedy /
-sampled) with transformers-style automatic dynamic shapes after the first recompile; the time of each first call is
-logged and returned by ``take_stats`` (``time/rollout_compile``).
+buckets used stay allocated between calls (for SmolLM2-135M at batch 64 x 512 columns in bf16: 0.75 GiB for the
+largest bucket, less than twice that for all) until :meth:`StaticEngine.release` drops them (the online loop does
+after each rollout: ``memory.release_engine_cache``). Compile: ``torch.compile`` of the step, once per (bucket,
+cache width, greedy / sampled) with transformers-style automatic dynamic shapes after the first recompile; the time of
+each first call is logged and returned by ``take_stats`` (``time/rollout_compile``).
 """
 
 from __future__ import annotations
@@ -293,6 +294,13 @@ class StaticEngine(Engine):
                     checked = str(err)
             self._checked[lm] = checked
         return self._checked[lm]
+
+    def release(self) -> None:
+        """Drop every bucket's slots: their KV caches, buffers and captured CUDA graphs (with the graphs' memory
+        pools); the next call allocates the buckets it uses again (the compiled step is kept: same shapes, no
+        recompile)."""
+        self._slots.clear()
+        self.fallback.release()
 
     # ── the call ─────────────────────────────────────────────────────────────────────────────────────────────
     def _decode(self, model, ids, mask, params, seed):

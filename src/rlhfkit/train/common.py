@@ -9,9 +9,9 @@ import random
 
 import torch
 
-from ..algos import token_logprobs
 from ..data import LengthPolicy, load_dataset_records, tokenize_dataset
 from ..errors import ConfigError, DataError
+from .forward import completion_stats
 
 
 def load_records(cfg, kind: str) -> tuple[list[dict], list[dict]]:
@@ -85,11 +85,11 @@ def plan_batches(n: int, micro_batch: int, world: int, seed: int, epoch: int, ra
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        position_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Log-prob of each token given its prefix: [B, T-1] for tokens 1..T-1 (chunked gather + logsumexp)."""
-    kwargs = {"position_ids": position_ids} if position_ids is not None else {}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
-    return token_logprobs(logits[:, :-1], input_ids[:, 1:])
+                        position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-prob of each token given its prefix: [B, T-1] for tokens 1..T-1, from the hidden states through the LM
+    head in chunks (no [B, T, V] logits: ``forward.completion_stats``); ``labels`` [B, T] (default ``input_ids``):
+    -100 where a token is not wanted (not computed; 0 there)."""
+    return completion_stats(model, input_ids, attention_mask, labels, position_ids=position_ids).logprobs
 
 
 def gather_rows(acc, rows: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,10 @@ The recipes do not know which one runs; they ask the strategy (:func:`get_strate
 
 ``ddp``: accelerate's data parallel (the default). ``fsdp2``: PyTorch's ``fully_shard`` driven here, because
 accelerate 1.15 ignores its FSDP plugin on CPU (it wraps the model in DDP there), while ``fully_shard`` itself works
-on CPU with gloo, so the same path is tested on CPU and used on GPUs. Each decoder layer (the classes a
+on CPU with gloo, so the same path is tested on CPU and used on GPUs. On one device, ``distributed.cpu_offload``
+still runs FSDP2 (a group of one process): the parameters, gradients and AdamW states live in host memory and each
+layer's weights come to the device for its forward and backward, which is how a full fine-tune of a 7B policy
+(about 16 bytes per parameter of model state) trains on one 80 GB GPU. Each decoder layer (the classes a
 ``transformers`` model lists in ``_no_split_modules``, i.e. what its authors say must not be split) is one FSDP unit,
 then the root (embeddings, final norm, LM head or scalar head: tied weights stay in one unit; kept gathered from
 forward to backward). Mixed precision follows
@@ -101,15 +104,17 @@ class FSDP2Strategy(DDPStrategy):
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         world = _world()
-        if world == 1:
+        if world == 1 and not cfg.distributed.cpu_offload:
             return model  # nothing to shard over; one process trains as with ddp
+        if world == 1:  # one device with CPU offload: FSDP2 over a group of one process (a 7B full fine-tune)
+            single_process_group(device)
         model.to(device)
         mesh = init_device_mesh(torch.device(device).type, (world,))
         kwargs = {"mesh": mesh, "reshard_after_forward": cfg.distributed.reshard_after_forward}
         if cfg.train.mixed_precision == "bf16" or (cfg.train.mixed_precision == "auto" and torch.cuda.is_available()):
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if cfg.distributed.cpu_offload:
-            kwargs["offload_policy"] = CPUOffloadPolicy()
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
         units = layer_units(model)
         if not units:
             raise ConfigError(f"fsdp2 found no decoder layers to shard in {type(model).__name__}",
@@ -298,6 +303,16 @@ def die_with_launcher() -> None:
         return
     if os.getppid() == 1:  # the launcher died before we asked
         os._exit(1)
+
+
+def single_process_group(device) -> None:
+    """A process group of this process alone (an in-memory store), for FSDP2 on one device: its CPU offload needs a
+    mesh, and a mesh a group. Nothing when a group exists (``accelerate launch`` made one)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def layer_units(model) -> list[torch.nn.Module]:

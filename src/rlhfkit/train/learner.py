@@ -25,7 +25,7 @@ from ..track import NO_PHASES, Phases, PhaseTimer
 from .common import mean_stats, model_named
 from .distributed import get_strategy
 from .experience import Experience, distill_metrics
-from .forward import disable_dropout, on_device, response_logits, response_values
+from .forward import disable_dropout, on_device, response_stats, response_values
 from .optim import clip_and_step
 from .producer import penalised_scores
 from .run import Run, set_up_trained
@@ -148,10 +148,9 @@ class Learner:
         """Log-probs [B, R] of the response tokens under ``model`` (the policy, the reference or the teacher: one
         function for all); with ``argmax``, also the model's greedy token at each position [B, R], from the same
         logits (no extra forward)."""
-        with self.acc.autocast():
-            logits = response_logits(model, batch, self.cfg.generation.temperature)
-        logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
-        return (logprobs, logits.argmax(-1)) if argmax else logprobs
+        with self.acc.autocast():  # through the LM head in chunks: no [B, R, V] logits (train/forward.py)
+            st = response_stats(model, batch, self.cfg.generation.temperature, argmax=argmax)
+        return (st.logprobs, st.argmax) if argmax else st.logprobs
 
     @torch.no_grad()
     def forward_passes(self, exp: Experience, evaluation: bool = False) -> None:
@@ -276,16 +275,16 @@ class Learner:
     def policy_micro_step(self, batch: dict, scale: float) -> dict:
         algo = self.cfg.algo
         with self.acc.autocast():
-            logits = response_logits(self.policy, batch, self.cfg.generation.temperature)
-            logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
+            per_token = response_stats(self.policy, batch, self.cfg.generation.temperature, entropy=True,
+                                       entropy_grad=algo.entropy_coef != 0)  # no [B, R, V] logits (train/forward.py)
+            logprobs = per_token.logprobs
             on_policy = "old_logprobs" not in batch  # the update's own log-probs are the old ones
             old = logprobs.detach() if on_policy else batch["old_logprobs"]
             loss, st = self.policy_loss(logprobs, old, batch["advantages"], batch["mask"],
                                         getattr(algo, self.policy_loss.section),  # the loss's own settings
                                         aggregation=algo.loss_aggregation, max_len=self.max_response_len,
                                         weights=batch.get("is_weights"))
-            ent_logits = logits.detach() if algo.entropy_coef == 0 else logits
-            entropy = algos.masked_mean(algos.entropy_from_logits(ent_logits), batch["mask"])
+            entropy = algos.masked_mean(per_token.entropy, batch["mask"])
             total = loss - algo.entropy_coef * entropy
             if not self.kl_in_reward and "ref_logprobs" in batch:
                 kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,

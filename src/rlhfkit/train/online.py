@@ -44,6 +44,7 @@ class OnlineTrainer(OnlineRun):
         run, acc, learner = self.run, self.acc, self.learner
         ups = learner.updates_per_step
         state = learner.set_up(self.total_steps * ups)
+        self.producer.offloaded = tuple(learner.trained.optimizers.values())  # memory.offload_optimizer (memory.py)
         step = 0 if state is None else state["step_rollout"]
         last: dict = {}
         with self.begin(step):

@@ -18,6 +18,7 @@ import torch
 from ..errors import ConfigError, NonFiniteError
 from ..track.console import get_console
 from .checkpoint import guard_of
+from .memory import restore_optimizer
 
 
 def build_optimizer(params, optim, lr: float | None = None) -> torch.optim.Optimizer:
@@ -125,6 +126,7 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
         _advance(scheduler)
         return norm if max_grad_norm is not None and max_grad_norm > 0 else None
     guard.applied += 1
+    restore_optimizer(optimizer)  # its state back on the device when memory.offload_optimizer moved it out
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -23,7 +23,8 @@ Departures, on purpose:
   tokenisation, so the pair is remembered); held-out pairs then give the paired accuracy r_chosen > r_rejected.
   On unpaired examples ``rewards/accuracies`` is the fraction on the right side of the reference point.
 * IPO is computed on summed log-probabilities (Azar et al. 2023, eq. 17), not TRL's length-averaged ones.
-* Logits are computed only from the last prompt token of the shortest prompt of the batch on (``logits_to_keep``).
+* Only the completion tokens go through the LM head, chunk by chunk (``forward.completion_stats``: no logits), and
+  the model keeps only the hidden states from the last prompt token of the shortest prompt on (``logits_to_keep``).
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ from typing import Any
 import torch
 
 from .. import files
-from ..algos import PREFERENCE_LOSSES, kto_kl_estimate, kto_loss, masked_mean, masked_sum, token_logprobs
+from ..algos import PREFERENCE_LOSSES, kto_kl_estimate, kto_loss, masked_mean, masked_sum
 from ..config import replace
 from ..data import PreferenceCollator, UnpairedCollator
 from ..errors import DataError
 from ..models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
 from ..rollout import eval_mode
 from .common import gather_rows, load_records, to_device, tokenize
+from .forward import IGNORE, completion_stats
 from .loop import SupervisedJob, train_supervised
 from .run import run_recipe
 
@@ -65,10 +67,9 @@ def sequence_logps(model, input_ids, attention_mask, completion_mask, start: int
     ``start`` is the first position whose logits are needed (the last prompt token of the shortest prompt), so the
     LM head never runs over the shared prompt prefix.
     """
-    keep = input_ids.shape[1] - start
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep).logits
-    # logits[:, j] predicts the token at position start + j + 1
-    logps = token_logprobs(logits[:, :-1], input_ids[:, start + 1:])
+    # through the LM head in chunks, only the completion tokens (train/forward.py): no [N, L, V] logits
+    labels = torch.where(completion_mask.bool(), input_ids, IGNORE)
+    logps = completion_stats(model, input_ids, attention_mask, labels, start=start).logprobs
     mask = completion_mask[:, start + 1:]
     return masked_sum(logps, mask, dim=-1), mask.sum(-1).to(logps.dtype)
 

@@ -32,6 +32,7 @@ from .common import length_policy, model_named, plan_batches, tokenize
 from .distributed import get_strategy
 from .experience import Experience, merge_groups
 from .forward import on_device
+from .memory import rollout_phase
 
 
 def penalised_scores(cfg, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,6 +73,8 @@ class Producer:
         self.sampling = SamplingParams.from_config(cfg.generation)
         self.records = records
         self.functions = self.envs = self.env_cls = self.scorer = None
+        self.offloaded: tuple = ()  # optimizers whose state leaves the device during a rollout (the synchronous
+        # learner's, with memory.offload_optimizer: train/memory.py)
         if len(records[0]) < cfg.algo.rollout_batch_size * shares:
             raise too_few_prompts(len(records[0]), cfg.algo.rollout_batch_size, shares)
         # 0. reward functions (in their workers), checked on a few prompts and linted before the run directory is
@@ -86,6 +89,11 @@ class Producer:
             except BaseException:
                 self.close()
                 raise
+
+    def memory_phase(self):
+        """The context of a rollout (train/memory.py): the optimizers' states in host memory before it
+        (``memory.offload_optimizer``), the engine's caches freed after it (``memory.release_engine_cache``)."""
+        return rollout_phase(self.cfg.memory, self.engine, *self.offloaded)
 
     def load(self, tok, policy, run) -> None:
         """The reward model, the environments, the engine (built once; it reads the policy's weights in place at
@@ -161,7 +169,7 @@ class Producer:
             if abandon:
                 self.stop.abandon_point()
 
-        with self.timer.phase("rollout"), self.strategy.gathered(policy):  # sharded: gathered once
+        with self.timer.phase("rollout"), self.strategy.gathered(policy), self.memory_phase():  # gathered once
             rollout = self.engine.generate(policy, ids * k, self.sampling, seed=seed, on_rows=rows_done)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
@@ -177,7 +185,7 @@ class Producer:
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(n)] * k
         ec = self.cfg.env
         self.phases.phase("episodes", total=n * k)
-        with self.timer.phase("rollout"), self.strategy.gathered(policy):  # sharded: gathered once
+        with self.timer.phase("rollout"), self.strategy.gathered(policy), self.memory_phase():  # gathered once
             rollout, episodes = run_episodes(
                 self.engine, policy, self.tok, self.envs, rows, params=self.sampling, seed=seed,
                 max_turns=ec.max_turns, max_total_tokens=ec.max_total_tokens, step=step,

@@ -253,8 +253,10 @@ def keep_logits_dtype(accelerator, model) -> None:
     """Under mixed precision, a prepared causal LM returns its logits in the dtype it computed them in (bf16), not
     in float32: accelerate's ``prepare`` wraps ``forward`` in autocast *and* ``convert_outputs_to_fp32``, so the
     policy handed its losses a float32 copy of the [B, T, V] logits (805 MiB at B=16, T=256, V=49152;
-    ``bench/README.md``, e4). Every loss of rlhfkit reads logits through ``algos.token_logprobs`` /
-    ``entropy_from_logits``, which work on float32 blocks themselves, so the copy bought nothing. The model keeps
+    ``bench/README.md``, e4). Training reads no logits at all now (the fused head, ``train/forward.py``, returns
+    float32 statistics in their place); a model whose logits are read (the plain path of a model that changes them
+    after its head, evaluation) gets them in bf16, and ``algos.token_logprobs`` / ``entropy_from_logits`` work on
+    float32 blocks themselves, so the copy bought nothing. The model keeps
     accelerate's autocast (rollouts and forwards still run in bf16); other models (value / reward heads, whose
     outputs are small) keep accelerate's wrapper. Nothing to do without native mixed precision."""
     inner = accelerator.unwrap_model(model, keep_fp32_wrapper=True)

@@ -19,7 +19,8 @@ def sft_forward(model, batch: dict) -> tuple[torch.Tensor, dict]:
     """Mean NLL over the trained tokens of the micro-batch (labels != -100)."""
     labels = batch["labels"][:, 1:]
     mask = (labels != IGNORE_INDEX).long()
-    logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"))
+    logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"),
+                                batch["labels"])  # the untrained tokens never reach the LM head
     loss, stats = sft_loss(logps, mask)
     return loss, {}
 
@@ -34,7 +35,8 @@ def sft_eval(accelerator, model, batches: list[dict]) -> dict:
     for batch in batches:
         labels = batch["labels"][:, 1:]
         mask = (labels != IGNORE_INDEX).float()
-        logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"))
+        logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"),
+                                    batch["labels"])
         nll += -(logps.float() * mask).sum()
         count += mask.sum()
     model.train(was_training)
