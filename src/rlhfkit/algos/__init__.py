@@ -14,6 +14,8 @@ from rlhfkit.algos.advantages import (
 )
 from rlhfkit.algos.corrections import (
     OFF_POLICY_CORRECTIONS,
+    OffPolicyCorrection,
+    icepop,
     importance_log_ratio,
     masked_is,
     mismatch_stats,
@@ -31,12 +33,16 @@ from rlhfkit.algos.losses import (
 )
 from rlhfkit.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rlhfkit.algos.policy_losses import (
+    BINARY_DIVERGENCES,
     POLICY_LOSSES,
     PolicyLoss,
+    dppo_loss,
     gspo_loss,
     gspo_token_loss,
+    luspo_loss,
     ppo_policy_loss,
     sequence_log_ratio,
+    vespo_loss,
 )
 from rlhfkit.algos.preference import (
     DPO_LOSS_TYPES,
@@ -60,6 +66,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdaptiveKLController",
     "AdvantageEstimator",
+    "BINARY_DIVERGENCES",
     "DPO_LOSS_TYPES",
     "DynamicSample",
     "FixedKLController",
@@ -67,6 +74,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "OFF_POLICY_CORRECTIONS",
+    "OffPolicyCorrection",
     "POLICY_LOSSES",
     "PolicyLoss",
     "PREFERENCE_LOSSES",
@@ -74,6 +82,7 @@ __all__ = [
     "aggregate_loss",
     "bradley_terry_loss",
     "dpo_loss",
+    "dppo_loss",
     "dynamic_sample",
     "entropy_from_logits",
     "gae",
@@ -81,11 +90,13 @@ __all__ = [
     "gspo_token_loss",
     "group_all_tied",
     "grpo_advantages",
+    "icepop",
     "importance_log_ratio",
     "kl_loss",
     "kl_penalty",
     "kto_kl_estimate",
     "kto_loss",
+    "luspo_loss",
     "masked_is",
     "masked_mean",
     "masked_sum",
@@ -107,4 +118,5 @@ __all__ = [
     "truncated_is",
     "turn_reward_shift",
     "value_loss",
+    "vespo_loss",
 ]

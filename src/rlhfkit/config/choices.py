@@ -34,6 +34,7 @@ def registry_choices() -> dict[str, tuple[str, ...]]:
         "algo.loss": tuple(algos.PREFERENCE_LOSSES),
         "algo.policy_loss": tuple(algos.POLICY_LOSSES),
         "algo.off_policy.correction": tuple(algos.OFF_POLICY_CORRECTIONS),
+        "algo.dppo.divergence": tuple(algos.BINARY_DIVERGENCES),
     }
 
 
@@ -47,7 +48,7 @@ def choices_of(path: str) -> tuple[str, ...] | None:
 
 
 _REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss",
-                  "algo.policy_loss", "algo.off_policy.correction")
+                  "algo.policy_loss", "algo.off_policy.correction", "algo.dppo.divergence")
 
 
 # Trackers written by rlhfkit's own sink (track.metrics.MetricsSink); the others come from accelerate.

@@ -295,6 +295,38 @@ _AGGREGATION = {  # TRL GRPOConfig.loss_type -> what rlhfkit's LOSS_AGGREGATIONS
 }
 
 
+# TRL loss types that are a policy loss of their own (issue 34): loss_type -> (the keys it sets, the
+# importance_sampling_level TRL pairs it with; the other level has no meaning for it)
+_POLICY_LOSS_TYPES = {
+    "luspo": ({"algo.policy_loss": "luspo", "algo.loss_aggregation": "seq_mean_token_mean"}, "sequence"),
+    "vespo": ({"algo.policy_loss": "vespo", "algo.loss_aggregation": "token_mean"}, "token"),
+}
+
+
+def _one_word(value) -> str:
+    v = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+    return str(v).strip().lower()
+
+
+def _importance_sampling_level(value, ctx):
+    """token -> ppo, sequence -> gspo; with a loss_type that is a policy loss of its own (luspo, vespo), the level TRL
+    pairs it with selects that loss (so TRL's LUSPO config, loss_type=luspo + importance_sampling_level=sequence,
+    reads as one choice) and the other level is refused."""
+    level, loss_type = _one_word(value), _one_word(ctx.given.get("loss_type", ""))
+    if loss_type not in _POLICY_LOSS_TYPES:  # luspo / vespo chosen elsewhere (the file, when this is an override)
+        loss_type = _one_word(ctx.get("algo.policy_loss", merge=False))
+    if loss_type in _POLICY_LOSS_TYPES:
+        keys, paired = _POLICY_LOSS_TYPES[loss_type]
+        if level != paired:
+            raise NoEquivalent(f"loss_type={loss_type} is {'a sequence' if paired == 'sequence' else 'a token'}-level "
+                               f"loss; importance_sampling_level={level} does not apply to it",
+                               f"use importance_sampling_level={paired}, or remove it")
+        return {"algo.policy_loss": keys["algo.policy_loss"]}
+    return _choice("importance_sampling_level", {"token": {"algo.policy_loss": "ppo"},
+                                                 "sequence": {"algo.policy_loss": "gspo"}},
+                   "use token or sequence")(value, ctx)
+
+
 def _scale_rewards(value, ctx):
     v = "group" if value is True else "none" if value is False else str(value).strip().lower()
     v = {"true": "group", "false": "none"}.get(v, v)
@@ -462,18 +494,20 @@ TRL_NAMES: list[TrlName] = [
     TrlName("cliprange", key="algo.clip_low", families=_ONLINE, doc="as `epsilon`"),
     TrlName("epsilon_high", key="algo.clip_high", families=_ONLINE,
             doc="`algo.clip_high`, likewise: `algo.<section>.clip_high`"),
-    TrlName("loss_type", families=_ONLINE, to=_choice("loss_type", _AGGREGATION, "use dapo, bnpo, grpo or dr_grpo "
-                                                                                 "(other losses: algo.policy_loss)"),
+    TrlName("loss_type", families=_ONLINE,
+            to=_choice("loss_type", {**_AGGREGATION, **{k: keys for k, (keys, _) in _POLICY_LOSS_TYPES.items()}},
+                       "use dapo, bnpo, grpo, dr_grpo, luspo or vespo (other losses: algo.policy_loss)"),
             doc="dapo, bnpo -> `algo.loss_aggregation=token_mean`; grpo -> `seq_mean_token_mean`; dr_grpo -> "
-                "`seq_mean_token_sum_norm` + `algo.advantage=dr_grpo`; cispo, sapo, luspo, vespo refused"),
+                "`seq_mean_token_sum_norm` + `algo.advantage=dr_grpo`; luspo -> `algo.policy_loss=luspo` + "
+                "`seq_mean_token_mean`; vespo -> `algo.policy_loss=vespo` + `token_mean`; cispo, sapo refused"),
     TrlName("scale_rewards", to=_scale_rewards, families=_ONLINE,
             doc="true / group -> `algo.advantage=grpo`; false / none -> `algo.advantage=dr_grpo` (Dr. GRPO: no std "
                 "scaling); batch refused"),
-    TrlName("importance_sampling_level", families=_ONLINE,
-            to=_choice("importance_sampling_level", {"token": {"algo.policy_loss": "ppo"},
-                                                     "sequence": {"algo.policy_loss": "gspo"}},
-                       "use token or sequence"),
-            doc="token -> `algo.policy_loss=ppo`; sequence -> `algo.policy_loss=gspo` (GSPO)"),
+    TrlName("importance_sampling_level", families=_ONLINE, to=_importance_sampling_level,
+            doc="token -> `algo.policy_loss=ppo`; sequence -> `algo.policy_loss=gspo` (GSPO); with loss_type=luspo "
+                "sequence (vespo: token) is that loss"),
+    *_renamed(("vespo_k_pos", "algo.vespo.k_pos"), ("vespo_lambda_pos", "algo.vespo.lambda_pos"),
+              ("vespo_k_neg", "algo.vespo.k_neg"), ("vespo_lambda_neg", "algo.vespo.lambda_neg"), families=_ONLINE),
     TrlName("reward_funcs", to=_reward_funcs, families=_ONLINE,
             doc="`reward.functions=[{fn: ...}]`: each a function spec (`package.module:function`, `file.py:function` "
                 "or a built-in name); a reward model goes to `reward.model`"),
@@ -521,7 +555,8 @@ TRL_NAMES: list[TrlName] = [
                "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "use_bias_correction_kl",
                "off_policy_mask_threshold"),
               "the rollout / trainer mismatch correction is algo.off_policy (its own engine, no vLLM)",
-              "set algo.off_policy.correction=tis|mis with algo.off_policy.level / cap / low / high",
+              "set algo.off_policy.correction=tis|mis|icepop with algo.off_policy.level / cap / low / high "
+              "(icepop: algo.off_policy.icepop.low / high)",
               families=_ONLINE),
     TrlName("max_steps", families=_ONLINE, doc="online recipes count the run in responses (algo.total_episodes), "
             "not in optimizer updates", fix="set algo.total_episodes = max_steps x algo.mini_batch_size x processes "
@@ -531,10 +566,9 @@ TRL_NAMES: list[TrlName] = [
               "responses, split into updates of algo.mini_batch_size",
               "set algo.rollout_batch_size = generation_batch_size / num_generations / processes",
               families=_ONLINE),
-    *_refused(("delta", "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos",
-               "vespo_k_neg", "vespo_lambda_neg", "top_entropy_quantile", "use_adaptive_entropy", "entropy_coef_min",
-               "entropy_coef_max", "entropy_coef_delta", "entropy_target", "multi_objective_aggregation",
-               "num_generations_eval"),
+    *_refused(("delta", "sapo_temperature_neg", "sapo_temperature_pos", "top_entropy_quantile",
+               "use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target",
+               "multi_objective_aggregation", "num_generations_eval"),
               "this GRPO variant is not built in (policy losses: algo.policy_loss; entropy: algo.entropy_coef)",
               "remove it", accepted=(None, False, 1.0, "sum_then_normalize"), families=_ONLINE),
     *_refused(("min_p", "repetition_penalty", "chat_template_kwargs"),

@@ -156,12 +156,11 @@ def _policy_section(fingerprint: dict) -> str | None:
 
 
 def _without_unused_policy_sections(fingerprint: dict) -> dict:
-    """The settings of policy losses the run does not use (``algo.<section>.*`` of the other sections) do not define
-    it: a loss added later, or another loss's setting changed, never blocks a resume."""
-    used = _policy_section(fingerprint)
-    if used is None:
-        return fingerprint
-    unused = tuple(f"algo.{spec.section}." for spec in algos.POLICY_LOSSES.values() if spec.section != used)
+    """The settings of policy losses and off-policy corrections the run does not use (``algo.<section>.*``,
+    ``algo.off_policy.<section>.*`` of the others) do not define it: a variant added later never blocks a resume."""
+    used, corr = _policy_section(fingerprint), fingerprint.get("algo.off_policy.correction")
+    unused = tuple(f"algo.{p.section}." for p in algos.POLICY_LOSSES.values() if used and p.section != used) + tuple(
+        f"algo.off_policy.{c.section}." for c in algos.OFF_POLICY_CORRECTIONS.values() if c.section and c.name != corr)
     return {k: v for k, v in fingerprint.items() if not k.startswith(unused)}
 
 

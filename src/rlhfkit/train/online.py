@@ -447,8 +447,7 @@ class OnlineTrainer:
             st = algos.mismatch_stats(every(exp.old_logprobs), every(sampled), every(kept), op.low, op.high)
         else:
             st = algos.mismatch_stats(exp.old_logprobs, sampled, kept, op.low, op.high)
-        weights, exp.in_band = algos.OFF_POLICY_CORRECTIONS[op.correction](
-            exp.old_logprobs, sampled, kept, cap=op.cap, low=op.low, high=op.high, level=op.level)
+        weights, exp.in_band = algos.OFF_POLICY_CORRECTIONS[op.correction](exp.old_logprobs, sampled, kept, op)
         return weights, {f"rollout/{k}": float(v) for k, v in st.items()}
 
     # ── 6. PPO epochs over mini-batches ─────────────────────────────────────────────────────────────────────
