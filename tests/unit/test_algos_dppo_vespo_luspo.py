@@ -415,3 +415,17 @@ def test_config_show_lists_every_policy_loss_and_correction():
     corr = next(ln for ln in text.splitlines() if "rollout / trainer mismatch correction" in ln)
     assert all(f" {name} " in corr for name in OFF_POLICY_CORRECTIONS), corr
     assert "    icepop:" in text
+
+
+def test_vespo_refuses_a_sequence_level_correction():
+    from rlhfkit.config import build_config
+    from rlhfkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algo.off_policy.level.*token ratios"):
+        build_config("grpo", {}, ["algo.policy_loss=vespo", "algo.off_policy.correction=tis",
+                                  "algo.off_policy.level=sequence"])
+    for ok in (["algo.off_policy.correction=tis"], ["algo.off_policy.correction=icepop"],
+               ["algo.off_policy.level=sequence"]):  # token level, icepop (token only), or no correction
+        build_config("grpo", {}, ["algo.policy_loss=vespo", *ok])
+    build_config("grpo", {}, ["algo.policy_loss=gspo", "algo.off_policy.correction=mis",
+                              "algo.off_policy.level=sequence"])  # the other losses multiply: any level

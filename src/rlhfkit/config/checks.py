@@ -256,6 +256,12 @@ def _check_online(cfg) -> None:
         raise ConfigError(f"dynamic sampling keeps groups whose rewards differ; {algo.advantage} has no groups",
                           where="algo.dynamic_sampling.enabled",
                           fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or disable it")
+    op = algo.off_policy
+    if (not algos.POLICY_LOSSES[algo.policy_loss].sequence_weights and op.correction != "none"
+            and algos.OFF_POLICY_CORRECTIONS[op.correction].section is None and op.level == "sequence"):
+        raise ConfigError(f"{algo.policy_loss} folds the correction's token ratios into its own sequence ratio; a "
+                          "sequence-level correction would count each row's ratio once per token",
+                          where="algo.off_policy.level", fix="set algo.off_policy.level=token")
     if algo.kl.adaptive and algo.kl.coef == 0:
         raise ConfigError("the adaptive KL controller cannot move a coefficient of 0", where="algo.kl.coef",
                           fix="give an initial algo.kl.coef > 0")
