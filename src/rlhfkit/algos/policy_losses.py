@@ -439,7 +439,8 @@ def vespo_loss(
     ``weights`` (the off-policy correction) are read as the rollout / trainer importance ratio and folded into W,
     as TRL does (the paper's W is the ratio to the behaviour policy that sampled): log W += sum_t log w_t; they do not
     multiply the loss again. They must be token ratios: a sequence-level correction (its row ratio on every token)
-    is refused when the config is built (``PolicyLoss.sequence_weights``), as TRL refuses its sequence modes. A token of weight 0 (``icepop`` outside its band) enters neither W nor the loss.
+    is refused when the config is built (``PolicyLoss.sequence_weights``), as TRL refuses its sequence modes. A token
+    of weight 0 (``icepop`` outside its band) enters neither W nor the loss.
     ``advantages`` [B, T] keep their per-token values; the kernel's sign is the row's (masked mean). TRL reduces with
     a token mean over the batch (``aggregation="token_mean"``).
     stats: clipfrac = token mean of max(0, 1 - phi) (how much the kernel damps; it clips nothing), approxkl,
