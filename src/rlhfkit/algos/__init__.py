@@ -52,6 +52,7 @@ from rlhfkit.algos.preference import (
     kto_kl_estimate,
     kto_loss,
     orpo_loss,
+    preference_pairs,
     simpo_loss,
 )
 from rlhfkit.algos.shaping import (
@@ -106,6 +107,7 @@ __all__ = [
     "orpo_loss",
     "overlong_penalty",
     "ppo_policy_loss",
+    "preference_pairs",
     "reinforce_pp_advantages",
     "reinforce_pp_returns",
     "rloo_advantages",

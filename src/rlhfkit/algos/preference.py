@@ -196,6 +196,33 @@ def kto_loss(
     return loss, stats
 
 
+# ─────────────────────────────────────── online pairs (online DPO) ───────────────────────────────────────
+def preference_pairs(scores: torch.Tensor, group_size: int,
+                     valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The preference pair of each prompt's completions, judged by their scores (online DPO: Guo et al. 2024,
+    "Direct Language Model Alignment from Online AI Feedback"; TRL ``OnlineDPOTrainer``): the best-scored valid
+    completion is chosen, the worst-scored rejected.
+
+    scores, valid: [N = k * P] completion-major (index ``i * P + j`` is completion i of prompt j, as the online
+    step lays them out) -> (chosen [M], rejected [M]) row indices, one pair per prompt whose valid scores are not all
+    equal (M <= P, in prompt order). With k = 2 this is TRL's pair; a group of ties (or with fewer than two valid
+    completions) carries no preference and gives no pair (TRL keeps a tie, taking the first completion as chosen).
+    Among equal best (worst) scores the first completion is taken.
+    """
+    if group_size < 2 or scores.dim() != 1 or scores.numel() % group_size:
+        raise ValueError(f"preference pairs need groups of >= 2 completions; got {scores.numel()} scores in groups of "
+                         f"{group_size}")
+    g = scores.detach().reshape(group_size, -1)  # [k, P]
+    v = torch.ones_like(g, dtype=torch.bool) if valid is None else valid.reshape(group_size, -1).bool()
+    inf = torch.tensor(torch.inf, dtype=g.dtype, device=g.device)
+    best = torch.where(v, g, -inf).argmax(0)  # first of the equal best
+    worst = torch.where(v, g, inf).argmin(0)
+    cols = torch.arange(g.shape[1], device=g.device)
+    keep = (v.sum(0) >= 2) & (g[best, cols] > g[worst, cols])
+    P = g.shape[1]
+    return (best * P + cols)[keep], (worst * P + cols)[keep]
+
+
 # ──────────────────────────────────────── the preference-loss registry ────────────────────────────────────────
 # Each paired loss reads one dict of [B] tensors (what the preference recipe's forward gives): ``chosen`` /
 # ``rejected`` (log-probs summed over completion tokens), ``chosen_tokens`` / ``rejected_tokens`` (counts) and
