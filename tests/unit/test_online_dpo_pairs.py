@@ -47,3 +47,34 @@ def test_matches_slow_loop(seed):
             want_c.append(next(m for m in members if float(scores[m]) == hi))
             want_r.append(next(m for m in members if float(scores[m]) == lo))
     assert chosen.tolist() == want_c and rejected.tolist() == want_r
+
+
+def test_pair_logps_feed_each_paired_loss_as_the_offline_recipe_does():
+    import math
+    from types import SimpleNamespace
+
+    from rlhfkit.algos import PREFERENCE_LOSSES, dpo_loss, pair_logps
+
+    # 2 prompts x 2 completions, completion-major; row lengths 3, 1, 2, 0 (NaN padding)
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, math.nan, math.nan], [-1.5, -0.5, math.nan],
+                       [math.nan, math.nan, math.nan]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.2, -1.8, -0.4], [-0.2, 9.0, 9.0], [-1.0, -1.0, 9.0], [9.0, 9.0, 9.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]])
+    chosen, rejected = preference_pairs(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2)  # prompt 0: row 0 > 2; 1: 3 > 1
+    assert chosen.tolist() == [0, 3] and rejected.tolist() == [2, 1]
+    got = pair_logps(lp, mask, chosen, rejected, ref)
+    torch.testing.assert_close(got["chosen"], torch.tensor([-3.5, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(got["rejected"], torch.tensor([-2.0, -0.3], dtype=torch.float64))
+    torch.testing.assert_close(got["ref_chosen"], torch.tensor([-3.4, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(got["ref_rejected"], torch.tensor([-2.0, -0.2], dtype=torch.float64))
+    assert got["chosen_tokens"].tolist() == [3.0, 0.0] and got["rejected_tokens"].tolist() == [2.0, 1.0]
+    params = SimpleNamespace(beta=0.1, label_smoothing=0.0, simpo_gamma=0.5, orpo_lambda=0.1)
+    loss, _ = PREFERENCE_LOSSES["dpo"].from_logps(got, params)
+    want, _ = dpo_loss(got["chosen"], got["rejected"], got["ref_chosen"], got["ref_rejected"], beta=0.1)
+    assert loss.item() == pytest.approx(want.item())
+    (g,) = torch.autograd.grad(loss, lp)
+    assert torch.isfinite(g).all() and torch.all(g[~mask.bool()] == 0) and torch.all(g[mask.bool()] != 0)
+    for name in ("ipo", "cdpo", "simpo", "orpo"):  # every paired loss reads the dict
+        loss, _ = PREFERENCE_LOSSES[name].from_logps(got, params)
+        assert torch.isfinite(loss)
+    assert "ref_chosen" not in pair_logps(lp, mask, chosen, rejected)

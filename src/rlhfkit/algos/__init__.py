@@ -52,6 +52,7 @@ from rlhfkit.algos.preference import (
     kto_kl_estimate,
     kto_loss,
     orpo_loss,
+    pair_logps,
     preference_pairs,
     simpo_loss,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "orpo_loss",
     "overlong_penalty",
     "ppo_policy_loss",
+    "pair_logps",
     "preference_pairs",
     "reinforce_pp_advantages",
     "reinforce_pp_returns",

@@ -223,6 +223,28 @@ def preference_pairs(scores: torch.Tensor, group_size: int,
     return (best * P + cols)[keep], (worst * P + cols)[keep]
 
 
+def pair_logps(logprobs: torch.Tensor, mask: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor,
+               ref_logprobs: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The log-prob dict a paired loss of :data:`PREFERENCE_LOSSES` reads (``spec.from_logps``), from per-token
+    log-probs of sampled responses and the pairs of :func:`preference_pairs`.
+
+    logprobs [B, T] (with grad: the policy's), mask [B, T], chosen / rejected [M] row indices, ref_logprobs [B, T]
+    (no grad; None for losses without a reference) -> {chosen, rejected, chosen_tokens, rejected_tokens[, ref_chosen,
+    ref_rejected]} of [M] tensors: sums over each response's masked tokens, and their counts (what the offline
+    recipe's forward gives for a pair). Padding is selected away before the sums (NaN there reaches nothing).
+    """
+    valid = mask.bool()
+    seq = torch.where(valid, logprobs, torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)).sum(-1)
+    tokens = valid.sum(-1).to(seq.dtype)
+    out = {"chosen": seq[chosen], "rejected": seq[rejected], "chosen_tokens": tokens[chosen],
+           "rejected_tokens": tokens[rejected]}
+    if ref_logprobs is not None:
+        ref = torch.where(valid, ref_logprobs.detach(), torch.zeros((), dtype=ref_logprobs.dtype,
+                                                                    device=ref_logprobs.device)).sum(-1)
+        out.update(ref_chosen=ref[chosen], ref_rejected=ref[rejected])
+    return out
+
+
 # ──────────────────────────────────────── the preference-loss registry ────────────────────────────────────────
 # Each paired loss reads one dict of [B] tensors (what the preference recipe's forward gives): ``chosen`` /
 # ``rejected`` (log-probs summed over completion tokens), ``chosen_tokens`` / ``rejected_tokens`` (counts) and
