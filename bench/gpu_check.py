@@ -39,7 +39,7 @@ from _common import check, llama, median_time, parse_args, print_table, sync
 from rlhfkit import algos
 from rlhfkit.rollout import HFEngine, SamplingParams, StaticEngine
 from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.online import response_logits, response_values
+from rlhfkit.train.forward import response_logits, response_values
 from rlhfkit.train.sft import sft_forward
 
 

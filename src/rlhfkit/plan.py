@@ -429,6 +429,27 @@ def _conversations(kind: str, rec: dict) -> tuple[list[dict], list[dict]]:
     return [], []
 
 
+def online_mode(cfg, world: int) -> Check:
+    """Which mode the online run asks for on ``world`` devices: synchronous (every device generates and updates in
+    turn; the default, and the only mode on one device) or producers and learners side by side (``algo.async``)."""
+    from .errors import ConfigError
+    from .train.bridge import layout_of
+
+    k = cfg.algo.async_.max_staleness
+    if k == 0:
+        more = "; algo.async.max_staleness=1 would run producers and learners side by side" if world > 1 else ""
+        return Check("ok", "online mode", f"synchronous: each of {world} device(s) generates, scores and updates in "
+                                          f"turn{more}")
+    try:
+        lay = layout_of(cfg, {"WORLD_SIZE": str(world)})
+    except ConfigError as err:
+        return Check("fail", "online mode", err.one_line())
+    return Check("ok", "online mode", f"asynchronous: {lay.learners} learner(s) and {lay.producers} producer(s), "
+                                      f"batches at most {k} update(s) old (the memory above is a learner's as in the "
+                                      "synchronous layout; a producer holds the policy, the engine and the reward "
+                                      "model)")
+
+
 def preflight(cfg, arch: Architecture, world: int) -> list[Check]:
     """Checks that need only the config, the tokenizer and the data (each one skipped, with why, when absent)."""
     from .data.chat import render_conversation, render_prompt_ids
@@ -437,7 +458,7 @@ def preflight(cfg, arch: Architecture, world: int) -> list[Check]:
     kind = {"supervised": "sft", "reward": "preference", "online": "prompt"}.get(family, "preference")
     if family == "preference" and cfg.algo.loss == "kto":
         kind = "unpaired"
-    checks: list[Check] = []
+    checks: list[Check] = [online_mode(cfg, world)] if family == "online" else []
     tok, why = _tokenizer(cfg.model)
     if tok is None:
         checks.append(Check("skip", "tokenizer checks", f"no tokenizer: {why}"))

@@ -256,9 +256,8 @@ def _check_online(cfg) -> None:
         raise ConfigError(f"dynamic sampling keeps groups whose rewards differ; {algo.advantage} has no groups",
                           where="algo.dynamic_sampling.enabled",
                           fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or disable it")
-    op = algo.off_policy
-    if (not algos.POLICY_LOSSES[algo.policy_loss].sequence_weights and op.correction != "none"
-            and algos.OFF_POLICY_CORRECTIONS[op.correction].section is None and op.level == "sequence"):
+    if (not algos.POLICY_LOSSES[algo.policy_loss].sequence_weights and algo.correction != "none"
+            and algos.OFF_POLICY_CORRECTIONS[algo.correction].section is None and algo.off_policy.level == "sequence"):
         raise ConfigError(f"{algo.policy_loss} folds the correction's token ratios into its own sequence ratio; a "
                           "sequence-level correction would count each row's ratio once per token",
                           where="algo.off_policy.level", fix="set algo.off_policy.level=token")

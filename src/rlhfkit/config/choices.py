@@ -33,7 +33,7 @@ def registry_choices() -> dict[str, tuple[str, ...]]:
         "algo.kl.estimator": tuple(algos.KL_ESTIMATORS),
         "algo.loss": tuple(algos.PREFERENCE_LOSSES),
         "algo.policy_loss": tuple(algos.POLICY_LOSSES),
-        "algo.off_policy.correction": tuple(algos.OFF_POLICY_CORRECTIONS),
+        "algo.off_policy.correction": ("auto", *algos.OFF_POLICY_CORRECTIONS),
         "algo.dppo.divergence": tuple(algos.BINARY_DIVERGENCES),
     }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import keyword
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,17 @@ def f(default, help: str, **kw):  # noqa: A002 - short helper for fields with he
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
+
+
+def key_of(name: str) -> str:
+    """The config key of a field: its name, except that a field named after a Python keyword carries a trailing
+    underscore that its key does not (the field ``async_`` is the key ``algo.async``)."""
+    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
+
+
+def field_of(key: str) -> str:
+    """The field name of config key ``key`` (the inverse of :func:`key_of`)."""
+    return f"{key}_" if keyword.iskeyword(key) else key
 
 
 # ─────────────────────────────────────────────── shared sections ──────────────────────────────────────────────
@@ -232,7 +244,8 @@ class IcePopConfig:
 
 @dataclass(frozen=True)
 class OffPolicyConfig:
-    correction: str = f("none", "rollout / trainer mismatch correction (see `algos.OFF_POLICY_CORRECTIONS`): none | "
+    correction: str = f("auto", "rollout / trainer mismatch correction (see `algos.OFF_POLICY_CORRECTIONS`): auto "
+                                "(none when algo.async.max_staleness is 0, tis when the samples may be stale) | none | "
                                 "tis (weight min(pi_old / pi_rollout, cap)) | mis (drop tokens / rows outside "
                                 "[low, high]) | icepop (weight 0 outside its own band, the token kept in the "
                                 "normalisation: section icepop)")
@@ -241,6 +254,15 @@ class OffPolicyConfig:
     low: float = f(0.5, "MIS band lower end (also the band of the metric rollout/is_ratio_outside_frac)", ge=0, le=1)
     high: float = f(2.0, "MIS band upper end (also the band of the metric rollout/is_ratio_outside_frac)", ge=1)
     icepop: IcePopConfig = f(IcePopConfig(), "settings of correction=icepop (token level): its band (IcePop, Ring-1T)")
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    max_staleness: int = f(0, "0 = synchronous: each process generates, scores and updates in turn (the default); "
+                              "K > 0: producers generate while learners update, on separate processes under torchrun, "
+                              "each batch from weights at most K updates old (needs >= 2 processes)", ge=0)
+    producers: int = f(1, "with max_staleness > 0: how many of the processes generate (the last ranks); the others "
+                          "learn. producers and learners must divide one another", ge=1)
 
 
 @dataclass(frozen=True)
@@ -369,9 +391,17 @@ class OnlineAlgoConfig:
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
     overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")
     dynamic_sampling: DynamicSamplingConfig = f(DynamicSamplingConfig(), "DAPO dynamic sampling")
+    async_: AsyncConfig = f(AsyncConfig(), "rollouts and updates at once on separate processes (key: algo.async)")
     off_policy: OffPolicyConfig = f(OffPolicyConfig(), "correction for the gap between the rollout engine's sampling "
                                     "log-probs and the trainer's (metrics rollout/* are always logged)")
     total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
+
+    @property
+    def correction(self) -> str:
+        """The off-policy correction that runs: ``off_policy.correction``, with ``auto`` resolved (``tis`` when the
+        samples may be stale, ``algo.async.max_staleness`` > 0; else ``none``)."""
+        name = self.off_policy.correction
+        return name if name != "auto" else ("tis" if self.async_.max_staleness > 0 else "none")
 
 
 @dataclass(frozen=True)

@@ -174,10 +174,11 @@ class Trained:
         """(model, optimizer, schedule) of ``name``."""
         return self.models[name], self.optimizers[name], self.schedulers[name]
 
-    def save(self, step: int, state: dict) -> None:
-        """``checkpoint-<step>``: every model, optimizer and schedule, and the loop's ``state`` (every process)."""
+    def save(self, step: int, state: dict, local: dict | None = None) -> None:
+        """``checkpoint-<step>``: every model, optimizer and schedule, the loop's ``state`` and this process's own
+        ``local`` part when given (every process)."""
         self.session.save(step, models=self.models, optimizers=self.optimizers, schedulers=self.schedulers,
-                          state=state)
+                          state=state, local=local)
 
 
 def set_up_trained(run: Run, models: dict[str, Any], total_updates: int, *,

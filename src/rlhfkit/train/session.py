@@ -405,9 +405,11 @@ class Session:
                 "lower optim.lr, or turn off the filter that removes every sample")
 
     # ── 4. checkpoints ───────────────────────────────────────────────────────────────────────────────────────
-    def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict) -> Path | None:
+    def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict,
+             local: dict | None = None) -> Path | None:
         self.commit()
-        return self.ckpt.save(step, models=models, optimizers=optimizers, schedulers=schedulers, state=state)
+        return self.ckpt.save(step, models=models, optimizers=optimizers, schedulers=schedulers, state=state,
+                              local=local)
 
     # ── 5. the end ───────────────────────────────────────────────────────────────────────────────────────────
     def finish(self, model, save_fn, step: int, *, report: bool = True) -> None:
