@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_token_align import bpe  # noqa: F401 (the fixture: a byte-level BPE tokenizer trained offline)
 
 from rlhfkit import algos
 from rlhfkit.algos.token_align import chunk_teacher_logprobs
 from rlhfkit.data.chat import render_prompt_ids, stop_token_ids
-from rlhfkit.models.tokenizer import load_tokenizer, prepare_tokenizer
+from rlhfkit.models.tokenizer import load_tokenizer
 from rlhfkit.train.experience import position_ids_of
 from rlhfkit.train.forward import response_logits
 from rlhfkit.train.teacher import CrossTokenizerTeacher
@@ -69,9 +68,9 @@ def test_same_tokenizer_gives_the_teacher_log_probs_of_the_student_tokens():
 
 
 @pytest.mark.parametrize("stop", [True, False])
-def test_another_tokenizer_moves_each_chunk_onto_its_last_student_token(bpe, stop):  # noqa: F811
+def test_another_tokenizer_moves_each_chunk_onto_its_last_student_token(bpe_tokenizer, stop):
     tiny = load_tokenizer("tiny")
-    teacher_tok = prepare_tokenizer(bpe)  # a pad token (its EOS) and rlhfkit's ChatML template
+    teacher_tok = bpe_tokenizer  # byte-level BPE (tests/conftest.py)
     teacher = _model(teacher_tok, seed=2)
     ids, mask = _responses(tiny, stop=stop)
     g = torch.Generator().manual_seed(0)

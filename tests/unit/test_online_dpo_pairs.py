@@ -9,21 +9,28 @@ import torch
 from rlhfkit.algos.preference import preference_pairs
 
 
+def _kept(scores, k, valid=None):
+    chosen, rejected, keep = preference_pairs(scores, k, valid)
+    assert chosen.shape == rejected.shape == keep.shape == (scores.numel() // k,)
+    return chosen[keep], rejected[keep]
+
+
 def test_hand_values_k2_and_k4():
     # k = 2, P = 3, completion-major: prompt j's completions are rows j and 3 + j
     scores = torch.tensor([1.0, 0.0, 0.5, 0.0, 2.0, 0.5])
-    chosen, rejected = preference_pairs(scores, 2)
+    assert preference_pairs(scores, 2)[2].tolist() == [True, True, False]
+    chosen, rejected = _kept(scores, 2)
     assert chosen.tolist() == [0, 4] and rejected.tolist() == [3, 1]  # prompt 2 ties: no pair
     # k = 4, P = 2: prompt 0 rows 0, 2, 4, 6 (scores 0, 3, 1, 3: best first of the two 3s -> row 2, worst row 0)
     scores = torch.tensor([0.0, 5.0, 3.0, 5.0, 1.0, 5.0, 3.0, 4.0])
-    chosen, rejected = preference_pairs(scores, 4)
+    chosen, rejected = _kept(scores, 4)
     assert chosen.tolist() == [2, 1] and rejected.tolist() == [0, 7]
     # an invalid completion (its reward dropped) is neither chosen nor rejected
     valid = torch.tensor([False, True, True, True, True, True, True, True])
-    chosen, rejected = preference_pairs(scores, 4, valid)
+    chosen, rejected = _kept(scores, 4, valid)
     assert chosen.tolist() == [2, 1] and rejected.tolist() == [4, 7]
     # one valid completion left: no pair; none at all: empty
-    c, r = preference_pairs(torch.tensor([1.0, 0.0]), 2, torch.tensor([True, False]))
+    c, r = _kept(torch.tensor([1.0, 0.0]), 2, torch.tensor([True, False]))
     assert c.numel() == 0 and r.numel() == 0
     with pytest.raises(ValueError, match="groups of >= 2"):
         preference_pairs(torch.tensor([1.0, 0.0, 2.0]), 2)
@@ -35,7 +42,7 @@ def test_matches_slow_loop(seed):
     k, P = rng.randint(2, 5), rng.randint(1, 6)
     scores = torch.tensor([float(rng.randint(0, 3)) for _ in range(k * P)])
     valid = torch.tensor([rng.random() > 0.2 for _ in range(k * P)])
-    chosen, rejected = preference_pairs(scores, k, valid)
+    chosen, rejected = _kept(scores, k, valid)
     want_c, want_r = [], []
     for j in range(P):
         members = [i * P + j for i in range(k) if valid[i * P + j]]
@@ -60,7 +67,7 @@ def test_pair_logps_feed_each_paired_loss_as_the_offline_recipe_does():
                        [math.nan, math.nan, math.nan]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.2, -1.8, -0.4], [-0.2, 9.0, 9.0], [-1.0, -1.0, 9.0], [9.0, 9.0, 9.0]], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]])
-    chosen, rejected = preference_pairs(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2)  # prompt 0: row 0 > 2; 1: 3 > 1
+    chosen, rejected = _kept(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2)  # prompt 0: row 0 > 2; 1: 3 > 1
     assert chosen.tolist() == [0, 3] and rejected.tolist() == [2, 1]
     got = pair_logps(lp, mask, chosen, rejected, ref)
     torch.testing.assert_close(got["chosen"], torch.tensor([-3.5, 0.0], dtype=torch.float64))

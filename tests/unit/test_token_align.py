@@ -119,23 +119,9 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def bpe(tmp_path_factory):
-    """A second built-in-style tokenizer, byte-level BPE with merges (words, spaces fused), trained here offline on
-    the tiny task's text: tokens span several characters, and non-ASCII characters split into bytes."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from rlhfkit.tasks import make_task_data
-
-    data = tmp_path_factory.mktemp("bpe-data")
-    make_task_data("quickstart", data, n=200, n_eval=10)
-    lines = [line for f in sorted(data.glob("*.jsonl")) for line in f.read_text().splitlines()]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(lines + TEXTS, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|im_end|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
+def bpe(bpe_tokenizer):
+    """A second tokenizer, byte-level BPE with merges, trained offline on the tiny task's text (tests/conftest.py)."""
+    return bpe_tokenizer
 
 
 @pytest.mark.parametrize("name", ["tiny", "bpe"])

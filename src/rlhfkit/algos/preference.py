@@ -198,16 +198,17 @@ def kto_loss(
 
 # ─────────────────────────────────────── online pairs (online DPO) ───────────────────────────────────────
 def preference_pairs(scores: torch.Tensor, group_size: int,
-                     valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The preference pair of each prompt's completions, judged by their scores (online DPO: Guo et al. 2024,
     "Direct Language Model Alignment from Online AI Feedback"; TRL ``OnlineDPOTrainer``): the best-scored valid
     completion is chosen, the worst-scored rejected.
 
     scores, valid: [N = k * P] completion-major (index ``i * P + j`` is completion i of prompt j, as the online
-    step lays them out) -> (chosen [M], rejected [M]) row indices, one pair per prompt whose valid scores are not all
-    equal (M <= P, in prompt order). With k = 2 this is TRL's pair; a group of ties (or with fewer than two valid
-    completions) carries no preference and gives no pair (TRL keeps a tie, taking the first completion as chosen).
-    Among equal best (worst) scores the first completion is taken.
+    step lays them out) -> (chosen [P], rejected [P], keep [P] bool): row indices of each prompt's pair, and whether
+    it is one: its valid scores are not all equal. With k = 2 this is TRL's pair; a group of ties (or with fewer
+    than two valid completions) carries no preference and is not kept (TRL keeps a tie, taking the first completion
+    as chosen). Among equal best (worst) scores the first completion is taken. Every prompt has an entry, so each
+    process of a distributed run makes the same number of forwards whatever its ties.
     """
     if group_size < 2 or scores.dim() != 1 or scores.numel() % group_size:
         raise ValueError(f"preference pairs need groups of >= 2 completions; got {scores.numel()} scores in groups of "
@@ -220,7 +221,7 @@ def preference_pairs(scores: torch.Tensor, group_size: int,
     cols = torch.arange(g.shape[1], device=g.device)
     keep = (v.sum(0) >= 2) & (g[best, cols] > g[worst, cols])
     P = g.shape[1]
-    return (best * P + cols)[keep], (worst * P + cols)[keep]
+    return best * P + cols, worst * P + cols, keep
 
 
 def pair_logps(logprobs: torch.Tensor, mask: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor,

@@ -354,6 +354,17 @@ class LUSPOLossConfig:
 
 
 @dataclass(frozen=True)
+class OnlinePreferenceConfig:
+    loss: str = f("dpo", "the loss on each fresh pair (a paired entry of `algos.PREFERENCE_LOSSES`): dpo | ipo | cdpo "
+                         "| simpo | orpo")
+    beta: float = f(0.1, "inverse temperature beta of the pair loss (TRL OnlineDPOConfig.beta: 0.1; SimPO: its reward "
+                         "scale)", gt=0)
+    label_smoothing: float = f(0.0, "conservative DPO: the assumed fraction of flipped preferences", ge=0, lt=0.5)
+    simpo_gamma: float = f(0.5, "SimPO target reward margin gamma", ge=0)
+    orpo_lambda: float = f(0.1, "ORPO weight of the odds-ratio term", ge=0)
+
+
+@dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp | distill (needs teacher.model)")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
@@ -368,6 +379,11 @@ class OnlineAlgoConfig:
     lam: float = f(0.95, "GAE lambda", ge=0, le=1)
     whiten_advantages: bool = f(True, "normalise advantages over the batch")
     loss_aggregation: str = f("token_mean", "token_mean | seq_mean_token_mean | seq_mean_token_sum_norm")
+    objective: str = f("policy", "what a step learns from: policy (the policy loss on advantages: PPO, GRPO, RLOO, "
+                                 "...) | preference (online DPO: each prompt's best and worst completion by score "
+                                 "form a pair, the loss of algo.preference on it; no advantages, no policy loss)")
+    preference: OnlinePreferenceConfig = f(OnlinePreferenceConfig(), "settings of objective=preference (online DPO): "
+                                           "the pair loss and its hyper-parameters")
     policy_loss: str = f("ppo", "policy loss (see `algos.POLICY_LOSSES`): ppo | gspo | gspo_token | cispo | sapo | "
                                 "gmpo | dppo | vespo | luspo; it reads its settings from its own section below (each "
                                 "section's comment names the losses that read it)")
@@ -435,8 +451,9 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class TeacherConfig:
-    model: str | None = f(None, "frozen teacher for on-policy distillation: HF directory, run directory or .gguf file, "
-                                "with the student's tokenizer; null = no teacher")
+    model: str | None = f(None, "frozen teacher for on-policy distillation: HF directory, run directory or .gguf file; "
+                                "a tokenizer other than the student's is aligned to it by character spans "
+                                "(cross-tokenizer); null = no teacher")
     coef: float = f(1.0, "weight of the teacher's per-token reward (teacher - student log-prob of the sampled token) "
                          "against the task rewards", ge=0)
     log_ratio_clip: float | None = f(20.0, "clamp of the per-token teacher - student log-ratio (a token the teacher "
@@ -498,7 +515,7 @@ class RewardModelConfig:
 
 @dataclass(frozen=True)
 class OnlineConfig:
-    recipe: str = f("ppo", "ppo | grpo | rloo | reinforce | distill")
+    recipe: str = f("ppo", "ppo | grpo | rloo | reinforce | distill | online-dpo")
     output_dir: str = f("runs/ppo", "run directory")
     model: ModelConfig = f(ModelConfig(), "policy (actor)")
     ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")

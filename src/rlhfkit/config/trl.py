@@ -301,30 +301,46 @@ _POLICY_LOSS_TYPES = {
     "luspo": ({"algo.policy_loss": "luspo", "algo.loss_aggregation": "seq_mean_token_mean"}, "sequence"),
     "vespo": ({"algo.policy_loss": "vespo", "algo.loss_aggregation": "token_mean"}, "token"),
 }
+_GRPO_LOSS_TYPES = _choice("loss_type", {**_AGGREGATION, **{k: v[0] for k, v in _POLICY_LOSS_TYPES.items()}},
+                           "use dapo, bnpo, grpo, dr_grpo, luspo or vespo (other losses: algo.policy_loss)")
+_PAIR_LOSS_TYPES = _choice("loss_type", {"sigmoid": {"algo.preference.loss": "dpo"},
+                                         "ipo": {"algo.preference.loss": "ipo"}},
+                           "use sigmoid or ipo (or algo.preference.loss=cdpo | simpo | orpo)")
+_LEVELS = _choice("importance_sampling_level", {"token": {"algo.policy_loss": "ppo"},
+                                                "sequence": {"algo.policy_loss": "gspo"}}, "use token or sequence")
 
 
-def _one_word(value) -> str:
-    v = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
-    return str(v).strip().lower()
+def _pairs(ctx) -> bool:
+    """The recipe learns from pairs (online DPO: ``algo.objective=preference``, its default or set)."""
+    return str(ctx.get("algo.objective", merge=False)) == "preference"
+
+
+def _online_beta(value, ctx):
+    """GRPO / RLOO's beta is the KL coefficient; online DPO's its pair loss's (OnlineDPOConfig: a list of one)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if _pairs(ctx) and len(values) != 1:
+        raise NoEquivalent(f"beta={value!r}: a beta per epoch is not built in", "give one beta")
+    return {"algo.preference.beta": float(values[0])} if _pairs(ctx) else {"algo.kl.coef": value}
+
+
+def _online_loss_type(value, ctx):
+    """GRPO's loss_type is its aggregation (or luspo / vespo); online DPO's its pair loss: sigmoid -> dpo, ipo."""
+    return (_PAIR_LOSS_TYPES if _pairs(ctx) else _GRPO_LOSS_TYPES)(value, ctx)
 
 
 def _importance_sampling_level(value, ctx):
-    """token -> ppo, sequence -> gspo; with a loss_type that is a policy loss of its own (luspo, vespo), the level TRL
-    pairs it with selects that loss (so TRL's LUSPO config, loss_type=luspo + importance_sampling_level=sequence,
-    reads as one choice) and the other level is refused."""
-    level, loss_type = _one_word(value), _one_word(ctx.given.get("loss_type", ""))
-    if loss_type not in _POLICY_LOSS_TYPES:  # luspo / vespo chosen elsewhere (the file, when this is an override)
-        loss_type = _one_word(ctx.get("algo.policy_loss", merge=False))
-    if loss_type in _POLICY_LOSS_TYPES:
-        keys, paired = _POLICY_LOSS_TYPES[loss_type]
-        if level != paired:
-            raise NoEquivalent(f"loss_type={loss_type} is {'a sequence' if paired == 'sequence' else 'a token'}-level "
-                               f"loss; importance_sampling_level={level} does not apply to it",
-                               f"use importance_sampling_level={paired}, or remove it")
-        return {"algo.policy_loss": keys["algo.policy_loss"]}
-    return _choice("importance_sampling_level", {"token": {"algo.policy_loss": "ppo"},
-                                                 "sequence": {"algo.policy_loss": "gspo"}},
-                   "use token or sequence")(value, ctx)
+    """token -> ppo, sequence -> gspo; with luspo / vespo (a loss_type given with it, or the config's policy loss) the
+    level TRL pairs it with selects that loss (TRL's LUSPO config reads as one choice), the other one is refused."""
+    level, loss_type = word(value), word(ctx.given.get("loss_type", ""))
+    if loss_type not in _POLICY_LOSS_TYPES:
+        loss_type = word(ctx.get("algo.policy_loss", merge=False))
+    if loss_type not in _POLICY_LOSS_TYPES:
+        return _LEVELS(value, ctx)
+    keys, paired = _POLICY_LOSS_TYPES[loss_type]
+    if level != paired:
+        raise NoEquivalent(f"loss_type={loss_type} is a {paired}-level loss; importance_sampling_level={level} does "
+                           "not apply to it", f"use importance_sampling_level={paired}, or remove it")
+    return {"algo.policy_loss": keys["algo.policy_loss"]}
 
 
 def _scale_rewards(value, ctx):
@@ -484,9 +500,12 @@ TRL_NAMES: list[TrlName] = [
               ("num_generations", "algo.num_generations"), ("num_ppo_epochs", "algo.ppo_epochs"),
               ("num_iterations", "algo.ppo_epochs"), ("entropy_coef", "algo.entropy_coef"),
               ("mask_truncated_completions", "algo.overlong.filter"), ("kl_coef", "algo.kl.coef"),
-              ("beta", "algo.kl.coef"), ("reward_model_path", "reward.model"),
+              ("reward_model_path", "reward.model"),
               ("normalize_advantages", "algo.whiten_advantages"), ("total_episodes", "algo.total_episodes"),
               families=_ONLINE),
+    TrlName("beta", to=_online_beta, families=_ONLINE, doc="`algo.kl.coef`; in online DPO (algo.objective="
+            "preference) `algo.preference.beta` (OnlineDPOConfig's list of one too)"),
+    TrlName("missing_eos_penalty", key="reward.missing_eos_penalty", families=_ONLINE),
     TrlName("epsilon", key="algo.clip_low", families=_ONLINE,
             doc="`algo.clip_low`, rlhfkit's earlier name, which goes on to the chosen policy loss's section: "
                 "`algo.<section>.clip_low` (`algo.ppo.clip_low` for ppo; the sections in `rlhfkit config show "
@@ -494,18 +513,15 @@ TRL_NAMES: list[TrlName] = [
     TrlName("cliprange", key="algo.clip_low", families=_ONLINE, doc="as `epsilon`"),
     TrlName("epsilon_high", key="algo.clip_high", families=_ONLINE,
             doc="`algo.clip_high`, likewise: `algo.<section>.clip_high`"),
-    TrlName("loss_type", families=_ONLINE,
-            to=_choice("loss_type", {**_AGGREGATION, **{k: keys for k, (keys, _) in _POLICY_LOSS_TYPES.items()}},
-                       "use dapo, bnpo, grpo, dr_grpo, luspo or vespo (other losses: algo.policy_loss)"),
+    TrlName("loss_type", families=_ONLINE, to=_online_loss_type,
             doc="dapo, bnpo -> `algo.loss_aggregation=token_mean`; grpo -> `seq_mean_token_mean`; dr_grpo -> "
-                "`seq_mean_token_sum_norm` + `algo.advantage=dr_grpo`; luspo -> `algo.policy_loss=luspo` + "
-                "`seq_mean_token_mean`; vespo -> `algo.policy_loss=vespo` + `token_mean`; cispo, sapo refused"),
+                "`seq_mean_token_sum_norm` + `algo.advantage=dr_grpo`; luspo, vespo -> `algo.policy_loss` (+ their "
+                "aggregation); cispo, sapo refused; online DPO: sigmoid -> `algo.preference.loss=dpo`, ipo -> `ipo`"),
     TrlName("scale_rewards", to=_scale_rewards, families=_ONLINE,
             doc="true / group -> `algo.advantage=grpo`; false / none -> `algo.advantage=dr_grpo` (Dr. GRPO: no std "
                 "scaling); batch refused"),
     TrlName("importance_sampling_level", families=_ONLINE, to=_importance_sampling_level,
-            doc="token -> `algo.policy_loss=ppo`; sequence -> `algo.policy_loss=gspo` (GSPO); with loss_type=luspo "
-                "sequence (vespo: token) is that loss"),
+            doc="token -> `algo.policy_loss=ppo`; sequence -> `gspo`; luspo's sequence (vespo's token) keeps it"),
     *_renamed(("vespo_k_pos", "algo.vespo.k_pos"), ("vespo_lambda_pos", "algo.vespo.lambda_pos"),
               ("vespo_k_neg", "algo.vespo.k_neg"), ("vespo_lambda_neg", "algo.vespo.lambda_neg"), families=_ONLINE),
     TrlName("reward_funcs", to=_reward_funcs, families=_ONLINE,
