@@ -117,3 +117,17 @@ def test_online_dpo_raises_gold(task_data, sft_dir, gold_of, tmp_path):
     print(f"[online-dpo] gold {sft:.3f} (sft) -> {new:.3f}; pairs {sum(pairs) / len(pairs):.2f} of prompts")
     assert new > sft + 0.15, ("online-dpo", sft, new)
     assert json.loads((out / "finished.json").read_text()) is not None
+
+
+def test_updates_per_step_are_what_the_plan_counts(task_data, tmp_path, monkeypatch):
+    # 4 prompts x 4 answers = 16 responses, mini-batches of 2 responses: 8 by the PPO count, but only 4 pairs -> 4
+    trainer = _trainer(task_data, tmp_path, "algo.num_generations=4", "algo.mini_batch_size=2", "train.batch_size=2",
+                       "algo.total_episodes=16")
+    try:
+        assert trainer.learner.updates_per_step == 4
+        exp = produced(trainer, 0)
+        exp.scores = torch.arange(16, dtype=torch.float32)  # no ties: 4 pairs
+        _, grads = _captured_update(monkeypatch, trainer, exp)
+        assert len(grads) == 4
+    finally:
+        trainer.close()

@@ -107,7 +107,10 @@ class Learner:
         TRL); step 4 skips that forward (ratio exactly 1, same gradient) unless step 5 needs them (KL in reward, a
         correction, a teacher's reward)."""
         algo = self.cfg.algo
-        self.updates_per_step = algo.ppo_epochs * (per_step_samples // algo.mini_batch_size)
+        per_epoch = per_step_samples // algo.mini_batch_size
+        if self.preference:  # online DPO updates on the prompts' pairs: at most one update per pair
+            per_epoch = max(1, min(per_epoch, per_step_samples // self.k))
+        self.updates_per_step = algo.ppo_epochs * per_epoch
         self.on_policy_update = self.updates_per_step == 1 and not (self.use_kl and self.kl_in_reward) and \
             algo.correction == "none" and self.teacher is None and not self.preference
 

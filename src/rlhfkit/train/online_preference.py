@@ -8,17 +8,16 @@ recipes' own functions (DPO, IPO, cDPO, SimPO, ORPO) — is taken on the policy'
 al. 2024, "Direct Language Model Alignment from Online AI Feedback"; TRL ``OnlineDPOTrainer``, whose two completions
 per prompt are ``num_generations=2``).
 
-Mini-batches: the step's prompts split into ``len(rollout) / algo.mini_batch_size`` updates per epoch (the number
-:meth:`Learner.plan` counts), each in micro-batches of ``train.batch_size / 2`` pairs (two responses each); every prompt
-is forwarded, tied or not, so each process makes the same forwards (DDP / FSDP2), and a micro-batch without a kept
-pair adds a zero loss. The loss of an update is the mean over its kept pairs (this process's).
-Departure from TRL: a tie is no pair (TRL keeps it, the first completion as chosen, which teaches noise).
+Mini-batches: the step's prompts split into ``len(rollout) / algo.mini_batch_size`` updates per epoch (at most one
+per prompt: the number :meth:`Learner.plan` counts), each in micro-batches of ``train.batch_size / 2`` pairs (two
+responses each); every prompt is forwarded, tied or not, so each process makes the same forwards (DDP / FSDP2), and
+a micro-batch without a kept pair adds a zero loss. The loss of an update is the mean over its kept pairs (this
+process's). Departure from TRL: a tie is no pair (TRL keeps it, the first completion as chosen, which teaches noise).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 
@@ -42,8 +41,7 @@ def preference_update(learner, exp: Experience, step: int) -> dict:
     metrics = learner.kl_metrics(exp)  # objective/kl of the sampled responses (the DPO loss holds its own KL term)
     chosen, rejected, keep = algos.preference_pairs(exp.scores, learner.k, exp.valid)
     n = len(keep)
-    updates = max(1, len(exp.rollout) // algo.mini_batch_size)
-    per_update = math.ceil(n / updates)
+    updates = learner.updates_per_step // algo.ppo_epochs  # Learner.plan: at most one per pair
     per_micro = max(1, cfg.train.batch_size // 2)
     mask = exp.sample_mask
     sums = torch.zeros(len(STATS) + 1, device=learner.device)  # weighted by kept pairs; the last one: their count
@@ -52,8 +50,7 @@ def preference_update(learner, exp: Experience, step: int) -> dict:
     learner.phases.phase("update", total=algo.ppo_epochs * updates)
     for _ in range(algo.ppo_epochs):
         order = torch.randperm(n, generator=g).to(keep.device)
-        for u0 in range(0, n, per_update):
-            mini = order[u0: u0 + per_update]
+        for mini in torch.tensor_split(order, updates):
             kept_in_update = max(int(keep[mini].sum()), 1)
             starts = range(0, len(mini), per_micro)
             for i, s in enumerate(starts):
