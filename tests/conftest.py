@@ -157,3 +157,27 @@ def two_questions_env(tmp_path) -> str:
     path = tmp_path / "two_questions.py"
     path.write_text(TWO_QUESTIONS)
     return f"{path}:TwoQuestions"
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer(tmp_path_factory):
+    """A second tokenizer unlike the tiny character one: byte-level BPE with merges (words, spaces fused; non-ASCII
+    characters split into bytes), trained offline on the built-in task's text, ChatML end of turn ``<|im_end|>``,
+    rlhfkit's default chat template (cross-tokenizer alignment and distillation tests)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rlhfkit.models.tokenizer import prepare_tokenizer
+    from rlhfkit.tasks import make_task_data
+
+    data = tmp_path_factory.mktemp("bpe-data")
+    make_task_data("quickstart", data, n=200, n_eval=10)
+    lines = [line for f in sorted(data.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(lines + ["Hello world, how are you?", "a  b\n\nc", "12+34=46. ok"], trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|im_end|>", "<|im_start|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return prepare_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                                     additional_special_tokens=["<|im_start|>"]))

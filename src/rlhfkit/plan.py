@@ -195,8 +195,9 @@ def roles_of(cfg, device: str, notes: list[Check]) -> list[ModelRole]:
             roles.append(ModelRole("reference", ref, "frozen", frozen_wb, sharded=False, offloaded=pre,
                                    note="log-probs precomputed before training, then freed" if pre else ""))
     elif family == "online":
-        use_kl = cfg.algo.kl.coef > 0 or cfg.algo.kl.adaptive
-        if use_kl and not (lora and cfg.ref_model is None):
+        needs_ref = cfg.algo.kl.coef > 0 or cfg.algo.kl.adaptive or (  # online DPO's pair loss reads one too
+            cfg.algo.objective == "preference" and algos.PREFERENCE_LOSSES[cfg.algo.preference.loss].needs_reference)
+        if needs_ref and not (lora and cfg.ref_model is None):
             ref = _arch_or_policy(cfg.ref_model, policy, notes, "reference model")
             roles.append(ModelRole("reference", ref, "frozen", frozen_wb, sharded=False,
                                    offloaded=cfg.memory.offload_reference))

@@ -56,3 +56,38 @@ def test_distill_raises_gold_and_lowers_reverse_kl(task_data, sft_dir, teacher_d
         assert key in last, key
     print(f"gold student {student:.2f} -> distilled {after:.2f} (teacher {teacher:.2f}); held-out reverse KL "
           f"{before['eval/distill/reverse_kl']:.3f} -> {last['eval/distill/reverse_kl']:.3f}")
+
+
+@pytest.fixture(scope="module")
+def bpe_teacher_dir(task_data, bpe_tokenizer, tmp_path_factory):
+    """A teacher with another tokenizer than the student's (byte-level BPE, tests/conftest.py): a tiny Llama of that
+    vocabulary trained from scratch on the demonstrations that shout."""
+    from transformers import LlamaForCausalLM
+
+    from rlhfkit.models.tiny import tiny_llama_config
+
+    out = tmp_path_factory.mktemp("bpe_teacher")
+    init = out / "init"
+    bpe_tokenizer.save_pretrained(init)
+    LlamaForCausalLM(tiny_llama_config("tiny:hidden=64,layers=2,intermediate=128", bpe_tokenizer)).save_pretrained(init)
+    rows = [json.loads(line) for line in (task_data / "sft.jsonl").read_text().splitlines()]
+    good = [r for r in rows if r["messages"][-1]["content"].isupper()]
+    (out / "good.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good))
+    run_sft(build_config("sft", {}, [f"data.train={out / 'good.jsonl'}", f"output_dir={out / 'model'}",
+                                     f"model.name={init}", "optim.lr=5e-3", "train.batch_size=32", "train.epochs=7",
+                                     "track.report=false", "data.max_length=64"]))
+    return out / "model"
+
+
+@pytest.mark.slow
+def test_distill_across_tokenizers_raises_gold(task_data, sft_dir, bpe_teacher_dir, gold_of, tmp_path):
+    """Issue 34: the tiny character-tokenizer student learns from the BPE teacher, the teacher reading the student's
+    text in its own tokens (aligned by character spans), with no reward at all."""
+    last = run_online(build_config("distill", {}, distill_overrides(task_data, sft_dir, bpe_teacher_dir,
+                                                                     tmp_path / "x", "algo.total_episodes=640")))
+    student, teacher, after = gold_of(sft_dir), gold_of(bpe_teacher_dir), gold_of(tmp_path / "x")
+    print(f"gold student {student:.2f} -> distilled across tokenizers {after:.2f} (teacher {teacher:.2f}); aligned "
+          f"{last['distill/aligned_frac']:.3f} of student tokens")
+    assert teacher > student + 0.3, (student, teacher)
+    assert after > student + 0.2, (student, after, teacher)
+    assert last["distill/aligned_frac"] > 0.9 and "distill/argmax_agreement" not in last

@@ -1,5 +1,5 @@
-"""Off-policy corrections (none / TIS / MIS, token and sequence level) and the mismatch metrics: hand values, a slow
-loop, TIS at equal log-probs is exactly the plain loss, and the registry / config wiring."""
+"""Off-policy corrections (none / TIS / MIS, token and sequence level; IcePop) and the mismatch metrics: hand values, a
+slow loop, TIS at equal log-probs is exactly the plain loss, IcePop against MIS, and the registry / config wiring."""
 
 import math
 
@@ -20,7 +20,7 @@ def _case():
 
 
 def test_registry_and_none():
-    assert set(OFF_POLICY_CORRECTIONS) == {"none", "tis", "mis"}
+    assert set(OFF_POLICY_CORRECTIONS) == {"none", "tis", "mis", "icepop"}
     old, rollout, mask = _case()
     w, m = OFF_POLICY_CORRECTIONS["none"](old, rollout, mask)
     assert w is None and torch.equal(m, mask)  # None: every policy loss reads it as weight 1
@@ -70,8 +70,8 @@ def test_tis_with_equal_logprobs_is_exactly_the_plain_loss(loss_name, level):
     spec = POLICY_LOSSES[loss_name]
     plain, _ = spec(logp, old, adv, mask, {"clip_low": 0.2})
     (g_plain,) = torch.autograd.grad(plain, logp)
-    for corr in ("tis", "mis"):
-        w, m = OFF_POLICY_CORRECTIONS[corr](old, old.clone(), mask, level=level)
+    for corr in ("tis", "mis", "icepop"):
+        w, m = OFF_POLICY_CORRECTIONS[corr](old, old.clone(), mask, **({} if corr == "icepop" else {"level": level}))
         corrected, _ = spec(logp, old, adv, m, {"clip_low": 0.2}, weights=w)
         (g_corr,) = torch.autograd.grad(corrected, logp)
         assert torch.equal(corrected, plain), corr
@@ -118,3 +118,92 @@ def test_config_off_policy_choices_and_bounds():
         build_config("grpo", {}, ["algo.off_policy.correction=tsi"])
     with pytest.raises(ConfigError, match="algo.off_policy.low"):
         build_config("grpo", {}, ["algo.off_policy.low=1.5"])
+
+
+# ───────────────────────────────────────────────────── IcePop ─────────────────────────────────────────────────────
+def test_icepop_hand_values_keep_the_mask():
+    old, rollout, mask = _case()
+    # rho = [2, 0.5, -], [3, -, -]; band [0.6, 2.5]: weights [2, 0, 0], [0, 0, 0]; the mask is unchanged (mis drops)
+    w, m = OFF_POLICY_CORRECTIONS["icepop"](old, rollout, mask, low=0.6, high=2.5)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    assert torch.equal(m, mask)
+    # the paper's band [0.5, 5] by default: every ratio here is inside (ends included)
+    w, m = OFF_POLICY_CORRECTIONS["icepop"](old, rollout, mask)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 0.0], [3.0, 0.0, 0.0]]))
+    # NaN / inf in the padding of either log-prob reaches no weight
+    old_nan = torch.where(mask.bool(), old, torch.tensor(math.nan))
+    w, _ = OFF_POLICY_CORRECTIONS["icepop"](old_nan, torch.where(mask.bool(), rollout, torch.tensor(math.inf)), mask)
+    assert torch.isfinite(w).all() and torch.all(w[~mask.bool()] == 0)
+
+
+def test_icepop_matches_slow_loop():
+    g = torch.Generator().manual_seed(3)
+    old, roll = -torch.rand(4, 6, generator=g), -torch.rand(4, 6, generator=g) * 3
+    mask = (torch.arange(6) < torch.tensor([[6], [2], [0], [4]])).long()
+    w, m = OFF_POLICY_CORRECTIONS["icepop"](old, roll, mask, low=0.5, high=5.0)
+    for i in range(4):
+        for t in range(6):
+            rho = math.exp(float(old[i, t] - roll[i, t]))
+            want = rho if mask[i, t] and 0.5 <= rho <= 5.0 else 0.0
+            assert w[i, t].item() == pytest.approx(want, rel=1e-6)
+    assert torch.equal(m, mask) and 0 < int((w == 0).sum() - (mask == 0).sum()) < int(mask.sum())
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_icepop_removes_the_token_gradient_but_keeps_it_in_the_normalisation(aggregation):
+    # two tokens at r = 1 (old == logp), A = 1, PPO's -A r; token 1 out of band (rho = 8): icepop gives it weight 0
+    # but leaves it in the mean: d/dlogp = [-1 / 2, 0] (token mean over 2); mis drops it from the mask: [-1, 0]
+    logp = torch.zeros(1, 2, requires_grad=True)
+    old, rollout = torch.zeros(1, 2), torch.tensor([[0.0, -math.log(8.0)]])
+    grads = {}
+    for corr in ("icepop", "mis"):
+        w, m = OFF_POLICY_CORRECTIONS[corr](old, rollout, torch.ones(1, 2), low=0.5, high=5.0)
+        loss, _ = POLICY_LOSSES["ppo"](logp, old, torch.tensor([1.0]), m, aggregation=aggregation, weights=w * m)
+        (grads[corr],) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grads["icepop"], torch.tensor([[-0.5, 0.0]]))
+    torch.testing.assert_close(grads["mis"], torch.tensor([[-1.0, 0.0]]))
+
+
+def test_the_registry_reads_each_correction_s_settings_from_its_section():
+    from rlhfkit.config import build_config
+
+    old, rollout, mask = _case()  # rho = [2, 0.5], [3]
+    cfg = build_config("grpo", {}, ["algo.off_policy.correction=icepop", "algo.off_policy.icepop.high=2.5",
+                                    "algo.off_policy.high=10"])
+    op = cfg.algo.off_policy
+    assert (op.icepop.low, op.icepop.high) == (0.5, 2.5)
+    # icepop reads algo.off_policy.icepop (band [0.5, 2.5]: 3 is out), not the shared low / high of mis
+    w, _ = OFF_POLICY_CORRECTIONS["icepop"](old, rollout, mask, op)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 0.0], [0.0, 0.0, 0.0]]))
+    # mis reads the shared fields (high 10: 3 is in)
+    w, m = OFF_POLICY_CORRECTIONS["mis"](old, rollout, mask, op)
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 0.0], [3.0, 0.0, 0.0]]))
+    assert OFF_POLICY_CORRECTIONS["icepop"].section == "icepop" and OFF_POLICY_CORRECTIONS["tis"].section is None
+    # an explicit keyword wins over the section
+    w, _ = OFF_POLICY_CORRECTIONS["icepop"](old, rollout, mask, op, high=5.0)
+    assert w[1, 0].item() == pytest.approx(3.0)
+
+
+def test_icepop_settings_never_block_a_resume_of_another_correction(tmp_path):
+    from rlhfkit.config import build_config
+    from rlhfkit.train.checkpoint import fingerprint_diff, run_fingerprint
+
+    base = run_fingerprint(build_config("grpo", {}, [f"output_dir={tmp_path}"]))
+    assert not any(k.startswith("algo.off_policy.icepop.") for k in base)  # a run before icepop existed matches
+    other = run_fingerprint(build_config("grpo", {}, [f"output_dir={tmp_path}", "algo.off_policy.icepop.high=3.5"]))
+    assert fingerprint_diff(base, other) == []
+    used = run_fingerprint(build_config("grpo", {}, [f"output_dir={tmp_path}", "algo.off_policy.correction=icepop"]))
+    assert used["algo.off_policy.icepop.high"] == 5.0
+    changed = run_fingerprint(build_config("grpo", {}, [f"output_dir={tmp_path}", "algo.off_policy.correction=icepop",
+                                                        "algo.off_policy.icepop.high=3.5"]))
+    assert fingerprint_diff(used, changed) == ["algo.off_policy.icepop.high: 5.0 -> 3.5"]
+
+
+def test_config_icepop_bounds():
+    from rlhfkit.config import build_config
+    from rlhfkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="algo.off_policy.icepop.low"):
+        build_config("grpo", {}, ["algo.off_policy.correction=icepop", "algo.off_policy.icepop.low=2"])
+    with pytest.raises(ConfigError, match="algo.off_policy.icepop.high"):
+        build_config("grpo", {}, ["algo.off_policy.icepop.high=0.5"])

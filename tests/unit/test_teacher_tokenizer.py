@@ -1,5 +1,6 @@
-"""The teacher's tokenizer is compared with the student's from files (no weights): equal ids pass, any difference
-in vocabulary, special ids or stop ids is one ModelError naming both."""
+"""The teacher's tokenizer is compared with the student's from files (no weights): equal ids give None, any
+difference in vocabulary, special ids or stop ids one line naming both (the run then distils across tokenizers, or
+refuses a multi-turn environment, exit 2, before any weights load); an unreadable tokenizer is a ModelError."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 
 import pytest
 
-from rlhfkit.errors import ModelError
-from rlhfkit.models.tokenizer import check_same_tokenizer, load_tokenizer
+from rlhfkit.errors import ConfigError, ModelError
+from rlhfkit.models.tokenizer import load_tokenizer, same_ids, tokenizer_difference
 
 
 def _model_dir(path, tok, generation_config=None):
@@ -19,26 +20,50 @@ def _model_dir(path, tok, generation_config=None):
     return str(path)
 
 
-def test_same_tokenizer_passes(tmp_path):
-    check_same_tokenizer("tiny", "tiny:hidden=32")
-    check_same_tokenizer("tiny", _model_dir(tmp_path / "t", load_tokenizer("tiny")))
+def test_same_tokenizer_is_no_difference(tmp_path):
+    assert tokenizer_difference("tiny", "tiny:hidden=32") is None
+    assert tokenizer_difference("tiny", _model_dir(tmp_path / "t", load_tokenizer("tiny"))) is None
+    tok = load_tokenizer("tiny")
+    assert same_ids(tok, [tok.eos_token_id], load_tokenizer("tiny"), [tok.eos_token_id])
 
 
-def test_other_vocabulary_is_refused(tmp_path):
+def test_other_vocabulary_is_named(tmp_path):
     tok = load_tokenizer("tiny")
     tok.add_tokens(["<|tool|>"])
     teacher = _model_dir(tmp_path / "t", tok)
-    with pytest.raises(ModelError) as e:
-        check_same_tokenizer("tiny", teacher)
-    assert e.value.where == "teacher.model"
+    diff = tokenizer_difference("tiny", teacher)
     n = len(load_tokenizer("tiny").get_vocab())
-    assert f"student tiny ({n} tokens)" in str(e.value) and f"({n + 1} tokens)" in str(e.value)
-    assert "'<|tool|>'" in str(e.value) and "not built" in str(e.value)
+    assert f"student tiny ({n} tokens)" in diff and f"({n + 1} tokens)" in diff and "'<|tool|>'" in diff
+    assert not same_ids(load_tokenizer("tiny"), [2], tok, [2])
 
 
-def test_other_stop_ids_are_refused(tmp_path):
+def test_other_stop_ids_are_named(tmp_path):
     tok = load_tokenizer("tiny")
     other = next(i for i in range(len(tok)) if i not in (tok.eos_token_id, tok.pad_token_id, tok.bos_token_id))
     teacher = _model_dir(tmp_path / "t", tok, generation_config={"eos_token_id": [tok.eos_token_id, other]})
-    with pytest.raises(ModelError, match="end a reply differ"):
-        check_same_tokenizer("tiny", teacher)
+    assert "end a reply differ" in tokenizer_difference("tiny", teacher)
+
+
+def test_an_unreadable_teacher_tokenizer_is_one_line(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ModelError) as e:
+        tokenizer_difference("tiny", str(tmp_path / "t"))
+    assert e.value.where == "teacher.model" and "not valid JSON" in str(e.value)
+
+
+def test_a_teacher_of_another_tokenizer_in_a_multi_turn_environment_is_refused_before_weights_load(tmp_path):
+    from rlhfkit.config import build_config
+    from rlhfkit.train.online import _before_run
+
+    tok = load_tokenizer("tiny")
+    tok.add_tokens(["<|tool|>"])
+    teacher = _model_dir(tmp_path / "t", tok)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": [{"role": "user", "content": "2+2?"}], "expression": "2+2"}) + "\n")
+    over = ["model.name=tiny", f"teacher.model={teacher}", f"data.train={prompts}", "data.eval=null",
+            f"output_dir={tmp_path / 'run'}"]
+    with pytest.raises(ConfigError, match="not built") as e:
+        _before_run(build_config("distill", {}, [*over, "env.name=calculator"]))
+    assert e.value.where == "teacher.model" and not (tmp_path / "run").exists()
+    _before_run(build_config("distill", {}, over))  # single-turn: distilled across tokenizers

@@ -14,6 +14,8 @@ from rlhfkit.algos.advantages import (
 )
 from rlhfkit.algos.corrections import (
     OFF_POLICY_CORRECTIONS,
+    OffPolicyCorrection,
+    icepop,
     importance_log_ratio,
     masked_is,
     mismatch_stats,
@@ -37,12 +39,16 @@ from rlhfkit.algos.losses import (
 )
 from rlhfkit.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rlhfkit.algos.policy_losses import (
+    BINARY_DIVERGENCES,
     POLICY_LOSSES,
     PolicyLoss,
+    dppo_loss,
     gspo_loss,
     gspo_token_loss,
+    luspo_loss,
     ppo_policy_loss,
     sequence_log_ratio,
+    vespo_loss,
 )
 from rlhfkit.algos.preference import (
     DPO_LOSS_TYPES,
@@ -52,6 +58,8 @@ from rlhfkit.algos.preference import (
     kto_kl_estimate,
     kto_loss,
     orpo_loss,
+    pair_logps,
+    preference_pairs,
     simpo_loss,
 )
 from rlhfkit.algos.shaping import (
@@ -66,6 +74,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdaptiveKLController",
     "AdvantageEstimator",
+    "BINARY_DIVERGENCES",
     "DPO_LOSS_TYPES",
     "DynamicSample",
     "FixedKLController",
@@ -73,6 +82,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "OFF_POLICY_CORRECTIONS",
+    "OffPolicyCorrection",
     "POLICY_LOSSES",
     "PolicyLoss",
     "PREFERENCE_LOSSES",
@@ -80,6 +90,7 @@ __all__ = [
     "aggregate_loss",
     "bradley_terry_loss",
     "dpo_loss",
+    "dppo_loss",
     "dynamic_sample",
     "entropy_from_logits",
     "gae",
@@ -87,11 +98,13 @@ __all__ = [
     "gspo_token_loss",
     "group_all_tied",
     "grpo_advantages",
+    "icepop",
     "importance_log_ratio",
     "kl_loss",
     "kl_penalty",
     "kto_kl_estimate",
     "kto_loss",
+    "luspo_loss",
     "masked_is",
     "masked_mean",
     "masked_sum",
@@ -101,6 +114,8 @@ __all__ = [
     "orpo_loss",
     "overlong_penalty",
     "ppo_policy_loss",
+    "pair_logps",
+    "preference_pairs",
     "reinforce_pp_advantages",
     "reinforce_pp_returns",
     "rloo_advantages",
@@ -116,4 +131,5 @@ __all__ = [
     "truncated_is",
     "turn_reward_shift",
     "value_loss",
+    "vespo_loss",
 ]

@@ -7,20 +7,29 @@ PPO ratio pi / pi_old corrects for the trainer's own updates, not for this gap, 
 importance ratio rho_t = pi_old(y_t) / pi_rollout(y_t) measures it (Yao et al. 2025, "Your efficient RL framework
 secretly brings you off-policy RL training"; Liu et al. 2025, masked IS).
 
-Every entry: ``fn(old_logprobs, rollout_logprobs, mask, *, cap, low, high, level) -> (weights, mask)``,
-all [B, T]; ``weights`` (no grad, or None for 1) multiply the per-token policy loss, the returned mask replaces the
-policy-loss mask.
+Every entry is an :class:`OffPolicyCorrection`: a function ``fn(old_logprobs, rollout_logprobs, mask, *,
+<its settings>) -> (weights, mask)``, all [B, T], and where its settings live. ``weights`` (no grad, or None for 1)
+multiply the per-token policy loss, the returned mask replaces the policy-loss mask. The loop calls
+``spec(old_logprobs, rollout_logprobs, mask, cfg.algo.off_policy)``: a correction without a section of its own reads
+the shared fields ``cap, low, high, level`` of ``algo.off_policy``; one with a section reads the fields of
+``algo.off_policy.<section>`` (its paper's defaults).
 ``level``: ``token`` (a ratio per token) or ``sequence`` (the product of the row's token ratios, one per row).
 
 - ``none``: no weights (None: the plain loss), mask unchanged.
 - ``tis``: truncated IS, w = min(rho, cap) (Yao et al. 2025).
 - ``mis``: masked IS, w = rho where low <= rho <= high, and the token (or the whole row) is dropped from the mask
-  outside that band.
+  outside that band: it leaves every loss and every denominator.
+- ``icepop`` (section ``icepop``): IcePop token masking (Ant Group, Ring-1T, 2025; OpenRLHF ``icepop``): w = rho
+  inside [low, high] (the paper's [0.5, 5]), 0 outside; the token keeps its place in the mask, so only its
+  policy-gradient term is removed (the per-token objective times M(rho) inside the usual normalisation).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -59,12 +68,52 @@ def masked_is(old_logprobs, rollout_logprobs, mask, *, cap=2.0, low=0.5, high=2.
     return torch.where(keep, rho, torch.zeros_like(rho)), keep.to(mask.dtype)
 
 
-CorrectionFn = Callable[..., tuple[torch.Tensor | None, torch.Tensor]]
+def icepop(old_logprobs, rollout_logprobs, mask, *, low=0.5, high=5.0):
+    """IcePop: w = rho = pi_old / pi_rollout per token where low <= rho <= high, 0 outside; mask unchanged (Ant Group
+    2025, "IcePop", the Ring-1T report: the objective of each token times M(rho), M(k) = k inside [alpha, beta] and
+    0 outside, alpha = 0.5, beta = 5; OpenRLHF ``is_correction_type=icepop``).
 
-OFF_POLICY_CORRECTIONS: dict[str, CorrectionFn] = {
-    "none": no_correction,
-    "tis": truncated_is,
-    "mis": masked_is,
+    Unlike ``mis``, a token outside the band stays in the mask: its policy-gradient term is 0, but it still counts in
+    the loss's normalisation (token / sequence means) and in the KL-in-loss and entropy terms, as in the paper's
+    objective. Token level only (the paper's). [B, T] each -> (weights [B, T], 0 off mask; mask unchanged)."""
+    rho = torch.exp(importance_log_ratio(old_logprobs, rollout_logprobs, mask, "token").clamp(-_MAX_LOG, _MAX_LOG))
+    inside = mask.bool() & (rho >= low) & (rho <= high)
+    return torch.where(inside, rho, torch.zeros_like(rho)), mask
+
+
+CorrectionFn = Callable[..., tuple[torch.Tensor | None, torch.Tensor]]
+SHARED_FIELDS = ("cap", "low", "high", "level")  # the fields of algo.off_policy read by a correction without a section
+
+
+@dataclass(frozen=True)
+class OffPolicyCorrection:
+    """A registered correction: its pure function and where its settings live (``section``: the name of a field of
+    ``algo.off_policy`` holding its own settings section; None = the shared ``cap, low, high, level``)."""
+
+    name: str
+    fn: CorrectionFn
+    section: str | None = None
+
+    def __call__(self, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor,
+                 settings: Any = None, **kwargs: Any) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """``fn`` with its keywords read from ``settings`` (the ``algo.off_policy`` section; None = the function's
+        defaults) and then ``kwargs`` (explicit keywords win). Shapes as in the module doc."""
+        given: dict[str, Any] = {}
+        if settings is not None:
+            own = getattr(settings, self.section) if self.section else settings
+            names = [fl.name for fl in dataclasses.fields(own)] if self.section else SHARED_FIELDS
+            given = {n: getattr(own, n) for n in names}
+        return self.fn(old_logprobs, rollout_logprobs, mask, **{**given, **kwargs})
+
+
+OFF_POLICY_CORRECTIONS: dict[str, OffPolicyCorrection] = {
+    c.name: c
+    for c in (
+        OffPolicyCorrection("none", no_correction),
+        OffPolicyCorrection("tis", truncated_is),
+        OffPolicyCorrection("mis", masked_is),
+        OffPolicyCorrection("icepop", icepop, section="icepop"),
+    )
 }
 
 
@@ -89,5 +138,5 @@ def mismatch_stats(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, m
                 "is_ratio_outside_frac": ((rho < low) | (rho > high)).float().mean()}
 
 
-__all__ = ["OFF_POLICY_CORRECTIONS", "importance_log_ratio", "masked_is", "mismatch_stats", "no_correction",
-           "truncated_is"]
+__all__ = ["OFF_POLICY_CORRECTIONS", "OffPolicyCorrection", "icepop", "importance_log_ratio", "masked_is",
+           "mismatch_stats", "no_correction", "truncated_is"]

@@ -30,9 +30,19 @@ weights) are the loop's.
 - ``gmpo`` (section ``gmpo``): the geometric mean of the token ratios per sequence, each log-ratio clipped in log space
   (GMPO, Zhao et al. 2025): one outlying token moves the sequence's ratio less than in the arithmetic mean.
 
-GSPO and GMPO use the sequence advantage A_i = the masked mean of the row's advantages (exact for the group estimators,
-whose advantage is the same at every token). Its per-sequence loss is spread over the row's tokens before the
-aggregation, so ``seq_mean_token_mean`` gives the paper's mean over sequences (the ``gspo`` recipe's default).
+- ``dppo`` (section ``dppo``): DPPO (Divergence PPO, "Rethinking the Trust Region in LLM RL", arXiv 2602.04879): the
+  trust region is a divergence between the token distributions, not the sampled token's ratio; a token whose update
+  moves it further out of the region is masked, the rest get the detached IS weight times log pi (as CISPO). The
+  divergence is the paper's *binary* approximation (the distributions collapsed to {sampled token, the rest}), which
+  needs only the sampled token's log-probs: the registry's calling convention is kept (see :func:`dppo_loss`).
+- ``vespo`` (section ``vespo``): VESPO (arXiv 2602.10693, TRL ``loss_type="vespo"``): the sequence IS ratio W
+  reshaped by a Gamma kernel phi(W) = W^k exp(lambda (1 - W)), detached, times A log pi; no hard clip.
+- ``luspo`` (section ``luspo``): LUSPO (arXiv 2602.05261, TRL ``loss_type="luspo"``): GSPO with each sequence's loss
+  scaled by its length, which removes GSPO's bias against long responses.
+
+GSPO, LUSPO and GMPO use the sequence advantage A_i = the masked mean of the row's advantages (exact for the group
+estimators, whose advantage is the same at every token). Their per-sequence loss is spread over the row's tokens before
+the aggregation, so ``seq_mean_token_mean`` gives the papers' mean over sequences (the ``gspo`` recipe's default).
 """
 
 from __future__ import annotations
@@ -45,9 +55,10 @@ from typing import Any
 import torch
 
 from rlhfkit.algos.losses import aggregate_loss
-from rlhfkit.algos.masked import masked_mean, masked_var, zero_outside
+from rlhfkit.algos.masked import masked_count, masked_mean, masked_sum, masked_var, zero_outside
 
 Stats = dict[str, torch.Tensor]
+_MAX_LOG = 20.0  # the clamp of a log-ratio when log_ratio_clip is None and an exp must still stay finite
 PolicyLossFn = Callable[..., tuple[torch.Tensor, Stats]]
 
 
@@ -141,6 +152,21 @@ def _sequence_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> torch.T
     return advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=-1)
 
 
+def _clipped_sequence(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, log_ratio_clip):
+    """GSPO's per-sequence terms: (loss max(-A_i s_i, -A_i clip(s_i)) [B], s [B], log s [B], clipped [B] bool)."""
+    log_s = sequence_log_ratio(logprobs, old_logprobs, mask, log_ratio_clip)  # [B]
+    s = torch.exp(log_s)
+    per_seq, was_clipped = clipped_surrogate(s, _sequence_advantage(advantages, mask), clip_low, clip_high)
+    return per_seq, s, log_s, was_clipped
+
+
+def _sequence_stats(s, log_s, was_clipped, mask) -> Stats:
+    """:func:`ratio_stats` of a per-sequence ratio, each row's value counted once per token."""
+    B_T = mask.shape
+    return ratio_stats(s.unsqueeze(-1).expand(B_T), log_s.unsqueeze(-1).expand(B_T),
+                       was_clipped.unsqueeze(-1).expand(B_T), mask)
+
+
 def gspo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -159,14 +185,11 @@ def gspo_loss(
 
     Shapes in the module doc; ``advantages`` [B, T] are reduced to one per row by their masked mean.
     """
-    log_s = sequence_log_ratio(logprobs, old_logprobs, mask, log_ratio_clip)  # [B]
-    s = torch.exp(log_s)
-    per_seq, was_clipped = clipped_surrogate(s, _sequence_advantage(advantages, mask), clip_low, clip_high)
+    per_seq, s, log_s, was_clipped = _clipped_sequence(logprobs, old_logprobs, advantages, mask, clip_low, clip_high,
+                                                       log_ratio_clip)
     per_token = per_seq.unsqueeze(-1).expand_as(logprobs)
     loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
-    B_T = logprobs.shape
-    return loss, ratio_stats(s.unsqueeze(-1).expand(B_T), log_s.unsqueeze(-1).expand(B_T),
-                             was_clipped.unsqueeze(-1).expand(B_T), mask)
+    return loss, _sequence_stats(s, log_s, was_clipped, mask)
 
 
 def gspo_token_loss(
@@ -306,6 +329,172 @@ def gmpo_loss(
     return loss, ratio_stats(torch.exp(log_ratio), log_ratio, sign * clipped < sign * log_ratio, mask)
 
 
+# ──────────────────────────────────────────────── DPPO, VESPO, LUSPO ───────────────────────────────────────────────
+def _log1m_exp(log_p: torch.Tensor) -> torch.Tensor:
+    """log(1 - p) from log p <= 0, finite at p = 1 (log p is kept below -1e-12 first: log(1 - p) >= -27.6)."""
+    return torch.log(-torch.expm1(log_p.clamp(max=-1e-12)))
+
+
+def binary_tv(logprobs: torch.Tensor, anchor_logprobs: torch.Tensor) -> torch.Tensor:
+    """Total variation between two token distributions collapsed to {sampled token, the rest}: |p - mu|
+    (DPPO's Binary-TV; a lower bound of the full TV). [B, T] log-probs of the sampled tokens -> [B, T]."""
+    return (torch.exp(logprobs) - torch.exp(anchor_logprobs)).abs()
+
+
+def binary_kl(logprobs: torch.Tensor, anchor_logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(mu || p) of the same Bernoulli collapse: mu log(mu / p) + (1 - mu) log((1 - mu) / (1 - p)), mu the anchor's
+    probability of the sampled token (DPPO's Binary-KL; a lower bound of the full KL by the data-processing
+    inequality). Computed from the log-probs, finite when either probability is 1. [B, T] -> [B, T]."""
+    mu = torch.exp(anchor_logprobs)
+    return mu * (anchor_logprobs - logprobs) + (1.0 - mu) * (_log1m_exp(anchor_logprobs) - _log1m_exp(logprobs))
+
+
+#: DPPO's divergence between the token distributions, from the sampled tokens' log-probs (``algo.dppo.divergence``)
+BINARY_DIVERGENCES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "binary_tv": binary_tv,
+    "binary_kl": binary_kl,
+}
+
+
+def dppo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    divergence: str = "binary_tv",
+    delta_low: float = 0.2,
+    delta_high: float = 0.2,
+    ratio_cap: float | None = 20.0,
+    kl_coef: float = 0.0,
+    aggregation: str = "token_mean",
+    max_len: int | None = None,
+    log_ratio_clip: float | None = 20.0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """DPPO: -M_t sg(min(r_t, C)) A_t log pi(y_t) + kl_coef (log r_t)^2 per token, r = pi / pi_old, with the trust
+    region mask M_t = 0 where the update moves the token's distribution further past the divergence threshold:
+    A_t > 0, pi > pi_old and D_t > delta_high, or A_t < 0, pi < pi_old and D_t > delta_low (1 elsewhere)
+    ("Rethinking the Trust Region in LLM Reinforcement Learning", DPPO, arXiv 2602.04879; verl ``dppo_tv`` /
+    ``dppo_kl``; prime-rl's default loss, which adds the squared log-ratio term with kl_coef = 1e-3).
+
+    Shapes in the module doc. D_t = ``BINARY_DIVERGENCES[divergence](log pi, log pi_old)``: the divergence between
+    the two distributions at position t collapsed to {y_t, everything else} (``binary_tv`` |pi - pi_old|,
+    ``binary_kl`` the Bernoulli KL), which needs only the sampled token's log-probs, so this loss keeps the registry's
+    calling convention. A token that moves back toward the anchor is never masked. The weight min(r, C) carries no
+    gradient (as in CISPO): d / d log pi = -M A min(r, C) + 2 kl_coef log r, so the cap C bounds a rare token's
+    weight without dropping its gradient (``ratio_cap=None``: no cap). The paper reduces with a token mean.
+    Departures: the anchor is ``old_logprobs`` (the trainer's recomputed pi_old, the registry's convention); the
+    paper anchors on the rollout engine's probabilities, which rlhfkit's engines compute from the same weights (the
+    rollout / trainer gap is the off-policy correction's). The top-K divergences (TRL's ``topk_tv`` / ``topk_kl``)
+    would need the old policy's top-K log-probs kept per token and are not built. Padding is set to 0 and the
+    log-ratio clamped to [-c, c] before exp, as in :func:`ppo_policy_loss`.
+    stats: clipfrac (tokens masked by the trust region), approxkl, ratio_mean, ratio_var of r.
+    """
+    try:
+        div_fn = BINARY_DIVERGENCES[divergence]
+    except KeyError:
+        raise ValueError(f"unknown DPPO divergence {divergence!r}; choose one of "
+                         f"{sorted(BINARY_DIVERGENCES)}") from None
+    advantages, log_ratio = token_log_ratio(logprobs.detach(), old_logprobs, advantages, mask, log_ratio_clip)
+    ratio = torch.exp(log_ratio)  # no gradient
+    valid = mask.bool()
+    logprobs_in = zero_outside(logprobs, valid)  # padding: log pi = 0 (p = 1) in both, so D = 0 there
+    div = div_fn(logprobs_in.detach(), zero_outside(old_logprobs, valid))
+    blocked = ((advantages > 0) & (log_ratio > 0) & (div > delta_high)) | \
+        ((advantages < 0) & (log_ratio < 0) & (div > delta_low))
+    weight = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)
+    per_token = -torch.where(blocked, torch.zeros_like(weight), weight) * advantages * logprobs_in
+    if kl_coef:
+        _, log_ratio_grad = token_log_ratio(logprobs, old_logprobs, advantages, mask, log_ratio_clip)
+        per_token = per_token + kl_coef * log_ratio_grad.square()
+    loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
+    return loss, ratio_stats(ratio, log_ratio, blocked, mask)
+
+
+def vespo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+    aggregation: str = "token_mean",
+    max_len: int | None = None,
+    log_ratio_clip: float | None = 20.0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """VESPO: -sg(phi(W_i)) A_t log pi(y_t) per token, W_i = prod_t pi / pi_old over the row (the sequence IS ratio),
+    phi(W) = W^k exp(lambda (1 - W)) (= 1 at W = 1), k, lambda = k_pos, lambda_pos for a sequence advantage >= 0 and
+    k_neg, lambda_neg below 0 (Variational Sequence-Level Soft Policy Optimization, arXiv 2602.10693; TRL
+    ``loss_type="vespo"``, whose defaults these are: c1, c2 of the paper's section 3.4).
+
+    Shapes in the module doc. A smooth, asymmetric kernel in place of a clip: phi peaks at W = k / lambda and decays
+    to 0 for W -> 0 and W -> inf, so stale or mismatched sequences are damped, none cut off; the weight carries no
+    gradient (d / d log pi = -phi A). phi is computed in log space, lambda + k log W - lambda W, with log W clamped to
+    [-c, c] (c = ``log_ratio_clip``, 20 when None), and the token log-ratios clamped first.
+    ``weights`` (the off-policy correction) are read as the rollout / trainer importance ratio and folded into W,
+    as TRL does (the paper's W is the ratio to the behaviour policy that sampled): log W += sum_t log w_t; they do not
+    multiply the loss again. They must be token ratios: a sequence-level correction (its row ratio on every token)
+    is refused when the config is built (``PolicyLoss.sequence_weights``), as TRL refuses its sequence modes. A token
+    of weight 0 (``icepop`` outside its band) enters neither W nor the loss.
+    ``advantages`` [B, T] keep their per-token values; the kernel's sign is the row's (masked mean). TRL reduces with
+    a token mean over the batch (``aggregation="token_mean"``).
+    stats: clipfrac = token mean of max(0, 1 - phi) (how much the kernel damps; it clips nothing), approxkl,
+    ratio_mean, ratio_var of the token ratios.
+    """
+    advantages_tok, log_ratio = token_log_ratio(logprobs.detach(), old_logprobs, advantages, mask, log_ratio_clip)
+    keep = mask.bool() if weights is None else mask.bool() & (weights > 0)
+    log_w = masked_sum(log_ratio, keep, dim=-1)  # [B]
+    if weights is not None:  # the correction's ratio pi_old / pi_rollout, folded into the sequence ratio
+        log_w = log_w + masked_sum(torch.log(weights.detach().clamp_min(torch.finfo(weights.dtype).tiny)), keep, -1)
+    c = _MAX_LOG if log_ratio_clip is None else log_ratio_clip
+    log_w = log_w.clamp(-c, c)
+    nonneg = _sequence_advantage(advantages, mask) >= 0
+    k = torch.where(nonneg, log_w.new_tensor(k_pos), log_w.new_tensor(k_neg))
+    lam = torch.where(nonneg, log_w.new_tensor(lambda_pos), log_w.new_tensor(lambda_neg))
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).detach()  # [B], 0 (not NaN) far from W = 1
+    per_token = -phi.unsqueeze(-1) * advantages_tok * zero_outside(logprobs, keep)
+    loss = aggregate_loss(per_token, mask, aggregation, max_len)
+    damped = (1.0 - phi).clamp_min(0.0).unsqueeze(-1).expand_as(log_ratio)
+    return loss, ratio_stats(torch.exp(log_ratio), log_ratio, damped, mask)
+
+
+def luspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 2e-3,
+    clip_high: float | None = 2.5e-3,
+    aggregation: str = "seq_mean_token_mean",
+    max_len: int | None = None,
+    log_ratio_clip: float | None = 20.0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, Stats]:
+    """LUSPO: |y_i| max(-A_i s_i, -A_i clip(s_i, 1 - lo, 1 + hi)) per sequence: GSPO's clipped sequence loss scaled
+    by the sequence's length (Length-Unbiased Sequence Policy Optimization, arXiv 2602.05261, section 5.1's range
+    2e-3 / 2.5e-3; TRL ``loss_type="luspo"`` with ``importance_sampling_level="sequence"``).
+
+    Shapes in the module doc; ``advantages`` [B, T] are reduced to one per row by their masked mean. s_i is GSPO's
+    length-normalised ratio, so each token's gradient in GSPO is 1 / |y_i| of its row's: long responses learn less
+    per token. Scaling by |y_i| gives every token the same weight. As in GSPO the sequence loss is placed on each
+    of its tokens before the aggregation: ``seq_mean_token_mean`` (the default) gives TRL's mean over sequences of
+    |y_i| l_i.
+    stats (of the sequence ratio s, counted once per token): clipfrac, approxkl, ratio_mean, ratio_var.
+    """
+    per_seq, s, log_s, was_clipped = _clipped_sequence(logprobs, old_logprobs, advantages, mask, clip_low, clip_high,
+                                                       log_ratio_clip)
+    lengths = masked_count(logprobs, mask, dim=-1).to(per_seq.dtype)
+    per_token = (per_seq * lengths).unsqueeze(-1).expand_as(logprobs)
+    loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
+    return loss, _sequence_stats(s, log_s, was_clipped, mask)
+
+
 # ──────────────────────────────────────────────────── the registry ────────────────────────────────────────────────────
 @dataclass(frozen=True)
 class PolicyLoss:
@@ -319,6 +508,7 @@ class PolicyLoss:
     name: str
     fn: PolicyLossFn
     section: str
+    sequence_weights: bool = True  # False: ``weights`` are read as token ratios (a sequence-level correction refused)
 
     def __call__(
         self,
@@ -353,5 +543,8 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {
         PolicyLoss("cispo", cispo_loss, section="cispo"),
         PolicyLoss("sapo", sapo_loss, section="sapo"),
         PolicyLoss("gmpo", gmpo_loss, section="gmpo"),
+        PolicyLoss("dppo", dppo_loss, section="dppo"),
+        PolicyLoss("vespo", vespo_loss, section="vespo", sequence_weights=False),
+        PolicyLoss("luspo", luspo_loss, section="luspo"),
     )
 }

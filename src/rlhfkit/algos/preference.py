@@ -196,6 +196,56 @@ def kto_loss(
     return loss, stats
 
 
+# ─────────────────────────────────────── online pairs (online DPO) ───────────────────────────────────────
+def preference_pairs(scores: torch.Tensor, group_size: int,
+                     valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The preference pair of each prompt's completions, judged by their scores (online DPO: Guo et al. 2024,
+    "Direct Language Model Alignment from Online AI Feedback"; TRL ``OnlineDPOTrainer``): the best-scored valid
+    completion is chosen, the worst-scored rejected.
+
+    scores, valid: [N = k * P] completion-major (index ``i * P + j`` is completion i of prompt j, as the online
+    step lays them out) -> (chosen [P], rejected [P], keep [P] bool): row indices of each prompt's pair, and whether
+    it is one: its valid scores are not all equal. With k = 2 this is TRL's pair; a group of ties (or with fewer
+    than two valid completions) carries no preference and is not kept (TRL keeps a tie, taking the first completion
+    as chosen). Among equal best (worst) scores the first completion is taken. Every prompt has an entry, so each
+    process of a distributed run makes the same number of forwards whatever its ties.
+    """
+    if group_size < 2 or scores.dim() != 1 or scores.numel() % group_size:
+        raise ValueError(f"preference pairs need groups of >= 2 completions; got {scores.numel()} scores in groups of "
+                         f"{group_size}")
+    g = scores.detach().reshape(group_size, -1)  # [k, P]
+    v = torch.ones_like(g, dtype=torch.bool) if valid is None else valid.reshape(group_size, -1).bool()
+    inf = torch.tensor(torch.inf, dtype=g.dtype, device=g.device)
+    best = torch.where(v, g, -inf).argmax(0)  # first of the equal best
+    worst = torch.where(v, g, inf).argmin(0)
+    cols = torch.arange(g.shape[1], device=g.device)
+    keep = (v.sum(0) >= 2) & (g[best, cols] > g[worst, cols])
+    P = g.shape[1]
+    return best * P + cols, worst * P + cols, keep
+
+
+def pair_logps(logprobs: torch.Tensor, mask: torch.Tensor, chosen: torch.Tensor, rejected: torch.Tensor,
+               ref_logprobs: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The log-prob dict a paired loss of :data:`PREFERENCE_LOSSES` reads (``spec.from_logps``), from per-token
+    log-probs of sampled responses and the pairs of :func:`preference_pairs`.
+
+    logprobs [B, T] (with grad: the policy's), mask [B, T], chosen / rejected [M] row indices, ref_logprobs [B, T]
+    (no grad; None for losses without a reference) -> {chosen, rejected, chosen_tokens, rejected_tokens[, ref_chosen,
+    ref_rejected]} of [M] tensors: sums over each response's masked tokens, and their counts (what the offline
+    recipe's forward gives for a pair). Padding is selected away before the sums (NaN there reaches nothing).
+    """
+    valid = mask.bool()
+    seq = torch.where(valid, logprobs, torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)).sum(-1)
+    tokens = valid.sum(-1).to(seq.dtype)
+    out = {"chosen": seq[chosen], "rejected": seq[rejected], "chosen_tokens": tokens[chosen],
+           "rejected_tokens": tokens[rejected]}
+    if ref_logprobs is not None:
+        ref = torch.where(valid, ref_logprobs.detach(), torch.zeros((), dtype=ref_logprobs.dtype,
+                                                                    device=ref_logprobs.device)).sum(-1)
+        out.update(ref_chosen=ref[chosen], ref_rejected=ref[rejected])
+    return out
+
+
 # ──────────────────────────────────────── the preference-loss registry ────────────────────────────────────────
 # Each paired loss reads one dict of [B] tensors (what the preference recipe's forward gives): ``chosen`` /
 # ``rejected`` (log-probs summed over completion tokens), ``chosen_tokens`` / ``rejected_tokens`` (counts) and

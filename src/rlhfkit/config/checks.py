@@ -270,6 +270,14 @@ def _check_online(cfg) -> None:
         raise ConfigError(f"dynamic sampling keeps groups whose rewards differ; {algo.advantage} has no groups",
                           where="algo.dynamic_sampling.enabled",
                           fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or disable it")
+    if algo.objective == "preference" and algo.num_generations < 2:
+        raise ConfigError("online preference learning pairs completions of a prompt and needs num_generations >= 2",
+                          where="algo.num_generations", fix="set algo.num_generations=2 (TRL's online DPO)")
+    if (not algos.POLICY_LOSSES[algo.policy_loss].sequence_weights and algo.correction != "none"
+            and algos.OFF_POLICY_CORRECTIONS[algo.correction].section is None and algo.off_policy.level == "sequence"):
+        raise ConfigError(f"{algo.policy_loss} folds the correction's token ratios into its own sequence ratio; a "
+                          "sequence-level correction would count each row's ratio once per token",
+                          where="algo.off_policy.level", fix="set algo.off_policy.level=token")
     if algo.kl.adaptive and algo.kl.coef == 0:
         raise ConfigError("the adaptive KL controller cannot move a coefficient of 0", where="algo.kl.coef",
                           fix="give an initial algo.kl.coef > 0")

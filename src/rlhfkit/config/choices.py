@@ -16,6 +16,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "algo.reference": ("precompute", "on_the_fly"),
     "critic.init": ("reward", "policy"),
     "algo.off_policy.level": ("token", "sequence"),
+    "algo.objective": ("policy", "preference"),
     "distributed.strategy": ("ddp", "fsdp2", "deepspeed"),
     "reward.remote.kind": ("chat", "json"),
     "reward.sandbox.isolation": ("auto", "namespaces", "unshare", "process"),
@@ -35,6 +36,8 @@ def registry_choices() -> dict[str, tuple[str, ...]]:
         "algo.loss": tuple(algos.PREFERENCE_LOSSES),
         "algo.policy_loss": tuple(algos.POLICY_LOSSES),
         "algo.off_policy.correction": ("auto", *algos.OFF_POLICY_CORRECTIONS),
+        "algo.dppo.divergence": tuple(algos.BINARY_DIVERGENCES),
+        "algo.preference.loss": tuple(name for name, p in algos.PREFERENCE_LOSSES.items() if p.paired),
     }
 
 
@@ -48,7 +51,8 @@ def choices_of(path: str) -> tuple[str, ...] | None:
 
 
 _REGISTRY_KEYS = ("generation.engine", "algo.advantage", "algo.loss_aggregation", "algo.kl.estimator", "algo.loss",
-                  "algo.policy_loss", "algo.off_policy.correction")
+                  "algo.policy_loss", "algo.off_policy.correction", "algo.dppo.divergence",
+                  "algo.preference.loss")
 
 
 # Trackers written by rlhfkit's own sink (track.metrics.MetricsSink); the others come from accelerate.

@@ -264,15 +264,24 @@ class KLConfig:
 
 
 @dataclass(frozen=True)
+class IcePopConfig:
+    low: float = f(0.5, "IcePop: a token whose ratio pi_old / pi_rollout is below this has its policy-gradient term "
+                        "removed (the paper's alpha: 0.5)", ge=0, le=1)
+    high: float = f(5.0, "a token whose ratio is above this likewise (the paper's beta: 5)", ge=1)
+
+
+@dataclass(frozen=True)
 class OffPolicyConfig:
     correction: str = f("auto", "rollout / trainer mismatch correction (see `algos.OFF_POLICY_CORRECTIONS`): auto "
                                 "(none when algo.async.max_staleness is 0, tis when the samples may be stale) | none | "
                                 "tis (weight min(pi_old / pi_rollout, cap)) | mis (drop tokens / rows outside "
-                                "[low, high])")
+                                "[low, high]) | icepop (weight 0 outside its own band, the token kept in the "
+                                "normalisation: section icepop)")
     level: str = f("token", "importance ratio per token, or per sequence (product of the row's token ratios)")
     cap: float = f(2.0, "TIS: the largest importance weight", ge=1)
     low: float = f(0.5, "MIS band lower end (also the band of the metric rollout/is_ratio_outside_frac)", ge=0, le=1)
     high: float = f(2.0, "MIS band upper end (also the band of the metric rollout/is_ratio_outside_frac)", ge=1)
+    icepop: IcePopConfig = f(IcePopConfig(), "settings of correction=icepop (token level): its band (IcePop, Ring-1T)")
 
 
 @dataclass(frozen=True)
@@ -342,6 +351,48 @@ class GMPOLossConfig:
 
 
 @dataclass(frozen=True)
+class DPPOLossConfig:
+    divergence: str = f("binary_tv", "the divergence between the token distributions that bounds the update: "
+                                     "binary_tv (|pi - pi_old| of the sampled token) | binary_kl (the Bernoulli KL "
+                                     "of {sampled token, the rest}) (DPPO, arXiv 2602.04879)")
+    delta_low: float = f(0.2, "a token with a negative advantage whose probability fell is masked once the divergence "
+                              "passes this (prime-rl's default 0.2; binary_kl wants about 0.05)", gt=0)
+    delta_high: float = f(0.2, "a token with a positive advantage whose probability rose is masked once the divergence "
+                               "passes this (prime-rl's default 0.2)", gt=0)
+    ratio_cap: float | None = f(20.0, "cap C of the detached IS weight min(r, C) (verl's default 20; the paper advises "
+                                      "a large one, truncation biases rare tokens); null = no cap", gt=0)
+    kl_coef: float = f(0.0, "weight of the squared log-ratio (log pi - log pi_old)^2 added per token (prime-rl's "
+                            "default loss: 1e-3; the paper: 0)", ge=0)
+
+
+@dataclass(frozen=True)
+class VESPOLossConfig:
+    k_pos: float = f(2.0, "power k of the Gamma kernel W^k exp(lambda (1 - W)) on the sequence IS ratio W, for a "
+                          "sequence advantage >= 0 (TRL / VESPO: 2.0)", ge=0)
+    lambda_pos: float = f(3.0, "decay lambda of the kernel for an advantage >= 0 (TRL / VESPO: 3.0); the kernel "
+                               "peaks at W = k / lambda", gt=0)
+    k_neg: float = f(3.0, "power k for a negative sequence advantage (TRL / VESPO: 3.0)", ge=0)
+    lambda_neg: float = f(2.0, "decay lambda for a negative advantage (TRL / VESPO: 2.0)", gt=0)
+
+
+@dataclass(frozen=True)
+class LUSPOLossConfig:
+    clip_low: float = f(2e-3, "clip range of the sequence ratio below 1 (LUSPO, section 5.1: 2e-3)", gt=0, lt=1)
+    clip_high: float | None = f(2.5e-3, "clip range above 1 (LUSPO: 2.5e-3); null = clip_low", gt=0)
+
+
+@dataclass(frozen=True)
+class OnlinePreferenceConfig:
+    loss: str = f("dpo", "the loss on each fresh pair (a paired entry of `algos.PREFERENCE_LOSSES`): dpo | ipo | cdpo "
+                         "| simpo | orpo")
+    beta: float = f(0.1, "inverse temperature beta of the pair loss (TRL OnlineDPOConfig.beta: 0.1; SimPO: its reward "
+                         "scale)", gt=0)
+    label_smoothing: float = f(0.0, "conservative DPO: the assumed fraction of flipped preferences", ge=0, lt=0.5)
+    simpo_gamma: float = f(0.5, "SimPO target reward margin gamma", ge=0)
+    orpo_lambda: float = f(0.1, "ORPO weight of the odds-ratio term", ge=0)
+
+
+@dataclass(frozen=True)
 class OnlineAlgoConfig:
     advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp | distill (needs teacher.model)")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
@@ -356,8 +407,14 @@ class OnlineAlgoConfig:
     lam: float = f(0.95, "GAE lambda", ge=0, le=1)
     whiten_advantages: bool = f(True, "normalise advantages over the batch")
     loss_aggregation: str = f("token_mean", "token_mean | seq_mean_token_mean | seq_mean_token_sum_norm")
-    policy_loss: str = f("ppo", "policy loss (see `algos.POLICY_LOSSES`); it reads its settings from its own "
-                                "section below (each section's comment names the losses that read it)")
+    objective: str = f("policy", "what a step learns from: policy (the policy loss on advantages: PPO, GRPO, RLOO, "
+                                 "...) | preference (online DPO: each prompt's best and worst completion by score "
+                                 "form a pair, the loss of algo.preference on it; no advantages, no policy loss)")
+    preference: OnlinePreferenceConfig = f(OnlinePreferenceConfig(), "settings of objective=preference (online DPO): "
+                                           "the pair loss and its hyper-parameters")
+    policy_loss: str = f("ppo", "policy loss (see `algos.POLICY_LOSSES`): ppo | gspo | gspo_token | cispo | sapo | "
+                                "gmpo | dppo | vespo | luspo; it reads its settings from its own section below (each "
+                                "section's comment names the losses that read it)")
     ppo: PPOLossConfig = f(PPOLossConfig(), "settings of policy_loss=ppo: the token ratio, clipped (PPO)")
     gspo: GSPOLossConfig = f(GSPOLossConfig(), "settings of policy_loss=gspo / gspo_token: the length-normalised "
                              "sequence ratio, clipped per sequence (GSPO)")
@@ -367,6 +424,13 @@ class OnlineAlgoConfig:
                              "the token ratio in place of the hard clip (SAPO)")
     gmpo: GMPOLossConfig = f(GMPOLossConfig(), "settings of policy_loss=gmpo: the geometric mean of the token ratios "
                              "per sequence, each clipped in log space (GMPO)")
+    dppo: DPPOLossConfig = f(DPPOLossConfig(), "settings of policy_loss=dppo: a trust region on a divergence between "
+                             "the token distributions in place of the ratio clip; the detached IS weight times log pi "
+                             "(DPPO)")
+    vespo: VESPOLossConfig = f(VESPOLossConfig(), "settings of policy_loss=vespo: the sequence IS ratio reshaped by a "
+                               "smooth Gamma kernel, detached, times log pi (VESPO)")
+    luspo: LUSPOLossConfig = f(LUSPOLossConfig(), "settings of policy_loss=luspo: GSPO's clipped sequence loss "
+                               "scaled by the sequence's length (LUSPO)")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
     overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")
@@ -423,8 +487,9 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class TeacherConfig:
-    model: str | None = f(None, "frozen teacher for on-policy distillation: HF directory, run directory or .gguf file, "
-                                "with the student's tokenizer; null = no teacher")
+    model: str | None = f(None, "frozen teacher for on-policy distillation: HF directory, run directory or .gguf file; "
+                                "a tokenizer other than the student's is aligned to it by character spans "
+                                "(cross-tokenizer); null = no teacher")
     coef: float = f(1.0, "weight of the teacher's per-token reward (teacher - student log-prob of the sampled token) "
                          "against the task rewards", ge=0)
     log_ratio_clip: float | None = f(20.0, "clamp of the per-token teacher - student log-ratio (a token the teacher "
@@ -486,7 +551,7 @@ class RewardModelConfig:
 
 @dataclass(frozen=True)
 class OnlineConfig:
-    recipe: str = f("ppo", "ppo | grpo | rloo | reinforce | distill")
+    recipe: str = f("ppo", "ppo | grpo | rloo | reinforce | distill | online-dpo")
     output_dir: str = f("runs/ppo", "run directory")
     model: ModelConfig = f(ModelConfig(), "policy (actor)")
     ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")

@@ -295,6 +295,54 @@ _AGGREGATION = {  # TRL GRPOConfig.loss_type -> what rlhfkit's LOSS_AGGREGATIONS
 }
 
 
+# TRL loss types that are a policy loss of their own (issue 34): loss_type -> (the keys it sets, the
+# importance_sampling_level TRL pairs it with; the other level has no meaning for it)
+_POLICY_LOSS_TYPES = {
+    "luspo": ({"algo.policy_loss": "luspo", "algo.loss_aggregation": "seq_mean_token_mean"}, "sequence"),
+    "vespo": ({"algo.policy_loss": "vespo", "algo.loss_aggregation": "token_mean"}, "token"),
+}
+_GRPO_LOSS_TYPES = _choice("loss_type", {**_AGGREGATION, **{k: v[0] for k, v in _POLICY_LOSS_TYPES.items()}},
+                           "use dapo, bnpo, grpo, dr_grpo, luspo or vespo (other losses: algo.policy_loss)")
+_PAIR_LOSS_TYPES = _choice("loss_type", {"sigmoid": {"algo.preference.loss": "dpo"},
+                                         "ipo": {"algo.preference.loss": "ipo"}},
+                           "use sigmoid or ipo (or algo.preference.loss=cdpo | simpo | orpo)")
+_LEVELS = _choice("importance_sampling_level", {"token": {"algo.policy_loss": "ppo"},
+                                                "sequence": {"algo.policy_loss": "gspo"}}, "use token or sequence")
+
+
+def _pairs(ctx) -> bool:
+    """The recipe learns from pairs (online DPO: ``algo.objective=preference``, its default or set)."""
+    return str(ctx.get("algo.objective", merge=False)) == "preference"
+
+
+def _online_beta(value, ctx):
+    """GRPO / RLOO's beta is the KL coefficient; online DPO's its pair loss's (OnlineDPOConfig: a list of one)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if _pairs(ctx) and len(values) != 1:
+        raise NoEquivalent(f"beta={value!r}: a beta per epoch is not built in", "give one beta")
+    return {"algo.preference.beta": float(values[0])} if _pairs(ctx) else {"algo.kl.coef": value}
+
+
+def _online_loss_type(value, ctx):
+    """GRPO's loss_type is its aggregation (or luspo / vespo); online DPO's its pair loss: sigmoid -> dpo, ipo."""
+    return (_PAIR_LOSS_TYPES if _pairs(ctx) else _GRPO_LOSS_TYPES)(value, ctx)
+
+
+def _importance_sampling_level(value, ctx):
+    """token -> ppo, sequence -> gspo; with luspo / vespo (a loss_type given with it, or the config's policy loss) the
+    level TRL pairs it with selects that loss (TRL's LUSPO config reads as one choice), the other one is refused."""
+    level, loss_type = word(value), word(ctx.given.get("loss_type", ""))
+    if loss_type not in _POLICY_LOSS_TYPES:
+        loss_type = word(ctx.get("algo.policy_loss", merge=False))
+    if loss_type not in _POLICY_LOSS_TYPES:
+        return _LEVELS(value, ctx)
+    keys, paired = _POLICY_LOSS_TYPES[loss_type]
+    if level != paired:
+        raise NoEquivalent(f"loss_type={loss_type} is a {paired}-level loss; importance_sampling_level={level} does "
+                           "not apply to it", f"use importance_sampling_level={paired}, or remove it")
+    return {"algo.policy_loss": keys["algo.policy_loss"]}
+
+
 def _scale_rewards(value, ctx):
     v = "group" if value is True else "none" if value is False else str(value).strip().lower()
     v = {"true": "group", "false": "none"}.get(v, v)
@@ -452,9 +500,12 @@ TRL_NAMES: list[TrlName] = [
               ("num_generations", "algo.num_generations"), ("num_ppo_epochs", "algo.ppo_epochs"),
               ("num_iterations", "algo.ppo_epochs"), ("entropy_coef", "algo.entropy_coef"),
               ("mask_truncated_completions", "algo.overlong.filter"), ("kl_coef", "algo.kl.coef"),
-              ("beta", "algo.kl.coef"), ("reward_model_path", "reward.model"),
+              ("reward_model_path", "reward.model"),
               ("normalize_advantages", "algo.whiten_advantages"), ("total_episodes", "algo.total_episodes"),
               families=_ONLINE),
+    TrlName("beta", to=_online_beta, families=_ONLINE, doc="`algo.kl.coef`; in online DPO (algo.objective="
+            "preference) `algo.preference.beta` (OnlineDPOConfig's list of one too)"),
+    TrlName("missing_eos_penalty", key="reward.missing_eos_penalty", families=_ONLINE),
     TrlName("epsilon", key="algo.clip_low", families=_ONLINE,
             doc="`algo.clip_low`, rlhfkit's earlier name, which goes on to the chosen policy loss's section: "
                 "`algo.<section>.clip_low` (`algo.ppo.clip_low` for ppo; the sections in `rlhfkit config show "
@@ -462,18 +513,17 @@ TRL_NAMES: list[TrlName] = [
     TrlName("cliprange", key="algo.clip_low", families=_ONLINE, doc="as `epsilon`"),
     TrlName("epsilon_high", key="algo.clip_high", families=_ONLINE,
             doc="`algo.clip_high`, likewise: `algo.<section>.clip_high`"),
-    TrlName("loss_type", families=_ONLINE, to=_choice("loss_type", _AGGREGATION, "use dapo, bnpo, grpo or dr_grpo "
-                                                                                 "(other losses: algo.policy_loss)"),
+    TrlName("loss_type", families=_ONLINE, to=_online_loss_type,
             doc="dapo, bnpo -> `algo.loss_aggregation=token_mean`; grpo -> `seq_mean_token_mean`; dr_grpo -> "
-                "`seq_mean_token_sum_norm` + `algo.advantage=dr_grpo`; cispo, sapo, luspo, vespo refused"),
+                "`seq_mean_token_sum_norm` + `algo.advantage=dr_grpo`; luspo, vespo -> `algo.policy_loss` (+ their "
+                "aggregation); cispo, sapo refused; online DPO: sigmoid -> `algo.preference.loss=dpo`, ipo -> `ipo`"),
     TrlName("scale_rewards", to=_scale_rewards, families=_ONLINE,
             doc="true / group -> `algo.advantage=grpo`; false / none -> `algo.advantage=dr_grpo` (Dr. GRPO: no std "
                 "scaling); batch refused"),
-    TrlName("importance_sampling_level", families=_ONLINE,
-            to=_choice("importance_sampling_level", {"token": {"algo.policy_loss": "ppo"},
-                                                     "sequence": {"algo.policy_loss": "gspo"}},
-                       "use token or sequence"),
-            doc="token -> `algo.policy_loss=ppo`; sequence -> `algo.policy_loss=gspo` (GSPO)"),
+    TrlName("importance_sampling_level", families=_ONLINE, to=_importance_sampling_level,
+            doc="token -> `algo.policy_loss=ppo`; sequence -> `gspo`; luspo's sequence (vespo's token) keeps it"),
+    *_renamed(("vespo_k_pos", "algo.vespo.k_pos"), ("vespo_lambda_pos", "algo.vespo.lambda_pos"),
+              ("vespo_k_neg", "algo.vespo.k_neg"), ("vespo_lambda_neg", "algo.vespo.lambda_neg"), families=_ONLINE),
     TrlName("reward_funcs", to=_reward_funcs, families=_ONLINE,
             doc="`reward.functions=[{fn: ...}]`: each a function spec (`package.module:function`, `file.py:function` "
                 "or a built-in name); a reward model goes to `reward.model`"),
@@ -521,7 +571,8 @@ TRL_NAMES: list[TrlName] = [
                "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "use_bias_correction_kl",
                "off_policy_mask_threshold"),
               "the rollout / trainer mismatch correction is algo.off_policy (its own engine, no vLLM)",
-              "set algo.off_policy.correction=tis|mis with algo.off_policy.level / cap / low / high",
+              "set algo.off_policy.correction=tis|mis|icepop with algo.off_policy.level / cap / low / high "
+              "(icepop: algo.off_policy.icepop.low / high)",
               families=_ONLINE),
     TrlName("max_steps", families=_ONLINE, doc="online recipes count the run in responses (algo.total_episodes), "
             "not in optimizer updates", fix="set algo.total_episodes = max_steps x algo.mini_batch_size x processes "
@@ -531,10 +582,9 @@ TRL_NAMES: list[TrlName] = [
               "responses, split into updates of algo.mini_batch_size",
               "set algo.rollout_batch_size = generation_batch_size / num_generations / processes",
               families=_ONLINE),
-    *_refused(("delta", "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos",
-               "vespo_k_neg", "vespo_lambda_neg", "top_entropy_quantile", "use_adaptive_entropy", "entropy_coef_min",
-               "entropy_coef_max", "entropy_coef_delta", "entropy_target", "multi_objective_aggregation",
-               "num_generations_eval"),
+    *_refused(("delta", "sapo_temperature_neg", "sapo_temperature_pos", "top_entropy_quantile",
+               "use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target",
+               "multi_objective_aggregation", "num_generations_eval"),
               "this GRPO variant is not built in (policy losses: algo.policy_loss; entropy: algo.entropy_coef)",
               "remove it", accepted=(None, False, 1.0, "sum_then_normalize"), families=_ONLINE),
     *_refused(("min_p", "repetition_penalty", "chat_template_kwargs"),

@@ -131,6 +131,11 @@ def _tokenizer_from_files(name: str, where: str = "model.name"):
     return tok, stop_token_ids(tok, gen)
 
 
+def same_ids(tok_a, stop_a: list[int], tok_b, stop_b: list[int]) -> bool:
+    """Two loaded tokenizers (with the ids that end a reply) give the same ids: :func:`tokenizer_difference`'s test."""
+    return _identity(tok_a, stop_a) == _identity(tok_b, stop_b)
+
+
 def _identity(tok, stop_ids: list[int]) -> dict:
     """What must be equal for two tokenizers to give the same ids: vocabulary (added tokens included), the special
     tokens' ids and the ids that end a reply."""
@@ -138,18 +143,19 @@ def _identity(tok, stop_ids: list[int]) -> dict:
     return {"vocab": tok.get_vocab(), "special": special, "stop": stop_ids}
 
 
-def check_same_tokenizer(student: str, teacher: str, *, student_gguf: str | None = None,
-                         where: str = "teacher.model") -> None:
-    """Raise a one-line ``ModelError`` (exit 2) unless ``teacher``'s tokenizer gives the same ids as ``student``'s:
-    equal vocabularies (token -> id), special-token ids and stop ids. Reads tokenizer files only, before any weights
-    load (``student_gguf``: the student's GGUF file inside the ``student`` directory, as ``model.gguf_file``).
-    Cross-tokenizer distillation (re-tokenising or aligning vocabularies, as in GOLD / ULD) is not built."""
+def tokenizer_difference(student: str, teacher: str, *, student_gguf: str | None = None,
+                         where: str = "teacher.model") -> str | None:
+    """How ``teacher``'s tokenizer differs from ``student``'s, in one line, or None when it gives the same ids: equal
+    vocabularies (token -> id), special-token ids and stop ids. Reads tokenizer files only, before any weights load
+    (``student_gguf``: the student's GGUF file inside the ``student`` directory, as ``model.gguf_file``); a tokenizer
+    that cannot be read is a ``ModelError`` naming ``where``. A teacher whose tokenizer differs is distilled across
+    tokenizers (``train/teacher.py``); :func:`same_ids` is the same test on tokenizers already loaded."""
     if student_gguf:
         student = f"{student.rstrip('/')}/{student_gguf}"
     (s_tok, s_stop), (t_tok, t_stop) = _tokenizer_from_files(student), _tokenizer_from_files(teacher, where)
     a, b = _identity(s_tok, s_stop), _identity(t_tok, t_stop)
     if a == b:
-        return
+        return None
     if a["vocab"] != b["vocab"]:
         only = sorted(set(b["vocab"].items()) ^ set(a["vocab"].items()), key=lambda kv: kv[1])[:1]
         detail = f"vocabularies differ (e.g. {only[0][0]!r} -> {only[0][1]})" if only else "vocabularies differ"
@@ -157,8 +163,4 @@ def check_same_tokenizer(student: str, teacher: str, *, student_gguf: str | None
         detail = f"special token ids differ (student {a['special']}, teacher {b['special']})"
     else:
         detail = f"the ids that end a reply differ (student {a['stop']}, teacher {b['stop']})"
-    raise ModelError(
-        f"the teacher's tokenizer differs from the student's: student {student} ({len(a['vocab'])} tokens), teacher "
-        f"{teacher} ({len(b['vocab'])} tokens); {detail}. Cross-tokenizer distillation is not built",
-        where=where, fix="use a teacher with the student's tokenizer (a model of the same family, or one trained from "
-                         "the student)")
+    return f"student {student} ({len(a['vocab'])} tokens), teacher {teacher} ({len(b['vocab'])} tokens): {detail}"

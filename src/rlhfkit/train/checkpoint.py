@@ -56,7 +56,7 @@ NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpoi
 LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
 #: keys added since a checkpoint may have been written, with the value that gives the behaviour of before: a
 #: fingerprint without one is read with it (a run of before resumes, unless the new run sets another value)
-ADDED_KEYS = {"algo.async.max_staleness": 0, "algo.async.producers": 1}
+ADDED_KEYS = {"algo.async.max_staleness": 0, "algo.async.producers": 1, "algo.objective": "policy"}
 #: values renamed since: key -> {old value: today's value that means the same}
 RENAMED_VALUES = {"algo.off_policy.correction": {"none": "auto"}}  # without async, auto is none
 #: keys renamed since a checkpoint may have been written: old key -> today's, so that its fingerprint still matches.
@@ -170,12 +170,13 @@ def _policy_section(fingerprint: dict) -> str | None:
 
 
 def _without_unused_policy_sections(fingerprint: dict) -> dict:
-    """The settings of policy losses the run does not use (``algo.<section>.*`` of the other sections) do not define
-    it: a loss added later, or another loss's setting changed, never blocks a resume."""
-    used = _policy_section(fingerprint)
-    if used is None:
-        return fingerprint
-    unused = tuple(f"algo.{spec.section}." for spec in algos.POLICY_LOSSES.values() if spec.section != used)
+    """The settings of policy losses and off-policy corrections the run does not use (``algo.<section>.*``,
+    ``algo.off_policy.<section>.*`` of the others) do not define it: a variant added later never blocks a resume."""
+    used, corr = _policy_section(fingerprint), fingerprint.get("algo.off_policy.correction")
+    unused = tuple(f"algo.{p.section}." for p in algos.POLICY_LOSSES.values() if used and p.section != used) + tuple(
+        f"algo.off_policy.{c.section}." for c in algos.OFF_POLICY_CORRECTIONS.values() if c.section and c.name != corr)
+    if fingerprint.get("algo.objective", "policy") != "preference":  # online DPO's settings
+        unused += ("algo.preference.",)
     return {k: v for k, v in fingerprint.items() if not k.startswith(unused)}
 
 

@@ -76,6 +76,8 @@ class Experience:
     values: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None  # distillation: the teacher's log-prob of each sampled token
     greedy_agree: torch.Tensor | None = None  # distillation: [B, R] bool, the student's argmax is the teacher's
+    teacher_aligned: torch.Tensor | None = None  # cross-tokenizer distillation: [B, R] bool, in a chunk the teacher
+    #                                              scored (train/teacher.py); None with one tokenizer
     kl: torch.Tensor | None = None  # 5.
     returns: torch.Tensor | None = None
     untied: torch.Tensor | None = None  # 5. [B] bool: its group's scores differ (keep-factor, when filtering)
@@ -164,16 +166,21 @@ class Experience:
 def distill_metrics(exp: Experience, log_ratio_clip: float | None) -> dict:
     """Per-token means over the samples of the step (``exp.sample_mask``): ``distill/reverse_kl`` (student - teacher
     log-prob of the sampled token, the one-sample reverse KL, clamped as the teacher's reward is), the teacher's and
-    the student's log-prob, and ``distill/argmax_agreement`` (the student's greedy token is the teacher's); {} when
-    the step has no teacher log-probs."""
+    the student's log-prob, and ``distill/argmax_agreement`` (the student's greedy token is the teacher's; one
+    tokenizer only) or, across tokenizers, ``distill/aligned_frac`` (the student tokens the teacher's chunks cover);
+    {} when the step has no teacher log-probs."""
     if exp.teacher_logprobs is None:
         return {}
     mask = exp.sample_mask
     reverse_kl = -algos.teacher_token_rewards(exp.teacher_logprobs, exp.old_logprobs, mask, 1.0, log_ratio_clip)
     mean = lambda x: float(algos.masked_mean(x, mask))  # noqa: E731
-    return {"distill/reverse_kl": mean(reverse_kl), "distill/teacher_logprob_mean": mean(exp.teacher_logprobs),
-            "distill/student_logprob_mean": mean(exp.old_logprobs),
-            "distill/argmax_agreement": mean(exp.greedy_agree.float())}
+    out = {"distill/reverse_kl": mean(reverse_kl), "distill/teacher_logprob_mean": mean(exp.teacher_logprobs),
+           "distill/student_logprob_mean": mean(exp.old_logprobs)}
+    if exp.greedy_agree is not None:
+        out["distill/argmax_agreement"] = mean(exp.greedy_agree.float())
+    if exp.teacher_aligned is not None:
+        out["distill/aligned_frac"] = mean(exp.teacher_aligned.float())
+    return out
 
 
 def token_budget_batches(prompt_lens: list[int], response_lens: list[int], budget: int) -> list[list[int]]:

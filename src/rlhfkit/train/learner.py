@@ -19,16 +19,21 @@ import math
 import torch
 
 from .. import algos
+from ..config import replace
+from ..data.chat import stop_token_ids
 from ..errors import ConfigError
 from ..models.loading import describe, is_peft, load_causal_lm, load_scalar_model
+from ..models.tokenizer import same_ids
 from ..track import NO_PHASES, Phases, PhaseTimer
 from .common import mean_stats, model_named
 from .distributed import get_strategy
 from .experience import Experience, distill_metrics
 from .forward import disable_dropout, on_device, response_stats, response_values
+from .online_preference import preference_update
 from .optim import clip_and_step
 from .producer import penalised_scores
 from .run import Run, set_up_trained
+from .teacher import CrossTokenizerTeacher
 
 
 def load_policy(cfg, device):
@@ -50,6 +55,9 @@ class Learner:
         self.max_response_len = cfg.env.max_total_tokens if cfg.env.name else cfg.generation.max_new_tokens
         self.k = algo.num_generations
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
+        self.preference = algo.objective == "preference"  # online DPO: a pair loss instead of the policy loss
+        self.needs_ref = self.use_kl or (self.preference and algos.PREFERENCE_LOSSES[algo.preference.loss]
+                                         .needs_reference)
         placement = algo.kl.placement
         self.kl_in_reward = self.estimator.kl_in_reward_default if placement == "auto" else placement == "reward"
         self.device = run.device
@@ -67,17 +75,24 @@ class Learner:
         self.policy, self.tok = load_policy(cfg, self.device)
         run.print(f"[{cfg.recipe}] policy {cfg.model.name}: {describe(self.policy)}")
         self.ref = None
-        if self.use_kl and not (is_peft(self.policy) and cfg.ref_model is None):
+        if self.needs_ref and not (is_peft(self.policy) and cfg.ref_model is None):
             ref_cfg = model_named(cfg.model, cfg.ref_model or cfg.model.name)
             self.ref, _ = load_causal_lm(ref_cfg, tokenizer=self.tok, device=self.device, seed=cfg.train.seed,
                                          trainable=False)
             self.ref.to("cpu" if cfg.memory.offload_reference else self.device)
-        self.teacher = None
-        if cfg.teacher.model:  # its tokenizer was compared with the student's before the run began (_before_run)
-            self.teacher, _ = load_causal_lm(model_named(cfg.model, cfg.teacher.model), tokenizer=self.tok,
-                                             device=self.device, seed=cfg.train.seed, trainable=False)
+        self.teacher = self.cross = None
+        if cfg.teacher.model:  # loaded with its own tokenizer (and chat template); another one than the student's
+            #                    is aligned to the student's tokens by character spans (train/teacher.py)
+            t_cfg = replace(model_named(cfg.model, cfg.teacher.model), chat_template=None)
+            self.teacher, t_tok = load_causal_lm(t_cfg, device=self.device, seed=cfg.train.seed, trainable=False)
             self.teacher.to("cpu" if cfg.memory.offload_teacher else self.device)
             run.print(f"[{cfg.recipe}] teacher {cfg.teacher.model}: {describe(self.teacher)}")
+            s_stop = stop_token_ids(self.tok, getattr(self.policy, "generation_config", None))
+            if not same_ids(self.tok, s_stop, t_tok, stop_token_ids(t_tok, getattr(self.teacher, "generation_config",
+                                                                                  None))):
+                self.cross = CrossTokenizerTeacher(self.tok, t_tok, s_stop)
+                run.print(f"[{cfg.recipe}] the teacher's tokenizer differs from the student's: its log-probs are "
+                          "aligned to the student's tokens by character spans (cross-tokenizer distillation)")
         self.critic = None
         if self.estimator.needs_critic:
             source = cfg.critic.model or (cfg.reward.model if cfg.critic.init == "reward" else cfg.model.name)
@@ -92,9 +107,12 @@ class Learner:
         TRL); step 4 skips that forward (ratio exactly 1, same gradient) unless step 5 needs them (KL in reward, a
         correction, a teacher's reward)."""
         algo = self.cfg.algo
-        self.updates_per_step = algo.ppo_epochs * (per_step_samples // algo.mini_batch_size)
+        per_epoch = per_step_samples // algo.mini_batch_size
+        if self.preference:  # online DPO updates on the prompts' pairs: at most one update per pair
+            per_epoch = max(1, min(per_epoch, per_step_samples // self.k))
+        self.updates_per_step = algo.ppo_epochs * per_epoch
         self.on_policy_update = self.updates_per_step == 1 and not (self.use_kl and self.kl_in_reward) and \
-            algo.correction == "none" and self.teacher is None
+            algo.correction == "none" and self.teacher is None and not self.preference
 
     def set_up(self, total_updates: int) -> dict | None:
         """Wrap, optimizer, schedule, prepare, resume the newest valid checkpoint of the same run (or start over),
@@ -118,6 +136,9 @@ class Learner:
     def learn(self, exp: Experience, step: int) -> dict:
         """Steps 4-6 on ``exp`` (scores shaped): the forwards, the advantages and the loss mask, the PPO epochs."""
         self.forward_passes(exp)  # 4. old / reference log-probs, values
+        if self.preference:  # 5-6. online DPO: pairs by score, the pair loss (online_preference.py)
+            with self.timer.phase("update"):
+                return preference_update(self, exp, step)
         metrics = self.advantages(exp)  # 5. KL, shaped rewards, advantages
         with self.timer.phase("update"):  # 6. PPO epochs
             metrics.update(self.ppo_update(exp, step))
@@ -159,7 +180,7 @@ class Learner:
         <= ``memory.forward_tokens`` tokens (an offloaded model moves once), gathered once when sharded (the number
         of batches differs between processes). ``evaluation``: the policy and the teacher only."""
         distill, mem = self.teacher is not None, self.cfg.memory
-        if not (evaluation or distill or not self.on_policy_update or self.use_kl or self.critic is not None):
+        if not (evaluation or distill or not self.on_policy_update or self.needs_ref or self.critic is not None):
             return  # on-policy, no KL, no critic: nothing to compute before the update
         if not evaluation:
             self.phases.phase("log-probs")
@@ -175,7 +196,14 @@ class Learner:
             return exp.per_token(batches, [p[0] for p in parts]), exp.per_token(batches, [p[1] for p in parts])
 
         gather = self.strategy.gathered  # the trained models (policy, critic) may be sharded; ref / teacher are not
-        if distill:  # (log-probs, greedy tokens) from the logits of the passes made anyway: no extra forward
+        if distill and self.cross is not None:  # another tokenizer: the teacher reads the text (train/teacher.py)
+            exp.old_logprobs = each("old_logprobs", self.policy, gather(self.policy))
+            with self.timer.phase("teacher"), on_device(self.teacher, self.device, mem.offload_teacher):
+                exp.teacher_logprobs, exp.teacher_aligned = self.cross.logprobs(
+                    self.teacher, [row["prompt"] for row in exp.rows], exp.rollout.response_ids,
+                    exp.rollout.response_mask, exp.old_logprobs, temperature=self.cfg.generation.temperature,
+                    budget=mem.forward_tokens, autocast=self.acc.autocast)
+        elif distill:  # (log-probs, greedy tokens) from the logits of the passes made anyway: no extra forward
             exp.old_logprobs, student_argmax = each("old_logprobs", self.policy, gather(self.policy), argmax=True)
             exp.teacher_logprobs, teacher_argmax = each(
                 "teacher", self.teacher, on_device(self.teacher, self.device, mem.offload_teacher), argmax=True)
@@ -184,7 +212,7 @@ class Learner:
             exp.old_logprobs = each("old_logprobs", self.policy, gather(self.policy))
         if evaluation:
             return
-        if self.use_kl:  # LoRA without a reference model: the policy with its adapter disabled
+        if self.needs_ref:  # LoRA without a reference model: the policy with its adapter disabled
             exp.ref_logprobs = (each("reference", self.policy, gather(self.policy),
                                      self.acc.unwrap_model(self.policy).disable_adapter()) if self.ref is None else
                                 each("reference", self.ref, on_device(self.ref, self.device, mem.offload_reference)))
@@ -267,8 +295,7 @@ class Learner:
             st = algos.mismatch_stats(every(exp.old_logprobs), every(sampled), every(kept), op.low, op.high)
         else:
             st = algos.mismatch_stats(exp.old_logprobs, sampled, kept, op.low, op.high)
-        weights, exp.in_band = algos.OFF_POLICY_CORRECTIONS[correction](
-            exp.old_logprobs, sampled, kept, cap=op.cap, low=op.low, high=op.high, level=op.level)
+        weights, exp.in_band = algos.OFF_POLICY_CORRECTIONS[correction](exp.old_logprobs, sampled, kept, op)
         return weights, {f"rollout/{k}": float(v) for k, v in st.items()}
 
     # ── 6. PPO epochs over mini-batches ─────────────────────────────────────────────────────────────────────

@@ -28,7 +28,8 @@ from __future__ import annotations
 import time
 
 from ..config import OnlineConfig
-from ..models.tokenizer import check_same_tokenizer
+from ..errors import ConfigError
+from ..models.tokenizer import tokenizer_difference
 from .checkpoint import rng_state, set_rng_state
 from .common import load_records
 from .online_run import OnlineRun
@@ -92,10 +93,15 @@ def run_online(cfg: OnlineConfig) -> dict:
 
 
 def _before_run(cfg: OnlineConfig) -> tuple[list, list]:
-    """Before the run directory is looked at or weights load: the prompts, then the teacher's tokenizer (exit 2)."""
+    """Before the run directory is looked at or weights load: the prompts, then the teacher's tokenizer (read: a
+    teacher of another tokenizer is distilled across tokenizers, but not in multi-turn episodes; exit 2)."""
     records = load_records(cfg, "prompt")
     if cfg.teacher.model:
-        check_same_tokenizer(cfg.model.name, cfg.teacher.model, student_gguf=cfg.model.gguf_file)
+        differs = tokenizer_difference(cfg.model.name, cfg.teacher.model, student_gguf=cfg.model.gguf_file)
+        if differs and cfg.env.name:
+            raise ConfigError(f"the teacher's tokenizer differs from the student's ({differs}); cross-tokenizer "
+                              "distillation aligns one response, not episodes with environment turns (not built)",
+                              where="teacher.model", fix="use a teacher with the student's tokenizer, or no env.name")
     return records
 
 
