@@ -120,6 +120,17 @@ def pays_for_long(prompts, completions, **fields):
     return [min(1.0, len(c) / 1000) for c in completions]
 
 
+def first_hashes(prompts, completions, answer, **fields):
+    """A verifier reading the *first* `#### n` line: hackable by stating several answers."""
+    import re
+
+    out = []
+    for c, a in zip(completions, answer):
+        m = re.search(r"####\s*(\S+)", c)
+        out.append(float(m is not None and m.group(1) == str(a).replace("#### ", "")))
+    return out
+
+
 def pays_for_target_length(prompts, completions, **fields):
     """1 at 40 characters, falling linearly with the distance (bench/vs_trl.py's reward): very negative for 4,000."""
     return [1.0 - abs(len(c) - 40) / 40 for c in completions]

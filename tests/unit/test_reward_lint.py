@@ -20,11 +20,16 @@ def test_adversarial_completions():
     kinds = dict(adversarial_completions("What is 2+2?", "4"))
     assert kinds["empty"] == "" and not kinds["whitespace"].strip() and kinds["prompt_echo"] == "What is 2+2?"
     assert kinds["reference_only"] == "4" and len(kinds["repetition"]) >= 3000
-    assert "\\boxed{4}" in kinds["two_answers"] or "#### 4" in kinds["two_answers"]
-    assert kinds["truncated"].endswith("\\boxed{4")  # the box never closes
+    assert "truncated" not in kinds  # one character has no middle to cut
+    two = [c for k, c in adversarial_completions("q", "42") if k == "two_answers"]
+    assert two[0].index("\\boxed{42}") < two[0].index("\\boxed{43}") and "#### 42" in two[1] and "#### 43" in two[1]
+    assert dict(adversarial_completions("q", "42"))["truncated"].endswith("\\boxed{4")  # the box never closes
     assert dict(adversarial_completions("q", "1234"))["truncated"].endswith("\\boxed{12")
     no_ref = dict(adversarial_completions("hi", None))
     assert "reference_only" not in no_ref and "two_answers" not in no_ref
+    # a 5,000-digit reference: a different answer without any integer conversion, a bounded repetition
+    big = dict(adversarial_completions("q", "1" * 5000))
+    assert big["two_answers"].endswith("1" * 4999 + "2.") and len(big["answer_repeated"]) < 30_000
 
 
 def test_empty_answer_paid_the_most_is_an_error():
@@ -45,18 +50,21 @@ def test_math_verifier_is_clean_and_length_reward_is_flagged():
     # or a truncated box
     assert means["empty"] == means["prompt_echo"] == means["format_only"] == means["truncated"] == 0.0
     assert means["reference_only"] == 1.0 and means["two_answers"] == 0.0
-    assert {k for r, k, _ in report.high} == {"reference_only", "answer_repeated"}
+    assert report.high == [] and report.warnings == []  # the right answer alone is what a verifier pays for
+    assert report.lines()[-1] == "no adversarial completion scores high"
     report = lint_rewards(CombinedRewards([f"{FNS}:pays_for_long", "math_answer"]), PROMPTS, ROWS)
-    assert ("pays_for_long", "repetition", 1.0) in report.high and ("total", "repetition", 1.0) in report.high
-    assert report.bugs == []
+    assert ("total", "repetition", 1.0) in report.high and report.bugs == []
+    assert not [h for h in report.high if h[0] != "total"]  # the total is judged (what the policy is trained on)
+    # a format reward beside a verifier pays for an empty skeleton, the total does not: no warning
+    report = lint_rewards(CombinedRewards(["math_answer", {"fn": "format", "weight": 0.1}]), PROMPTS, ROWS)
+    assert report.means["format"]["format_only"] > 0 and report.high == []
 
 
 def test_first_match_verifier_pays_for_a_second_answer():
-    # a regex reward reading the first `#### n` pays for "#### 7 ... the answer is 8": the lint shows it
-    combo = CombinedRewards([{"fn": "regex_match", "kwargs": {"pattern": r"####\s*(\d+)"}}])
-    report = lint_rewards(combo, PROMPTS, [{"answer": "7"}, {"answer": "42"}])
-    assert report.means["regex_match"]["two_answers"] == 0.5  # one of its two forms starts with "#### ref"
-    assert ("regex_match", "two_answers", 0.5) in report.high
+    # a reward reading the first `#### n` pays for "#### 7 ... #### 8": the lint shows it
+    report = lint_rewards(CombinedRewards([f"{FNS}:first_hashes"]), PROMPTS, [{"answer": "7"}, {"answer": "42"}])
+    assert report.means["first_hashes"]["two_answers"] == pytest.approx(1 / 3)  # one of its three forms
+    assert ("first_hashes", "two_answers", pytest.approx(1 / 3)) in report.high
 
 
 def test_probe_prints_warnings_and_stops_a_certain_bug_with_its_workers():
@@ -65,7 +73,7 @@ def test_probe_prints_warnings_and_stops_a_certain_bug_with_its_workers():
     said: list[str] = []
     combo = CombinedRewards([f"{FNS}:pays_for_long", "math_answer"], workers=1, timeout_s=60)
     report = probe_rewards(combo, PROMPTS, ROWS, say=said.append)
-    assert any("pays_for_long pays for repetition" in line for line in said) and report.bugs == []
+    assert any("total pays for repetition" in line for line in said) and report.bugs == []
     assert all(line.startswith("[reward lint] ") for line in said)
     combo.close()
     combo = CombinedRewards([f"{FNS}:pays_for_short"], workers=1, timeout_s=60)
@@ -88,7 +96,7 @@ def test_reward_lint_command(tmp_path, capsys):
     assert bad == 2 and "pays_for_short" in out and "reward lint: an empty completion" in err
     assert main(["reward-lint", f"data.train={data}", "reward.functions=[{fn: math_answer}]", "--prompts", "2"]) == 0
     out, _ = capsys.readouterr()
-    assert "warning: math_answer pays for reference_only" in out and "empty" in out
+    assert "no adversarial completion scores high" in out and "warning" not in out and "empty" in out
     assert main(["reward-lint", f"data.train={data}", "--recipe", "dpo"]) == 2
     assert "needs an online recipe" in capsys.readouterr().err
     assert main(["reward-lint", f"data.train={data}"]) == 2  # no functions: one line
