@@ -89,6 +89,20 @@ def chatty(prompts, completions, **fields):
     return [len(c) for c in completions]
 
 
+def floods(prompts, completions, **fields):
+    """Prints about 20 MB on stdout and 2 MB on stderr (through Python and straight to the descriptor)."""
+    import os
+    import sys
+
+    line = "flood " * 170 + "\n"
+    for _ in range(20_000):
+        sys.stdout.write(line)
+    sys.stdout.flush()
+    for _ in range(2_000):
+        os.write(2, line.encode())
+    return [1.0] * len(completions)
+
+
 class CountingReward:
     """A reward with state, built once per worker: each score is (pid mod 1000) * 100 + calls so far + bonus."""
 
@@ -155,3 +169,16 @@ class RecordsSetup:
 
     def __call__(self, prompts, completions, **fields):
         return [0.0] * len(completions)
+
+
+def short_for_long(prompts, completions, **fields):
+    """1.0 per completion, but one value too few when a completion is longer than 100 characters (a bug that only
+    some batches meet)."""
+    out = [1.0] * len(completions)
+    return out[:-1] if any(len(c) > 100 for c in completions) else out
+
+
+def always_hangs(prompts, completions, **fields):
+    import time
+
+    time.sleep(3600)

@@ -3,6 +3,7 @@ a certain bug (error), one that pays for repetition or for a second answer is a 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,84 @@ def test_scores_beyond_the_clip_are_a_warning_before_the_run():
     # reward.normalize rescales the scores before the clip: the raw scale does not meet it
     assert clip_of(SimpleNamespace(normalize=True, clip=10.0)) is None
     assert clip_of(SimpleNamespace(normalize=False, clip=10.0)) == 10.0
+
+
+class _CorrectJudge:
+    """A chat judge that grades like a careful grader: 10 when the completion's final answer is the reference."""
+
+    @staticmethod
+    def handler():
+        import json
+        from http.server import BaseHTTPRequestHandler
+
+        from rlhfkit.rewards.maths import answers_equal, extract_answer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                content = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"][0]["content"]
+                ref, _, completion = content.partition("\n")
+                got = extract_answer(completion)
+                grade = 10 if got is not None and answers_equal(got, ref) else 0
+                body = json.dumps({"choices": [{"message": {"content": f"GRADE: {grade}"}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+
+def _built_in_verifiers(judge_url: str) -> dict[str, list]:
+    return {
+        "exact_match": ["exact_match"],
+        "regex_match": ["regex_match"],
+        "math_answer": ["math_answer"],
+        "math_format": ["math_format"],
+        "math_answer + math_format": ["math_answer", {"fn": "math_format", "weight": 0.1}],
+        "code_tests": ["code_tests"],
+        "remote_judge": [{"fn": "remote_judge", "kwargs": {"url": judge_url, "template": "{answer}\n{completion}",
+                                                           "retries": 0}}],
+    }
+
+
+def test_every_built_in_verifier_given_the_right_answer_is_silent():
+    import json
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from rlhfkit.tasks.arithmetic import TASK
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _CorrectJudge.handler())
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    records = TASK.prompt_records(3, seed=3)  # the built-in task's prompts and answers
+    prompts = [r["prompt"] for r in records] + ["What is 6 times 7?"]
+    rows = [{"answer": r["answer"], "tests": json.dumps(["assert add(1, 2) == 3"])} for r in records]
+    rows.append({"answer": "The total is 6 * 7 = 42.\n#### 42", "tests": "assert add(2, 2) == 4"})  # GSM8K-style
+    try:
+        for name, specs in _built_in_verifiers(f"http://127.0.0.1:{httpd.server_address[1]}/v1").items():
+            with CombinedRewards(specs) as combo:  # in this process: the verdicts, not the workers, are tested here
+                report = lint_rewards(combo, prompts, rows, max_prompts=len(prompts))
+            lines = report.lines()
+            assert report.scored and report.high == [] and report.warnings == [] and report.bugs == [], (name, lines)
+            assert report.notes == [] and lines[-1] == "no adversarial completion scores high", (name, lines)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_nothing_scored_is_said_never_an_all_clear():
+    for spec, why in ((f"{FNS}:returns_nan", "every value it returned was None, NaN or inf"),
+                      (f"{FNS}:returns_none", "every value it returned was None, NaN or inf")):
+        report = lint_rewards(CombinedRewards([spec]), PROMPTS, ROWS)
+        text = "\n".join(report.lines())
+        assert not report.scored and why in text and "nothing was scored" in text
+        assert "no adversarial completion scores high" not in text
+    with CombinedRewards([f"{FNS}:always_hangs"], workers=2, timeout_s=0.5) as combo:  # every call times out
+        report = lint_rewards(combo, PROMPTS, ROWS, max_prompts=1)
+    text = "\n".join(report.lines())
+    assert not report.scored and re.search(r"always_hangs scored none of the (\d+) lint completions \(\1 timed out, 0 "
+                                           r"failed\)", text)
+    assert "nothing was scored" in text and "no adversarial completion scores high" not in text

@@ -102,6 +102,18 @@ def test_printing_and_unpicklable_functions():
     assert CombinedRewards([lambda p, c, **f: [1.0] * len(c)])(["p"], ["c"], [{}]).total.tolist() == [1.0]
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_what_user_code_prints_is_capped_per_call(capfd, workers):
+    with CombinedRewards([f"{FNS}:floods"], workers=workers, timeout_s=60) as combo:
+        for _ in range(2):  # the allowance is per call
+            assert combo(["p"], ["a"], [{}]).total.tolist() == [1.0]
+        time.sleep(0.5)  # the child's pump threads pass on what is left
+    out, err = capfd.readouterr()
+    assert len(out) < 4 * 64 * 1024 and out.count("output was cut") == 2, len(out)
+    if workers:  # os.write to the descriptor is capped too in a child (in this process only Python's streams are)
+        assert len(err) < 4 * 64 * 1024 and err.count("output was cut") == 2, len(err)
+
+
 def test_worker_holds_objects_by_key_and_restarts_after_a_timeout(tmp_path):
     (tmp_path / "envlike.py").write_text(
         "import time\n"
