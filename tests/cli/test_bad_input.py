@@ -458,13 +458,13 @@ def test_first_rollout_with_no_valid_reward_keeps_the_previous_run(tmp_path, mon
 
 @pytest.mark.slow
 def test_reward_function_raising_mid_run_is_one_line_naming_the_step(tmp_path, monkeypatch):
-    # the function fails on its 4th call: the probe before weights load is call 1, steps 1 and 2 are calls 2 and 3,
-    # so step 3 raises -> exit 2, one line naming the function, the exception and the step (no traceback). In the
-    # trainer's process (reward.workers=0, no lint) a step is one call; with workers a call that raises on part of a
-    # step scores None there and the run goes on (tests/unit/test_reward_workers.py)
+    # the function fails from its 4th call on: the probe before weights load is call 1, steps 1 and 2 are calls 2
+    # and 3, so step 3 fails on every sample (its call, then each sample's call again) -> exit 2, one line naming the
+    # function, the exception and the step (no traceback). A function failing on some samples only loses those
+    # (tests/unit/test_reward_limits.py)
     (tmp_path / "flaky.py").write_text(
         "CALLS = []\n\n\ndef flaky(prompts, completions, **fields):\n    CALLS.append(1)\n"
-        "    if len(CALLS) == 4:\n        raise RuntimeError('judge server down')\n"
+        "    if len(CALLS) >= 4:\n        raise RuntimeError('judge server down')\n"
         "    return [float(len(c)) for c in completions]\n")
     _write_table_inputs(tmp_path)
     monkeypatch.chdir(tmp_path)

@@ -586,9 +586,9 @@ class OnlineTrainer:
             self.phases = progress
             saved = step  # the rollout step the newest checkpoint holds
 
-            def save(at: int) -> None:  # a checkpoint of rollout step ``at`` (update at * updates_per_step)
-                trained.save(at * self.updates_per_step, state={"step_rollout": at, "kl_ctl": self.kl_ctl.state_dict(),
-                                                                "moments": self.moments.state_dict()})
+            def save(at: int):  # a checkpoint of rollout step ``at`` (update at * updates_per_step); False: none
+                state = {"step_rollout": at, "kl_ctl": self.kl_ctl.state_dict(), "moments": self.moments.state_dict()}
+                return trained.save(at * self.updates_per_step, state=state)
 
             def stop_if_asked(rng: dict | None = None, last: bool = False) -> None:  # every process at one point
                 if run.stop.should_stop(acc, last):  # (train/stop.py)
@@ -640,8 +640,7 @@ class OnlineTrainer:
                     samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
                                 exp.raw_scores.tolist())
                 if every and step % every == 0 and step != self.total_steps:
-                    save(step)
-                    saved = step
+                    saved = step if save(step) is not False else saved
                 stop_if_asked(last=step == self.total_steps)  # a stop asked during the update: before the rollout
             run.stop.arm(False)
         # final policy (gathered by the strategy: one HF directory), finished marker, report

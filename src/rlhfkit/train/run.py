@@ -174,9 +174,10 @@ class Trained:
         """(model, optimizer, schedule) of ``name``."""
         return self.models[name], self.optimizers[name], self.schedulers[name]
 
-    def save(self, step: int, state: dict) -> None:
-        """``checkpoint-<step>``: every model, optimizer and schedule, and the loop's ``state`` (every process)."""
-        self.session.save(step, models=self.models, optimizers=self.optimizers, schedulers=self.schedulers,
+    def save(self, step: int, state: dict):
+        """``checkpoint-<step>``: every model, optimizer and schedule, and the loop's ``state`` (every process);
+        False when the session wrote none (:meth:`Session.save <rlhfkit.train.session.Session.save>`)."""
+        return self.session.save(step, models=self.models, optimizers=self.optimizers, schedulers=self.schedulers,
                           state=state)
 
 
