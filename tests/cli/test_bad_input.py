@@ -504,3 +504,24 @@ def test_distill_teacher_with_another_tokenizer_exits_2_before_any_weights(tmp_p
                    "not built"):
         assert needle in lines[0], (needle, lines[0])
     assert not (tmp_path / "runs").exists()
+
+
+def test_distill_teacher_whose_config_is_smaller_than_its_tokenizer_exits_2_before_any_weights(tmp_path,
+                                                                                                monkeypatch):
+    """A teacher with the student's tokenizer but a config.json vocab_size below it (transformers' index error after
+    the weights loaded): one line naming the teacher and both sizes, exit 2, no model loaded, no run directory."""
+    from rlhfkit.models.tokenizer import load_tokenizer
+
+    teacher, tok = tmp_path / "teacher", load_tokenizer("tiny")
+    tok.save_pretrained(teacher)
+    (teacher / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                     "vocab_size": len(tok) - 10}))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"shout: {w}"}) + "\n"
+                                                    for w in ["cat", "dog"] * 16))
+    monkeypatch.chdir(tmp_path)
+    rc, stderr, stdout = _in_process(["distill", f"model.name={TINY}", "teacher.model=teacher",
+                                      "data.train=prompts.jsonl", "output_dir=runs/distill"], tripwire=True)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: teacher.model"), stderr
+    assert f"vocab_size={len(tok) - 10} in its config.json" in lines[0] and f"{len(tok)} token ids" in lines[0]
+    assert not (tmp_path / "runs").exists()
