@@ -39,7 +39,7 @@ bench: $(STAMP)
 ## rlhfkit against TRL 1.16 at equal settings (TRL lives only in .venv-trl, never a project dependency)
 bench-trl:
 	test -x .venv-trl/bin/python || $(PY) -m venv .venv-trl
-	.venv-trl/bin/python -m pip install -q "$(TORCH)" && .venv-trl/bin/python -m pip install -q -e ".[gguf]" "trl==1.16.0" datasets
+	.venv-trl/bin/python -m pip install -q "$(TORCH)" && .venv-trl/bin/python -m pip install -q -e ".[gguf,tasks]" "trl==1.16.0" datasets
 	.venv-trl/bin/python bench/vs_trl.py $(ARGS)
 
 lint: $(STAMP)

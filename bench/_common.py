@@ -112,6 +112,46 @@ def llama(device: torch.device, quick: bool, dtype: torch.dtype | None = None, s
         return cls.from_config(cfg, dtype=dtype)
 
 
+def rig_lengths(model, mean_len: float, eos_id: int, keep: tuple[int, ...] = (), seed: int = 0) -> int:
+    """Make a Llama-family model (any shape, tied or untied head) answer with lengths drawn from Geometric(1 /
+    ``mean_len``) when sampled at temperature 1, in any framework (no hook: the weights do it). Returns the number
+    of trigger tokens.
+
+    Every layer's output projections (``o_proj``, ``down_proj``) are zeroed, so the last hidden state is the current
+    token's embedding: the next-token logits are ``E @ rmsnorm(e_cur)`` with the embeddings E (the head: E as well).
+    E's rows are small random vectors orthogonal to one unit vector u, so the next token is close to uniform over the
+    vocabulary; V / ``mean_len`` *trigger* tokens have the embedding a u, and EOS has A u with A large: after a
+    trigger EOS is certain, after any other token EOS has logit 0 like the rest. So each token ends the answer with
+    probability 1 / ``mean_len``: the same long-tailed (exponential) length distribution for every framework, the
+    longest of 64 answers about 4.7 x the mean, cut at max_new_tokens. The compute is the model's (dense matmuls cost
+    the same with zeros); ``keep`` (and ``eos_id``): token ids never made triggers (pad, bos, the other EOS ids)."""
+    emb = model.get_input_embeddings().weight
+    V, H = emb.shape
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        u = torch.randn(H, generator=g, dtype=torch.float64)
+        u /= u.norm()
+        E = torch.randn(V, H, generator=g, dtype=torch.float64)
+        E -= (E @ u)[:, None] * u[None, :]  # orthogonal to u: no token but a trigger points at EOS
+        E /= H  # logits ~ N(0, 1/H): close to uniform sampling
+        candidates = torch.tensor([i for i in range(V) if i != eos_id and i not in keep])
+        n = max(1, round(V / mean_len))
+        triggers = candidates[torch.randperm(len(candidates), generator=g)[:n]]
+        E[triggers] = u / H ** 0.5  # the same norm as the others
+        E[eos_id] = u * 40.0 / H ** 0.5  # after a trigger (hidden state sqrt(H) u): EOS logit 40
+        emb.copy_(E.to(emb.dtype))
+        head = model.get_output_embeddings()
+        if head is not None and head.weight is not emb:
+            head.weight.copy_(E.to(head.weight.dtype))
+            if getattr(head, "bias", None) is not None:
+                head.bias.zero_()
+    return n
+
+
 ROWS: list[tuple[str, str, str]] = []  # (check, status, result) rows of gpu_check's table
 ONLY: list[str] = []  # letters of the checks to run (gpu_check --only c,h); empty: all
 

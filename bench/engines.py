@@ -19,8 +19,21 @@ alternating (so load drift hits all alike); the median is reported. "pays after"
 the compiled engine's total time, compile included, drops below that of its uncompiled path (static + compile:
 static; hf + static + compile: hf eager).
 
+``--long-tail``: continuous batching against the static engine at equal slots, where answers have long-tailed lengths
+(``_common.rig_lengths``: the model's own weights end each answer with probability 1 / ``--mean-len`` per token,
+cut at ``--max-new``; the same distribution for both engines). The tiny Llama and SmolLM2-135M's shape (random
+weights so rigged; no GGUF needed), ``--prompts`` x ``--k`` requests as the online loop lays them (each prompt
+``--k`` times), ``--slots`` rows decoding at once in both (static: micro-batches of that many rows, each decoding
+until its longest answer ends; continuous: that many slots). Reported: decode steps (forward passes of the decode
+step; counts, independent of load), slot-steps (rows computed, fillers and ended rows included), tokens generated,
+wall time (median of ``--rounds``, engines alternating), and the paged cache against one contiguous row per slot
+at equal cache tokens (``--cache-tokens``, default half of what every slot at full length needs): sequences decoding
+at once and decode steps.
+
     .venv/bin/python bench/engines.py [--models tiny,smollm2] [--batch 8] [--max-new 48] [--rounds 3]
                                       [--compile] [--generate-batch] [--threads N] [--clock wall|cpu] [--warm-cache]
+    .venv/bin/python bench/engines.py --long-tail [--models tiny,smollm2] [--prompts 16 --k 4 --slots 16]
+                                      [--max-new 256 --mean-len 32] [--rounds 1] [--cache-tokens N]
 """
 
 from __future__ import annotations
@@ -41,7 +54,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 from rlhfkit.config import ModelConfig  # noqa: E402
 from rlhfkit.data.chat import encode_chat_prompts, stop_token_ids  # noqa: E402
 from rlhfkit.models.loading import load_causal_lm  # noqa: E402
-from rlhfkit.rollout import AutoEngine, HFEngine, SamplingParams, StaticEngine  # noqa: E402
+from rlhfkit.rollout import AutoEngine, ContinuousEngine, HFEngine, SamplingParams, StaticEngine  # noqa: E402
 
 
 def load(name: str):
@@ -106,9 +119,9 @@ def first_and_median(call, device: torch.device, reps: int) -> tuple[float, floa
 
 
 def _trainer_logits(model, rollout) -> torch.Tensor:
-    """The trainer's logits [B, R, V] for the rollout's responses (``train.online.response_logits``)."""
+    """The trainer's logits [B, R, V] for the rollout's responses (``train.forward.response_logits``)."""
     from rlhfkit.train.experience import position_ids_of
-    from rlhfkit.train.online import response_logits
+    from rlhfkit.train.forward import response_logits
 
     batch = {"input_ids": rollout.sequences, "attention_mask": rollout.attention_mask,
              "position_ids": position_ids_of(rollout.attention_mask), "response_ids": rollout.response_ids}
@@ -189,11 +202,86 @@ def run_model(name: str, args) -> list[str]:
     return lines
 
 
+class CountedStatic(StaticEngine):
+    """The static engine, counting its decode steps and the rows each step computed."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.counts = {"decode_steps": 0, "slot_steps": 0}
+
+    def _run_step(self, w, slots, params, ptrs):
+        self.counts["decode_steps"] += 1
+        self.counts["slot_steps"] += slots.size
+        return super()._run_step(w, slots, params, ptrs)
+
+
+def long_tail(name: str, args) -> list[str]:
+    """Continuous batching against the static engine at equal slots on long-tailed lengths (see the docstring)."""
+    from _common import llama, rig_lengths
+
+    model = llama(torch.device("cpu"), name == "tiny", dtype=torch.float32).eval()
+    cfg = model.config
+    eos, pad = int(cfg.eos_token_id), int(cfg.pad_token_id)
+    rig_lengths(model, args.mean_len, eos, keep=(pad, int(cfg.bos_token_id)))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, cfg.vocab_size, (int(torch.randint(16, 49, (1,), generator=g)),),
+                             generator=g).tolist() for _ in range(args.prompts)] * args.k
+    R, S = args.max_new, args.slots
+    params = SamplingParams(max_new_tokens=R)
+    common = dict(eos_token_ids=[eos], pad_token_id=pad)
+    longest = max(map(len, prompts)) + R
+    budget = args.cache_tokens or S * longest // 2
+    engines = {"static": CountedStatic(**common, compile=False, batch_size=S),
+               "continuous": ContinuousEngine(**common, batch_size=S),
+               "continuous, paged cache": ContinuousEngine(**common, batch_size=S, cache_tokens=budget),
+               "continuous, full-length blocks": ContinuousEngine(**common, batch_size=S, cache_tokens=budget,
+                                                              block_size=longest + 8)}
+    times: dict[str, list[float]] = {key: [] for key in engines}
+    result: dict[str, tuple] = {}
+    for r in range(args.rounds):
+        for key, eng in engines.items():
+            if isinstance(eng, CountedStatic):
+                eng.counts = dict.fromkeys(eng.counts, 0)
+            t0 = time.perf_counter()
+            out = eng.generate(model, prompts, params, seed=r)
+            times[key].append(time.perf_counter() - t0)
+            result[key] = (dict(eng.counts), out.lengths)
+    lines = [f"{name}: {args.prompts} prompts x {args.k} = {len(prompts)} requests, {S} slots, max_new_tokens {R}, "
+             f"lengths ~ Geometric(1/{args.mean_len}) cut at {R}; float32, torch threads {torch.get_num_threads()}",
+             f"  {'engine':28} {'decode steps':>12} {'slot-steps':>10} {'tokens':>7} {'mean/max len':>12} "
+             f"{'at once':>7} {'cache tok':>9} {'wall s':>7}"]
+    for key, (counts, lengths) in result.items():
+        at_once = counts.get("peak_running", S)
+        cache = counts["pool_blocks"] * counts["block_size"] if "pool_blocks" in counts else S * (longest + 64)
+        lines.append(f"  {key:28} {counts['decode_steps']:12d} {counts['slot_steps']:10d} {int(lengths.sum()):7d} "
+                     f"{lengths.float().mean():6.1f}/{int(lengths.max()):<5d} {at_once:7d} {cache:9d} "
+                     f"{statistics.median(times[key]):7.2f}")
+    st, ct = result["static"][0], result["continuous"][0]
+    pg, rw = result["continuous, paged cache"][0], result["continuous, full-length blocks"][0]
+    lines.append(f"RATIO engines long-tail {name}: decode steps continuous/static = "
+                 f"{ct['decode_steps'] / st['decode_steps']:.2f} ({ct['decode_steps']} vs {st['decode_steps']}; "
+                 f"target <= 0.60); wall time static/continuous = "
+                 f"{statistics.median(times['static']) / statistics.median(times['continuous']):.2f}x")
+    lines.append(f"COUNT engines paged {name}: at {budget} cache tokens (a contiguous cache of that size holds "
+                 f"{budget // longest} rows of {longest}), sequences decoding at once paged / a block of full length "
+                 f"per sequence = {pg['peak_running']} / {rw['peak_running']}, decode steps {pg['decode_steps']} / "
+                 f"{rw['decode_steps']}, preemptions {pg['preemptions']} / {rw['preemptions']}")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--models", default="tiny,smollm2")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--max-new", type=int, default=48)
+    p.add_argument("--max-new", type=int, default=None, help="new tokens (default 48; --long-tail: 256)")
+    p.add_argument("--long-tail", action="store_true", help="continuous batching vs static at equal slots on "
+                   "long-tailed lengths (decode steps, wall time, paged vs contiguous cache)")
+    p.add_argument("--prompts", type=int, default=16, help="--long-tail: distinct prompts")
+    p.add_argument("--k", type=int, default=4, help="--long-tail: samples per prompt")
+    p.add_argument("--slots", type=int, default=16, help="--long-tail: rows decoding at once (both engines)")
+    p.add_argument("--mean-len", type=int, default=32, help="--long-tail: mean answer length")
+    p.add_argument("--cache-tokens", type=int, default=None, help="--long-tail: cache budget of the paged / "
+                   "contiguous comparison (default: half of what every slot at full length needs)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="also the torch.compile paths (minutes on CPU)")
     p.add_argument("--generate-batch", action="store_true", help="also transformers' continuous batching")
@@ -204,16 +292,18 @@ def main() -> None:
                    help="cpu: process CPU time (with --threads 1, robust on a machine shared with other jobs)")
     args = p.parse_args()
     if args.clock == "cpu":  # inductor compiles in this process, so its compile time is in the process's CPU time
-        import torch._inductor.config  # (its env variable is read at import, which rlhfkit.rollout has done)
-
-        torch._inductor.config.compile_threads = 1
+        from torch._inductor import config as inductor  # (its env variable is read at import, which
+        #                                                  rlhfkit.rollout has done; a plain `import torch...` here
+        #                                                  would make `torch` local to main and break --clock wall)
+        inductor.compile_threads = 1
     if not args.warm_cache:  # a cold compile, as a user's first run pays it (inductor caches compiled graphs on disk)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlhfkit-bench-inductor-")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, CPU", flush=True)
+    args.max_new = args.max_new or (256 if args.long_tail else 48)
     for name in args.models.split(","):
-        for line in run_model(name, args):
+        for line in (long_tail if args.long_tail else run_model)(name, args):
             print(line, flush=True)
 
 

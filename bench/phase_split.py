@@ -1,12 +1,12 @@
 """Where an rlhfkit online step goes, for any checkout (also one older than the per-phase metrics): runs
-``vs_trl.run_rlhfkit`` at vs_trl's CPU settings with ``OnlineTrainer.rollout / score / forward_passes / ppo_update``
-wrapped in timers, and prints the mean of each over the steps after the first, with its share of the step.
+``vs_trl.run_rlhfkit`` at vs_trl's CPU settings with the step's ``rollout / score / forward_passes / ppo_update``
+wrapped in timers (``Producer`` / ``Learner`` methods; ``OnlineTrainer``'s in a checkout older than their split),
+and prints the mean of each over the steps after the first, with its share of the step.
 
     python bench/phase_split.py ROOT RECIPE STEPS [override ...]   # ROOT: the checkout to measure (its src/, bench/)
 
 Run it from ROOT (the reward function is ``bench/vs_trl.py:reward``). Used for the before / after split in
-bench/README.md; newer checkouts also log ``time/<phase>`` in metrics.jsonl (vs_trl.py prints those).
-"""
+bench/README.md; newer checkouts also log ``time/<phase>`` in metrics.jsonl (vs_trl.py prints those)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,19 @@ root, recipe, steps, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), s
 sys.path[:0] = [str(root / "src"), str(root / "bench")]
 import vs_trl  # noqa: E402
 
-from rlhfkit.train import online  # noqa: E402
+try:
+    from rlhfkit.train.learner import Learner  # noqa: E402
+    from rlhfkit.train.producer import Producer  # noqa: E402
+except ImportError:  # a checkout older than the producer / learner split
+    from rlhfkit.train.online import OnlineTrainer as Learner  # noqa: E402
+
+    Producer = Learner
 
 seconds: dict[str, list[float]] = collections.defaultdict(list)
 
 
-def timed(name: str) -> None:
-    real = getattr(online.OnlineTrainer, name)
+def timed(cls, name: str) -> None:
+    real = getattr(cls, name)
 
     def wrapper(self, *args, **kwargs):
         t0 = time.perf_counter()
@@ -34,11 +40,11 @@ def timed(name: str) -> None:
         seconds[name].append(time.perf_counter() - t0)
         return out
 
-    setattr(online.OnlineTrainer, name, wrapper)
+    setattr(cls, name, wrapper)
 
 
-for method in ("rollout", "score", "forward_passes", "ppo_update"):
-    timed(method)
+for cls, method in ((Producer, "rollout"), (Producer, "score"), (Learner, "forward_passes"), (Learner, "ppo_update")):
+    timed(cls, method)
 build = vs_trl.build_config
 vs_trl.build_config = lambda r, d, over, **kw: build(r, d, list(over) + extra, **kw)
 work = Path(tempfile.mkdtemp())

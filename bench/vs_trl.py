@@ -33,6 +33,24 @@ it on, which made TRL's update about a forward pass slower), AdamW fused in both
   shape comes from the GGUF's config, or from ``--shape DIR`` (config.json, generation_config.json, tokenizer.json,
   tokenizer_config.json, chat_template.jinja of SmolLM2-135M-Instruct): then nothing needs the GGUF, and on any
   device the model has random weights and fixed-length generation.
+
+Long answers at the scale users train (issue 31): ``--shape bench/shapes/NAME`` (config.json and generation_config.json
+as published, for Qwen3-0.6B, Llama-3.2-1B and Qwen3-1.7B; a shape without tokenizer files gets a synthetic word-level
+tokenizer of the config's vocabulary size, its special tokens at the config's ids) and ``--mean-len N``: the random
+weights are rigged (``_common.rig_lengths``) so that every sampled token ends the answer with probability 1/N, in
+every framework alike (no hook: the weights do it), cut at ``--max-new``: long-tailed lengths (Geometric, the longest
+of 64 answers ~4.7 N), the same distribution for both. Rows: TRL default (``generate``), TRL with
+``use_transformers_continuous_batching=True`` (``--trl-cb``; the GRPOConfig / RLOOConfig field of TRL 1.16.0,
+``trl/trainer/grpo_config.py``, transformers' paged continuous batching with TRL's default
+``transformers_continuous_batching_config``), rlhfkit ``static`` and ``continuous`` (``--engine static,continuous``);
+columns s/step, generated tok/s, peak memory. One command, within 8 minutes on an H100 (16 prompts x 8, answers of
+mean 256 and at most 1024 tokens, 3 steps of which 1 warm-up, 1 round):
+
+    PYTHONPATH=src python bench/vs_trl.py --device cuda --shape bench/shapes/llama-3.2-1b --recipes grpo \
+        --engine static,continuous --trl-cb --mean-len 256 --max-new 1024 --prompts 16 --k 8 --steps 3 --rounds 1
+
+The issue's full figure (64 x 8, mean 1k, at most 4k) is the same command with ``--prompts 64 --mean-len 1024
+--max-new 4096`` (longer than 8 minutes: TRL's default decodes 512 rows 4096 steps per step).
 """
 
 from __future__ import annotations
@@ -72,12 +90,20 @@ def reward(prompts, completions, **_):
     return [1.0 - abs(len(_text(c)) - TARGET_CHARS) / TARGET_CHARS for c in completions]
 
 
-def settings(device: str, max_new: int | None, shape: str | None = None) -> dict:
+def settings(device: str, max_new: int | None, shape: str | None = None, prompts: int | None = None,
+             k: int | None = None, mean_len: int | None = None) -> dict:
+    """The run's sizes. Random weights never say EOS: generation is forced to ``max_new`` tokens, unless
+    ``mean_len`` rigs the weights to end answers at long-tailed lengths (then nothing is forced)."""
     if device == "cuda":
-        return {"prompts": 8, "k": 8, "max_new": max_new or 256, "prompt_words": 40, "dtype": "bfloat16",
-                "force_length": True, "rows": 8, "max_length": 256}
-    return {"prompts": 2, "k": 4, "max_new": max_new or 48, "prompt_words": 0, "dtype": "float32",
-            "force_length": shape is not None, "rows": 8, "max_length": 128}  # random weights: never an EOS
+        s = {"prompts": 8, "k": 8, "max_new": max_new or 256, "prompt_words": 40, "dtype": "bfloat16",
+             "force_length": True, "rows": 8, "max_length": 256}
+    else:
+        s = {"prompts": 2, "k": 4, "max_new": max_new or 48, "prompt_words": 0, "dtype": "float32",
+             "force_length": shape is not None, "rows": 8, "max_length": 128}
+    s.update({key: v for key, v in (("prompts", prompts), ("k", k)) if v})
+    if mean_len:
+        s.update(force_length=False, mean_len=mean_len)
+    return s
 
 
 # ---------------------------------------------------------------------------------------------- data and model
@@ -104,13 +130,13 @@ def write_data(dirpath: Path, s: dict) -> dict[str, Path]:
     return out
 
 
-def model_dir(device: str, workdir: Path, shape: str | None = None) -> Path:
+def model_dir(device: str, workdir: Path, shape: str | None = None, mean_len: int | None = None) -> Path:
     """CPU: the real SmolLM2-135M-Instruct, converted once from its GGUF file by rlhfkit (cached).
     CUDA, or ``shape`` given: the same architecture and tokenizer with random weights (fixed-length timing), the
     shape read from ``shape`` (a directory with config.json and the tokenizer files; no GGUF, no rlhfkit import)
     or from the converted GGUF."""
     if shape is not None:
-        return random_model(Path(shape), workdir)
+        return random_model(Path(shape), workdir, mean_len)
     sys.path.insert(0, str(ROOT / "examples"))
     from smollm2 import find_smollm2_gguf, search_report
 
@@ -125,8 +151,9 @@ def model_dir(device: str, workdir: Path, shape: str | None = None) -> Path:
     return random_model(Path(source), workdir)
 
 
-def random_model(shape: Path, workdir: Path) -> Path:
-    """A model directory with ``shape``'s config and tokenizer files and random weights (seed 0)."""
+def random_model(shape: Path, workdir: Path, mean_len: int | None = None) -> Path:
+    """A model directory with ``shape``'s config and tokenizer files (or a synthetic tokenizer) and random weights
+    (seed 0), rigged to answer at lengths ~ Geometric(1 / ``mean_len``) when given."""
     import shutil
 
     import torch
@@ -134,16 +161,51 @@ def random_model(shape: Path, workdir: Path) -> Path:
 
     if not (shape / "config.json").is_file():
         raise SystemExit(f"vs_trl: --shape {shape}: no config.json there (it needs config.json and the tokenizer)")
-    out = workdir / "smollm2-shape-random"
+    out = workdir / f"{shape.name}-random"
     if not (out / "config.json").is_file():
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(shape))
+        config = AutoConfig.from_pretrained(shape)
+        model = AutoModelForCausalLM.from_config(config)
+        tok = AutoTokenizer.from_pretrained(shape) if (shape / "tokenizer_config.json").is_file() else \
+            synthetic_tokenizer(config)
+        if mean_len:
+            from _common import rig_lengths
+
+            eos = config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0]
+            keep = tuple(i for i in (tok.pad_token_id, tok.bos_token_id, config.bos_token_id) if i is not None)
+            rig_lengths(model, mean_len, eos, keep=keep)
         model.save_pretrained(out)
-        AutoTokenizer.from_pretrained(shape).save_pretrained(out)
+        tok.save_pretrained(out)
         for name in ("generation_config.json", "chat_template.jinja"):  # the model's own, where the shape has them
             if (shape / name).is_file():
                 shutil.copy(shape / name, out / name)
     return out
+
+
+def synthetic_tokenizer(config):
+    """A word-level tokenizer with the config's vocabulary size (``t<i>`` for id i), its EOS / BOS / pad at the
+    config's ids, a turn marker and a chat template (``<start> role content <eos>``): random weights need no real
+    tokenizer, only the vocabulary size and the special ids, and both frameworks read the same files."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    V = config.vocab_size
+    eos = config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0]
+    bos = config.bos_token_id if config.bos_token_id is not None else eos
+    names = {eos: "<eos>", bos: "<bos>"}
+    free = (i for i in range(V) if i not in names)
+    for name in ("<unk>", "<pad>", "<start>"):
+        names[next(free)] = name
+    vocab = {names.get(i, f"t{i}"): i for i in range(V)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    pad = getattr(config, "pad_token_id", None)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>", bos_token="<bos>",
+                                  pad_token=names.get(pad, "<pad>") if pad is not None else "<pad>",
+                                  additional_special_tokens=["<start>"])
+    tok.chat_template = ("{% for m in messages %}<start> {{ m['role'] }} {{ m['content'] }} <eos> {% endfor %}"
+                         "{% if add_generation_prompt %}<start> assistant {% endif %}")
+    return tok
 
 
 # ------------------------------------------------------------------------------------------------------ workers
@@ -202,7 +264,7 @@ def rlhfkit_online(recipe: str, model: Path, out_dir: Path, train: Path, *, prom
         f"algo.total_episodes={steps * batch}", "track.sample_every=0"]  # online runs are sized in episodes
 
 
-def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path) -> dict:
+def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path, cb: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -229,6 +291,8 @@ def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: 
         gen = {"min_new_tokens": s["max_new"]} if s["force_length"] else None
         kw = trl_online(out_dir, steps, cuda, prompts=s["prompts"], k=s["k"], max_new=s["max_new"], lr=1e-6,
                         beta=0.04, gen=gen)
+        if cb:  # transformers' paged continuous batching inside TRL (TRL 1.16.0's field, checked in its source)
+            kw["use_transformers_continuous_batching"] = True
         if recipe == "grpo":
             cfg, cls = GRPOConfig(**kw, loss_type="grpo", scale_rewards="group"), GRPOTrainer
         else:
@@ -291,11 +355,11 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
 
 
 def worker(args) -> None:
-    s = settings(args.device, args.max_new, args.shape)
+    s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len)
     data = {k: Path(v) for k, v in json.loads(args.data).items()}
     out_dir = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.worker}_{args.recipe}_"))
     if args.worker == "trl":
-        result = run_trl(args.recipe, Path(args.model), data, s, args.steps, out_dir)
+        result = run_trl(args.recipe, Path(args.model), data, s, args.steps, out_dir, cb=args.engine == "cb")
     else:
         result = run_rlhfkit(args.recipe, Path(args.model), data, s, args.steps, out_dir, engine=args.engine)
     Path(args.result).write_text(json.dumps(result))
@@ -322,7 +386,13 @@ def summarize(result: dict, warmup: int, tokens_per_step: float | None) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    shapes = sorted(d.name for d in (HERE.parent / "shapes").iterdir() if (d / "config.json").is_file())
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=(
+        f"shapes (--shape bench/shapes/NAME): {', '.join(shapes)}. Rows: TRL default, TRL with "
+        "use_transformers_continuous_batching=True (--trl-cb), one rlhfkit row per --engine (static, continuous, "
+        "...). The one GPU command (within 8 minutes on an H100): PYTHONPATH=src python bench/vs_trl.py --device cuda "
+        "--shape bench/shapes/llama-3.2-1b --recipes grpo --engine static,continuous --trl-cb --mean-len 256 "
+        "--max-new 1024 --prompts 16 --k 8 --steps 3 --rounds 1"))
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--recipes", default=",".join(RECIPES))
     p.add_argument("--steps", type=int, default=5)
@@ -330,10 +400,17 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-new", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (CPU)")
-    p.add_argument("--engine", default=None, help="rlhfkit rollout engines to run, comma-separated (hf,static,auto; "
-                   "default: the config's)")
-    p.add_argument("--shape", default=None, help="a directory with config.json + tokenizer files: random weights of "
-                   "that shape instead of the GGUF model (what a GPU machine without the GGUF uses)")
+    p.add_argument("--engine", default=None, help="rlhfkit rollout engines to run, comma-separated (hf,static,"
+                   "continuous,auto; default: the config's)")
+    p.add_argument("--trl-cb", action="store_true", help="also a TRL row with use_transformers_continuous_batching="
+                   "True (GRPO / RLOO)")
+    p.add_argument("--mean-len", type=int, default=None, help="GRPO / RLOO with --shape: answers end at long-tailed "
+                   "lengths of this mean (weights rigged, the same in every framework), cut at --max-new")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per step (GRPO / RLOO; default CPU 2, CUDA 8)")
+    p.add_argument("--k", type=int, default=None, help="completions per prompt (default CPU 4, CUDA 8)")
+    p.add_argument("--shape", default=None, help="a directory with config.json (+ tokenizer files; without them a "
+                   "synthetic tokenizer of the vocabulary size): random weights of that shape instead of the GGUF "
+                   "model (what a GPU machine without the GGUF uses); bench/shapes/ holds those listed below")
     p.add_argument("--worker", choices=("trl", "rlhfkit"), help=argparse.SUPPRESS)
     p.add_argument("--recipe", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -356,10 +433,12 @@ def main() -> int:
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     engines = [e.strip() for e in (args.engine or "").split(",") if e.strip()] or [None]
     ours = [f"rlhfkit[{e}]" if e else "rlhfkit" for e in engines]  # one rlhfkit run per engine, one TRL run
-    s = settings(args.device, args.max_new, args.shape)
+    if args.mean_len and not args.shape:
+        raise SystemExit("vs_trl: --mean-len rigs random weights: give --shape too")
+    s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len)
     work = Path(tempfile.mkdtemp(prefix="vs_trl_"))
     data = write_data(work, s)
-    model = model_dir(args.device, work, args.shape)
+    model = model_dir(args.device, work, args.shape, args.mean_len)
     print(f"vs_trl: TRL {trl.__version__}, torch {torch.__version__}, device {args.device}, model {model}, "
           f"{args.steps} steps ({args.warmup} warm-up) x {args.rounds} rounds", flush=True)
     results: dict[tuple[str, str], list[dict]] = {}
@@ -367,14 +446,29 @@ def main() -> int:
     for recipe in recipes:
         online = recipe in ("grpo", "rloo")
         tokens_per_step = s["prompts"] * s["k"] if online else None
+        peers = ["trl", "trl[cb]"] if args.trl_cb and online else ["trl"]
         for rnd in range(args.rounds):
-            order = ["trl", *ours] if rnd % 2 == 0 else [*ours, "trl"]
+            order = [*peers, *ours] if rnd % 2 == 0 else [*ours, *peers]
             for fw in order:
                 summary = run_worker(args, fw, recipe, rnd, model, data, work, env, tokens_per_step)
                 if summary is not None:
                     results.setdefault((recipe, fw), []).append(summary)
     print_table(args, recipes, ours, results)
     return 0
+
+
+def print_rows(args, recipes: list[str], results: dict) -> None:
+    """Every row (TRL default, TRL continuous batching, each rlhfkit engine): s/step, generated tok/s, peak memory."""
+    print(f"\n| recipe | framework | s/step | generated tok/s | peak MiB |  ({args.device}"
+          + (f", {Path(args.shape).name}" if args.shape else "") + (f", answers mean {args.mean_len} max "
+                                                                    f"{args.max_new}" if args.mean_len else "") + ")")
+    print("|---|---|---|---|---|")
+    for (recipe, fw), runs in sorted(results.items(), key=lambda kv: (recipes.index(kv[0][0]), kv[0][1])):
+        tok = [x["tok_s"] for x in runs if x["tok_s"]]
+        peak = runs[0]["peak_mib"]
+        name = "TRL + continuous batching" if fw == "trl[cb]" else "TRL (generate)" if fw == "trl" else fw
+        print(f"| {recipe} | {name} | {statistics.median(x['step_s'] for x in runs):.3f} | "
+              f"{f'{statistics.median(tok):.1f}' if tok else '-'} | {f'{peak:.0f}' if peak is not None else '-'} |")
 
 
 def run_worker(args, fw: str, recipe: str, rnd: int, model: Path, data: dict, work: Path, env: dict,
@@ -386,7 +480,8 @@ def run_worker(args, fw: str, recipe: str, rnd: int, model: Path, data: dict, wo
            "--steps", str(args.steps), "--device", args.device]
     if "[" in fw:
         cmd += ["--engine", fw[fw.index("[") + 1: -1]]
-    for flag, value in (("--max-new", args.max_new), ("--threads", args.threads), ("--shape", args.shape)):
+    for flag, value in (("--max-new", args.max_new), ("--threads", args.threads), ("--shape", args.shape),
+                        ("--prompts", args.prompts), ("--k", args.k), ("--mean-len", args.mean_len)):
         if value:
             cmd += [flag, str(value)]
     t0 = time.perf_counter()
@@ -430,7 +525,16 @@ def print_table(args, recipes: list[str], ours: list[str], results: dict) -> Non
             if keys:
                 med = {k: statistics.median(x["phases"][k] for x in r if k in x["phases"]) for k in keys}
                 splits.append(f"PHASES {recipe} {fw}: " + ", ".join(f"{k[5:]} {v:.3f} s" for k, v in med.items()))
+    for recipe in recipes:
+        cb = results.get((recipe, "trl[cb]"))
+        for fw in ours if cb else []:
+            r = results.get((recipe, fw))
+            if r:
+                cs, rs = statistics.median(x["step_s"] for x in cb), statistics.median(x["step_s"] for x in r)
+                ratios.append(f"RATIO vs_trl {recipe} {fw} vs TRL continuous batching ({args.device}): time "
+                              f"TRL-CB/rlhfkit = {cs / rs:.2f}")
     print("\n" + "\n".join(splits + ratios))
+    print_rows(args, recipes, results)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,9 @@
    forward passes / PPO update;
 5. reload the written policy with plain ``transformers`` (merged weights, no peft) and answer one question.
 
-The trainer is ``rlhfkit.train.online.OnlineTrainer`` with timers around its phases (:class:`TimedTrainer`);
-:func:`run_timed` does what ``run_online`` does (run directory, trainer, ``train()``), keeping the trainer so its
-models can be inspected. docs/real-models.md lists measured numbers.
-"""
+The trainer is ``rlhfkit.train.online.OnlineTrainer`` keeping its rollouts (:class:`RecordingTrainer`); the phase
+times are its own ``time/<phase>`` metrics. :func:`run_timed` does what ``run_online`` does (run directory, trainer,
+``train()``), keeping the trainer so its models can be inspected. docs/real-models.md lists measured numbers."""
 
 from __future__ import annotations
 
@@ -28,7 +27,6 @@ import math
 import os
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -79,57 +77,27 @@ def prompt_records(questions: list[tuple[str, str]]) -> list[dict]:
     return [{"prompt": messages(q), "answer": a} for q, a in questions]
 
 
-class TimedTrainer(OnlineTrainer):
-    """``OnlineTrainer`` with wall-clock timers around each phase of a step, and the rollouts' lengths kept.
+class RecordingTrainer(OnlineTrainer):
+    """``OnlineTrainer`` keeping the rollouts of its training steps (to check where the responses stopped); the
+    time of each phase of a step is the trainer's own ``time/<phase>`` in metrics.jsonl."""
 
-    ``self.steps`` gets one dict per training step: seconds in ``rollout`` (generation), ``reward`` (scoring),
-    ``forward`` (old / reference log-probs and values, no grad), ``update`` (PPO epochs), plus the response
-    ``lengths`` and whether each ``ended`` at EOS. (Evaluation on held-out prompts, when there is any, is not counted.)
-    """
-
-    PHASES = ("rollout", "reward", "forward", "update")
+    PHASES = ("rollout", "reward", "old_logprobs", "reference", "values", "update")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.steps: list[dict] = []
-        self._current: dict = defaultdict(float)
         self.rollouts: list = []
+        real = self.producer.rollout
 
-    def _timed(self, phase: str, fn, *args, **kwargs):
-        t = time.perf_counter()
-        out = fn(*args, **kwargs)
-        self._current[phase] += time.perf_counter() - t
-        return out
+        def rollout(policy, prompts, seed, k=None, **kw):
+            exp = real(policy, prompts, seed, k=k, **kw)
+            if k is None:  # a training rollout (evaluation asks for k=1)
+                self.rollouts.append(exp.rollout)
+            return exp
 
-    def generate(self, prompts, seed, k=None):
-        if k is not None:  # evaluation: not part of a training step
-            return super().generate(prompts, seed, k=k)
-        exp = self._timed("rollout", super().generate, prompts, seed)
-        self.rollouts.append(exp.rollout)
-        self._current["lengths"] = exp.rollout.lengths.tolist()
-        self._current["ended"] = exp.rollout.ended.tolist()
-        return exp
-
-    def score(self, exp, shape=True, step=None):
-        return self._timed("reward", super().score, exp, shape, step)
-
-    def evaluate(self, step):
-        current = self._current
-        out = super().evaluate(step)
-        self._current = current  # drop what evaluation's scoring added
-        return out
-
-    def forward_passes(self, exp):
-        return self._timed("forward", super().forward_passes, exp)
-
-    def ppo_update(self, exp, step):
-        out = self._timed("update", super().ppo_update, exp, step)
-        self.steps.append(dict(self._current))
-        self._current = defaultdict(float)
-        return out
+        self.producer.rollout = rollout
 
 
-def run_timed(cfg, trainer_cls=TimedTrainer, check=None):
+def run_timed(cfg, trainer_cls=RecordingTrainer, check=None):
     """What ``rlhfkit.train.online.run_online`` does (without the HTML report), keeping the trainer:
     ``check(trainer)`` runs after the models are loaded and before training. Returns (trainer, last metrics)."""
     from rlhfkit.train.loop import start_run
@@ -151,21 +119,21 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [r for r in rows if "objective/scores" in r]
 
 
-def print_steps(tag: str, rows: list[dict], steps: list[dict], keys: list[tuple[str, str]]) -> None:
+def print_steps(tag: str, rows: list[dict], rollouts: list, keys: list[tuple[str, str]]) -> None:
     """One line per step: the chosen metrics, the phase times, and the response lengths (``*`` = no EOS)."""
-    for i, (row, st) in enumerate(zip(rows, steps), 1):
+    for i, (row, r) in enumerate(zip(rows, rollouts), 1):
         vals = " ".join(f"{short}={row[k]:.3f}" for k, short in keys if k in row)
-        phases = " ".join(f"{p}={st.get(p, 0.0):.1f}s" for p in TimedTrainer.PHASES)
-        lengths = " ".join(f"{n}" + ("" if e else "*") for n, e in zip(st["lengths"], st["ended"]))
-        print(f"[{tag}] step {i}: {vals}\n[{tag}]   time {sum(st.get(p, 0.0) for p in TimedTrainer.PHASES):.1f}s "
-              f"({phases}); lengths [{lengths}]")
+        phases = " ".join(f"{p}={row.get(f'time/{p}', 0.0):.1f}s" for p in RecordingTrainer.PHASES)
+        lengths = " ".join(f"{n}" + ("" if e else "*") for n, e in zip(r.lengths.tolist(), r.ended.tolist()))
+        print(f"[{tag}] step {i}: {vals}\n[{tag}]   time {row.get('time/step', 0.0):.1f}s ({phases}); "
+              f"lengths [{lengths}]")
 
 
-def print_timing_summary(tag: str, steps: list[dict]) -> None:
-    rest = steps[1:] or steps
-    for label, sel in (("first step (incl. warm-up)", steps[:1]), ("mean of the other steps", rest)):
-        parts = {p: sum(s.get(p, 0.0) for s in sel) / len(sel) for p in TimedTrainer.PHASES}
-        total = sum(parts.values())
+def print_timing_summary(tag: str, rows: list[dict]) -> None:
+    rest = rows[1:] or rows
+    for label, sel in (("first step (incl. warm-up)", rows[:1]), ("mean of the other steps", rest)):
+        parts = {p: sum(r.get(f"time/{p}", 0.0) for r in sel) / len(sel) for p in RecordingTrainer.PHASES}
+        total = sum(r.get("time/step", 0.0) for r in sel) / len(sel)
         print(f"  {tag} {label:<27} {total:6.1f} s  = " + " + ".join(f"{p} {v:.1f}" for p, v in parts.items()))
 
 
@@ -270,13 +238,14 @@ def main() -> int:
     ], source="examples/smollm2_ppo_lora.py")
 
     def check(trainer):
-        lora_ref = trainer.ref is None and is_peft(trainer.policy)
-        print(f"[smollm2] reference model: {'none loaded' if trainer.ref is None else type(trainer.ref).__name__}; "
-              f"policy is a LoRA (peft) model: {is_peft(trainer.policy)} -> the reference is the policy with its "
+        learner, scorer = trainer.learner, trainer.producer.scorer
+        lora_ref = learner.ref is None and is_peft(learner.policy)
+        print(f"[smollm2] reference model: {'none loaded' if learner.ref is None else type(learner.ref).__name__}; "
+              f"policy is a LoRA (peft) model: {is_peft(learner.policy)} -> the reference is the policy with its "
               f"adapter disabled: {lora_ref}")
-        print(f"[smollm2] models in memory: policy (LoRA), critic {type(trainer.critic).__name__} (LoRA: "
-              f"{is_peft(trainer.critic)}), reward model {type(trainer.scorer.model).__name__}; reward model reads "
-              f"the policy's ids directly: {trainer.scorer.same_tokenizer}")
+        print(f"[smollm2] models in memory: policy (LoRA), critic {type(learner.critic).__name__} (LoRA: "
+              f"{is_peft(learner.critic)}), reward model {type(scorer.model).__name__}; reward model reads "
+              f"the policy's ids directly: {scorer.same_tokenizer}")
         assert lora_ref, "with LoRA on the policy no separate reference model should be loaded"
 
     t = time.perf_counter()
@@ -285,12 +254,12 @@ def main() -> int:
 
     rows = read_metrics(ppo_dir)
     print("[smollm2] PPO per step (lengths in tokens incl. <|im_end|>; * = cut at max_new_tokens, no EOS):")
-    print_steps("ppo", rows, trainer.steps, [
+    print_steps("ppo", rows, trainer.rollouts, [
         ("objective/scores", "score"), ("rewards/model/mean", "rm"), ("objective/kl", "kl"),
         ("objective/rlhf_reward", "rlhf_reward"), ("val/ratio", "ratio"), ("policy/approxkl_avg", "approxkl"),
         ("loss/policy_avg", "pg_loss"), ("loss/value_avg", "vf_loss"), ("response/length_mean", "len"),
         ("response/length_std", "len_std"), ("val/num_eos_tokens", "eos")])
-    ended, total, lengths = check_eos_stops(trainer, trainer.eos_ids)
+    ended, total, lengths = check_eos_stops(trainer, trainer.producer.eos_ids)
     print(f"[smollm2] {ended}/{total} responses stopped at <|im_end|>, at {len(lengths)} different lengths "
           f"{sorted(lengths)}")
     if rows:
@@ -317,7 +286,7 @@ def main() -> int:
     print("[smollm2] timings:")
     for name, sec in timings.items():
         print(f"  {name:<40} {sec:7.1f} s")
-    print_timing_summary("PPO step", trainer.steps)
+    print_timing_summary("PPO step", rows)
     return 0
 
 

@@ -24,6 +24,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rollout_of(trainer, step: int = 0, seed: int = 0):
+    """Step 2 of an ``OnlineTrainer`` by hand: its producer's rollout of ``step``'s prompts, the learner's policy."""
+    producer = trainer.producer
+    return producer.rollout(trainer.learner.policy, producer.prompt_batch(step, producer.share), seed=seed)
+
+
+def score_of(trainer, exp, shape: bool = True) -> None:
+    """Step 3 by hand: the producer's raw scores, then (``shape``) the learner's shaped scores, onto ``exp``."""
+    trainer.producer.score(exp)
+    if shape:
+        exp.scores = trainer.learner.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths, exp.valid)
+
+
+def produced(trainer, step: int = 0):
+    """Steps 1-3 by hand: the producer's experience of ``step`` (dynamic sampling included), its scores shaped."""
+    exp = trainer.producer.produce(trainer.learner.policy, step)
+    exp.scores = trainer.learner.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths, exp.valid)
+    return exp
+
+
 def sft_overrides(data: Path, out: Path) -> list[str]:
     return [f"data.train={data / 'sft.jsonl'}", f"output_dir={out}", f"model.name={TINY}", "optim.lr=5e-3",
             "train.batch_size=32", "train.epochs=7", "track.report=false", "data.max_length=64"]

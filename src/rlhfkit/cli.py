@@ -19,7 +19,6 @@ import os
 import shlex
 import sys
 import time
-import warnings
 from pathlib import Path
 
 from . import __version__
@@ -73,29 +72,9 @@ def _quiet_environment() -> None:
 
 def _quiet_libraries() -> None:
     """Called by commands that load models (importing transformers costs a second; --help skips it)."""
-    libs = r"(transformers|peft|accelerate|torch|huggingface_hub|datasets)(\.|$)"
-    warnings.filterwarnings("ignore", category=FutureWarning, module=libs)
-    warnings.filterwarnings("ignore", category=DeprecationWarning, module=libs)
-    try:
-        from transformers.utils import logging as hf_logging
+    from .track.console import silence_libraries
 
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        import datasets
-
-        datasets.logging.set_verbosity_error()
-        datasets.disable_progress_bars()
-    except ImportError:  # pragma: no cover
-        pass
+    silence_libraries()  # for the rest of the process
 
 
 # ───────────────────────────────────────────────── parsing ────────────────────────────────────────────────────

@@ -368,7 +368,8 @@ def evaluate(
               "(--field NAME=COLUMN overrides)", file=sys.stderr)
     records = load_prompts(data, n, {**inherited, **(fields or {})})
     try:
-        rewards = CombinedRewards(list(functions)) if functions else None
+        conversational = bool(records) and bool(getattr(records[0], "conversational", False))  # TRL-style functions
+        rewards = CombinedRewards(list(functions), conversational=conversational) if functions else None
     except RewardError as err:  # the recipe's key is reward.functions; here the flag is --functions
         raise RewardError(err.message, where="--functions", fix=err.fix) from None
     out_path = Path(out) if out is not None else default_out(model)
@@ -423,7 +424,8 @@ def evaluate(
     # 4. reward functions, each by name
     if rewards is not None:
         rows = [{k: v for k, v in r.items() if k != "prompt"} for r in records]
-        per_fn = rewards([_prompt_arg(r) for r in records], texts, rows).per_function
+        per_fn = rewards([_prompt_arg(r) for r in records], texts, rows,
+                         messages=[r["prompt"] for r in records]).per_function
         result["rewards"] = {}
         for name, values in per_fn.items():
             present = values[~torch.isnan(values)]

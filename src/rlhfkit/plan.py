@@ -32,6 +32,7 @@ from .models.memory import (
     ModelRole,
     Phase,
     Setup,
+    cache_summary,
     estimate,
     fmt_bytes,
     read_architecture,
@@ -112,6 +113,8 @@ class Plan:
             verdict += (f": fits in {fmt_bytes(self.gpu_memory)} ({pct:.0f}% used)" if self.fits else
                         f": does NOT fit in {fmt_bytes(self.gpu_memory)} ({pct:.0f}%)")
         lines.append(verdict)
+        if s.cache_tokens:
+            lines.append(cache_summary(a, s))
         if self.gpu_memory is not None and not self.fits:
             lines.append("what each change gives alone (peak per device):")
             lines.extend(f"  {'fits' if p <= self.gpu_memory else 'no':<4}  {fmt_bytes(p):>11}  {o}"
@@ -206,8 +209,9 @@ def setup_of(cfg, world: int, device: str) -> Setup:
     if family == "online":
         prompt = d.max_prompt_length or d.max_length
         new = cfg.generation.max_new_tokens
-        kw = {"rollout_batch": cfg.generation.batch_size or cfg.algo.rollout_batch_size * cfg.algo.num_generations,
-              "prompt_len": prompt, "new_tokens": new, "seq_len": prompt + new}
+        requests = cfg.algo.rollout_batch_size * cfg.algo.num_generations
+        kw = {"rollout_batch": cfg.generation.batch_size or requests, "prompt_len": prompt, "new_tokens": new,
+              "seq_len": prompt + new, **continuous_cache(cfg, requests, prompt + new)}
     else:
         kw = {"seq_len": d.max_length}
     lora = cfg.model.lora
@@ -215,6 +219,18 @@ def setup_of(cfg, world: int, device: str) -> Setup:
                  gradient_checkpointing=cfg.model.gradient_checkpointing, offload=cfg.distributed.cpu_offload,
                  lora_r=lora.r, lora_targets=tuple(lora.target_modules) if lora.target_modules else None,
                  micro_batch=cfg.train.batch_size, **kw)
+
+
+def continuous_cache(cfg, requests: int, length: int) -> dict:
+    """The continuous engine's terms of :class:`Setup` (none for another engine): its slots (``generation.batch_size``,
+    else every request up to 256) and its cache budget (``generation.cache_tokens``, else what every slot needs at
+    full length: the engine's own default, which it caps on CUDA at a fraction of the free memory)."""
+    from .rollout.continuous import MAX_DEFAULT_SLOTS
+
+    if cfg.generation.engine != "continuous":
+        return {}
+    slots = min(requests, cfg.generation.batch_size or MAX_DEFAULT_SLOTS)
+    return {"rollout_batch": slots, "requests": requests, "cache_tokens": cfg.generation.cache_tokens or slots * length}
 
 
 def _estimate(cfg, world: int, device: str, notes: list[Check]) -> tuple[list[ModelRole], Setup, list[Phase]]:
@@ -231,7 +247,8 @@ def _peak(cfg, world: int, device: str) -> float:
 class Lever:
     """One way to lower the peak: its settings from the mildest to the strongest, each as (cost, overrides, world
     size). Costs add up across levers; they rank what a change takes from the run: a little speed (gradient
-    checkpointing 1, a smaller generation or training micro-batch 0.5 per halving), a host transfer per step
+    checkpointing 1, a smaller generation or training micro-batch 0.5 per halving, the continuous engine's cache
+    0.25 + 0.5 per halving of the tokens), a host transfer per step
     (offloading a frozen model 2, CPU offload 3), what is trained (LoRA 4, QLoRA 5), more hardware (7 per doubling
     of the devices, sharded), the task itself (6 per halving of the sequence length)."""
 
@@ -263,6 +280,14 @@ def levers_of(cfg, world: int, device: str) -> list[Lever]:
         full = cfg.generation.batch_size or cfg.algo.rollout_batch_size * cfg.algo.num_generations
         lever("generation micro-batch", *[(0.5 * (i + 1), {"generation.batch_size": b}, None)
                                           for i, b in enumerate(_halvings(full, 6))])
+        length = (cfg.data.max_prompt_length or cfg.data.max_length) + cfg.generation.max_new_tokens
+        budget = cfg.generation.cache_tokens or full * length
+        if cfg.generation.engine == "continuous" or not cfg.generation.engine_kwargs:  # (another engine's settings
+            lever("continuous batching, token-budget cache", *[  # would not carry over)
+                # answers shorter than the limit share the budget; + 0.25 over a micro-batch halving: an engine
+                # whose GPU speed is still to be measured (bench/vs_trl.py) is not preferred at equal effect
+                (0.5 * (i + 1) + 0.25, {"generation.engine": "continuous", "generation.cache_tokens": t}, None)
+                for i, t in enumerate(_halvings(budget, 4)) if t >= length])
     steps = []
     for i, b in enumerate(_halvings(cfg.train.batch_size, 3)):
         o: dict = {"train.batch_size": b}
@@ -429,6 +454,27 @@ def _conversations(kind: str, rec: dict) -> tuple[list[dict], list[dict]]:
     return [], []
 
 
+def online_mode(cfg, world: int) -> Check:
+    """Which mode the online run asks for on ``world`` devices: synchronous (every device generates and updates in
+    turn; the default, and the only mode on one device) or producers and learners side by side (``algo.async``)."""
+    from .errors import ConfigError
+    from .train.bridge import layout_of
+
+    k = cfg.algo.async_.max_staleness
+    if k == 0:
+        more = "; algo.async.max_staleness=1 would run producers and learners side by side" if world > 1 else ""
+        return Check("ok", "online mode", f"synchronous: each of {world} device(s) generates, scores and updates in "
+                                          f"turn{more}")
+    try:
+        lay = layout_of(cfg, {"WORLD_SIZE": str(world)})
+    except ConfigError as err:
+        return Check("fail", "online mode", err.one_line())
+    return Check("ok", "online mode", f"asynchronous: {lay.learners} learner(s) and {lay.producers} producer(s), "
+                                      f"batches at most {k} update(s) old (the memory above is a learner's as in the "
+                                      "synchronous layout; a producer holds the policy, the engine and the reward "
+                                      "model)")
+
+
 def preflight(cfg, arch: Architecture, world: int) -> list[Check]:
     """Checks that need only the config, the tokenizer and the data (each one skipped, with why, when absent)."""
     from .data.chat import render_conversation, render_prompt_ids
@@ -437,7 +483,7 @@ def preflight(cfg, arch: Architecture, world: int) -> list[Check]:
     kind = {"supervised": "sft", "reward": "preference", "online": "prompt"}.get(family, "preference")
     if family == "preference" and cfg.algo.loss == "kto":
         kind = "unpaired"
-    checks: list[Check] = []
+    checks: list[Check] = [online_mode(cfg, world)] if family == "online" else []
     tok, why = _tokenizer(cfg.model)
     if tok is None:
         checks.append(Check("skip", "tokenizer checks", f"no tokenizer: {why}"))

@@ -291,7 +291,8 @@ TABLE = [
     ("reward_scalar", [*_GRPO, _fn("rf.py:scalar")], ["rf.py:scalar", "returned a float", "not a list"]),
     ("reward_weight_nan", [*_GRPO, "reward.functions=[{fn: exact_match, weight: .nan}]"],
      ["reward.functions[0].weight", "finite"]),
-    ("reward_takes_one_argument", [*_GRPO, _fn("rf.py:one_argument")], ["rf.py:one_argument", "takes (completions)"]),
+    # (a function of `completions` alone is TRL's convention, called by keyword: rewards/trl_style.py)
+    ("reward_takes_one_argument", [*_GRPO, _fn("rf.py:one_argument")], ["rf.py:one_argument", "takes (texts)"]),
     ("reward_kwarg_misspelt", [*_GRPO, "reward.functions=[{fn: rf.py:scaled, kwargs: {scal: 2}}]"],
      ["rf.py:scaled", "no parameter 'scal'", "did you mean 'scale'"]),
     ("reward_rule_missing_option", [*_GRPO, "reward.functions=[{fn: length_target, kwargs: {targt: 3}}]"],
@@ -348,8 +349,8 @@ def none_for_all(prompts, completions, **fields):
     return [None for _ in completions]
 
 
-def one_argument(completions):
-    return [1.0 for _ in completions]
+def one_argument(texts):
+    return [1.0 for _ in texts]
 
 
 def scaled(prompts, completions, scale=1.0):

@@ -17,8 +17,8 @@ def slow_updates(pause: float) -> None:
     slow_after = int(os.environ.get("RLHFKIT_TEST_SLOW_AFTER", "0"))
     if not slow_after:
         return
+    import rlhfkit.train.learner as learner
     import rlhfkit.train.loop as loop
-    import rlhfkit.train.online as online
 
     real_step, updates = loop.clip_and_step, [0]
 
@@ -28,4 +28,4 @@ def slow_updates(pause: float) -> None:
             time.sleep(pause)
         return real_step(*args, **kwargs)
 
-    loop.clip_and_step = online.clip_and_step = slow_clip_and_step
+    loop.clip_and_step = learner.clip_and_step = slow_clip_and_step

@@ -29,3 +29,15 @@ def ties_on_rank0(prompts, completions, **fields):
     if os.environ.get("RANK") == "0":
         return [0.5] * len(completions)
     return [zlib.crc32(c.encode()) % 1000 / 1000 for c in completions]
+
+
+def hangs_on_rank1(prompts, completions, **fields):
+    """On rank 1 (an asynchronous run's producer) the third training call of 16 completions never returns (a reward
+    stuck on a dead service): the learner must end at the collective timeout (tests/e2e/test_async.py)."""
+    if len(completions) == 16:
+        CALLS[0] += 1
+        if os.environ.get("RANK") == "1" and CALLS[0] >= 3:
+            import time
+
+            time.sleep(600)
+    return quickstart_reward(prompts, completions, **fields)

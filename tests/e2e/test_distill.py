@@ -43,7 +43,7 @@ def test_distill_raises_gold_and_lowers_reverse_kl(task_data, sft_dir, teacher_d
     with start_run(build_config("distill", {}, distill_overrides(task_data, sft_dir, teacher_dir,
                                                                  tmp_path / "before"))) as run:
         trainer = OnlineTrainer(run.cfg, run)
-        before = trainer.evaluate(0)  # the student on the held-out prompts, before any update
+        before = trainer.evaluate()  # the student on the held-out prompts, before any update
         trainer.close()
     last = run_online(cfg)
     student, teacher, after = gold_of(sft_dir), gold_of(teacher_dir), gold_of(tmp_path / "d")

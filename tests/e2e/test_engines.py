@@ -1,5 +1,6 @@
 """Every online recipe, the multi-turn calculator and ``rlhfkit eval`` with ``generation.engine=static`` and ``auto``
-(issue 18), a few steps each on the session's SFT policy (tiny model), from the shipped configs/*.yaml.
+(issue 18), GRPO with ``continuous`` (issue 31, and its resumed run generating what the straight one did), a few
+steps each on the session's SFT policy (tiny model), from the shipped configs/*.yaml.
 
 What is checked on every run: the engine's sampling log-probs equal the trainer's recomputed ones at every step
 (``rollout/logprob_diff_max`` < 1e-4: the engine samples the distribution the trainer optimises), responses end at
@@ -27,7 +28,10 @@ pytestmark = pytest.mark.slow
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ENGINES = {"static": ["generation.engine=static", "generation.engine_kwargs={compile: false}"],
-           "auto": ["generation.engine=auto"]}
+           "auto": ["generation.engine=auto"],
+           # 5 slots for 8 requests, small blocks, a cache of 256 tokens: slots are reused, blocks shared and grown
+           "continuous": ["generation.engine=continuous", "generation.engine_kwargs={block_size: 4, sync_every: 2}",
+                          "generation.batch_size=5", "generation.cache_tokens=256"]}
 REWARD_FN = "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]"
 SMALL = ["algo.rollout_batch_size=4", "algo.num_generations=2", "algo.mini_batch_size=8", "train.batch_size=8",
          "algo.total_episodes=16", "generation.max_new_tokens=12", "optim.lr=1e-4", "data.max_length=64",
@@ -58,7 +62,7 @@ def run_recipe(name: str, engine: str, task_data: Path, sft_dir: Path, out: Path
 
 
 AUTO_TOO = ("ppo", "grpo")  # the recipes run on ``auto`` as well as ``static``
-RUNS = [(name, "static") for name in RECIPES] + [(name, "auto") for name in AUTO_TOO]
+RUNS = [(name, "static") for name in RECIPES] + [(name, "auto") for name in AUTO_TOO] + [("grpo", "continuous")]
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +89,51 @@ def test_every_online_recipe_runs_on_the_engine(runs, name, engine):
 
 @pytest.mark.parametrize("name", AUTO_TOO)
 def test_auto_is_the_uncompiled_static_engine_on_cpu(runs, name):
-    first = {e: runs[name][e][0] for e in ENGINES}  # the same seed, the same weights: the same first rollout
+    first = {e: runs[name][e][0] for e in ("static", "auto")}  # the same seed, the same weights: the same rollout
     for key in ("objective/scores", "response/length_mean", "val/num_eos_tokens"):
         assert first["auto"][key] == first["static"][key], key
 
 
-@pytest.mark.parametrize("engine", list(ENGINES))
+def test_continuous_engine_resumed_run_generates_what_the_straight_run_did(task_data, tmp_path):
+    """GRPO on the continuous engine, 3 steps with a checkpoint after each: a run stopped after its first checkpoint
+    and resumed generates, at steps 2 and 3, the responses the run that never stopped generated (each request's
+    generator is seeded by the run seed, the step, its prompt and its sample, nothing else). A random tiny policy:
+    what is checked is the generation, not learning."""
+    from rlhfkit.track.samples import read_samples
+    from rlhfkit.train import checkpoint as checkpoint_mod
+
+    def cfg_for(out, resume="never"):
+        recipe, extra = RECIPES["grpo"]
+        return load_config(recipe, CONFIGS / "grpo.yaml", [
+            f"data.train={task_data / 'prompts.jsonl'}", "data.eval=null", f"output_dir={out}",
+            "model.name=tiny:hidden=32,layers=1", *SMALL, *extra, *ENGINES["continuous"], "algo.total_episodes=24",
+            "train.save_every=1", "track.sample_every=1", f"train.resume={resume}"])
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_online(cfg_for(straight))
+    real_save = checkpoint_mod.Checkpointer.save
+
+    class Stop(Exception):
+        pass
+
+    def save_then_stop(self, step, **kw):
+        real_save(self, step, **kw)
+        raise Stop
+
+    checkpoint_mod.Checkpointer.save = save_then_stop
+    try:
+        with pytest.raises(Stop):
+            run_online(cfg_for(resumed))
+    finally:
+        checkpoint_mod.Checkpointer.save = real_save
+    run_online(cfg_for(resumed, "auto"))
+    want = [(r["step"], r["prompt"], r["response"]) for r in read_samples(straight)]
+    got = [(r["step"], r["prompt"], r["response"]) for r in read_samples(resumed)]
+    assert len({step for step, _, _ in want}) == 3 and got == want  # three steps (updates 2, 4, 6)
+    assert len({response for _, _, response in want}) > 4  # sampled, not one repeated answer
+
+
+@pytest.mark.parametrize("engine", ["static", "auto"])
 def test_multiturn_calculator_on_the_engine(engine, tmp_path):
     from rlhfkit.envs import make_arithmetic_prompts
 

@@ -10,9 +10,11 @@ import json
 
 import pytest
 import torch
+from conftest import rollout_of, score_of
 
 from rlhfkit.config import build_config
 from rlhfkit.train.experience import Experience
+from rlhfkit.train.learner import Learner
 from rlhfkit.train.online import OnlineTrainer, run_online
 from rlhfkit.train.run import start_run
 
@@ -86,30 +88,31 @@ def _trainer(task_data, sft_dir, tmp_path, recipe="grpo", *extra):
 def test_grpo_with_beta_zero_makes_no_reference_forward(epochs, forwards, task_data, sft_dir, tmp_path, monkeypatch):
     trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.kl.coef=0", f"algo.ppo_epochs={epochs}",
                        "memory.forward_tokens=64")
-    assert trainer.ref is None and not trainer.use_kl
-    assert trainer.on_policy_update == (epochs == 1)  # one update per rollout: the update's own log-probs
+    learner = trainer.learner
+    assert learner.ref is None and not learner.use_kl
+    assert learner.on_policy_update == (epochs == 1)  # one update per rollout: the update's own log-probs
     seen = []
-    real = OnlineTrainer.logprobs_of
-    monkeypatch.setattr(OnlineTrainer, "logprobs_of", lambda self, model, batch, *a, **kw: seen.append(model) or
+    real = Learner.logprobs_of
+    monkeypatch.setattr(Learner, "logprobs_of", lambda self, model, batch, *a, **kw: seen.append(model) or
                         real(self, model, batch, *a, **kw))
-    exp = trainer.rollout(trainer._prompt_batch(0), seed=0)
-    trainer.score(exp)
+    exp = rollout_of(trainer)
+    score_of(trainer, exp)
     widths = exp.rollout.prompt_mask.sum(-1) + exp.rollout.response_mask.sum(-1)
     assert int(widths.min()) * 8 > 64  # so 64 tokens cannot hold the 8 rows in one batch
-    trainer.forward_passes(exp)
+    learner.forward_passes(exp)
     assert exp.ref_logprobs is None
     # policy only: none when on-policy; else 8 responses in token batches of <= 64 tokens, at least 2
-    assert all(m is trainer.policy for m in seen) and (len(seen) >= 2 if forwards else not seen)
+    assert all(m is learner.policy for m in seen) and (len(seen) >= 2 if forwards else not seen)
 
 
 def test_tokens_after_eos_change_nothing(task_data, sft_dir, tmp_path):
     """Garbage after the first EOS must not move any loss, KL, advantage, value or metric."""
-    trainer = _trainer(task_data, sft_dir, tmp_path, "ppo", "algo.kl.coef=0.1", "critic.init=policy",
-                       "algo.rollout_batch_size=8", "algo.num_generations=1", "train.batch_size=8")
-    first = trainer.rollout(trainer._prompt_batch(0), seed=0)
+    online = _trainer(task_data, sft_dir, tmp_path, "ppo", "algo.kl.coef=0.1", "critic.init=policy",
+                      "algo.rollout_batch_size=8", "algo.num_generations=1", "train.batch_size=8")
+    first, trainer = rollout_of(online), online.learner
     rollout, rows = first.rollout, first.rows
     assert not bool(rollout.response_mask.all()), "need at least one response that ended before the last column"
-    trainer.score(first, shape=False)
+    score_of(online, first, shape=False)
     raw = first.raw_scores
 
     def run(r):

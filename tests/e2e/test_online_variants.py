@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import produced, rollout_of, score_of
 
 from rlhfkit.algos import group_all_tied
 from rlhfkit.config import build_config
@@ -58,10 +59,11 @@ def _trainer(task_data, sft_dir, tmp_path, recipe="grpo", *extra):
 def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sft_dir, tmp_path):
     """On CPU in float32 the engine's sampling log-probs are the trainer's: tiny mismatch, weights 1, nothing
     dropped; a mismatch injected into the rollout log-probs shows in the metrics and in the weights / mask."""
-    trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", f"algo.off_policy.correction={correction}",
-                       "algo.off_policy.cap=1.5")
-    exp = trainer.rollout(trainer._prompt_batch(0), seed=0)
-    trainer.score(exp)
+    online = _trainer(task_data, sft_dir, tmp_path, "grpo", f"algo.off_policy.correction={correction}",
+                      "algo.off_policy.cap=1.5")
+    trainer = online.learner
+    exp = rollout_of(online)
+    score_of(online, exp)
     trainer.forward_passes(exp)
     mask0 = exp.mask.clone()
     metrics = trainer.advantages(exp)
@@ -70,9 +72,9 @@ def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sf
     torch.testing.assert_close(exp.is_weights[mask0.bool()], torch.ones(int(mask0.sum())), atol=1e-4, rtol=0)
     assert torch.equal(exp.mask, mask0)
     # inject: the engine said the first token of every row was 4x less likely than the trainer finds it
-    exp2 = trainer.rollout(trainer._prompt_batch(0), seed=0)
+    exp2 = rollout_of(online)
     exp2.rollout.logprobs[:, 0] -= math.log(4.0)
-    trainer.score(exp2)
+    score_of(online, exp2)
     trainer.forward_passes(exp2)
     metrics = trainer.advantages(exp2)
     assert metrics["rollout/logprob_diff_max"] == pytest.approx(math.log(4.0), abs=1e-4)
@@ -90,8 +92,8 @@ def test_dynamic_sampling_in_the_loop_keeps_only_informative_groups(task_data, s
     trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.dynamic_sampling.enabled=true",
                        "algo.dynamic_sampling.max_draws=6", "algo.num_generations=4", "algo.mini_batch_size=16",
                        "reward.missing_eos_penalty=0")
-    exp = trainer.sample_and_score(0, seed=0)
-    k, n = trainer.k, trainer.cfg.algo.rollout_batch_size
+    exp = produced(trainer)
+    k, n = trainer.learner.k, trainer.cfg.algo.rollout_batch_size
     assert len(exp.rollout) == k * n == len(exp.rows) == len(exp.texts) == len(exp.raw_scores)
     m = exp.reward_metrics
     assert 1 <= m["rollout/dynamic_draws"] <= 6
@@ -113,9 +115,9 @@ def test_dynamic_sampling_stops_at_its_cap(task_data, sft_dir, tmp_path):
                        "algo.dynamic_sampling.max_draws=3", "reward.missing_eos_penalty=0",
                        f"reward.functions=[{{fn: '{const}:zero'}}]")
     calls = []
-    real = trainer.rollout
-    trainer.rollout = lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    exp = trainer.sample_and_score(0, seed=0)
+    real = trainer.producer.rollout
+    trainer.producer.rollout = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    exp = produced(trainer)
     assert len(calls) == 3
     m = exp.reward_metrics
     assert m["rollout/dynamic_draws"] == 3 and m["rollout/degenerate_groups"] == 3 * 4
@@ -126,11 +128,11 @@ def test_overlong_shaping_and_filter(task_data, sft_dir, tmp_path):
     trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.overlong.cache_len=4", "algo.overlong.filter=true",
                        "generation.max_new_tokens=6", "reward.missing_eos_penalty=0", "reward.normalize=false",
                        "reward.clip=null")
-    exp = trainer.sample_and_score(0, seed=0)
+    exp = produced(trainer)
     want = exp.raw_scores - torch.clamp((exp.rollout.lengths.float() - 2) / 4, 0, 1)
     torch.testing.assert_close(exp.scores, want)
-    trainer.forward_passes(exp)
-    trainer.advantages(exp)
+    trainer.learner.forward_passes(exp)
+    trainer.learner.advantages(exp)
     cut = ~exp.rollout.ended
     assert torch.all(exp.mask[cut] == 0) and torch.all(exp.advantages[cut] == 0)
     penalty = torch.clamp((exp.rollout.lengths.float() - 2) / 4, 0, 1)

@@ -144,9 +144,9 @@ def test_lint_stops_a_reward_that_pays_for_silence_before_any_weights_load(data,
 
 
 def test_a_sandbox_that_cannot_be_set_up_stops_at_the_probe(data, tmp_path, monkeypatch):
-    monkeypatch.setattr("shutil.which", lambda name: None)  # no `unshare` on this "machine"
+    monkeypatch.setattr("shutil.which", lambda name: None)  # no bubblewrap on this "machine"
     out = tmp_path / "code"
-    with pytest.raises(RewardError, match="code sandbox cannot be set up.*`unshare` not found"):
+    with pytest.raises(RewardError, match="cannot be set up with isolation namespaces.*bubblewrap.*not installed"):
         run_online(grpo(data, "tiny:hidden=32,layers=1", out, "reward.workers=0",
                         "reward.functions=[{fn: code_tests, kwargs: {isolation: namespaces, field: answer}}]"))
     assert not out.exists()

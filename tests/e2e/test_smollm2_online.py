@@ -128,12 +128,15 @@ def test_ppo_lora_with_reward_model_from_smollm2(tiny_rm, prompts_file, tmp_path
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.rollouts: list = []
+            real = self.producer.rollout
 
-        def rollout(self, prompts, seed, k=None, **kwargs):
-            exp = super().rollout(prompts, seed, k=k, **kwargs)
-            if k is None:
-                self.rollouts.append(exp.rollout)
-            return exp
+            def rollout(policy, prompts, seed, k=None, **kw):
+                exp = real(policy, prompts, seed, k=k, **kw)
+                if k is None:
+                    self.rollouts.append(exp.rollout)
+                return exp
+
+            self.producer.rollout = rollout
 
     out = tmp_path / "ppo"
     cfg = build_config("ppo", {}, [
@@ -147,8 +150,9 @@ def test_ppo_lora_with_reward_model_from_smollm2(tiny_rm, prompts_file, tmp_path
         assert run.session.begin() is None
         trainer = Recording(cfg, run)
         # LoRA: the reference is the policy with its adapter disabled; no second causal LM is loaded
-        assert trainer.ref is None and is_peft(trainer.policy)
-        assert trainer.critic is not None and trainer.scorer is not None and trainer.scorer.same_tokenizer
+        learner, producer = trainer.learner, trainer.producer
+        assert learner.ref is None and is_peft(learner.policy)
+        assert learner.critic is not None and producer.scorer is not None and producer.scorer.same_tokenizer
         last = trainer.train()
 
     rows = _metrics(out)
@@ -161,7 +165,7 @@ def test_ppo_lora_with_reward_model_from_smollm2(tiny_rm, prompts_file, tmp_path
     assert rows[0]["objective/kl"] == pytest.approx(0.0, abs=1e-5)  # LoRA B starts at 0: policy == reference
     assert 0.5 < rows[-1]["val/ratio"] < 2.0
 
-    eos = set(trainer.eos_ids)
+    eos = set(trainer.producer.eos_ids)
     ended_lengths = []
     for r in trainer.rollouts:
         for ids, mask, n, ended in zip(r.response_ids, r.response_mask, r.lengths.tolist(), r.ended.tolist()):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import rollout_of, score_of
 
 from rlhfkit.config import build_config
 from rlhfkit.tasks import make_task_data
@@ -37,8 +38,9 @@ def _trainer(prompts, out, *extra) -> OnlineTrainer:
         "reward.functions=[{fn: 'bench/vs_trl.py:reward'}]", "algo.rollout_batch_size=4", "algo.num_generations=2",
         "algo.mini_batch_size=8", "train.batch_size=8", "algo.total_episodes=8", "optim.lr=1e-3", *extra])
     trainer = OnlineTrainer(cfg, start_run(cfg))
-    trainer.opt = torch.optim.SGD(trainer.policy.parameters(), lr=0.0)  # ppo_update steps it; lr 0: weights stay
-    trainer.sched = torch.optim.lr_scheduler.LambdaLR(trainer.opt, lambda _: 1.0)
+    learner = trainer.learner
+    learner.opt = torch.optim.SGD(learner.policy.parameters(), lr=0.0)  # ppo_update steps it; lr 0: weights stay
+    learner.sched = torch.optim.lr_scheduler.LambdaLR(learner.opt, lambda _: 1.0)
     return trainer
 
 
@@ -52,8 +54,8 @@ def test_token_budget_batches_by_hand():
 
 
 def test_token_batches_give_the_row_batched_results(make_trainer, tmp_path):
-    trainer = make_trainer(tmp_path / "run", "algo.ppo_epochs=2")
-    exp = trainer.rollout(trainer._prompt_batch(0), seed=3)
+    online = make_trainer(tmp_path / "run", "algo.ppo_epochs=2")
+    exp, trainer = rollout_of(online, seed=3), online.learner
     r = exp.rollout
     assert len(set(r.lengths.tolist())) > 1 and len(set(r.prompt_mask.sum(-1).tolist())) > 1  # ragged both sides
     whole = trainer.logprobs_of(trainer.policy, exp.forward_rows(slice(0, len(r))))  # the row-batched pass
@@ -68,13 +70,14 @@ def test_token_batches_give_the_row_batched_results(make_trainer, tmp_path):
 
 
 def test_on_policy_update_equals_the_update_with_a_separate_old_forward(make_trainer, tmp_path):
-    trainer = make_trainer(tmp_path / "run", "algo.ppo_epochs=1", "algo.kl.coef=0.04")
+    online = make_trainer(tmp_path / "run", "algo.ppo_epochs=1", "algo.kl.coef=0.04")
+    trainer = online.learner
     assert trainer.on_policy_update and not trainer.kl_in_reward
-    first = trainer.rollout(trainer._prompt_batch(0), seed=5)
-    trainer.score(first)
+    first = rollout_of(online, seed=5)
+    score_of(online, first)
 
     def update(separate: bool):
-        exp = trainer.rollout(trainer._prompt_batch(0), seed=5)
+        exp = rollout_of(online, seed=5)
         exp.texts, exp.raw_scores, exp.scores, exp.valid = first.texts, first.raw_scores, first.scores, first.valid
         trainer.forward_passes(exp)
         assert exp.old_logprobs is None  # the on-policy step takes no old forward

@@ -182,3 +182,8 @@ def always_hangs(prompts, completions, **fields):
     import time
 
     time.sleep(3600)
+
+
+def one_unnamed(texts):
+    """One parameter that neither convention names: refused when the run starts."""
+    return [0.0] * len(texts)

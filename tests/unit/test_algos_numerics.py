@@ -243,17 +243,17 @@ def test_online_advantages_pass_log_ratio_clip_and_mask():
     from rlhfkit.algos import ADVANTAGE_ESTIMATORS, FixedKLController
     from rlhfkit.config import build_config
     from rlhfkit.train.experience import Experience
-    from rlhfkit.train.online import OnlineTrainer
+    from rlhfkit.train.learner import Learner
 
     cfg = build_config("reinforce", {}, ["algo.kl.estimator=k3"])
     assert cfg.algo.kl.log_ratio_clip == 20.0
     trainer = SimpleNamespace(cfg=cfg, kl_ctl=FixedKLController(0.0), estimator=ADVANTAGE_ESTIMATORS["reinforce_pp"],
                               k=1, kl_in_reward=True, off_policy=lambda e: (None, {}))
-    trainer.kl_metrics = lambda e: OnlineTrainer.kl_metrics(trainer, e)
+    trainer.kl_metrics = lambda e: Learner.kl_metrics(trainer, e)
     exp = Experience(rollout=None, rows=[], position_ids=None, action=torch.tensor([[1.0, 1.0, 0.0]]),
                      old_logprobs=torch.tensor([[-100.0, -1.0, NAN]]), ref_logprobs=torch.tensor([[0.0, -1.0, 0.0]]),
                      scores=torch.tensor([1.0]), values=None, turn_rewards=None)
-    metrics = OnlineTrainer.advantages(trainer, exp)
+    metrics = Learner.advantages(trainer, exp)
     assert torch.equal(exp.kl[0, 1:], torch.zeros(2))
     assert exp.kl[0, 0].item() == pytest.approx(math.exp(20) - 21, rel=1e-5)
     assert metrics["objective/kl"] == pytest.approx(math.exp(20) - 21, rel=1e-5)

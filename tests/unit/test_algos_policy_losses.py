@@ -295,12 +295,12 @@ def test_every_loss_has_its_config_section_with_its_own_keywords_and_defaults(na
 
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
 def test_the_loop_passes_the_chosen_loss_its_section(monkeypatch, name):
-    # OnlineTrainer.policy_micro_step on a stand-in trainer: the registered entry receives getattr(cfg.algo, section)
+    # Learner.policy_micro_step on a stand-in learner: the registered entry receives getattr(cfg.algo, section)
     # as its own keywords (a changed value included) and the loop's shared keywords, and the loop names no loss
     import contextlib
     import types
 
-    import rlhfkit.train.online as online
+    import rlhfkit.train.learner as learner
     from rlhfkit.config import build_config
 
     spec, seen = POLICY_LOSSES[name], {}
@@ -314,7 +314,7 @@ def test_the_loop_passes_the_chosen_loss_its_section(monkeypatch, name):
         return spec.fn(*args, **kwargs)
 
     logits = torch.randn(2, 3, 5, requires_grad=True)
-    monkeypatch.setattr(online, "response_logits", lambda model, batch, temperature: logits)
+    monkeypatch.setattr(learner, "response_logits", lambda model, batch, temperature: logits)
     trainer = types.SimpleNamespace(
         cfg=cfg, policy=None, policy_loss=dataclasses.replace(spec, fn=spy), max_response_len=11, kl_in_reward=True,
         acc=types.SimpleNamespace(autocast=contextlib.nullcontext, backward=lambda t: t.backward()))
@@ -322,7 +322,7 @@ def test_the_loop_passes_the_chosen_loss_its_section(monkeypatch, name):
     weights = torch.full((2, 3), 0.5)
     batch = {"response_ids": torch.zeros(2, 3, dtype=torch.long), "old_logprobs": torch.full((2, 3), -1.6),
              "advantages": torch.tensor([1.0, -1.0]), "mask": mask, "is_weights": weights}
-    out = online.OnlineTrainer.policy_micro_step(trainer, batch, 1.0)
+    out = learner.Learner.policy_micro_step(trainer, batch, 1.0)
     section = getattr(cfg.algo, spec.section)
     assert {fl.name: seen[fl.name] for fl in dataclasses.fields(section)} == dataclasses.asdict(section)
     assert seen[changed] == value

@@ -186,7 +186,7 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
     logits and values at environment positions is exactly 0."""
     from rlhfkit.config import build_config
     from rlhfkit.envs import make_arithmetic_prompts
-    from rlhfkit.train import online
+    from rlhfkit.train import learner as learner_module
     from rlhfkit.train.online import OnlineTrainer
     from rlhfkit.train.run import start_run
 
@@ -197,10 +197,12 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
                                    "algo.off_policy.correction=tis", "algo.rollout_batch_size=2",
                                    "algo.mini_batch_size=2", "train.batch_size=2", "track.report=false",
                                    "train.resume=never", "data.eval_fraction=0.25", "generation.max_new_tokens=120"])
-    trainer = OnlineTrainer(cfg, start_run(cfg))
-    trainer.engine = ScriptedEngine(trainer.tok, [CALL, "The answer is 36"])
-    exp = trainer.rollout(trainer._prompt_batch(0), seed=0)
-    trainer.score(exp)
+    online = OnlineTrainer(cfg, start_run(cfg))
+    producer, trainer = online.producer, online.learner
+    producer.engine = ScriptedEngine(trainer.tok, [CALL, "The answer is 36"])
+    exp = producer.rollout(trainer.policy, producer.prompt_batch(0, 0), seed=0)
+    producer.score(exp)
+    exp.scores = trainer.shape_scores(exp.raw_scores, exp.rollout.ended, exp.rollout.lengths, exp.valid)
     trainer.forward_passes(exp)
     trainer.advantages(exp)
     env_pos = (exp.rollout.response_mask == 1) & (exp.rollout.action_mask == 0)
@@ -209,7 +211,7 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
         assert torch.all(getattr(exp, name)[env_pos] == 0), name
 
     seen = {}
-    real_logits, real_values = online.response_logits, online.response_values
+    real_logits, real_values = learner_module.response_logits, learner_module.response_values
 
     def logits_hook(model, batch, temperature):
         out = real_logits(model, batch, temperature)
@@ -225,8 +227,8 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
             seen["values"] = out
         return out
 
-    monkeypatch.setattr(online, "response_logits", logits_hook)
-    monkeypatch.setattr(online, "response_values", values_hook)
+    monkeypatch.setattr(learner_module, "response_logits", logits_hook)
+    monkeypatch.setattr(learner_module, "response_values", values_hook)
 
     def step(e):
         trainer.policy.zero_grad()

@@ -18,7 +18,7 @@ from rlhfkit.algos import (
 )
 from rlhfkit.config import build_config
 from rlhfkit.train.experience import Experience, compose_mask
-from rlhfkit.train.online import OnlineTrainer
+from rlhfkit.train.learner import Learner
 
 
 def test_compose_mask_by_hand():
@@ -94,11 +94,11 @@ def test_step5_composes_the_mask_the_old_rewrites_made(correction, level):
     rollout = SimpleNamespace(ended=ended, logprobs=sampled)
     trainer = SimpleNamespace(cfg=cfg, kl_ctl=FixedKLController(0.0), estimator=ADVANTAGE_ESTIMATORS["grpo"], k=2,
                               kl_in_reward=True, acc=SimpleNamespace(num_processes=1), moments=None)
-    trainer.off_policy = MethodType(OnlineTrainer.off_policy, trainer)
-    trainer.kl_metrics = MethodType(OnlineTrainer.kl_metrics, trainer)
+    trainer.off_policy = MethodType(Learner.off_policy, trainer)
+    trainer.kl_metrics = MethodType(Learner.kl_metrics, trainer)
     exp = Experience(rollout=rollout, rows=[{}] * B, position_ids=None, action=action.float(), valid=valid,
                      scores=scores, old_logprobs=old_lp, ref_logprobs=None, values=None)
-    metrics = OnlineTrainer.advantages(trainer, exp)
+    metrics = Learner.advantages(trainer, exp)
     mask, advantages, weights = _old_step5(action, valid, scores, ended, old_lp, sampled, trainer)
     assert torch.equal(exp.mask, mask) and torch.equal(exp.advantages, advantages)
     assert (exp.is_weights is None) == (weights is None)

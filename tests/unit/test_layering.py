@@ -10,7 +10,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[2] / "src"
 #: rooms from the ground up: a room imports only rooms before it in this list (docs/architecture.md)
 ROOMS = ["errors", "files", "config", "algos", "data", "models", "rollout", "rewards", "envs", "track", "report",
-         "train", "tasks", "pipeline", "evaluate", "plan", "cli", "__main__"]
+         "train", "tasks", "pipeline", "evaluate", "plan", "cli", "api", "__main__"]
 #: the documented exception: config reads the registries it validates against, lazily, inside its checks
 LAZY_REGISTRY_READS = {("config", "algos"), ("config", "rollout"), ("config", "envs")}
 MAX_LINES = 700

@@ -11,7 +11,7 @@ from accelerate.state import AcceleratorState
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhfkit import algos
-from rlhfkit.train.online import OnlineTrainer
+from rlhfkit.train.learner import Learner
 from rlhfkit.train.run import keep_logits_dtype
 
 
@@ -36,7 +36,7 @@ def _logprobs_seen(acc, model, monkeypatch) -> tuple[torch.Tensor, list]:
     batch = {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
              "response_ids": ids[:, -4:]}
     trainer = SimpleNamespace(acc=acc, cfg=SimpleNamespace(generation=SimpleNamespace(temperature=1.0)))
-    return OnlineTrainer.logprobs_of(trainer, model, batch), seen
+    return Learner.logprobs_of(trainer, model, batch), seen
 
 
 def test_logits_reach_token_logprobs_in_the_models_dtype(monkeypatch):

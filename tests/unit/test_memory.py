@@ -140,7 +140,26 @@ def test_seed_note_7b_ppo_with_reward_model_does_not_fit_one_80gb_card(llama7b, 
 
 def test_tiny_spec_architecture():
     a = read_architecture("tiny:hidden=32,layers=1")
-    assert (a.vocab, a.hidden, a.layers, a.heads, a.tied) == (100, 32, 1, 4, True)
+    assert (a.vocab, a.hidden, a.layers, a.heads, a.tied, a.model_type) == (100, 32, 1, 4, True, "llama")
+    assert read_architecture("tiny:arch=gemma3,hidden=32").model_type == "gemma3_text"
+
+
+def test_tiny_spec_families_and_a_bad_arch():
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen3Config
+
+    from rlhfkit.models.tiny import tiny_config
+    from rlhfkit.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("tiny")
+    assert type(tiny_config("tiny:hidden=32", tok)) is LlamaConfig
+    q = tiny_config("tiny:arch=qwen3,hidden=32,heads=4", tok)
+    assert type(q) is Qwen3Config and q.head_dim == 8 and q.vocab_size == len(tok)
+    g = tiny_config("tiny:arch=gemma3,hidden=32,layers=7,window=8", tok)
+    assert type(g) is Gemma3TextConfig and g.sliding_window == 8 and g.query_pre_attn_scalar == g.head_dim == 8
+    assert g.layer_types == ["sliding_attention"] * 5 + ["full_attention", "sliding_attention"]  # Gemma 3's 5:1
+    assert tiny_config("tiny:arch=gemma3,layers=2", tok).layer_types == ["sliding_attention", "full_attention"]
+    with pytest.raises(ModelError, match="unknown tiny architecture 'mamba'.*llama, qwen3, gemma3"):
+        read_architecture("tiny:arch=mamba")
 
 
 def _gguf_string(s: str) -> bytes:

@@ -295,3 +295,34 @@ def test_cli_plan_refuses_a_garbage_gguf_in_one_line(tmp_path, capsys, content):
     f.write_bytes(content)
     assert main(["plan", "configs/sft.yaml", f"model.name={f}"]) == 2
     assert str(f) in _one_error(capsys)
+
+
+def test_continuous_engine_cache_is_its_token_budget_and_plan_says_the_slots(llama_dir, capsys):
+    """Issue 31: GRPO with 4096-token answers at 64 prompts x 8 on a 1B model: the static engine's cache (512 rows x
+    (prompt + 4096)) alone overflows an 80 GiB card; the continuous engine's is its token budget, whatever the batch,
+    and plan prints it in tokens and GiB with the slots it holds at full length."""
+    one_b = Path(__file__).resolve().parents[2] / "bench" / "shapes" / "llama-3.2-1b"
+    common = [f"model.name={one_b}", "generation.max_new_tokens=4096", "data.max_prompt_length=256",
+              "algo.rollout_batch_size=64", "algo.num_generations=8", "algo.mini_batch_size=512",
+              "train.batch_size=2", "model.gradient_checkpointing=true"]
+    kv_per_token = 2 * 16 * 8 * 64 * 2  # keys + values x layers x kv heads x head dim x bf16
+    static = plan(build_config("grpo", {}, common), world=1, gpu_memory=80 * GiB, checks=False)
+    rollout = static.phases[0]
+    assert rollout.items["KV cache"] == 512 * (256 + 4096) * kv_per_token  # 68 GiB: the peak, does not fit
+    assert static.fits is False and static.peak is rollout
+    cont = plan(build_config("grpo", {}, [*common, "generation.engine=continuous", "generation.cache_tokens=524288"]),
+                world=1, gpu_memory=80 * GiB, checks=False)
+    rollout = cont.phases[0]
+    assert rollout.items["KV cache (paged, token budget)"] == 524288 * kv_per_token  # 16 GiB
+    assert rollout.items["sampling numbers"] == 512 * 4097 * 8
+    assert rollout.total < 40 * GiB and cont.fits is True
+    assert "rollout cache: continuous engine, 524,288 tokens = 16.00 GiB (paged); 256 slots decode together; 120 " \
+           "sequences of 256 + 4096 tokens fit at full length" in cont.render()
+    # no float32 [B, T, V] tensor in the rollout: its largest logits term is one step's [slots, V]
+    assert rollout.items["logits and sampling of one decode step"] == 256 * 128256 * 16
+    # the static plan's cheapest fit may take the token-budget cache, and that command plans as it says
+    assert any("generation.engine=continuous generation.cache_tokens=" in o for o, _ in static.suggestions)
+    with pytest.raises(Exception, match="no token-budget cache"):
+        build_config("grpo", {}, [*common, "generation.cache_tokens=100000"])
+    with pytest.raises(Exception, match="holds less than one sequence"):
+        build_config("grpo", {}, [*common, "generation.engine=continuous", "generation.cache_tokens=4000"])

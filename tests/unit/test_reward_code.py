@@ -6,6 +6,7 @@ cannot be set up is one line at the probe."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -90,30 +91,47 @@ def test_hostile_programs_are_scored_failures_within_the_limit(tmp_path, isolati
     assert took < 3 * 4 * len(completions)
 
 
-def test_hostile_program_output_and_reason():
-    box = Sandbox(Limits(**LIMITS))
-    assert box.probe() in ("namespaces", "process")
+def available(level):
+    box = Sandbox(Limits(**LIMITS), isolation=level)
+    try:
+        box.probe()
+    except SandboxError as exc:
+        pytest.skip(f"isolation {level} is not available here: {exc}")
+    return box
+
+
+@pytest.mark.parametrize("level", ["namespaces", "unshare", "process"])
+def test_hostile_program_output_and_reason(level):
+    box = available(level)
     r = box.run("while True:\n    print('y' * 100)")
     assert r.output_capped and len(r.stdout) <= LIMITS["output_bytes"] and "output limit" in r.reason
     r = box.run("import time\ntime.sleep(60)")
     assert r.timed_out and r.seconds < 20 and r.reason == "timed out"
-    r = box.run("import os\nprint(os.getcwd(), sorted(os.environ))")
+    r = box.run("import signal\nsignal.raise_signal(signal.SIGSEGV)")
+    assert r.returncode == -signal.SIGSEGV and r.reason == "killed by signal 11"
+    r = box.run("import os\nprint(os.getcwd(), ' '.join(os.environ))")
     cwd, env = r.stdout.split(" ", 1)
-    assert cwd.startswith(os.path.realpath(os.environ.get("TMPDIR", "/tmp"))) or "rlhfkit-sandbox-" in cwd
-    assert "rlhfkit-sandbox-" in cwd and not os.path.exists(cwd)  # its own directory, removed after
-    assert env.strip() == "['HOME', 'LANG', 'PATH', 'TMPDIR']"  # scrubbed: no tokens, no keys
+    # scrubbed: no tokens, no keys (the init shell or bubblewrap may add its working directory)
+    assert set(env.split()) - {"PWD", "SHLVL", "_"} == {"HOME", "LANG", "PATH", "TMPDIR"}
+    if level == "namespaces":
+        assert cwd == "/sandbox"
+    else:
+        assert "rlhfkit-sandbox-" in cwd and not os.path.exists(cwd)  # its own directory, removed after
 
 
 def test_sandbox_that_cannot_be_set_up_is_one_line(monkeypatch):
-    box = Sandbox(Limits(**LIMITS), isolation="namespaces", python="/nonexistent/python3")
+    box = Sandbox(Limits(**LIMITS), isolation="process", python="/nonexistent/python3")
     with pytest.raises(SandboxError, match="code sandbox cannot be set up") as info:
         box.probe()
     assert "\n" not in str(info.value) and info.value.fix
     with pytest.raises(SandboxError, match="unknown sandbox isolation"):
         Sandbox(isolation="docker")
     monkeypatch.setattr("shutil.which", lambda name: None)
-    with pytest.raises(SandboxError, match="`unshare` not found"):
+    with pytest.raises(SandboxError, match=r"isolation namespaces \(bubblewrap \(bwrap\) is not installed\)") as info:
         Sandbox(Limits(**LIMITS), isolation="namespaces").probe()
+    assert "apt-get install bubblewrap" in info.value.fix
+    with pytest.raises(SandboxError, match="`unshare` not found"):
+        Sandbox(Limits(**LIMITS), isolation="unshare").probe()
 
 
 def test_code_tests_in_worker_processes_go_on_after_hostile_programs():
@@ -125,3 +143,65 @@ def test_code_tests_in_worker_processes_go_on_after_hostile_programs():
         out = combo(["p"] * 4, completions, rows)
     assert out.total.tolist() == pytest.approx([0.0, 1.0, 0.0, 1 / 3])
     assert out.metrics["rewards/code_tests/errors"] == 0 and out.metrics["rewards/code_tests/timeouts"] == 0
+
+
+
+def _without(monkeypatch, *tools):
+    import shutil
+
+    which = shutil.which
+    monkeypatch.setattr("shutil.which", lambda name, *a, **k: None if name in tools else which(name, *a, **k))
+
+
+def test_a_run_decides_its_isolation_once_and_says_it_in_one_line(monkeypatch):
+    from rlhfkit.config.schema import RewardFunction, SandboxConfig
+    from rlhfkit.rewards.code import settle_sandboxes
+
+    lines = []
+    specs = [RewardFunction(fn="code_tests", kwargs={"wall_s": 3}), RewardFunction(fn="exact_match"),
+             RewardFunction(fn="code_tests", name="strict", kwargs={"isolation": "process"})]
+    out = settle_sandboxes(specs, SandboxConfig(), say=lines.append)
+    level = available_level()
+    assert out[0]["kwargs"] == {"wall_s": 3, "isolation": level} and out[1] is specs[1]
+    assert out[2]["kwargs"]["isolation"] == "process" and out[2]["name"] == "strict"
+    assert len(lines) == 2 and all(line.startswith("[sandbox] ") and "\n" not in line for line in lines)
+    assert "warning" in lines[1] and "apt-get install bubblewrap" in lines[1] and "not a boundary" in lines[1]
+    if level == "namespaces":
+        assert "runs in namespaces (bubblewrap" in lines[0] and "warning" not in lines[0]
+    assert settle_sandboxes([RewardFunction(fn="exact_match")], SandboxConfig(), say=lines.append) and len(lines) == 2
+
+
+def available_level() -> str:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Sandbox(isolation="auto").probe()
+
+
+def test_without_bubblewrap_auto_warns_and_a_required_boundary_is_refused_in_one_line(monkeypatch):
+    from rlhfkit.config.schema import RewardFunction, SandboxConfig
+    from rlhfkit.rewards.code import settle_sandboxes
+
+    _without(monkeypatch, "bwrap")
+    lines = []
+    out = settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(), say=lines.append)
+    assert out[0]["kwargs"]["isolation"] in ("unshare", "process")
+    assert len(lines) == 1 and lines[0].startswith("[sandbox] warning:") and "bubblewrap (bwrap) is not installed" \
+        in lines[0] and "apt-get install bubblewrap" in lines[0]
+    with pytest.raises(SandboxError, match="a boundary is required, but model-written code would run under") as info:
+        settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(require_boundary=True), say=lines.append)
+    assert info.value.where == "reward.sandbox.require_boundary" and "apt-get install bubblewrap" in info.value.fix
+    assert "\n" not in str(info.value) and len(lines) == 1  # refused before saying anything
+    for asked in (SandboxConfig(isolation="namespaces"), SandboxConfig(isolation="process", require_boundary=True)):
+        with pytest.raises(SandboxError, match="bubblewrap|require_boundary"):
+            settle_sandboxes([RewardFunction(fn="code_tests")], asked, say=lines.append)
+    with pytest.raises(SandboxError, match="unknown sandbox isolation 'docker'"):
+        settle_sandboxes([RewardFunction(fn="code_tests", kwargs={"isolation": "docker"})], SandboxConfig())
+
+
+def test_a_large_input_the_program_never_reads_ends_at_the_wall_time():
+    box = Sandbox(Limits(**{**LIMITS, "wall_s": 2.0}))
+    t0 = time.perf_counter()
+    r = box.run("import time\ntime.sleep(60)", stdin="x" * (4 << 20))  # far past a pipe's buffer
+    assert r.timed_out and time.perf_counter() - t0 < 15

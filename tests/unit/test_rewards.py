@@ -441,15 +441,15 @@ def test_online_score_drops_samples_without_finite_reward(tok):
     from rlhfkit.algos import RunningMoments
     from rlhfkit.config import build_config
     from rlhfkit.train.experience import Experience
-    from rlhfkit.train.online import OnlineTrainer
+    from rlhfkit.train.learner import Learner
+    from rlhfkit.train.producer import Producer
 
     cfg = build_config("ppo", {}, ["reward.missing_eos_penalty=0", "reward.clip=null"])
     trainer = SimpleNamespace(tok=tok, scorer=None, phases=NO_PHASES, timer=PhaseTimer(), device=torch.device("cpu"),
-                              cfg=cfg,
+                              cfg=cfg, max_steps=10,
                               moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x),
                               functions=CombinedRewards([f"{FNS_FILE}:some_bad", "exact_match"]))
-    trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
-    trainer.penalised = MethodType(OnlineTrainer.penalised, trainer)
+    trainer.shape_scores = MethodType(Learner.shape_scores, trainer)
     ids = [tok("a", add_special_tokens=False).input_ids[0], tok("b", add_special_tokens=False).input_ids[0]]
     response_ids = torch.tensor([[ids[0]]] * 5 + [[ids[1]]])
     rollout = SimpleNamespace(response_ids=response_ids, response_mask=torch.ones(6, 1, dtype=torch.bool),
@@ -458,7 +458,8 @@ def test_online_score_drops_samples_without_finite_reward(tok):
                               lengths=torch.ones(6, dtype=torch.long))
     rows = [{"prompt": [{"role": "user", "content": "say a"}], "answer": "a"}] * 6
     exp = Experience(rollout=rollout, rows=rows, position_ids=None, action=torch.ones(6, 1))
-    OnlineTrainer.score(trainer, exp, step=1)
+    Producer.score(trainer, exp, step=1, allow_all_dropped=False)  # steps 3 and 3b: the producer's, the learner's
+    exp.scores = trainer.shape_scores(exp.raw_scores, rollout.ended, rollout.lengths, exp.valid)
     assert exp.texts == ["a"] * 5 + ["b"]
     assert exp.raw_scores.tolist() == [2.0, 0.0, 0.0, 1.0, 0.0, 2.0]
     assert exp.mask.squeeze(-1).tolist() == [1.0, 0.0, 0.0, 1.0, 0.0, 1.0]
@@ -491,15 +492,15 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
     from rlhfkit.algos import RunningMoments
     from rlhfkit.config import build_config
     from rlhfkit.train.experience import Experience
-    from rlhfkit.train.online import OnlineTrainer
+    from rlhfkit.train.learner import Learner
+    from rlhfkit.train.producer import Producer
 
     cfg = build_config("grpo", {}, ["reward.missing_eos_penalty=0"])
     scorer = SimpleNamespace(model=None, score=lambda *a: torch.tensor([1.0, math.nan, math.inf, 3.0]))
     trainer = SimpleNamespace(tok=tok, scorer=scorer, phases=NO_PHASES, timer=PhaseTimer(), functions=None,
                               device=torch.device("cpu"),
                               cfg=cfg, moments=RunningMoments(), acc=SimpleNamespace(gather=lambda x: x))
-    trainer.shape_scores = MethodType(OnlineTrainer.shape_scores, trainer)
-    trainer.penalised = MethodType(OnlineTrainer.penalised, trainer)
+    trainer.shape_scores = MethodType(Learner.shape_scores, trainer)
     ids = torch.tensor([[tok("a", add_special_tokens=False).input_ids[0]]] * 4)
     rollout = SimpleNamespace(response_ids=ids, response_mask=torch.ones(4, 1, dtype=torch.bool),
                               ended=torch.ones(4, dtype=torch.bool), sequences=ids,
@@ -507,7 +508,8 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
                               lengths=torch.ones(4, dtype=torch.long))
     exp = Experience(rollout=rollout, rows=[{"prompt": [{"role": "user", "content": "x"}]}] * 4, position_ids=None,
                      action=torch.ones(4, 1))
-    OnlineTrainer.score(trainer, exp, step=1)
+    Producer.score(trainer, exp, step=1, allow_all_dropped=False)  # steps 3 and 3b: the producer's, the learner's
+    exp.scores = trainer.shape_scores(exp.raw_scores, rollout.ended, rollout.lengths, exp.valid)
     assert exp.raw_scores.tolist() == [1.0, 0.0, 0.0, 3.0] and exp.scores.tolist() == [1.0, 0.0, 0.0, 3.0]
     assert exp.mask.squeeze(-1).tolist() == [1.0, 0.0, 0.0, 1.0]
     assert exp.reward_metrics["rewards/dropped"] == 2.0 and exp.reward_metrics["rewards/model/mean"] == 2.0
@@ -516,5 +518,7 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
 def test_bools_count_as_numbers_and_signature_is_checked_at_construction():
     # [c == "a" for c in completions] is a common reward: True / False are 1.0 / 0.0
     assert CombinedRewards([f"{FNS_FILE}:returns_bool"])(["p"] * 2, ["a", "b"], [{}] * 2).total.tolist() == [1.0, 1.0]
-    with pytest.raises(RewardError, match=r"takes \(completions\), not \(prompts, completions, \*\*fields\)"):
-        CombinedRewards([f"{FNS_FILE}:one_argument"])
+    with pytest.raises(RewardError, match=r"takes \(texts\), not \(prompts, completions, \*\*fields\)"):
+        CombinedRewards([f"{FNS_FILE}:one_unnamed"])
+    # a function of completions alone is TRL's convention (rewards/trl_style.py): called with completions only
+    assert CombinedRewards([f"{FNS_FILE}:one_argument"])(["p"] * 2, ["a", "b"], [{}] * 2).valid.all()

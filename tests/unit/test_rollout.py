@@ -1,6 +1,7 @@
 """Rollout engines: responses end at the first EOS / stop string, masks and padding after it, reproducibility,
 batch invariance of left padding, and the model's training flags restored -- the same assertions for ``hf`` (the
-reference) and ``static`` (uncompiled here; tests/unit/test_rollout_static.py compares the two token for token).
+reference), ``static`` (uncompiled here; tests/unit/test_rollout_static.py compares the two token for token) and
+``continuous`` (tests/unit/test_rollout_continuous.py).
 
 Most tests use a *rigged* tiny Llama: one-hot embeddings, the decoder layer's outputs zeroed, and an untied LM head
 holding a transition table, so the greedy next token depends only on the current token ("a" -> "b" -> "c" -> EOS).
@@ -31,10 +32,10 @@ from rlhfkit.rollout import (
 )
 
 EOS, PAD, UNK = 2, 0, 3
-ENGINE_KW = {"hf": {}, "static": {"compile": False, "sync_every": 2}}
+ENGINE_KW = {"hf": {}, "static": {"compile": False, "sync_every": 2}, "continuous": {"sync_every": 2}}
 
 
-@pytest.fixture(params=["hf", "static"])
+@pytest.fixture(params=["hf", "static", "continuous"])
 def engine_name(request):
     return request.param
 
@@ -184,7 +185,8 @@ def test_greedy_is_deterministic_and_batch_invariant(tok, engine_name):
     done: list[int] = []  # what a progress display is told: rows finished, per micro-batch
     micro = make(engine_name, batch_size=3).generate(model, prompts, SamplingParams(greedy=True, max_new_tokens=10),
                                                      on_rows=done.append)
-    assert torch.equal(micro.response_ids, batch.response_ids) and done == [3, 1]
+    assert torch.equal(micro.response_ids, batch.response_ids) and sum(done) == 4
+    assert done == [3, 1] or engine_name == "continuous"  # (continuous: 3 slots, told as requests end)
     assert torch.equal(micro.prompt_ids, batch.prompt_ids)
     # temperature 0 means greedy
     t0 = make(engine_name).generate(model, prompts, SamplingParams(max_new_tokens=10, temperature=0.0))
@@ -287,7 +289,7 @@ def test_rollout_helpers():
 
 
 def test_registry_and_generate_text(tok, chain_model):
-    assert {"hf", "static", "auto"} <= set(ENGINES)
+    assert {"hf", "static", "continuous", "auto"} <= set(ENGINES)
     assert all(issubclass(cls, Engine) for cls in ENGINES.values())
     with pytest.raises(ConfigError, match="did you mean 'hf'"):
         check_engine("hff")

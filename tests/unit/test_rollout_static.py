@@ -15,10 +15,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 
 from rlhfkit.algos import token_logprobs
 from rlhfkit.models.tokenizer import load_tokenizer
-from rlhfkit.rollout import AutoEngine, HFEngine, Rollout, SamplingParams, StaticEngine, merged_lora
+from rlhfkit.rollout import AutoEngine, ContinuousEngine, HFEngine, Rollout, SamplingParams, StaticEngine, merged_lora
 from rlhfkit.rollout import static as static_module
 from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.online import response_logits
+from rlhfkit.train.forward import response_logits
 
 EOS, PAD = 2, 0
 COMMON = dict(eos_token_ids=[EOS], pad_token_id=PAD)
@@ -39,7 +39,7 @@ def random_model(arch: str = "llama", eos_bias: float = 0.0, seed: int = 0, **ov
     cfg, cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
                 "mistral": (MistralConfig, MistralForCausalLM)}[arch]
     if arch == "mistral":
-        kw["sliding_window"] = None
+        kw.setdefault("sliding_window", None)
     model = cls(cfg(**kw)).eval()
     if eos_bias:
         head = model.lm_head if not model.config.tie_word_embeddings else None
@@ -126,11 +126,17 @@ def test_sampled_logprobs_equal_the_trainers(temperature):
 
 
 def test_top_k_top_p_logprobs_are_of_the_distribution_sampled():
+    check_filtered_logprobs(static())
+
+
+def check_filtered_logprobs(engine) -> None:
+    """Sampled with top-k and top-p: the log-probs are those of transformers' filtered distribution (shared with
+    the other engines' tests)."""
     from transformers import TopKLogitsWarper, TopPLogitsWarper
 
     model = random_model(seed=5)
-    r = static().generate(model, ragged_prompts(4, seed=6), SamplingParams(max_new_tokens=10, temperature=0.8,
-                                                                          top_k=7, top_p=0.6), seed=1)
+    r = engine.generate(model, ragged_prompts(4, seed=6), SamplingParams(max_new_tokens=10, temperature=0.8,
+                                                                         top_k=7, top_p=0.6), seed=1)
     batch = {"input_ids": r.sequences, "attention_mask": r.attention_mask,
              "position_ids": position_ids_of(r.attention_mask), "response_ids": r.response_ids}
     with torch.no_grad():
@@ -158,17 +164,21 @@ def test_seeded_runs_reproducible():
     assert len(set(a.lengths.tolist())) > 1
 
 
-def test_lora_merged_for_the_call_and_weights_bit_identical_after(tok):
+def random_lora(seed: int = 9):
+    """A random model with a LoRA adapter of non-zero weights on q, v and gate, and a copy of its state dict."""
     from peft import LoraConfig, get_peft_model
 
-    base = random_model(seed=9)
-    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"],
-                                           init_lora_weights=False))
+    lora = get_peft_model(random_model(seed=seed), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "gate_proj"], init_lora_weights=False))
     with torch.no_grad():
         for n, p in lora.named_parameters():
             if "lora_B" in n:
                 p.normal_(0.0, 0.5)
-    before = {n: t.detach().clone() for n, t in lora.state_dict().items()}
+    return lora, {n: t.detach().clone() for n, t in lora.state_dict().items()}
+
+
+def test_lora_merged_for_the_call_and_weights_bit_identical_after(tok):
+    lora, before = random_lora()
     prompts = ragged_prompts(4, seed=10)
     params = SamplingParams(max_new_tokens=12, greedy=True)
     ids = [torch.tensor(p)[None] for p in prompts]
@@ -196,20 +206,22 @@ def test_lora_merged_for_the_call_and_weights_bit_identical_after(tok):
     q.base_layer.weight.data.copy_(before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
 
 
-def test_uncovered_model_falls_back_to_hf_with_one_line(capsys):
-    from transformers import GPT2Config, GPT2LMHeadModel
+def test_a_model_neither_path_covers_falls_back_to_hf_with_one_line(capsys):
+    from transformers import BloomConfig, BloomForCausalLM
 
-    torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=64,
-                                      eos_token_id=EOS, bos_token_id=EOS)).eval()
+    torch.manual_seed(0)  # Bloom: ALiBi attention, no custom attention function (not transformers' attention backend)
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=100, hidden_size=32, n_layer=1, n_head=2, eos_token_id=EOS,
+                                         bos_token_id=EOS, pad_token_id=PAD)).eval()
     prompts = ragged_prompts(3, seed=2)
     params = SamplingParams(max_new_tokens=6, greedy=True)
-    ref = HFEngine(**COMMON).generate(gpt2, prompts, params)
-    for engine in (static(), AutoEngine(**COMMON)):
+    ref = HFEngine(**COMMON).generate(bloom, prompts, params)
+    for engine in (static(), ContinuousEngine(**COMMON), AutoEngine(**COMMON)):
         for _ in range(2):
-            assert_same_rollout(ref, engine.generate(gpt2, prompts, params))
-    lines = [line for line in capsys.readouterr().out.splitlines() if "GPT2LMHeadModel" in line]
-    assert len(lines) == 2 and "generating with hf" in lines[0] and "using hf" in lines[1]  # once per engine
+            assert_same_rollout(ref, engine.generate(bloom, prompts, params))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "BloomForCausalLM" in line]
+    assert len(lines) == 3 and "generating with hf" in lines[0] and "auto: hf engine on cpu" in lines[2]  # once each
+    assert "does not take a custom attention function" in lines[2]
+    assert "continuous engine" in lines[1] and "generating with hf" in lines[1]
 
 
 def test_auto_uses_the_table_and_reports_compile_time(capsys):
@@ -224,7 +236,7 @@ def test_auto_uses_the_table_and_reports_compile_time(capsys):
     assert_same_rollout(HFEngine(**COMMON).generate(model, ragged_prompts(3), params),
                         engine.generate(model, ragged_prompts(3), params))
     assert engine.take_stats() == {"time/rollout_compile": 0.0}  # the CPU entry does not compile
-    assert f"auto: {name} engine on cpu" in capsys.readouterr().out
+    assert f"auto: {name} engine on cpu, rlhfkit's decoder for LlamaForCausalLM" in capsys.readouterr().out
 
 
 def test_sample_tokens_against_transformers_warpers_and_frequencies():
@@ -303,8 +315,23 @@ def test_coverage_reasons():
     assert coverage(model) is None
     sliding = random_model("mistral")
     sliding.config.sliding_window = 8
-    assert "sliding-window" in coverage(sliding)
+    assert coverage(sliding) is None  # a window on every layer, masked by the decoder
+    qwen = random_model("qwen2")
+    qwen.config.layer_types = ["sliding_attention", "chunked_attention"]
+    assert "layer types ['chunked_attention']" in coverage(qwen)
     assert "RoPE type 'dynamic'" in coverage(random_model(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+
+
+def test_dropping_the_window_changes_the_tokens(monkeypatch):
+    """The sliding-window mask matters in these tests: a decoder that ignored it would not give hf's tokens."""
+    from rlhfkit.rollout import decoder
+
+    model = random_model("mistral", eos_bias=3.0, sliding_window=4)
+    prompts, params = ragged_prompts(6, seed=2), SamplingParams(max_new_tokens=16, greedy=True)
+    ref = HFEngine(**COMMON).generate(model, prompts, params)
+    assert_same_rollout(ref, static().generate(model, prompts, params))
+    monkeypatch.setattr(decoder, "layer_windows", lambda arch, cfg: (None,) * cfg.num_hidden_layers)
+    assert not torch.equal(ref.response_ids, static().generate(model, prompts, params).response_ids)
 
 
 def test_a_repeated_prompt_is_prefilled_once_with_the_same_cache_and_logits(monkeypatch):

@@ -209,3 +209,32 @@ def test_a_critical_health_stop_saves_no_checkpoint_with_one_process(tmp_path, m
     with pytest.raises(CriticalHealthStop, match="KL 80"):  # at step 4, a periodic checkpoint step (save_every=4)
         _toy(_cfg(tmp_path, "health", "track.stop_on_critical=true"))
     assert list_checkpoints(tmp_path / "health") == []
+
+
+def test_callbacks_hear_of_steps_and_can_ask_for_a_stop(tmp_path):
+    # the Python API's callbacks (train/run.py): a plain function is an on_step callback; True asks for a stop at the
+    # next step boundary, which exits with code 0 (no signal); eval metrics also reach on_eval
+    from types import SimpleNamespace
+
+    from rlhfkit.train.run import Run, with_callbacks
+    from rlhfkit.train.stop import exit_code
+
+    heard = []
+
+    def watch(step, metrics):
+        heard.append((step, dict(metrics)))
+        return step >= 2
+
+    class Evals:
+        def on_eval(self, step, metrics):
+            heard.append(("eval", metrics))
+
+    with with_callbacks([watch, Evals()]):
+        run = Run(cfg=None, accelerator=SimpleNamespace(is_main_process=True), run_dir=tmp_path)
+    assert Run(cfg=None, accelerator=None, run_dir=tmp_path).callbacks == ()  # outside the context: none
+    run.log({"loss": 1.0}, 1)
+    assert run.stop.signal is None
+    run.log({"loss": 0.5, "eval/loss": 0.7}, 2)
+    assert heard == [(1, {"loss": 1.0}), (2, {"loss": 0.5, "eval/loss": 0.7}), ("eval", {"eval/loss": 0.7})]
+    assert run.stop.signal == "a callback (watch)" and exit_code(run.stop.signal) == 0
+    assert exit_code("SIGTERM") == 143

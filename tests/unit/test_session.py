@@ -463,3 +463,16 @@ def test_data_files_are_fingerprinted_by_resolved_path_and_content(tmp_path, mon
     # a directory of files: every file's name, size and content; a datasets name stays a name
     assert checkpoint.data_identity(str(tmp_path / "sub"))["size"] == data.stat().st_size
     assert checkpoint.data_identity("org/some-dataset") == "org/some-dataset"
+
+
+def test_a_reward_function_setting_added_later_keeps_old_fingerprints():
+    # reward.functions[].convention came after checkpoints were written: at its default (auto) the fingerprint is the
+    # one an earlier version wrote, so those runs still resume; another value is a change of the run
+    from rlhfkit.config import build_config
+    from rlhfkit.train.checkpoint import run_fingerprint
+
+    fns = "reward.functions=[{fn: exact_match}]"
+    old = run_fingerprint(build_config("grpo", {}, [fns]))["reward.functions"]
+    assert old == [{"fn": "exact_match", "weight": 1.0, "name": None, "kwargs": {}}]
+    trl = run_fingerprint(build_config("grpo", {}, ["reward.functions=[{fn: exact_match, convention: trl}]"]))
+    assert trl["reward.functions"][0]["convention"] == "trl"

@@ -35,6 +35,7 @@ from .parse import (
 )
 from .recipes import RECIPES, Recipe
 from .schema import (
+    AsyncConfig,
     CriticConfig,
     DataConfig,
     DistributedConfig,
@@ -62,18 +63,21 @@ from .schema import (
     TrackConfig,
     TrainConfig,
     f,
+    field_of,
+    key_of,
 )
 from .splits import parse_split
 from .trl import TRL_NAMES, TrlName
 
 __all__ = [
-    "RECIPES", "TRL_NAMES", "STATIC_CHOICES", "CriticConfig",
+    "RECIPES", "TRL_NAMES", "STATIC_CHOICES", "AsyncConfig", "CriticConfig",
     "DataConfig", "DistributedConfig", "DynamicSamplingConfig",
     "EnvConfig", "GenerationConfig", "KLConfig", "LoraConfig", "MemoryConfig", "ModelConfig", "OffPolicyConfig",
     "OnlineAlgoConfig", "OnlineConfig", "OptimConfig", "OverlongConfig", "PipelineConfig", "PreferenceAlgoConfig",
     "PreferenceConfig", "Recipe", "RewardConfig", "RewardFunction", "RewardModelConfig", "RMConfig", "SFTConfig",
     "TeacherConfig", "TrackConfig", "TrainConfig", "TrlName", "build_config", "check_backends", "check_output_dir",
-    "choices_of", "dump_yaml", "f", "known_backends", "load_config", "locate", "parse_override", "parse_split",
+    "choices_of", "dump_yaml", "f", "field_of", "key_of", "known_backends", "load_config", "locate", "parse_override",
+    "parse_split",
     "read_yaml",
     "registry_choices", "replace", "require_model", "save_config", "show_yaml", "specific_sections", "trl_entry",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError, is_main_rank
 from .recipes import RECIPES
+from .schema import field_of, key_of
 from .trl import NoEquivalent, TrlName, entries_for, same_value, word
 
 
@@ -62,7 +63,7 @@ def _default_of(recipe: str, key: str):
         return obj
     obj = RECIPES[recipe].config()
     for part in key.split("."):
-        obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
+        obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, field_of(part), None)
     return obj
 
 
@@ -72,9 +73,9 @@ def _has_key(recipe: str, key: str) -> bool:
     for part in key.split("."):
         if not dataclasses.is_dataclass(obj):
             return True  # inside a mapping (data.fields.text)
-        if part not in {fl.name for fl in dataclasses.fields(obj)}:
+        if part not in {key_of(fl.name) for fl in dataclasses.fields(obj)}:
             return key.removeprefix("algo.") in MOVED_TO_POLICY_SECTION and hasattr(obj, "policy_loss")
-        obj = getattr(obj, part)
+        obj = getattr(obj, field_of(part))
     return True
 
 

@@ -241,7 +241,13 @@ def _check_online(cfg) -> None:
                               fix="give fn: package.module:function, file.py:function or a built-in name")
     from ..rollout import check_engine  # the registry, read lazily (the documented exception)
 
-    check_engine(cfg.generation.engine, cfg.generation.engine_kwargs)
+    check_engine(cfg.generation.engine, cfg.generation.engine_kwargs, cfg.generation.cache_tokens)
+    longest = (cfg.data.max_prompt_length or cfg.data.max_length) + cfg.generation.max_new_tokens
+    if cfg.generation.cache_tokens is not None and cfg.generation.cache_tokens < longest:
+        raise ConfigError(f"generation.cache_tokens={cfg.generation.cache_tokens} holds less than one sequence "
+                          f"({longest} tokens: the prompt limit + generation.max_new_tokens)",
+                          where="generation.cache_tokens", fix=f"give at least {longest} (a few times more: "
+                          "the slots share it)")
     if any(not text for text in cfg.generation.stop_strings):
         raise ConfigError("generation.stop_strings holds an empty string (every response would stop at once)",
                           where="generation.stop_strings", fix="remove the empty entry")

@@ -18,6 +18,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "algo.off_policy.level": ("token", "sequence"),
     "distributed.strategy": ("ddp", "fsdp2", "deepspeed"),
     "reward.remote.kind": ("chat", "json"),
+    "reward.sandbox.isolation": ("auto", "namespaces", "unshare", "process"),
 }
 
 
@@ -33,7 +34,7 @@ def registry_choices() -> dict[str, tuple[str, ...]]:
         "algo.kl.estimator": tuple(algos.KL_ESTIMATORS),
         "algo.loss": tuple(algos.PREFERENCE_LOSSES),
         "algo.policy_loss": tuple(algos.POLICY_LOSSES),
-        "algo.off_policy.correction": tuple(algos.OFF_POLICY_CORRECTIONS),
+        "algo.off_policy.correction": ("auto", *algos.OFF_POLICY_CORRECTIONS),
     }
 
 

@@ -67,6 +67,7 @@ from ..errors import ConfigError
 from .aliases import _begin_aliases, _flush_aliases, apply_trl_names, move_policy_settings, split_trl_names, trl_entry
 from .choices import choices_of
 from .recipes import RECIPES
+from .schema import key_of
 from .trl import TRL_NAMES
 
 YAML_MAX_BYTES = 1 << 20  # a config file or an override value; a longer one is refused
@@ -272,8 +273,8 @@ def _build(cls, data: dict, prefix: str, source: str, base=None):
     from the parent's default for that field, so a recipe's own defaults survive a partial override."""
     base = base if base is not None else cls()
     hints = typing.get_type_hints(cls)
-    fields_by_name = {fl.name: fl for fl in dataclasses.fields(cls)}
-    names = list(fields_by_name)
+    fields_by_key = {key_of(fl.name): fl for fl in dataclasses.fields(cls)}
+    names = list(fields_by_key)
     kwargs = {}
     for key, value in data.items():
         path = f"{prefix}.{key}" if prefix else str(key)
@@ -282,19 +283,20 @@ def _build(cls, data: dict, prefix: str, source: str, base=None):
                 f"unknown key '{path}'", where=source,
                 fix=_did_you_mean(str(key), names, f"{prefix}." if prefix else ""), key=path,
             )
-        current = getattr(base, key)
+        name = fields_by_key[key].name
+        current = getattr(base, name)
         if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            kwargs[key] = _build(type(current), value, path, source, base=current)
+            kwargs[name] = _build(type(current), value, path, source, base=current)
             continue
-        coerced = _coerce(value, hints[key], path, source)
-        _check_bounds(coerced, fields_by_name[key].metadata, path, source)
+        coerced = _coerce(value, hints[name], path, source)
+        _check_bounds(coerced, fields_by_key[key].metadata, path, source)
         choices = choices_of(path)
         if choices is not None and coerced not in choices:
             raise ConfigError(
                 f"'{path}' must be one of {', '.join(choices)}, got {coerced!r}", where=source,
                 fix=_did_you_mean(str(coerced), list(choices)), key=path,
             )
-        kwargs[key] = coerced
+        kwargs[name] = coerced
     return dataclasses.replace(base, **kwargs)
 
 
@@ -511,7 +513,7 @@ def dump_yaml(cfg, comments: bool = True) -> str:
             help_text = fl.metadata.get("help", "")
             pad = "  " * indent
             if dataclasses.is_dataclass(value):
-                lines.append(f"{pad}{fl.name}:" + (f"  # {help_text}" if comments and help_text else ""))
+                lines.append(f"{pad}{key_of(fl.name)}:" + (f"  # {help_text}" if comments and help_text else ""))
                 emit(value, indent + 1)
                 continue
             if isinstance(value, list) and value and dataclasses.is_dataclass(value[0]):
@@ -519,7 +521,7 @@ def dump_yaml(cfg, comments: bool = True) -> str:
             text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
             if text.endswith("\n...") or text.endswith("..."):
                 text = text.replace("\n...", "").replace("...", "").strip()
-            lines.append(f"{pad}{fl.name}: {text}" + (f"  # {help_text}" if comments and help_text else ""))
+            lines.append(f"{pad}{key_of(fl.name)}: {text}" + (f"  # {help_text}" if comments and help_text else ""))
 
     emit(cfg, 0)
     return "\n".join(lines) + "\n"

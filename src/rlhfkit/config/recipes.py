@@ -17,8 +17,10 @@ class Recipe:
     """One recipe: its command name, config class, defaults layered under the YAML, runner, family.
 
     family: supervised | reward | online | preference | pipeline. ``makes_policy``: its output is a policy the next
-    pipeline stage starts from. ``task_files``: the built-in task's data files for ``data.*`` (pipelines with a task).
-    ``runner`` is ``module:function`` (imported only when the recipe runs, so ``--help`` does not import torch).
+    pipeline stage starts from. ``title``: its name in the Python API's classes (``GRPO`` -> ``rlhfkit.GRPOTrainer``,
+    ``rlhfkit.GRPOConfig``; default: the name in capitals). ``task_files``: the built-in task's data files for
+    ``data.*`` (pipelines with a task). ``runner`` is ``module:function`` (imported only when the recipe runs, so
+    ``--help`` does not import torch).
     """
 
     name: str
@@ -29,6 +31,11 @@ class Recipe:
     defaults: dict = field(default_factory=dict)
     makes_policy: bool = False
     task_files: dict = field(default_factory=dict)
+    title: str = ""
+
+    @property
+    def api_name(self) -> str:
+        return self.title or self.name.upper()
 
     def run(self, cfg):
         module, fn = self.runner.split(":")
@@ -43,7 +50,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("sft", SFTConfig, "supervised", "rlhfkit.train.sft:run_sft", "supervised fine-tuning on demonstrations",
            makes_policy=True, task_files={"train": "sft.jsonl"}),
     Recipe("rm", RewardModelConfig, "reward", "rlhfkit.train.reward:run_rm",
-           "train a reward model on preference pairs (Bradley-Terry)", task_files=_PAIRS),
+           "train a reward model on preference pairs (Bradley-Terry)", task_files=_PAIRS, title="Reward"),
     Recipe("ppo", OnlineConfig, "online", _ONLINE_RUNNER, "online RL with PPO (critic + GAE)",
            {"output_dir": "runs/ppo"}, makes_policy=True, task_files=_PROMPTS),
     Recipe("grpo", OnlineConfig, "online", _ONLINE_RUNNER, "online RL with GRPO (group-normalised advantages)",
@@ -58,13 +65,13 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("reinforce", OnlineConfig, "online", _ONLINE_RUNNER, "online RL with REINFORCE++",
            {"output_dir": "runs/reinforce", **_NO_NORMALIZE,
             "algo": {"advantage": "reinforce_pp", "whiten_advantages": False}},
-           makes_policy=True, task_files=_PROMPTS),
+           makes_policy=True, task_files=_PROMPTS, title="Reinforce"),
     Recipe("distill", OnlineConfig, "online", _ONLINE_RUNNER,
            "on-policy distillation: the student samples, a frozen teacher scores each token (reverse KL)",
            {"output_dir": "runs/distill", **_NO_NORMALIZE,
             "algo": {"advantage": "distill", "gamma": 0.0, "whiten_advantages": False, "ppo_epochs": 1,
                      "kl": {"coef": 0.0}}},
-           makes_policy=True, task_files=_PROMPTS),
+           makes_policy=True, task_files=_PROMPTS, title="Distill"),
     Recipe("dpo", PreferenceConfig, "preference", _PREFERENCE_RUNNER, "offline preference optimisation: DPO",
            {"output_dir": "runs/dpo", "algo": {"loss": "dpo"}}, makes_policy=True, task_files=_PAIRS),
     Recipe("ipo", PreferenceConfig, "preference", _PREFERENCE_RUNNER, "offline preference optimisation: IPO",
@@ -75,9 +82,9 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            makes_policy=True, task_files={"train": "unpaired.jsonl", "eval": "eval_preference.jsonl"}),
     Recipe("simpo", PreferenceConfig, "preference", _PREFERENCE_RUNNER, "offline preference optimisation: SimPO",
            {"output_dir": "runs/simpo", "algo": {"loss": "simpo", "beta": 2.0}}, makes_policy=True,
-           task_files=_PAIRS),
+           task_files=_PAIRS, title="SimPO"),
     Recipe("orpo", PreferenceConfig, "preference", _PREFERENCE_RUNNER, "offline preference optimisation: ORPO",
            {"output_dir": "runs/orpo", "algo": {"loss": "orpo"}}, makes_policy=True, task_files=_PAIRS),
     Recipe("pipeline", PipelineConfig, "pipeline", "rlhfkit.pipeline:run_pipeline",
-           "run several stages in order (e.g. SFT -> RM -> PPO)"),
+           "run several stages in order (e.g. SFT -> RM -> PPO)", title="Pipeline"),
 )}

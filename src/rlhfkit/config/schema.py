@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import keyword
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,17 @@ def f(default, help: str, **kw):  # noqa: A002 - short helper for fields with he
     return field(default=default, metadata={"help": help, **kw})
 
 
+def key_of(name: str) -> str:
+    """The config key of a field: its name, except that a field named after a Python keyword carries a trailing
+    underscore that its key does not (the field ``async_`` is the key ``algo.async``)."""
+    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
+
+
+def field_of(key: str) -> str:
+    """The field name of config key ``key`` (the inverse of :func:`key_of`)."""
+    return f"{key}_" if keyword.iskeyword(key) else key
+
+
 # ─────────────────────────────────────────────── shared sections ──────────────────────────────────────────────
 
 
@@ -47,7 +59,8 @@ class LoraConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str | None = f(None, "the model (required): HF directory, cached hub name, .gguf file, or "
-                               "tiny[:hidden=..,layers=..] (the built-in toy model, only when named)")
+                               "tiny[:hidden=..,layers=..,arch=llama|qwen3|gemma3] (the built-in toy model, only "
+                               "when named)")
     gguf_file: str | None = f(None, "GGUF file name inside `name` (a directory) when loading a GGUF model")
     dtype: str = f("auto", "auto (CUDA: fp32 weights + bf16 autocast when trained, bf16 when frozen or LoRA base; "
                            "CPU: fp32) | float32 | bfloat16 | float16")
@@ -125,13 +138,24 @@ class GenerationConfig:
     top_k: int = f(0, "top-k sampling; 0 = off", ge=0)
     stop_strings: list[str] = f([], "extra strings that end a response (EOS always does)")
     engine: str = f("auto", "rollout engine (see `rollout.ENGINES`): auto (the fastest expected for the device and "
-                            "model: static uncompiled on CPU (measured), static with CUDA graphs on CUDA (not yet "
-                            "measured on a GPU), hf for a model static does not cover) | hf (transformers generate, "
-                            "the reference) | static (our decode loop over a preallocated KV cache, compiled)")
+                            "model: static uncompiled on CPU (measured), static with CUDA graphs on CUDA; hf only for "
+                            "a model neither static path runs; one line says which) | hf (transformers generate, the "
+                            "reference) | static (our decode loop over a preallocated KV cache, compiled: rlhfkit's "
+                            "decoder for Llama, Qwen2/2.5/3, Mistral, Gemma 2/3, Phi-3/4, else the model's own "
+                            "modules over the same cache) | continuous (continuous batching: requests wait in a queue, "
+                            "slots decode together and take the next request as they end, over a paged cache of "
+                            "generation.cache_tokens; rlhfkit's decoder's models, else hf)")
     engine_kwargs: dict[str, Any] = f({}, "settings of the engine: hf: cache_implementation (static), compile; "
                                           "static: compile (default true), cuda_graphs (default true), sync_every "
-                                          "(tokens between checks for ended rows, 8), cache_multiple (64)")
-    batch_size: int | None = f(None, "generation micro-batch; null = whole rollout batch", ge=1)
+                                          "(tokens between checks for ended rows, 8), cache_multiple (64); "
+                                          "continuous: block_size (16), prefill_chunk (512), sync_every (8), "
+                                          "memory_fraction (0.3), cuda_graphs (true)")
+    batch_size: int | None = f(None, "generation micro-batch (continuous: the slots decoding together); null = whole "
+                                     "rollout batch (continuous: every request, at most 256)", ge=1)
+    cache_tokens: int | None = f(None, "continuous engine: the KV cache's budget in tokens (paged; `rlhfkit plan` "
+                                       "prints it in GiB and the slots it holds at full length); null = what every "
+                                       "slot needs at full length, capped on CUDA at engine_kwargs.memory_fraction "
+                                       "(0.3) of the free device memory", ge=1)
 
 
 @dataclass(frozen=True)
@@ -167,6 +191,9 @@ class RewardFunction:
     weight: float = f(1.0, "weight of this function in the total reward")
     name: str | None = f(None, "name in the logs (rewards/<name>/mean); default = function name")
     kwargs: dict[str, Any] = f({}, "keyword arguments passed to the function")
+    convention: str = f("auto", "how it is called: rlhfkit (fn(prompts, completions, **fields), texts) | trl (TRL's "
+                                "keywords: completion_ids, trainer_state, and completions as messages when the data is "
+                                "conversational) | auto (trl when it names completions first or takes only **kwargs)")
 
 
 @dataclass(frozen=True)
@@ -194,6 +221,17 @@ class RemoteJudgeConfig:
 
 
 @dataclass(frozen=True)
+class SandboxConfig:
+    isolation: str = f("auto", "how model-written code (code_tests) is isolated: auto (the strongest this machine "
+                               "offers, said in one line at the start; a warning naming bubblewrap when weaker than "
+                               "namespaces) | namespaces (the boundary: bubblewrap's mount / PID / network / user "
+                               "namespaces, a read-only system, a seccomp filter, limits) | unshare (PID and network "
+                               "namespaces; your file system) | process (limits only)")
+    require_boundary: bool = f(False, "refuse to run (one line, exit 2, before any weights load) unless model-written "
+                                      "code runs in namespaces (bubblewrap)")
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     model: str | None = f(None, "reward-model directory (from `rlhfkit rm`); null = functions only")
     functions: list[RewardFunction] = f([], "rule / user reward functions combined by weight")
@@ -208,6 +246,8 @@ class RewardConfig:
     lint: bool = f(True, "before the run, call the rewards on adversarial completions built from the prompts: print "
                          "which score high, stop on a certain bug (an empty answer paid the most)")
     remote: RemoteJudgeConfig = f(RemoteJudgeConfig(), "a remote judge (HTTP) as one more reward function")
+    sandbox: SandboxConfig = f(SandboxConfig(), "where code_tests runs model-written code (a code_tests kwarg "
+                                                "`isolation` overrides the level for that function)")
 
 
 @dataclass(frozen=True)
@@ -225,13 +265,23 @@ class KLConfig:
 
 @dataclass(frozen=True)
 class OffPolicyConfig:
-    correction: str = f("none", "rollout / trainer mismatch correction (see `algos.OFF_POLICY_CORRECTIONS`): none | "
+    correction: str = f("auto", "rollout / trainer mismatch correction (see `algos.OFF_POLICY_CORRECTIONS`): auto "
+                                "(none when algo.async.max_staleness is 0, tis when the samples may be stale) | none | "
                                 "tis (weight min(pi_old / pi_rollout, cap)) | mis (drop tokens / rows outside "
                                 "[low, high])")
     level: str = f("token", "importance ratio per token, or per sequence (product of the row's token ratios)")
     cap: float = f(2.0, "TIS: the largest importance weight", ge=1)
     low: float = f(0.5, "MIS band lower end (also the band of the metric rollout/is_ratio_outside_frac)", ge=0, le=1)
     high: float = f(2.0, "MIS band upper end (also the band of the metric rollout/is_ratio_outside_frac)", ge=1)
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    max_staleness: int = f(0, "0 = synchronous: each process generates, scores and updates in turn (the default); "
+                              "K > 0: producers generate while learners update, on separate processes under torchrun, "
+                              "each batch from weights at most K updates old (needs >= 2 processes)", ge=0)
+    producers: int = f(1, "with max_staleness > 0: how many of the processes generate (the last ranks); the others "
+                          "learn. producers and learners must divide one another", ge=1)
 
 
 @dataclass(frozen=True)
@@ -321,15 +371,24 @@ class OnlineAlgoConfig:
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
     overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")
     dynamic_sampling: DynamicSamplingConfig = f(DynamicSamplingConfig(), "DAPO dynamic sampling")
+    async_: AsyncConfig = f(AsyncConfig(), "rollouts and updates at once on separate processes (key: algo.async)")
     off_policy: OffPolicyConfig = f(OffPolicyConfig(), "correction for the gap between the rollout engine's sampling "
                                     "log-probs and the trainer's (metrics rollout/* are always logged)")
     total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
+
+    @property
+    def correction(self) -> str:
+        """The off-policy correction that runs: ``off_policy.correction``, with ``auto`` resolved (``tis`` when the
+        samples may be stale, ``algo.async.max_staleness`` > 0; else ``none``)."""
+        name = self.off_policy.correction
+        return name if name != "auto" else ("tis" if self.async_.max_staleness > 0 else "none")
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     name: str | None = f(None, "multi-turn environment: null = single-turn (reward model / functions) | calculator "
-                               "(built-in) | package.module:Class | path/to/file.py:Class")
+                               "(built-in) | openenv (an OpenEnv environment, named in env.kwargs) | "
+                               "package.module:Class | path/to/file.py:Class")
     kwargs: dict[str, Any] = f({}, "keyword arguments of the environment class")
     max_turns: int = f(4, "most assistant turns per episode", ge=1)
     max_total_tokens: int = f(256, "most tokens per episode after the first prompt (model + environment)", ge=1)

@@ -7,7 +7,14 @@ user can open in an editor:
 * ``train.json[3]`` — item 3 (0-based) of the record list in a JSON file;
 * ``train.csv:row 4`` — spreadsheet row 4 of a CSV file (the header is row 1, the first record row 2);
 * ``train.parquet[3]`` — row 3 (0-based) of a Parquet file;
-* ``gsm8k:main[train][3]`` — row 3 of a ``datasets`` split.
+* ``gsm8k:main[train][3]`` — row 3 of a ``datasets`` split;
+* ``reasoning_gym:gsm_symbolic[3]`` — item 3 of a procedural task of the ``reasoning-gym`` package, generated here
+  (offline, seeded): ``reasoning_gym:NAME?size=500&seed=0&system=default&<the task's own settings>``
+  (:func:`load_reasoning_gym`); its ``answer`` and ``metadata`` columns are what the ``reasoning_gym`` verifier reads.
+
+Data given as Python objects (a ``datasets.Dataset``, a list of dicts: the Python API) is written once as JSON lines
+into rlhfkit's cache, named by its content (:func:`dataset_file`), so that a run's ``config.yaml`` names a real file
+that the CLI can rerun and that the resume fingerprint reads by content.
 
 A split string (``train``, ``train[:500]``, ``train[10:20]``, ``train[:10%]``; the syntax is config's:
 :func:`rlhfkit.config.splits.parse_split`) selects rows; for ``datasets`` names it goes to
@@ -21,11 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import difflib
+import hashlib
 import json
 import math
 import os
 import re
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
 
 from ..config.splits import parse_split
 from ..errors import DataError, say
@@ -229,6 +240,126 @@ def _load_hf(source: str, split: str | None, offline: bool) -> list[tuple[str, d
     return [(f"{label}[{i}]", dict(row)) for i, row in enumerate(ds)]
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# reasoning-gym: procedural tasks generated offline
+
+REASONING_GYM = "reasoning_gym:"
+RG_DEFAULTS = {"size": 500, "seed": 0, "system": "default"}
+
+
+def _reasoning_gym_spec(source: str) -> tuple[str, dict]:
+    """``reasoning_gym:NAME?size=..&seed=..`` -> (NAME, settings with the defaults filled in); values read as YAML
+    scalars (``size=200`` is a number)."""
+    import yaml
+
+    name, _, query = source[len(REASONING_GYM):].partition("?")
+    settings = dict(RG_DEFAULTS)
+    for key, raw in parse_qsl(query, keep_blank_values=True):
+        try:
+            settings[key] = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            settings[key] = raw
+    return name.strip(), settings
+
+
+def load_reasoning_gym(source: str) -> list[tuple[str, dict]]:
+    """The rows of a ``reasoning-gym`` task (see the module docstring): ``prompt`` (the question, after the
+    package's system prompt ``system``: a name of ``reasoning_gym.utils.SYSTEM_PROMPTS``, or ``none`` for the bare
+    question as text), ``question``, ``answer`` and ``metadata`` (what its verifier reads). ``size`` items from
+    ``seed``; every other setting goes to the task's own config (``reasoning_gym.create_dataset(NAME, ...)``)."""
+    name, settings = _reasoning_gym_spec(source)
+    try:
+        import reasoning_gym
+        from reasoning_gym.factory import DATASETS
+        from reasoning_gym.utils import SYSTEM_PROMPTS
+    except ImportError:
+        raise DataError("data from reasoning-gym needs the reasoning-gym package", where=source,
+                        fix="pip install 'rlhfkit[tasks]' (or pip install reasoning-gym)") from None
+    if name not in DATASETS:
+        close = difflib.get_close_matches(name, list(DATASETS), n=1)
+        raise DataError(f"reasoning-gym has no task {name!r}", where=source,
+                        fix=(f"did you mean {close[0]!r}? " if close else "") + "see reasoning_gym.factory.DATASETS")
+    system = settings.pop("system")
+    system = None if system in (None, False, "", "none") else str(system)
+    if system is not None and system not in SYSTEM_PROMPTS:
+        raise DataError(f"reasoning-gym has no system prompt {system!r}", where=source,
+                        fix=f"system= one of {', '.join(SYSTEM_PROMPTS)} or none")
+    try:
+        items = reasoning_gym.create_dataset(name, **settings)
+        entries = [items[i] for i in range(len(items))]
+    except (TypeError, ValueError, AssertionError) as exc:
+        raise DataError(f"reasoning-gym task {name!r} refused its settings ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''})", where=source,
+                        fix="check the settings after '?' against the task's config class") from None
+    rows = []
+    for i, e in enumerate(entries):
+        prompt: Any = e["question"] if system is None else [{"role": "system", "content": SYSTEM_PROMPTS[system]},
+                                                            {"role": "user", "content": e["question"]}]
+        rows.append((f"{REASONING_GYM}{name}[{i}]", {"prompt": prompt, "question": e["question"],
+                                                     "answer": e["answer"], "metadata": e["metadata"]}))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python objects as data files
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("RLHFKIT_CACHE", Path.home() / ".cache" / "rlhfkit"))
+
+
+def _jsonable(value: Any) -> Any:
+    """numpy / torch scalars and arrays as their Python values, dates as ISO text; anything else is refused."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+def dataset_file(data: Any, label: str) -> str:
+    """Write ``data`` (a ``datasets.Dataset``, or a list / tuple of dicts) once as JSON lines under rlhfkit's cache
+    (``$RLHFKIT_CACHE`` or ``~/.cache/rlhfkit``, ``datasets/<label>-<sha256 of the lines>.jsonl``) and return the
+    path: the same rows give the same file (written once, never changed), other rows another. A row that is not a
+    mapping, or a value JSON cannot hold, is one :class:`DataError` naming the row and the column."""
+    rows = data.to_list() if hasattr(data, "to_list") and hasattr(data, "column_names") else data
+    if not isinstance(rows, (list, tuple)):
+        raise DataError(f"cannot read {type(data).__name__} as {label} data", where=label,
+                        fix="give a datasets.Dataset, a list of dicts, or the path of a data file")
+    if not rows:
+        raise DataError(f"the {label} data has no rows", where=label, fix="give at least one record")
+    lines = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"row {i} is a {type(row).__name__}, not a mapping of columns", where=f"{label}[{i}]",
+                            fix='give rows as dicts, e.g. {"prompt": "...", "answer": "..."}')
+        try:
+            lines.append(json.dumps(row, default=_jsonable, ensure_ascii=False, sort_keys=True))
+        except (TypeError, ValueError) as exc:
+            bad = next((k for k, v in row.items() if not _json_ok(v)), "?")
+            raise DataError(f"column {bad!r} holds a {exc} value, which a data file cannot hold",
+                            where=f"{label}[{i}]", fix="convert it to text, a number or a list first "
+                                                       "(e.g. dataset.map)") from None
+    text = "\n".join(lines) + "\n"
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    path = _cache_root() / "datasets" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}-{digest}.jsonl"
+    if not path.is_file():
+        from .. import files
+
+        files.make_dirs(path.parent)
+        files.write_atomic(path, text, what=f"the {label} data", fix="free disk space, or set RLHFKIT_CACHE")
+    say(f"[data] the {label} data ({len(rows)} rows) is the file {path} (written once; the run's config names it)")
+    return str(path)
+
+
+def _json_ok(value: Any) -> bool:
+    try:
+        json.dumps(value, default=_jsonable)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
 def _looks_like_path(source: str) -> bool:
     return (source.lower().endswith(FILE_SUFFIXES) or source.startswith((".", "/", "~"))
             or "\\" in source or source.endswith("/"))
@@ -251,7 +382,9 @@ def load_rows(source: str, *, split: str | None = None, offline: bool | None = N
         offline = os.environ.get("HF_HUB_OFFLINE", "1") != "0"
     path = Path(source).expanduser()
     split_name = parse_split(split)[0]
-    if path.is_file():
+    if source.startswith(REASONING_GYM):
+        rows = apply_split(load_reasoning_gym(source), split)
+    elif path.is_file():
         rows = _read_file(path)
         rows = apply_split(rows, split)
     elif path.is_dir():
@@ -274,6 +407,20 @@ def load_rows(source: str, *, split: str | None = None, offline: bool | None = N
         raise DataError(f"no records in {source}" + (f" (split {split!r})" if split else ""), where=source,
                         fix="give a file with at least one record" + (" or widen the split" if split else ""))
     return rows
+
+
+def _conversational(row: dict, fields: dict[str, str] | None) -> bool:
+    """The row gives its prompt (or its conversation) as messages, not as text: TRL's "conversational format", in
+    which TRL-style reward functions get completions as messages (:mod:`rlhfkit.rewards.trl_style`)."""
+    fields = fields or {}
+    names = (fields.get("prompt", "prompt"), fields.get("messages", "messages"), "conversations",
+             fields.get("chosen", "chosen"), fields.get("completion", "completion"))
+    return any(isinstance(row.get(n), list) for n in names)
+
+
+def is_conversational(records) -> bool:
+    """The records' data was conversational (its first record's; see :func:`_conversational`)."""
+    return bool(records) and bool(getattr(records[0], "conversational", False))
 
 
 def _load_from_disk(path: Path, split_name: str | None) -> list[tuple[str, dict]]:
@@ -312,6 +459,8 @@ def load_dataset_records(
     if kind == "auto" and rows:
         kind = detect_kind(rows[0][1], fields, rows[0][0])
     records = [normalize_record(row, kind, fields, where) for where, row in rows]
+    for record, (_, row) in zip(records, rows):
+        record.conversational = _conversational(row, fields)
     records, tied = drop_tied_pairs(records, source)
     if tied:
         first = ", ".join(getattr(r, "where", "record") for r in tied[:3]) + (", ..." if len(tied) > 3 else "")

@@ -38,9 +38,13 @@ class Environment(Protocol):
 
 
 def _builtin() -> dict[str, type]:
+    import importlib
+
     from .calculator import CalculatorEnv
 
-    return {"calculator": CalculatorEnv}
+    # the OpenEnv adapter raises this module's EnvError: named by module, as rewards.BUILTINS names its functions
+    return {"calculator": CalculatorEnv,
+            "openenv": importlib.import_module("rlhfkit.envs.openenv").OpenEnvAdapter}
 
 
 def environment_names() -> tuple[str, ...]:

@@ -8,14 +8,17 @@ What a run does with what an environment does (one line names the class, the met
 - returns the wrong thing (``reset`` not a non-empty list of ``{role, content}`` messages with a known role and a
   string content; ``step`` not ``(messages, reward, done)`` with a number reward and a bool ``done``; ``metrics``
   not a dict of numbers), or raises: :class:`~rlhfkit.envs.base.EnvError` (exit 2);
-- a call that passes ``env.timeout_s``, or whose worker dies (a crash, the memory limit): the episode fails, and so
-  does every live episode on that worker (a killed worker loses their state); failed episodes are dropped from the
-  step (their reward is NaN, so the online loop's ``valid`` drops them) and counted: ``env/timeouts``,
-  ``env/errors`` (calls), ``env/dropped`` (episodes);
+- a call that passes ``env.timeout_s``, or whose worker dies (a crash, the memory limit) or sends back what is not
+  plain data (:mod:`rlhfkit.rewards.wire`; the worker is killed for it): the episode fails, and so does every live
+  episode on that worker (a killed worker loses their state); failed episodes are dropped from the step (their
+  reward is NaN, so the online loop's ``valid`` drops them) and counted: ``env/timeouts``, ``env/errors`` (calls),
+  ``env/dropped`` (episodes);
 - a NaN / inf turn reward: the episode is dropped and counted in ``env/dropped``, as NaN function rewards are.
 
-``env.workers=0`` runs the environments in the trainer's process, without a time limit (objects that cannot be sent
-to a worker, debugging).
+What comes back from a worker is JSON plain data (:mod:`rlhfkit.rewards.wire`: lists, tuples, dicts with their
+keys, strings, numbers; nothing is unpickled), and the checks below take it field by field; a value of another type
+arrives as a description whose type name the check's line names. ``env.workers=0`` runs the environments in the
+trainer's process, without a time limit (objects that cannot be sent to a worker, debugging).
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ class EnvCalls:
         lost = {i for i, w in enumerate(self.pool.workers) if w.restarts != before[i]}
         out: list[Any] = []
         for (eid, _), o in zip(items, outcomes):
-            if isinstance(o.error, CallTimeout) or (isinstance(o.error, CallFailed) and o.error.kind == "died"):
+            if isinstance(o.error, CallTimeout) or (isinstance(o.error, CallFailed) and o.error.worker_lost):
                 self.counts["timeouts" if isinstance(o.error, CallTimeout) else "errors"] += 1
                 out.append(EpisodeFailed(str(o.error)))
             elif isinstance(o.error, CallFailed) and o.error.kind == EpisodeLost.__name__:

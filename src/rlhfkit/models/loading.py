@@ -2,8 +2,8 @@
 
 Sources (``model.name``): a Hugging Face model directory (what every rlhfkit stage writes), a hub name found in the
 local cache (no download at run time), a ``.gguf`` file (dequantised once and cached as safetensors under
-``~/.cache/rlhfkit/gguf``), or ``tiny[:key=value,...]`` — a small Llama built from config over the shipped
-character-level tokenizer.
+``~/.cache/rlhfkit/gguf``), or ``tiny[:key=value,...]`` — a small Llama (``arch=qwen3`` / ``gemma3``: of that family)
+built from config over the shipped character-level tokenizer.
 
 Every model directory rlhfkit writes is a full, merged model (``model.safetensors`` + ``config.json`` + tokenizer
 with its chat template + ``generation_config.json``), loadable by ``AutoModelForCausalLM`` or
@@ -29,7 +29,7 @@ from ..config.checks import check_model_file
 from ..data.chat import check_chat_template
 from ..errors import ModelError
 from ..errors import say as _say
-from .tiny import tiny_llama_config
+from .tiny import tiny_config
 from .tokenizer import eos_token_ids, load_tokenizer
 
 # LoRA target modules per architecture (``model_type``); anything else uses peft's "all-linear".
@@ -255,7 +255,7 @@ def load_causal_lm(mcfg, *, tokenizer=None, device=None, seed: int = 0, trainabl
     if is_tiny(source):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(tiny_llama_config(source, tok), dtype=dtype)
+            model = AutoModelForCausalLM.from_config(tiny_config(source, tok), dtype=dtype)
     elif (Path(source) / "adapter_config.json").is_file():
         model = _load_adapter_dir(source, dtype)
     else:
@@ -280,7 +280,7 @@ def load_scalar_model(source_name: str, mcfg, *, tokenizer, device=None, seed: i
     dtype = resolve_dtype(mcfg.dtype, device, trainable and not mcfg.lora.enabled)
     source, _ = resolve_source(source_name, mcfg.gguf_file if source_name == mcfg.name else None)
     if is_tiny(source):
-        cfg = tiny_llama_config(source, tokenizer)
+        cfg = tiny_config(source, tokenizer)
         cfg.num_labels = 1
         with torch.random.fork_rng():
             torch.manual_seed(seed)

@@ -247,7 +247,8 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
         s = parse_tiny_spec(name)
         return _checked(Architecture(
             vocab=len(SPECIAL_TOKENS) + len(CHARS), hidden=s["hidden"], layers=s["layers"], heads=s["heads"],
-            kv_heads=s["kv_heads"], intermediate=s["intermediate"], tied=True, context=s["context"], source=name),
+            kv_heads=s["kv_heads"], intermediate=s["intermediate"], tied=True, context=s["context"],
+            model_type={"gemma3": "gemma3_text"}.get(s["arch"], s["arch"]), source=name),
             "the tiny model spec")
     path = Path(name).expanduser()
     if gguf_file:
@@ -312,9 +313,11 @@ class Setup:
     micro_batch: int = 8  # sequences per forward / backward
     seq_len: int = 512  # tokens per sequence (prompt + response)
     # online recipes
-    rollout_batch: int = 0  # sequences generated at once (0: not an online run)
+    rollout_batch: int = 0  # sequences generated at once (0: not an online run); continuous engine: its slots
     prompt_len: int = 0
     new_tokens: int = 0
+    cache_tokens: int = 0  # continuous engine: the paged KV cache's token budget (0: another engine's cache)
+    requests: int = 0  # continuous engine: requests of one rollout (prompts x samples)
 
 
 @dataclass
@@ -441,6 +444,35 @@ def kv_cache_bytes(arch: Architecture, setup: Setup, sequences: int, length: int
     return 2 * arch.layers * sequences * length * arch.kv_dim * c
 
 
+def rollout_cache(arch: Architecture, setup: Setup) -> dict[str, tuple[float, str]]:
+    """The rollout's KV cache and per-step sampling buffers. The static / hf engines: rows x (prompt + new) tokens,
+    the whole batch's longest possible answers. The continuous engine (``setup.cache_tokens``): a paged pool of that
+    many tokens whatever the batch, its slots' logits with the inverse-CDF sampling's float64 cumulative sums, and
+    one float64 number per request and response token (each request's own generator, drawn up front)."""
+    n, length, c = setup.rollout_batch, setup.prompt_len + setup.new_tokens, _dtypes(setup)[0]
+    L, kv, V = arch.layers, arch.kv_dim, arch.vocab
+    if not setup.cache_tokens:
+        return {"KV cache": (kv_cache_bytes(arch, setup, n, length),
+                             f"2 x {L} layers x {n} seqs x {length} tokens x {kv} x {c} B"),
+                "logits of one decode step": (n * V * 4, f"{n} seqs x {_n(V)} x 4 B")}
+    t = setup.cache_tokens
+    return {"KV cache (paged, token budget)": (kv_cache_bytes(arch, setup, 1, t),
+                                               f"2 x {L} layers x {_n(t)} tokens x {kv} x {c} B"),
+            "logits and sampling of one decode step": (n * V * 16, f"{n} slots x {_n(V)} x (4 + 4 + 8) B"),
+            "sampling numbers": (setup.requests * (setup.new_tokens + 1) * 8,
+                                 f"{setup.requests} requests x {setup.new_tokens + 1} x 8 B")}
+
+
+def cache_summary(arch: Architecture, setup: Setup) -> str:
+    """One line for ``rlhfkit plan``: the continuous engine's cache in tokens and GiB and the slots it allows."""
+    length = setup.prompt_len + setup.new_tokens
+    t, n = setup.cache_tokens, setup.rollout_batch
+    full = t // max(1, length)
+    return (f"rollout cache: continuous engine, {t:,} tokens = {fmt_bytes(kv_cache_bytes(arch, setup, 1, t))} "
+            f"(paged); {n} slots decode together; {full} sequences of {setup.prompt_len} + {setup.new_tokens} tokens "
+            f"fit at full length at once (more while answers are shorter; past that the last admitted waits)")
+
+
 def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
     """Per-device peak of each phase of a step. ``roles[0]`` is the trained policy (or reward model).
 
@@ -488,15 +520,13 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
 
     phases = []
     if family == "online":
-        n, length = setup.rollout_batch, setup.prompt_len + setup.new_tokens
+        length = setup.prompt_len + setup.new_tokens
         ph = base("rollout (generation)", False)
         if gathers:
             P = role_params(policy)
             wb = 2 if setup.device == "cuda" else policy.weight_bytes
             ph.add("policy weights gathered for generation", P * wb, f"{_n(P)} x {wb:g} B, gathered once per rollout")
-        ph.add("KV cache", kv_cache_bytes(policy.arch, setup, n, length),
-               f"2 x {policy.arch.layers} layers x {n} seqs x {length} tokens x {policy.arch.kv_dim} x {c} B")
-        ph.add("logits of one decode step", n * policy.arch.vocab * 4, f"{n} seqs x {_n(policy.arch.vocab)} x 4 B")
+        ph.extend(rollout_cache(policy.arch, setup))
         phases.append(ph)
         ph = base("scoring and forward passes", False)
         big = max(roles, key=role_params)

@@ -1,8 +1,11 @@
-"""The built-in tiny model: a character-level tokenizer shipped in ``assets/tiny-tokenizer`` and small Llama
-models built from config (random weights), so tests, the quickstart and benchmarks run offline in seconds.
+"""The built-in tiny model: a character-level tokenizer shipped in ``assets/tiny-tokenizer`` and small models built
+from config (random weights), so tests, the quickstart and benchmarks run offline in seconds.
 
-Model spec: ``tiny`` or ``tiny:key=value,key=value`` with keys of :data:`TINY_DEFAULTS`
-(e.g. ``tiny:hidden=128,layers=4``).
+Model spec: ``tiny`` or ``tiny:key=value,key=value`` with keys of :data:`TINY_DEFAULTS` (e.g.
+``tiny:hidden=128,layers=4``) and ``arch``, one of :data:`TINY_ARCHS`: ``llama`` (the default), ``qwen3`` (per-head
+q/k norms) or ``gemma3`` (Gemma 3's norms, scaled embeddings, gelu-tanh, local layers with a sliding window of
+``window`` tokens and a global layer every sixth, or the last when fewer; ``tiny:arch=gemma3``), so a recipe can be
+run end to end on each family's code paths (the rollout engine's included).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-tokenizer"
 SPECIAL_TOKENS = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
 CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
 
-TINY_DEFAULTS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 4, "intermediate": 256, "context": 256}
+TINY_DEFAULTS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 4, "intermediate": 256, "context": 256,
+                 "window": 16}
+TINY_ARCHS = ("llama", "qwen3", "gemma3")
 
 
 def build_tiny_tokenizer(out_dir: str | Path) -> Path:
@@ -43,17 +48,23 @@ def build_tiny_tokenizer(out_dir: str | Path) -> Path:
     return out
 
 
-def parse_tiny_spec(spec: str) -> dict[str, int]:
-    """``tiny:hidden=64,layers=2`` -> dict of model sizes (unknown keys are errors)."""
-    sizes = dict(TINY_DEFAULTS)
+def parse_tiny_spec(spec: str) -> dict:
+    """``tiny:hidden=64,layers=2`` -> dict of model sizes and ``arch`` (unknown keys or architectures are errors)."""
+    sizes: dict = {**TINY_DEFAULTS, "arch": "llama"}
     _, _, rest = spec.partition(":")
     for item in filter(None, (p.strip() for p in rest.split(","))):
         key, eq, value = item.partition("=")
+        if key == "arch" and eq:
+            if value not in TINY_ARCHS:
+                raise ModelError(f"unknown tiny architecture {value!r}", where=f"model.name={spec}",
+                                 fix=f"use arch= one of {', '.join(TINY_ARCHS)}")
+            sizes["arch"] = value
+            continue
         if not eq or key not in TINY_DEFAULTS:
             raise ModelError(
                 f"bad tiny model spec item {item!r}",
                 where=f"model.name={spec}",
-                fix=f"use tiny:key=value,... with keys {sorted(TINY_DEFAULTS)}",
+                fix=f"use tiny:key=value,... with keys {sorted([*TINY_DEFAULTS, 'arch'])}",
             )
         try:
             sizes[key] = int(value)
@@ -62,21 +73,27 @@ def parse_tiny_spec(spec: str) -> dict[str, int]:
     return sizes
 
 
-def tiny_llama_config(spec: str, tokenizer):
-    """A ``LlamaConfig`` for the given tiny spec and tokenizer (ids of pad / eos taken from the tokenizer)."""
-    from transformers import LlamaConfig
+def tiny_config(spec: str, tokenizer):
+    """The transformers config of a tiny spec (its ``arch``: ``LlamaConfig``, ``Qwen3Config`` or
+    ``Gemma3TextConfig``), with the tokenizer's vocabulary and pad / EOS ids and tied embeddings."""
+    import transformers
 
     s = parse_tiny_spec(spec)
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=s["hidden"],
-        num_hidden_layers=s["layers"],
-        num_attention_heads=s["heads"],
-        num_key_value_heads=s["kv_heads"],
-        intermediate_size=s["intermediate"],
-        max_position_embeddings=s["context"],
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=True,
-    )
+    common = dict(vocab_size=len(tokenizer), hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                  num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
+                  intermediate_size=s["intermediate"], max_position_embeddings=s["context"],
+                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+                  tie_word_embeddings=True)
+    head_dim = s["hidden"] // s["heads"]
+    if s["arch"] == "qwen3":
+        return transformers.Qwen3Config(**common, head_dim=head_dim)
+    if s["arch"] == "gemma3":
+        every = min(6, s["layers"])  # Gemma 3: five local layers, then a global one
+        return transformers.Gemma3TextConfig(
+            **common, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=s["window"],
+            layer_types=["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                         for i in range(s["layers"])])
+    return transformers.LlamaConfig(**common)
+
+
+tiny_llama_config = tiny_config  # its name before the tiny model had other architectures

@@ -16,10 +16,16 @@ completion without a fence is run whole unless ``require_block`` is set (then it
 allocates without limit, forks, opens a socket, writes outside its directory or prints without limit fails its
 tests within the sandbox's limits; the rest of the batch is scored as usual. A row without tests scores ``None``.
 
-The sandbox is set up and checked (:meth:`~rlhfkit.rewards.sandbox.Sandbox.probe`) on the first call in each
-process — the run's probe, before any weights load —, and a machine where it cannot be set up stops the run there
-with one line. Each program is bounded by ``wall_s``, so ``reward.timeout_s`` must cover a chunk of the batch:
-about (completions per worker) x (stdin pairs per row) x ``wall_s`` in the worst case.
+Where it runs: in a run, :func:`settle_sandboxes` decides the isolation once in the trainer before any weights load
+(``reward.sandbox.isolation``, or this function's ``isolation`` kwarg), says it in one line (a warning naming
+bubblewrap when it is weaker than the ``namespaces`` boundary), refuses with one line (exit 2) when
+``reward.sandbox.require_boundary`` is set and the machine gives no boundary, and hands the decided level to the
+workers, which set the sandbox up and check it again (:meth:`~rlhfkit.rewards.sandbox.Sandbox.probe`) on their first
+call. A program that tries to leave the sandbox (read the home or the run directory, the trainer's environment,
+write outside, start a process or another program, a socket, a signal to the worker, ``ctypes``) fails inside it
+and scores what its tests give; the rest of the batch is scored as usual (``tests/unit/test_sandbox_escapes.py``).
+Each program is bounded by ``wall_s``, so ``reward.timeout_s`` must cover a chunk of the batch: about (completions
+per worker) x (stdin pairs per row) x ``wall_s`` in the worst case.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import re
 from typing import Any
 
 from .rules import _column
-from .sandbox import Limits, Sandbox, SandboxError
+from .sandbox import Limits, Sandbox, SandboxError, announce
+
+CODE_TESTS = ("code_tests", "rlhfkit.rewards.code:code_tests")  # how a run's config names this function
 
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 _SANDBOXES: dict[tuple, Sandbox] = {}
@@ -94,6 +102,29 @@ def _same_output(got: str, expected: str) -> bool:
     return norm(got) == norm(expected)
 
 
+def settle_sandboxes(specs: list, section: Any = None, say=None) -> list:
+    """The trainer's side of a run's code sandboxes, before any weights load (module docstring): ``specs`` (reward
+    function specs with ``fn`` and ``kwargs``, as the config holds them) with each ``code_tests`` given the isolation
+    decided here as its ``isolation`` kwarg; ``section``: the run's ``reward.sandbox`` (``isolation``,
+    ``require_boundary``). One line per distinct level asked for (usually one); :class:`SandboxError` when a level
+    asked for explicitly, or a boundary required, cannot be had."""
+    default = getattr(section, "isolation", "auto")
+    require = bool(getattr(section, "require_boundary", False))
+    decided: dict[str, str] = {}
+    out = []
+    for spec in specs:
+        fn, kwargs = getattr(spec, "fn", None), dict(getattr(spec, "kwargs", None) or {})
+        if not (isinstance(fn, str) and fn.strip() in CODE_TESTS or fn is code_tests):
+            out.append(spec)
+            continue
+        asked = str(kwargs.get("isolation", default))
+        if asked not in decided:
+            decided[asked] = announce(asked, require, say)
+        kwargs["isolation"] = decided[asked]
+        out.append({"fn": fn, "weight": spec.weight, "name": spec.name, "kwargs": kwargs})
+    return out
+
+
 def sandbox_for(isolation: str, limits: Limits) -> Sandbox:
     """One probed sandbox per (isolation, limits) and process."""
     key = (isolation, limits)
@@ -132,8 +163,9 @@ def code_tests(
     **fields,
 ) -> list[float | None]:
     """Fraction of the row's tests (column ``field``) that the completion's code passes in the sandbox (module
-    docstring); None for a row without tests. ``isolation``: auto | namespaces | process; the limits are per
-    program run."""
+    docstring); None for a row without tests. ``isolation``: auto | namespaces | unshare | process
+    (:mod:`rlhfkit.rewards.sandbox`; in a run, decided by :func:`settle_sandboxes`); the limits are per program
+    run."""
     box = sandbox_for(isolation, Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=memory_mb, output_bytes=output_bytes))
     column = _column(fields, field, "code_tests", len(completions))
     out: list[float | None] = []

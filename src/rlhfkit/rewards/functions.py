@@ -3,7 +3,11 @@
 time limit (:mod:`rlhfkit.rewards.workers`).
 
 A reward function is called as ``fn(prompts, completions, **fields)`` (see :mod:`rlhfkit.rewards.rules`) and
-returns one ``float`` or ``None`` per completion; ``None`` skips that function for that sample.
+returns one ``float`` or ``None`` per completion; ``None`` skips that function for that sample. A function written
+for TRL's convention (``def f(completions, **kwargs)``, conversational completions as messages, ``completion_ids``,
+``trainer_state``) is recognised by its signature and called TRL's way (:mod:`rlhfkit.rewards.trl_style`). A
+callable no worker process can import (:func:`~rlhfkit.rewards.loading.spec_of`: ``python:<name>``) is called in
+this process, under the same ``timeout_s`` (a timer signal), said in one line when the functions start.
 
 What a run does with what a function returns (:meth:`CombinedRewards.__call__`). One bad sample costs that sample,
 never the run:
@@ -43,8 +47,9 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import RewardError, UserError, say
-from .loading import WHERE, RewardFunctionError, load_reward_function
-from .workers import CallFailed, CallTimeout, WorkerPool
+from .loading import WHERE, RewardFunctionError, importable_name, is_in_process, load_reward_function
+from .trl_style import EXTRA, TrlStyle, is_trl_style, keyword_callable, wanted_extra
+from .workers import CallFailed, CallTimeout, WorkerPool, _alarm
 
 # ───────────────────────────────────────────── combining ─────────────────────────────────────────────
 
@@ -57,6 +62,10 @@ class RewardFunctionSpec:
     weight: float = 1.0
     name: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    convention: str = "auto"  # rlhfkit | trl | auto (by the signature: rlhfkit.rewards.trl_style.is_trl_style)
+
+
+CONVENTIONS = ("auto", "rlhfkit", "trl")
 
 
 def _as_spec(item: Any) -> RewardFunctionSpec:
@@ -72,6 +81,7 @@ def _as_spec(item: Any) -> RewardFunctionSpec:
             weight=getattr(item, "weight", 1.0),
             name=getattr(item, "name", None),
             kwargs=dict(getattr(item, "kwargs", None) or {}),
+            convention=getattr(item, "convention", "auto"),
         )
     raise TypeError(f"cannot make a reward function spec from {item!r}")
 
@@ -98,6 +108,8 @@ class _Loaded:
     reserved: frozenset  # field names that must not be passed (the spec's kwargs, the positional names)
     accepts: frozenset | None  # named parameters, or None when the function takes **fields
     kwargs: dict = field(default_factory=dict)  # bound to a function per call; a class's constructor arguments
+    trl: frozenset | None = None  # TRL's convention: the per-call data it reads (completion_ids, messages)
+    local: bool = False  # no worker can import it: called in this process (under the time limit)
 
 
 def _to_float(value: Any, label: str, index: int, at: str = "") -> float | None:
@@ -152,7 +164,9 @@ class CombinedRewards:
     """
 
     def __init__(self, specs: Sequence[RewardFunctionSpec | str | dict | Any], *, workers: int = 0,
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, conversational: bool = False):
+        """``conversational``: the run's prompts are conversations (the data gave them as messages), so functions of
+        TRL's convention get prompts and completions as messages."""
         specs = [_as_spec(s) for s in specs]
         if not specs:
             raise ValueError("CombinedRewards needs at least one reward function")
@@ -170,7 +184,9 @@ class CombinedRewards:
                     f"function {label} has weight {spec.weight!r}", where=WHERE, fix="use a finite number"
                 )
             call = _call_signature_of(obj)
-            _check_positional(label, call)
+            trl = _uses_trl_convention(label, obj, spec.convention)
+            if not trl:
+                _check_positional(label, call)
             kwargs = dict(spec.kwargs or {})
             if kwargs:
                 _check_kwargs(label, obj if isinstance(obj, type) else call, kwargs)
@@ -185,19 +201,31 @@ class CombinedRewards:
                 while name in taken:
                     name, k = f"{base}_{k}", k + 1
             taken.add(name)
+            target = spec.fn if isinstance(spec.fn, str) else obj
+            local = workers > 0 and (is_in_process(spec.fn) or (not isinstance(spec.fn, str)
+                                                                and importable_name(obj) is None))
             self.functions.append(
                 _Loaded(
                     name=name,
                     label=label,
-                    fn=spec.fn if isinstance(spec.fn, str) else obj,
+                    fn=TrlStyle(target, conversational, kwargs, label) if trl else target,
                     weight=weight,
                     reserved=(frozenset() if isinstance(obj, type) else frozenset(kwargs)) | {"prompts",
                                                                                                "completions"},
-                    accepts=_named_params(call),
-                    kwargs=kwargs,
+                    accepts=None if trl else _named_params(call),
+                    kwargs={} if trl else kwargs,
+                    trl=frozenset(wanted_extra(obj)) if trl else None,
+                    local=local,
                 )
             )
+            if local:
+                limit = (f"each call under reward.timeout_s={timeout_s:g} s (a timer signal)"
+                         if timeout_s and _alarm.available() else "with no time limit (not on the main thread)")
+                say(f"[reward] {label} cannot be imported by a worker process (defined in __main__, a lambda or a "
+                    f"closure): it runs in this process, {limit}; put it in a module or file to run it in the "
+                    "workers")
         self.pool = WorkerPool(workers, timeout_s)
+        self.local_pool = WorkerPool(0, timeout_s, limit_local=True)
         self._ready = False
         self._told: set[str] = set()  # functions whose failure on some samples was said (once per run)
 
@@ -212,12 +240,15 @@ class CombinedRewards:
             return
         for f in self.functions:
             try:
-                self.pool.setup(f.name, f.fn, f.kwargs, f.label)
+                self._pool(f).setup(f.name, f.fn, f.kwargs, f.label)
             except (CallFailed, CallTimeout) as exc:
                 raise RewardError(f"reward function {f.label} could not be set up in a worker process ({exc})",
                                   where=WHERE, fix="import it in Python to see the error, or set reward.workers=0 "
                                   "to call it in the trainer's process") from None
         self._ready = True
+
+    def _pool(self, f: _Loaded) -> WorkerPool:
+        return self.local_pool if f.local else self.pool
 
     def close(self) -> None:
         self.pool.close()
@@ -231,19 +262,25 @@ class CombinedRewards:
 
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict], *, step: int | None = None,
-        allow_all_dropped: bool = False,
+        allow_all_dropped: bool = False, messages: Sequence[list] | None = None, rollout: Any = None,
+        max_steps: int | None = None,
     ) -> RewardScores:
         """Score ``completions`` -> :class:`RewardScores` (total, per_function, metrics, valid).
 
         ``rows`` are the dataset records of the prompts (their columns become the functions' ``**fields``);
-        ``step`` (optional) is named in errors. Raises :class:`RewardError` / :class:`RewardFunctionError` as the
-        module docstring says (``allow_all_dropped``: a batch without any valid sample is returned, not an error —
-        for evaluation, whose batches may be a single prompt); never returns a non-finite total.
+        ``step`` (optional) is named in errors. For functions of TRL's convention: ``messages`` (each prompt's
+        messages), ``rollout`` (its ``response_ids`` / ``lengths`` give ``completion_ids``, computed only when a
+        function reads them) and ``max_steps`` (with ``step``: ``trainer_state``). Raises :class:`RewardError` /
+        :class:`RewardFunctionError` as the module docstring says (``allow_all_dropped``: a batch without any valid
+        sample is returned, not an error — for evaluation, whose batches may be a single prompt); never returns a
+        non-finite total.
         """
         B = len(completions)
         if len(prompts) != B or len(rows) != B:
             raise ValueError(f"got {len(prompts)} prompts, {B} completions and {len(rows)} rows")
-        outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step)
+        extra = {"messages": None if messages is None else list(messages), "rollout": rollout, "step": step,
+                 "max_steps": max_steps}
+        outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step, extra)
         total = torch.zeros(B, dtype=torch.float32)
         covered = torch.zeros(B, dtype=torch.bool)
         finite = torch.ones(B, dtype=torch.bool)
@@ -273,6 +310,15 @@ class CombinedRewards:
         metrics["rewards/dropped"] = float((~valid).sum())
         return RewardScores(total, per_function, metrics, valid)
 
+    def of_rows(self, rows: Sequence[dict], completions: Sequence[str], rollout: Any = None, **kwargs) -> RewardScores:
+        """Score the completions of the prompt records ``rows`` (``{"prompt": messages, **columns}``, one per
+        completion): the prompts as their last message's text (rlhfkit's convention) and as messages (TRL's), the
+        other columns as fields; ``rollout`` gives TRL's ``completion_ids``; ``kwargs`` as :meth:`__call__`."""
+        messages = [row["prompt"] for row in rows]
+        fields = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
+        return self([m[-1]["content"] for m in messages], completions, fields, messages=messages, rollout=rollout,
+                    **kwargs)
+
     @staticmethod
     def _failures(f: _Loaded, metrics: dict) -> str:
         t, e = metrics.get(f"rewards/{f.name}/timeouts", 0), metrics.get(f"rewards/{f.name}/errors", 0)
@@ -288,7 +334,7 @@ class CombinedRewards:
         completions = list(completions) if completions is not None else [""] * len(prompts)
         self.start()
         for f in self.functions:
-            [outcome] = self.pool.map(f.name, [((list(prompts), completions), self._fields(f, rows))])
+            [outcome] = self._pool(f).map(f.name, [((list(prompts), completions), self._fields(f, rows))])
             if isinstance(outcome.error, RewardError):
                 raise outcome.error
             if outcome.ok:
@@ -308,16 +354,23 @@ class CombinedRewards:
         bounds = [round(i * B / n) for i in range(n + 1)]
         return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
-    def _call_each(self, prompts: list, completions: list, rows: list, step: int | None):
+    def _call_each(self, prompts: list, completions: list, rows: list, step: int | None, extra: dict | None = None):
         """Each function on the batch (in chunks over the workers) -> (values per function, metrics: time_s,
         timeouts, errors per function, in samples). One bad sample costs that sample: see :meth:`_score`. A
         function that failed on every sample, at least one by an error (not a time limit), stops the run with
         one line (its first error)."""
         self.start()
         outputs, metrics = [], {}
+        ids = None
         for f in self.functions:
             t0 = time.perf_counter()
-            values, failed = self._score(f, prompts, completions, rows, step)
+            if f.trl is not None and extra and ids is None and "completion_ids" in f.trl \
+                    and extra.get("rollout") is not None:
+                ids = _completion_ids(extra["rollout"])
+            trl = None if f.trl is None or not extra else {
+                "messages": extra.get("messages"), "completion_ids": ids if "completion_ids" in f.trl else None,
+                "step": extra.get("step"), "max_steps": extra.get("max_steps")}
+            values, failed = self._score(f, prompts, completions, rows, step, trl)
             metrics[f"rewards/{f.name}/time_s"] = time.perf_counter() - t0
             timeouts = sum(isinstance(e, CallTimeout) for e in failed.values())
             errors = len(failed) - timeouts
@@ -341,26 +394,30 @@ class CombinedRewards:
             outputs.append(values)
         return outputs, metrics
 
-    def _score(self, f: _Loaded, prompts: list, completions: list, rows: list, step: int | None):
+    def _score(self, f: _Loaded, prompts: list, completions: list, rows: list, step: int | None,
+               trl: dict | None = None):
         """``f`` on the batch -> (one value or None per sample, {sample index: what made it fail}).
 
         The batch goes out in chunks (one per worker). A chunk whose call passed ``timeout_s``, raised or killed its
         worker is called again sample by sample (side by side on the workers), so the one sample that hangs, crashes
         or raises loses its own value only; a call that returned the wrong shape (a list of the wrong length, a
         string) loses its chunk. A :class:`~rlhfkit.errors.UserError` the function raised itself (a built-in rule
-        missing an option) stops the run at once."""
+        missing an option) stops the run at once. ``trl``: TRL's per-call data of a TRL-style function (each list
+        cut to the call's samples)."""
         fields = self._fields(f, rows)
 
         def job(idx: list[int]) -> tuple[tuple, dict]:
-            return (([prompts[i] for i in idx], [completions[i] for i in idx]),
-                    {k: [v[i] for i in idx] for k, v in fields.items()})
+            kwargs = {k: [v[i] for i in idx] for k, v in fields.items()}
+            if trl is not None:
+                kwargs[EXTRA] = {k: [v[i] for i in idx] if isinstance(v, list) else v for k, v in trl.items()}
+            return ([prompts[i] for i in idx], [completions[i] for i in idx]), kwargs
 
         values: list[float | None] = [None] * len(completions)
         failed: dict[int, Exception] = {}
         todo, alone = self._chunks(len(completions)), False
         while todo:
             retry = []
-            for idx, outcome in zip(todo, self.pool.map(f.name, [job(c) for c in todo])):
+            for idx, outcome in zip(todo, self._pool(f).map(f.name, [job(c) for c in todo])):
                 if isinstance(outcome.error, UserError):
                     raise outcome.error
                 error = outcome.error
@@ -410,6 +467,12 @@ def _reason(error: Exception) -> str:
     return getattr(error, "message", str(error))[:200]
 
 
+def _completion_ids(rollout) -> list[list[int]]:
+    """Each response's token ids up to its end (TRL's ``completion_ids``)."""
+    ids, lengths = rollout.response_ids.cpu().tolist(), rollout.lengths.cpu().tolist()
+    return [row[:n] for row, n in zip(ids, lengths)]
+
+
 def _summary(values: list[float | None]) -> str:
     """What a function returned for a batch, in a few words: "None x 8", "nan x 3, None x 5"."""
     counts: dict[str, int] = {}
@@ -417,6 +480,23 @@ def _summary(values: list[float | None]) -> str:
         key = "None" if v is None else ("a number" if math.isfinite(v) else repr(v))
         counts[key] = counts.get(key, 0) + 1
     return ", ".join(f"{k} x {n}" for k, n in counts.items())
+
+
+def _uses_trl_convention(label: str, obj: Callable, convention: str) -> bool:
+    """``convention`` (``reward.functions[].convention``) resolved for ``obj``: ``auto`` by its signature; ``trl``
+    holds only a signature TRL can call (keywords by name, or ``(prompts, completions, ...)``)."""
+    if convention not in CONVENTIONS:
+        raise RewardError(f"function {label} has convention {convention!r}", where=WHERE,
+                          fix=f"use one of {', '.join(CONVENTIONS)}")
+    if convention == "auto":  # an async function is TRL's (rlhfkit's convention has none): called through its wrapper
+        return is_trl_style(obj) or (inspect.iscoroutinefunction(obj) and keyword_callable(obj))
+    if convention == "rlhfkit":
+        return False
+    if keyword_callable(obj):
+        return True
+    raise RewardError(f"function {label} cannot be called with TRL's keywords (it names neither prompts nor "
+                      "completions)", where=WHERE, fix="name its parameters as TRL does (prompts, completions, "
+                      "**kwargs), or set its convention to rlhfkit")
 
 
 def _check_positional(label: str, fn: Callable) -> None:
@@ -473,16 +553,21 @@ def _named_params(fn: Callable) -> frozenset | None:
 
 
 
-def rewards_from_config(rc) -> CombinedRewards | None:
+def rewards_from_config(rc, records: Sequence[dict] = ()) -> CombinedRewards | None:
     """The run's reward functions from its ``reward`` section: ``reward.functions`` plus the remote judge when
     ``reward.remote.url`` is set (as the function ``remote_judge`` named ``reward.remote.name``, weight
     ``reward.remote.weight``), run on ``reward.workers`` workers under ``reward.timeout_s``; None without any. The
-    caller closes it (its workers stop) when the run ends."""
-    specs = list(rc.functions)
+    code sandbox's level is decided here, once (:func:`~rlhfkit.rewards.code.settle_sandboxes`). ``records``: the
+    run's prompt records; when their data gave the prompts as messages (:func:`rlhfkit.data.sources.is_conversational`),
+    TRL-style functions get conversational completions. The caller closes it (its workers stop) when the run ends."""
+    from .code import settle_sandboxes
+
+    specs = settle_sandboxes(list(rc.functions), getattr(rc, "sandbox", None))  # the sandbox's one line, or refusal
     remote = getattr(rc, "remote", None)
     if remote is not None and remote.url:
         kwargs = {k: getattr(remote, k) for k in remote.__dataclass_fields__ if k not in ("weight", "name")}
         specs.append(RewardFunctionSpec("remote_judge", weight=remote.weight, name=remote.name, kwargs=kwargs))
     if not specs:
         return None
-    return CombinedRewards(specs, workers=rc.workers, timeout_s=rc.timeout_s)
+    conversational = bool(records) and bool(getattr(records[0], "conversational", False))
+    return CombinedRewards(specs, workers=rc.workers, timeout_s=rc.timeout_s, conversational=conversational)

@@ -5,6 +5,11 @@ A spec is a built-in short name (:data:`BUILTINS`: the rules of :mod:`rlhfkit.re
 The object a spec names may also be a **class**: it is then a reward with state (a loaded model, a cache, a
 connection), built once per worker process as ``Class(**kwargs)`` and called as ``obj(prompts, completions,
 **fields)``; see :func:`instantiate`.
+
+Python callables given to the API (``reward_funcs=[fn]``) become specs too (:func:`spec_of`): ``module:qualname``
+when a worker process can import the same object by that name, so it runs in the workers like a file reward; else
+(a function of ``__main__`` (a script's, a notebook's), a lambda, a closure) it is kept in this process under
+``python:<name>`` (:data:`IN_PROCESS`) and called here, under the same time limit (:func:`is_in_process`).
 """
 
 from __future__ import annotations
@@ -33,10 +38,53 @@ BUILTINS: dict[str, str] = {
     "math_format": "rlhfkit.rewards.maths:math_format",
     "code_tests": "rlhfkit.rewards.code:code_tests",
     "remote_judge": "rlhfkit.rewards.remote:RemoteJudge",
+    "reasoning_gym": "rlhfkit.rewards.reasoning_gym:reasoning_gym_score",
 }
 FORMS = (
     "write package.module:function, path/to/file.py:function, or a built-in name (" + ", ".join(BUILTINS) + ")"
 )
+
+
+#: callables that no worker can import, kept for calls in this process: ``python:<name>`` -> the callable
+IN_PROCESS: dict[str, Callable] = {}
+IN_PROCESS_PREFIX = "python:"
+
+
+def importable_name(obj: Any) -> str | None:
+    """``module:qualname`` when importing that module in a fresh interpreter gives back ``obj`` itself (a function
+    or class defined at the top level of an importable module), else None (``__main__``, a lambda, a closure, a
+    bound method, an instance)."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<" in qualname or module.startswith("_rlhfkit_"):
+        return None
+    if module not in sys.modules or getattr(sys.modules[module], "__spec__", None) is None:
+        return None
+    found: Any = sys.modules[module]
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return f"{module}:{qualname}" if found is obj else None
+
+
+def spec_of(fn: Any) -> str:
+    """The spec a run's config names for the callable ``fn`` (see the module docstring): ``module:qualname``, or
+    ``python:<name>`` for one kept in this process (registered here; the same callable keeps its name)."""
+    if isinstance(fn, str):
+        return fn
+    name = importable_name(fn)
+    if name is not None:
+        return name
+    base = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    base = f"{IN_PROCESS_PREFIX}{getattr(fn, '__module__', None) or 'object'}.{base}".replace("<", "").replace(">", "")
+    key, k = base, 2
+    while key in IN_PROCESS and IN_PROCESS[key] is not fn:
+        key, k = f"{base}_{k}", k + 1
+    IN_PROCESS[key] = fn
+    return key
+
+
+def is_in_process(spec: Any) -> bool:
+    """``spec`` names a callable kept in this process (``python:...``): called here, not in a worker."""
+    return isinstance(spec, str) and spec.startswith(IN_PROCESS_PREFIX)
 
 
 class RewardFunctionError(RewardError):
@@ -120,6 +168,12 @@ def load_reward_function(spec: str) -> Callable[..., list]:
     """The callable named by ``spec``: a built-in short name, ``package.module:function`` (dotted attributes
     allowed: ``module:Class.method``) or ``path/to/file.py:function``. Raises :class:`RewardError` naming the spec."""
     text = str(spec).strip()
+    if is_in_process(text):
+        if text not in IN_PROCESS:
+            raise _fail(text, "it names a Python function given to a trainer in another process",
+                        fix="pass the function to the trainer again (rlhfkit.GRPOTrainer(reward_funcs=[fn])), or "
+                            "move it into a file and name it as path/to/file.py:function")
+        return IN_PROCESS[text]
     if text in BUILTINS:
         module, _, attr = BUILTINS[text].partition(":")
         return getattr(importlib.import_module(module), attr)

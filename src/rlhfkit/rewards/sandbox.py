@@ -1,38 +1,67 @@
-"""A subprocess sandbox for running model-written Python: its own temporary directory, no network, wall-time,
-CPU-time, memory, file-size and output limits, a scrubbed environment, and the test results reported on a private
-channel.
+"""The sandbox that runs model-written Python: a boundary built from well-kept tools where the machine offers one
+(bubblewrap's namespaces, a seccomp filter from libseccomp, resource limits), said in one line at the start, and
+refused where a run requires it and the machine cannot give it.
 
-What each run gets (:meth:`Sandbox.run`):
+Isolation levels (``isolation``), strongest first; ``auto`` picks the strongest that works here (:meth:`Sandbox.probe`
+runs a probe program under each and checks what it sees):
 
-- a fresh directory under the system's temp dir as its working directory (removed afterwards), an environment with
-  only ``PATH``, ``HOME`` / ``TMPDIR`` (= that directory) and ``LANG``, ``python -I`` (no ``PYTHON*`` variables, no
-  user site, not the trainer's ``sys.path``), stdin from the test or ``/dev/null``;
-- ``isolation="namespaces"`` (chosen by ``auto`` where ``unshare`` works, as it does for an unprivileged user on most
-  Linux systems): the program runs in new user, network and PID namespaces (``unshare -rn --pid --fork
-  --kill-child``): there is no network interface but a downed loopback, and when the run ends every process it
-  started dies with it. ``isolation="process"``: no namespaces; the process group is killed at the end;
-- limits set by the guard on itself before the program starts: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``,
-  ``RLIMIT_FSIZE`` (largest file written), ``RLIMIT_NOFILE``, no core files; the wall time and the output size are
-  enforced by the caller, which kills the run at the limit;
-- an audit hook (:pep:`578`) installed before the program's first line refuses: sockets, ``fork`` / ``exec`` /
-  ``system`` / ``posix_spawn`` / ``subprocess``, ``ctypes`` and ``_posixsubprocess``, signals to other processes,
-  opening for writing, creating, renaming or removing anything outside the run's directory, and reading files outside
-  the run's directory, the Python installation and the system directories (``/usr``, ``/lib*``, ``/etc``, ``/dev``,
-  ``/proc``, ``/sys``): the trainer's working and run directories are not readable.
+- ``namespaces`` -- **the boundary.** The program runs under bubblewrap (``bwrap``, Debian / Ubuntu / Fedora package
+  ``bubblewrap``) in its own user, mount, PID, network, IPC, UTS and cgroup namespaces, with no capabilities and no
+  way to make new user namespaces. Its file system is a new root holding, read-only, only what Python needs (``/usr``,
+  the ``/lib*`` and ``/bin`` links, the Python installation and its virtual environment, a few files of ``/etc``), a
+  fresh ``/proc`` of its own PID namespace (it sees itself and bubblewrap's init, no other process), a minimal
+  ``/dev`` and a private writable ``/sandbox`` (its working directory, ``HOME`` and ``TMPDIR``) and ``/tmp``, both
+  size-capped tmpfs that vanish with it: no home directory, no run directory, nothing of the trainer. Its
+  environment is set from nothing (``--clearenv``), and bubblewrap itself starts from an empty environment, so no
+  process it can see holds a key.
+- ``unshare`` -- util-linux's ``unshare``: new user, network and PID namespaces with their own ``/proc`` (no network;
+  no other process visible), but the file system is shared: the program can read and write what the trainer's user
+  can. Not a boundary: ``auto`` says so as a warning naming the package to install.
+- ``process`` -- a child process: its own temporary directory, a scrubbed environment, the limits below. Not a
+  boundary either (same warning).
 
-What it does **not** protect against: this is a guard against ordinary and accidental harm (a loop, a leak, a fork,
-a stray write, a network call in generated code), not a security boundary against a determined attacker. An audit
-hook can be defeated from inside Python (e.g. by a C extension that makes system calls directly, or by corrupting
-the interpreter's memory); without namespaces, a program that escapes the hook has the trainer's user's rights:
-network, files, processes. Even with namespaces, the file system is shared (no mount namespace or seccomp filter:
-what the hook does not catch can write where the user can), and CPU / memory use across processes is not capped by
-a cgroup. A program can also read or forge what the guard reports if it inspects the guard's memory (a random nonce
-makes forging by printing impossible, not by introspection). For untrusted code at scale, run the trainer in a
-container or VM, or use a remote execution service as a remote judge.
+At every level, before the program's first line (the guard, :data:`GUARD`):
+
+- a **seccomp filter** (built by libseccomp through its ``pyseccomp`` bindings, see :func:`seccomp_filter`) refuses,
+  with ``EPERM``: sockets, every new process (``fork``, ``vfork``, ``clone`` without ``CLONE_THREAD``; ``clone3``
+  answers ``ENOSYS`` so that threads fall back to ``clone``), ``execve`` / ``execveat``, ``ptrace`` and the
+  cross-process memory calls, namespace and mount calls, ``bpf``, ``perf_event_open``, ``userfaultfd``,
+  ``io_uring``, keyrings, module and kexec loading, ``open_by_handle_at``, and the terminal-injection ioctls; a
+  system call of another architecture kills the program. The filter is a deny list (the default allows): Python and
+  the libraries a program imports need a long, version-dependent list of calls, and everything that reaches outside
+  the process is on the deny list;
+- **limits**: ``RLIMIT_AS`` (memory: one process, as no other can be started, so this is the whole program's
+  memory, threads included), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core files; the wall time and
+  the output size are enforced from outside (the run is killed at the limit, and with it its namespaces). No cgroup
+  is made: creating one needs a writable cgroup hierarchy, which containers and unprivileged users rarely have,
+  and with processes refused by the filter the per-process limits bound the whole program;
+- an audit hook (:pep:`578`) refuses sockets, processes, ``ctypes``, writes outside the program's directory and
+  reads outside it and the system's directories. It is a guard against accidents, not part of the boundary: a
+  program can disarm it from inside Python, and the escape tests (``tests/unit/test_sandbox_escapes.py``) disarm it
+  first.
+
+What crosses back: the exit status and the output, read by this process from pipes and ``wait``, and for assert tests
+one ``<nonce> <index> <0|1>`` line per test on a descriptor given to the guard, parsed as fixed fields. Assert tests
+run in the program's own interpreter, so a program can make its own tests pass (an object equal to everything, or
+by finding the descriptor and the nonce in its memory): that is reward hacking of its own score, contained like the
+rest; stdin / stdout tests are judged here, outside it. Nothing a program writes is unpickled or run anywhere.
+
+Why bubblewrap rather than ``unshare`` with bind mounts: bubblewrap builds the new root, the read-only binds,
+``/proc``, ``/dev`` and the tmpfs, drops capabilities and forbids nested user namespaces in one audited setuid-free
+program (Flatpak's sandbox), where the same with ``unshare`` needs a shell script of ``mount`` calls inside the
+namespace. Seen on the development machine (Debian 12, root in a VM, kernel 6.18, bubblewrap 0.8.0): user
+namespaces are allowed and both work; a small program's run took 0.1 - 0.2 s under each level, mostly Python's
+start (a loaded machine: not a figure of record). Why a deny-list seccomp filter loaded by the guard
+rather than bubblewrap's ``--seccomp``: the filter refuses ``execve``, and bubblewrap loads its filter before it
+executes Python; the guard loads it as the first thing Python runs, before the program (filters cannot be removed),
+which also gives the ``unshare`` and ``process`` levels the same filter.
 """
 
 from __future__ import annotations
 
+import base64
+import errno
+import functools
 import json
 import os
 import secrets
@@ -42,13 +71,26 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 from ..errors import RewardError
+from ..errors import say as say_line
 
-ISOLATIONS = ("auto", "namespaces", "process")
-UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"]
+ISOLATIONS = ("auto", "namespaces", "unshare", "process")
+LEVELS = ("namespaces", "unshare", "process")  # strongest first: what ``auto`` tries
+BOUNDARY = "namespaces"
+INSTALL = {"bubblewrap": "apt-get install bubblewrap (Fedora: dnf install bubblewrap)",
+           "libseccomp": "apt-get install libseccomp2 and pip install pyseccomp (an rlhfkit dependency)",
+           "unshare": "apt-get install util-linux"}
+# A shell as the namespace's init, the program its child: an init ignores the signals it has no handler for, its own
+# raise(SIGSEGV) and RLIMIT_CPU's SIGXCPU included, so the program must not be the init.
+UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc",
+           "/bin/sh", "-c", '"$@"; exit $?', "sandbox"]
+WORKDIR = "/sandbox"  # the program's directory inside the namespaces
+GUARD_FAILED = 121  # the guard's exit code when it could not set the program's limits or filter up
 
 
 class SandboxError(RewardError):
@@ -59,7 +101,8 @@ class SandboxError(RewardError):
 class Limits:
     """What one run may use. ``wall_s``: seconds from start to kill; ``cpu_s``: CPU seconds (``RLIMIT_CPU``);
     ``memory_mb``: address space (``RLIMIT_AS``); ``output_bytes``: stdout + stderr kept before the run is killed;
-    ``file_mb``: the largest file it may write (``RLIMIT_FSIZE``); ``open_files``: ``RLIMIT_NOFILE``."""
+    ``file_mb``: the largest file it may write (``RLIMIT_FSIZE``); ``open_files``: ``RLIMIT_NOFILE``; ``disk_mb``:
+    the size of its private directory and of its ``/tmp`` (``namespaces``: memory-backed, gone with the run)."""
 
     wall_s: float = 10.0
     cpu_s: float = 5.0
@@ -67,6 +110,7 @@ class Limits:
     output_bytes: int = 1_000_000
     file_mb: int = 16
     open_files: int = 64
+    disk_mb: int = 64
 
 
 @dataclass
@@ -95,30 +139,101 @@ class RunResult:
         return f"exit code {self.returncode}" + (f" ({last[0][:200]})" if last[0] else "")
 
 
-# The guard: the first code the sandboxed interpreter runs. It takes its settings from argv, sets the limits, installs
-# the audit hook, then runs the program (and its assert tests, reporting each on the private fd with the nonce).
+# ── the seccomp filter ───────────────────────────────────────────────────────────────────────────────────────────
+DENIED = (
+    # the network, and every other process: sockets, new processes, other programs, reading / writing processes
+    "socket", "socketpair", "fork", "vfork", "execve", "execveat", "ptrace", "process_vm_readv", "process_vm_writev",
+    "pidfd_open", "pidfd_getfd", "kcmp",
+    # namespaces, mounts, roots
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsmount",
+    "fsconfig", "fspick", "mount_setattr",
+    # the kernel's larger attack surfaces and the machine's state
+    "bpf", "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "io_uring_setup", "io_uring_enter",
+    "io_uring_register", "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    "open_by_handle_at", "name_to_handle_at", "fanotify_init", "quotactl", "swapon", "swapoff", "reboot", "acct",
+    "iopl", "ioperm", "syslog", "vhangup", "lookup_dcookie", "nfsservctl",
+)
+CLONE_THREAD = 0x00010000
+TERMINAL_IOCTLS = (0x5412, 0x541C)  # TIOCSTI (push input into a terminal), TIOCLINUX
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_filter() -> tuple[bytes | None, str]:
+    """The filter of the module docstring as a compiled BPF program (``struct sock_filter`` array) for this machine's
+    architecture, and ``""``; or ``(None, why)`` where libseccomp or its bindings are missing. Built with libseccomp
+    (the library behind the filters of systemd, Docker and Flatpak) through ``pyseccomp``, its ctypes bindings on
+    PyPI: the architecture check, the ABI aliases (x32) and the argument comparisons are libseccomp's, not ours."""
+    try:
+        import pyseccomp as sc
+    except ImportError as exc:
+        return None, f"libseccomp or its Python bindings are missing ({exc})"
+    except (OSError, RuntimeError) as exc:  # pyseccomp raises RuntimeError when libseccomp.so is not found
+        return None, f"libseccomp is missing ({exc})"
+    try:
+        f = sc.SyscallFilter(sc.ALLOW)  # the default; a call of another architecture: libseccomp's KILL
+        for name in DENIED:
+            try:
+                f.add_rule(sc.ERRNO(errno.EPERM), name)
+            except OSError:  # not a system call of this architecture (fork on arm64, iopl off x86)
+                pass
+        f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, CLONE_THREAD, 0))  # flags: arg 0 on
+        f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # x86-64 / arm64; glibc's threads fall back to clone
+        for request in TERMINAL_IOCTLS:
+            f.add_rule(sc.ERRNO(errno.EPERM), "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
+        with tempfile.TemporaryFile() as fh:
+            f.export_bpf(fh)
+            fh.seek(0)
+            program = fh.read()
+    except (OSError, ValueError, RuntimeError) as exc:
+        return None, f"libseccomp could not build the filter ({exc})"
+    if not program or len(program) % 8:
+        return None, "libseccomp built an empty filter"
+    return program, ""
+
+
+# ── the guard: the first code the sandboxed interpreter runs ─────────────────────────────────────────────────────
+# It reads its settings and the program from the descriptor named in argv, sets the limits, loads the seccomp
+# filter, installs the audit hook, then runs the program (and its assert tests, reporting each on the report
+# descriptor with the nonce). Any failure to set a limit or the filter up ends it with GUARD_FAILED before the
+# program's first line.
 GUARD = r'''
 def _guard(argv):
     import json, os, resource, sys
-    cfg = json.loads(argv.pop(1))
+    fd = int(argv.pop(1))
     del argv[1:]
-    home = os.path.realpath(cfg["dir"])
+    with os.fdopen(fd, "rb") as fh:
+        cfg = json.loads(fh.read())
+    home = cfg["dir"]
+    os.chdir(home)
 
-    def limit(what, value):
+    def fail(what):
+        os.write(2, ("sandbox: " + what + "\n").encode())
+        os._exit(GUARD_FAILED)
+
+    for what, value in (("AS", cfg["memory"]), ("CPU", cfg["cpu"]), ("FSIZE", cfg["fsize"]),
+                        ("NOFILE", cfg["nofile"]), ("CORE", 0)):
         try:
-            resource.setrlimit(what, (value, value))
-        except (ValueError, OSError):
-            pass
+            resource.setrlimit(getattr(resource, "RLIMIT_" + what), (value, value))
+        except (ValueError, OSError) as exc:
+            fail(f"RLIMIT_{what} could not be set ({exc})")
+    if cfg["seccomp"]:
+        import base64, ctypes
 
-    limit(resource.RLIMIT_AS, cfg["memory"])
-    limit(resource.RLIMIT_CPU, cfg["cpu"])
-    limit(resource.RLIMIT_FSIZE, cfg["fsize"])
-    limit(resource.RLIMIT_NOFILE, cfg["nofile"])
-    limit(resource.RLIMIT_CORE, 0)
+        program = base64.b64decode(cfg["seccomp"])
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        buf = ctypes.create_string_buffer(program, len(program))
+        prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+        # PR_SET_NO_NEW_PRIVS = 38, then PR_SET_SECCOMP = 22 with SECCOMP_MODE_FILTER = 2
+        if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:
+            fail(f"the seccomp filter could not be loaded (errno {ctypes.get_errno()})")
+        del libc, buf, prog, SockFprog
     report = os.fdopen(cfg["fd"], "w", buffering=1) if cfg["fd"] is not None else None
-    nonce, tests = cfg["nonce"], cfg["tests"]
-    with open(os.path.join(home, "solution.py")) as fh:
-        source = fh.read()
+    nonce, tests, source = cfg["nonce"], cfg["tests"], cfg["code"]
+    home = os.path.realpath(home)
     readable = tuple(os.path.realpath(p) for p in cfg["read"]) + (home,)
 
     def inside(path, roots):
@@ -189,20 +304,115 @@ import sys as _sys
 
 _guard(_sys.argv)
 del _guard, _sys
+'''.replace("GUARD_FAILED", str(GUARD_FAILED))
+
+# What a probe program reports about the place it runs in (trusted code, run like a program under the guard).
+_PROBE = r'''
+import json, os
+status = open("/proc/self/status").read()
+seccomp = next((line.split()[1] for line in status.splitlines() if line.startswith("Seccomp:")), "0")
+pids = [p for p in os.listdir("/proc") if p.isdigit()]
+try:
+    interfaces = [line.split(":")[0].strip() for line in open("/proc/self/net/dev").read().splitlines()[2:]]
+except OSError:
+    interfaces = []
+print(json.dumps({"six": 2 * 3, "seccomp": seccomp, "pids": len(pids), "interfaces": interfaces,
+                  "canary": os.path.exists(CANARY), "env": sorted(os.environ)}))
 '''
 
 
-def _read_roots() -> list[str]:
+def _read_roots(python: str) -> list[str]:
+    """What the guard's audit hook lets a program read besides its directory (the system's and Python's)."""
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, "/usr", "/lib", "/lib64", "/etc",
-             "/dev", "/proc", "/sys", "/bin", "/sbin", "/opt/conda"}
+             "/dev", "/proc", "/sys", "/bin", "/sbin", "/opt/conda", _prefix_of(python)}
     roots |= {p for p in sys.path if p and os.path.isdir(p) and ("site-packages" in p or "lib/python" in p)}
     return sorted(r for r in roots if r and os.path.exists(r))
 
 
+def _prefix_of(python: str) -> str:
+    """The installation a Python executable belongs to (``.../bin/python3`` -> ``...``), its link followed."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(python)))
+
+
+def _python_binds(python: str) -> list[str]:
+    """The directories bound read-only for Python under ``namespaces``: its installation and virtual environment.
+    An installation that holds the home or the working directory (a Python in ``~``) is bound by its ``bin`` and
+    ``lib*`` only, so that the rest of the home directory stays out of view."""
+    guarded = {os.path.realpath(os.path.expanduser("~")), os.path.realpath(os.getcwd()), "/"}
+    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                                           _prefix_of(python), os.path.dirname(os.path.dirname(python)))}
+    out: set[str] = set()
+    for root in roots:
+        if not os.path.isdir(root) or root.startswith("/usr/") or root == "/usr":
+            continue
+        if any(g == root or g.startswith(root.rstrip("/") + "/") for g in guarded):
+            out |= {os.path.join(root, d) for d in ("bin", "lib", "lib64") if os.path.isdir(os.path.join(root, d))}
+        else:
+            out.add(root)
+    return sorted(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _bwrap_options() -> str:
+    """bubblewrap's ``--help`` (its options differ by version: ``--disable-userns`` is 0.8's, ``--size`` 0.5's)."""
+    try:
+        return subprocess.run([_tool("bwrap"), "--help"], capture_output=True, text=True, timeout=10, env={}).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _bwrap_argv(python: str, lim: Limits) -> list[str]:
+    """bubblewrap's arguments for one run (the module docstring's ``namespaces``). Where this bubblewrap lacks
+    ``--disable-userns`` the seccomp filter alone refuses new namespaces (``unshare``, ``clone`` of a process); where
+    it lacks ``--size`` the private directories are uncapped tmpfs (each file still capped by ``file_mb``)."""
+    known = _bwrap_options()
+    argv = [_tool("bwrap"), "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv", "--uid", "65534", "--gid",
+            "65534", "--hostname", "sandbox"]
+    if "--disable-userns" in known:
+        argv.append("--disable-userns")
+    if os.geteuid() == 0:
+        argv += ["--cap-drop", "ALL"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = f"/{top}"
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    for path in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"):
+        argv += ["--ro-bind-try", path, path]
+    for path in _python_binds(python):
+        argv += ["--ro-bind", path, path]
+    size = ["--size", str(lim.disk_mb << 20)] if "--size" in known else []
+    argv += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", WORKDIR, *size, "--tmpfs", "/tmp", "--remount-ro",
+             "/", "--chdir", WORKDIR]
+    for key, value in _program_env(WORKDIR).items():
+        argv += ["--setenv", key, value]
+    return argv + ["--"]
+
+
+def _tool(name: str) -> str:
+    """A tool's full path as this process's PATH finds it (the runs start it with a minimal environment)."""
+    return shutil.which(name) or name
+
+
+def _program_env(home: str) -> dict[str, str]:
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+
+
+def bwrap_version() -> str:
+    try:
+        out = subprocess.run([_tool("bwrap"), "--version"], capture_output=True, text=True, timeout=10, env={})
+    except (OSError, subprocess.SubprocessError):
+        return "bubblewrap"
+    return out.stdout.strip() or "bubblewrap"
+
+
 class Sandbox:
-    """Runs Python programs under :class:`Limits` (module docstring). ``isolation``: ``auto`` (namespaces where
-    ``unshare`` works, else process), ``namespaces`` (required: :class:`SandboxError` at :meth:`probe` when it does
-    not work) or ``process``."""
+    """Runs Python programs under :class:`Limits` at an isolation level (module docstring). ``isolation``: ``auto``
+    (the strongest that works here), or one level, required (:class:`SandboxError` at :meth:`probe` when it does not
+    work, naming the package to install)."""
 
     def __init__(self, limits: Limits | None = None, isolation: str = "auto", python: str | None = None):
         if isolation not in ISOLATIONS:
@@ -212,77 +422,174 @@ class Sandbox:
         self.requested = isolation
         self.python = python or sys.executable
         self.isolation: str | None = None  # decided by probe()
+        self.passed_over: dict[str, str] = {}  # stronger levels auto did not take, and why
 
+    # ── deciding the level ───────────────────────────────────────────────────────────────────────────────────
     def probe(self) -> str:
-        """Decide the isolation and check that a program runs under it: prints 6 and is scored; a program that
-        opens a socket fails. Raises :class:`SandboxError` (one line) when the sandbox cannot be set up."""
+        """Decide the isolation and check that a program runs under it and sees what it should (module docstring).
+        Raises :class:`SandboxError` (one line, naming what to install) when the requested level cannot be set up.
+        Under ``auto`` a level weaker than ``namespaces`` is a :class:`RuntimeWarning` (the trainer's own line is
+        :func:`announce`)."""
         if self.isolation is not None:
             return self.isolation
-        candidates = ["namespaces", "process"] if self.requested == "auto" else [self.requested]
-        why = []
-        for isolation in candidates:
-            if isolation == "namespaces" and shutil.which("unshare") is None:
-                why.append("namespaces: `unshare` not found")
-                continue
-            self.isolation = isolation
-            try:
-                ok = self.run("print(2 * 3)\n", tests=["assert 1 + 1 == 2"], limits=Limits(wall_s=30, cpu_s=10))
-                net = self.run("import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=1)\n",
-                               limits=Limits(wall_s=30, cpu_s=10))
-            except OSError as exc:
-                ok = net = None
-                why.append(f"{isolation}: {exc}")
-            if ok is not None and ok.stdout.strip() == "6" and ok.passed == [True] and net.returncode != 0:
-                return isolation
-            if ok is not None:
-                why.append(f"{isolation}: a probe program {ok.reason}")
-            self.isolation = None
-        raise SandboxError("the code sandbox cannot be set up (" + "; ".join(why) + ")",
-                           where="reward.sandbox.isolation",
-                           fix="set reward.sandbox.isolation=process where user namespaces are disabled, or enable "
-                               "them (sysctl kernel.unprivileged_userns_clone=1)")
+        candidates = LEVELS if self.requested == "auto" else (self.requested,)
+        why: dict[str, str] = {}
+        for level in candidates:
+            problem = self._check(level)
+            if problem is None:
+                self.isolation, self.passed_over = level, why
+                if self.requested == "auto" and level != BOUNDARY:
+                    warnings.warn(self.summary(), RuntimeWarning, stacklevel=2)
+                return level
+            why[level] = problem
+        if self.requested == "auto":
+            raise SandboxError("the code sandbox cannot be set up (" + "; ".join(f"{k}: {v}" for k, v in why.items())
+                               + ")", where="reward.sandbox.isolation",
+                               fix=f"install bubblewrap ({INSTALL['bubblewrap']})")
+        raise SandboxError(f"the code sandbox cannot be set up with isolation {self.requested} ({why[self.requested]})",
+                           where="reward.sandbox.isolation", fix=self._fix(self.requested, why[self.requested]))
 
+    @staticmethod
+    def _fix(level: str, problem: str) -> str:
+        if "libseccomp" in problem:
+            return INSTALL["libseccomp"]
+        if level == "namespaces":
+            return (f"{INSTALL['bubblewrap']}; where it is installed but cannot make namespaces (a container), allow "
+                    "user namespaces or run the trainer in a VM; or set reward.sandbox.isolation=auto")
+        if level == "unshare":
+            return f"{INSTALL['unshare']} and allow user namespaces, or set reward.sandbox.isolation=auto"
+        return "check that the Python of the trainer runs (reward.sandbox.isolation=auto)"
+
+    def _check(self, level: str) -> str | None:
+        """None when ``level`` works here, else why not (a few words)."""
+        program, why_not = seccomp_filter()
+        if level == "namespaces":
+            if shutil.which("bwrap") is None:
+                return "bubblewrap (bwrap) is not installed"
+            if program is None:
+                return why_not
+        if level == "unshare" and shutil.which("unshare") is None:
+            return "`unshare` not found"
+        home = tempfile.mkdtemp(prefix="rlhfkit-canary-")
+        canary = os.path.join(home, "canary")
+        try:
+            with open(canary, "w") as fh:
+                fh.write("the trainer's")
+            code = "CANARY = " + repr(canary) + "\n" + _PROBE
+            try:
+                r = self._run(level, code, None, ["assert 1 + 1 == 2"], Limits(wall_s=30, cpu_s=10))
+            except OSError as exc:
+                return f"{type(exc).__name__}: {exc}"
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        try:
+            seen = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return f"a probe program {r.reason}"
+        if seen.get("six") != 6 or r.passed != [True]:
+            return f"a probe program {r.reason}"
+        if program is not None and seen["seccomp"] != "2":
+            return "the seccomp filter was not in force"
+        if level in ("namespaces", "unshare") and (seen["pids"] > 3 or set(seen["interfaces"]) - {"lo"}):
+            return f"the program saw {seen['pids']} processes and the interfaces {seen['interfaces']}"
+        if level == "namespaces" and (seen["canary"] or set(seen["env"]) - {*_program_env(WORKDIR), "PWD"}):
+            return "the program saw the trainer's files or environment"
+        return None
+
+    def summary(self) -> str:
+        """One line: the level in force, what it gives, and (weaker than ``namespaces``) what to install."""
+        level = self.isolation or self.probe()
+        filtered = seccomp_filter()[0] is not None
+        extra = ", seccomp filter" if filtered else ", NO seccomp filter (" + INSTALL["libseccomp"] + ")"
+        if level == "namespaces":
+            return (f"[sandbox] model-written code runs in namespaces ({bwrap_version()}: its own mount, PID, network "
+                    f"and user namespaces, a read-only system and a private directory{extra}, limits)")
+        what = ("unshare (its own PID and network namespaces, but your file system: it can read and write what your "
+                "user can" if level == "unshare" else "process (limits and an audit hook only: it can read and write "
+                "what your user can, and reach the network and your processes where the filter is missing")
+        why = "; ".join(f"{k}: {v}" for k, v in self.passed_over.items())
+        return (f"[sandbox] warning: model-written code runs under {what}{extra}); not a boundary"
+                + (f" ({why})" if why else "") + f": install bubblewrap for one ({INSTALL['bubblewrap']}), or set "
+                "reward.sandbox.require_boundary=true to refuse to run without one")
+
+    # ── running ──────────────────────────────────────────────────────────────────────────────────────────────
     def run(self, code: str, *, stdin: str | None = None, tests: list[str] | None = None,
             limits: Limits | None = None) -> RunResult:
         """Run ``code`` (then each of ``tests``, a Python snippet such as an assert, in the program's namespace)
         under the limits; never raises for what the program does."""
         if self.isolation is None:
             self.probe()
-        lim = limits or self.limits
-        home = tempfile.mkdtemp(prefix="rlhfkit-sandbox-")
-        read_fd, write_fd = os.pipe() if tests else (None, None)
+        return self._run(self.isolation, code, stdin, tests, limits or self.limits)
+
+    def _run(self, level: str, code: str, stdin: str | None, tests: list[str] | None, lim: Limits) -> RunResult:
+        scratch = tempfile.mkdtemp(prefix="rlhfkit-sandbox-")  # this side's files; the program's too, below
+        home = WORKDIR if level == "namespaces" else os.path.join(scratch, "work")
+        if level != "namespaces":
+            os.mkdir(home, 0o700)
+        report_r, report_w = os.pipe() if tests else (None, None)
+        cfg_fd = None
         try:
-            with open(os.path.join(home, "solution.py"), "w") as fh:
-                fh.write(code)
             nonce = secrets.token_hex(16)
+            program, _ = seccomp_filter()
             cfg = {"dir": home, "memory": lim.memory_mb << 20, "cpu": max(1, int(lim.cpu_s + 0.999)),
-                   "fsize": lim.file_mb << 20, "nofile": lim.open_files, "fd": write_fd, "nonce": nonce,
-                   "tests": list(tests or []), "read": _read_roots()}
-            argv = [self.python, "-I", "-c", GUARD, json.dumps(cfg)]
-            if self.isolation == "namespaces":
-                argv = UNSHARE + argv
-            env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
+                   "fsize": lim.file_mb << 20, "nofile": lim.open_files, "fd": report_w, "nonce": nonce,
+                   "tests": list(tests or []), "read": _read_roots(self.python), "code": code,
+                   "seccomp": base64.b64encode(program).decode() if program is not None else None}
+            path = os.path.join(scratch, "cfg.json")  # read by the guard through a descriptor, gone before it runs
+            with open(path, "w") as fh:
+                json.dump(cfg, fh)
+            cfg_fd = os.open(path, os.O_RDONLY)
+            os.unlink(path)
+            argv = [self.python, "-I", "-c", GUARD, str(cfg_fd)]
+            if level == "namespaces":
+                argv, env, cwd = _bwrap_argv(self.python, lim) + argv, {"PATH": "/usr/bin:/bin"}, scratch
+            else:
+                argv = [_tool("unshare"), *UNSHARE[1:], *argv] if level == "unshare" else argv
+                env, cwd = _program_env(home), home
+            fds = (cfg_fd,) + ((report_w,) if report_w is not None else ())
             t0 = time.perf_counter()
-            proc = subprocess.Popen(argv, cwd=home, env=env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                    pass_fds=(write_fd,) if write_fd is not None else ())
-            if write_fd is not None:
-                os.close(write_fd)
-                write_fd = None
-            out, err, report, timed_out, capped = _collect(proc, stdin, read_fd, lim)
+                                    pass_fds=fds)
+            for fd in fds:
+                os.close(fd)
+            cfg_fd = report_w = None
+            out, err, report, timed_out, capped = _collect(proc, stdin, report_r, lim)
             seconds = time.perf_counter() - t0
         finally:
-            for fd in (read_fd, write_fd):
+            for fd in (report_r, report_w, cfg_fd):
                 if fd is not None:
                     os.close(fd)
-            shutil.rmtree(home, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
         passed = [False] * len(tests or [])
         for line in report.splitlines():
             parts = line.split()
             if len(parts) == 3 and parts[0] == nonce and parts[1].isdigit() and int(parts[1]) < len(passed):
                 passed[int(parts[1])] = parts[2] == "1"
-        return RunResult(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), passed,
-                         timed_out, capped, seconds)
+        code_ = proc.returncode
+        if level != "process" and code_ is not None and code_ > 128:  # bubblewrap's or the shell's 128 + signal
+            code_ = -(code_ - 128)
+        return RunResult(code_, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), passed, timed_out,
+                         capped, seconds)
+
+
+def announce(isolation: str = "auto", require_boundary: bool = False, say=None) -> str:
+    """The trainer's side, once per run before any weights load: decide the level (:meth:`Sandbox.probe`), say it
+    in one line (``say``; a warning naming bubblewrap when weaker than ``namespaces``) and return it, to be handed
+    to the workers. ``require_boundary``: :class:`SandboxError` (one line) unless the level is ``namespaces``."""
+    box = Sandbox(isolation=isolation)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the line below says it
+        level = box.probe()
+    if require_boundary and level != BOUNDARY:
+        why = "; ".join(f"{k}: {v}" for k, v in box.passed_over.items())
+        raise SandboxError(f"a boundary is required, but model-written code would run under {level} only"
+                           + (f" ({why})" if why else " (reward.sandbox.isolation asks for it)"),
+                           where="reward.sandbox.require_boundary",
+                           fix=f"install bubblewrap ({INSTALL['bubblewrap']}) and set reward.sandbox.isolation=auto "
+                               "or namespaces")
+    (say or say_line)(box.summary())
+    return level
 
 
 def _collect(proc: subprocess.Popen, stdin: str | None, report_fd: int | None, lim: Limits):
@@ -294,16 +601,10 @@ def _collect(proc: subprocess.Popen, stdin: str | None, report_fd: int | None, l
     sel.register(proc.stderr, selectors.EVENT_READ, proc.stderr)
     if report_fd is not None:
         sel.register(report_fd, selectors.EVENT_READ, "report")
-    if stdin:
-        try:
-            proc.stdin.write(stdin.encode())
-        except (BrokenPipeError, OSError):
-            pass
-        finally:
-            with _quiet():
-                proc.stdin.close()
+    if stdin:  # fed from a thread: a program that never reads a large input must not stall this loop's clock
+        threading.Thread(target=_feed, args=(proc.stdin, stdin.encode()), daemon=True).start()
     deadline = time.perf_counter() + lim.wall_s
-    size, timed_out, capped = 0, False, False
+    size, report_size, timed_out, capped = 0, 0, False, False
     while sel.get_map():
         left = deadline - time.perf_counter()
         if left <= 0:
@@ -315,11 +616,15 @@ def _collect(proc: subprocess.Popen, stdin: str | None, report_fd: int | None, l
             if not data:
                 sel.unregister(key.fileobj)
                 continue
+            if key.data == "report":
+                report_size += len(data)
+                if report_size <= 1 << 20:  # a program writing to the report past any honest size: ignored
+                    chunks["report"].append(data)
+                continue
             chunks[key.data].append(data)
-            if key.data != "report":
-                size += len(data)
-                if size > lim.output_bytes:
-                    capped = True
+            size += len(data)
+            if size > lim.output_bytes:
+                capped = True
         if capped:
             break
     sel.close()
@@ -329,7 +634,19 @@ def _collect(proc: subprocess.Popen, stdin: str | None, report_fd: int | None, l
             b"".join(chunks["report"]).decode("ascii", "replace"), timed_out, capped)
 
 
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, OSError, ValueError):  # the program ended (or was killed) before reading it all
+        pass
+    finally:
+        with _quiet():
+            pipe.close()
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the run: its process group (under ``namespaces`` bubblewrap, whose death kills the namespaces' every
+    process; under ``unshare`` its ``--kill-child``)."""
     if proc.poll() is None:
         with _quiet():
             os.killpg(proc.pid, signal.SIGKILL)

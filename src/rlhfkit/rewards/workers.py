@@ -5,8 +5,11 @@ One :class:`Worker` is one child interpreter started with :mod:`subprocess` (``p
 not :mod:`multiprocessing`): the child never re-imports the trainer's ``__main__`` (a user script without a
 ``__name__`` guard would run again under ``spawn`` / ``forkserver``), never inherits the trainer's threads or CUDA
 state (``fork`` after CUDA initialisation is undefined behaviour) and does not import torch unless the user's code
-does. Requests and replies are pickled over two pipes (:class:`multiprocessing.connection.Connection`), so what
-the user's code prints on stdout cannot corrupt them.
+does. Requests and replies travel over two pipes of their own (:class:`multiprocessing.connection.Connection`'s
+framing), so what the user's code prints on stdout cannot corrupt them. Requests (made by the trainer only) are
+pickled; replies are JSON plain data checked field by field (:mod:`rlhfkit.rewards.wire`): nothing a worker sends
+is unpickled in the trainer, and a reply that is not what the wire allows kills the worker (:class:`CallFailed`,
+kind ``bad reply``).
 
 - ``setup(key, spec, kwargs)`` loads ``spec`` (a spec string as :func:`~rlhfkit.rewards.loading.load_reward_function`
   reads it, or a picklable callable) in the child and keeps it under ``key``; a class is built there once as
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import RewardError
+from . import wire
 
 BOOT = "from rlhfkit.rewards.workers import _child_main; _child_main({r}, {w})"
 SETUP_TIMEOUT_S = 300.0  # loading a model in a stateful reward's constructor may take minutes
@@ -58,11 +62,17 @@ class CallTimeout(Exception):
 
 
 class CallFailed(Exception):
-    """The call raised (``kind`` is the exception's type name) or the worker died under it (``kind`` 'died')."""
+    """The call raised (``kind`` is the exception's type name), the worker died under it (``kind`` 'died') or sent
+    a reply the wire does not allow and was killed for it (``kind`` 'bad reply'): :attr:`worker_lost` for both."""
 
     def __init__(self, kind: str, message: str, trace: str = ""):
         self.kind, self.message, self.trace = kind, message, trace
         super().__init__(f"{kind}: {message}" if message else kind)
+
+    @property
+    def worker_lost(self) -> bool:
+        """The worker is gone (and restarts on its next use, its objects' state lost)."""
+        return self.kind in ("died", "bad reply")
 
 
 @dataclass
@@ -255,14 +265,23 @@ class Worker:
             self.kill()
             self.restarts += 1
             raise CallTimeout(f"{what} took more than {timeout:g} s")
+        problem = ""
         try:
-            status, payload = conn.recv()
-        except (EOFError, OSError):
+            data = conn.recv_bytes(wire.MAX_REPLY_BYTES)
+            status, payload = wire.read_reply(data)
+        except EOFError:
             code = self.proc.wait() if self.proc is not None else None
             self.kill()
             self.restarts += 1
             raise CallFailed("died", f"worker exited with code {code} during {what}"
                              + (" (killed by a signal: often the memory limit)" if code and code < 0 else "")) from None
+        except (OSError, wire.ProtocolError) as exc:  # a frame past the limit ("bad message length"), not the wire
+            problem = str(exc)
+        if problem:
+            self.kill()
+            self.restarts += 1
+            raise CallFailed("bad reply", f"worker {self.name} sent a reply that is not plain data during {what} "
+                                          f"({problem}); it was killed and restarts on its next use")
         if status == "ok":
             return payload
         if status == "user_error":
@@ -273,10 +292,11 @@ class Worker:
 class WorkerPool:
     """``n`` workers sharing the same set-ups; :meth:`map` runs independent calls on them concurrently, each
     under ``timeout_s``; :meth:`setup` and :meth:`close` act on every child side by side. ``n = 0``: calls run in
-    this process, no limit (see the module docstring)."""
+    this process, no limit (see the module docstring), unless ``limit_local``: then each call is bounded by
+    ``timeout_s`` with a wall-clock timer signal (:func:`_alarm`) — for callables no worker can import."""
 
-    def __init__(self, n: int, timeout_s: float | None):
-        self.n, self.timeout_s = n, timeout_s
+    def __init__(self, n: int, timeout_s: float | None, *, limit_local: bool = False):
+        self.n, self.timeout_s, self.limit_local = n, timeout_s, limit_local
         self.workers = [Worker(f"{i}") for i in range(n)]
         self.local: dict[str, Callable] = {}
 
@@ -362,8 +382,11 @@ class WorkerPool:
         obj = self.local[key]
         try:
             out, err = _CappedText(sys.stdout), _CappedText(sys.stderr)
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            with _alarm(self.timeout_s if self.limit_local else None), contextlib.redirect_stdout(out), \
+                    contextlib.redirect_stderr(err):
                 value = (getattr(obj, method) if method else obj)(*args, **kwargs)
+        except CallTimeout as exc:
+            return Outcome(error=exc, seconds=time.perf_counter() - t0)
         except RewardError as exc:
             return Outcome(error=exc, seconds=time.perf_counter() - t0)
         except Exception as exc:
@@ -388,6 +411,40 @@ class WorkerPool:
         with _suppress():
             for w in self.workers:
                 w.kill()
+
+
+class _alarm:
+    """A wall-clock limit on the code inside, in this process: SIGALRM (``setitimer``) raises :class:`CallTimeout`
+    where the code is when the time is up. Python code stops there; code inside one long C call stops when the call
+    returns to the interpreter (a worker process, killed whole, has no such limit: the reason workers exist). Only
+    on the main thread of a POSIX process (where Python runs signal handlers); elsewhere no limit. ``None``: none."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds if seconds and hasattr(signal, "setitimer") else None
+        self.previous = None
+
+    @staticmethod
+    def available() -> bool:
+        import threading
+
+        return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+    def _expired(self, signum, frame):
+        raise CallTimeout(f"call took more than {self.seconds:g} s")
+
+    def __enter__(self):
+        if self.seconds is not None and self.available():
+            self.previous = signal.signal(signal.SIGALRM, self._expired)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        else:
+            self.seconds = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.seconds is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous if self.previous is not None else signal.SIG_DFL)
+        return False
 
 
 def _bind(obj: Callable, kwargs: dict | None) -> Callable:
@@ -524,14 +581,15 @@ def _child_main(read_fd: int, write_fd: int) -> None:
                 _, key, method, args, kwargs = message
                 obj = objects[key]
                 reply = (getattr(obj, method) if method else obj)(*args, **kwargs)
-            send.send(("ok", reply))
+            data = wire.ok(reply)
         except RewardError as exc:  # a one-line complaint of the code itself (a built-in rule missing an option)
-            send.send(("user_error", exc))
+            data = wire.user_error(exc)
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported, never fatal here
             try:
-                send.send(("error", (type(exc).__name__, _first_line(exc), traceback.format_exc(limit=20))))
-            except Exception:  # the reply itself could not be pickled
-                send.send(("error", (type(exc).__name__, _first_line(exc)[:500], "")))
+                data = wire.error(type(exc).__name__, _first_line(exc), traceback.format_exc(limit=20))
+            except Exception:  # noqa: BLE001 - an exception whose message cannot even be read
+                data = wire.error(type(exc).__name__, "(its message could not be read)")
+        send.send_bytes(data)
 
 
 def _child_load(spec: Any, kwargs: dict, label: str) -> Callable:

@@ -1,9 +1,11 @@
 """Rollout engines: built once per run from ``generation``, prompts in, a :class:`Rollout` out (responses cut at the
 first EOS / stop string, masks after the end, sampling log-probs). ``ENGINES``: hf (transformers ``generate``, the
-reference), static (our compiled static-cache decode loop), auto (the fastest measured for the device and model)."""
+reference), static (our compiled static-cache decode loop), continuous (continuous batching over a paged cache
+sized by a token budget), auto (the fastest measured for the device and model)."""
 
 from ..data.chat import encode_chat_prompts, render_chat
 from .auto import AutoEngine
+from .continuous import ContinuousEngine
 from .engine import (
     ENGINES,
     Engine,
@@ -29,6 +31,7 @@ from .types import Rollout
 __all__ = [
     "ENGINES",
     "AutoEngine",
+    "ContinuousEngine",
     "Engine",
     "HFEngine",
     "Rollout",

@@ -267,7 +267,7 @@ class Engine:
 
 # ───────────────────────────────────────────── registry ─────────────────────────────────────────────
 
-ENGINES: dict[str, type[Engine]] = {}  # filled by rollout/__init__.py: hf, static, auto
+ENGINES: dict[str, type[Engine]] = {}  # filled by rollout/__init__.py: hf, static, continuous, auto
 
 
 def register(cls: type[Engine]) -> type[Engine]:
@@ -276,9 +276,10 @@ def register(cls: type[Engine]) -> type[Engine]:
     return cls
 
 
-def check_engine(name: str, engine_kwargs: dict | None = None) -> None:
+def check_engine(name: str, engine_kwargs: dict | None = None, cache_tokens: int | None = None) -> None:
     """ConfigError for an unknown engine name, a setting its constructor does not take, or a value it refuses
-    (the engine is built once with placeholder EOS / pad ids to find out; that touches no model)."""
+    (the engine is built once with placeholder EOS / pad ids to find out; that touches no model); a cache budget
+    (``generation.cache_tokens``) for an engine without a token-budget cache."""
     import inspect
 
     if name not in ENGINES:
@@ -296,6 +297,11 @@ def check_engine(name: str, engine_kwargs: dict | None = None) -> None:
                    f"{name!r} takes no settings: choose the engine itself (generation.engine=static or hf) to set them")
             raise ConfigError(f"engine {name!r} has no setting {key!r}", where=f"generation.engine_kwargs.{key}",
                               fix=fix)
+    if cache_tokens is not None:
+        if "cache_tokens" not in known:
+            raise ConfigError(f"engine {name!r} has no token-budget cache", where="generation.cache_tokens",
+                              fix="set generation.engine=continuous, or generation.cache_tokens=null")
+        engine_kwargs = {**(engine_kwargs or {}), "cache_tokens": cache_tokens}
     try:
         ENGINES[name](None, eos_token_ids=[0], pad_token_id=0, **(engine_kwargs or {}))
     except (TypeError, ValueError) as err:
@@ -304,12 +310,16 @@ def check_engine(name: str, engine_kwargs: dict | None = None) -> None:
 
 
 def make_engine(name: str, tokenizer, model=None, *, stop_strings: Sequence[str] = (), batch_size: int | None = None,
-                engine_kwargs: dict | None = None, eos_token_ids: Sequence[int] | None = None) -> Engine:
-    """An engine by name (``auto``, ``hf``, ``static``; its settings ``engine_kwargs`` checked first). EOS ids:
-    ``eos_token_ids``, else :func:`~rlhfkit.data.chat.stop_token_ids` of the tokenizer and the model's generation
-    config (the model is only read for that, not held); pad: the tokenizer's, else the first EOS id."""
+                engine_kwargs: dict | None = None, eos_token_ids: Sequence[int] | None = None,
+                cache_tokens: int | None = None) -> Engine:
+    """An engine by name (``auto``, ``hf``, ``static``, ``continuous``; its settings ``engine_kwargs`` checked first;
+    ``cache_tokens``: the continuous engine's budget). EOS ids: ``eos_token_ids``, else
+    :func:`~rlhfkit.data.chat.stop_token_ids` of the tokenizer and the model's generation config (the model is only
+    read for that, not held); pad: the tokenizer's, else the first EOS id."""
     kwargs = dict(engine_kwargs or {})
-    check_engine(name, kwargs)
+    check_engine(name, kwargs, cache_tokens)
+    if cache_tokens is not None:
+        kwargs["cache_tokens"] = cache_tokens
     if eos_token_ids is None:
         gen_cfg = getattr(strip_parallel_wrappers(model), "generation_config", None) if model is not None else None
         eos_token_ids = stop_token_ids(tokenizer, gen_cfg)
@@ -320,10 +330,10 @@ def make_engine(name: str, tokenizer, model=None, *, stop_strings: Sequence[str]
 
 def build_engine(generation, tokenizer, model=None, *, eos_token_ids: Sequence[int] | None = None) -> Engine:
     """The run's engine from a ``generation`` config section (``engine``, ``engine_kwargs``, ``stop_strings``,
-    ``batch_size``): :func:`make_engine`."""
+    ``batch_size``, ``cache_tokens``): :func:`make_engine`."""
     return make_engine(generation.engine, tokenizer, model, stop_strings=generation.stop_strings,
                        batch_size=generation.batch_size, engine_kwargs=generation.engine_kwargs,
-                       eos_token_ids=eos_token_ids)
+                       eos_token_ids=eos_token_ids, cache_tokens=getattr(generation, "cache_tokens", None))
 
 
 def generate_text(engine: Engine, model, tokenizer, messages_list: Sequence[list[dict]], params: SamplingParams,

@@ -59,13 +59,17 @@ class SamplingParams:
 
 def sample_tokens(logits: torch.Tensor, gumbel: torch.Tensor | None, *, temperature: torch.Tensor,
                   top_k: torch.Tensor, top_p: torch.Tensor, banned: torch.Tensor | None = None,
-                  filters: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                  filters: bool = True, uniform: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return ``(tokens [B] long, logprobs [B] float32)``.
 
     logits [B, V] (any float dtype; computed in float32), gumbel [B, V] standard Gumbel noise (None: greedy argmax),
     temperature / top_k / top_p 0-d tensors (tensors, so a compiled caller does not recompile when they change;
-    top_k 0 and top_p 1 are off), banned [V] bool: tokens made impossible (EOS before ``min_new_tokens``; None:
-    none), ``filters``: False skips the sort when top-k and top-p are both off (a Python flag: it changes the graph).
+    top_k 0 and top_p 1 are off), banned [V] (or [B, V]) bool: tokens made impossible (EOS before
+    ``min_new_tokens``; None: none), ``filters``: False skips the sort when top-k and top-p are both off (a Python
+    flag: it changes the graph). ``uniform`` [B] (instead of ``gumbel``): one Uniform(0, 1) number per row, and the
+    token drawn by inverse CDF -- the first token whose cumulative probability (float64, in vocabulary order)
+    exceeds it; an exact draw from one number per row, which the continuous engine takes from each request's own
+    generator (``rollout/continuous.py``).
 
     The steps and their order are transformers' (``generate`` with ``MinNewTokensLengthLogitsProcessor``,
     ``TemperatureLogitsWarper``, ``TopKLogitsWarper``, ``TopPLogitsWarper``): banned tokens to -inf; divide by the
@@ -79,7 +83,7 @@ def sample_tokens(logits: torch.Tensor, gumbel: torch.Tensor | None, *, temperat
     x = logits.float()
     if banned is not None:
         x = x.masked_fill(banned, float("-inf"))
-    if gumbel is None:  # greedy
+    if gumbel is None and uniform is None:  # greedy
         logp = torch.log_softmax(x, dim=-1)
         tokens = x.argmax(dim=-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
@@ -96,7 +100,12 @@ def sample_tokens(logits: torch.Tensor, gumbel: torch.Tensor | None, *, temperat
         drop[:, -1] = False  # the most likely token always stays
         x = x.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     logp = torch.log_softmax(x, dim=-1)
-    tokens = (logp + gumbel).argmax(dim=-1)
+    if uniform is not None:  # inverse CDF; a token of probability 0 never crosses (its cdf equals the previous one)
+        cdf = logp.double().exp().cumsum(dim=-1)
+        point = (uniform.double() * cdf[:, -1]).unsqueeze(-1)
+        tokens = torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp(max=x.shape[-1] - 1)
+    else:
+        tokens = (logp + gumbel).argmax(dim=-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -108,3 +117,14 @@ def gumbel_noise(shape: tuple[int, ...], generator: torch.Generator, device: tor
     above) and a -inf log-prob can never win the argmax."""
     out = torch.empty(shape, device=device, dtype=torch.float32) if out is None else out
     return out.uniform_(generator=generator).clamp_(min=torch.finfo(torch.float32).tiny).log_().neg_().log_().neg_()
+
+
+def sample_next(logits: torch.Tensor, col: torch.Tensor, p0: torch.Tensor, gumbel: torch.Tensor,
+                temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, banned: torch.Tensor,
+                min_new: torch.Tensor, *, greedy: bool, filters: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The token a decode step draws from its ``logits`` [b, V] (writing cache column ``col``, prompts padded to
+    ``p0``) and its log-prob: the response token drawn now has index ``col - p0 + 1``, and EOS (``banned``) is
+    impossible while that is below ``min_new``."""
+    ban = banned & ((col - p0 + 1) < min_new)
+    return sample_tokens(logits, None if greedy else gumbel, temperature=temperature, top_k=top_k, top_p=top_p,
+                         banned=ban, filters=filters)

@@ -1,10 +1,14 @@
-"""The shared rich console, ``print0`` (print on the main process only, after nanochat's helper), and the short form
-of a number every printed line uses (:func:`format_number`: progress bars, health warnings, the closing line)."""
+"""The shared rich console, ``print0`` (print on the main process only, after nanochat's helper), the short form
+of a number every printed line uses (:func:`format_number`: progress bars, health warnings, the closing line), and
+:func:`silence_libraries`: the Hugging Face libraries' own warnings and progress bars off while rlhfkit prints."""
 
 from __future__ import annotations
 
 import math
+import os
 import sys
+import warnings
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -46,3 +50,55 @@ def format_number(value: Any) -> str:
         mantissa, exponent = f"{value:.3e}".split("e")
         return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
     return f"{value:.4g}"
+
+
+_LIBRARIES = r"(transformers|peft|accelerate|torch|huggingface_hub|datasets)(\.|$)"
+
+
+def silence_libraries() -> Callable[[], None]:
+    """Offline by default; no progress bars, advisory messages or Future / Deprecation warnings from transformers,
+    peft, accelerate, torch, the Hub and datasets (rlhfkit's console says what a run does). Returns a function that
+    restores the libraries' verbosity, progress bars and the warning filters as they were (the Python API restores
+    them after a run; the CLI's process just ends)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    filters = list(warnings.filters)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=_LIBRARIES)
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=_LIBRARIES)
+    undo: list[Callable[[], None]] = []
+    try:
+        from transformers.utils import logging as hf_logging
+
+        level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        undo.append(lambda: (hf_logging.set_verbosity(level), bars and hf_logging.enable_progress_bar()))
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    try:
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+        hub_off = are_progress_bars_disabled()
+        disable_progress_bars()
+        undo.append(lambda: hub_off or enable_progress_bars())
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import datasets
+
+        ds_level, ds_bars = datasets.logging.get_verbosity(), datasets.is_progress_bar_enabled()
+        datasets.logging.set_verbosity_error()
+        datasets.disable_progress_bars()
+        undo.append(lambda: (datasets.logging.set_verbosity(ds_level), ds_bars and datasets.enable_progress_bars()))
+    except ImportError:  # pragma: no cover
+        pass
+
+    def restore() -> None:
+        warnings.filters[:] = filters
+        for fn in undo:
+            fn()
+
+    return restore

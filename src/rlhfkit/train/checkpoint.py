@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from .. import algos, files
-from ..config import load_config, read_yaml
+from ..config import key_of, load_config, read_yaml
 from ..errors import ConfigError, NonFiniteError, RunError, UserError
 from ..files import fsync_dir
 from ..models.loading import trainable_state_dict
@@ -54,6 +54,11 @@ NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpoi
                      "algo.total_episodes", "distributed.timeout_s")
 #: the run length: a finished run rerun with the same length is finished; with another, it resumes
 LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
+#: keys added since a checkpoint may have been written, with the value that gives the behaviour of before: a
+#: fingerprint without one is read with it (a run of before resumes, unless the new run sets another value)
+ADDED_KEYS = {"algo.async.max_staleness": 0, "algo.async.producers": 1}
+#: values renamed since: key -> {old value: today's value that means the same}
+RENAMED_VALUES = {"algo.off_policy.correction": {"none": "auto"}}  # without async, auto is none
 #: keys renamed since a checkpoint may have been written: old key -> today's, so that its fingerprint still matches.
 #: ``{policy_loss}`` is the config section of the run's policy loss (``algos.POLICY_LOSSES[name].section``).
 RENAMED_KEYS = {
@@ -130,7 +135,7 @@ def _flat(obj, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fl in dataclasses.fields(obj):
         value = getattr(obj, fl.name)
-        key = f"{prefix}{fl.name}"
+        key = f"{prefix}{key_of(fl.name)}"
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             out.update(_flat(value, key + "."))
         else:
@@ -144,9 +149,18 @@ def _excluded(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_FINGERPRINTED)
 
 
+#: settings added to the items of a list key after checkpoints were written, with their default: an item holding the
+#: default is fingerprinted without it, as before the setting existed (an older checkpoint still resumes)
+ITEM_DEFAULTS = {"reward.functions": {"convention": "auto"}}
+
+
 def run_fingerprint(cfg) -> dict[str, Any]:
     """The settings that define the run (dotted key -> JSON value); see the module doc for what is left out."""
     flat = {k: data_identity(v) if k in DATA_FILE_KEYS else v for k, v in _flat(cfg).items() if not _excluded(k)}
+    for key, defaults in ITEM_DEFAULTS.items():
+        if isinstance(flat.get(key), list):
+            flat[key] = [{k: v for k, v in item.items() if not (k in defaults and v == defaults[k])}
+                         if isinstance(item, dict) else item for item in flat[key]]
     return _without_unused_policy_sections(flat)
 
 
@@ -172,6 +186,12 @@ def upgrade_fingerprint(old: dict) -> dict:
     for key, value in old.items():
         new = RENAMED_KEYS.get(key)
         renamed[new.format(policy_loss=section) if new and section else key] = value
+    if "algo.advantage" in renamed:  # an online run's: the online keys added since
+        for key, value in ADDED_KEYS.items():
+            renamed.setdefault(key, value)
+        for key, values in RENAMED_VALUES.items():
+            if key in renamed and renamed[key] in values and "algo.async.max_staleness" not in old:
+                renamed[key] = values[renamed[key]]
     return _without_unused_policy_sections(renamed)
 
 
@@ -302,7 +322,10 @@ class Checkpointer:
         self._valid: set[Path] = set()  # checkpoints known to be valid (written or validated by this process)
         self._fingerprint: dict | None = None
 
-    def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict) -> Path | None:
+    def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict,
+             local: dict | None = None) -> Path | None:
+        """``local``: this process's own part of the loop state (tensors, lists, numbers, strings:
+        ``local_<rank>.pt``, e.g. the asynchronous mode's queue of experiences), when the loop has one."""
         acc = self.run.accelerator
         final = self.run.run_dir / f"checkpoint-{step}"
         tmp = self.run.run_dir / f"checkpoint-{step}.tmp"
@@ -319,6 +342,8 @@ class Checkpointer:
             rng = tmp / f"rng_state_{acc.process_index}.pt"
             torch.save(rng_state(), rng)
             _fsync_file(rng)
+            if local is not None:
+                torch.save(local, tmp / f"local_{acc.process_index}.pt")
             strategy = get_strategy(self.run.cfg)
             if strategy.sharded_state:  # every process writes its shards of models and optimizers (tmp/sharded)
                 strategy.save_state(tmp, models, optimizers)
@@ -412,6 +437,9 @@ class Checkpointer:
             payload = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
             rng = torch.load(own if own.is_file() else path / "rng_state_0.pt", weights_only=True)
             state = json.loads((path / "state.json").read_text())
+            local = path / f"local_{acc.process_index}.pt"
+            if local.is_file():  # the loop's own part of this process (Checkpointer.save's ``local``)
+                state["local"] = torch.load(local, map_location="cpu", weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as err:
             first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
             raise RunError(f"{path.name} cannot be loaded safely: {first}", where=str(path),

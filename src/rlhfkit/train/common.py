@@ -39,6 +39,14 @@ def load_records(cfg, kind: str) -> tuple[list[dict], list[dict]]:
     return train, evals
 
 
+def model_named(mcfg, name: str):
+    """The model section ``mcfg`` for another model ``name`` (a reference, a teacher, a reward model, a critic): its
+    GGUF file name kept only for the same model."""
+    from ..config import replace
+
+    return replace(mcfg, name=name, gguf_file=None if name != mcfg.name else mcfg.gguf_file)
+
+
 def length_policy(cfg) -> LengthPolicy:
     d = cfg.data
     return LengthPolicy(max_length=d.max_length, max_prompt_length=d.max_prompt_length, on_overflow=d.overflow)

@@ -152,7 +152,7 @@ class Experience:
 
     def rows_of(self, idx: torch.Tensor) -> dict:
         """The tensors of rows ``idx`` needed by one PPO micro-batch (no ``old_logprobs`` when the step took none:
-        the update is on-policy and uses its own, see ``OnlineTrainer.on_policy_update``)."""
+        the update is on-policy and uses its own, see ``Learner.on_policy_update``)."""
         out = {**self.forward_rows(idx), "mask": self.loss_mask[idx], "advantages": self.advantages[idx]}
         for name in ("old_logprobs", "ref_logprobs", "values", "returns", "is_weights"):
             value = getattr(self, name)

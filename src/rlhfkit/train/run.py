@@ -6,13 +6,20 @@ There are two training loops, sharing everything here and the run's lifecycle (`
 ``optim.py``): the supervised loop (``loop.py``: SFT, reward model, offline preference) steps through a dataset;
 the online loop (``online.py``: PPO, GRPO, RLOO, REINFORCE++) makes its own data each step (rollout, score,
 advantages) and updates a policy and, for PPO, a critic.
+
+Callbacks (the Python API's ``callbacks=``; :func:`with_callbacks` hands them to the runs started inside it) hear of
+each logged step, evaluation and checkpoint through :class:`Run` (``on_step`` / ``on_eval`` from :meth:`Run.log`,
+``on_save`` from :meth:`Trained.save`), on the main process; one that returns True asks the run to stop at the next
+step boundary, as a SIGTERM does (``stop.StopControl.request``): a checkpoint, then ``Stopped``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MethodType
@@ -29,6 +36,20 @@ from .optim import build_optimizer, build_scheduler
 from .session import Session
 from .stop import StopControl
 
+#: the callbacks of the runs started in this context (:func:`with_callbacks`)
+_CALLBACKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("rlhfkit_callbacks", default=())
+
+
+@contextlib.contextmanager
+def with_callbacks(callbacks: Sequence) -> Iterator[None]:
+    """Runs started inside call ``callbacks`` (objects with any of ``on_step(step, metrics)``, ``on_eval(step,
+    metrics)``, ``on_save(step, path)``; a plain function is an ``on_step``)."""
+    token = _CALLBACKS.set(tuple(callbacks))
+    try:
+        yield
+    finally:
+        _CALLBACKS.reset(token)
+
 
 @dataclass
 class Run:
@@ -41,6 +62,7 @@ class Run:
     started: float = field(default_factory=time.time)
     session: Session | None = None  # the lifecycle of the run directory (train/session.py), made by start_run
     stop: StopControl = field(default_factory=StopControl)  # SIGTERM / SIGUSR1 / another rank's failure (stop.py)
+    callbacks: tuple = field(default_factory=_CALLBACKS.get)  # the Python API's (with_callbacks)
 
     def __enter__(self) -> Run:
         return self
@@ -79,6 +101,24 @@ class Run:
                 raise RunError(f"writing metrics.jsonl failed at step {step}: {err.strerror or err}",
                                where=str(self.run_dir), fix="free disk space and rerun (it resumes from the newest "
                                                             "checkpoint)") from None
+        if self.callbacks:
+            self.tell("on_step", step, metrics)
+            evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+            if evals:
+                self.tell("on_eval", step, evals)
+
+    def tell(self, event: str, step: int, payload) -> None:
+        """Call each callback's ``event`` (main process); one returning True asks the run to stop at the next step
+        boundary (a plain function is an ``on_step`` callback)."""
+        if not self.is_main:
+            return
+        for cb in self.callbacks:
+            fn = getattr(cb, event, None)
+            if fn is None and event == "on_step" and not hasattr(cb, "on_eval") and callable(cb):
+                fn = cb
+            if fn is not None and fn(step, payload) is True:
+                self.stop.request(f"a callback ({type(cb).__name__ if fn is not cb else ''}"
+                                  f"{'.' if fn is not cb else ''}{getattr(fn, '__name__', event)})")
 
 
 def set_seed(seed: int) -> None:
@@ -174,11 +214,16 @@ class Trained:
         """(model, optimizer, schedule) of ``name``."""
         return self.models[name], self.optimizers[name], self.schedulers[name]
 
-    def save(self, step: int, state: dict):
-        """``checkpoint-<step>``: every model, optimizer and schedule, and the loop's ``state`` (every process);
-        False when the session wrote none (:meth:`Session.save <rlhfkit.train.session.Session.save>`)."""
-        return self.session.save(step, models=self.models, optimizers=self.optimizers, schedulers=self.schedulers,
-                          state=state)
+    def save(self, step: int, state: dict, local: dict | None = None):
+        """``checkpoint-<step>``: every model, optimizer and schedule, the loop's ``state`` and this process's own
+        ``local`` part when given (every process); then the callbacks' ``on_save``. False when the session wrote
+        none (:meth:`Session.save <rlhfkit.train.session.Session.save>`: no update applied yet)."""
+        path = self.session.save(step, models=self.models, optimizers=self.optimizers, schedulers=self.schedulers,
+                                 state=state, local=local)
+        run = self.session.run
+        if run.callbacks and path:
+            run.tell("on_save", step, path)
+        return path
 
 
 def set_up_trained(run: Run, models: dict[str, Any], total_updates: int, *,

@@ -426,7 +426,8 @@ class Session:
                 "lower optim.lr, or turn off the filter that removes every sample")
 
     # ── 4. checkpoints ───────────────────────────────────────────────────────────────────────────────────────
-    def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict) -> Path | None | bool:
+    def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict,
+             local: dict | None = None) -> Path | None | bool:
         """``checkpoint-<step>`` (every process), committing the run first. False, with one line, when the run
         starts over on an earlier run's files and has applied no update yet: a checkpoint of the start's weights is
         worth less than the earlier run's files it would replace."""
@@ -435,7 +436,8 @@ class Session:
                            f"run's files in {self.run.run_dir} are kept until one is)")
             return False
         self.commit()
-        return self.ckpt.save(step, models=models, optimizers=optimizers, schedulers=schedulers, state=state)
+        return self.ckpt.save(step, models=models, optimizers=optimizers, schedulers=schedulers, state=state,
+                              local=local)
 
     def applied(self) -> bool:
         """Whether the policy (the first optimizer) applied an update in this run (the same on every process)."""

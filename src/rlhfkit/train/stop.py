@@ -45,8 +45,10 @@ GO, SIGNALLED, FAILED = 0, 1, 2
 
 
 def exit_code(name: str) -> int:
-    """128 + the signal's number: 143 for SIGTERM, 138 for SIGUSR1 (Linux)."""
-    return 128 + int(getattr(signal, name))
+    """128 + the signal's number: 143 for SIGTERM, 138 for SIGUSR1 (Linux); 0 for a stop the run's own code asked
+    for (:meth:`StopControl.request`: a callback)."""
+    sig = getattr(signal, name, None) if name in SIGNALS else None
+    return 128 + int(sig) if sig is not None else 0
 
 
 def error_code(err: BaseException) -> int:
@@ -68,6 +70,7 @@ class StopControl:
     def __init__(self) -> None:
         self.signal: str | None = None  # the first signal noted while armed
         self.error: BaseException | None = None  # this rank's failure in the local part of a step
+        self.remote: tuple[int, str, int] | None = None  # (rank, one line, exit code): another process's failure
         self.armed = False
         self.stopping = False  # the run is ending (a stop, a failure): further signals are ignored
         self.where = "before the first update"  # for a stop outside the loop
@@ -113,6 +116,12 @@ class StopControl:
         if not armed:
             self.where = where
 
+    def request(self, why: str) -> None:
+        """Stop at the next step boundary as after a signal (``why`` names who asked, e.g. a callback): the
+        checkpoint of the step reached, then ``Stopped`` with exit code 0."""
+        if self.signal is None:
+            self.signal = why
+
     # ── the loops ────────────────────────────────────────────────────────────────────────────────────────────
     def abandon_point(self) -> None:
         """Inside a rollout (between micro-batches): raise :class:`Abandoned` once a signal was noted."""
@@ -123,10 +132,21 @@ class StopControl:
         """This rank's local part of the step failed: stop every rank at the next :meth:`check`."""
         self.error = err
 
+    def note_signal(self, name: str) -> None:
+        """A signal received by another process of the run (an asynchronous producer's), noted as this one's."""
+        if self.signal is None:
+            self.signal = name
+
+    def note_failure(self, rank: int, line: str, code: int) -> None:
+        """The failure of a process outside the collectives (an asynchronous producer, global ``rank``): every rank
+        stops at the next check, as for a rank of its own, and says which process failed."""
+        if self.remote is None:
+            self.remote = (rank, line, code)
+
     def check(self, acc) -> int:
         """Every rank's state, reduced (max) over processes: ``GO``, ``SIGNALLED`` or ``FAILED`` (one all-reduce of a
         scalar; every process must call it at the same point)."""
-        mine = FAILED if self.error is not None else SIGNALLED if self.signal else GO
+        mine = FAILED if self.error is not None or self.remote is not None else SIGNALLED if self.signal else GO
         if acc.num_processes == 1:
             return mine
         return int(acc.reduce(torch.tensor([mine], device=acc.device), "max").item())
@@ -155,6 +175,8 @@ class StopControl:
         self.armed, self.stopping = False, True
         why = [(acc.process_index, self.signal, one_line(self.error) if self.error else None,
                 error_code(self.error) if self.error else 0, isinstance(self.error, CriticalHealthStop))]
+        if self.remote is not None:
+            why.append((self.remote[0], None, self.remote[1], self.remote[2], False))
         if acc.num_processes > 1:
             from accelerate.utils import gather_object
 

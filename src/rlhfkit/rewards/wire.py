@@ -1,0 +1,207 @@
+"""What a worker process (:mod:`rlhfkit.rewards.workers`) sends back to the trainer: JSON plain data, checked field by
+field on arrival. Nothing that crosses from a worker to the trainer is unpickled: a reply is data, never code, so
+a worker whose pipe a program reached (one that got past the sandbox, or any other code running as the user) can
+at worst send wrong numbers, which the callers' checks then refuse or count like any other bad value.
+
+A reply is one JSON object, one of::
+
+    {"s": "ok", "v": VALUE}
+    {"s": "user_error", "cls": "RewardError" | "RewardFunctionError" | "SandboxError", "message": str,
+     "where": str | null, "fix": str | null}
+    {"s": "error", "kind": str, "message": str, "trace": str}
+
+and a ``VALUE`` is ``null``, a boolean, a number (an integer within 64 bits, a float, ``NaN`` / ``Infinity`` as
+Python's :mod:`json` writes them), a string, an array (a Python list), or one of three tagged objects (every JSON
+object in a value is a tag, so no user dict can pass for one): ``{"t": [...]}`` a tuple, ``{"d": [[key, value],
+...]}`` a dict, ``{"o": [type name, repr]}`` anything else, which arrives as an :class:`Unsent` (its type's name and
+its repr, so that a check can say what the code returned). Arrays and tensors (anything with ``tolist``) travel as
+their ``tolist()``. Limits: :data:`MAX_REPLY_BYTES` per reply, :data:`MAX_DEPTH` levels of nesting; strings of an
+error at most :data:`MAX_TEXT` characters. A reply that breaks any of this is a :class:`ProtocolError`.
+
+Requests (trainer to worker) stay pickled: they are made by the trainer only (the call's arguments, a callable the
+user gave to the Python API), and a process that could write into a worker's request pipe could as well write into
+the worker's memory (same user), so a second format there would protect nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+MAX_REPLY_BYTES = 64 << 20
+MAX_DEPTH = 64
+MAX_TEXT = 20_000
+INT64 = 1 << 63
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,99}")
+
+
+class ProtocolError(Exception):
+    """A worker's reply that is not what this module describes (the worker is then killed, never trusted again)."""
+
+
+class Unsent:
+    """A value of a type that does not travel (a set, an object of the user's class): its repr, and, as the name of
+    its class, the name of its type, so that ``type(x).__name__`` in a check's message names what the code
+    returned. Only a description: it is equal to nothing but itself."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+_UNSENT_TYPES: dict[str, type] = {}
+
+
+def _unsent_type(name: str) -> type:
+    if not _NAME.fullmatch(name) or len(_UNSENT_TYPES) >= 1000:
+        return Unsent
+    if name not in _UNSENT_TYPES:
+        _UNSENT_TYPES[name] = type(name.rpartition(".")[2], (Unsent,), {"__slots__": ()})
+    return _UNSENT_TYPES[name]
+
+
+# ── the worker's side ────────────────────────────────────────────────────────────────────────────────────────────
+def pack(value: Any, depth: int = 0) -> Any:
+    """``value`` as the JSON-ready ``VALUE`` of the module docstring. Raises ``ValueError`` past :data:`MAX_DEPTH`."""
+    if value is None or isinstance(value, (bool, str, float)):
+        return value
+    if isinstance(value, int):
+        if -INT64 <= value < INT64:
+            return int(value)
+        return math.copysign(math.inf, value)  # an integer too large to be a score: as the float it overflows to
+    if depth >= MAX_DEPTH:
+        raise ValueError(f"the value is nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, list):
+        return [pack(v, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return {"t": [pack(v, depth + 1) for v in value]}
+    if isinstance(value, dict):
+        return {"d": [[pack(k, depth + 1), pack(v, depth + 1)] for k, v in value.items()]}
+    if callable(getattr(value, "tolist", None)) and not isinstance(value, type):  # numpy arrays / scalars, tensors
+        try:
+            plain = value.tolist()
+        except Exception:  # noqa: BLE001 - a tolist that fails: described below instead
+            plain = value
+        if plain is not value:
+            return pack(plain, depth + 1)
+    try:
+        text = repr(value)[:200]
+    except Exception:  # noqa: BLE001
+        text = f"<{type(value).__name__}>"
+    return {"o": [type(value).__name__[:100], text]}
+
+
+def ok(value: Any) -> bytes:
+    return _dump({"s": "ok", "v": pack(value)})
+
+
+def user_error(exc: BaseException) -> bytes:
+    """A :class:`~rlhfkit.errors.RewardError` raised by the code (a built-in rule's own one-line complaint)."""
+    return _dump({"s": "user_error", "cls": type(exc).__name__, "message": _text(getattr(exc, "message", str(exc))),
+                  "where": _text_or_none(getattr(exc, "where", None)), "fix": _text_or_none(getattr(exc, "fix", None))})
+
+
+def error(kind: str, message: str, trace: str = "") -> bytes:
+    return _dump({"s": "error", "kind": _text(kind)[:200], "message": _text(message), "trace": _text(trace, tail=True)})
+
+
+def _text(value: Any, tail: bool = False) -> str:
+    text = str(value)
+    return text[-MAX_TEXT:] if tail else text[:MAX_TEXT]
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _dump(message: dict) -> bytes:
+    data = json.dumps(message, ensure_ascii=False, allow_nan=True).encode("utf-8", "surrogatepass")
+    if len(data) > MAX_REPLY_BYTES:
+        raise ValueError(f"the reply is {len(data) >> 20} MiB, more than {MAX_REPLY_BYTES >> 20} MiB")
+    return data
+
+
+# ── the trainer's side ───────────────────────────────────────────────────────────────────────────────────────────
+def read_reply(data: bytes) -> tuple[str, Any]:
+    """``("ok", value)``, ``("user_error", RewardError)`` or ``("error", (kind, message, trace))`` from a reply's
+    bytes, every field checked; anything else raises :class:`ProtocolError`."""
+    try:
+        message = json.loads(data.decode("utf-8", "surrogatepass"))
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"not JSON ({type(exc).__name__})") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("not a JSON object")
+    status = message.get("s")
+    if status == "ok":
+        _keys(message, {"s", "v"})
+        return "ok", unpack(message["v"])
+    if status == "user_error":
+        _keys(message, {"s", "cls", "message", "where", "fix"})
+        cls = _field(message, "cls")
+        return "user_error", _user_error_class(cls)(_field(message, "message"), where=_field(message, "where", True),
+                                                    fix=_field(message, "fix", True))
+    if status == "error":
+        _keys(message, {"s", "kind", "message", "trace"})
+        return "error", (_field(message, "kind"), _field(message, "message"), _field(message, "trace"))
+    raise ProtocolError(f"unknown status {str(status)[:40]!r}")
+
+
+def _keys(message: dict, expected: set) -> None:
+    if set(message) != expected:
+        raise ProtocolError(f"fields {sorted(message)[:10]} where {sorted(expected)} belong")
+
+
+def _field(message: dict, key: str, optional: bool = False) -> str | None:
+    value = message[key]
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise ProtocolError(f"field {key!r} is not a string of at most {MAX_TEXT} characters")
+    return value
+
+
+def _user_error_class(name: str) -> type:
+    from ..errors import RewardError
+    from .loading import RewardFunctionError
+    from .sandbox import SandboxError
+
+    return {c.__name__: c for c in (RewardError, RewardFunctionError, SandboxError)}.get(name, RewardError)
+
+
+def unpack(value: Any, depth: int = 0) -> Any:
+    """The Python value of a checked ``VALUE`` (module docstring); :class:`ProtocolError` for anything else."""
+    if value is None or isinstance(value, (bool, str, float)):
+        return value
+    if isinstance(value, int):
+        if not -INT64 <= value < INT64:
+            raise ProtocolError("an integer beyond 64 bits")
+        return value
+    if depth >= MAX_DEPTH:
+        raise ProtocolError(f"nested more than {MAX_DEPTH} levels deep")
+    if isinstance(value, list):
+        return [unpack(v, depth + 1) for v in value]
+    if not isinstance(value, dict) or len(value) != 1:
+        raise ProtocolError("an object that is not one tag")
+    (tag, body), = value.items()
+    if tag == "t" and isinstance(body, list):
+        return tuple(unpack(v, depth + 1) for v in body)
+    if tag == "d" and isinstance(body, list):
+        out = {}
+        for pair in body:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise ProtocolError("a dict entry that is not a [key, value] pair")
+            try:
+                out[unpack(pair[0], depth + 1)] = unpack(pair[1], depth + 1)
+            except TypeError:  # a key that cannot be one (a list, a tuple holding a list)
+                raise ProtocolError("a dict key that cannot be a key") from None
+        return out
+    if tag == "o" and isinstance(body, list) and len(body) == 2 and all(isinstance(s, str) for s in body) and len(
+            body[0]) <= 100 and len(body[1]) <= 200:
+        return _unsent_type(body[0])(body[1])
+    raise ProtocolError(f"an unknown tag {str(tag)[:20]!r}")

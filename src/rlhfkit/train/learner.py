@@ -1,0 +1,343 @@
+"""The learner of the online step: an :class:`~.experience.Experience` with raw scores -> one update of the policy
+(and the critic): steps 4-6 of ``online.py``.
+
+It owns what trains and what judges the policy's tokens: the policy, the reference, the teacher, the critic, their
+optimizers and schedules, the KL controller and the running reward normalisation (their state is checkpointed with
+the run). It never generates: the producer (``producer.py``) makes its experiences, in the same process one step at
+a time (``online.py``) or on other processes at once (``asynchronous.py``).
+
+Departures from the papers: KL on the sampled tokens by the chosen estimator (k1 in the reward, k3 in the loss as in
+GRPO); the critic has its own optimizer (``vf_coef`` only scales its loss); with LoRA the reference is the policy
+with its adapter disabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from .. import algos
+from ..errors import ConfigError
+from ..models.loading import describe, is_peft, load_causal_lm, load_scalar_model
+from ..track import NO_PHASES, Phases, PhaseTimer
+from .common import mean_stats, model_named
+from .distributed import get_strategy
+from .experience import Experience, distill_metrics
+from .forward import disable_dropout, on_device, response_logits, response_values
+from .optim import clip_and_step
+from .producer import penalised_scores
+from .run import Run, set_up_trained
+
+
+def load_policy(cfg, device):
+    """The policy and its tokenizer, dropout off (the same on every process that holds a copy)."""
+    policy, tok = load_causal_lm(cfg.model, device=device, seed=cfg.train.seed)
+    disable_dropout(policy)
+    return policy, tok
+
+
+class Learner:
+    """The trained models of an online run and steps 4-6 (see the module doc); :meth:`learn` is one step."""
+
+    def __init__(self, cfg, run: Run, timer: PhaseTimer | None = None):
+        self.cfg, self.run, self.acc = cfg, run, run.accelerator
+        algo = cfg.algo
+        self.estimator = algos.ADVANTAGE_ESTIMATORS[algo.advantage]  # validated when the config was built
+        self.policy_loss = algos.POLICY_LOSSES[algo.policy_loss]
+        # the constant normaliser of seq_mean_token_sum_norm: the longest response (multi-turn: the whole episode)
+        self.max_response_len = cfg.env.max_total_tokens if cfg.env.name else cfg.generation.max_new_tokens
+        self.k = algo.num_generations
+        self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
+        placement = algo.kl.placement
+        self.kl_in_reward = self.estimator.kl_in_reward_default if placement == "auto" else placement == "reward"
+        self.device = run.device
+        self.strategy = get_strategy(cfg)
+        self.timer = timer or PhaseTimer(self.device)  # time/<phase> of each step (one CUDA sync at each phase's end)
+        kl = algo.kl
+        self.kl_ctl = (algos.AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.adaptive
+                       else algos.FixedKLController(kl.coef))
+        self.moments = algos.RunningMoments()
+        self.phases: Phases = NO_PHASES  # where the learner reports its phase (the progress display)
+        self._load_models()
+
+    def _load_models(self) -> None:
+        cfg, run = self.cfg, self.run
+        self.policy, self.tok = load_policy(cfg, self.device)
+        run.print(f"[{cfg.recipe}] policy {cfg.model.name}: {describe(self.policy)}")
+        self.ref = None
+        if self.use_kl and not (is_peft(self.policy) and cfg.ref_model is None):
+            ref_cfg = model_named(cfg.model, cfg.ref_model or cfg.model.name)
+            self.ref, _ = load_causal_lm(ref_cfg, tokenizer=self.tok, device=self.device, seed=cfg.train.seed,
+                                         trainable=False)
+            self.ref.to("cpu" if cfg.memory.offload_reference else self.device)
+        self.teacher = None
+        if cfg.teacher.model:  # its tokenizer was compared with the student's before the run began (_before_run)
+            self.teacher, _ = load_causal_lm(model_named(cfg.model, cfg.teacher.model), tokenizer=self.tok,
+                                             device=self.device, seed=cfg.train.seed, trainable=False)
+            self.teacher.to("cpu" if cfg.memory.offload_teacher else self.device)
+            run.print(f"[{cfg.recipe}] teacher {cfg.teacher.model}: {describe(self.teacher)}")
+        self.critic = None
+        if self.estimator.needs_critic:
+            source = cfg.critic.model or (cfg.reward.model if cfg.critic.init == "reward" else cfg.model.name)
+            self.critic = load_scalar_model(source, model_named(cfg.model, source), tokenizer=self.tok,
+                                            device=self.device, seed=cfg.train.seed + 1)
+            disable_dropout(self.critic)
+            run.print(f"[{cfg.recipe}] critic from {source}: {describe(self.critic)}")
+
+    def plan(self, per_step_samples: int) -> None:
+        """Updates per step (``ppo_epochs`` x mini-batches of a ``per_step_samples`` batch) and whether the update is
+        on-policy: one update per rollout, the old policy IS the updated one, its log-probs the update's own (as
+        TRL); step 4 skips that forward (ratio exactly 1, same gradient) unless step 5 needs them (KL in reward, a
+        correction, a teacher's reward)."""
+        algo = self.cfg.algo
+        self.updates_per_step = algo.ppo_epochs * (per_step_samples // algo.mini_batch_size)
+        self.on_policy_update = self.updates_per_step == 1 and not (self.use_kl and self.kl_in_reward) and \
+            algo.correction == "none" and self.teacher is None
+
+    def set_up(self, total_updates: int) -> dict | None:
+        """Wrap, optimizer, schedule, prepare, resume the newest valid checkpoint of the same run (or start over),
+        open the metrics sink (``run.set_up_trained``; policy and critic prepared together). Returns the resumed
+        loop state (None: a new run), the KL controller and the normaliser already restored."""
+        models = {"policy": self.policy, **({} if self.critic is None else {"critic": self.critic})}
+        self.trained = set_up_trained(self.run, models, total_updates, lrs={"critic": self.cfg.critic.lr})
+        self.policy, self.opt, self.sched = self.trained.parts("policy")
+        if self.critic is not None:
+            self.critic, self.critic_opt, self.critic_sched = self.trained.parts("critic")
+        state = self.trained.state
+        if state is not None:
+            self.kl_ctl.load_state_dict(state["kl_ctl"])
+            self.moments.load_state_dict(state["moments"])
+        return state
+
+    def state_dict(self) -> dict:
+        """The learner's loop state for a checkpoint (JSON-able)."""
+        return {"kl_ctl": self.kl_ctl.state_dict(), "moments": self.moments.state_dict()}
+
+    def learn(self, exp: Experience, step: int) -> dict:
+        """Steps 4-6 on ``exp`` (scores shaped): the forwards, the advantages and the loss mask, the PPO epochs."""
+        self.forward_passes(exp)  # 4. old / reference log-probs, values
+        metrics = self.advantages(exp)  # 5. KL, shaped rewards, advantages
+        with self.timer.phase("update"):  # 6. PPO epochs
+            metrics.update(self.ppo_update(exp, step))
+        if self.on_policy_update:
+            metrics.update(self.after_on_policy_update(exp))
+        return metrics
+
+    # ── 3b. the learning scores ──────────────────────────────────────────────────────────────────────────────
+    def shape_scores(self, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None,
+                     valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Missing-EOS and overlong penalties, then running normalisation (over valid samples of every learner: one
+        gather), then clipping (each as configured); dropped samples (``valid`` False) stay at 0."""
+        rc = self.cfg.reward
+        scores = penalised_scores(self.cfg, raw, ended, lengths)
+        valid = torch.ones_like(ended, dtype=torch.bool) if valid is None else valid
+        if rc.normalize:
+            kept = self.acc.gather(valid)
+            if kept.any():
+                self.moments.update(self.acc.gather(scores)[kept].float().cpu())
+            scores = self.moments.normalize(scores)
+        if rc.clip is not None:
+            scores = scores.clamp(-rc.clip, rc.clip)
+        return torch.where(valid, scores, 0.0)
+
+    # ── 4. forward passes without grad ──────────────────────────────────────────────────────────────────────
+    @torch.no_grad()
+    def logprobs_of(self, model, batch: dict, argmax: bool = False):
+        """Log-probs [B, R] of the response tokens under ``model`` (the policy, the reference or the teacher: one
+        function for all); with ``argmax``, also the model's greedy token at each position [B, R], from the same
+        logits (no extra forward)."""
+        with self.acc.autocast():
+            logits = response_logits(model, batch, self.cfg.generation.temperature)
+        logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
+        return (logprobs, logits.argmax(-1)) if argmax else logprobs
+
+    @torch.no_grad()
+    def forward_passes(self, exp: Experience, evaluation: bool = False) -> None:
+        """Old log-probs (not when :attr:`on_policy_update`), reference log-probs (with a KL), critic values (PPO),
+        the teacher's log-probs and greedy agreement onto ``exp``: each model a timed phase over the same batches of
+        <= ``memory.forward_tokens`` tokens (an offloaded model moves once), gathered once when sharded (the number
+        of batches differs between processes). ``evaluation``: the policy and the teacher only."""
+        distill, mem = self.teacher is not None, self.cfg.memory
+        if not (evaluation or distill or not self.on_policy_update or self.use_kl or self.critic is not None):
+            return  # on-policy, no KL, no critic: nothing to compute before the update
+        if not evaluation:
+            self.phases.phase("log-probs")
+        batches = exp.token_batches(mem.forward_tokens)
+
+        def each(phase: str, model, *contexts, argmax: bool = False):
+            with self.timer.phase(phase), contextlib.ExitStack() as stack:
+                for context in contexts:
+                    stack.enter_context(context)
+                parts = [self.logprobs_of(model, batch, argmax=argmax) for _, batch in batches]
+            if not argmax:
+                return exp.per_token(batches, parts)
+            return exp.per_token(batches, [p[0] for p in parts]), exp.per_token(batches, [p[1] for p in parts])
+
+        gather = self.strategy.gathered  # the trained models (policy, critic) may be sharded; ref / teacher are not
+        if distill:  # (log-probs, greedy tokens) from the logits of the passes made anyway: no extra forward
+            exp.old_logprobs, student_argmax = each("old_logprobs", self.policy, gather(self.policy), argmax=True)
+            exp.teacher_logprobs, teacher_argmax = each(
+                "teacher", self.teacher, on_device(self.teacher, self.device, mem.offload_teacher), argmax=True)
+            exp.greedy_agree = student_argmax == teacher_argmax
+        elif evaluation or not self.on_policy_update:
+            exp.old_logprobs = each("old_logprobs", self.policy, gather(self.policy))
+        if evaluation:
+            return
+        if self.use_kl:  # LoRA without a reference model: the policy with its adapter disabled
+            exp.ref_logprobs = (each("reference", self.policy, gather(self.policy),
+                                     self.acc.unwrap_model(self.policy).disable_adapter()) if self.ref is None else
+                                each("reference", self.ref, on_device(self.ref, self.device, mem.offload_reference)))
+        if self.critic is not None:
+            with self.timer.phase("values"), gather(self.critic), self.acc.autocast():
+                exp.values = exp.per_token(batches, [response_values(self.critic, b) for _, b in batches])
+
+    def eval_metrics(self, exp: Experience) -> dict:
+        """A held-out batch's distillation metrics (``distill/*``; {} without a teacher)."""
+        if self.teacher is None:
+            return {}
+        self.forward_passes(exp, evaluation=True)
+        return distill_metrics(exp, self.cfg.teacher.log_ratio_clip)
+
+    # ── 5. KL, shaped rewards, advantages; the loss mask ─────────────────────────────────────────────────────
+    def advantages(self, exp: Experience) -> dict:
+        """Per-token KL -> shaped per-token rewards -> the registered estimator (called once) -> optional whitening,
+        all over the samples of the step; then the keep-factors decided here (tied groups, overlong filtering, the
+        off-policy correction) and the loss mask composed from every factor, once (experience.py)."""
+        algo, mask = self.cfg.algo, exp.sample_mask
+        coef = self.kl_ctl.value
+        if exp.old_logprobs is not None:
+            metrics = self.kl_metrics(exp)
+        else:  # on-policy update: no KL in the reward; measured after the update (after_on_policy_update)
+            metrics, exp.kl = {}, torch.zeros_like(mask)
+        token_rewards, _ = algos.shaped_token_rewards(exp.scores, exp.kl, mask, coef, self.kl_in_reward)
+        if exp.teacher_logprobs is not None:  # distillation: the teacher's per-token reward (teacher.coef)
+            tc = self.cfg.teacher
+            token_rewards = token_rewards + algos.teacher_token_rewards(exp.teacher_logprobs, exp.old_logprobs, mask,
+                                                                        tc.coef, tc.log_ratio_clip)
+            metrics.update(distill_metrics(exp, tc.log_ratio_clip))
+        if exp.turn_rewards is not None:  # multi-turn: each turn's reward credited to its turn (sums unchanged)
+            scale = 1.0 / math.sqrt(max(self.moments.var, 1e-8)) if self.cfg.reward.normalize else 1.0
+            token_rewards = token_rewards + scale * algos.turn_reward_shift(exp.turn_rewards, mask)
+        adv, exp.returns = self.estimator.fn(token_rewards, mask, values=exp.values, group_size=self.k,
+                                             gamma=algo.gamma, lam=algo.lam)
+        if algo.whiten_advantages:
+            adv = algos.masked_whiten(adv, mask)
+        if algo.filter_tied_groups and self.estimator.group_based:  # groups without signal leave every loss
+            exp.untied = ~algos.group_all_tied(exp.scores, self.k, valid=mask.bool().any(-1))
+        if algo.overlong.filter:  # DAPO overlong filtering: truncated responses leave every loss
+            exp.finished = exp.rollout.ended
+        metrics["objective/kl_coef"] = coef
+        weights, off_metrics = self.off_policy(exp) if exp.old_logprobs is not None else (None, {})
+        exp.compose_loss_mask(adv, weights)
+        if weights is not None:
+            off_metrics["rollout/is_weight_mean"] = float(algos.masked_mean(exp.is_weights, exp.mask))
+        metrics.update(off_metrics)
+        return metrics
+
+    def kl_metrics(self, exp: Experience) -> dict:
+        """``exp.kl`` (old policy to reference, per token over the sample mask; 0 without one) and its metrics."""
+        algo, mask = self.cfg.algo, exp.sample_mask
+        exp.kl = torch.zeros_like(mask)
+        if exp.ref_logprobs is not None:
+            exp.kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
+                                      log_ratio_clip=algo.kl.log_ratio_clip)
+        kl = exp.kl.sum(-1).mean().item()  # exp.kl is 0 outside the mask; the non-score reward is -coef x KL in it
+        return {"objective/kl": kl, "objective/non_score_reward": -self.kl_ctl.value * kl if self.kl_in_reward else 0.0}
+
+    def after_on_policy_update(self, exp: Experience) -> dict:
+        """On-policy: step 5's KL and rollout / trainer mismatch metrics, from the update's own log-probs."""
+        return {**self.kl_metrics(exp), **self.off_policy(exp)[1]}
+
+    def off_policy(self, exp: Experience) -> tuple[torch.Tensor | None, dict]:
+        """Mismatch metrics between the engine's sampling log-probs and the trainer's old log-probs over the tokens
+        still in the loss, and the registered correction: returns its per-token weights for the policy loss (None:
+        no correction) and sets ``exp.in_band``, what it keeps (MIS: without the tokens / rows outside the band, so
+        they leave every loss and their advantages are zeroed)."""
+        op, correction = self.cfg.algo.off_policy, self.cfg.algo.correction
+        sampled = exp.rollout.logprobs
+        if sampled is None:
+            if correction != "none":
+                raise ConfigError(f"rollout engine {self.cfg.generation.engine!r} reports no sampling log-probs",
+                                  where="algo.off_policy.correction", fix="set algo.off_policy.correction=none")
+            return None, {}
+        kept = exp.keep_mask("valid", "untied", "finished")  # every keep-factor decided before this one
+        if self.acc.num_processes > 1:  # the tail (p99, max) of every process's tokens, not a mean of tails
+            every = lambda t: self.acc.gather(self.acc.pad_across_processes(t.contiguous(), dim=1))  # noqa: E731
+            st = algos.mismatch_stats(every(exp.old_logprobs), every(sampled), every(kept), op.low, op.high)
+        else:
+            st = algos.mismatch_stats(exp.old_logprobs, sampled, kept, op.low, op.high)
+        weights, exp.in_band = algos.OFF_POLICY_CORRECTIONS[correction](
+            exp.old_logprobs, sampled, kept, cap=op.cap, low=op.low, high=op.high, level=op.level)
+        return weights, {f"rollout/{k}": float(v) for k, v in st.items()}
+
+    # ── 6. PPO epochs over mini-batches ─────────────────────────────────────────────────────────────────────
+    def policy_micro_step(self, batch: dict, scale: float) -> dict:
+        algo = self.cfg.algo
+        with self.acc.autocast():
+            logits = response_logits(self.policy, batch, self.cfg.generation.temperature)
+            logprobs = algos.token_logprobs(logits, batch["response_ids"]).float()
+            on_policy = "old_logprobs" not in batch  # the update's own log-probs are the old ones
+            old = logprobs.detach() if on_policy else batch["old_logprobs"]
+            loss, st = self.policy_loss(logprobs, old, batch["advantages"], batch["mask"],
+                                        getattr(algo, self.policy_loss.section),  # the loss's own settings
+                                        aggregation=algo.loss_aggregation, max_len=self.max_response_len,
+                                        weights=batch.get("is_weights"))
+            ent_logits = logits.detach() if algo.entropy_coef == 0 else logits
+            entropy = algos.masked_mean(algos.entropy_from_logits(ent_logits), batch["mask"])
+            total = loss - algo.entropy_coef * entropy
+            if not self.kl_in_reward and "ref_logprobs" in batch:
+                kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
+                                        aggregation=algo.loss_aggregation, max_len=self.max_response_len,
+                                        log_ratio_clip=algo.kl.log_ratio_clip)
+                total = total + self.kl_ctl.value * kl_l
+        self.acc.backward(total * scale)
+        return {"loss/policy_avg": loss.detach(), "policy/entropy_avg": entropy.detach(),
+                "policy/clipfrac_avg": st["clipfrac"], "policy/approxkl_avg": st["approxkl"],
+                "val/ratio": st["ratio_mean"], "val/ratio_var": st["ratio_var"],
+                **({"logprobs": old} if on_policy else {})}
+
+    def critic_micro_step(self, batch: dict, scale: float) -> dict:
+        with self.acc.autocast():
+            values = response_values(self.critic, batch)
+            loss, st = algos.value_loss(values, batch["values"], batch["returns"], batch["mask"],
+                                        clip_range=self.cfg.algo.value_clip)
+        self.acc.backward(self.cfg.algo.vf_coef * loss * scale)
+        return {"loss/value_avg": loss.detach(), "val/clipfrac_avg": st["clipfrac"]}
+
+    def ppo_update(self, exp: Experience, step: int) -> dict:
+        """Step 6; with :attr:`on_policy_update`, ``exp.old_logprobs`` is set from the update's own log-probs."""
+        algo, mb = self.cfg.algo, self.cfg.train.batch_size
+        n = len(exp.rollout)
+        stats: list[dict] = []
+        own = torch.zeros_like(exp.action) if exp.old_logprobs is None else None
+        g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
+        self.policy.train()
+        self.phases.phase("update", total=algo.ppo_epochs * math.ceil(n / algo.mini_batch_size))
+        for _ in range(algo.ppo_epochs):
+            order = torch.randperm(n, generator=g).to(self.device)
+            for m0 in range(0, n, algo.mini_batch_size):
+                mini = order[m0: m0 + algo.mini_batch_size]
+                micro_n = math.ceil(len(mini) / mb)
+                for i, s in enumerate(range(0, len(mini), mb)):
+                    batch = exp.rows_of(mini[s: s + mb])
+                    last = i == micro_n - 1
+                    st = {}
+                    with (contextlib.nullcontext() if last else self.acc.no_sync(self.policy)):
+                        st.update(self.policy_micro_step(batch, 1.0 / micro_n))
+                    if own is not None:
+                        own[mini[s: s + mb]] = st.pop("logprobs")
+                    if self.critic is not None:
+                        with (contextlib.nullcontext() if last else self.acc.no_sync(self.critic)):
+                            st.update(self.critic_micro_step(batch, 1.0 / micro_n))
+                    stats.append(st)
+                clip_and_step(self.acc, self.policy, self.opt, self.sched, self.cfg.optim.max_grad_norm)
+                if self.critic is not None:
+                    clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched,
+                                  self.cfg.optim.max_grad_norm)
+                self.phases.advance()
+        if own is not None:
+            exp.old_logprobs = own
+        return mean_stats(self.acc, stats)
+
