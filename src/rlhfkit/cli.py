@@ -301,6 +301,7 @@ def cmd_train(command: str, tokens: list[str]) -> int:
     run_dir = Path(cfg.output_dir)
     _STATE["run_dir"] = run_dir
     _STATE["timeout_s"] = getattr(getattr(cfg, "distributed", None), "timeout_s", None)
+    _STATE["resume"] = getattr(getattr(cfg, "train", None), "resume", None)
     say(f"[rlhfkit] {command}: run directory {run_dir.resolve()}"  # rank 0 only under torchrun
         + (f" (config {config_path})" if config_path else " (recipe defaults + overrides)"))
     _quiet_libraries()
@@ -343,8 +344,10 @@ def cmd_eval(args) -> int:
 def _yaml_mapping(text: str, flag: str) -> dict:
     import yaml
 
+    from .config.parse import load_yaml
+
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text, flag, lines=False)  # aliases, depth and size bounded
     except yaml.YAMLError as exc:
         raise UsageError(f"{flag} is not valid YAML: {str(exc).splitlines()[0]}", where=flag,
                          fix="write a mapping, e.g. \"{tool_reward: 0.5}\"") from None
@@ -555,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rlhfkit`` console script and ``python -m rlhfkit``; returns the exit code."""
     _quiet_environment()
     argv = list(sys.argv[1:] if argv is None else argv)
-    _STATE["run_dir"], _STATE["timeout_s"] = None, None
+    _STATE["run_dir"], _STATE["timeout_s"], _STATE["resume"] = None, None, None
     who = f"rank {os.environ.get('RANK', '0')}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""  # torchrun
     try:
         return _dispatch(argv)
@@ -601,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
 def _resume_hint() -> str:
     """"; last checkpoint: PATH (...)" after an early end, when the run wrote one; "" otherwise."""
     ckpt = _last_checkpoint(_STATE["run_dir"])
-    return f"; last checkpoint: {ckpt} (run the same command again to resume from it)" if ckpt else ""
+    how = "rerun with train.resume=auto" if _STATE.get("resume") == "never" else "run the same command again"
+    return f"; last checkpoint: {ckpt} ({how} to resume from it)" if ckpt else ""
 
 
 def _end_process_group() -> None:

@@ -459,13 +459,13 @@ def test_first_rollout_with_no_valid_reward_keeps_the_previous_run(tmp_path, mon
 
 @pytest.mark.slow
 def test_reward_function_raising_mid_run_is_one_line_naming_the_step(tmp_path, monkeypatch):
-    # the function fails on its 4th call: the probe before weights load is call 1, steps 1 and 2 are calls 2 and 3,
-    # so step 3 raises -> exit 2, one line naming the function, the exception and the step (no traceback). In the
-    # trainer's process (reward.workers=0, no lint) a step is one call; with workers a call that raises on part of a
-    # step scores None there and the run goes on (tests/unit/test_reward_workers.py)
+    # the function fails from its 4th call on: the probe before weights load is call 1, steps 1 and 2 are calls 2
+    # and 3, so step 3 fails on every sample (its call, then each sample's call again) -> exit 2, one line naming the
+    # function, the exception and the step (no traceback). A function failing on some samples only loses those
+    # (tests/unit/test_reward_limits.py)
     (tmp_path / "flaky.py").write_text(
         "CALLS = []\n\n\ndef flaky(prompts, completions, **fields):\n    CALLS.append(1)\n"
-        "    if len(CALLS) == 4:\n        raise RuntimeError('judge server down')\n"
+        "    if len(CALLS) >= 4:\n        raise RuntimeError('judge server down')\n"
         "    return [float(len(c)) for c in completions]\n")
     _write_table_inputs(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -504,4 +504,25 @@ def test_distill_teacher_with_another_tokenizer_exits_2_before_any_weights(tmp_p
     for needle in (f"student {TINY} (", "teacher teacher (", "tokens", "'<|tool|>'", "Cross-tokenizer distillation is "
                    "not built"):
         assert needle in lines[0], (needle, lines[0])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_distill_teacher_whose_config_is_smaller_than_its_tokenizer_exits_2_before_any_weights(tmp_path,
+                                                                                                monkeypatch):
+    """A teacher with the student's tokenizer but a config.json vocab_size below it (transformers' index error after
+    the weights loaded): one line naming the teacher and both sizes, exit 2, no model loaded, no run directory."""
+    from rlhfkit.models.tokenizer import load_tokenizer
+
+    teacher, tok = tmp_path / "teacher", load_tokenizer("tiny")
+    tok.save_pretrained(teacher)
+    (teacher / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                     "vocab_size": len(tok) - 10}))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"shout: {w}"}) + "\n"
+                                                    for w in ["cat", "dog"] * 16))
+    monkeypatch.chdir(tmp_path)
+    rc, stderr, stdout = _in_process(["distill", f"model.name={TINY}", "teacher.model=teacher",
+                                      "data.train=prompts.jsonl", "output_dir=runs/distill"], tripwire=True)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: teacher.model"), stderr
+    assert f"vocab_size={len(tok) - 10} in its config.json" in lines[0] and f"{len(tok)} token ids" in lines[0]
     assert not (tmp_path / "runs").exists()

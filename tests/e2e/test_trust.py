@@ -347,3 +347,85 @@ def test_invalid_utf8_is_named_by_line_and_other_encodings_by_name(root, capsys)
         assert main(argv) == 2
         err = last_error(capsys)
         assert all(w in err for w in words), err
+
+
+FAILURES = '''
+import math
+import os
+import signal
+import time
+
+
+class NanEnv:
+    """An environment whose every reward is NaN: every episode is dropped, no update is ever applied."""
+
+    def reset(self, row):
+        return [{"role": "user", "content": str(row["prompt"][-1]["content"])}]
+
+    def step(self, messages, completion):
+        return [], math.nan, True
+
+
+class HangEnv(NanEnv):
+    """An environment whose step never returns: every episode times out."""
+
+    def step(self, messages, completion):
+        time.sleep(3600)
+
+
+def sigterm_at_first_call(prompts, completions, **fields):
+    """Asks the run to stop (SIGTERM to this process: the trainer's, with reward.workers=0) before any update."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    return [1.0] * len(completions)
+
+
+def none_at_all(prompts, completions, **fields):
+    return [None] * len(completions)
+'''
+
+
+@pytest.mark.parametrize("kind", ["nan_env", "hanging_env", "no_reward", "sigterm", "nan_loss"])
+def test_a_failed_start_never_costs_a_finished_run(root, capsys, monkeypatch, kind):
+    # train.resume=never asks to replace the earlier run, not to lose it for a run that never trained: every early
+    # failure leaves it byte for byte (checkpoints, model, finished.json, config, metrics, samples, warnings, report)
+    (root / "failures.py").write_text(FAILURES)
+    fns = Path(__file__).parents[1] / "unit" / "reward_fns_for_tests.py"
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in GOOD))
+    online = root / "finished_online"
+
+    def grpo(*extra: str) -> list[str]:
+        return ["grpo", f"data.train={root / 'prompts.jsonl'}", f"model.name={TINY}", f"output_dir={online}",
+                f"reward.functions=[{{fn: '{fns}:contains_yes'}}]", "algo.rollout_batch_size=2",
+                "algo.num_generations=2", "algo.mini_batch_size=4", "train.batch_size=4", "algo.total_episodes=8",
+                "train.save_every=1", "generation.max_new_tokens=4", "data.eval_fraction=0", "track.sample_every=1",
+                "algo.entropy_coef=0.01", *extra]
+
+    if not (online / "finished.json").exists():
+        assert main(grpo()) == 0
+    if kind == "nan_loss":  # the supervised loop: a loss that is NaN from the first update on
+        out = copy_run(root, "nan_from_start")
+        real = sft_mod.sft_forward
+
+        def nan_loss(model, batch):
+            loss, stats = real(model, batch)
+            return loss * float("nan"), stats
+
+        monkeypatch.setattr(sft_mod, "sft_forward", nan_loss)
+        argv = sft_args(root, "nan_from_start", "train.resume=never", "train.max_nonfinite_skips=3",
+                        "train.save_every=1")
+        expect = (2, "3 consecutive")
+    else:
+        out = online
+        failing = {"nan_env": (f"env.name={root / 'failures.py'}:NanEnv",),
+                   "hanging_env": (f"env.name={root / 'failures.py'}:HangEnv", "env.timeout_s=1"),
+                   "no_reward": (f"reward.functions=[{{fn: '{root / 'failures.py'}:none_at_all'}}]",),
+                   "sigterm": (f"reward.functions=[{{fn: '{root / 'failures.py'}:sigterm_at_first_call'}}]",
+                               "reward.workers=0", "reward.lint=false")}[kind]
+        argv = grpo("train.resume=never", "algo.total_episodes=4", *failing)  # one rollout step
+        expect = {"nan_env": (2, "no update of the policy was applied"), "hanging_env": (2, "no update"),
+                  "no_reward": (2, "got a finite reward"), "sigterm": (143, "rerun with train.resume=auto")}[kind]
+    before = checksums(out)
+    assert main(argv) == expect[0]
+    captured = capsys.readouterr()
+    assert expect[1] in captured.err + captured.out
+    assert checksums(out) == before

@@ -89,6 +89,20 @@ def chatty(prompts, completions, **fields):
     return [len(c) for c in completions]
 
 
+def floods(prompts, completions, **fields):
+    """Prints about 20 MB on stdout and 2 MB on stderr (through Python and straight to the descriptor)."""
+    import os
+    import sys
+
+    line = "flood " * 170 + "\n"
+    for _ in range(20_000):
+        sys.stdout.write(line)
+    sys.stdout.flush()
+    for _ in range(2_000):
+        os.write(2, line.encode())
+    return [1.0] * len(completions)
+
+
 class CountingReward:
     """A reward with state, built once per worker: each score is (pid mod 1000) * 100 + calls so far + bonus."""
 
@@ -120,6 +134,17 @@ def pays_for_long(prompts, completions, **fields):
     return [min(1.0, len(c) / 1000) for c in completions]
 
 
+def first_hashes(prompts, completions, answer, **fields):
+    """A verifier reading the *first* `#### n` line: hackable by stating several answers."""
+    import re
+
+    out = []
+    for c, a in zip(completions, answer):
+        m = re.search(r"####\s*(\S+)", c)
+        out.append(float(m is not None and m.group(1) == str(a).replace("#### ", "")))
+    return out
+
+
 def pays_for_target_length(prompts, completions, **fields):
     """1 at 40 characters, falling linearly with the distance (bench/vs_trl.py's reward): very negative for 4,000."""
     return [1.0 - abs(len(c) - 40) / 40 for c in completions]
@@ -144,6 +169,19 @@ class RecordsSetup:
 
     def __call__(self, prompts, completions, **fields):
         return [0.0] * len(completions)
+
+
+def short_for_long(prompts, completions, **fields):
+    """1.0 per completion, but one value too few when a completion is longer than 100 characters (a bug that only
+    some batches meet)."""
+    out = [1.0] * len(completions)
+    return out[:-1] if any(len(c) > 100 for c in completions) else out
+
+
+def always_hangs(prompts, completions, **fields):
+    import time
+
+    time.sleep(3600)
 
 
 def one_unnamed(texts):

@@ -139,3 +139,23 @@ def test_bad_policy():
         LengthPolicy(64, 32, "explode")
     with pytest.raises(DataError, match="data.max_prompt_length"):
         LengthPolicy(64, 128)
+
+
+def test_most_records_cut_by_max_length_is_a_warning_naming_the_knob(tok):
+    from types import SimpleNamespace
+
+    from rlhfkit.train.common import tokenize
+
+    said: list[str] = []
+    run = SimpleNamespace(print=said.append, sink=None)
+    cfg = SimpleNamespace(data=SimpleNamespace(max_length=32, max_prompt_length=None, overflow="truncate"))
+    pairs = [normalize_record({"prompt": "please shout this word for me: " * 20 + w, "chosen": w.upper(),
+                               "rejected": w}, "preference", where=f"d.jsonl:{i}") for i, w in enumerate("abcd")]
+    assert len(tokenize(run, pairs, "preference", tok, cfg, "train")) == 4
+    assert any(line.startswith("[data] warning: 4 of the 4 train records do not fit data.max_length=32")
+               for line in said), said
+    said.clear()
+    short = [normalize_record({"prompt": "shout: a", "chosen": "A", "rejected": "a"}, "preference", where="d:1")] * 4
+    cfg.data.max_length = 128
+    tokenize(run, short, "preference", tok, cfg, "train")
+    assert said and not any("warning" in line for line in said), said

@@ -3,6 +3,7 @@ a certain bug (error), one that pays for repetition or for a second answer is a 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,16 @@ def test_adversarial_completions():
     kinds = dict(adversarial_completions("What is 2+2?", "4"))
     assert kinds["empty"] == "" and not kinds["whitespace"].strip() and kinds["prompt_echo"] == "What is 2+2?"
     assert kinds["reference_only"] == "4" and len(kinds["repetition"]) >= 3000
-    assert "\\boxed{4}" in kinds["two_answers"] or "#### 4" in kinds["two_answers"]
-    assert kinds["truncated"].endswith("\\boxed{4")  # the box never closes
+    assert "truncated" not in kinds  # one character has no middle to cut
+    two = [c for k, c in adversarial_completions("q", "42") if k == "two_answers"]
+    assert two[0].index("\\boxed{42}") < two[0].index("\\boxed{43}") and "#### 42" in two[1] and "#### 43" in two[1]
+    assert dict(adversarial_completions("q", "42"))["truncated"].endswith("\\boxed{4")  # the box never closes
     assert dict(adversarial_completions("q", "1234"))["truncated"].endswith("\\boxed{12")
     no_ref = dict(adversarial_completions("hi", None))
     assert "reference_only" not in no_ref and "two_answers" not in no_ref
+    # a 5,000-digit reference: a different answer without any integer conversion, a bounded repetition
+    big = dict(adversarial_completions("q", "1" * 5000))
+    assert big["two_answers"].endswith("1" * 4999 + "2.") and len(big["answer_repeated"]) < 30_000
 
 
 def test_empty_answer_paid_the_most_is_an_error():
@@ -45,18 +51,21 @@ def test_math_verifier_is_clean_and_length_reward_is_flagged():
     # or a truncated box
     assert means["empty"] == means["prompt_echo"] == means["format_only"] == means["truncated"] == 0.0
     assert means["reference_only"] == 1.0 and means["two_answers"] == 0.0
-    assert {k for r, k, _ in report.high} == {"reference_only", "answer_repeated"}
+    assert report.high == [] and report.warnings == []  # the right answer alone is what a verifier pays for
+    assert report.lines()[-1] == "no adversarial completion scores high"
     report = lint_rewards(CombinedRewards([f"{FNS}:pays_for_long", "math_answer"]), PROMPTS, ROWS)
-    assert ("pays_for_long", "repetition", 1.0) in report.high and ("total", "repetition", 1.0) in report.high
-    assert report.bugs == []
+    assert ("total", "repetition", 1.0) in report.high and report.bugs == []
+    assert not [h for h in report.high if h[0] != "total"]  # the total is judged (what the policy is trained on)
+    # a format reward beside a verifier pays for an empty skeleton, the total does not: no warning
+    report = lint_rewards(CombinedRewards(["math_answer", {"fn": "format", "weight": 0.1}]), PROMPTS, ROWS)
+    assert report.means["format"]["format_only"] > 0 and report.high == []
 
 
 def test_first_match_verifier_pays_for_a_second_answer():
-    # a regex reward reading the first `#### n` pays for "#### 7 ... the answer is 8": the lint shows it
-    combo = CombinedRewards([{"fn": "regex_match", "kwargs": {"pattern": r"####\s*(\d+)"}}])
-    report = lint_rewards(combo, PROMPTS, [{"answer": "7"}, {"answer": "42"}])
-    assert report.means["regex_match"]["two_answers"] == 0.5  # one of its two forms starts with "#### ref"
-    assert ("regex_match", "two_answers", 0.5) in report.high
+    # a reward reading the first `#### n` pays for "#### 7 ... #### 8": the lint shows it
+    report = lint_rewards(CombinedRewards([f"{FNS}:first_hashes"]), PROMPTS, [{"answer": "7"}, {"answer": "42"}])
+    assert report.means["first_hashes"]["two_answers"] == pytest.approx(1 / 3)  # one of its three forms
+    assert ("first_hashes", "two_answers", pytest.approx(1 / 3)) in report.high
 
 
 def test_probe_prints_warnings_and_stops_a_certain_bug_with_its_workers():
@@ -65,7 +74,7 @@ def test_probe_prints_warnings_and_stops_a_certain_bug_with_its_workers():
     said: list[str] = []
     combo = CombinedRewards([f"{FNS}:pays_for_long", "math_answer"], workers=1, timeout_s=60)
     report = probe_rewards(combo, PROMPTS, ROWS, say=said.append)
-    assert any("pays_for_long pays for repetition" in line for line in said) and report.bugs == []
+    assert any("total pays for repetition" in line for line in said) and report.bugs == []
     assert all(line.startswith("[reward lint] ") for line in said)
     combo.close()
     combo = CombinedRewards([f"{FNS}:pays_for_short"], workers=1, timeout_s=60)
@@ -88,7 +97,7 @@ def test_reward_lint_command(tmp_path, capsys):
     assert bad == 2 and "pays_for_short" in out and "reward lint: an empty completion" in err
     assert main(["reward-lint", f"data.train={data}", "reward.functions=[{fn: math_answer}]", "--prompts", "2"]) == 0
     out, _ = capsys.readouterr()
-    assert "warning: math_answer pays for reference_only" in out and "empty" in out
+    assert "no adversarial completion scores high" in out and "warning" not in out and "empty" in out
     assert main(["reward-lint", f"data.train={data}", "--recipe", "dpo"]) == 2
     assert "needs an online recipe" in capsys.readouterr().err
     assert main(["reward-lint", f"data.train={data}"]) == 2  # no functions: one line
@@ -122,3 +131,84 @@ def test_scores_beyond_the_clip_are_a_warning_before_the_run():
     # reward.normalize rescales the scores before the clip: the raw scale does not meet it
     assert clip_of(SimpleNamespace(normalize=True, clip=10.0)) is None
     assert clip_of(SimpleNamespace(normalize=False, clip=10.0)) == 10.0
+
+
+class _CorrectJudge:
+    """A chat judge that grades like a careful grader: 10 when the completion's final answer is the reference."""
+
+    @staticmethod
+    def handler():
+        import json
+        from http.server import BaseHTTPRequestHandler
+
+        from rlhfkit.rewards.maths import answers_equal, extract_answer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                content = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"][0]["content"]
+                ref, _, completion = content.partition("\n")
+                got = extract_answer(completion)
+                grade = 10 if got is not None and answers_equal(got, ref) else 0
+                body = json.dumps({"choices": [{"message": {"content": f"GRADE: {grade}"}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+
+def _built_in_verifiers(judge_url: str) -> dict[str, list]:
+    return {
+        "exact_match": ["exact_match"],
+        "regex_match": ["regex_match"],
+        "math_answer": ["math_answer"],
+        "math_format": ["math_format"],
+        "math_answer + math_format": ["math_answer", {"fn": "math_format", "weight": 0.1}],
+        "code_tests": ["code_tests"],
+        "remote_judge": [{"fn": "remote_judge", "kwargs": {"url": judge_url, "template": "{answer}\n{completion}",
+                                                           "retries": 0}}],
+    }
+
+
+def test_every_built_in_verifier_given_the_right_answer_is_silent():
+    import json
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from rlhfkit.tasks.arithmetic import TASK
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _CorrectJudge.handler())
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    records = TASK.prompt_records(3, seed=3)  # the built-in task's prompts and answers
+    prompts = [r["prompt"] for r in records] + ["What is 6 times 7?"]
+    rows = [{"answer": r["answer"], "tests": json.dumps(["assert add(1, 2) == 3"])} for r in records]
+    rows.append({"answer": "The total is 6 * 7 = 42.\n#### 42", "tests": "assert add(2, 2) == 4"})  # GSM8K-style
+    try:
+        for name, specs in _built_in_verifiers(f"http://127.0.0.1:{httpd.server_address[1]}/v1").items():
+            with CombinedRewards(specs) as combo:  # in this process: the verdicts, not the workers, are tested here
+                report = lint_rewards(combo, prompts, rows, max_prompts=len(prompts))
+            lines = report.lines()
+            assert report.scored and report.high == [] and report.warnings == [] and report.bugs == [], (name, lines)
+            assert report.notes == [] and lines[-1] == "no adversarial completion scores high", (name, lines)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_nothing_scored_is_said_never_an_all_clear():
+    for spec, why in ((f"{FNS}:returns_nan", "every value it returned was None, NaN or inf"),
+                      (f"{FNS}:returns_none", "every value it returned was None, NaN or inf")):
+        report = lint_rewards(CombinedRewards([spec]), PROMPTS, ROWS)
+        text = "\n".join(report.lines())
+        assert not report.scored and why in text and "nothing was scored" in text
+        assert "no adversarial completion scores high" not in text
+    with CombinedRewards([f"{FNS}:always_hangs"], workers=2, timeout_s=0.5) as combo:  # every call times out
+        report = lint_rewards(combo, PROMPTS, ROWS, max_prompts=1)
+    text = "\n".join(report.lines())
+    assert not report.scored and re.search(r"always_hangs scored none of the (\d+) lint completions \(\1 timed out, 0 "
+                                           r"failed\)", text)
+    assert "nothing was scored" in text and "no adversarial completion scores high" not in text

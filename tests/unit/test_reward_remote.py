@@ -157,3 +157,69 @@ def test_judge_from_the_config_section(server, monkeypatch):
         out = combo(["q", "q"], ["ab", "abc"], [{}, {}])
     assert out.total.tolist() == [1.0, 1.5] and out.metrics["rewards/judge/mean"] == 2.5
     assert Judge.state["auth"] == {f"Bearer {KEY}"}
+
+
+class Redirector(BaseHTTPRequestHandler):
+    """Answers every POST with ``code`` and a Location on another port (the ``elsewhere`` server)."""
+
+    code, target = 302, ""
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(self.code)
+        self.send_header("Location", self.target)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST
+
+
+class Elsewhere(BaseHTTPRequestHandler):
+    """Another origin: records every request it receives (it must receive none)."""
+
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        Elsewhere.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        self.send_response(200)
+        body = json.dumps({"scores": [1.0], "choices": [{"message": {"content": "GRADE: 10"}}]}).encode()
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST
+
+
+def _serve(handler) -> tuple[ThreadingHTTPServer, str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+@pytest.mark.parametrize("kind", ["chat", "json"])
+def test_a_redirect_is_never_followed_and_the_key_never_leaves(monkeypatch, code, kind):
+    monkeypatch.setenv("JUDGE_KEY", KEY)
+    other, other_url = _serve(Elsewhere)
+    Elsewhere.seen = []
+    Redirector.code, Redirector.target = code, f"{other_url}/steal"
+    judge_srv, judge_url = _serve(Redirector)
+    try:
+        judge = RemoteJudge(f"{judge_url}/v1" if kind == "chat" else f"{judge_url}/score", kind=kind,
+                            api_key_env="JUDGE_KEY", retries=2, backoff_s=0.01, timeout_s=5)
+        with pytest.raises(RewardError) as info:
+            judge(["q"], ["a"])
+        text = str(info.value)
+        assert f"HTTP {code}, a redirect to {other_url}/steal: not followed" in text and "\n" not in text
+        assert KEY not in text
+        assert Elsewhere.seen == []  # the other origin never saw a request, let alone the key
+    finally:
+        for srv in (judge_srv, other):
+            srv.shutdown()
+            srv.server_close()

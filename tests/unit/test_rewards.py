@@ -202,8 +202,11 @@ def test_combined_function_that_raises_names_function_and_step():
     spec = f"{FNS_FILE}:raises_on_b"
     combo = CombinedRewards([spec])
     assert combo(["p"], ["a"], [{}]).total.tolist() == [1.0]
-    with pytest.raises(RewardFunctionError) as info:
-        combo(["p", "q"], ["a", "b"], [{}, {}], step=3)
+    # one sample that raises costs that sample (the call is made again sample by sample), counted
+    out = combo(["p", "q", "r"], ["a", "b", "c"], [{}] * 3, step=3)
+    assert out.valid.tolist() == [True, False, True] and out.metrics["rewards/raises_on_b/errors"] == 1.0
+    with pytest.raises(RewardFunctionError) as info:  # every sample: a bug, one line
+        combo(["p", "q"], ["b", "b"], [{}, {}], step=3)
     text = str(info.value)
     assert isinstance(info.value, RewardError)  # a UserError: the CLI prints one line, exit 2
     assert f"reward function {spec} raised ZeroDivisionError: no b allowed at step 3" in text

@@ -376,7 +376,7 @@ def test_a_checkpoint_without_a_manifest_is_resumed_not_deleted(tmp_path, capsys
     state = run.session.resume(**fresh)
     assert state["micro"] == 8 and run.session.resumed_from.name == "checkpoint-4"
     assert torch.equal(fresh["models"]["m"].lin.weight, parts["models"]["m"].lin.weight)
-    assert "has no manifest (written by an earlier rlhfkit)" in capsys.readouterr().out
+    assert "warning: checkpoint-4 has no manifest (written by an earlier rlhfkit" in capsys.readouterr().out
     run.session.commit()
     run.session.close(failed=False)
     assert (tmp_path / "run" / "checkpoint-4" / "trainer_state.pt").is_file()  # kept as it was

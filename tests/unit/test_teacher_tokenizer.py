@@ -12,9 +12,10 @@ from rlhfkit.errors import ConfigError, ModelError
 from rlhfkit.models.tokenizer import load_tokenizer, same_ids, tokenizer_difference
 
 
-def _model_dir(path, tok, generation_config=None):
+def _model_dir(path, tok, generation_config=None, **config):
     tok.save_pretrained(path)
-    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                  **config}))
     if generation_config is not None:
         (path / "generation_config.json").write_text(json.dumps(generation_config))
     return str(path)
@@ -67,3 +68,23 @@ def test_a_teacher_of_another_tokenizer_in_a_multi_turn_environment_is_refused_b
         _before_run(build_config("distill", {}, [*over, "env.name=calculator"]))
     assert e.value.where == "teacher.model" and not (tmp_path / "run").exists()
     _before_run(build_config("distill", {}, over))  # single-turn: distilled across tokenizers
+
+
+def test_a_teacher_config_smaller_than_its_tokenizer_is_one_line_before_weights(tmp_path):
+    tok = load_tokenizer("tiny")
+    n = max(tok.get_vocab().values()) + 1
+    teacher = _model_dir(tmp_path / "small", tok, vocab_size=n - 8)
+    with pytest.raises(ModelError) as e:
+        tokenizer_difference("tiny", teacher)
+    text = e.value.one_line()
+    assert e.value.where == "teacher.model" and "\n" not in text
+    assert f"the teacher {teacher} has vocab_size={n - 8} in its config.json" in text and f"{n} token ids" in text
+    # a padded embedding table (more rows than tokens), or one in a multimodal model's text_config, is fine
+    assert tokenizer_difference("tiny", _model_dir(tmp_path / "padded", tok, vocab_size=n + 64)) is None
+    assert tokenizer_difference("tiny", _model_dir(tmp_path / "vlm", tok, text_config={"vocab_size": n})) is None
+    with pytest.raises(ModelError, match="text_config|vocab_size=10 in"):
+        tokenizer_difference("tiny", _model_dir(tmp_path / "vlm_small", tok, text_config={"vocab_size": 10}))
+    # the student is held to the same
+    with pytest.raises(ModelError, match=f"the student .* vocab_size={n - 1}") as e:
+        tokenizer_difference(_model_dir(tmp_path / "student", tok, vocab_size=n - 1), "tiny")
+    assert e.value.where == "model.name"

@@ -35,6 +35,16 @@ or loses, each a case users hit:
 So OmegaConf would replace the ~60 lines that read YAML and split ``key.sub=value``, and every guarantee above would
 need code of ours around it again, plus a dependency (OmegaConf, antlr4). PyYAML stays the parser; we keep the
 coercion.
+
+**Bounded YAML** (:func:`load_yaml`, for config files and every override's value): PyYAML's safe loader builds a
+"billion laughs" (9 levels of nested aliases) in no time as shared objects, and then every walk over the tree (the
+merge, the coercion, ``deepcopy``, the dump) expands it: the CLI hung for minutes. A 50,000-deep nested list is a
+``RecursionError`` in its composer, and a key written twice in one mapping silently takes the last value. So the
+composed node graph is checked before anything is built: at most :data:`YAML_MAX_DEPTH` levels (counted while
+composing, aliases followed), at most :data:`YAML_MAX_VALUES` values with every alias expanded (counted on the
+graph, each node once, so the check itself is linear), no alias that contains itself, no key twice in one mapping
+(a ``<<`` merge may still be overridden), and at most :data:`YAML_MAX_BYTES` of text; each refusal is one
+``ConfigError`` line naming ``file:line``.
 """
 
 from __future__ import annotations
@@ -59,6 +69,96 @@ from .choices import choices_of
 from .recipes import RECIPES
 from .schema import key_of
 from .trl import TRL_NAMES
+
+YAML_MAX_BYTES = 1 << 20  # a config file or an override value; a longer one is refused
+YAML_MAX_DEPTH = 64  # levels of nesting (aliases followed)
+YAML_MAX_VALUES = 100_000  # values in the tree with every alias expanded
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing what no config needs (see the module docstring); ``source`` names the file
+    (or ``command line``) in the errors."""
+
+    source, lines = "config", True
+    _depth = 0
+
+    def _refuse(self, mark, what: str, fix: str) -> ConfigError:
+        line = f":{mark.line + 1}" if self.lines else ""
+        return ConfigError(what, where=f"{self.source}{line}", fix=fix)
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > YAML_MAX_DEPTH:
+                raise self._refuse(self.peek_event().start_mark, f"YAML nested deeper than {YAML_MAX_DEPTH} levels",
+                                   "flatten the structure (no config needs that depth)")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_mapping_node(self, anchor):
+        node = super().compose_mapping_node(anchor)
+        seen: dict = {}
+        for key, _ in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            name = (key.tag, key.value)
+            if name in seen:
+                lines = f" (lines {seen[name]} and {key.start_mark.line + 1})" if self.lines else ""
+                raise self._refuse(key.start_mark, f"key {key.value!r} is written twice in one mapping{lines}; YAML "
+                                                   "would silently keep the last", "keep one of them")
+            seen[name] = key.start_mark.line + 1
+        return node
+
+    def compose_document(self):
+        node = super().compose_document()
+        self._measure(node, {}, set(), 1)
+        return node
+
+    def _measure(self, node, seen: dict, open_: set, depth: int) -> tuple[int, int]:
+        """(values, levels) under ``node`` with every alias expanded, each node measured once (``seen``), refused
+        past the bounds; ``depth``: the levels above it."""
+        key = id(node)
+        if key in open_:
+            raise self._refuse(node.start_mark, "a YAML alias contains itself (a recursive structure)",
+                               "remove the alias")
+        if key not in seen:
+            if depth > YAML_MAX_DEPTH:
+                raise self._refuse(node.start_mark, f"YAML aliases nest deeper than {YAML_MAX_DEPTH} levels",
+                                   "write the values out (no config needs that depth)")
+            open_.add(key)
+            children = node.value if isinstance(node, yaml.SequenceNode) else \
+                [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+            size, height = 1, 1
+            for child in children:
+                child_size, child_height = self._measure(child, seen, open_, depth + 1)
+                size, height = size + child_size, max(height, child_height + 1)
+                if size > YAML_MAX_VALUES:
+                    raise self._refuse(node.start_mark, f"YAML aliases expand to more than {YAML_MAX_VALUES:,} "
+                                       "values (nested aliases: a 'billion laughs')",
+                                       "write the values out, or use fewer aliases")
+            open_.discard(key)
+            seen[key] = size, height
+        size, height = seen[key]
+        if depth + height - 1 > YAML_MAX_DEPTH:  # a node measured before, met again deeper through an alias
+            raise self._refuse(node.start_mark, f"YAML aliases nest deeper than {YAML_MAX_DEPTH} levels",
+                               "write the values out (no config needs that depth)")
+        return size, height
+
+
+def load_yaml(text: str, source: str = "config", lines: bool = True):
+    """``text`` parsed as YAML, within the bounds of the module docstring (``source``: the file, or
+    ``command line``, for the errors, with the line when ``lines``); ``yaml.YAMLError`` for a syntax error, as
+    ``yaml.safe_load``."""
+    if len(text) > YAML_MAX_BYTES:
+        raise ConfigError(f"YAML of {len(text):,} characters (more than {YAML_MAX_BYTES:,})", where=source,
+                          fix="keep data out of the config: give a file path instead")
+    loader = _BoundedLoader(text)
+    loader.source, loader.lines = source, lines
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _did_you_mean(key: str, options: list[str], prefix: str = "") -> str:
@@ -217,9 +317,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not eq or not key:
         raise ConfigError(f"bad override {text!r}", where="command line", fix="write key.sub=value, e.g. optim.lr=1e-5")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw, "command line", lines=False) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except ConfigError as err:
+        err.message = f"{key}: {err.message}"
+        raise
     if isinstance(value, float) is False and isinstance(raw, str) and _looks_like_sci(raw):
         value = float(raw)
     if isinstance(value, (dict, list)) and not raw.strip().startswith(("{", "[")):
@@ -252,7 +355,7 @@ def read_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}", where=str(p), fix="check the path (see configs/ for examples)")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = load_yaml(p.read_text(), str(p)) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
@@ -272,8 +375,9 @@ def yaml_lines(path: str | Path) -> Lines:
     (``("optim", "lr")``, ``("reward", "functions", 0, "fn")``): PyYAML's node marks, read beside the parsed data.
     {} when the file cannot be read or parsed (its own error is reported elsewhere)."""
     try:
-        root = yaml.compose(Path(path).read_text(), Loader=yaml.SafeLoader)
-    except (OSError, ValueError, yaml.YAMLError):
+        text = Path(path).read_text()
+        root = _BoundedLoader(text).get_single_node() if len(text) <= YAML_MAX_BYTES else None
+    except (OSError, ValueError, yaml.YAMLError, ConfigError):
         return {}
     out: Lines = {}
 

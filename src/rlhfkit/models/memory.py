@@ -545,7 +545,8 @@ def kept_engine_cache(arch: Architecture, setup: Setup) -> tuple[float, str]:
     two, of the sequence length rounded up to 64 columns."""
     if setup.cache_tokens:
         return kv_cache_bytes(arch, setup, 1, setup.cache_tokens), (
-            f"paged pool of {_n(setup.cache_tokens)} tokens, held after the rollout (memory.release_engine_cache=false)")
+            f"paged pool of {_n(setup.cache_tokens)} tokens, held after the rollout "
+            "(memory.release_engine_cache=false)")
     b = 1 << max(0, setup.rollout_batch - 1).bit_length()
     S = -(-(setup.prompt_len + setup.new_tokens) // 64) * 64
     return kv_cache_bytes(arch, setup, b, S), (f"bucket {b} seqs x {S} columns, held after the rollout "

@@ -143,16 +143,53 @@ def _identity(tok, stop_ids: list[int]) -> dict:
     return {"vocab": tok.get_vocab(), "special": special, "stop": stop_ids}
 
 
+def config_vocab_size(name: str) -> int | None:
+    """``vocab_size`` of a model directory's ``config.json`` (a multimodal model's ``text_config`` when it holds
+    it), None when there is none to read (a GGUF file, ``tiny``, a hub name not cached)."""
+    import json
+
+    path = Path(name).expanduser() / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    size = config.get("vocab_size")
+    if size is None and isinstance(config.get("text_config"), dict):
+        size = config["text_config"].get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def check_vocab_fits(name: str, tok, where: str = "model.name", role: str = "model") -> None:
+    """One line (``ModelError``) when ``name``'s ``config.json`` declares fewer embeddings (``vocab_size``) than its
+    tokenizer has ids: the first id past the table is an index error deep in transformers, after the weights load.
+    More embeddings than tokens (padded tables) are fine."""
+    size = config_vocab_size(name)
+    ids = max(tok.get_vocab().values(), default=-1) + 1
+    if size is not None and size < ids:
+        raise ModelError(
+            f"the {role} {name} has vocab_size={size} in its config.json but its tokenizer has {ids} token ids "
+            f"(up to {ids - 1}): ids {size} and above have no embedding", where=where,
+            fix=f"give the {role}'s own tokenizer files (those it was trained with), or a {role} whose config.json "
+                "vocab_size covers its tokenizer")
+
+
 def tokenizer_difference(student: str, teacher: str, *, student_gguf: str | None = None,
                          where: str = "teacher.model") -> str | None:
     """How ``teacher``'s tokenizer differs from ``student``'s, in one line, or None when it gives the same ids: equal
-    vocabularies (token -> id), special-token ids and stop ids. Reads tokenizer files only, before any weights load
+    vocabularies (token -> id), special-token ids and stop ids. Each model's ``config.json`` must declare an
+    embedding for every id of its tokenizer (:func:`check_vocab_fits`, a ``ModelError`` otherwise). Reads tokenizer
+    files and ``config.json`` only, before any weights load
     (``student_gguf``: the student's GGUF file inside the ``student`` directory, as ``model.gguf_file``); a tokenizer
     that cannot be read is a ``ModelError`` naming ``where``. A teacher whose tokenizer differs is distilled across
     tokenizers (``train/teacher.py``); :func:`same_ids` is the same test on tokenizers already loaded."""
     if student_gguf:
         student = f"{student.rstrip('/')}/{student_gguf}"
     (s_tok, s_stop), (t_tok, t_stop) = _tokenizer_from_files(student), _tokenizer_from_files(teacher, where)
+    check_vocab_fits(teacher, t_tok, where, "teacher")
+    if not student_gguf:
+        check_vocab_fits(student, s_tok, "model.name", "student")
     a, b = _identity(s_tok, s_stop), _identity(t_tok, t_stop)
     if a == b:
         return None

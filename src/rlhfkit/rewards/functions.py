@@ -9,19 +9,23 @@ for TRL's convention (``def f(completions, **kwargs)``, conversational completio
 callable no worker process can import (:func:`~rlhfkit.rewards.loading.spec_of`: ``python:<name>``) is called in
 this process, under the same ``timeout_s`` (a timer signal), said in one line when the functions start.
 
-What a run does with what a function returns (:meth:`CombinedRewards.__call__`):
+What a run does with what a function returns (:meth:`CombinedRewards.__call__`). One bad sample costs that sample,
+never the run:
 
-- a list of the wrong length, a non-list (a scalar, a string), a string or other non-number in the list:
-  :class:`~rlhfkit.errors.RewardError` naming the function and what it returned (one line, exit 2);
 - NaN or inf for a sample, or a sample no function has a value for (``None`` from every function): that sample is
   *dropped* from the step (``valid`` is False, its total is 0, counted in ``rewards/dropped``), never propagated;
-- ``None`` (or NaN / inf) for every sample of a batch: ``RewardError`` (nothing to learn from, almost always a bug);
-- a call that passes ``timeout_s``, raises, or whose worker dies (a crash, the memory limit): its samples get
-  ``None`` from that function, counted in ``rewards/<name>/timeouts`` / ``rewards/<name>/errors`` (calls), and the
+- a call that passes ``timeout_s``, raises, or whose worker dies (a crash, the memory limit) is made again sample
+  by sample (side by side on the workers), so only the samples that fail alone get ``None`` from that function,
+  counted in ``rewards/<name>/timeouts`` / ``rewards/<name>/errors`` (samples; said once per run in one line); the
   run goes on; ``rewards/<name>/time_s`` is the wall time the function took in the step;
-- a function whose every call of the step failed, at least one by raising or crashing:
-  :class:`RewardFunctionError` naming the function, the exception and the step (with ``workers`` <= 1 a step is one
-  call, so any exception stops the run, as without workers).
+- a call that returns the wrong shape (a list of the wrong length, a non-list, a string or other non-number in the
+  list): its samples get ``None``, counted in ``rewards/<name>/errors``, the run goes on;
+- a function that failed on *every* sample of a step, at least one by an error rather than the time limit:
+  :class:`~rlhfkit.errors.RewardError` naming the function and what it returned, or
+  :class:`RewardFunctionError` naming the function, the exception and the step (one line, exit 2: a function
+  that never works is a bug, found on the first rollout);
+- ``None`` (or NaN / inf, or failures) for every sample of a batch: ``RewardError`` (nothing to learn from, almost
+  always a bug).
 
 The first call (on the first rollout) is the check: it raises before a trainer writes anything, when the trainer
 scores its first rollout before it touches the run directory. :meth:`CombinedRewards.probe` runs the same
@@ -223,6 +227,7 @@ class CombinedRewards:
         self.pool = WorkerPool(workers, timeout_s)
         self.local_pool = WorkerPool(0, timeout_s, limit_local=True)
         self._ready = False
+        self._told: set[str] = set()  # functions whose failure on some samples was said (once per run)
 
     @property
     def names(self) -> list[str]:
@@ -317,7 +322,7 @@ class CombinedRewards:
     @staticmethod
     def _failures(f: _Loaded, metrics: dict) -> str:
         t, e = metrics.get(f"rewards/{f.name}/timeouts", 0), metrics.get(f"rewards/{f.name}/errors", 0)
-        return f" ({int(t)} calls timed out, {int(e)} failed)" if t or e else ""
+        return f" ({int(t)} samples timed out, {int(e)} failed)" if t or e else ""
 
     def probe(self, prompts: Sequence[str], rows: Sequence[dict], completions: Sequence[str] | None = None) -> None:
         """Structural check before any weights load: each function is set up (in its workers) and called on dataset
@@ -344,54 +349,93 @@ class CombinedRewards:
         return {k: [row.get(k) for row in rows] for k in names
                 if k not in f.reserved and (f.accepts is None or k in f.accepts)}
 
-    def _chunks(self, B: int) -> list[slice]:
+    def _chunks(self, B: int) -> list[list[int]]:
         n = max(1, min(self.pool.n, B))
         bounds = [round(i * B / n) for i in range(n + 1)]
-        return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+        return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
     def _call_each(self, prompts: list, completions: list, rows: list, step: int | None, extra: dict | None = None):
         """Each function on the batch (in chunks over the workers) -> (values per function, metrics: time_s,
-        timeouts, errors per function). A chunk that times out or raises gives None for its samples; a function
-        whose every chunk failed (at least one by raising) stops the run with :class:`RewardFunctionError`."""
+        timeouts, errors per function, in samples). One bad sample costs that sample: see :meth:`_score`. A
+        function that failed on every sample, at least one by an error (not a time limit), stops the run with
+        one line (its first error)."""
         self.start()
-        chunks = self._chunks(len(completions))
         outputs, metrics = [], {}
         ids = None
         for f in self.functions:
-            fields = self._fields(f, rows)
-            calls = [((prompts[c], completions[c]), {k: v[c] for k, v in fields.items()}) for c in chunks]
-            if f.trl is not None and extra:  # TRL's per-call data, each list cut to the call's chunk
-                if ids is None and "completion_ids" in f.trl and extra.get("rollout") is not None:
-                    ids = _completion_ids(extra["rollout"])
-                trl = {"messages": extra.get("messages"), "completion_ids": ids if "completion_ids" in f.trl else None,
-                       "step": extra.get("step"), "max_steps": extra.get("max_steps")}
-                for (_, kw), c in zip(calls, chunks):
-                    kw[EXTRA] = {k: v[c] if isinstance(v, list) else v for k, v in trl.items()}
             t0 = time.perf_counter()
-            outcomes = self._pool(f).map(f.name, calls)
+            if f.trl is not None and extra and ids is None and "completion_ids" in f.trl \
+                    and extra.get("rollout") is not None:
+                ids = _completion_ids(extra["rollout"])
+            trl = None if f.trl is None or not extra else {
+                "messages": extra.get("messages"), "completion_ids": ids if "completion_ids" in f.trl else None,
+                "step": extra.get("step"), "max_steps": extra.get("max_steps")}
+            values, failed = self._score(f, prompts, completions, rows, step, trl)
             metrics[f"rewards/{f.name}/time_s"] = time.perf_counter() - t0
-            values: list[float | None] = []
-            timeouts = errors = 0
-            for c, o in zip(chunks, outcomes):
-                n = c.stop - c.start
-                if isinstance(o.error, UserError):  # a built-in rule's own one-line complaint (a missing option)
-                    raise o.error
-                if isinstance(o.error, CallTimeout):
-                    timeouts += 1
-                elif o.error is not None:
-                    errors += 1
-                values += [None] * n if o.error else self._validate(f.label, o.value, n, _at(step).strip())
+            timeouts = sum(isinstance(e, CallTimeout) for e in failed.values())
+            errors = len(failed) - timeouts
             metrics[f"rewards/{f.name}/timeouts"] = float(timeouts)
             metrics[f"rewards/{f.name}/errors"] = float(errors)
-            if errors and errors + timeouts == len(chunks):  # every sample failed: almost always a bug
-                first = next(o.error for o in outcomes if isinstance(o.error, CallFailed))
+            if errors and len(failed) == len(completions):  # every sample failed: almost always a bug
+                first = next(e for e in failed.values() if not isinstance(e, CallTimeout))
+                if isinstance(first, RewardError):  # what it returned (the wrong length, a string)
+                    raise first
                 raise RewardFunctionError(
                     f"reward function {f.label} {'raised ' + first.kind if first.kind != 'died' else 'crashed'}"
                     f"{': ' + first.message if first.message else ''}{_at(step)}", where=WHERE,
                     fix="fix the function (call it on these completions in Python to see the traceback), or "
                         "return None for completions it cannot judge")
+            if failed and f.name not in self._told:
+                self._told.add(f.name)
+                first = next(iter(failed.values()))
+                say(f"[reward] warning: {f.label} failed on {len(failed)} of {len(completions)} samples"
+                    f"{_at(step)} ({_reason(first)}): those samples are dropped and counted in "
+                    f"rewards/{f.name}/errors and /timeouts (said once)")
             outputs.append(values)
         return outputs, metrics
+
+    def _score(self, f: _Loaded, prompts: list, completions: list, rows: list, step: int | None,
+               trl: dict | None = None):
+        """``f`` on the batch -> (one value or None per sample, {sample index: what made it fail}).
+
+        The batch goes out in chunks (one per worker). A chunk whose call passed ``timeout_s``, raised or killed its
+        worker is called again sample by sample (side by side on the workers), so the one sample that hangs, crashes
+        or raises loses its own value only; a call that returned the wrong shape (a list of the wrong length, a
+        string) loses its chunk. A :class:`~rlhfkit.errors.UserError` the function raised itself (a built-in rule
+        missing an option) stops the run at once. ``trl``: TRL's per-call data of a TRL-style function (each list
+        cut to the call's samples)."""
+        fields = self._fields(f, rows)
+
+        def job(idx: list[int]) -> tuple[tuple, dict]:
+            kwargs = {k: [v[i] for i in idx] for k, v in fields.items()}
+            if trl is not None:
+                kwargs[EXTRA] = {k: [v[i] for i in idx] if isinstance(v, list) else v for k, v in trl.items()}
+            return ([prompts[i] for i in idx], [completions[i] for i in idx]), kwargs
+
+        values: list[float | None] = [None] * len(completions)
+        failed: dict[int, Exception] = {}
+        todo, alone = self._chunks(len(completions)), False
+        while todo:
+            retry = []
+            for idx, outcome in zip(todo, self._pool(f).map(f.name, [job(c) for c in todo])):
+                if isinstance(outcome.error, UserError):
+                    raise outcome.error
+                error = outcome.error
+                if error is None:
+                    try:
+                        got = self._validate(f.label, outcome.value, len(idx), _at(step).strip())
+                    except RewardError as exc:
+                        error = exc
+                    else:
+                        for i, v in zip(idx, got):
+                            values[i] = v
+                        continue
+                if isinstance(error, (CallTimeout, CallFailed)) and len(idx) > 1 and not alone:
+                    retry += [[i] for i in idx]
+                else:
+                    failed.update(dict.fromkeys(idx, error))
+            todo, alone = retry, True
+        return values, failed
 
     @staticmethod
     def _validate(label: str, out: Any, n: int, when: str = "") -> list[float | None]:
@@ -411,6 +455,16 @@ class CombinedRewards:
                 fix="return exactly one value per completion (None to skip one)",
             )
         return [_to_float(v, label, i, at) for i, v in enumerate(out)]
+
+
+def _reason(error: Exception) -> str:
+    """One failure in a few words: "timed out", "raised KeyError: 'x'", "crashed", "returned 3 values for 4 ..."."""
+    if isinstance(error, CallTimeout):
+        return "timed out"
+    if isinstance(error, CallFailed):
+        return "crashed" if error.kind == "died" else f"raised {error.kind}" + (f": {error.message}"[:200]
+                                                                                if error.message else "")
+    return getattr(error, "message", str(error))[:200]
 
 
 def _completion_ids(rollout) -> list[list[int]]:

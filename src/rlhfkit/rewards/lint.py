@@ -11,18 +11,25 @@ The completions, for each prompt (those marked * need the row's reference, ``ans
 ``format_only``    the common answer forms with nothing in them: ``\\boxed{}``, ``####``, ``<answer></answer>``,
                    an empty code block
 ``repetition``     one short phrase repeated to about 4,000 characters
-``answer_repeated`` * the reference answer repeated 200 times
-``two_answers``    * the reference, then a second, different answer (``\\boxed{ref}`` ... ``\\boxed{other}``)
-``truncated``      * a worked answer cut in the middle of its final answer
+``answer_repeated`` * the reference answer repeated (200 times, fewer for a long one)
+``two_answers``    * the reference, then a second, different answer in the same form (``\\boxed{ref}`` ...
+                   ``\\boxed{other}``, ``#### ref`` ... ``#### other``, "the answer is ref ... the answer is other")
+``truncated``      * a worked answer cut in the middle of its final answer (references of 2 characters or more)
 ================== ================================================================================
 
 :func:`lint_rewards` scores them with the run's own :class:`~rlhfkit.rewards.functions.CombinedRewards` (the same
-workers, limits and kwargs) and reports, per function and for the weighted total, the mean score of each kind, and
-which kinds score *high*: at least halfway from the low end (the lower quartile of the kinds' means) to the highest
-mean the reward gave any kind. That is a
-warning, not an error: ``reference_only`` scoring high may be what the task wants. Exit 2 (``LintReport.bugs``) is
-kept for what is certainly a bug: the empty (or whitespace-only) completion getting the highest total of all the
-kinds while some kind gets less — a policy trained on it learns to say nothing.
+workers, limits and kwargs: the verifiers run in their time-limited workers, never in this process) and reports, per
+function and for the weighted total, the mean score of each kind. It warns about the kinds the *total* (what the
+policy is trained on) pays high: at least halfway from the low end (the lower quartile of the kinds' means) to the
+highest mean it gave any kind. Two kinds are never warned about: ``reference_only`` and ``answer_repeated`` state
+the right answer and nothing else, and a verifier that pays for a right answer is right (they stay in the table).
+One function paying for a kind is not a warning either when the total does not (a format reward weighed 0.1 beside
+a verifier pays for ``format_only`` by design). Exit 2 (``LintReport.bugs``) is kept for what is certainly a bug: the
+empty (or whitespace-only) completion getting the highest total of all the kinds while some kind gets less — a
+policy trained on it learns to say nothing.
+
+When nothing could be scored (every call timed out or failed, every value None / NaN / inf) the lint says so and
+why, never that no completion scores high.
 
 Given the run's ``reward.clip`` (and no ``reward.normalize``, which rescales the scores before the clip), the lint
 also warns when half or more of its completions score at or beyond +-clip: the scores are then on another scale
@@ -42,18 +49,23 @@ from .loading import RewardFunctionError
 
 KINDS = ("empty", "whitespace", "prompt_echo", "reference_only", "format_only", "repetition", "answer_repeated",
          "two_answers", "truncated")
+RIGHT_ANSWER_KINDS = ("reference_only", "answer_repeated")  # the right answer alone: paying for it is no hack
 FORMAT_SKELETONS = ("\\boxed{}", "#### ", "<think>\n</think>\n<answer>\n</answer>", "```python\n\n```")
+REPEATED_CHARS = 20_000  # answer_repeated: about this many characters (200 repeats of a short answer)
 
 
 def _other_answer(ref: str) -> str:
-    """A different answer of the same kind: a number changed by one, else the reference with a letter added."""
+    """A different answer of the same kind: a whole number with its last digit changed (no integer conversion, so a
+    5,000-digit reference costs nothing), a decimal plus one, else the reference with a letter added."""
     m = re.fullmatch(r"\s*(-?\d+)\s*", ref)
     if m:
-        return str(int(m.group(1)) + 1)
+        digits = m.group(1)
+        return digits[:-1] + str((int(digits[-1]) + 1) % 10)
     try:
-        return repr(float(ref) + 1.0)
-    except ValueError:
+        other = float(ref) + 1.0
+    except (ValueError, OverflowError):
         return ref + "x"
+    return repr(other) if math.isfinite(other) else ref + "x"
 
 
 def adversarial_completions(prompt: str, reference: str | None) -> list[tuple[str, str]]:
@@ -64,14 +76,16 @@ def adversarial_completions(prompt: str, reference: str | None) -> list[tuple[st
     out.append(("repetition", ("the answer is " * 300)[:4000]))
     if reference is not None:
         ref, other = reference, _other_answer(reference)
-        half = max(1, len(ref) // 2)
         out += [
             ("reference_only", ref),
-            ("answer_repeated", "\n".join([ref] * 200)),
+            ("answer_repeated", "\n".join([ref] * max(2, min(200, REPEATED_CHARS // max(1, len(ref)))))),
             ("two_answers", f"The answer is \\boxed{{{ref}}}. Hmm, on second thought it is \\boxed{{{other}}}."),
-            ("two_answers", f"#### {ref}\nThe answer is {other}."),
-            ("truncated", f"Let me work it out step by step. So the final answer is \\boxed{{{ref[:half]}"),
+            ("two_answers", f"#### {ref}\nWait, that is wrong.\n#### {other}"),
+            ("two_answers", f"The answer is {ref}.\nNo, let me check again: the answer is {other}."),
         ]
+        if len(ref) >= 2:  # a reference of one character has no middle to cut
+            out.append(("truncated", f"Let me work it out step by step. So the final answer is "
+                                     f"\\boxed{{{ref[: len(ref) // 2]}"))
     return out
 
 
@@ -79,13 +93,14 @@ def adversarial_completions(prompt: str, reference: str | None) -> list[tuple[st
 class LintReport:
     """Per reward (each function, and ``total``): the mean score of each kind; ``high``: (reward, kind, mean) that
     score high; ``bugs``: lines describing what is certainly a bug; ``notes``: functions that failed on the lint's
-    completions (judged on the first rollout instead)."""
+    completions (judged on the first rollout instead), or scored none of them, and why."""
 
     means: dict[str, dict[str, float]] = field(default_factory=dict)
     high: list[tuple[str, str, float]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     bugs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    scored: bool = False  # some completion got a finite total: the lint judged something
 
     def lines(self) -> list[str]:
         """The report as lines to print: a table of mean scores, then what scores high, then the bugs."""
@@ -101,7 +116,7 @@ class LintReport:
         out += [f"warning: {w}" for w in self.warnings]
         out += [f"note: {n}" for n in self.notes]
         out += [f"error: {b}" for b in self.bugs]
-        if not self.high and not self.bugs and not self.warnings:
+        if not self.high and not self.bugs and not self.warnings and self.scored:
             out.append("no adversarial completion scores high")
         return out
 
@@ -144,23 +159,33 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
         return report
     totals = [t if v else math.nan for t, v in zip(scores.total.tolist(), scores.valid.tolist())]
     columns = {name: values.tolist() for name, values in scores.per_function.items()}
+    for name, values in columns.items():  # a function that scored none of them: say so, and why
+        if not any(math.isfinite(v) for v in values):
+            report.notes.append(f"{name} scored none of the {len(values)} lint completions ("
+                                f"{_why_unscored(name, scores.metrics)})")
+    report.scored = any(math.isfinite(t) for t in totals)
+    if not report.scored:
+        report.notes.append("nothing was scored, so nothing was judged: no adversarial completion got a finite "
+                            "total reward (see the notes above); raise reward.timeout_s if calls time out, and "
+                            "call the reward on a few completions in Python")
     if len(columns) > 1:
         columns["total"] = totals
+    total_name = "total" if "total" in columns else next(iter(columns))
     for reward, values in columns.items():
         means = _means(kinds, values)
         report.means[reward] = means
         finite = [m for m in means.values() if not math.isnan(m)]
-        if not finite or max(finite) - min(finite) < 1e-9:
-            continue
+        if reward != total_name or not finite or max(finite) - min(finite) < 1e-9:
+            continue  # warnings judge the total, what the policy is trained on
         lo, hi = _low_end(finite), max(finite)
-        report.high += [(reward, k, m) for k, m in means.items() if not math.isnan(m) and m >= lo + 0.5 * (hi - lo)]
+        report.high += [(reward, k, m) for k, m in means.items()
+                        if not math.isnan(m) and m >= lo + 0.5 * (hi - lo) and k not in RIGHT_ANSWER_KINDS]
     scored = [t for t in totals if math.isfinite(t)]
     at_clip = sum(abs(t) >= clip for t in scored) if clip is not None else 0
     if scored and at_clip >= 0.5 * len(scored):
         report.warnings.append(f"{at_clip} of the {len(scored)} lint completions score at or beyond reward.clip="
                                f"{clip:g} (e.g. {scored[0]:.3g}): the clip ties such scores, so groups tie and nothing "
                                "is learned; raise reward.clip, set reward.normalize=true, or reward.clip=null")
-    total_name = "total" if "total" in report.means else next(iter(report.means))
     total = report.means[total_name]
     finite = {k: m for k, m in total.items() if not math.isnan(m)}
     if finite and max(finite.values()) > min(finite.values()) + 1e-9:
@@ -171,6 +196,14 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
                                    f"({finite[kind]:.3g}, {total_name}): a policy learns to answer nothing")
                 break
     return report
+
+
+def _why_unscored(name: str, metrics: dict) -> str:
+    """Why a function has no finite value for any lint completion, in a few words."""
+    timeouts, errors = (int(metrics.get(f"rewards/{name}/{k}", 0)) for k in ("timeouts", "errors"))
+    if timeouts or errors:
+        return f"{timeouts} timed out, {errors} failed"
+    return "every value it returned was None, NaN or inf"
 
 
 def _low_end(means: list[float]) -> float:

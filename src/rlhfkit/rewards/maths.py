@@ -25,9 +25,15 @@ its sentence; ``last_number`` the last number of the text. The reference is read
    through ``latex2sympy2_extended`` and SymPy), the library the Open-R1 and TRL maths rewards use: we use it for
    what it does better than a hand-written parser (LaTeX grammar, SymPy simplification, sets and intervals), and do
    the extraction ourselves (its own extraction picks the *first* match where a final answer is the *last*).
-   SymPy can hang on adversarial input: the check runs under a wall-clock limit (``timeout_s``, SIGALRM with
-   ``setitimer``, available in a process's main thread: always so in reward workers; elsewhere the worker pool's
-   ``reward.timeout_s`` is the only bound), and a check that times out scores ``None``.
+   SymPy can hang on adversarial input, inside C code that no signal interrupts (``10**10**10`` is a big-integer
+   power): the check runs in a forked child process killed at ``timeout_s`` (and under a memory cap), and a check
+   that times out scores ``None``; a pair is checked once per process (its verdict is cached).
+
+**Limits** (so that no answer can stall or crash the verifier, and one bad sample costs that sample alone): finding
+the answer is linear in the completion's length (a megabyte of unclosed ``\\boxed{`` takes milliseconds); an answer
+or reference longer than :data:`MAX_ANSWER_CHARS` is compared as text only; numbers are compared as decimals, so a
+5,000-digit reference or ``1e999999999`` needs no integer conversion; SymPy sees nothing longer than
+:data:`MAX_SYMBOLIC_CHARS` (such an answer scores 0.0).
 
 Not accepted: answers in words ("seven"), units compared across scales (``1 km`` vs ``1000 m``), approximate
 answers outside ``rel_tol``, several answers where the reference has one (only the final one counts), and
@@ -37,21 +43,33 @@ is not).
 
 from __future__ import annotations
 
+import decimal
 import functools
 import logging
+import os
 import re
+import select
 import signal
 import threading
+import warnings
 from collections.abc import Sequence
-from fractions import Fraction
+from decimal import Decimal
 
 EXTRACTORS = ("boxed", "hashes", "answer_is", "last_number")
+MAX_ANSWER_CHARS = 10_000  # an extracted answer (or reference) longer than this is compared as text only
+MAX_SYMBOLIC_CHARS = 1_000  # nothing longer reaches SymPy (such an answer is not equal)
+SYMBOLIC_MEMORY = 1 << 30  # bytes of address space the child of a symbolic check may add to its parent's
+# exact comparisons, and 60 significant digits for the tolerance checks of fractions (1/3 against 0.3333333)
+_CONTEXT = decimal.Context(prec=60, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, traps=[decimal.InvalidOperation])
 
 _NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+"
 _NUMBER_RE = re.compile(rf"(?:{_NUMBER})(?:\s*/\s*(?:{_NUMBER}))?\s*%?")
 _HASHES_RE = re.compile(r"####\s*([^\n]*)")
-_ANSWER_IS_RE = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|answer\s*:)\s*:?\s*(?=([^\n]*))", re.IGNORECASE)
+# no capture of the rest of the line here: a lookahead capture on each of 70,000 matches of a megabyte without a
+# newline reads the rest of the text each time (quadratic); the last match's line is read once (_answer_is)
+_ANSWER_IS_RE = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|answer\s*:)\s*:?\s*", re.IGNORECASE)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE_RE = re.compile(r"[{}]")
 
 
 class _CheckTimeout(BaseException):  # BaseException: SymPy code that catches Exception cannot swallow it
@@ -62,26 +80,49 @@ class _CheckTimeout(BaseException):  # BaseException: SymPy code that catches Ex
 
 
 def _boxed(text: str) -> tuple[int, str] | None:
-    """(position, content) of the last ``\\boxed{...}`` with balanced braces (None when absent or unclosed)."""
-    found = None
-    for m in _BOX_RE.finditer(text):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            found = (m.start(), text[m.end(): i - 1])
-    return found
+    """(position, content) of the last ``\\boxed{...}`` with balanced braces (None when absent or unclosed). One pass
+    over the braces pairs each ``{`` with its ``}``, so a megabyte of unclosed boxes is linear, not quadratic."""
+    boxes = [m for m in _BOX_RE.finditer(text)]
+    if not boxes:
+        return None
+    closing: dict[int, int] = {}
+    stack: list[int] = []
+    for m in _BRACE_RE.finditer(text, boxes[0].end() - 1):
+        if m.group() == "{":
+            stack.append(m.start())
+        elif stack:
+            closing[stack.pop()] = m.start()
+    for m in reversed(boxes):
+        end = closing.get(m.end() - 1)
+        if end is not None:
+            return m.start(), text[m.end(): end]
+    return None
+
+
+def _last(regex: re.Pattern, text: str) -> re.Match | None:
+    last = None
+    for last in regex.finditer(text):  # noqa: B007 - only the last one is wanted, without a list of every match
+        pass
+    return last
 
 
 def _last_match(regex: re.Pattern, text: str) -> tuple[int, str] | None:
-    matches = list(regex.finditer(text))
-    return (matches[-1].start(), matches[-1].group(1)) if matches else None
+    m = _last(regex, text)
+    return None if m is None else (m.start(), m.group(1))
+
+
+def _answer_is(text: str) -> tuple[int, str] | None:
+    """(position, what follows) of the last "the answer is" / "answer:", up to the end of its line."""
+    m = _last(_ANSWER_IS_RE, text)
+    if m is None:
+        return None
+    end = text.find("\n", m.end())
+    return m.start(), text[m.end(): end if end >= 0 else len(text)]
 
 
 def _last_number(text: str) -> str | None:
-    matches = list(_NUMBER_RE.finditer(text))
-    return matches[-1].group(0) if matches else None
+    m = _last(_NUMBER_RE, text)
+    return None if m is None else m.group(0)
 
 
 def _find(how: str, text: str) -> tuple[int, str] | None:
@@ -91,7 +132,7 @@ def _find(how: str, text: str) -> tuple[int, str] | None:
     if how == "hashes":
         return _last_match(_HASHES_RE, text)
     if how == "answer_is":  # up to the end of its sentence
-        found = _last_match(_ANSWER_IS_RE, text)
+        found = _answer_is(text)
         return None if found is None else (found[0], re.split(r"\.\s", found[1] + " ", maxsplit=1)[0])
     raise ValueError(f"unknown extractor {how!r} (choose from {', '.join(EXTRACTORS)})")
 
@@ -120,18 +161,20 @@ def reference_answer(ref) -> str | None:
 
 # ─────────────────────────────────────────────── comparison ───────────────────────────────────────────────
 
-_WRAPPERS = [(re.compile(r"^\$+|\$+$"), ""), (re.compile(r"^\\\(|\\\)$"), ""), (re.compile(r"^\\\[|\\\]$"), "")]
+_WRAPPERS = (("\\(", "\\)"), ("\\[", "\\]"))
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 _FRAC_RE = re.compile(rf"^\\[dt]?frac\s*\{{\s*({_NUMBER})\s*\}}\s*\{{\s*({_NUMBER})\s*\}}$")
 _FRAC_SHORT_RE = re.compile(r"^\\[dt]?frac\s*(\d)\s*(\d)$")
+_UNIT_RE = re.compile(r"units?|dollars?|cents?|cm|m|km|kg|g|s|hours?|minutes?|days?|years?")
 
 
 def normalize(text: str) -> str:
     """Surface forms that never change a value removed: math delimiters, ``\\left`` / ``\\right``, spacing macros,
-    ``\\dfrac`` / ``\\tfrac``, a trailing period, ``\\text{..}`` wrappers, a leading ``var =``, degree signs."""
-    s = str(text).strip()
-    for regex, repl in _WRAPPERS:
-        s = regex.sub(repl, s).strip()
+    ``\\dfrac`` / ``\\tfrac``, a trailing period, ``\\text{..}`` wrappers, a leading ``var =``, degree signs. Linear
+    in the length (string methods, no anchored regex scanned from every position)."""
+    s = str(text).strip().strip("$").strip()
+    for left, right in _WRAPPERS:
+        s = s.removeprefix(left).removesuffix(right).strip()
     s = s.replace("\\left", "").replace("\\right", "").replace("\\!", "").replace("\\,", "").replace("\\ ", " ")
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("^\\circ", "").replace("°", "")
     s = s.replace("\\%", "%").replace("\\$", "")
@@ -140,52 +183,77 @@ def normalize(text: str) -> str:
     return s.rstrip(".").strip()
 
 
-def _plain_number(s: str) -> Fraction | None:
+def _plain_number(s: str) -> Decimal | None:
+    """The exact value of a plain number as a :class:`~decimal.Decimal`: no integer conversion, so neither 5,000
+    digits (Python's 4,300-digit limit on ``int(str)``) nor ``1e999999999`` (a big-integer power) costs anything."""
     if not re.fullmatch(_NUMBER, s):
         return None
     try:
-        return Fraction(s.replace(",", "").replace("+", ""))
-    except (ValueError, ZeroDivisionError):
+        return Decimal(s.replace(",", "").replace("+", ""))
+    except decimal.InvalidOperation:
         return None
 
 
-def as_number(text: str) -> tuple[Fraction, bool] | None:
+def _ratio(num: Decimal | None, den: Decimal | None) -> Decimal | None:
+    if num is None or den is None or not den:
+        return None
+    try:
+        return _CONTEXT.divide(num, den)
+    except (decimal.InvalidOperation, ArithmeticError):
+        return None
+
+
+def as_number(text: str) -> tuple[Decimal, bool] | None:
     """``(value, is_percent)`` when ``text`` is a plain number, a fraction or a percentage, else None."""
     s = normalize(text)
     percent = s.endswith("%")
     s = s.rstrip("%").strip()
-    s = re.sub(r"\s+(?:units?|dollars?|cents?|cm|m|km|kg|g|s|hours?|minutes?|days?|years?)$", "", s)
+    head, _, unit = s.rpartition(" ")
+    if head.strip() and _UNIT_RE.fullmatch(unit):  # "18 dollars"
+        s = head.strip()
     m = _FRAC_RE.match(s) or _FRAC_SHORT_RE.match(s)
     if m:
-        num, den = _plain_number(m.group(1)), _plain_number(m.group(2))
-        value = num / den if num is not None and den else None
+        value = _ratio(_plain_number(m.group(1)), _plain_number(m.group(2)))
     elif "/" in s:
         num_text, _, den_text = s.partition("/")
-        num, den = _plain_number(num_text.strip()), _plain_number(den_text.strip())
-        value = num / den if num is not None and den else None
+        value = _ratio(_plain_number(num_text.strip()), _plain_number(den_text.strip()))
     else:
         value = _plain_number(s)
     return None if value is None else (value, percent)
 
 
-def _close(a: Fraction, b: Fraction, rel_tol: float) -> bool:
-    return a == b or abs(a - b) <= Fraction(rel_tol) * max(abs(a), abs(b))
+def _close(a: Decimal, b: Decimal, rel_tol: float) -> bool:
+    """Equal within ``rel_tol``, except two whole numbers: those are equal only exactly (1000001 is not 1000000, and a
+    5,000-digit answer with its last digit wrong is wrong)."""
+    if a == b:  # exact, whatever the digits
+        return True
+    if _whole(a) and _whole(b):
+        return False
+    try:
+        return _CONTEXT.abs(_CONTEXT.subtract(a, b)) <= _CONTEXT.multiply(Decimal(rel_tol), max(abs(a), abs(b)))
+    except ArithmeticError:  # beyond even MAX_EMAX: not equal
+        return False
 
 
-def numbers_equal(pred: tuple[Fraction, bool], ref: tuple[Fraction, bool], rel_tol: float) -> bool:
+def _whole(x: Decimal) -> bool:
+    return x.is_finite() and (x.as_tuple().exponent >= 0 or x == x.to_integral_value(context=_CONTEXT))
+
+
+def numbers_equal(pred: tuple[Decimal, bool], ref: tuple[Decimal, bool], rel_tol: float) -> bool:
     (p, p_pct), (r, r_pct) = pred, ref
     candidates = [(p, r)]
     if p_pct and not r_pct:
-        candidates.append((p / 100, r))
+        candidates.append((p.scaleb(-2), r))
     if r_pct and not p_pct:
-        candidates.append((p, r / 100))
+        candidates.append((p, r.scaleb(-2)))
     return any(_close(a, b, rel_tol) for a, b in candidates)
 
 
 @functools.cache
 def _math_verify():
     """math-verify, imported and used once on a trivial pair outside any time limit: importing it (SymPy, the ANTLR
-    LaTeX parser) takes seconds on a loaded machine, which must not count against the first real check's limit."""
+    LaTeX parser) takes seconds on a loaded machine, which must not count against the first real check's limit (a
+    forked check inherits it imported)."""
     import math_verify
 
     for name in ("math_verify", "latex2sympy2_extended"):  # "timeout disabled" on every call: ours is around it
@@ -209,8 +277,17 @@ def _symbolic_equal(pred: str, ref: str) -> bool:
 
 
 def _under_limit(fn, timeout_s: float | None):
-    """``fn()`` bounded by ``timeout_s`` of wall time when a SIGALRM timer can be used (main thread), else unbounded."""
-    if not timeout_s or threading.current_thread() is not threading.main_thread():
+    """``fn()`` (a bool) bounded by ``timeout_s`` of wall time: raises :class:`_CheckTimeout` past it.
+
+    Where ``fork`` exists, ``fn`` runs in a forked child that is killed at the limit (SIGKILL: SymPy's big-integer
+    arithmetic is C code that no signal handler interrupts) and whose address space is capped
+    (:data:`SYMBOLIC_MEMORY` above its parent's); a child that fails (an exception, the memory cap) answers False.
+    Elsewhere SIGALRM in the main thread, else no bound."""
+    if not timeout_s:
+        return fn()
+    if hasattr(os, "fork"):
+        return _in_child(fn, timeout_s)
+    if threading.current_thread() is not threading.main_thread():
         return fn()
 
     def on_alarm(signum, frame):
@@ -225,9 +302,77 @@ def _under_limit(fn, timeout_s: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
+def _in_child(fn, timeout_s: float) -> bool:
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12+ warns about fork in a process with threads: the child only
+        warnings.simplefilter("ignore", DeprecationWarning)  # computes and exits; a lock it needs and lacks ends in
+        pid = os.fork()  # the time limit, as any hang does
+    if pid == 0:  # the child: compute, answer one byte, exit without running any of the parent's exit handlers
+        code = b"e"
+        try:
+            os.close(read_fd)
+            _cap_memory(SYMBOLIC_MEMORY)
+            code = b"1" if fn() else b"0"
+        except BaseException:  # noqa: BLE001 - any failure of the check is "not equal"
+            pass
+        finally:
+            try:
+                os.write(write_fd, code)
+            finally:
+                os._exit(0)
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], timeout_s)
+        answer = os.read(read_fd, 1) if ready else b""
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(read_fd)
+        _reap(pid)
+    if not answer:
+        raise _CheckTimeout()
+    return answer == b"1"
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _cap_memory(extra: int) -> None:
+    """Limit this process's address space to what it uses now plus ``extra`` bytes (Linux; elsewhere nothing)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = used + extra if hard == resource.RLIM_INFINITY else min(hard, used + extra)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (OSError, ValueError, ImportError):
+        pass
+
+
+@functools.lru_cache(maxsize=4096)
+def _symbolic_verdict(pred: str, ref: str, timeout_s: float | None) -> bool | None:
+    """True / False, or None past ``timeout_s``; cached: the answers of a group repeat, and a pathological pair must
+    not cost its time limit twice."""
+    _math_verify()  # imported (once) before the clock starts
+    try:
+        return _under_limit(lambda: _symbolic_equal(pred, ref), timeout_s)
+    except _CheckTimeout:
+        return None
+    except Exception:  # a parse the library could not finish: not equal
+        return False
+
+
 def answers_equal(pred: str, ref: str, *, rel_tol: float = 1e-6, timeout_s: float | None = 5.0) -> bool | None:
     """True when ``pred`` and ``ref`` (answers already extracted) are equal by value (module docstring); None when
     the symbolic check ran past ``timeout_s``."""
+    if len(pred) > MAX_ANSWER_CHARS or len(ref) > MAX_ANSWER_CHARS:  # text only: no parse of a megabyte
+        return pred.strip() == ref.strip()
     p_num, r_num = as_number(pred), as_number(ref)
     if p_num is not None and r_num is not None:
         return numbers_equal(p_num, r_num, rel_tol)
@@ -236,13 +381,9 @@ def answers_equal(pred: str, ref: str, *, rel_tol: float = 1e-6, timeout_s: floa
         return True
     if (p_num is None) != (r_num is None) and re.fullmatch(r"[-+\d.,/%\s]*", p + r):
         return False  # one side a number, the other digits that do not parse: no algebra can make them equal
-    _math_verify()  # imported (once) before the clock starts
-    try:
-        return _under_limit(lambda: _symbolic_equal(p, r), timeout_s)
-    except _CheckTimeout:
-        return None
-    except Exception:  # a parse the library could not finish: not equal
+    if len(p) > MAX_SYMBOLIC_CHARS or len(r) > MAX_SYMBOLIC_CHARS:
         return False
+    return _symbolic_verdict(p, r, timeout_s)
 
 
 # ─────────────────────────────────────────────── rewards ───────────────────────────────────────────────

@@ -19,8 +19,12 @@ each read) and is retried up to ``retries`` times on a connection error, a timeo
 
 The API key is read from the environment variable named by ``api_key_env`` (never from the config: ``config.yaml``,
 the logs and the report hold only the variable's name) and sent as ``Authorization: Bearer``; no message of this
-module includes it. HTTP uses the standard library (:mod:`urllib.request`): a judge call is one small POST, and
-threads give the bounded concurrency; no dependency does this better enough to be worth one more.
+module includes it. **Redirects are never followed** (Python's ``urllib`` would follow a 301 / 302 / 303 to any
+host with the ``Authorization`` header copied): a judge that answers with a redirect stops the run with one line
+naming where it pointed, so that the key and the completions go only to ``url``. A reply is read up to
+:data:`MAX_REPLY_BYTES` (a larger one scores ``None``). HTTP uses the standard library (:mod:`urllib.request`):
+a judge call is one small POST, and threads give the bounded concurrency; no dependency does this better enough to
+be worth one more.
 """
 
 from __future__ import annotations
@@ -46,6 +50,24 @@ DEFAULT_TEMPLATE = (
 )
 DEFAULT_GRADE_PATTERN = r"GRADE\s*[:=]\s*(-?\d+(?:\.\d+)?)"
 _CONFIG_MISTAKES = {400, 401, 403, 404, 405, 422}
+MAX_REPLY_BYTES = 16 << 20
+
+
+class _Redirected(Exception):
+    def __init__(self, code: int, target: str):
+        super().__init__(code, target)
+        self.code, self.target = code, target
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """Every redirect (301, 302, 303, 307, 308) refused: raised, never followed (the request would go to another
+    address with the ``Authorization`` header)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise _Redirected(code, newurl)
+
+
+_OPENER = urllib.request.build_opener(_RefuseRedirects)
 
 
 class _Retryable(Exception):
@@ -168,8 +190,13 @@ class RemoteJudge:
     def _once(self, data: bytes, headers: dict) -> Any:
         request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
+                raw = response.read(MAX_REPLY_BYTES + 1)
+        except _Redirected as exc:
+            raise RewardError(f"the judge at {self.url} answered HTTP {exc.code}, a redirect to {exc.target}: not "
+                              "followed (rlhfkit never sends the judge's request or its API key to another address)",
+                              where=f"{WHERE}.url", fix="set reward.remote.url to the address that answers "
+                              "itself (check the redirect's target first)") from None
         except urllib.error.HTTPError as exc:
             if exc.code in _CONFIG_MISTAKES:
                 raise RewardError(f"the judge at {self.url} answered HTTP {exc.code} {exc.reason}",
@@ -178,6 +205,8 @@ class RemoteJudge:
             raise _Retryable(float(retry_after) if retry_after and retry_after.isdigit() else None) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
             raise _Retryable(None) from exc
+        if len(raw) > MAX_REPLY_BYTES:
+            return None
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError):

@@ -8,13 +8,21 @@ Every reward function, built-in or user-written, has the signature::
 ``fields`` are the dataset's other columns, one list per column, aligned with ``completions`` (e.g.
 ``answer=[...]``). Options (``field``, ``pattern``, ``target``, …) come from the config's ``kwargs``. ``None``
 means "no opinion on this sample": it is skipped when rewards are combined.
+
+The patterns of ``regex_match`` and ``format`` run with the `regex <https://pypi.org/project/regex/>`_ library (a
+dependency of transformers; the syntax of Python's ``re``) because it takes a time limit per match, which ``re``
+cannot (its matching is C code no signal interrupts): a completion on which a pattern backtracks for longer than
+``timeout_s`` (the default ``format`` pattern on a megabyte of ``</think><answer>``) scores ``None`` — that sample
+alone is dropped, never the batch.
 """
 
 from __future__ import annotations
 
-import re
+import regex as re
 
 from ..errors import RewardError
+
+MATCH_TIMEOUT_S = 1.0  # default time limit of one pattern on one completion
 
 
 def _column(fields: dict, field: str, fn_name: str, n: int) -> list:
@@ -68,11 +76,14 @@ def regex_match(
     field: str = "answer",
     normalize: bool = True,
     lowercase: bool = False,
+    timeout_s: float = MATCH_TIMEOUT_S,
     **fields,
 ) -> list[float | None]:
-    """1.0 when the first group of ``pattern`` found in the completion (the whole match if the pattern has no
-    group) equals the row's ``field`` value, 0.0 when it differs or the pattern is not found (``None`` where the
-    value is missing). The default pattern reads a GSM8K-style ``#### 42`` answer line."""
+    """1.0 when the first group of ``pattern`` in the *last* match in the completion (the whole match if the pattern
+    has no group) equals the row's ``field`` value, 0.0 when it differs or the pattern is not found (``None`` where
+    the value is missing, or where matching took longer than ``timeout_s``). The last match, as the maths verifier
+    reads the answer stated last: paying for the first of several answers pays a policy for listing many. The
+    default pattern reads a GSM8K-style ``#### 42`` answer line."""
     regex = _compile(pattern, "regex_match")
     answers = _column(fields, field, "regex_match", len(completions))
     out: list[float | None] = []
@@ -80,7 +91,11 @@ def regex_match(
         if a is None:
             out.append(None)
             continue
-        m = regex.search(c)
+        try:
+            m = _last_match(regex, c, timeout_s)
+        except TimeoutError:
+            out.append(None)
+            continue
         if m is None:
             out.append(0.0)
             continue
@@ -97,12 +112,20 @@ def format_match(
     *,
     pattern: str = r"<think>.*?</think>\s*<answer>.*?</answer>",
     strip: bool = True,
+    timeout_s: float = MATCH_TIMEOUT_S,
     **fields,
-) -> list[float]:
-    """1.0 when the whole completion matches ``pattern`` (``re.fullmatch``, ``.`` matches newlines), else 0.0.
-    The default pattern asks for ``<think>…</think> <answer>…</answer>``."""
+) -> list[float | None]:
+    """1.0 when the whole completion matches ``pattern`` (``re.fullmatch``, ``.`` matches newlines), else 0.0;
+    ``None`` where matching took longer than ``timeout_s``. The default pattern asks for
+    ``<think>…</think> <answer>…</answer>``."""
     regex = _compile(pattern, "format", re.DOTALL)
-    return [float(regex.fullmatch(c.strip() if strip else c) is not None) for c in completions]
+    out: list[float | None] = []
+    for c in completions:
+        try:
+            out.append(float(regex.fullmatch(c.strip() if strip else c, timeout=timeout_s) is not None))
+        except TimeoutError:
+            out.append(None)
+    return out
 
 
 format = format_match  # the short name users write (`rlhfkit.rewards.rules:format`)
@@ -123,6 +146,14 @@ def length_target(
             fix="set kwargs: {target: 200}",
         )
     return [-abs(len(c) - target) / target for c in completions]
+
+
+def _last_match(regex: re.Pattern, text: str, timeout_s: float):
+    """The last match of ``regex`` in ``text`` (None when there is none); ``TimeoutError`` past ``timeout_s``."""
+    last = None
+    for last in regex.finditer(text, timeout=timeout_s):  # noqa: B007 - only the last one is wanted
+        pass
+    return last
 
 
 def _compile(pattern: str, fn_name: str, flags: int = 0) -> re.Pattern:

@@ -23,16 +23,24 @@ kind ``bad reply``).
 :class:`WorkerPool` spreads independent calls over several workers, each under its own limit, and returns one
 :class:`Outcome` per call; the caller goes on whatever happens to one of them. ``workers=0`` runs everything in
 the calling process without a limit (for objects that cannot be pickled, and for debugging).
+
+What user code prints is capped at :data:`OUTPUT_LIMIT` bytes per call and stream (a reward printing 150 MB must not
+flood the terminal or the logs): in a child, its file descriptors 1 and 2 are pipes read by a thread that passes on
+the first bytes of each call and one line saying the rest was cut (C code writing to the descriptors included); in
+this process (``workers=0``), Python's ``sys.stdout`` / ``sys.stderr`` are capped around each call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import os
 import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -46,6 +54,7 @@ from . import wire
 
 BOOT = "from rlhfkit.rewards.workers import _child_main; _child_main({r}, {w})"
 SETUP_TIMEOUT_S = 300.0  # loading a model in a stateful reward's constructor may take minutes
+OUTPUT_LIMIT = 64 << 10  # bytes of stdout (and of stderr) user code may print per call; the rest is cut
 
 
 class CallTimeout(Exception):
@@ -372,7 +381,9 @@ class WorkerPool:
         t0 = time.perf_counter()
         obj = self.local[key]
         try:
-            with _alarm(self.timeout_s if self.limit_local else None):
+            out, err = _CappedText(sys.stdout), _CappedText(sys.stderr)
+            with _alarm(self.timeout_s if self.limit_local else None), contextlib.redirect_stdout(out), \
+                    contextlib.redirect_stderr(err):
                 value = (getattr(obj, method) if method else obj)(*args, **kwargs)
         except CallTimeout as exc:
             return Outcome(error=exc, seconds=time.perf_counter() - t0)
@@ -455,6 +466,75 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+class _CappedText(io.TextIOBase):
+    """A text stream passing on the first ``limit`` characters written to ``target``, then one line saying the rest
+    was cut (:data:`OUTPUT_LIMIT`, in this process)."""
+
+    def __init__(self, target, limit: int = OUTPUT_LIMIT):
+        self.target, self.left, self.cut = target, limit, False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if self.left > 0:
+            self.target.write(text[: self.left])
+            self.left -= len(text)
+        elif not self.cut:
+            self.cut = True
+            self.target.write(f"\n[rlhfkit] the rest of this call's output was cut (over {OUTPUT_LIMIT >> 10} KiB)\n")
+        return len(text)
+
+    def flush(self) -> None:
+        with _suppress():
+            self.target.flush()
+
+
+class _OutputCap:
+    """In a worker child: file descriptors 1 and 2 become pipes, each read by a thread that passes on at most
+    :data:`OUTPUT_LIMIT` bytes per call to the stream the child inherited, then one line saying the rest was cut;
+    :meth:`reset` starts a call's allowance."""
+
+    def __init__(self, name: str):
+        self.name, self.lock, self.left, self.cut = name, threading.Lock(), {}, {}
+        for fd in (1, 2):
+            try:
+                original = os.dup(fd)
+                read_end, write_end = os.pipe()
+                os.dup2(write_end, fd)
+                os.close(write_end)
+            except OSError:  # no such descriptor: nothing to cap
+                continue
+            self.left[fd], self.cut[fd] = OUTPUT_LIMIT, False
+            threading.Thread(target=self._pump, args=(fd, read_end, original), daemon=True).start()
+
+    def reset(self) -> None:
+        with self.lock:
+            for fd in self.left:
+                self.left[fd], self.cut[fd] = OUTPUT_LIMIT, False
+
+    def _pump(self, fd: int, read_end: int, original: int) -> None:
+        while True:
+            try:
+                data = os.read(read_end, 1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            with self.lock:
+                passed, self.left[fd] = data[: max(0, self.left[fd])], self.left[fd] - len(data)
+                note = self.left[fd] < 0 and not self.cut[fd]
+                self.cut[fd] |= note
+            try:
+                if passed:
+                    os.write(original, passed)
+                if note:
+                    os.write(original, f"\n[rlhfkit] {self.name}: the rest of this call's output was cut (over "
+                                       f"{OUTPUT_LIMIT >> 10} KiB)\n".encode())
+            except OSError:
+                pass
+
+
 class _suppress:
     def __enter__(self):
         return self
@@ -469,6 +549,7 @@ class _suppress:
 def _child_main(read_fd: int, write_fd: int) -> None:
     """The worker's loop: answer requests until ``exit`` or the parent goes away."""
     _die_with_parent()
+    cap = _OutputCap("reward worker")
     recv, send = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     objects: dict[str, Callable] = {}
     while True:
@@ -476,6 +557,10 @@ def _child_main(read_fd: int, write_fd: int) -> None:
             message = recv.recv()
         except (EOFError, OSError):
             return
+        for stream in (sys.stdout, sys.stderr):  # what the last call left in Python's buffers counts for it
+            with _suppress():
+                stream.flush()
+        cap.reset()
         kind = message[0]
         if kind == "exit":
             return

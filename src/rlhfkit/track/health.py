@@ -38,6 +38,7 @@ from .jsonl import JsonlWriter, StagedFile, read_jsonl
 DRIFT_FIX = ("lower optim.lr or algo.ppo_epochs, or tighten the clip range in the policy loss's section "
              "(algo.<section>.clip_low / clip_high, e.g. algo.ppo.clip_low)")
 WARNING, CRITICAL = "warning", "critical"
+COLLAPSE_Z = 3.0  # standard errors a fall of the scores must pass (reward_collapse)
 History = Mapping[str, Sequence[float]]
 
 
@@ -215,7 +216,13 @@ def _rolling_means(values: Sequence[float], w: int) -> list[float]:
 
 
 def reward_collapse(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
-    """The mean of the last ``window`` scores fell from its best by more than half of max(|best|, 2 std)."""
+    """The mean of the last ``window`` scores fell from its best by more than half of max(|best|, 2 std) **and** by
+    more than the noise of the steps allows: :data:`COLLAPSE_Z` standard errors of the difference of two
+    ``window``-step means, plus the allowance for having picked the best of many means (sqrt(2 ln N)). The step noise
+    is read from the scores themselves (half the mean squared step-to-step difference, which a slow trend hardly
+    moves), so 8 samples a step (a score that jumps by 0.2 between steps) needs a far larger fall than 512. Silent
+    while the held-out score (``eval/scores``) is at its best: a policy getting better on held-out prompts is not
+    unlearning, whatever its training batches scored."""
     score = m.get("objective/scores")
     if score is None or not math.isfinite(score):
         return None
@@ -226,10 +233,14 @@ def reward_collapse(m: dict[str, float], prev: History, mon: HealthMonitor) -> s
     means = _rolling_means(values, w)
     best, now = max(means), means[-1]
     scale = max(abs(best), 2 * statistics.pstdev(values))
-    if scale > 0 and best - now > 0.5 * scale:
-        return (f"objective/scores collapsed: mean of the last {w} steps {fmt(now)} vs best {fmt(best)}; "
-                "the policy is unlearning (often after a KL blow-up or reward hacking); lower optim.lr, "
-                "raise algo.kl.coef, and check the samples")
+    noise = math.sqrt(sum((b - a) ** 2 for a, b in zip(values, values[1:])) / (2 * (len(values) - 1)))
+    allowed = (COLLAPSE_Z + math.sqrt(2 * math.log(len(means)))) * noise * math.sqrt(2 / w)
+    evals = list(prev.get("eval/scores", [])) + ([m["eval/scores"]] if "eval/scores" in m else [])
+    held_out_best = len(evals) >= 2 and evals[-1] >= max(evals[:-1])
+    if scale > 0 and best - now > 0.5 * scale and best - now > allowed and not held_out_best:
+        return (f"objective/scores collapsed: mean of the last {w} steps {fmt(now)} vs best {fmt(best)} (the steps "
+                f"vary by about {fmt(noise)}); the policy is unlearning (often after a KL blow-up or reward hacking); "
+                "lower optim.lr, raise algo.kl.coef, and check the samples")
     return None
 
 
@@ -282,6 +293,19 @@ def kl_high(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | Non
     above ``mon.kl_token_max`` (0.2) nats per token, but not above ``mon.kl_max`` (there :func:`kl_blowup` speaks):
     a policy drifting away step by step (KL 0 -> 15 with no single spike for :func:`kl_spike` to see)."""
     return _kl_above(m, mon, mon.kl_warn, mon.kl_max, "the policy is drifting far from the reference")
+
+
+def lr_extreme(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
+    """The learning rate above ``mon.lr_max`` (1): no AdamW run on a language model works there (1e-7 to 1e-3 is
+    the field's range; the tiny model from scratch takes 5e-3): the first update turns the weights to noise, and
+    without ``optim.max_grad_norm`` nothing bounds it. Said when the rate first passes it (a warm-up reaches it
+    late)."""
+    lr = m.get("lr")
+    if lr is None or not math.isfinite(lr) or lr <= mon.lr_max or any(v > mon.lr_max for v in prev.get("lr", [])):
+        return None
+    return (f"the learning rate is {fmt(lr)}, above {fmt(mon.lr_max)}: no AdamW run on a language model trains there "
+            "(1e-7 to 1e-3 is usual); every update scrambles the weights; lower optim.lr (and set "
+            "optim.max_grad_norm, e.g. 1.0)")
 
 
 def nonfinite_loss(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
@@ -522,6 +546,7 @@ RULES: dict[str, Rule] = {
     "entropy_collapse": Rule(entropy_collapse, WARNING, "algo.entropy_coef"),
     "entropy_explosion": Rule(entropy_explosion, CRITICAL, "optim.lr"),
     "nonfinite_loss": Rule(nonfinite_loss, CRITICAL, "optim.lr"),
+    "lr_extreme": Rule(lr_extreme, WARNING, "optim.lr"),
     "repetition": Rule(repeated_texts, WARNING, "algo.kl.coef", on="texts"),
     "gibberish": Rule(gibberish_texts, CRITICAL, "optim.lr", on="texts"),
     "reward_hacking": Rule(reward_hacking, WARNING, "algo.kl.coef"),
@@ -534,7 +559,7 @@ RULES: dict[str, Rule] = {
     "grad_norm_blowup": Rule(grad_norm_blowup, WARNING, "optim.lr"),
 }
 TRACKED = ("policy/approxkl_avg", "loss/value_avg", "objective/kl", "objective/scores", "response/length_mean",
-           "rewards/tied_groups_frac", "eval/scores", "train/loss", "eval/loss", "train/grad_norm")
+           "rewards/tied_groups_frac", "eval/scores", "train/loss", "eval/loss", "train/grad_norm", "lr")
 # (TRACKED: the metrics whose past the rules read)
 _SPACE = re.compile(r"\s+")
 
@@ -559,7 +584,7 @@ class HealthMonitor(StagedFile):
                  max_response_len: int | None = None, length_frac: float = 0.85, hack_drop: float = 0.25,
                  tied_frac: float = 0.8, tied_steps: int = 10, vocab_size: int | None = None, kl_warn: float = 10.0,
                  loss_rise: float = 2.0, loss_rise_floor: float = 0.5, uniform_tol: float = 0.05,
-                 grad_factor: float = 10.0, grad_floor: float = 1.0, clipped_frac: float = 0.5):
+                 grad_factor: float = 10.0, grad_floor: float = 1.0, clipped_frac: float = 0.5, lr_max: float = 1.0):
         self.window, self.repeat_every, self.batch_size = window, repeat_every, batch_size
         self.kl_max, self.kl_token_max, self.kl_factor, self.kl_floor = kl_max, kl_token_max, kl_factor, kl_floor
         self.kl_token_warn, self.length_growth = kl_token_warn, length_growth
@@ -569,7 +594,7 @@ class HealthMonitor(StagedFile):
         self.vocab_size, self.kl_warn, self.uniform_tol = vocab_size, kl_warn, uniform_tol
         self.loss_rise, self.loss_rise_floor, self.grad_factor, self.grad_floor = (loss_rise, loss_rise_floor,
                                                                                    grad_factor, grad_floor)
-        self.stop_on_critical = stop_on_critical
+        self.stop_on_critical, self.lr_max = stop_on_critical, lr_max
         self.history: dict[str, list[float]] = {k: [] for k in (*TRACKED, "entropy/token", "scores/at_eval")}
         self._last_warned: dict[str, int] = {}
         self._writer: JsonlWriter | None = None
@@ -610,14 +635,16 @@ class HealthMonitor(StagedFile):
                 f"above {fmt(self.kl_warn)} nats and {fmt(self.kl_token_max)} per token, "
                 f"above {fmt(self.kl_token_warn)} nat per token, or {fmt(self.kl_factor)}x its running median; "
                 f"response length above {fmt(self.length_growth)}x its start, or at {fmt(self.length_frac)} of the "
-                "limit and rising with the reward; scores falling by half from their best; the held-out score "
-                f"falling by {fmt(self.hack_drop)} while the training score rises; {fmt(self.tied_frac)} of the groups "
+                "limit and rising with the reward; scores falling by half from their best and beyond the steps' "
+                f"noise; the held-out score falling by {fmt(self.hack_drop)} while the training score rises; "
+                f"{fmt(self.tied_frac)} of the groups "
                 f"tied for {self.tied_steps} steps; {fmt(self.clipped_frac)} of a step's scores at +-reward.clip; "
                 "per-token entropy below 10% or above 3x its start (or near ln |V|); every group tied after dynamic "
                 "sampling; the importance ratio outside [0.5, 2]; "
                 f"a training loss above {fmt(self.loss_rise)}x its start, a per-token loss at or above ln |V|, the "
                 f"gradient norm above {fmt(self.grad_factor)}x its start; "
-                "fewer than 10% of responses ending with EOS; a non-finite loss; "
+                f"fewer than 10% of responses ending with EOS; a non-finite loss; a learning rate above "
+                f"{fmt(self.lr_max)}; "
                 f"repeated (> {fmt(self.repetition_max)}) or garbled (> {fmt(self.gibberish_max)}) text in half the "
                 "samples")
 

@@ -263,8 +263,7 @@ class AsyncTrainer(OnlineRun):
                                       lambda s=step, q=queued: self.save(s, self.local(q)))
                     self.broadcast(step, DONE if step == self.total_steps else GO)
                     if self.every and step % self.every == 0 and step != self.total_steps:
-                        self.save(step, self.local(len(self.queue)))
-                        saved = step
+                        saved = step if self.save(step, self.local(len(self.queue))) is not False else saved
             except BaseException as err:
                 self.abort(err)
                 raise

@@ -398,6 +398,12 @@ class Checkpointer:
             files.remove(path)
             self._valid.discard(path)
 
+    def _say_if_unverified(self, path: Path) -> None:
+        if not (path / MANIFEST).is_file():
+            self.run.print(f"[ckpt] warning: {path.name} has no manifest (written by an earlier rlhfkit, or copied "
+                           "without its manifest.json): its files' sizes and checksums cannot be checked, only that "
+                           "they load as tensors; resumed as it is (train.resume=never starts over instead)")
+
     def find(self, resume: str) -> Path | None:
         """The checkpoint to resume from: ``auto`` / ``force`` = newest valid one (damaged ones skipped with a
         warning), ``never`` = none, else a path (which must be valid)."""
@@ -408,9 +414,7 @@ class Checkpointer:
                 problem = validate_checkpoint(path)
                 if problem is None:
                     self._valid.add(path)
-                    if not (path / MANIFEST).is_file():
-                        self.run.print(f"[ckpt] {path.name} has no manifest (written by an earlier rlhfkit): its "
-                                       "files load as tensors only, so it is resumed as it is")
+                    self._say_if_unverified(path)
                     return path
                 self.damaged.append(path)
                 self.run.print(f"[ckpt] warning: {path.name} is damaged ({problem}); it will be moved aside to "
@@ -424,6 +428,7 @@ class Checkpointer:
         if problem is not None:
             raise RunError(f"checkpoint {path} is damaged ({problem})", where="train.resume",
                            fix="use train.resume=auto (the newest valid checkpoint) or never")
+        self._say_if_unverified(path)
         return path
 
     def load(self, path: Path, *, models: dict, optimizers: dict, schedulers: dict) -> dict:

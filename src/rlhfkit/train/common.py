@@ -63,6 +63,11 @@ def tokenize(run, records: list[dict], kind: str, tok, cfg, label: str, completi
                 f"{cfg.data.max_length} / data.max_prompt_length={cfg.data.max_prompt_length}, "
                 f"data.overflow={cfg.data.overflow})")
     run.print(msg)
+    cut = stats["truncated"] + stats["dropped"]
+    if cut * 2 >= len(records):  # most of the data cut: the run trains on something other than the data
+        run.print(f"[data] warning: {cut} of the {len(records)} {label} records do not fit data.max_length="
+                  f"{cfg.data.max_length} (prompts are cut from the left, completions from the right): the model "
+                  "trains on cut text; raise data.max_length (and data.max_prompt_length), or shorten the records")
     if run.sink is not None:
         run.sink.log({f"data/{label}_{k}": v for k, v in stats.items()}, step=0)
     return examples

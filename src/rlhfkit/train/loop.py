@@ -158,8 +158,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             progress.update(1, {k: v for k, v in metrics.items() if k.split("/")[-1] in job.show or k in job.show})
             save = functools.partial(trained.save, step, state={"micro": micro, "extra": job.extra_state})
             if cfg.train.save_every > 0 and step % cfg.train.save_every == 0 and step != n_updates:
-                save()
-                saved = step
+                saved = step if save() is not False else saved
             if run.stop.should_stop(acc, last=step == n_updates):  # every rank at the same update
                 run.stop.stop(acc, step, None if saved == step else save)
         run.stop.arm(False)

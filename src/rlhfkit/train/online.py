@@ -75,8 +75,7 @@ class OnlineTrainer(OnlineRun):
                 step += 1
                 last = self.end_step(exp, step, metrics, time.perf_counter() - t_step)  # 7.
                 if self.every and step % self.every == 0 and step != self.total_steps:
-                    self.save(step)
-                    saved = step
+                    saved = step if self.save(step) is not False else saved
                 stop_if_asked(last=step == self.total_steps)  # a stop asked during the update: before the rollout
             run.stop.arm(False)
         self.finish(step)

@@ -83,10 +83,10 @@ class OnlineRun:
         self.progress = progress
         return progress
 
-    def save(self, step: int, local: dict | None = None) -> None:
+    def save(self, step: int, local: dict | None = None):
         """A checkpoint of rollout step ``step`` (update step x updates_per_step); ``local``: this process's own
-        part (the asynchronous mode's queue)."""
-        self.learner.trained.save(step * self.learner.updates_per_step,
+        part (the asynchronous mode's queue). False when the session wrote none (no update applied yet)."""
+        return self.learner.trained.save(step * self.learner.updates_per_step,
                                   state={"step_rollout": step, **self.learner.state_dict()}, local=local)
 
     def end_step(self, exp: Experience, step: int, metrics: dict, seconds: float, extra: dict | None = None) -> dict:

@@ -214,14 +214,16 @@ class Trained:
         """(model, optimizer, schedule) of ``name``."""
         return self.models[name], self.optimizers[name], self.schedulers[name]
 
-    def save(self, step: int, state: dict, local: dict | None = None) -> None:
+    def save(self, step: int, state: dict, local: dict | None = None):
         """``checkpoint-<step>``: every model, optimizer and schedule, the loop's ``state`` and this process's own
-        ``local`` part when given (every process); then the callbacks' ``on_save``."""
+        ``local`` part when given (every process); then the callbacks' ``on_save``. False when the session wrote
+        none (:meth:`Session.save <rlhfkit.train.session.Session.save>`: no update applied yet)."""
         path = self.session.save(step, models=self.models, optimizers=self.optimizers, schedulers=self.schedulers,
                                  state=state, local=local)
         run = self.session.run
-        if run.callbacks and path is not None:
+        if run.callbacks and path:
             run.tell("on_save", step, path)
+        return path
 
 
 def set_up_trained(run: Run, models: dict[str, Any], total_updates: int, *,

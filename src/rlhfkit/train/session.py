@@ -12,8 +12,14 @@ A :class:`Session` (made by :func:`~rlhfkit.train.run.start_run`, held as ``run.
    to ``checkpoint-N.damaged`` when the run commits, never deleted) if its fingerprint matches this run, and refuses
    one of another run; ``force`` resumes it even when settings changed; ``never`` starts over; a path resumes that one.
 3. **the files** (:meth:`Session.open_sink`, :meth:`Session.open_samples`): new ``metrics.jsonl`` /
-   ``samples.jsonl`` are written beside the earlier run's (``.new``) and swapped in, together with
-   ``config.yaml``, only when the run *commits*: at its first metrics line (or first checkpoint). Starting over
+   ``samples.jsonl`` / ``warnings.jsonl`` are written beside the earlier run's (``.new``) and swapped in, together
+   with ``config.yaml``, only when the run *commits*. A run that starts over where an earlier run left its files
+   (``train.resume=never``, or a directory with files but no checkpoint to resume: :attr:`Session.protect`) commits
+   at its first checkpoint that holds an applied update, or at its end; a checkpoint before any update was applied
+   is not written (the weights are the start's), so no early failure — a NaN reward or environment, a hang, a
+   refused prompt, a stop signal, no update ever applied — costs the earlier run anything. A run in a fresh
+   directory, or resuming its own checkpoint, commits at its first metrics line (its files, report included, then
+   survive a later failure). Starting over
    deletes the earlier run's valid checkpoints at that moment too (an unreadable one is moved aside, anything not
    named ``checkpoint-N`` is left); resuming deletes those newer than the one resumed
    (damaged ones, or the future an explicit ``train.resume=PATH`` rewrites). A run that fails before leaves every
@@ -84,6 +90,17 @@ def _step_of(path: Path) -> int:
         return int(path.name.split("-", 1)[1].removesuffix(".tmp"))
     except ValueError:
         return -1
+
+
+def _earlier_files(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds files an earlier run wrote (its metrics, config, checkpoints, model, ...), not
+    counting what a run leaves while it writes (the lock, ``*.new``, ``*.tmp``)."""
+    try:
+        names = [e.name for e in os.scandir(run_dir)]
+    except OSError:
+        return False
+    transient = (LOCK_FILE, ".saving")
+    return any(files.is_own_name(n) and n not in transient and not n.endswith((".new", ".tmp")) for n in names)
 
 
 def _status(error: BaseException | None) -> str:
@@ -187,6 +204,7 @@ class Session:
         self._old_checkpoints: list[Path] = []
         self._guards: list = []
         self._chosen, self._resume_path, self._diff = False, None, []
+        self.protect = False  # starting over on an earlier run's files: commit only at a checkpoint with an update
 
     @property
     def name(self) -> str:
@@ -243,7 +261,7 @@ class Session:
         The main process validates the checkpoints (every file's sha256) and compares the fingerprints, once; the
         others receive its choice (one broadcast)."""
         acc = self.run.accelerator
-        choice, error = (None, []), None
+        choice, error = (None, [], False), None
         if acc.is_main_process:
             try:
                 choice = self._choose_here()
@@ -259,11 +277,12 @@ class Session:
                 error = RunError(message)
         if error is not None:
             raise error
-        self._resume_path, self._diff = choice
+        self._resume_path, self._diff, self.protect = choice
         self._chosen = True
 
-    def _choose_here(self) -> tuple[Path | None, list[str]]:
-        """(the checkpoint to resume or None, its settings that differ from this run's); main process."""
+    def _choose_here(self) -> tuple[Path | None, list[str], bool]:
+        """(the checkpoint to resume or None, its settings that differ from this run's, whether an earlier run's
+        files are there to protect while this one starts over); main process."""
         cfg = self.cfg
         self._old_checkpoints = [p for _, p in sorted(list_checkpoints(self.run.run_dir))]
         path = self.ckpt.find(cfg.train.resume)
@@ -276,7 +295,7 @@ class Session:
             diff = fingerprint_diff(old, self.fingerprint) if old is not None else []
         if diff and cfg.train.resume == "auto":  # force and an explicit path adopt the new settings
             raise _mismatch(self.run.run_dir, path.name, diff)
-        return path, diff
+        return path, diff, path is None and _earlier_files(self.run.run_dir)
 
     # ── 2. resume or start over ──────────────────────────────────────────────────────────────────────────────
     def resume(self, *, models: dict, optimizers: dict, schedulers: dict) -> dict | None:
@@ -318,12 +337,13 @@ class Session:
 
     # ── 3. the files ─────────────────────────────────────────────────────────────────────────────────────────
     def open_sink(self) -> MetricsSink:
-        """The metrics sink, staged: the first line commits the run (see :meth:`commit`)."""
+        """The metrics sink, staged: the first line commits the run (see :meth:`commit`), unless it starts over on
+        an earlier run's files (:attr:`protect`: then its first checkpoint with an update, or its end)."""
         run = self.run
         try:
             run.sink = MetricsSink(run.run_dir, backends=tuple(self.cfg.track.backends), is_main=run.is_main,
                                    config=self.cfg, resume_step=self.resume_step, staged=True,
-                                   on_first_line=self.commit)
+                                   on_first_line=None if self.protect else self.commit)
         except files.WRITE_ERRORS as err:
             raise files.write_failed(run.run_dir / "metrics.jsonl.new", err, what="the metrics file",
                                      fix="rerun") from None
@@ -346,7 +366,8 @@ class Session:
         return [f for f in (self.run.sink, self.samples, self.health) if f is not None]
 
     def commit(self) -> None:
-        """The run has produced its first line (or checkpoint): from here it owns the directory. Writes
+        """The run has produced its first line (or its first checkpoint with an update, :attr:`protect`): from here
+        it owns the directory. Writes
         ``config.yaml``, swaps in the new metrics / samples files, removes ``finished.json`` and, when starting
         over, the checkpoints an earlier run left. Main process only, no barrier."""
         if self.committed:
@@ -406,10 +427,21 @@ class Session:
 
     # ── 4. checkpoints ───────────────────────────────────────────────────────────────────────────────────────
     def save(self, step: int, *, models: dict, optimizers: dict, schedulers: dict, state: dict,
-             local: dict | None = None) -> Path | None:
+             local: dict | None = None) -> Path | None | bool:
+        """``checkpoint-<step>`` (every process), committing the run first. False, with one line, when the run
+        starts over on an earlier run's files and has applied no update yet: a checkpoint of the start's weights is
+        worth less than the earlier run's files it would replace."""
+        if self.protect and not self.committed and not self.applied():
+            self.run.print(f"[ckpt] no checkpoint at update {step}: no update applied yet in this run (the earlier "
+                           f"run's files in {self.run.run_dir} are kept until one is)")
+            return False
         self.commit()
         return self.ckpt.save(step, models=models, optimizers=optimizers, schedulers=schedulers, state=state,
                               local=local)
+
+    def applied(self) -> bool:
+        """Whether the policy (the first optimizer) applied an update in this run (the same on every process)."""
+        return bool(self._guards and self._guards[0].applied)
 
     # ── 5. the end ───────────────────────────────────────────────────────────────────────────────────────────
     def finish(self, model, save_fn, step: int, *, report: bool = True) -> None:

@@ -170,7 +170,8 @@ class StopControl:
 
     def stop(self, acc, update: int, save: Callable[[], object] | None):
         """Stop every rank at optimizer update ``update`` (after :meth:`check` said so): ``save()`` writes its
-        checkpoint (None: it is on disk already, or nothing was trained), then raise (see the module doc)."""
+        checkpoint (None: it is on disk already, or nothing was trained; ``save()`` returning False: it wrote none),
+        then raise (see the module doc)."""
         self.armed, self.stopping = False, True
         why = [(acc.process_index, self.signal, one_line(self.error) if self.error else None,
                 error_code(self.error) if self.error else 0, isinstance(self.error, CriticalHealthStop))]
@@ -184,9 +185,9 @@ class StopControl:
             saved = "nothing trained yet, no checkpoint needed; rerun the same command to start"
         elif any(w[4] for w in why):  # a critical health stop: the step's weights are what tripped the rule
             saved = f"step {update} not saved (a critical health warning)"
+        elif save is not None and save() is False:  # the session wrote none: no update applied yet in this run
+            saved = "nothing saved (no update applied yet in this run); rerun the same command to start"
         else:
-            if save is not None:
-                save()
             saved = f"checkpoint-{update} saved; rerun the same command to resume"
         if self.error is not None:
             raise self.error
