@@ -323,7 +323,9 @@ class OnlineAlgoConfig:
     dynamic_sampling: DynamicSamplingConfig = f(DynamicSamplingConfig(), "DAPO dynamic sampling")
     off_policy: OffPolicyConfig = f(OffPolicyConfig(), "correction for the gap between the rollout engine's sampling "
                                     "log-probs and the trainer's (metrics rollout/* are always logged)")
-    total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
+    total_episodes: int | None = f(1024, "samples (responses) to generate over the whole run, every process together; "
+                                         "null = train.epochs passes over the prompts (train.max_steps > 0, in "
+                                         "optimizer updates, wins over both)", ge=1)
 
 
 @dataclass(frozen=True)
@@ -421,12 +423,18 @@ class RewardModelConfig:
 @dataclass(frozen=True)
 class OnlineConfig:
     recipe: str = f("ppo", "ppo | grpo | rloo | reinforce | distill")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's GRPOConfig / RLOOConfig defaults under the config file "
+                                 "(grpo, rloo): 1 PPO epoch, KL 0 (grpo), loss_type dapo, 8 (grpo) or 2 (rloo) "
+                                 "generations, TRL's batch geometry from train.batch_size (its "
+                                 "per_device_train_batch_size), ...; the run prints what still differs")
     output_dir: str = f("runs/ppo", "run directory")
     model: ModelConfig = f(ModelConfig(), "policy (actor)")
     ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")
     data: DataConfig = f(DataConfig(format="prompt"), "prompts (extra fields go to reward functions)")
     optim: OptimConfig = f(OptimConfig(lr=1e-6, schedule="constant"), "actor optimizer")
-    train: TrainConfig = f(TrainConfig(), "loop (batch_size = micro-batch of forward/backward)")
+    train: TrainConfig = f(TrainConfig(), "loop (batch_size = micro-batch of forward/backward; max_steps = optimizer "
+                                          "updates, rounded up to whole rollout steps; epochs = passes over the "
+                                          "prompts when algo.total_episodes is null)")
     track: TrackConfig = f(TrackConfig(), "tracking")
     distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
     generation: GenerationConfig = f(GenerationConfig(), "rollout sampling")

@@ -353,6 +353,33 @@ def _no_cuda(value, ctx):
     return {}
 
 
+GEOMETRY_INPUT = "trl."  # prefix of the keys a geometry translation writes: read by config/geometry.py, not set
+
+
+def _geometry_input(value, ctx):
+    """gradient_accumulation_steps, generation_batch_size, steps_per_generation (online): kept as they are, under
+    ``trl.<name>``, and turned into ``algo.mini_batch_size`` / ``algo.rollout_batch_size`` once every source is merged
+    (:func:`~rlhfkit.config.geometry.trl_batch`: they also read per_device_train_batch_size and num_generations)."""
+    if value is None:
+        return {}
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise NoEquivalent(f"{ctx.name}={value!r} must be a whole number >= 1", f"give {ctx.name} a whole number")
+    return {GEOMETRY_INPUT + ctx.name: value}
+
+
+def _online_epochs(value, ctx):
+    return {"train.epochs": value, "algo.total_episodes": None}
+
+
+def _online_logging(value, ctx):
+    _logging_steps(value, ctx)
+    return {}
+
+
+def _online_eval_batch(value, ctx):
+    return {}
+
+
 # ───────────────────────────────────────────────── the table ──────────────────────────────────────────────────
 
 
@@ -420,6 +447,8 @@ TRL_NAMES: list[TrlName] = [
     TrlName("use_cpu", to=_no_cuda, doc="false: nothing to set; true refused (hide the GPUs: "
             "`CUDA_VISIBLE_DEVICES=`)"),
     TrlName("no_cuda", to=_no_cuda, doc="as `use_cpu`"),
+    TrlName("device", doc="rlhfkit trains on CUDA whenever a GPU is visible, else on the CPU (`args.device` is a "
+            "read-only property in TRL)", fix="hide the GPUs to train on the CPU: CUDA_VISIBLE_DEVICES= rlhfkit ..."),
     # ── tracking (TrainingArguments)
     TrlName("report_to", to=_report_to, doc="`track.backends` (jsonl is always written; none -> `[jsonl]`)"),
     TrlName("disable_tqdm", to=_disable_tqdm, doc="true -> `track.progress=false`"),
@@ -523,14 +552,22 @@ TRL_NAMES: list[TrlName] = [
               "the rollout / trainer mismatch correction is algo.off_policy (its own engine, no vLLM)",
               "set algo.off_policy.correction=tis|mis with algo.off_policy.level / cap / low / high",
               families=_ONLINE),
-    TrlName("max_steps", families=_ONLINE, doc="online recipes count the run in responses (algo.total_episodes), "
-            "not in optimizer updates", fix="set algo.total_episodes = max_steps x algo.mini_batch_size x processes "
-            "/ algo.ppo_epochs (one update per algo.mini_batch_size responses per process)", accepted=(None, -1)),
-    *_refused(("generation_batch_size", "steps_per_generation"),
-              "rlhfkit counts a rollout in prompts per process: algo.rollout_batch_size x algo.num_generations "
-              "responses, split into updates of algo.mini_batch_size",
-              "set algo.rollout_batch_size = generation_batch_size / num_generations / processes",
-              families=_ONLINE),
+    # ── the batch geometry of an online step, translated together once every source is merged (config/geometry.py:
+    #    TRL derives the update and the generation batch from per_device_train_batch_size; rlhfkit names them)
+    TrlName("gradient_accumulation_steps", to=_geometry_input, families=_ONLINE,
+            doc="`algo.mini_batch_size` = per_device_train_batch_size x G (TRL's samples per update per device)"),
+    TrlName("generation_batch_size", to=_geometry_input, families=_ONLINE,
+            doc="`algo.rollout_batch_size` = generation_batch_size / (num_generations x processes) (TRL counts "
+                "samples over every process, rlhfkit prompts per process)"),
+    TrlName("steps_per_generation", to=_geometry_input, families=_ONLINE,
+            doc="`algo.rollout_batch_size` = per_device_train_batch_size x S / num_generations (TRL's generation "
+                "batch is S micro-batches of every process)"),
+    TrlName("num_train_epochs", to=_online_epochs, families=_ONLINE,
+            doc="`train.epochs` with `algo.total_episodes=null` (the run is that many passes over the prompts)"),
+    TrlName("logging_steps", to=_online_logging, families=_ONLINE,
+            doc="nothing to set: the online recipes log one line per rollout step"),
+    TrlName("per_device_eval_batch_size", to=_online_eval_batch, families=_ONLINE,
+            doc="nothing to set: online evaluation generates 64 prompts at a time"),
     *_refused(("delta", "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos",
                "vespo_k_neg", "vespo_lambda_neg", "top_entropy_quantile", "use_adaptive_entropy", "entropy_coef_min",
                "entropy_coef_max", "entropy_coef_delta", "entropy_target", "multi_objective_aggregation",

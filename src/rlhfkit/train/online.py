@@ -35,9 +35,10 @@ import torch
 
 from .. import algos
 from ..config import OnlineConfig, replace
+from ..config.geometry import launched_world_size, step_block, step_geometry
 from ..data import PromptCollator
 from ..data.chat import stop_token_ids
-from ..errors import ConfigError
+from ..errors import ConfigError, say
 from ..models.loading import (
     describe,
     is_peft,
@@ -169,13 +170,11 @@ class OnlineTrainer:
         self.eval_prompts = tokenize(self.run, eval_recs, "prompt", self.tok, cfg, "eval prompts")
         self.collate = PromptCollator(self.tok.pad_token_id)
         world = self.run.world_size
-        per_step = cfg.algo.rollout_batch_size * self.k * world
-        self.total_steps = max(1, cfg.algo.total_episodes // per_step)
         self.per_epoch = len(self.prompts) // (cfg.algo.rollout_batch_size * world)
         if self.per_epoch == 0:
             raise _too_few_prompts(len(self.prompts), cfg.algo.rollout_batch_size, world)
-        batch = cfg.algo.rollout_batch_size * self.k  # its divisibility was checked when the config was built
-        self.updates_per_step = cfg.algo.ppo_epochs * (batch // cfg.algo.mini_batch_size)
+        geometry = step_geometry(cfg, world, len(self.prompts))  # its divisibility was checked at build
+        self.total_steps, self.updates_per_step = geometry.steps, geometry.updates_per_step
         # one update per rollout: the old policy IS the updated one, its log-probs the update's own (as TRL); step 4
         # skips that forward (ratio exactly 1, same gradient) unless step 5 needs them (KL in reward, correction,
         # a teacher's reward)
@@ -685,6 +684,7 @@ def run_online(cfg: OnlineConfig) -> dict:
 def _before_run(cfg: OnlineConfig) -> tuple[list, list]:
     """Before the run directory is looked at or weights load: the prompts, then the teacher's tokenizer (exit 2)."""
     records = load_records(cfg, "prompt")
+    say(step_block(cfg, launched_world_size(), len(records[0])))  # the step, and what differs from TRL's defaults
     if cfg.teacher.model:
         check_same_tokenizer(cfg.model.name, cfg.teacher.model, student_gguf=cfg.model.gguf_file)
     return records
