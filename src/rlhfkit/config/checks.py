@@ -293,16 +293,16 @@ def _inputs_common(cfg) -> None:
 
 def _note_precision(cfg) -> None:
     """``train.mixed_precision=bf16`` without CUDA (TRL's ``bf16=True`` default, carried over in a TRL config): said
-    in one line before anything loads (it runs, under the CPU's bf16 autocast: slower than float32 on most CPUs and
-    less precise)."""
+    in one line before anything loads (it runs, under the CPU's bf16 autocast: less precise, and slower than float32
+    on a CPU without bf16 units)."""
     if cfg.train.mixed_precision != "bf16":
         return
     import torch
 
     if not torch.cuda.is_available():
         say("[config] train.mixed_precision=bf16 (TRL's bf16=true) on a CPU: forwards run under the CPU's bf16 "
-            "autocast, slower than float32 on most CPUs and less precise; train.mixed_precision=auto trains in "
-            "float32 here")
+            "autocast, less precise and, on a CPU without bf16 units, slower than float32; "
+            "train.mixed_precision=auto trains in float32 here")
 
 
 def _check_chat_template(template: str | None) -> None:
