@@ -37,7 +37,7 @@ def _common_trl(k: int, beta: float) -> tuple[TrlDefault, ...]:
         TrlDefault("generation.top_k", 0, "top_k=0"),
         TrlDefault("optim.lr", 1e-6, "learning_rate=1e-6"),
         TrlDefault("optim.schedule", "linear", "lr_scheduler_type=linear"),
-        TrlDefault("optim.warmup_ratio", 0.0, "warmup_ratio=0"),
+        TrlDefault("optim.warmup_ratio", 0.0, "warmup_steps=0 (no warm-up)"),
         TrlDefault("optim.warmup_steps", 0, "warmup_steps=0"),
         TrlDefault("optim.weight_decay", 0.0, "weight_decay=0"),
         TrlDefault("optim.max_grad_norm", 1.0, "max_grad_norm=1.0"),
