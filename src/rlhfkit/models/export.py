@@ -10,7 +10,8 @@
 It then saves a full model directory (safetensors, config, tokenizer with its chat template, generation config)
 with :func:`~rlhfkit.models.loading.save_model`, RELOADS it with plain ``AutoModelForCausalLM`` (or
 ``AutoModelForSequenceClassification`` for reward models, told apart by ``config.architectures``) and checks that
-the logits on a probe conversation match the weights written (within the tolerance of their dtype), and that the
+the logits on a probe conversation match the weights written (within the tolerance of their dtype; in the source's
+dtype they must match the source too: a LoRA merge is checked against the unmerged base + adapter), and that the
 reloaded tokenizer renders and tokenises the probe identically. How far the written dtype moved the logits from
 the source's float32 weights (the unmerged base + adapter for LoRA) is printed beside.
 
@@ -333,6 +334,11 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None, d
     note = "" if target == src_dtype else (
         f"; logits {drift['max_abs_diff']:.2e} from the {str(src_dtype).removeprefix('torch.')} weights at most")
     what = "base + adapter (unmerged)" if loc.kind == "lora" else "the source model"
+    if target == src_dtype and not drift["ok"]:  # the merge itself (LoRA) must reproduce the unmerged model
+        raise ModelError(f"the merged model does not reproduce {what}: max |logit difference| "
+                         f"{drift['max_abs_diff']:.3g} > tolerance {drift['tolerance']:.3g}", where=str(out),
+                         fix="report this with the model's architecture; the export is not safe to use")
+    same = f", as {what} does (max |diff| {drift['max_abs_diff']:.2e})" if target == src_dtype else ""
     if not torch.isfinite(written_logits).all():  # float16 overflows past 65504: the model is broken, not rounded
         raise ModelError(f"in {str(target).removeprefix('torch.')} the model's logits are not finite (a weight or an "
                          "activation past the dtype's range)", where=str(out),
@@ -340,9 +346,9 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None, d
     other = "" if dtype != "auto" or target == torch.float32 else "; --dtype float32 for full precision"
     dtype_text = f"{str(target).removeprefix('torch.')} ({why}{other})"
     if gguf_out:
-        _export_gguf(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note)
+        _export_gguf(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note, same)
     else:
-        _export_dir(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note, what)
+        _export_dir(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note, same)
     if loc.kind == "lora" and loc.model_dir is not None:
         saved = _load_full(loc.model_dir)
         again = compare(ref_logits, _logits(saved, inputs), src_dtype)
@@ -359,7 +365,7 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None, d
     return out
 
 
-def _export_dir(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str, what: str) -> None:
+def _export_dir(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str, same: str) -> None:
     """2-3 for a model directory: save, reload with plain transformers in ``dtype``, compare."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -378,11 +384,11 @@ def _export_dir(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_
     tok_ok = text2 == text and list(ids2) == inputs["input_ids"][0].tolist()
     _verdict(check, tok_ok, out)
     say(f"[export] verified: reloaded with {cls.__name__}; logits on a {inputs['input_ids'].shape[1]}-token probe "
-        f"match the weights written (max |diff| {check['max_abs_diff']:.2e} <= {check['tolerance']:.1e}); "
+        f"match the weights written (max |diff| {check['max_abs_diff']:.2e} <= {check['tolerance']:.1e}){same}; "
         "tokenizer + chat template reproduce the same ids")
 
 
-def _export_gguf(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str) -> None:
+def _export_gguf(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str, same: str) -> None:
     """2-3 for a GGUF file: write it, convert it back with rlhfkit's GGUF loader into a temporary directory, load
     that (float32, as every GGUF run loads), compare with the weights written."""
     import tempfile
@@ -410,8 +416,8 @@ def _export_gguf(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype
     _verdict(check, tok_ok, out)
     say(f"[export] verified: {out.name} reloaded with rlhfkit's GGUF loader (model.name={out}); logits on a "
         f"{inputs['input_ids'].shape[1]}-token probe match the weights written (max |diff| "
-        f"{check['max_abs_diff']:.2e} <= {check['tolerance']:.1e}); its tokenizer gives the same ids and keeps the "
-        "chat template")
+        f"{check['max_abs_diff']:.2e} <= {check['tolerance']:.1e}){same}; its tokenizer gives the same ids and keeps "
+        "the chat template")
 
 
 def _verdict(check: dict, tok_ok: bool, out: Path) -> None:
