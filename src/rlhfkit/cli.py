@@ -7,7 +7,8 @@ SIGTERM / SIGUSR1 with a checkpoint (``train/stop.py``); any other exception is 
 torchrun followed by one line naming the rank, exit 1).
 
 Overrides of a training command may be written ``key.sub=value``, ``--key.sub value`` or ``--key.sub=value``;
-dashes in a ``--`` key become underscores (``--output-dir x`` is ``output_dir=x``).
+dashes in a ``--`` key become underscores (``--output-dir x`` is ``output_dir=x``); ``--field NAME=COLUMN`` is
+``data.fields.NAME=COLUMN``, as ``rlhfkit eval --field`` takes it (which takes ``data.fields.NAME=COLUMN`` too).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ OTHER_COMMANDS: dict[str, str] = {
     "quickstart": "make the built-in task's data and run SFT -> RM -> PPO on a tiny model, with a report",
     "eval": "evaluate a model: gold metric, reward functions, reward-model score, win rate vs a reference",
     "generate": "chat with a model through its chat template (one --prompt, or an interactive loop)",
-    "export": "write a full merged model directory (LoRA merged) and verify that it reloads identically",
+    "export": "write a full merged model directory (LoRA merged) or a GGUF file, in the model's own dtype, and verify "
+              "that it reloads identically",
     "data": "data helpers: `rlhfkit data make TASK --out DIR` writes a built-in task's files (quickstart, calculator, "
             "arithmetic)",
     "config": "config helpers: `rlhfkit config show RECIPE` prints the commented default config",
@@ -111,7 +113,8 @@ def split_overrides(tokens: list[str]) -> tuple[str | None, list[str]]:
                     i += 1
                 else:
                     value = "true"
-            overrides.append(f"{key.replace('-', '_')}={value}")
+            key = key.replace("-", "_")
+            overrides.append(f"data.fields.{_field_item(value)}" if key in ("field", "fields") else f"{key}={value}")
         elif "=" in tok and not tok.startswith("-"):
             overrides.append(tok)
         elif tok.startswith("-"):
@@ -164,8 +167,9 @@ def build_parser() -> _Parser:
     p.add_argument("--functions", nargs="+", action="extend", default=[], metavar="SPEC",
                    help="reward functions: package.module:function, file.py:function or a built-in name")
     p.add_argument("--field", dest="fields", action="append", default=[], metavar="NAME=COLUMN",
-                   help="map a canonical field to your column, as data.fields does in training "
-                        "(e.g. --field prompt=question --field answer=solution)")
+                   help="map a canonical field to your column, as data.fields does in training, either spelling "
+                        "(--field prompt=question or --field data.fields.prompt=question; a training command takes "
+                        "both too)")
     p.add_argument("--task", help="built-in task whose gold metric to compute (quickstart | calculator | arithmetic)")
     p.add_argument("--n", type=int, help="evaluate the first N prompts (default: all)")
     g = p.add_mutually_exclusive_group()
@@ -201,9 +205,13 @@ def build_parser() -> _Parser:
 
     p = sub.add_parser("export", help=OTHER_COMMANDS["export"], description=OTHER_COMMANDS["export"] + ".")
     p.add_argument("source", metavar="RUN_OR_DIR", help="run directory, model directory or LoRA adapter directory")
-    p.add_argument("--out", required=True, help="directory to write the merged model to")
+    p.add_argument("--out", required=True, help="directory to write the merged model to, or a file name ending in "
+                                                "'.gguf' for one GGUF file (llama.cpp; Llama-family models)")
     p.add_argument("--base", help="base model of a LoRA adapter (default: from the run's config.yaml or the "
                                   "adapter's config)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="dtype of the weights written (default auto: the model's own, as its first model was "
+                        "published, e.g. bfloat16 for SmolLM2; float32 keeps the trained float32 weights)")
 
     p = sub.add_parser("data", help=OTHER_COMMANDS["data"], description=OTHER_COMMANDS["data"] + ".")
     dsub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND", parser_class=_Parser, required=True)
@@ -254,7 +262,7 @@ _COMMON_KEYS = {  # recipe family -> the keys a newcomer sets first (help text r
     "reward": ("output_dir", "model.name", "data.train", "optim.lr", "train.batch_size", "train.epochs"),
     "online": ("output_dir", "model.name", "data.train", "reward.model", "reward.functions", "optim.lr",
                "algo.rollout_batch_size", "algo.num_generations", "algo.kl.coef", "generation.max_new_tokens",
-               "algo.total_episodes", "model.lora.enabled"),
+               "algo.total_episodes", "model.lora.enabled", "defaults"),
     "preference": ("output_dir", "model.name", "data.train", "algo.beta", "optim.lr", "train.batch_size",
                    "train.epochs", "model.lora.enabled"),
     "pipeline": ("output_dir", "task", "base_model", "stages"),
@@ -359,14 +367,23 @@ def _yaml_mapping(text: str, flag: str) -> dict:
     return value
 
 
+def _field_item(item: str) -> str:
+    """``--field`` as eval and training both take it: ``NAME=COLUMN``, or the config's own spelling
+    ``data.fields.NAME=COLUMN`` (``fields.NAME=COLUMN``), as ``NAME=COLUMN``."""
+    name, eq, column = item.partition("=")
+    name = name.strip()
+    name = name.removeprefix("data.fields.") if name.startswith("data.fields.") else name.removeprefix("fields.")
+    if not eq or not name or "." in name or not column.strip():
+        raise UsageError(f"bad --field {item!r}", where="--field",
+                         fix="write --field NAME=COLUMN (or data.fields.NAME=COLUMN), e.g. prompt=question")
+    return f"{name}={column.strip()}"
+
+
 def _field_map(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
-        name, eq, column = item.partition("=")
-        if not eq or not name.strip() or not column.strip():
-            raise UsageError(f"bad --field {item!r}", where="--field",
-                             fix="write --field NAME=COLUMN, e.g. prompt=question")
-        out[name.strip()] = column.strip()
+        name, _, column = _field_item(item).partition("=")
+        out[name] = column
     return out
 
 
@@ -384,7 +401,7 @@ def cmd_export(args) -> int:
     _quiet_libraries()
     from .models.export import export_model
 
-    export_model(args.source, args.out, base=args.base)
+    export_model(args.source, args.out, base=args.base, dtype=args.dtype)
     return EXIT_OK
 
 

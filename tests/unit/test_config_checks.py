@@ -134,8 +134,14 @@ def test_clip_names_go_to_the_chosen_policy_loss_section(capsys):
     assert (cfg.algo.gspo.clip_low, cfg.algo.gspo.clip_high) == (1e-3, 2e-3) and cfg.algo.ppo.clip_low == 0.2
     assert "algo.clip_low -> algo.gspo.clip_low" in capsys.readouterr().err
     assert build_config("grpo", {"cliprange": 0.15, "algo": {"policy_loss": "gspo"}}).algo.gspo.clip_low == 0.15
+    # the command line wins over the file whichever name either uses; one source with two values is an error
+    assert build_config("grpo", {"cliprange": 0.15}, ["algo.ppo.clip_low=0.3"]).algo.ppo.clip_low == 0.3
+    assert build_config("grpo", {"algo": {"ppo": {"clip_high": None}}}, ["epsilon_high=0.28"]).algo.ppo.clip_high \
+        == 0.28
     with pytest.raises(ConfigError, match="'cliprange' and 'algo.ppo.clip_low' are both set"):
-        build_config("grpo", {"cliprange": 0.15}, ["algo.ppo.clip_low=0.3"])
+        build_config("grpo", {"cliprange": 0.15, "algo": {"ppo": {"clip_low": 0.3}}})
+    with pytest.raises(ConfigError, match="'epsilon_high' and 'algo.ppo.clip_high' are both set"):
+        build_config("grpo", {}, ["epsilon_high=0.28", "algo.ppo.clip_high=0.3"])
     assert build_config("grpo", {"cliprange": 0.15}, ["algo.ppo.clip_low=0.15"]).algo.ppo.clip_low == 0.15
     assert not hasattr(cfg.algo, "clip_low")
 
@@ -198,7 +204,11 @@ def test_alias_notice_only_once_the_config_is_valid(capsys):
 
 
 def test_online_recipes_reject_grad_accum_they_would_ignore():
-    # TRL's gradient_accumulation_steps maps to train.grad_accum, which the online loop does not read: say so
+    # rlhfkit's own train.grad_accum is not read online: say where an update's size is set instead; TRL's
+    # gradient_accumulation_steps is translated (an update of per_device_train_batch_size x G samples)
     with pytest.raises(ConfigError, match="algo.mini_batch_size=16"):
-        build_config("grpo", {}, ["train.batch_size=8", "gradient_accumulation_steps=2"])
+        build_config("grpo", {}, ["train.batch_size=8", "train.grad_accum=2"])
+    assert build_config("grpo", {}, ["train.batch_size=8", "gradient_accumulation_steps=2"]).algo.mini_batch_size == 16
     assert build_config("sft", {}, ["gradient_accumulation_steps=2"]).train.grad_accum == 2
+
+

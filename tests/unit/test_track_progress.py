@@ -164,7 +164,8 @@ def test_plain_ticker_prints_during_a_long_phase_and_stops():
         time.sleep(0.05)  # the clock did not move: no second line
         assert len(console.file.getvalue().splitlines()) == n_lines
     lines = console.file.getvalue().splitlines()
-    assert lines[0] == "[grpo] 1/100 (1%) elapsed 0:00:31 eta 0:51:09 31.0 s/rollout [rollout 24/64 sequences]"
+    # the first step took no time, the one in progress 31 s so far: it counts as a step of at least 31 s
+    assert lines[0] == "[grpo] 1/100 (1%) elapsed 0:00:31 eta 0:25:19 15.5 s/rollout [rollout 24/64 sequences]"
     assert bar._ticker is not None and not bar._ticker.is_alive()  # stopped and joined by close()
 
 
@@ -310,4 +311,9 @@ def test_gguf_one_time_conversion_says_what_and_where(tmp_path, monkeypatch, cap
                         f"model directory in {first} (about 30 s per 100M parameters; set RLHFKIT_CACHE to cache "
                         "elsewhere)")
     assert lines[1].startswith("[gguf] converted in 0 s; later runs load") and first in lines[1]
-    assert lines[2] == f"[gguf] SmolLM2-135M.Q8_0.gguf: using the cached conversion in {first}"
+    assert len(lines) == 2  # converted here: the tokenizer, policy and reference resolving it again say nothing
+    monkeypatch.setattr(loading, "_GGUF_SAID", set())  # a later run (a new process)
+    for _ in range(3):
+        assert loading.resolve_source(str(gguf))[0] == first
+    assert capsys.readouterr().out.splitlines() == [
+        f"[gguf] SmolLM2-135M.Q8_0.gguf: using the cached conversion in {first}"]  # once a run

@@ -13,7 +13,11 @@ One job per module (each imports only those above it, plus ``errors``):
 * :mod:`.schema` — the field helper :func:`f` and every section and recipe dataclass;
 * :mod:`.recipes` — the recipe table :data:`RECIPES`;
 * :mod:`.trl` — the table of TRL's names: renamed, translated (``loss_type=dr_grpo``) or refused with why;
+* :mod:`.trl_defaults` — TRL 1.16's defaults per recipe as rlhfkit settings (``defaults=trl``);
+* :mod:`.geometry` — the online step's batch geometry, TRL's derivation of it, the block every online run starts
+  with (what differs from TRL's defaults);
 * :mod:`.aliases` — applying that table while a config is built (``learning_rate`` -> ``optim.lr``), logged once;
+  the sources in order (defaults < file < command line, whichever names) and the did-you-mean;
 * :mod:`.parse` — YAML, dotted overrides, coercion with bounds and did-you-mean, :func:`build_config`,
   :func:`dump_yaml`.
 """

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, say
 from .choices import TRACKER_PACKAGES, known_backends
 from .splits import parse_split
 
@@ -237,12 +237,16 @@ def _check_online(cfg) -> None:
             f"train.grad_accum={cfg.train.grad_accum} is not read by the online recipes: an update accumulates "
             "algo.mini_batch_size / train.batch_size micro-batches", where="train.grad_accum",
             fix=f"set train.grad_accum=1 and algo.mini_batch_size={cfg.train.batch_size * cfg.train.grad_accum}")
-    batch = algo.rollout_batch_size * algo.num_generations
-    if batch % algo.mini_batch_size or algo.mini_batch_size % cfg.train.batch_size:
-        raise ConfigError(
-            f"rollout batch {batch} (= rollout_batch_size x num_generations) must split into mini-batches of "
-            f"{algo.mini_batch_size}, and those into micro-batches of train.batch_size={cfg.train.batch_size}",
-            where="algo.mini_batch_size", fix="choose divisors")
+    from .geometry import check_split
+
+    check_split(cfg)  # the step's samples split into updates and micro-batches, or the nearest values that do
+    if est.group_based and cfg.generation.temperature == 0:
+        raise ConfigError(f"generation.temperature=0 (greedy) makes the {algo.num_generations} completions of a prompt "
+                          f"identical: every group ties and {algo.advantage} learns nothing",
+                          where="generation.temperature", fix="sample: generation.temperature=1.0 (TRL's default)")
+    if cfg.train.log_every != 1:
+        raise ConfigError(f"train.log_every={cfg.train.log_every} is not read by the online recipes: they log one line "
+                          "per rollout step", where="train.log_every", fix="remove it (train.log_every=1)")
     for i, fn in enumerate(cfg.reward.functions):
         if not fn.fn.strip():
             raise ConfigError(f"reward.functions[{i}] names no function", where=f"reward.functions[{i}].fn",
@@ -298,6 +302,7 @@ def require_model(cfg) -> None:
 
 def _inputs_common(cfg) -> None:
     require_model(cfg)
+    _note_precision(cfg)
 
     _inputs_distributed(cfg)
     if not cfg.data.train:
@@ -306,6 +311,20 @@ def _inputs_common(cfg) -> None:
     _check_chat_template(cfg.model.chat_template)
     _check_model_source(cfg.model.name, "model.name")
     _check_model_source(getattr(cfg, "ref_model", None), "ref_model")
+
+
+def _note_precision(cfg) -> None:
+    """``train.mixed_precision=bf16`` without CUDA (TRL's ``bf16=True`` default, carried over in a TRL config): said
+    in one line before anything loads (it runs, under the CPU's bf16 autocast: less precise, and slower than float32
+    on a CPU without bf16 units)."""
+    if cfg.train.mixed_precision != "bf16":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        say("[config] train.mixed_precision=bf16 (TRL's bf16=true) on a CPU: forwards run under the CPU's bf16 "
+            "autocast, less precise and, on a CPU without bf16 units, slower than float32; "
+            "train.mixed_precision=auto trains in float32 here")
 
 
 def _check_chat_template(template: str | None) -> None:
@@ -330,6 +349,9 @@ def _inputs_online(cfg) -> None:
                           where="reward", fix="set reward.model=runs/rm, reward.functions=[{fn: exact_match}], "
                                               "reward.remote.url, env.name or teacher.model")
     est = algos.ADVANTAGE_ESTIMATORS[cfg.algo.advantage]
+    if cfg.generation.temperature == 0:  # group estimators refuse it when the config is built
+        say("[config] generation.temperature=0: greedy rollouts explore nothing, and the policy is trained on "
+            "log-probs of a distribution it did not sample from (set generation.temperature=1.0 for on-policy RL)")
     if est.needs_teacher and not cfg.teacher.model:
         raise ConfigError(f"algo.advantage={cfg.algo.advantage} learns from a teacher and none is set",
                           where="teacher.model", fix="set teacher.model=runs/teacher (an HF or run directory, or a "

@@ -7,6 +7,7 @@ file.
 from __future__ import annotations
 
 STATIC_CHOICES: dict[str, tuple[str, ...]] = {
+    "defaults": ("rlhfkit", "trl"),
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "data.format": ("auto", "sft", "preference", "prompt", "unpaired"),
     "data.overflow": ("truncate", "drop", "error"),

@@ -64,8 +64,21 @@ import yaml
 
 from .. import files
 from ..errors import ConfigError
-from .aliases import _begin_aliases, _flush_aliases, apply_trl_names, move_policy_settings, split_trl_names, trl_entry
+from .aliases import (
+    FILE,
+    Origins,
+    _begin_aliases,
+    _flush_aliases,
+    apply_command_line,
+    apply_trl_names,
+    base_tree,
+    defaults_mode,
+    finish,
+    split_trl_names,
+    suggest_key,
+)
 from .choices import choices_of
+from .geometry import launched_world_size
 from .recipes import RECIPES
 from .schema import key_of
 from .trl import TRL_NAMES
@@ -268,7 +281,7 @@ def _check_bounds(value, meta, path: str, source: str) -> None:
                                   fix=f"set {path} to a value {limits}", key=path)
 
 
-def _build(cls, data: dict, prefix: str, source: str, base=None):
+def _build(cls, data: dict, prefix: str, source: str, base=None, root=None):
     """``cls`` with the keys of ``data`` set on top of ``base`` (default: the class defaults). Nested sections start
     from the parent's default for that field, so a recipe's own defaults survive a partial override."""
     base = base if base is not None else cls()
@@ -281,12 +294,12 @@ def _build(cls, data: dict, prefix: str, source: str, base=None):
         if key not in names:
             raise ConfigError(
                 f"unknown key '{path}'", where=source,
-                fix=_did_you_mean(str(key), names, f"{prefix}." if prefix else ""), key=path,
+                fix=suggest_key(path, root or cls, names, f"{prefix}." if prefix else ""), key=path,
             )
         name = fields_by_key[key].name
         current = getattr(base, name)
         if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            kwargs[name] = _build(type(current), value, path, source, base=current)
+            kwargs[name] = _build(type(current), value, path, source, base=current, root=root or cls)
             continue
         coerced = _coerce(value, hints[name], path, source)
         _check_bounds(coerced, fields_by_key[key].metadata, path, source)
@@ -337,17 +350,6 @@ def _looks_like_sci(raw: str) -> bool:
     except ValueError:
         return False
     return any(c in raw.lower() for c in "e") and not raw.strip().lower().startswith(("inf", "nan"))
-
-
-def _set_path(tree: dict, keys: list[str], value: Any) -> None:
-    node = tree
-    for k in keys[:-1]:
-        nxt = node.get(k)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            node[k] = nxt
-        node = nxt
-    node[keys[-1]] = value
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -454,7 +456,9 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
     spec = RECIPES[recipe]
     _begin_aliases()
     data, file_trl = split_trl_names(copy.deepcopy(data or {}), recipe)
-    tree = _merge(copy.deepcopy(spec.defaults), data)  # never mutate shared defaults
+    parsed = [parse_override(item) for item in overrides]
+    origins = Origins(defaults_mode(recipe, data, parsed, source))  # defaults=trl: TRL's defaults under the file
+    tree = _merge(base_tree(recipe, origins.mode), data)  # never mutate shared defaults
     file_recipe = tree.get("recipe", recipe)
     if file_recipe not in RECIPES or RECIPES[file_recipe].config is not spec.config:
         raise ConfigError(
@@ -462,19 +466,11 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
             fix=f"run `rlhfkit {file_recipe} ...` or use a {recipe} config",
         )
     tree["recipe"] = recipe if data.get("recipe") is None else file_recipe
-    apply_trl_names(tree, file_trl, recipe, source, direct=data)  # TRL's names: renamed, translated or refused
-    own = {fl.name for fl in dataclasses.fields(spec.config)}
-    parsed = [parse_override(item) for item in overrides]
-    cli_trl = {keys[0]: value for keys, value in parsed
-               if len(keys) == 1 and keys[0] not in own and trl_entry(keys[0], recipe, "command line")}
-    written: dict = {}
-    for keys, value in parsed:
-        if len(keys) == 1 and keys[0] in cli_trl:  # in command-line order, so a later override still wins
-            apply_trl_names(tree, {keys[0]: value}, recipe, "command line", given=cli_trl, written=written)
-        else:
-            _set_path(tree, keys, value)
+    origins.set_tree(data, FILE)
+    apply_trl_names(tree, file_trl, recipe, source, direct=data, origins=origins)  # renamed, translated or refused
+    apply_command_line(tree, parsed, recipe, origins)  # the command line wins over the file, whichever names
     src = source if not overrides else f"{source} + overrides"
-    move_policy_settings(tree, recipe, src)
+    finish(tree, recipe, src, origins, launched_world_size())  # policy-loss sections, TRL's batch geometry
     cfg = _build(spec.config, tree, "", src)
     cfg.check()
     _flush_aliases()

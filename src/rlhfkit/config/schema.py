@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import keyword
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +22,7 @@ from .checks import (
     check_output_dir,
     raise_no_model,
 )
+from .keys import field_of, key_of  # noqa: F401 - re-exported
 
 
 def f(default, help: str, **kw):  # noqa: A002 - short helper for fields with help text
@@ -30,17 +30,6 @@ def f(default, help: str, **kw):  # noqa: A002 - short helper for fields with he
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return field(default_factory=lambda d=default: copy.deepcopy(d), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
-
-
-def key_of(name: str) -> str:
-    """The config key of a field: its name, except that a field named after a Python keyword carries a trailing
-    underscore that its key does not (the field ``async_`` is the key ``algo.async``)."""
-    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
-
-
-def field_of(key: str) -> str:
-    """The field name of config key ``key`` (the inverse of :func:`key_of`)."""
-    return f"{key}_" if keyword.iskeyword(key) else key
 
 
 # ─────────────────────────────────────────────── shared sections ──────────────────────────────────────────────
@@ -438,7 +427,9 @@ class OnlineAlgoConfig:
     async_: AsyncConfig = f(AsyncConfig(), "rollouts and updates at once on separate processes (key: algo.async)")
     off_policy: OffPolicyConfig = f(OffPolicyConfig(), "correction for the gap between the rollout engine's sampling "
                                     "log-probs and the trainer's (metrics rollout/* are always logged)")
-    total_episodes: int = f(1024, "responses to generate over the whole run", ge=1)
+    total_episodes: int | None = f(1024, "samples (responses) to generate over the whole run, every process together; "
+                                         "null = train.epochs passes over the prompts (train.max_steps > 0, in "
+                                         "optimizer updates, wins over both)", ge=1)
 
     @property
     def correction(self) -> str:
@@ -552,12 +543,18 @@ class RewardModelConfig:
 @dataclass(frozen=True)
 class OnlineConfig:
     recipe: str = f("ppo", "ppo | grpo | rloo | reinforce | distill | online-dpo")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's GRPOConfig / RLOOConfig defaults under the config file "
+                                 "(grpo, rloo): 1 PPO epoch, KL 0 (grpo), loss_type dapo, 8 (grpo) or 2 (rloo) "
+                                 "generations, TRL's batch geometry from train.batch_size (its "
+                                 "per_device_train_batch_size), ...; the run prints what still differs")
     output_dir: str = f("runs/ppo", "run directory")
     model: ModelConfig = f(ModelConfig(), "policy (actor)")
     ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")
     data: DataConfig = f(DataConfig(format="prompt"), "prompts (extra fields go to reward functions)")
     optim: OptimConfig = f(OptimConfig(lr=1e-6, schedule="constant"), "actor optimizer")
-    train: TrainConfig = f(TrainConfig(), "loop (batch_size = micro-batch of forward/backward)")
+    train: TrainConfig = f(TrainConfig(), "loop (batch_size = micro-batch of forward/backward; max_steps = optimizer "
+                                          "updates, rounded up to whole rollout steps; epochs = passes over the "
+                                          "prompts when algo.total_episodes is null)")
     track: TrackConfig = f(TrackConfig(), "tracking")
     distributed: DistributedConfig = f(DistributedConfig(), "multi-device strategy (see `rlhfkit plan`)")
     generation: GenerationConfig = f(GenerationConfig(), "rollout sampling")

@@ -10,8 +10,21 @@
 It then saves a full model directory (safetensors, config, tokenizer with its chat template, generation config)
 with :func:`~rlhfkit.models.loading.save_model`, RELOADS it with plain ``AutoModelForCausalLM`` (or
 ``AutoModelForSequenceClassification`` for reward models, told apart by ``config.architectures``) and checks that
-the logits on a probe conversation match the source's (the unmerged base + adapter for LoRA) within a tolerance,
-and that the reloaded tokenizer renders and tokenises the probe identically.
+the logits on a probe conversation match the weights written (within the tolerance of their dtype; in the source's
+dtype they must match the source too: a LoRA merge is checked against the unmerged base + adapter), and that the
+reloaded tokenizer renders and tokenises the probe identically. How far the written dtype moved the logits from
+the source's float32 weights (the unmerged base + adapter for LoRA) is printed beside.
+
+**Dtype** (:func:`own_dtype`): the model's own by default, the dtype its first model was published in, followed
+through the chain of runs (a run's ``config.yaml`` names the model it started from: a PPO run of an SFT run of
+SmolLM2 is bfloat16 as SmolLM2 is), since rlhfkit trains float32 master weights and its run directories say float32:
+a 7B model is then 14 GB, not 28. ``model.dtype`` set in a run wins; ``dtype="float32"`` keeps the trained weights
+bit for bit. A quantized GGUF base (Q4_1, ...) has no float dtype of its own: bfloat16.
+
+**GGUF** (``out`` ending in ``.gguf``): one file llama.cpp loads, written by :mod:`.gguf_write` (Llama-family models
+with byte-level BPE tokenizers; the rest is refused in one line naming llama.cpp's converter), then RELOADED with
+rlhfkit's own GGUF loader (the dequantising conversion every ``model.name=file.gguf`` run uses, into a temporary
+directory) and checked the same way: logits against the weights written, and the probe's token ids.
 """
 
 from __future__ import annotations
@@ -81,6 +94,69 @@ def _seed_of(run_cfg: dict, run_dir: Path | None) -> int:
         raise ModelError(f"the run's train.seed is {seed!r}, not an integer", where=where,
                          fix="restore the integer rlhfkit wrote there, or give the base model with --base MODEL")
     return seed
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _declared_dtype(config: dict) -> torch.dtype | None:
+    """The dtype a ``config.json`` declares (``dtype`` in transformers 5, ``torch_dtype`` before)."""
+    name = config.get("dtype") or config.get("torch_dtype")
+    return _DTYPES.get(str(name).removeprefix("torch.")) if name else None
+
+
+def _gguf_dtype(path: Path) -> tuple[torch.dtype, str]:
+    try:
+        from gguf import GGMLQuantizationType, GGUFReader
+
+        kinds = {t.tensor_type for t in GGUFReader(str(path)).tensors if len(t.shape) > 1}
+    except (ImportError, OSError, ValueError):
+        return torch.bfloat16, f"{path.name}: its type unread"
+    if kinds == {GGMLQuantizationType.F32}:
+        return torch.float32, f"{path.name}: F32"
+    if kinds == {GGMLQuantizationType.F16}:
+        return torch.float16, f"{path.name}: F16"
+    if kinds == {GGMLQuantizationType.BF16}:
+        return torch.bfloat16, f"{path.name}: BF16"
+    return torch.bfloat16, f"{path.name}: quantized, no float dtype of its own"
+
+
+def own_dtype(src: str | Path, loc: Located, depth: int = 0) -> tuple[torch.dtype, str]:
+    """(the dtype a model is published in, where that was read): a run's ``model.dtype`` when set, else the model
+    it started from (its ``config.yaml``'s ``model.name``, followed through earlier runs), else the source's own
+    ``config.json``; a ``tiny`` model is float32."""
+    root = Path(src).expanduser()
+    run_dir = root if (root / "config.yaml").is_file() else (loc.adapter_dir.parent if loc.adapter_dir is not None
+                                                             and (loc.adapter_dir.parent / "config.yaml").is_file()
+                                                             else None)
+    model_cfg = (_run_config(run_dir).get("model") or {}) if run_dir is not None else {}
+    if str(model_cfg.get("dtype")) in _DTYPES:
+        return _DTYPES[model_cfg["dtype"]], f"model.dtype of {run_dir / 'config.yaml'}"
+    origin = loc.base if loc.kind == "lora" else model_cfg.get("name")
+    if origin and depth < 8:
+        if str(origin) == "tiny" or str(origin).startswith("tiny:"):
+            return torch.float32, "the built-in tiny model"
+        path = Path(str(origin)).expanduser()
+        gguf_file = model_cfg.get("gguf_file") if loc.kind != "lora" else loc.base_gguf
+        if path.suffix == ".gguf" or gguf_file:
+            return _gguf_dtype(path if path.suffix == ".gguf" else path / str(gguf_file))
+        if (path / "config.yaml").is_file() or (path / "adapter_config.json").is_file():
+            try:
+                return own_dtype(path, locate(path), depth + 1)
+            except ModelError:
+                pass
+        declared = _declared_dtype(_read_json(path / "config.json")) if path.is_dir() else None
+        if declared is None and not path.exists():  # a hub name: its cached config.json
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(str(origin), "config.json")
+            declared = _declared_dtype(_read_json(Path(cached))) if isinstance(cached, str) else None
+        if declared is not None:
+            return declared, f"config.json of {origin}"
+    declared = _declared_dtype(_read_json(loc.model_dir / "config.json")) if loc.model_dir is not None else None
+    if declared is not None:
+        return declared, f"config.json of {loc.model_dir}"
+    return torch.float32, "no dtype declared"
 
 
 def is_sequence_classifier(config: dict) -> bool:
@@ -206,23 +282,34 @@ def compare(reference: torch.Tensor, other: torch.Tensor, dtype: torch.dtype) ->
     return {"max_abs_diff": diff, "tolerance": tol, "ok": diff <= tol}
 
 
-def export_model(src: str | Path, out: str | Path, *, base: str | None = None,
+def export_model(src: str | Path, out: str | Path, *, base: str | None = None, dtype: str = "auto",
                  log: Callable[[str], None] | None = print) -> Path:
-    """Write ``src``'s model (LoRA merged) to ``out`` as a full model directory, reload it with plain
-    ``transformers`` and verify logits and tokenizer against the source. Returns ``out``."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
-
-    from .loading import save_model
-
+    """Write ``src``'s model (LoRA merged) to ``out`` (a model directory, or a GGUF file when ``out`` ends in
+    ``.gguf``) in ``dtype`` (``auto``: the model's own, :func:`own_dtype`), reload it and verify logits and
+    tokenizer against the weights written. Returns ``out``."""
     say = log or (lambda _text: None)
     out = Path(out).expanduser()
     srcp = Path(src).expanduser()
     if srcp.exists() and out.exists() and out.resolve() == srcp.resolve():
         raise ConfigError("--out is the source directory", where="--out",
                           fix="export to a new directory, e.g. --out exported/")
-    if out.is_file():
-        raise ConfigError(f"{out} is a file", where="--out", fix="give a directory path")
+    gguf_out = out.suffix.lower() == ".gguf"
+    if out.is_file() and not gguf_out:
+        raise ConfigError(f"{out} is a file", where="--out", fix="give a directory path (or a .gguf file name)")
+    if gguf_out and out.is_dir():
+        raise ConfigError(f"{out} is a directory", where="--out", fix="give a new .gguf file name")
+    if dtype != "auto" and dtype not in _DTYPES:
+        raise ConfigError(f"--dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}", where="--dtype",
+                          fix="use --dtype auto (the model's own), float32, bfloat16 or float16")
+    if gguf_out:
+        from .gguf_write import DTYPES  # noqa: F401 - the gguf package: named before anything loads
+        try:
+            import gguf  # noqa: F401
+        except ImportError:
+            raise ConfigError("writing GGUF needs the `gguf` package", where="--out",
+                              fix="pip install 'rlhfkit[gguf]'") from None
     loc = locate(src, base)
+    target, why = (_DTYPES[dtype], "--dtype") if dtype != "auto" else own_dtype(src, loc)
 
     # 1. the source model and its probe logits
     tok = _load_tokenizer(loc)
@@ -233,41 +320,38 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None,
     else:
         source = _load_full(loc.model_dir)
         say(f"[export] {src}: full model {type(source).__name__} from {loc.model_dir}")
-    dtype = _dtype_of(source)
+    src_dtype = _dtype_of(source)
     ref_logits = _logits(source, inputs)
     merged = source.merge_and_unload() if loc.kind == "lora" else source
+    if gguf_out:
+        from .gguf_write import check_writable
 
-    # 2. save a full model directory (tokenizer and chat template included)
-    save_model(merged, tok, out)
-    say(f"[export] wrote {out} ({dtype}, {sum(p.numel() for p in merged.parameters()) / 1e6:.2f}M parameters)")
-
-    # 3. reload with plain transformers and compare
-    config = _read_json(out / "config.json")
-    reward = is_sequence_classifier(config)
-    cls = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
-    reloaded = cls.from_pretrained(str(out), dtype=dtype, local_files_only=True)
-    reloaded.eval()
-    check = compare(ref_logits, _logits(reloaded, inputs), dtype)
-    tok2 = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
-    text2 = tok2.apply_chat_template(PROBE, tokenize=False)
-    ids2 = tok2(text2, add_special_tokens=False)["input_ids"]
-    tok_ok = text2 == text and list(ids2) == inputs["input_ids"][0].tolist()
+        check_writable(merged, tok)  # before the cast and the write: one line for what GGUF cannot hold
+    for param in merged.parameters():  # the parameters only: buffers (rotary inv_freq) stay as a reload makes them
+        param.data = param.data.to(target)
+    written_logits = _logits(merged, inputs)  # the weights as written: what the reload must reproduce
+    drift = compare(ref_logits, written_logits, target)
+    note = "" if target == src_dtype else (
+        f"; logits {drift['max_abs_diff']:.2e} from the {str(src_dtype).removeprefix('torch.')} weights at most")
     what = "base + adapter (unmerged)" if loc.kind == "lora" else "the source model"
-    if not check["ok"]:
-        raise ModelError(
-            f"the exported model does not reproduce {what}: max |logit difference| {check['max_abs_diff']:.3g} > "
-            f"tolerance {check['tolerance']:.3g}", where=str(out),
-            fix="report this with the model's architecture; the export is not safe to use",
-        )
-    if not tok_ok:
-        raise ModelError("the exported tokenizer renders or tokenises the chat template differently", where=str(out),
-                         fix="report this with the tokenizer's name; the export is not safe to use")
-    say(f"[export] verified: reloaded with {cls.__name__}; logits on a {inputs['input_ids'].shape[1]}-token probe "
-        f"match {what} (max |diff| {check['max_abs_diff']:.2e} <= {check['tolerance']:.1e}); "
-        "tokenizer + chat template reproduce the same ids")
+    if target == src_dtype and not drift["ok"]:  # the merge itself (LoRA) must reproduce the unmerged model
+        raise ModelError(f"the merged model does not reproduce {what}: max |logit difference| "
+                         f"{drift['max_abs_diff']:.3g} > tolerance {drift['tolerance']:.3g}", where=str(out),
+                         fix="report this with the model's architecture; the export is not safe to use")
+    same = f", as {what} does (max |diff| {drift['max_abs_diff']:.2e})" if target == src_dtype else ""
+    if not torch.isfinite(written_logits).all():  # float16 overflows past 65504: the model is broken, not rounded
+        raise ModelError(f"in {str(target).removeprefix('torch.')} the model's logits are not finite (a weight or an "
+                         "activation past the dtype's range)", where=str(out),
+                         fix="export with --dtype bfloat16 or --dtype float32")
+    other = "" if dtype != "auto" or target == torch.float32 else "; --dtype float32 for full precision"
+    dtype_text = f"{str(target).removeprefix('torch.')} ({why}{other})"
+    if gguf_out:
+        _export_gguf(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note, same)
+    else:
+        _export_dir(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note, same)
     if loc.kind == "lora" and loc.model_dir is not None:
         saved = _load_full(loc.model_dir)
-        again = compare(ref_logits, _logits(saved, inputs), dtype)
+        again = compare(ref_logits, _logits(saved, inputs), src_dtype)
         if not again["ok"] and base is None:
             raise ModelError(
                 f"base {loc.base!r} + the adapter does not reproduce the run's merged model at {loc.model_dir} "
@@ -279,3 +363,70 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None,
                else f"differs from --base + adapter (max |diff| {again['max_abs_diff']:.3g}), as expected "
                     "for another base"))
     return out
+
+
+def _export_dir(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str, same: str) -> None:
+    """2-3 for a model directory: save, reload with plain transformers in ``dtype``, compare."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from .loading import save_model
+
+    save_model(merged, tok, out)
+    say(f"[export] wrote {out} in {dtype_text}, {sum(p.numel() for p in merged.parameters()) / 1e6:.2f}M parameters")
+    config = _read_json(out / "config.json")
+    cls = AutoModelForSequenceClassification if is_sequence_classifier(config) else AutoModelForCausalLM
+    reloaded = cls.from_pretrained(str(out), dtype=dtype, local_files_only=True)
+    reloaded.eval()
+    check = compare(logits, _logits(reloaded, inputs), dtype)
+    tok2 = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    text2 = tok2.apply_chat_template(PROBE, tokenize=False)
+    ids2 = tok2(text2, add_special_tokens=False)["input_ids"]
+    tok_ok = text2 == text and list(ids2) == inputs["input_ids"][0].tolist()
+    _verdict(check, tok_ok, out)
+    say(f"[export] verified: reloaded with {cls.__name__}; logits on a {inputs['input_ids'].shape[1]}-token probe "
+        f"match the weights written (max |diff| {check['max_abs_diff']:.2e} <= {check['tolerance']:.1e}){same}; "
+        "tokenizer + chat template reproduce the same ids")
+
+
+def _export_gguf(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str, same: str) -> None:
+    """2-3 for a GGUF file: write it, convert it back with rlhfkit's GGUF loader into a temporary directory, load
+    that (float32, as every GGUF run loads), compare with the weights written."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .gguf_write import write_gguf
+    from .loading import _convert_gguf
+
+    info = write_gguf(merged, tok, out, dtype)
+    pre = "" if info["pre"] != "default" else (" (its split rule is not one llama.cpp names: written as 'default', "
+                                               "llama.cpp then splits text as GPT-2 does)")
+    say(f"[export] wrote {out}: GGUF {info['architecture']}, {info['type']} tensors in {dtype_text}, "
+        f"{info['bytes'] / 1e6:.1f} MB, tokenizer gpt2 / pre {info['pre']}{pre}")
+    with tempfile.TemporaryDirectory(prefix="rlhfkit-gguf-check-", dir=out.parent) as tmp:
+        back = Path(tmp) / "model"
+        _convert_gguf(out, back)
+        reloaded = AutoModelForCausalLM.from_pretrained(str(back), dtype=torch.float32, local_files_only=True)
+        reloaded.eval()
+        exact = _logits(merged.float(), inputs)  # the written values, computed as the reload computes them
+        check = compare(exact, _logits(reloaded, inputs), torch.float32)
+        tok2 = AutoTokenizer.from_pretrained(str(back), local_files_only=True)
+        ids2 = tok2(text, add_special_tokens=False)["input_ids"]
+        tok_ok = list(ids2) == inputs["input_ids"][0].tolist() and bool(getattr(tok2, "chat_template", None))
+    _verdict(check, tok_ok, out)
+    say(f"[export] verified: {out.name} reloaded with rlhfkit's GGUF loader (model.name={out}); logits on a "
+        f"{inputs['input_ids'].shape[1]}-token probe match the weights written (max |diff| "
+        f"{check['max_abs_diff']:.2e} <= {check['tolerance']:.1e}){same}; its tokenizer gives the same ids and keeps "
+        "the chat template")
+
+
+def _verdict(check: dict, tok_ok: bool, out: Path) -> None:
+    if not check["ok"]:
+        raise ModelError(
+            f"the exported model does not reproduce the weights written: max |logit difference| "
+            f"{check['max_abs_diff']:.3g} > tolerance {check['tolerance']:.3g}", where=str(out),
+            fix="report this with the model's architecture; the export is not safe to use",
+        )
+    if not tok_ok:
+        raise ModelError("the exported tokenizer renders or tokenises the chat template differently", where=str(out),
+                         fix="report this with the tokenizer's name; the export is not safe to use")

@@ -12,6 +12,7 @@ with its chat template + ``generation_config.json``), loadable by ``AutoModelFor
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -62,6 +63,9 @@ def is_tiny(name: str) -> bool:
     return name == "tiny" or name.startswith("tiny:")
 
 
+_GGUF_SAID: set[Path] = set()  # GGUF conversions this process has named (converted or found in the cache)
+
+
 def _gguf_cache_dir(gguf_path: Path) -> Path:
     st = gguf_path.stat()
     key = hashlib.sha1(f"{gguf_path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
@@ -91,8 +95,9 @@ def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | 
             _convert_gguf(gguf_path, cache)
             _say(f"[gguf] converted in {time.time() - started:.0f} s; later runs load {cache} directly "
                  "(delete it to convert again)")
-        else:
+        elif cache not in _GGUF_SAID:  # the tokenizer, the policy, the reference... each resolve it: said once
             _say(f"[gguf] {gguf_path.name}: using the cached conversion in {cache}")
+        _GGUF_SAID.add(cache)
         return str(cache), None
     if path.exists():
         if path.is_dir() and not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
@@ -122,9 +127,10 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
         raise ModelError("loading GGUF files needs the `gguf` package", where="model.name",
                          fix="pip install 'rlhfkit[gguf]'") from None
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # per process: two runs converting at once never clash
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32,
-                                                 **_gguf_dequantize_kwargs())
+    with _no_tqdm_off_a_terminal():
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                                     dtype=torch.float32, **_gguf_dequantize_kwargs())
     _drop_gguf_quantizer(model, gguf_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with files.writing(out, need=files.model_nbytes(model), cleanup=[tmp], what="the model converted from GGUF",
@@ -138,6 +144,29 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         if not (out / "config.json").is_file():
             raise
+
+
+@contextlib.contextmanager
+def _no_tqdm_off_a_terminal():
+    """transformers' GGUF reader draws a tqdm bar of its own (``tqdm.auto``, which transformers' progress-bar switch
+    does not reach); off a terminal its ``\\r`` redraws became one 1,700-character line in piped logs. Silenced
+    there (rlhfkit's own line says the conversion runs and how long it takes); kept on a terminal."""
+    import sys
+
+    if sys.stderr.isatty():
+        yield
+        return
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - older transformers
+        yield
+        return
+    original = gguf_utils.tqdm
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def _gguf_dequantize_kwargs() -> dict:

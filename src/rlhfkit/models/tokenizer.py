@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data.chat import stop_token_ids
-from ..errors import ModelError
+from ..errors import ModelError, say
 from .tiny import ASSET_DIR
 
 DEFAULT_CHAT_TEMPLATE = (
@@ -84,11 +84,16 @@ def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, where: st
             fix="give a local Hugging Face model directory (with its tokenizer files), a cached hub name, a .gguf "
                 "file or 'tiny'",
         ) from None
-    return prepare_tokenizer(tok)
+    return prepare_tokenizer(tok, name=None if name_or_path.startswith("tiny") else gguf_file or name_or_path)
 
 
-def prepare_tokenizer(tok):
-    """Give ``tok`` a pad token and a chat template when it lacks them (see module docstring). Returns ``tok``."""
+_FALLBACK_SAID: set[str] = set()  # models whose missing chat template this process has named
+
+
+def prepare_tokenizer(tok, name: str | None = None):
+    """Give ``tok`` a pad token and a chat template when it lacks them (see module docstring). Returns ``tok``.
+    ``name``: the model the tokenizer is of; when it gets rlhfkit's ChatML template, one line says so (once per
+    model and process), since a chat model's own template may differ (system prompt, tool format, spacing)."""
     if tok.pad_token is None:
         tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
         if tok.pad_token is None:
@@ -105,6 +110,11 @@ def prepare_tokenizer(tok):
                 fix="use a tokenizer that has a chat template (an instruct model's), or set model.chat_template",
             )
         tok.chat_template = DEFAULT_CHAT_TEMPLATE
+        if name is not None and name not in _FALLBACK_SAID:
+            _FALLBACK_SAID.add(name)
+            say(f"[model] {name} has no chat template: rlhfkit's ChatML template is used (<|im_start|>role ... "
+                "<|im_end|>); a chat model trained with another template answers worse with it: set "
+                "model.chat_template to its own (a Jinja file or text)")
     if tok.eos_token is None:
         raise ModelError("the tokenizer has no EOS token", where="model.name", fix="set tokenizer.eos_token")
     return tok

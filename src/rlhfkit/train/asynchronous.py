@@ -46,6 +46,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from ..config.geometry import step_geometry
 from ..errors import RunError, Stopped
 from .bridge import (
     DONE,
@@ -104,7 +105,7 @@ class Producing:
     def __init__(self, cfg, records, layout: Layout, bridge: Bridge):
         self.cfg, self.layout, self.bridge = cfg, layout, bridge
         self.k, self.K = cfg.algo.num_generations, cfg.algo.async_.max_staleness
-        self.total = max(1, cfg.algo.total_episodes // (cfg.algo.rollout_batch_size * self.k * layout.learners))
+        self.total = step_geometry(cfg, layout.learners, len(records[0])).steps  # the learners' total_steps
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.stop = StopControl()
         self.error: BaseException | None = None

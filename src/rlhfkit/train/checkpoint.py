@@ -51,7 +51,8 @@ from .distributed import get_strategy
 NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpointing", "train.resume",
                      "train.log_every", "train.eval_every", "train.save_every", "train.save_total_limit",
                      "train.eval_batch_size", "train.max_nonfinite_skips", "train.epochs", "train.max_steps",
-                     "algo.total_episodes", "distributed.timeout_s")
+                     "algo.total_episodes", "distributed.timeout_s",
+                     "defaults")  # which defaults the values came from: the values themselves are fingerprinted
 #: the run length: a finished run rerun with the same length is finished; with another, it resumes
 LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
 #: keys added since a checkpoint may have been written, with the value that gives the behaviour of before: a

@@ -10,7 +10,8 @@ import random
 import torch
 
 from ..data import LengthPolicy, load_dataset_records, tokenize_dataset
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, say
+from ..track.progress import MIN_HELD_OUT
 from .forward import completion_stats
 
 
@@ -36,6 +37,9 @@ def load_records(cfg, kind: str) -> tuple[list[dict], list[dict]]:
         train = [r for i, r in enumerate(train) if i not in held]
     else:
         evals = []
+    if 0 < len(evals) < MIN_HELD_OUT:  # before any weights load: its accuracy would read 1.000 on one pair
+        say(f"[data] the held-out split has {len(evals)} record{'s' if len(evals) > 1 else ''}: its metrics move in "
+            f"steps of 1/{len(evals)} (hold out {MIN_HELD_OUT} or more: data.eval_fraction, data.eval)")
     return train, evals
 
 

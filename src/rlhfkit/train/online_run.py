@@ -11,6 +11,7 @@ import math
 import time
 
 from ..config import OnlineConfig
+from ..config.geometry import step_geometry
 from ..models.loading import save_model
 from ..track import PhaseTimer, Progress
 from .common import load_records, reduce_metrics
@@ -44,7 +45,8 @@ class OnlineRun:
             raise
         self.samples_per_step = cfg.algo.rollout_batch_size * cfg.algo.num_generations  # per process
         self.learner.plan(self.samples_per_step)
-        self.total_steps = max(1, cfg.algo.total_episodes // (self.samples_per_step * run.world_size))
+        # the run's length in rollout steps (train.max_steps updates, algo.total_episodes samples or train.epochs)
+        self.total_steps = step_geometry(cfg, run.world_size, len(records[0])).steps
 
     def make_producer(self, records: tuple[list, list], timer: PhaseTimer) -> Producer | None:
         """This process's producer (its reward functions started and probed, before any weights load). A sharded

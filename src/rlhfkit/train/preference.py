@@ -44,6 +44,7 @@ from ..data import PreferenceCollator, UnpairedCollator
 from ..errors import DataError
 from ..models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
 from ..rollout import eval_mode
+from ..track.progress import held_out
 from .common import gather_rows, load_records, to_device, tokenize
 from .forward import IGNORE, completion_stats
 from .loop import SupervisedJob, train_supervised
@@ -423,5 +424,6 @@ def _train_preference(cfg, run, records) -> dict:
     # 6. summary (the report was written when the run finished)
     if "eval/rewards/accuracies" in metrics:
         run.print(f"[{name}] done: model saved to {run.run_dir}; held-out preference accuracy "
-                  f"{metrics['eval/rewards/accuracies']:.3f}, margin {metrics['eval/rewards/margins']:.3f}")
+                  f"{held_out(metrics['eval/rewards/accuracies'], len(evals))}, margin "
+                  f"{metrics['eval/rewards/margins']:.3f}")
     return metrics

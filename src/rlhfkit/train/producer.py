@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from .. import algos
+from ..config.geometry import step_geometry
 from ..data import PromptCollator
 from ..data.chat import stop_token_ids
 from ..errors import ConfigError
@@ -68,7 +69,7 @@ class Producer:
         self.phases: Phases = NO_PHASES  # where the producer reports its phase (the progress display)
         self.k = cfg.algo.num_generations
         # the run's length in rollout steps, as TRL-style reward functions read it (trainer_state.max_steps)
-        self.max_steps = max(1, cfg.algo.total_episodes // (cfg.algo.rollout_batch_size * self.k * shares))
+        self.max_steps = step_geometry(cfg, shares, len(records[0])).steps
         self.strategy = get_strategy(cfg)
         self.sampling = SamplingParams.from_config(cfg.generation)
         self.records = records

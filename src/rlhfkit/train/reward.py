@@ -14,6 +14,7 @@ from ..algos import bradley_terry_loss
 from ..data import PreferenceCollator, require_field
 from ..models.heads import sequence_scores
 from ..models.loading import describe, load_scalar_model, load_tokenizer_for, save_model
+from ..track.progress import held_out
 from .common import gather_rows, load_records, tokenize
 from .loop import SupervisedJob, train_supervised
 from .run import run_recipe
@@ -97,7 +98,8 @@ def _train_rm(cfg, run, records) -> dict:
     )
     metrics = train_supervised(run, job)
     if "eval/accuracy" in metrics:
-        run.print(f"[rm] done: saved to {run.run_dir}; held-out accuracy {metrics['eval/accuracy']:.3f}, "
+        accuracy = held_out(metrics["eval/accuracy"], len(evals), "pair")
+        run.print(f"[rm] done: saved to {run.run_dir}; held-out accuracy {accuracy}, "
                   f"chosen {metrics['eval/chosen_mean']:.3f} vs rejected {metrics['eval/rejected_mean']:.3f}")
     return metrics
 
