@@ -51,18 +51,12 @@ def test_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     assert Path(data).is_file() and Path(data).parent == tmp_path / "cache" / "datasets"
 
 
-TRL_MAX_STEPS_REFUSED = __import__("rlhfkit.config.aliases", fromlist=["x"]).trl_entry("max_steps", "grpo", "-").refused
-
-
 @pytest.mark.slow
 def test_trl_users_grpo_script_runs_with_changed_imports(tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run([sys.executable, str(HERE / "trl_port_script.py"), str(out), TINY], env=env,
                           capture_output=True, text=True, cwd=tmp_path, timeout=900)
-    if TRL_MAX_STEPS_REFUSED:  # before TRL's max_steps is translated for online recipes: one clear line
-        assert proc.returncode == 1 and "'max_steps' (TRL) has no rlhfkit equivalent" in proc.stderr, proc.stderr
-        pytest.xfail("TRL's max_steps for online recipes is translated by issue 33 item 3 (branch trl-semantics)")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "[grpo] finished" in proc.stdout
     rows = [r for r in metrics_of(out) if "rewards/reward_len/mean" in r]
