@@ -436,7 +436,7 @@ def test_pruning_and_starting_over_delete_only_valid_checkpoints_rlhfkit_wrote(t
 
 
 def test_data_files_are_fingerprinted_by_resolved_path_and_content(tmp_path, monkeypatch):
-    from rlhfkit.train import checkpoint
+    from rlhfkit.train import fingerprint
 
     data = tmp_path / "sub" / "d.jsonl"
     data.parent.mkdir()
@@ -455,17 +455,17 @@ def test_data_files_are_fingerprinted_by_resolved_path_and_content(tmp_path, mon
     diff = fingerprint_diff(base, run_fingerprint(_cfg(tmp_path, "data.train=d.jsonl")))
     assert diff == [f"data.train: the content of {data.resolve()} changed (35 -> 35 bytes, another checksum)"]
     # over the full-hash limit: size plus the first and last MiB (a change in the middle is not seen, by design)
-    monkeypatch.setattr(checkpoint, "FULL_HASH_LIMIT", 3 << 20)
+    monkeypatch.setattr(fingerprint, "FULL_HASH_LIMIT", 3 << 20)
     big = tmp_path / "big.jsonl"
     big.write_bytes(b"a" * (4 << 20))
-    first = checkpoint.data_identity(str(big))
+    first = fingerprint.data_identity(str(big))
     with open(big, "r+b") as f:
         f.seek((4 << 20) - 10)
         f.write(b"b")
-    assert checkpoint.data_identity(str(big))["sha256"] != first["sha256"]
+    assert fingerprint.data_identity(str(big))["sha256"] != first["sha256"]
     # a directory of files: every file's name, size and content; a datasets name stays a name
-    assert checkpoint.data_identity(str(tmp_path / "sub"))["size"] == data.stat().st_size
-    assert checkpoint.data_identity("org/some-dataset") == "org/some-dataset"
+    assert fingerprint.data_identity(str(tmp_path / "sub"))["size"] == data.stat().st_size
+    assert fingerprint.data_identity("org/some-dataset") == "org/some-dataset"
 
 
 def test_a_reward_function_setting_added_later_keeps_old_fingerprints():
