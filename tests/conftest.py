@@ -68,6 +68,16 @@ def rm_overrides(data: Path, sft: Path, out: Path) -> list[str]:
             "track.report=false", "data.max_length=64"]
 
 
+@pytest.fixture(autouse=True)
+def _config_notes_fresh():
+    """The ``[config] learning_rate -> optim.lr`` notes are printed once per process: each test starts as a fresh
+    process would, so that a test reading them does not depend on which tests ran before it."""
+    from rlhfkit.config import aliases
+
+    aliases._ALIASES_LOGGED.clear()
+    yield
+
+
 @pytest.fixture(scope="session")
 def task_data(tmp_path_factory) -> Path:
     from rlhfkit.tasks import make_task_data

@@ -481,9 +481,11 @@ def test_reward_function_raising_mid_run_is_one_line_naming_the_step(tmp_path, m
     assert [p.name for p in (tmp_path / "flaky_run").glob("checkpoint-*")] == ["checkpoint-4"]
 
 
-def test_distill_teacher_with_another_tokenizer_exits_2_before_any_weights(tmp_path, monkeypatch):
-    """The README's distill command with a teacher whose tokenizer has one token more: one line naming both
-    vocabularies, exit 2, no model loaded (tripwire) and no run directory made."""
+def test_distill_teacher_with_another_tokenizer_in_episodes_exits_2_before_any_weights(tmp_path, monkeypatch):
+    """The README's distill command with a teacher whose tokenizer has one token more, in a multi-turn environment
+    (cross-tokenizer distillation aligns one response, not episodes: not built): one line naming both vocabularies,
+    exit 2, no model loaded (tripwire) and no run directory made. Single-turn, the same teacher is distilled across
+    tokenizers (tests/e2e/test_distill.py)."""
     from rlhfkit.models.tokenizer import load_tokenizer
 
     teacher = tmp_path / "teacher"
@@ -491,18 +493,18 @@ def test_distill_teacher_with_another_tokenizer_exits_2_before_any_weights(tmp_p
     tok.add_tokens(["<|tool|>"])
     tok.save_pretrained(teacher)
     (teacher / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"shout: {w}", "answer": w.upper()}) + "\n"
-                                                    for w in ["cat", "dog"] * 16))
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"what is {a} + 2?", "expression": f"{a}+2"})
+                                                    + "\n" for a in range(32)))
     monkeypatch.chdir(tmp_path)
     rc, stderr, stdout = _in_process([
         "distill",
         f"model.name={TINY}", "teacher.model=teacher", "data.train=prompts.jsonl", "data.eval=prompts.jsonl",
-        "output_dir=runs/distill"], tripwire=True)
-    lines = [line for line in stderr.splitlines() if line.strip()]
+        "env.name=calculator", "output_dir=runs/distill"], tripwire=True)
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith("[")]
     assert rc == 2, (rc, stdout, stderr)
     assert len(lines) == 1 and lines[0].startswith("error: teacher.model"), stderr
-    for needle in (f"student {TINY} (", "teacher teacher (", "tokens", "'<|tool|>'", "Cross-tokenizer distillation is "
-                   "not built"):
+    for needle in (f"student {TINY} (", "teacher teacher (", "tokens", "'<|tool|>'", "not episodes with environment "
+                   "turns (not built)"):
         assert needle in lines[0], (needle, lines[0])
     assert not (tmp_path / "runs").exists()
 

@@ -89,11 +89,13 @@ def test_eval_gold_rewards_rm_score_and_win_rate(sft_dir, rm_dir, task_data, tmp
     assert w["ci95"] == pytest.approx(list(wilson_interval(w["wins"] + 0.5 * w["ties"], 64)))
     lo, hi = w["ci95"]
     assert 0 <= lo < w["rate"] < hi <= 1 and hi - lo < 0.3
-    # the judge is sensible: exact answers beat the untrained model's noise, and the SFT model scores higher on
-    # average (the RM ranks lower-case echoes below noise, so the overall win rate is not asserted)
+    # the judge is sensible: exact answers beat the untrained model's noise, one by one and on average (the RM ranks
+    # lower-case echoes below noise, so neither the overall win rate nor the overall mean is asserted: with the SFT
+    # model's ~40% exact answers the two means sit within 0.01 of each other and their order is the seed's)
     exact = [s for s in samples if s["gold"] == 1]
     assert exact and sum(s["rm_score"] > s["reference_rm_score"] for s in exact) >= 0.8 * len(exact)
-    assert res["reward_model"]["mean"] > w["reference_rm_mean"]
+    assert sum(s["rm_score"] for s in exact) > sum(s["reference_rm_score"] for s in exact)
+    assert res["reward_model"]["mean"] == pytest.approx(sum(s["rm_score"] for s in samples) / 64)
     assert res["samples"][0]["prompt"].startswith("shout: ")
     for needle in ("gold (quickstart)", "reward model score", "win rate", "95% CI", str(out)):
         assert needle in stdout

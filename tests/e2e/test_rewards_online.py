@@ -140,7 +140,8 @@ def test_lint_stops_a_reward_that_pays_for_silence_before_any_weights_load(data,
     ok = subprocess.run([sys.executable, "-m", "rlhfkit", "reward-lint", f"data.train={data / 'prompts.jsonl'}",
                          "reward.functions=[{fn: math_answer}]"], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
-    assert "warning: math_answer pays for reference_only" in ok.stdout
+    # a correct verifier is not a false alarm: echoing the reference is the right answer (issue 33 item 5)
+    assert "warning" not in ok.stdout and "no adversarial completion scores high" in ok.stdout
 
 
 def test_a_sandbox_that_cannot_be_set_up_stops_at_the_probe(data, tmp_path, monkeypatch):

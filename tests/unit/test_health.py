@@ -234,7 +234,7 @@ def test_one_bad_kl_step_gives_one_kl_warning():
 def test_grad_norm_advice_fits_a_run_that_clips():
     # train/grad_norm is logged only when optim.max_grad_norm is set: "set it" would be no advice
     mon = HealthMonitor()
-    for step, norm in enumerate((2.0, 2.1, 60.0)):
+    for step, norm in enumerate((2.0, 2.1, 60.0, 75.0)):
         warned = mon.evaluate({"train/grad_norm": norm}, step)
     (w,) = warned
     assert w.name == "grad_norm_blowup" and "lower optim.lr or optim.max_grad_norm" in w.message

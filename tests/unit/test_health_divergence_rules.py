@@ -90,6 +90,12 @@ def test_grad_norm_blowup_against_the_early_median():
     assert _first([{"train/grad_norm": v} for v in healthy], "grad_norm_blowup") is None
     # 20x, but from 0.01 to 0.2: under the floor of 1
     assert _first([{"train/grad_norm": v} for v in (0.01, 0.01, 0.2)], "grad_norm_blowup") is None
+    # one hard batch in a healthy RM run (32 pairs a batch, measured): a spike the next steps do not repeat
+    spike = (0.94, 1.04, 1.37, 0.86, 1.9, 0.81, 1.06, 2.71, 10.56, 1.28, 1.34, 1.24, 3.75, 1.56)
+    assert _first([{"train/grad_norm": v} for v in spike], "grad_norm_blowup") is None
+    # a blow-up that stays is still caught, on its second step
+    assert _first([{"train/grad_norm": v} for v in (1.0, 1.1, 0.9, 1.2, 1.0, 30.0, 45.0, 60.0)],
+                  "grad_norm_blowup") == 6
 
 
 def test_grpo_entropy_to_the_uniform_value_fires_on_a_small_vocabulary():
