@@ -297,12 +297,12 @@ def trl_args(obj: Any, recipe: str) -> dict:
 
     # 1. fields the user set: those whose class default is a value and that differ from a default instance's (built
     #    with the device settings the user gave: TrainingArguments refuses its own bf16 default without a GPU)
-    fresh = build() or build(**{n: values[n] for n in _DEVICE_FIELDS if n in values})
+    device = {n: values[n] for n in _DEVICE_FIELDS if n in values}
+    fresh = build() or build(**device)
     given = {n: v for n, v in values.items() if default_of(n) is not None
              and not _same(v, getattr(fresh, n, default_of(n)) if fresh is not None else default_of(n))}
     # 2. fields declared None, which the class may derive from others (generation_batch_size): in declaration
     #    order, one is the user's when an instance built from what was found so far holds another value for it
-    device = {n: values[n] for n in _DEVICE_FIELDS if n in values}
     given.update({n: v for n, v in device.items() if v is not None and not _same(v, default_of(n))
                   and not (n in ("use_cpu", "no_cuda") and v is True and not _cuda())})  # what it does anyway
     derived = build(**{**device, **given})

@@ -19,6 +19,7 @@ rlhfkit and TRL count an online step differently, and the same names give anothe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import textwrap
@@ -96,7 +97,7 @@ def step_geometry(cfg, world: int = 1, n_prompts: int | None = None) -> Geometry
 
 
 def _with(g: Geometry, steps: int | None, length: str) -> Geometry:
-    return Geometry(g.world, g.prompts, g.k, g.mini, g.micro, g.epochs, steps, length)
+    return dataclasses.replace(g, steps=steps, length=length)
 
 
 # ───────────────────────────────────────────────── divisors ───────────────────────────────────────────────────

@@ -569,5 +569,7 @@ def rewards_from_config(rc, records: Sequence[dict] = ()) -> CombinedRewards | N
         specs.append(RewardFunctionSpec("remote_judge", weight=remote.weight, name=remote.name, kwargs=kwargs))
     if not specs:
         return None
-    conversational = bool(records) and bool(getattr(records[0], "conversational", False))
-    return CombinedRewards(specs, workers=rc.workers, timeout_s=rc.timeout_s, conversational=conversational)
+    from ..data.sources import is_conversational
+
+    return CombinedRewards(specs, workers=rc.workers, timeout_s=rc.timeout_s,
+                           conversational=is_conversational(records))

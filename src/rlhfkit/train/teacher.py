@@ -74,15 +74,16 @@ class CrossTokenizerTeacher:
                 lp = response_stats(teacher, batch, temperature).logprobs.float().cpu()
             for k, i in enumerate(batch_rows):
                 t_lp[i] = lp[k, :len(rows[i][1])]
-        out = student_logprobs.detach().clone()
-        aligned = torch.zeros_like(response_mask, dtype=torch.bool)
+        student = student_logprobs.detach().float().cpu()  # one copy to the host and one back, not one a row
+        out = student.clone()
+        aligned = torch.zeros(response_mask.shape, dtype=torch.bool)
         for i, (n, (_, _, chunks)) in enumerate(zip(lengths, rows)):
-            s = student_logprobs[i, :n].detach().cpu().float()
-            out[i, :n] = chunk_teacher_logprobs(s, t_lp[i], chunks).to(out.device, out.dtype)
+            out[i, :n] = chunk_teacher_logprobs(student[i, :n], t_lp[i], chunks)
             for s0, s1, t0, t1 in chunks:
                 if s1 > s0 and t1 > t0:
                     aligned[i, s0:s1] = True
-        return out, aligned
+        return (out.to(student_logprobs.device, student_logprobs.dtype),
+                aligned.to(response_mask.device))
 
 
 __all__ = ["CrossTokenizerTeacher"]
