@@ -191,3 +191,25 @@ def bpe_tokenizer(tmp_path_factory):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return prepare_tokenizer(PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
                                                      additional_special_tokens=["<|im_start|>"]))
+
+
+def run_until_first_checkpoint(run, cfg) -> None:
+    """``run(cfg)`` stopped right after its first checkpoint is written (as a kill after a save would): the tests that
+    resume it compare it with an uninterrupted run."""
+    from rlhfkit.train import checkpoint as checkpoint_mod
+
+    class Stop(Exception):
+        pass
+
+    real_save = checkpoint_mod.Checkpointer.save
+
+    def save_then_stop(self, step, **kw):
+        real_save(self, step, **kw)
+        raise Stop
+
+    checkpoint_mod.Checkpointer.save = save_then_stop
+    try:
+        with pytest.raises(Stop):
+            run(cfg)
+    finally:
+        checkpoint_mod.Checkpointer.save = real_save

@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import run_until_first_checkpoint
 
 from rlhfkit.cli import main
 from rlhfkit.config import load_config
@@ -100,7 +101,6 @@ def test_continuous_engine_resumed_run_generates_what_the_straight_run_did(task_
     generator is seeded by the run seed, the step, its prompt and its sample, nothing else). A random tiny policy:
     what is checked is the generation, not learning."""
     from rlhfkit.track.samples import read_samples
-    from rlhfkit.train import checkpoint as checkpoint_mod
 
     def cfg_for(out, resume="never"):
         recipe, extra = RECIPES["grpo"]
@@ -111,21 +111,7 @@ def test_continuous_engine_resumed_run_generates_what_the_straight_run_did(task_
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run_online(cfg_for(straight))
-    real_save = checkpoint_mod.Checkpointer.save
-
-    class Stop(Exception):
-        pass
-
-    def save_then_stop(self, step, **kw):
-        real_save(self, step, **kw)
-        raise Stop
-
-    checkpoint_mod.Checkpointer.save = save_then_stop
-    try:
-        with pytest.raises(Stop):
-            run_online(cfg_for(resumed))
-    finally:
-        checkpoint_mod.Checkpointer.save = real_save
+    run_until_first_checkpoint(run_online, cfg_for(resumed))
     run_online(cfg_for(resumed, "auto"))
     want = [(r["step"], r["prompt"], r["response"]) for r in read_samples(straight)]
     got = [(r["step"], r["prompt"], r["response"]) for r in read_samples(resumed)]

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import torch
-from conftest import rollout_of, score_of
+from conftest import rollout_of, run_until_first_checkpoint, score_of
 
 from rlhfkit.config import build_config
 from rlhfkit.train.experience import Experience
@@ -155,23 +155,7 @@ def test_ppo_resume_gives_the_same_parameters(task_data, sft_dir, rm_dir, tmp_pa
     # a run that stops after the checkpoint at update 4 (step 2 of 4): same config, but only 2 steps of episodes
     resumed = tmp_path / "resumed"
     half = cfg_for(resumed)
-    from rlhfkit.train import checkpoint as checkpoint_mod
-
-    class Stop(Exception):
-        pass
-
-    real_save = checkpoint_mod.Checkpointer.save
-
-    def save_then_stop(self, step, **kw):
-        real_save(self, step, **kw)
-        raise Stop
-
-    checkpoint_mod.Checkpointer.save = save_then_stop
-    try:
-        with pytest.raises(Stop):
-            run_online(half)
-    finally:
-        checkpoint_mod.Checkpointer.save = real_save
+    run_until_first_checkpoint(run_online, half)
     assert (resumed / "checkpoint-4").is_dir()
     run_online(cfg_for(resumed, "train.resume=auto"))
     from safetensors.torch import load_file

@@ -8,7 +8,6 @@ import math
 import pytest
 import yaml
 
-import rlhfkit.config.aliases
 from rlhfkit.config import build_config, load_config
 from rlhfkit.config.geometry import (
     check_split,
@@ -26,8 +25,7 @@ M = "model.name=tiny:x"
 
 
 @pytest.fixture(autouse=True)
-def _fresh_log(monkeypatch):
-    monkeypatch.setattr(rlhfkit.config.aliases, "_ALIASES_LOGGED", set())
+def _fresh_log(monkeypatch):  # (the config notes start fresh in every test: tests/conftest.py)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
 
 

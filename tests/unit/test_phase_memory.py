@@ -84,7 +84,7 @@ class _Engine:
         self.released += 1
 
 
-@pytest.mark.parametrize("offload,release", [(True, True), (False, False)])
+@pytest.mark.parametrize("offload,release", [(True, True), (True, False), (False, True), (False, False)])
 def test_rollout_phase_releases_the_engine_and_leaves_a_cpu_optimizer_in_place(offload, release):
     model = _model()
     opt = build_optimizer(model.parameters(), OptimConfig())

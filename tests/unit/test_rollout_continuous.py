@@ -15,6 +15,7 @@ from test_rollout_static import (
     _trainer_logprobs,
     assert_same_rollout,
     check_filtered_logprobs,
+    check_sampled_logprobs,
     ragged_prompts,
     random_lora,
     random_model,
@@ -72,13 +73,7 @@ def test_greedy_with_stop_strings_and_min_new_tokens(tok):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_logprobs_equal_the_trainers(temperature):
-    model = random_model(eos_bias=2.0, seed=2)
-    r = cont(batch_size=4, block_size=4).generate(model, ragged_prompts(6, seed=4) * 2,
-                                                  SamplingParams(max_new_tokens=16, temperature=temperature), seed=3)
-    mask = r.response_mask.bool()
-    assert mask.sum() > 50 and len(set(r.lengths.tolist())) > 1
-    torch.testing.assert_close(r.logprobs[mask], _trainer_logprobs(model, r, temperature)[mask], atol=1e-4, rtol=0)
-    assert torch.all(r.logprobs[~mask] == 0)
+    check_sampled_logprobs(cont(batch_size=4, block_size=4), temperature)
 
 
 def test_top_k_top_p_logprobs_are_of_the_distribution_sampled():

@@ -116,9 +116,14 @@ def _trainer_logprobs(model, r: Rollout, temperature: float) -> torch.Tensor:
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_logprobs_equal_the_trainers(temperature):
+    check_sampled_logprobs(static(), temperature)
+
+
+def check_sampled_logprobs(engine, temperature: float) -> None:
+    """``engine``'s sampling log-probs of ragged rows ending early equal the trainer's recomputation, 0 past the end."""
     model = random_model(eos_bias=2.0, seed=2)
-    r = static().generate(model, ragged_prompts(6, seed=4) * 2, SamplingParams(max_new_tokens=16,
-                                                                              temperature=temperature), seed=3)
+    r = engine.generate(model, ragged_prompts(6, seed=4) * 2, SamplingParams(max_new_tokens=16,
+                                                                           temperature=temperature), seed=3)
     mask = r.response_mask.bool()
     assert mask.sum() > 50 and len(set(r.lengths.tolist())) > 1
     torch.testing.assert_close(r.logprobs[mask], _trainer_logprobs(model, r, temperature)[mask], atol=1e-4, rtol=0)
