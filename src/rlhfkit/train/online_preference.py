@@ -78,23 +78,19 @@ def _micro_step(learner, exp: Experience, spec, chosen, rejected, keep, mask, sc
         logprobs = response_stats(learner.policy, batch, cfg.generation.temperature).logprobs.float()
         idx = torch.arange(m, device=logprobs.device)[keep.to(logprobs.device)]
         ref = None if exp.ref_logprobs is None else exp.ref_logprobs[rows]
+        stats = None
         if len(idx):
             lp = algos.pair_logps(logprobs, mask[rows], idx, idx + m, ref)
-            loss, _ = spec.from_logps(lp, algo.preference)
+            loss, stats = spec.from_logps(lp, algo.preference)
         else:  # no pair to learn from here: a zero loss that still reaches every parameter (DDP)
-            loss, lp = logprobs.sum() * 0.0, None
+            loss = logprobs.sum() * 0.0
     learner.acc.backward(loss * len(idx) * scale)
-    out = torch.zeros(len(STATS) + 1, device=learner.device)
-    if lp is not None:
-        with torch.no_grad():
-            beta = algo.preference.beta
-            if ref is None:  # no reference (SimPO, ORPO): the implicit reward of the length-normalised log-prob
-                r_c = beta * lp["chosen"] / lp["chosen_tokens"].clamp_min(1)
-                r_r = beta * lp["rejected"] / lp["rejected_tokens"].clamp_min(1)
-            else:
-                r_c, r_r = beta * (lp["chosen"] - lp["ref_chosen"]), beta * (lp["rejected"] - lp["ref_rejected"])
-            margin = exp.scores[chosen[keep]] - exp.scores[rejected[keep]]
-            values = [loss.detach() * len(idx), lp["chosen"].sum(), lp["rejected"].sum(), r_c.sum(), r_r.sum(),
-                      (r_c - r_r).sum(), (r_c > r_r).float().sum(), margin.sum(), torch.tensor(float(len(idx)))]
-            out = torch.stack([v.detach().float().to(learner.device) for v in values])
-    return out
+    if stats is None:
+        return torch.zeros(len(STATS) + 1, device=learner.device)
+    # the loss's own batch means (as the offline recipe logs them: ORPO's rewards are lam x its mean log-prob, SimPO's
+    # and ORPO's logps per token), weighted by the kept pairs; the scores' margin and the count beside them
+    margin = exp.scores[chosen[keep]] - exp.scores[rejected[keep]]
+    means = [loss.detach(), *(stats[k] for k in STATS[1:-1])]
+    values = [v.detach().float().to(learner.device) * len(idx) for v in means]
+    return torch.stack([*values, margin.sum().float().to(learner.device),
+                        torch.tensor(float(len(idx)), device=learner.device)])
