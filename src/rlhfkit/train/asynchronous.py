@@ -46,7 +46,6 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from ..config.geometry import step_geometry
 from ..errors import RunError, Stopped
 from .bridge import (
     DONE,
@@ -105,8 +104,6 @@ class Producing:
     def __init__(self, cfg, records, layout: Layout, bridge: Bridge):
         self.cfg, self.layout, self.bridge = cfg, layout, bridge
         self.k, self.K = cfg.algo.num_generations, cfg.algo.async_.max_staleness
-        self.total = step_geometry(cfg, layout.learners, len(records[0])).steps  # the learners' total_steps
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
         self.stop = StopControl()
         self.error: BaseException | None = None
         # the first producer tells the reward lint when no learner does (a learner evaluating held-out prompts
@@ -126,14 +123,14 @@ class Producing:
         producer = None
         try:
             try:
-                producer = Producer(cfg, self.records, device=self.device, shares=layout.learners, pieces=layout.pieces,
-                                    say=self.say, stop=self, abandon=True)
+                producer = Producer(cfg, self.records, device=bridge.device, shares=layout.learners,
+                                    pieces=layout.pieces, say=self.say, stop=self, abandon=True)
                 error = None
             except Exception as err:  # noqa: BLE001 - told to every rank by report(), then raised here
                 error = err
             if bridge.report(error) == "done":  # the run had finished already
                 return {}
-            policy, tok = load_policy(cfg, self.device)
+            policy, tok = load_policy(cfg, bridge.device)
             policy.eval()
             producer.load(tok, policy, SimpleNamespace(print=lambda *a: None, sink=None))
             names, params = trainable(policy)
@@ -145,7 +142,7 @@ class Producing:
             self.stop.arm(True)
             step = version + queued  # the first step not in the learners' queues
             while True:
-                while step < self.total and step - self.K <= version:
+                while step < producer.max_steps and step - self.K <= version:  # the learners' total_steps
                     self.make(producer, policy, step, version)
                     step += 1
                 version, code, _, _ = bridge.header()
