@@ -51,7 +51,7 @@ import torch
 
 from ..errors import ConfigError
 from .decoder import Weights, coverage, read_weights, rope_tables
-from .engine import Engine, register
+from .engine import Engine, has_stop, register, stop_window
 from .paged import BlockPool, paged_forward
 from .sampling import SamplingParams, sample_tokens
 from .static import CudaGraphStep, StaticEngine, bucket_of
@@ -255,15 +255,13 @@ class Scheduler:
         live = [i for i in running if not done[i]]
         if not live:
             return
-        window = self.window + max(len(s) for s in self.e.stop_strings) + 8
+        window = stop_window(self.e.stop_strings, self.window)
         idx = torch.tensor([count[i] for i in live], device=self.device)[:, None] - window + \
             torch.arange(window, device=self.device)[None, :]
         rows = self.row[torch.tensor(live, device=self.device)]
         tails = self.out_ids[rows[:, None], idx.clamp(min=0)].cpu().tolist()
         for j, i in enumerate(live):
-            tail = tails[j][max(0, window - count[i]):]
-            text = self.e.tokenizer.decode(tail, skip_special_tokens=False)
-            if any(s in text for s in self.e.stop_strings):
+            if has_stop(self.e.tokenizer, tails[j][max(0, window - count[i]):], self.e.stop_strings):
                 done[i] = True
 
     # ── slots and blocks ─────────────────────────────────────────────────────────────────────────────────────

@@ -109,13 +109,24 @@ def decode_responses(tokenizer, rollout: Rollout, *, skip_special_tokens: bool =
 # ───────────────────────────────────────────── end of responses ─────────────────────────────────────────────
 
 
+def has_stop(tokenizer, ids: Sequence[int], stop_strings: Sequence[str]) -> bool:
+    """The decoded ``ids`` hold one of ``stop_strings``."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=False)
+    return any(s in text for s in stop_strings)
+
+
+def stop_window(stop_strings: Sequence[str], new_tokens: int) -> int:
+    """How many trailing tokens to decode to see a stop string completed by the last ``new_tokens`` tokens (a
+    string's tokens may start before them; + 8 for tokens that decode to nothing alone)."""
+    return new_tokens + max(len(s) for s in stop_strings) + 8
+
+
 def first_stop_end(tokenizer, ids: Sequence[int], stop_strings: Sequence[str]) -> int | None:
     """Number of leading tokens of ``ids`` up to and including the token that completes the first stop string,
     or ``None`` when no stop string occurs (binary search over decoded prefixes: O(log n) decodes)."""
 
     def hit(k: int) -> bool:
-        text = tokenizer.decode(list(ids[:k]), skip_special_tokens=False)
-        return any(s in text for s in stop_strings)
+        return has_stop(tokenizer, ids[:k], stop_strings)
 
     if not ids or not hit(len(ids)):
         return None

@@ -46,7 +46,7 @@ import torch
 
 from ..errors import say
 from .decoder import Weights, causal_lm, coverage, decode_logits, prefill, read_weights, rope_tables
-from .engine import Engine, model_device, register
+from .engine import Engine, has_stop, model_device, register, stop_window
 from .generic import Layout, Modules, NotCovered, allocate_cache, check_model, module_prefill, module_step
 from .generic import coverage as generic_coverage
 from .hf import HFEngine
@@ -368,14 +368,12 @@ class StaticEngine(Engine):
         done = slots.done.cpu()
         rows = slots.rows.cpu()
         if self.stop_strings:
-            window = self.sync_every + max(len(s) for s in self.stop_strings) + 8
+            window = stop_window(self.stop_strings, self.sync_every)
             tails = out_ids[max(0, t - window):t].T.cpu()
             for slot in range(slots.size):
                 r = int(rows[slot])
-                if r < B and not done[slot]:
-                    text = self.tokenizer.decode(tails[r].tolist(), skip_special_tokens=False)
-                    if any(s in text for s in self.stop_strings):
-                        done[slot] = True
+                if r < B and not done[slot] and has_stop(self.tokenizer, tails[r].tolist(), self.stop_strings):
+                    done[slot] = True
             slots.done.copy_(done)
         live = ((rows < B) & ~done).nonzero().flatten()
         if len(live) == 0:
