@@ -388,8 +388,7 @@ def _model_name(model: Any, tokenizer: Any, arg: str) -> str:
 def _model_dir(model: Any, tokenizer: Any, arg: str) -> str:
     """A loaded model (and its tokenizer) written once to ``$RLHFKIT_CACHE/models/<name>-<digest>``, the digest of
     its weights and config: the same weights are written once, and a run resumed with them fingerprints the same."""
-    from .data.sources import _cache_root
-    from .files import fresh_dir, make_dirs, replace
+    from .files import cache_root, fresh_dir, make_dirs, replace
     from .models.loading import is_peft, save_model
     from .track.console import silence_libraries
 
@@ -406,7 +405,7 @@ def _model_dir(model: Any, tokenizer: Any, arg: str) -> str:
         digest.update(f"{key}:{tensor.dtype}".encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
     base = str(getattr(model, "name_or_path", "") or "model").rstrip("/").rsplit("/", 1)[-1] or "model"
-    out = _cache_root() / "models" / f"{base}-{digest.hexdigest()[:16]}"
+    out = cache_root() / "models" / f"{base}-{digest.hexdigest()[:16]}"
     if not (out / "config.json").is_file():
         say(f"[model] the loaded {arg} is written once to {out} (the run's config names that directory)")
         make_dirs(out.parent)

@@ -63,6 +63,12 @@ class PlantedLinkError(RunError):
     """A link (or a FIFO, a device) where rlhfkit writes one of its own files: never followed, never removed."""
 
 
+def cache_root() -> Path:
+    """rlhfkit's cache outside any run directory: ``$RLHFKIT_CACHE``, else ``~/.cache/rlhfkit`` (converted GGUF models,
+    the Python API's models and datasets)."""
+    return Path(os.environ.get("RLHFKIT_CACHE", Path.home() / ".cache" / "rlhfkit"))
+
+
 def _refusal(path: Path, st: os.stat_result) -> PlantedLinkError:
     if stat.S_ISLNK(st.st_mode):
         try:

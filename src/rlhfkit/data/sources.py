@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
+from .. import files
 from ..config.splits import parse_split
 from ..errors import DataError, say
 from .formats import Record, detect_kind, drop_tied_pairs, normalize_record
@@ -304,10 +305,6 @@ def load_reasoning_gym(source: str) -> list[tuple[str, dict]]:
 # Python objects as data files
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("RLHFKIT_CACHE", Path.home() / ".cache" / "rlhfkit"))
-
-
 def _jsonable(value: Any) -> Any:
     """numpy / torch scalars and arrays as their Python values, dates as ISO text; anything else is refused."""
     if hasattr(value, "tolist"):
@@ -342,10 +339,8 @@ def dataset_file(data: Any, label: str) -> str:
                                                        "(e.g. dataset.map)") from None
     text = "\n".join(lines) + "\n"
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-    path = _cache_root() / "datasets" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}-{digest}.jsonl"
+    path = files.cache_root() / "datasets" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', label)}-{digest}.jsonl"
     if not path.is_file():
-        from .. import files
-
         files.make_dirs(path.parent)
         files.write_atomic(path, text, what=f"the {label} data", fix="free disk space, or set RLHFKIT_CACHE")
     say(f"[data] the {label} data ({len(rows)} rows) is the file {path} (written once; the run's config names it)")

@@ -69,8 +69,7 @@ _GGUF_SAID: set[Path] = set()  # GGUF conversions this process has named (conver
 def _gguf_cache_dir(gguf_path: Path) -> Path:
     st = gguf_path.stat()
     key = hashlib.sha1(f"{gguf_path.resolve()}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:12]
-    root = Path(os.environ.get("RLHFKIT_CACHE", Path.home() / ".cache" / "rlhfkit"))
-    return root / "gguf" / f"{gguf_path.stem}-{key}"
+    return files.cache_root() / "gguf" / f"{gguf_path.stem}-{key}"
 
 
 def resolve_source(name: str, gguf_file: str | None = None) -> tuple[str, str | None]:
