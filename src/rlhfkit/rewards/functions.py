@@ -48,7 +48,7 @@ import torch
 
 from ..errors import RewardError, UserError, say
 from .loading import WHERE, RewardFunctionError, importable_name, is_in_process, load_reward_function
-from .trl_style import EXTRA, TrlStyle, is_trl_style, keyword_callable, wanted_extra
+from .trl_style import EXTRA, TrlStyle, is_trl_style, keyword_callable, named_params, wanted_extra
 from .workers import CallFailed, CallTimeout, WorkerPool, _alarm
 
 # ───────────────────────────────────────────── combining ─────────────────────────────────────────────
@@ -212,7 +212,7 @@ class CombinedRewards:
                     weight=weight,
                     reserved=(frozenset() if isinstance(obj, type) else frozenset(kwargs)) | {"prompts",
                                                                                                "completions"},
-                    accepts=None if trl else _named_params(call),
+                    accepts=None if trl else named_params(call),
                     kwargs={} if trl else kwargs,
                     trl=frozenset(wanted_extra(obj)) if trl else None,
                     local=local,
@@ -518,7 +518,7 @@ def _check_positional(label: str, fn: Callable) -> None:
 def _check_kwargs(label: str, fn: Callable, kwargs: dict) -> None:
     """The configured ``kwargs`` must be parameters of ``fn`` (unless it takes ``**kwargs``): a misspelt option is
     answered when the run starts, not as a TypeError on the first rollout."""
-    accepted = _named_params(fn)
+    accepted = named_params(fn)
     if accepted is None:
         return
     for key in kwargs:
@@ -539,17 +539,6 @@ def _call_signature_of(obj: Callable) -> Callable:
                               fix="define __call__(self, prompts, completions, **fields) -> list[float | None]")
         return functools.partial(call, None)
     return obj
-
-
-def _named_params(fn: Callable) -> frozenset | None:
-    """Keyword-passable parameter names of ``fn``, or ``None`` when it takes ``**kwargs`` (or cannot be inspected)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return None
-    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 

@@ -54,6 +54,14 @@ def _params(fn: Callable) -> list[inspect.Parameter] | None:
         return None
 
 
+def named_params(fn: Callable) -> frozenset | None:
+    """Keyword-passable parameter names of ``fn``, or ``None`` when it takes ``**kwargs`` (or cannot be inspected)."""
+    params = _params(fn)
+    if params is None or any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
 def _call_params(fn: Callable) -> list[inspect.Parameter] | None:
     """The parameters a call of ``fn`` fills: a class's instances' ``__call__`` without ``self``."""
     if isinstance(fn, type):
@@ -121,8 +129,7 @@ class TrlStyle:
         self._names = {p.name for p in params or ()}
         self._needs_ids = any(p.name in ("completion_ids", "completions_ids") and p.default is p.empty
                               for p in params or ())
-        self._accepts = None if params is None or any(p.kind is p.VAR_KEYWORD for p in params) \
-            else {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        self._accepts = named_params(made)
         return made
 
     def __call__(self, prompts, completions, **fields):
