@@ -72,8 +72,13 @@ def run(mode: str, model: Path, data: dict, s: dict, seed: int, work: Path) -> d
     eps = (b["episode"] - a["episode"]) / max(b["time"] - a["time"], 1e-9)
     scores = evaluate(out, data, s)
     stale = [r.get("async/staleness_max", 0.0) for r in steps]
+    after = steps[s["warmup"] + 1:] or steps[-1:]  # the phases of the steps timed (the learner's; the producers'
+    #                                                rollout / reward / reference come with their batches)
+    timed = ("time/", "async/wait_s", "async/weights_s")
+    keys = sorted(k for k in {k for r in after for k in r} if k.startswith(timed))
+    phases = {k: statistics.median(r[k] for r in after if k in r) for k in keys}
     return {"seed": seed, "eps": eps, "episodes": b["episode"], "wall_s": time.perf_counter() - t0,
-            "staleness_max": max(stale), **scores}
+            "staleness_max": max(stale), "phases": phases, **scores}
 
 
 def mean_sd(values: list[float], digits: int = 3) -> str:
@@ -101,6 +106,12 @@ def table(base: dict | None, results: dict[str, list[dict]], s: dict) -> list[st
         best = max(sync, key=lambda m: statistics.mean(r["eps"] for r in results[m]))
         ratio = statistics.mean(r["eps"] for r in results["async"]) / statistics.mean(r["eps"] for r in results[best])
         lines.append(f"RATIO async / synchronous ({best}, the faster) episodes per second: {ratio:.2f}x")
+    lines.append("median seconds per step after warm-up (the synchronous rank's phases; the learner's, with the "
+                 "producer's rollout / reward / reference as they came with its batches):")
+    for mode, runs in results.items():
+        for r in runs:
+            lines.append(f"  {mode:6s} seed {r['seed']}: " + ", ".join(
+                f"{k.split('/', 1)[1]} {v:.2f}" for k, v in r.get("phases", {}).items()))
     return lines
 
 

@@ -195,9 +195,9 @@ def roles_of(cfg, device: str, notes: list[Check]) -> list[ModelRole]:
             roles.append(ModelRole("reference", ref, "frozen", frozen_wb, sharded=False, offloaded=pre,
                                    note="log-probs precomputed before training, then freed" if pre else ""))
     elif family == "online":
-        needs_ref = cfg.algo.kl.coef > 0 or cfg.algo.kl.adaptive or (  # online DPO's pair loss reads one too
-            cfg.algo.objective == "preference" and algos.PREFERENCE_LOSSES[cfg.algo.preference.loss].needs_reference)
-        if needs_ref and not (lora and cfg.ref_model is None):
+        from .train.reference import needs_reference, on_producer
+
+        if needs_reference(cfg) and not (lora and cfg.ref_model is None) and not on_producer(cfg, device == "cuda"):
             ref = _arch_or_policy(cfg.ref_model, policy, notes, "reference model")
             roles.append(ModelRole("reference", ref, "frozen", frozen_wb, sharded=False,
                                    offloaded=cfg.memory.offload_reference))
@@ -492,8 +492,9 @@ def online_mode(cfg, world: int) -> Check:
         return Check("fail", "online mode", err.one_line())
     return Check("ok", "online mode", f"asynchronous: {lay.learners} learner(s) and {lay.producers} producer(s), "
                                       f"batches at most {k} update(s) old (the memory above is a learner's as in the "
-                                      "synchronous layout; a producer holds the policy, the engine and the reward "
-                                      "model)")
+                                      "synchronous layout, without the reference where the producers take it: "
+                                      "algo.async.reference, auto on CPU; a producer holds the policy, the engine "
+                                      "and the reward model)")
 
 
 def preflight(cfg, arch: Architecture, world: int) -> list[Check]:

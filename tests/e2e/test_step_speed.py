@@ -104,3 +104,60 @@ def test_on_policy_update_equals_the_update_with_a_separate_old_forward(make_tra
     torch.testing.assert_close(exp_c.old_logprobs[m], exp_a.old_logprobs[m], atol=1e-5, rtol=0)
     kl = trainer.after_on_policy_update(exp_c)["objective/kl"]
     assert kl == pytest.approx(trainer.kl_metrics(exp_a)["objective/kl"], abs=1e-5)
+
+
+@pytest.mark.parametrize("correction", ["tis", "mis", "icepop"])
+def test_a_correction_folded_into_the_on_policy_update_equals_the_separate_old_forward(make_trainer, tmp_path,
+                                                                                         correction):
+    """Stale samples (the asynchronous mode) take their correction from the update's own log-probs: the same
+    gradient, loss mask and weights as with a separate old forward, MIS's dropped tokens included."""
+    online = make_trainer(tmp_path / "run", "algo.ppo_epochs=1", f"algo.off_policy.correction={correction}",
+                          "algo.off_policy.low=0.95", "algo.off_policy.high=1.05", "algo.off_policy.cap=1.02",
+                          "algo.off_policy.icepop.low=0.95", "algo.off_policy.icepop.high=1.05")
+    trainer = online.learner
+    assert trainer.on_policy_update and trainer.cfg.algo.correction == correction
+    first = rollout_of(online, seed=5)
+    score_of(online, first)
+    noise = 0.1 * torch.randn(first.rollout.response_ids.shape, generator=torch.Generator().manual_seed(0))
+
+    def update(separate: bool):
+        exp = rollout_of(online, seed=5)
+        exp.texts, exp.raw_scores, exp.scores, exp.valid = first.texts, first.raw_scores, first.scores, first.valid
+        trainer.forward_passes(exp)
+        assert exp.old_logprobs is None  # no old forward even with a correction
+        batches = exp.token_batches(10_000)
+        old = exp.per_token(batches, [trainer.logprobs_of(trainer.policy, b) for _, b in batches])
+        exp.rollout.logprobs = old + noise  # the sampler's log-probs off the trainer's by ~10%
+        if separate:
+            exp.old_logprobs = old
+        trainer.advantages(exp)
+        return exp
+
+    exp_a = update(separate=True)
+    m = exp_a.keep_mask("valid").bool()
+    if correction == "mis":  # the band drops some tokens and keeps others
+        assert 0 < int((exp_a.loss_mask.bool() != m).sum()) < int(m.sum())
+    rows = torch.arange(len(exp_a.rollout))
+    trainer.policy.zero_grad()
+    st_a = trainer.policy_micro_step(exp_a.rows_of(rows), 1.0)
+    grads_a = torch.cat([p.grad.flatten() for p in trainer.policy.parameters() if p.grad is not None])
+
+    exp_b = update(separate=False)
+    assert exp_b.is_weights is None  # decided in the micro-batches
+    batch = {**exp_b.rows_of(rows), "rollout_logprobs": exp_b.rollout.logprobs[rows]}
+    trainer.policy.zero_grad()
+    st_b = trainer.policy_micro_step(batch, 1.0)
+    grads_b = torch.cat([p.grad.flatten() for p in trainer.policy.parameters() if p.grad is not None])
+    torch.testing.assert_close(batch["mask"], exp_a.loss_mask)
+    torch.testing.assert_close(st_b["loss/policy_avg"], st_a["loss/policy_avg"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(grads_b, grads_a, atol=1e-6, rtol=1e-5)
+
+    # the loop's update, then the step's mask, weights and metrics as the separate forward's
+    exp_c = update(separate=False)
+    trainer.ppo_update(exp_c, step=0)
+    metrics = trainer.after_on_policy_update(exp_c)
+    torch.testing.assert_close(exp_c.loss_mask, exp_a.loss_mask)
+    torch.testing.assert_close(exp_c.is_weights, exp_a.is_weights, atol=1e-5, rtol=0)
+    assert metrics["rollout/is_weight_mean"] == pytest.approx(
+        float(trainer.advantages(update(separate=True))["rollout/is_weight_mean"]), abs=1e-5)
+    assert metrics["rollout/is_ratio_outside_frac"] > 0

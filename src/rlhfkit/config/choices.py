@@ -15,6 +15,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "train.mixed_precision": ("auto", "no", "bf16", "fp16"),
     "algo.kl.placement": ("auto", "reward", "loss"),
     "algo.reference": ("precompute", "on_the_fly"),
+    "algo.async.reference": ("auto", "producer", "learner"),
     "critic.init": ("reward", "policy"),
     "algo.off_policy.level": ("token", "sequence"),
     "algo.objective": ("policy", "preference"),

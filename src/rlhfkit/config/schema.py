@@ -280,6 +280,10 @@ class AsyncConfig:
                               "each batch from weights at most K updates old (needs >= 2 processes)", ge=0)
     producers: int = f(1, "with max_staleness > 0: how many of the processes generate (the last ranks); the others "
                           "learn. producers and learners must divide one another", ge=1)
+    reference: str = f("auto", "with max_staleness > 0 and a reference (a KL): who computes its log-probs. producer "
+                               "(the producers, after each rollout: the learners' cycle is the update alone) | learner "
+                               "| auto (producer on CPU, where the learners are the busier side; learner on CUDA, "
+                               "where the rollout is)")
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,12 @@ schedule, so nothing waits on timing and nothing deadlocks:
 
 So step j is always made from version max(j - K, start): staleness is at most K, exactly K in the steady state, and
 the same in every run (a resumed run makes what the uninterrupted one made). While a learner updates on step s the
-producers make step s + K: both sides work at once. The samples are corrected as any off-policy samples are
-(``algo.off_policy.correction=auto`` is ``tis`` here); ``async/staleness_mean`` / ``_max`` say how stale each batch
-was and the ``rollout/`` mismatch metrics how far the producers' log-probs were from the learner's.
+producers make step s + K: both sides work at once. With a KL the reference's log-probs are taken by the less busy
+side (``algo.async.reference``: after each rollout by the producers, or by the learners; ``train/reference.py``),
+and the old log-probs come from the update itself when there is one update per rollout (``Learner.plan``). The
+samples are corrected as any off-policy samples are (``algo.off_policy.correction=auto`` is ``tis`` here);
+``async/staleness_mean`` / ``_max`` say how stale each batch was and the ``rollout/`` mismatch metrics how far the
+producers' log-probs were from the learner's.
 
 **Stops and resume.** A producer that fails or is signalled abandons its rollout and sends, for each piece it still
 owes before the next broadcast, a status instead (``failed`` with its error's one line, or ``signal``); the learners
@@ -65,6 +68,7 @@ from .experience import merge_groups
 from .learner import load_policy
 from .online_run import OnlineRun
 from .producer import Producer
+from .reference import ProducerReference, on_producer
 from .run import Run, run_recipe
 from .stop import Abandoned, StopControl, error_code, exit_code, one_line
 
@@ -133,6 +137,7 @@ class Producing:
             policy, tok = load_policy(cfg, bridge.device)
             policy.eval()
             producer.load(tok, policy, SimpleNamespace(print=lambda *a: None, sink=None))
+            reference = ProducerReference(cfg, policy, tok, bridge.device) if on_producer(cfg) else None
             names, params = trainable(policy)
             version, code, _, queued = bridge.header()
             if code != GO:
@@ -143,7 +148,7 @@ class Producing:
             step = version + queued  # the first step not in the learners' queues
             while True:
                 while step < producer.max_steps and step - self.K <= version:  # the learners' total_steps
-                    self.make(producer, policy, step, version)
+                    self.make(producer, policy, step, version, reference)
                     step += 1
                 version, code, _, _ = bridge.header()
                 if code != GO:
@@ -164,14 +169,19 @@ class Producing:
                            f"{n})", where="model", fix="load the same model and LoRA settings on every process")
         return [DTYPES[c] for c in codes.tolist()]
 
-    def make(self, producer: Producer, policy, step: int, version: int) -> None:
-        """This producer's pieces of ``step``, each sent to its learner (a status instead once it stopped)."""
+    def make(self, producer: Producer, policy, step: int, version: int,
+             reference: ProducerReference | None = None) -> None:
+        """This producer's pieces of ``step``, each sent to its learner (a status instead once it stopped), with
+        their reference log-probs when ``reference`` (``algo.async.reference``)."""
         for share, piece in self.layout.made_by(self.layout.rank):
             message = {"step": step, "version": version, "status": "ok"}
             if self.error is None and self.stop.signal is None and not self.bridge.aborted():
                 try:
                     with torch.no_grad():
                         exp = producer.produce(policy, step, share=share, piece=piece)
+                        if reference is not None:
+                            with producer.timer.phase("reference"):
+                                reference.annotate(exp)
                     message.update(exp=experience_state(exp), times=producer.take_times())
                 except Abandoned:
                     pass

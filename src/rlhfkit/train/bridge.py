@@ -89,7 +89,8 @@ def experience_state(exp: Experience) -> dict:
                                                              "response_mask", "ended", "lengths", "logprobs",
                                                              "action_mask")},
             "rows": exp.rows, "texts": exp.texts, "raw_scores": cpu(exp.raw_scores), "valid": cpu(exp.valid),
-            "reward_metrics": exp.reward_metrics, "turn_rewards": cpu(exp.turn_rewards)}
+            "reward_metrics": exp.reward_metrics, "turn_rewards": cpu(exp.turn_rewards),
+            "ref_logprobs": cpu(exp.ref_logprobs)}  # a producer's, with algo.async.reference (train/reference.py)
 
 
 def experience_of(state: dict, device) -> Experience:
@@ -97,7 +98,9 @@ def experience_of(state: dict, device) -> Experience:
     exp = Experience.of(Rollout(**state["rollout"]).to(device), state["rows"])
     exp.texts, exp.reward_metrics = state["texts"], state["reward_metrics"]
     exp.raw_scores, exp.valid = state["raw_scores"].to(device), state["valid"].to(device)
-    exp.turn_rewards = None if state["turn_rewards"] is None else state["turn_rewards"].to(device)
+    for name in ("turn_rewards", "ref_logprobs"):  # (a queue saved before reference log-probs travelled: none)
+        value = state.get(name)
+        setattr(exp, name, None if value is None else value.to(device))
     return exp
 
 

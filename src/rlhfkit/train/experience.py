@@ -207,7 +207,8 @@ def merge_groups(parts: list[Experience], groups: list[tuple[int, int]], k: int,
                  device) -> Experience:
     """One scored Experience of the groups ``groups`` ((part, prompt index) pairs) of ``parts`` (each ``k``
     completions per prompt), completion-major (row j * G + g is completion j of the g-th group): rows, texts, raw
-    scores, ``valid`` and turn rewards carried with their rows; reward metrics averaged over the parts."""
+    scores, ``valid``, turn rewards and reference log-probs carried with their rows; reward metrics averaged over the
+    parts."""
     offsets, n = [], 0
     for e in parts:
         offsets.append(n)
@@ -225,10 +226,11 @@ def merge_groups(parts: list[Experience], groups: list[tuple[int, int]], k: int,
     exp.texts = [all_texts[i] for i in rows]
     exp.raw_scores = torch.cat([e.raw_scores for e in parts])[idx.to(device)]
     exp.valid = torch.cat([e.valid for e in parts])[idx.to(device)]
-    if all(e.turn_rewards is not None for e in parts):
-        R = rollout.response_ids.shape[1]
-        padded = [torch.nn.functional.pad(e.turn_rewards, (0, R - e.turn_rewards.shape[1])) for e in parts]
-        exp.turn_rewards = torch.cat(padded)[idx.to(device)]
+    R = rollout.response_ids.shape[1]
+    for name in ("turn_rewards", "ref_logprobs"):  # [B, R] per token: padded to the merged width
+        if all(getattr(e, name) is not None for e in parts):
+            padded = [torch.nn.functional.pad(getattr(e, name), (0, R - getattr(e, name).shape[1])) for e in parts]
+            setattr(exp, name, torch.cat(padded)[idx.to(device)])
     keys = set().union(*(e.reward_metrics for e in parts))
     exp.reward_metrics = {k_: sum(e.reward_metrics.get(k_, 0.0) for e in parts) / len(parts) for k_ in keys}
     return exp

@@ -29,6 +29,7 @@ NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpoi
                      "train.log_every", "train.eval_every", "train.save_every", "train.save_total_limit",
                      "train.eval_batch_size", "train.max_nonfinite_skips", "train.epochs", "train.max_steps",
                      "algo.total_episodes", "distributed.timeout_s",
+                     "algo.async.reference",  # where the reference's log-probs are taken, not what they are
                      "defaults")  # which defaults the values came from: the values themselves are fingerprinted
 #: the run length: a finished run rerun with the same length is finished; with another, it resumes
 LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")

@@ -22,7 +22,7 @@ from .. import algos
 from ..config import replace
 from ..data.chat import stop_token_ids
 from ..errors import ConfigError
-from ..models.loading import describe, is_peft, load_causal_lm, load_scalar_model
+from ..models.loading import describe, load_causal_lm, load_scalar_model
 from ..models.tokenizer import same_ids
 from ..track import NO_PHASES, Phases, PhaseTimer
 from .common import mean_stats, model_named
@@ -32,6 +32,7 @@ from .forward import disable_dropout, on_device, response_stats, response_values
 from .online_preference import preference_update
 from .optim import clip_and_step
 from .producer import penalised_scores
+from .reference import load_reference, needs_reference, on_producer, reference_of
 from .run import Run, set_up_trained
 from .teacher import CrossTokenizerTeacher
 
@@ -56,8 +57,8 @@ class Learner:
         self.k = algo.num_generations
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
         self.preference = algo.objective == "preference"  # online DPO: a pair loss instead of the policy loss
-        self.needs_ref = self.use_kl or (self.preference and algos.PREFERENCE_LOSSES[algo.preference.loss]
-                                         .needs_reference)
+        self.needs_ref = needs_reference(cfg)
+        self.ref_from_producer = on_producer(cfg)  # asynchronous: the producers send the reference log-probs
         placement = algo.kl.placement
         self.kl_in_reward = self.estimator.kl_in_reward_default if placement == "auto" else placement == "reward"
         self.device = run.device
@@ -74,12 +75,9 @@ class Learner:
         cfg, run = self.cfg, self.run
         self.policy, self.tok = load_policy(cfg, self.device)
         run.print(f"[{cfg.recipe}] policy {cfg.model.name}: {describe(self.policy)}")
-        self.ref = None
-        if self.needs_ref and not (is_peft(self.policy) and cfg.ref_model is None):
-            ref_cfg = model_named(cfg.model, cfg.ref_model or cfg.model.name)
-            self.ref, _ = load_causal_lm(ref_cfg, tokenizer=self.tok, device=self.device, seed=cfg.train.seed,
-                                         trainable=False)
-            self.ref.to("cpu" if cfg.memory.offload_reference else self.device)
+        self.ref = None  # None with a reference: the LoRA policy with its adapter disabled (train/reference.py)
+        if self.needs_ref and not self.ref_from_producer:
+            self.ref = load_reference(cfg, self.policy, self.tok, self.device)
         self.teacher = self.cross = None
         if cfg.teacher.model:  # loaded with its own tokenizer (and chat template); another one than the student's
             #                    is aligned to the student's tokens by character spans (train/teacher.py)
@@ -104,15 +102,18 @@ class Learner:
     def plan(self, per_step_samples: int) -> None:
         """Updates per step (``ppo_epochs`` x mini-batches of a ``per_step_samples`` batch) and whether the update is
         on-policy: one update per rollout, the old policy IS the updated one, its log-probs the update's own (as
-        TRL); step 4 skips that forward (ratio exactly 1, same gradient) unless step 5 needs them (KL in reward, a
-        correction, a teacher's reward)."""
+        TRL); step 4 skips that forward (ratio exactly 1, same gradient) unless step 5 needs them before the update
+        (KL in reward, a teacher's reward). An off-policy correction needs them too, but only row by row: each
+        micro-batch takes its weights (and MIS its mask) from the update's own detached log-probs, the same numbers
+        the separate forward would give (the weights are not changed by then), so stale samples (the asynchronous
+        mode) cost no extra forward either."""
         algo = self.cfg.algo
         per_epoch = per_step_samples // algo.mini_batch_size
         if self.preference:  # online DPO updates on the prompts' pairs: at most one update per pair
             per_epoch = max(1, min(per_epoch, per_step_samples // self.k))
         self.updates_per_step = algo.ppo_epochs * per_epoch
         self.on_policy_update = self.updates_per_step == 1 and not (self.use_kl and self.kl_in_reward) and \
-            algo.correction == "none" and self.teacher is None and not self.preference
+            self.teacher is None and not self.preference
 
     def set_up(self, total_updates: int) -> dict | None:
         """Wrap, optimizer, schedule, prepare, resume the newest valid checkpoint of the same run (or start over),
@@ -212,10 +213,12 @@ class Learner:
             exp.old_logprobs = each("old_logprobs", self.policy, gather(self.policy))
         if evaluation:
             return
-        if self.needs_ref:  # LoRA without a reference model: the policy with its adapter disabled
-            exp.ref_logprobs = (each("reference", self.policy, gather(self.policy),
-                                     self.acc.unwrap_model(self.policy).disable_adapter()) if self.ref is None else
-                                each("reference", self.ref, on_device(self.ref, self.device, mem.offload_reference)))
+        if self.needs_ref and exp.ref_logprobs is None:  # (the asynchronous producers may have sent them)
+            if self.ref_from_producer and self.ref is None:  # a queue resumed from a run where the learner took them
+                self.ref = load_reference(self.cfg, self.policy, self.tok, self.device)
+            model, context = reference_of(self.ref, self.policy, self.device, mem.offload_reference,
+                                          self.acc.unwrap_model)
+            exp.ref_logprobs = each("reference", model, *([gather(self.policy)] if self.ref is None else []), context)
         if self.critic is not None:
             with self.timer.phase("values"), gather(self.critic), self.acc.autocast():
                 exp.values = exp.per_token(batches, [response_values(self.critic, b) for _, b in batches])
@@ -238,6 +241,7 @@ class Learner:
             metrics = self.kl_metrics(exp)
         else:  # on-policy update: no KL in the reward; measured after the update (after_on_policy_update)
             metrics, exp.kl = {}, torch.zeros_like(mask)
+            self.sampled_logprobs(exp)  # a correction without sampling log-probs: one line before the update
         token_rewards, _ = algos.shaped_token_rewards(exp.scores, exp.kl, mask, coef, self.kl_in_reward)
         if exp.teacher_logprobs is not None:  # distillation: the teacher's per-token reward (teacher.coef)
             tc = self.cfg.teacher
@@ -274,8 +278,20 @@ class Learner:
         return {"objective/kl": kl, "objective/non_score_reward": -self.kl_ctl.value * kl if self.kl_in_reward else 0.0}
 
     def after_on_policy_update(self, exp: Experience) -> dict:
-        """On-policy: step 5's KL and rollout / trainer mismatch metrics, from the update's own log-probs."""
-        return {**self.kl_metrics(exp), **self.off_policy(exp)[1]}
+        """On-policy: step 5's KL and rollout / trainer mismatch metrics, from the update's own log-probs; with a
+        correction, the loss mask and weights the micro-batches used, composed for the whole step."""
+        weights, metrics = self.off_policy(exp)
+        if weights is not None:
+            exp.compose_loss_mask(exp.advantages, weights)  # the advantages are masked already; in_band only removes
+            metrics["rollout/is_weight_mean"] = float(algos.masked_mean(exp.is_weights, exp.mask))
+        return {**self.kl_metrics(exp), **metrics}
+
+    def sampled_logprobs(self, exp: Experience) -> torch.Tensor | None:
+        """The engine's sampling log-probs; a correction without them is a configuration error."""
+        if exp.rollout.logprobs is None and self.cfg.algo.correction != "none":
+            raise ConfigError(f"rollout engine {self.cfg.generation.engine!r} reports no sampling log-probs",
+                              where="algo.off_policy.correction", fix="set algo.off_policy.correction=none")
+        return exp.rollout.logprobs
 
     def off_policy(self, exp: Experience) -> tuple[torch.Tensor | None, dict]:
         """Mismatch metrics between the engine's sampling log-probs and the trainer's old log-probs over the tokens
@@ -283,11 +299,8 @@ class Learner:
         no correction) and sets ``exp.in_band``, what it keeps (MIS: without the tokens / rows outside the band, so
         they leave every loss and their advantages are zeroed)."""
         op, correction = self.cfg.algo.off_policy, self.cfg.algo.correction
-        sampled = exp.rollout.logprobs
+        sampled = self.sampled_logprobs(exp)
         if sampled is None:
-            if correction != "none":
-                raise ConfigError(f"rollout engine {self.cfg.generation.engine!r} reports no sampling log-probs",
-                                  where="algo.off_policy.correction", fix="set algo.off_policy.correction=none")
             return None, {}
         kept = exp.keep_mask("valid", "untied", "finished")  # every keep-factor decided before this one
         if self.acc.num_processes > 1:  # the tail (p99, max) of every process's tokens, not a mean of tails
@@ -307,6 +320,8 @@ class Learner:
             logprobs = per_token.logprobs
             on_policy = "old_logprobs" not in batch  # the update's own log-probs are the old ones
             old = logprobs.detach() if on_policy else batch["old_logprobs"]
+            if "rollout_logprobs" in batch:  # on-policy with a correction: its weights and mask from them, row by row
+                self.fold_correction(batch, old)
             loss, st = self.policy_loss(logprobs, old, batch["advantages"], batch["mask"],
                                         getattr(algo, self.policy_loss.section),  # the loss's own settings
                                         aggregation=algo.loss_aggregation, max_len=self.max_response_len,
@@ -324,6 +339,18 @@ class Learner:
                 "val/ratio": st["ratio_mean"], "val/ratio_var": st["ratio_var"],
                 **({"logprobs": old} if on_policy else {})}
 
+    def fold_correction(self, batch: dict, old: torch.Tensor) -> None:
+        """The off-policy correction of an on-policy micro-batch (see :meth:`plan`), into ``batch``: its weights
+        and the mask it keeps (the critic's step after it reads the same), as ``advantages`` composes them for a
+        step with a separate old forward (``Experience.compose_loss_mask``)."""
+        algo = self.cfg.algo
+        weights, keep = algos.OFF_POLICY_CORRECTIONS[algo.correction](old, batch.pop("rollout_logprobs"),
+                                                                      batch["mask"], algo.off_policy)
+        batch["mask"] = keep
+        batch["advantages"] = batch["advantages"] * keep
+        if weights is not None:
+            batch["is_weights"] = weights * keep
+
     def critic_micro_step(self, batch: dict, scale: float) -> dict:
         with self.acc.autocast():
             values = response_values(self.critic, batch)
@@ -338,6 +365,7 @@ class Learner:
         n = len(exp.rollout)
         stats: list[dict] = []
         own = torch.zeros_like(exp.action) if exp.old_logprobs is None else None
+        fold = own is not None and self.cfg.algo.correction != "none"  # the correction in each micro-batch
         g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
         self.policy.train()
         self.phases.phase("update", total=algo.ppo_epochs * math.ceil(n / algo.mini_batch_size))
@@ -348,6 +376,8 @@ class Learner:
                 micro_n = math.ceil(len(mini) / mb)
                 for i, s in enumerate(range(0, len(mini), mb)):
                     batch = exp.rows_of(mini[s: s + mb])
+                    if fold:
+                        batch["rollout_logprobs"] = exp.rollout.logprobs[mini[s: s + mb]]
                     last = i == micro_n - 1
                     st = {}
                     with (contextlib.nullcontext() if last else self.acc.no_sync(self.policy)):
