@@ -161,10 +161,12 @@ def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
 
     rows = [json.loads(line) for line in data["train"].read_text().splitlines()]
     if s["method"] == "online_dpo":
+        from transformers import AutoTokenizer
         from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
         trainer = OnlineDPOTrainer(model=str(model), reward_funcs=reward, args=OnlineDPOConfig(
-            **trl_online_dpo(out_dir, s, seed)), train_dataset=Dataset.from_list(rows))
+            **trl_online_dpo(out_dir, s, seed)), train_dataset=Dataset.from_list(rows),
+            processing_class=AutoTokenizer.from_pretrained(str(model)))  # required by TRL 1.16's OnlineDPOTrainer
         trainer.train()
         trainer.save_model(str(out_dir / "final"))
         trainer.processing_class.save_pretrained(str(out_dir / "final"))

@@ -49,6 +49,7 @@ def prompts_by_step(out: Path) -> dict[int, list[str]]:
     for line in (out / "samples.jsonl").read_text().splitlines():
         row = json.loads(line)
         seen[row["step"]].append(row["prompt"])
+    assert seen, f"no samples in {out / 'samples.jsonl'}"  # two empty files would compare equal
     return {step: sorted(p) for step, p in seen.items()}
 
 

@@ -95,6 +95,7 @@ def test_step5_composes_the_mask_the_old_rewrites_made(correction, level):
     trainer = SimpleNamespace(cfg=cfg, kl_ctl=FixedKLController(0.0), estimator=ADVANTAGE_ESTIMATORS["grpo"], k=2,
                               kl_in_reward=True, acc=SimpleNamespace(num_processes=1), moments=None)
     trainer.off_policy = MethodType(Learner.off_policy, trainer)
+    trainer.sampled_logprobs = MethodType(Learner.sampled_logprobs, trainer)
     trainer.kl_metrics = MethodType(Learner.kl_metrics, trainer)
     exp = Experience(rollout=rollout, rows=[{}] * B, position_ids=None, action=action.float(), valid=valid,
                      scores=scores, old_logprobs=old_lp, ref_logprobs=None, values=None)

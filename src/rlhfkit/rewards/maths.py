@@ -50,7 +50,6 @@ import os
 import re
 import select
 import signal
-import threading
 import warnings
 from collections.abc import Sequence
 from decimal import Decimal
@@ -282,24 +281,10 @@ def _under_limit(fn, timeout_s: float | None):
     Where ``fork`` exists, ``fn`` runs in a forked child that is killed at the limit (SIGKILL: SymPy's big-integer
     arithmetic is C code that no signal handler interrupts) and whose address space is capped
     (:data:`SYMBOLIC_MEMORY` above its parent's); a child that fails (an exception, the memory cap) answers False.
-    Elsewhere SIGALRM in the main thread, else no bound."""
-    if not timeout_s:
+    Without ``fork`` (Windows, which has no SIGALRM either) there is no bound."""
+    if not timeout_s or not hasattr(os, "fork"):
         return fn()
-    if hasattr(os, "fork"):
-        return _in_child(fn, timeout_s)
-    if threading.current_thread() is not threading.main_thread():
-        return fn()
-
-    def on_alarm(signum, frame):
-        raise _CheckTimeout()
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
-        return fn()
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    return _in_child(fn, timeout_s)
 
 
 def _in_child(fn, timeout_s: float) -> bool:
