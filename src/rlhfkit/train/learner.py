@@ -181,8 +181,9 @@ class Learner:
         <= ``memory.forward_tokens`` tokens (an offloaded model moves once), gathered once when sharded (the number
         of batches differs between processes). ``evaluation``: the policy and the teacher only."""
         distill, mem = self.teacher is not None, self.cfg.memory
-        if not (evaluation or distill or not self.on_policy_update or self.needs_ref or self.critic is not None):
-            return  # on-policy, no KL, no critic: nothing to compute before the update
+        take_ref = self.needs_ref and exp.ref_logprobs is None  # (the asynchronous producers may have sent them)
+        if not (evaluation or distill or not self.on_policy_update or take_ref or self.critic is not None):
+            return  # on-policy, no reference log-probs to take, no critic: nothing to compute before the update
         if not evaluation:
             self.phases.phase("log-probs")
         batches = exp.token_batches(mem.forward_tokens)
@@ -213,7 +214,7 @@ class Learner:
             exp.old_logprobs = each("old_logprobs", self.policy, gather(self.policy))
         if evaluation:
             return
-        if self.needs_ref and exp.ref_logprobs is None:  # (the asynchronous producers may have sent them)
+        if take_ref:
             if self.ref_from_producer and self.ref is None:  # a queue resumed from a run where the learner took them
                 self.ref = load_reference(self.cfg, self.policy, self.tok, self.device)
             model, context = reference_of(self.ref, self.policy, self.device, mem.offload_reference,
