@@ -12,7 +12,8 @@ Cases (``--cases 1,2,3,4``):
   3  GRPO: Qwen3-8B-shaped policy with LoRA, 512 new tokens, 8 prompts x 8 completions;
   4  the same with QLoRA (bitsandbytes 4-bit base; skipped, with why, when bitsandbytes is not installed).
 
-How: ``rlhfkit.train.online.run_online`` on the case's config, as the CLI runs it, with two substitutions made only
+How: ``rlhfkit.train.online.synchronous.run_online`` on the case's config, as the CLI runs it, with two substitutions
+made only
 here: model loading builds the model from its ``config.json`` straight on the device with transformers' own random
 initialisation (QLoRA: saved once to a temporary directory and loaded through the real 4-bit path), and the final
 model is neither gathered nor written (a 7B directory per case would cost minutes and disk; the loop up to that
@@ -160,10 +161,10 @@ def random_weights(device: torch.device, tmp: Path):
 @contextlib.contextmanager
 def substituted(device: torch.device, tmp: Path, peaks: dict):
     """Random weights for every model, no final model written, each timed phase's peak recorded in ``peaks``."""
-    import rlhfkit.train.online_run as online
+    import rlhfkit.train.online.online_run as online
     from rlhfkit.models import loading
     from rlhfkit.track import timing
-    from rlhfkit.train.distributed import FSDP2Strategy
+    from rlhfkit.train.lifecycle.distributed import FSDP2Strategy
 
     saved = (loading._from_pretrained, online.save_model, timing.PhaseTimer.phase, FSDP2Strategy.full_model)
     original_phase = timing.PhaseTimer.phase
@@ -200,7 +201,7 @@ def run_case(spec: dict, device: torch.device, quick: bool, tmp: Path) -> dict:
     from accelerate.state import AcceleratorState
 
     from rlhfkit.plan import plan
-    from rlhfkit.train.online import run_online
+    from rlhfkit.train.online.synchronous import run_online
 
     if spec.get("needs") and importlib.util.find_spec(spec["needs"]) is None:
         return {"name": spec["name"], "skip": f"{spec['needs']} not installed (bench/README.md: the wheel to carry)"}

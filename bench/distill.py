@@ -135,8 +135,8 @@ def distill_before(model: Path, teacher: Path, data: dict, s: dict, work: Path) 
     (``OnlineTrainer.evaluate``, the function its end-of-run evaluation calls, same prompts and seeds) before any
     update, as ``tests/e2e/test_distill.py`` measures it."""
     from rlhfkit.config import build_config
-    from rlhfkit.train.online import OnlineTrainer
-    from rlhfkit.train.run import start_run
+    from rlhfkit.train.lifecycle.run import start_run
+    from rlhfkit.train.online.synchronous import OnlineTrainer
 
     argv = distill_command(model, teacher, data, s, work / "eval_before")[1:]
     with start_run(build_config("distill", {}, argv, source="bench/distill.py")) as run:

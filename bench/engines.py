@@ -119,9 +119,9 @@ def first_and_median(call, device: torch.device, reps: int) -> tuple[float, floa
 
 
 def _trainer_logits(model, rollout) -> torch.Tensor:
-    """The trainer's logits [B, R, V] for the rollout's responses (``train.forward.response_logits``)."""
-    from rlhfkit.train.experience import position_ids_of
-    from rlhfkit.train.forward import response_logits
+    """The trainer's logits [B, R, V] for the rollout's responses (``train.shared.forward.response_logits``)."""
+    from rlhfkit.train.online.experience import position_ids_of
+    from rlhfkit.train.shared.forward import response_logits
 
     batch = {"input_ids": rollout.sequences, "attention_mask": rollout.attention_mask,
              "position_ids": position_ids_of(rollout.attention_mask), "response_ids": rollout.response_ids}

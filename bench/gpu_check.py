@@ -21,7 +21,8 @@ On CUDA: a SmolLM2-135M-shaped Llama with random weights in bf16, batch 16, prom
   (i) the continuous engine (issue 31): (h)'s three checks for it, and on long-tailed lengths (the model rigged by
       ``_common.rig_lengths``, mean 64, at most 512 new tokens, 128 requests) its decode steps and tokens/s against
       the static engine at equal slots (32)
-  (j) the fused LM head (issue 32): log-probs, entropy and gradients through ``train.forward.response_stats`` equal
+  (j) the fused LM head (issue 32): log-probs, entropy and gradients through ``train.shared.forward.response_stats``
+  equal
       the plain logits path in bf16 on the device; ``liger-kernel``'s fused linear cross-entropy against rlhfkit's
       PyTorch path when it is installed; ``bench/logprobs.py --head``'s bytes at Qwen's vocabulary (max allocated)
   (m) the big-model section (bench/big_models.py), only when asked (``--only m``): PPO with a Llama-2-7B-shaped
@@ -56,9 +57,9 @@ from _common import check, llama, median_time, parse_args, print_table, sync
 
 from rlhfkit import algos
 from rlhfkit.rollout import ContinuousEngine, HFEngine, SamplingParams, StaticEngine
-from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.forward import response_logits, response_stats, response_values
-from rlhfkit.train.sft import sft_forward
+from rlhfkit.train.online.experience import position_ids_of
+from rlhfkit.train.shared.forward import response_logits, response_stats, response_values
+from rlhfkit.train.supervised.sft import sft_forward
 
 
 def main() -> None:
@@ -312,7 +313,7 @@ def main() -> None:
     def _():
         from accelerate import Accelerator
 
-        from rlhfkit.train.run import keep_logits_dtype
+        from rlhfkit.train.lifecycle.run import keep_logits_dtype
 
         acc = Accelerator(mixed_precision="bf16", cpu=dev.type == "cpu")
         m32 = llama(dev, True, dtype=torch.float32)  # small fp32 model: this checks dtypes, not speed
@@ -404,7 +405,7 @@ def main() -> None:
 
         if importlib.util.find_spec("liger_kernel") is None or dev.type != "cuda":
             return "SKIP", "liger-kernel not installed here (optional; bench/README.md) or no CUDA"
-        from rlhfkit.train import forward as fwd
+        from rlhfkit.train.shared import forward as fwd
 
         x = torch.randn(B * R, model.config.hidden_size, generator=g).to(dev, torch.bfloat16).requires_grad_(True)
         w = (torch.randn(V, model.config.hidden_size, generator=g) * 0.02).to(dev, torch.bfloat16).requires_grad_(True)

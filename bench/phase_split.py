@@ -21,10 +21,10 @@ sys.path[:0] = [str(root / "src"), str(root / "bench")]
 import vs_trl  # noqa: E402
 
 try:
-    from rlhfkit.train.learner import Learner  # noqa: E402
-    from rlhfkit.train.producer import Producer  # noqa: E402
+    from rlhfkit.train.online.learner import Learner  # noqa: E402
+    from rlhfkit.train.online.producer import Producer  # noqa: E402
 except ImportError:  # a checkout older than the producer / learner split
-    from rlhfkit.train.online import OnlineTrainer as Learner  # noqa: E402
+    from rlhfkit.train.online.synchronous import OnlineTrainer as Learner  # noqa: E402
 
     Producer = Learner
 

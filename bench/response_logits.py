@@ -24,8 +24,8 @@ import torch
 from _common import llama, paired_times, parse_args, peak_memory, ratio_line
 
 from rlhfkit.algos import token_logprobs
-from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.forward import response_logits
+from rlhfkit.train.online.experience import position_ids_of
+from rlhfkit.train.shared.forward import response_logits
 
 
 def make_batch(model, B: int, P: int, R: int, device: torch.device) -> dict:

@@ -2,10 +2,11 @@
 SmolLM2-135M-Instruct (float32; random weights of the same shape with ``--random``):
 
 - the optimizer step: ``torch.optim.AdamW`` per-tensor loop (PyTorch's default on CPU) and ``foreach`` against the
-  fused kernel that ``train.optim.build_optimizer`` takes (TRL's default ``adamw_torch_fused``), over the model's
+  fused kernel that ``train.lifecycle.optim.build_optimizer`` takes (TRL's default ``adamw_torch_fused``), over the
+  model's
   parameters with random gradients;
 - the forward of a GRPO batch (``--prompts`` prompts x ``--k`` completions, the prompt ``--prompt-len`` tokens, the
-  responses ``--response-len``): ``train.forward.response_logits`` with each prompt run once
+  responses ``--response-len``): ``train.shared.forward.response_logits`` with each prompt run once
   (``share_prompts=True``, the default) against the whole batch (``share_prompts=False``), no-grad and forward +
   backward, the log-probs checked equal.
 
@@ -39,7 +40,7 @@ def load(random: bool):
 
 def optimizer_rows(model, repeats: int) -> list[tuple]:
     from rlhfkit.config.schema import OptimConfig
-    from rlhfkit.train.optim import build_optimizer
+    from rlhfkit.train.lifecycle.optim import build_optimizer
 
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -53,8 +54,8 @@ def optimizer_rows(model, repeats: int) -> list[tuple]:
 
 def forward_rows(model, args) -> list[tuple]:
     from rlhfkit.algos import token_logprobs
-    from rlhfkit.train.experience import position_ids_of
-    from rlhfkit.train.forward import response_logits
+    from rlhfkit.train.online.experience import position_ids_of
+    from rlhfkit.train.shared.forward import response_logits
 
     g = torch.Generator().manual_seed(0)
     V, P, R = model.config.vocab_size, args.prompt_len, args.response_len

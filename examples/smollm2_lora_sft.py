@@ -67,7 +67,7 @@ def main() -> int:
     from rlhfkit.config import build_config
     from rlhfkit.models.loading import _gguf_cache_dir, load_causal_lm, resolve_source
     from rlhfkit.tasks import get_task, write_jsonl
-    from rlhfkit.train.sft import run_sft
+    from rlhfkit.train.supervised.sft import run_sft
 
     if args.threads:
         torch.set_num_threads(args.threads)

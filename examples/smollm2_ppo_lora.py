@@ -15,7 +15,8 @@
    forward passes / PPO update;
 5. reload the written policy with plain ``transformers`` (merged weights, no peft) and answer one question.
 
-The trainer is ``rlhfkit.train.online.OnlineTrainer`` keeping its rollouts (:class:`RecordingTrainer`); the phase
+The trainer is ``rlhfkit.train.online.synchronous.OnlineTrainer`` keeping its rollouts (:class:`RecordingTrainer`); the
+phase
 times are its own ``time/<phase>`` metrics. :func:`run_timed` does what ``run_online`` does (run directory, trainer,
 ``train()``), keeping the trainer so its models can be inspected. docs/real-models.md lists measured numbers."""
 
@@ -36,7 +37,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from smollm2 import find_smollm2_gguf, search_report  # noqa: E402
 
-from rlhfkit.train.online import OnlineTrainer  # noqa: E402
+from rlhfkit.train.online.synchronous import OnlineTrainer  # noqa: E402
 
 # (question, answer): the first 16 make the training pairs and the PPO prompts, the last 4 the held-out pairs
 QUESTIONS = [
@@ -98,9 +99,9 @@ class RecordingTrainer(OnlineTrainer):
 
 
 def run_timed(cfg, trainer_cls=RecordingTrainer, check=None):
-    """What ``rlhfkit.train.online.run_online`` does (without the HTML report), keeping the trainer:
+    """What ``rlhfkit.train.online.synchronous.run_online`` does (without the HTML report), keeping the trainer:
     ``check(trainer)`` runs after the models are loaded and before training. Returns (trainer, last metrics)."""
-    from rlhfkit.train.loop import start_run
+    from rlhfkit.train.supervised.loop import start_run
 
     cfg.check_inputs()
     with start_run(cfg) as run:  # the run's Session: lock, resume or start over, staged files, finish
@@ -195,7 +196,7 @@ def main() -> int:
     from rlhfkit.config import build_config
     from rlhfkit.models.loading import is_peft, resolve_source
     from rlhfkit.tasks import write_jsonl
-    from rlhfkit.train.reward import run_rm
+    from rlhfkit.train.supervised.reward import run_rm
 
     if args.threads:
         torch.set_num_threads(args.threads)

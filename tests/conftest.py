@@ -96,7 +96,7 @@ def eval_prompts(task_data) -> list[dict]:
 def sft_run(task_data, tmp_path_factory) -> tuple[Path, dict]:
     """(model directory, final metrics) of SFT on the built-in task."""
     from rlhfkit.config import build_config
-    from rlhfkit.train.sft import run_sft
+    from rlhfkit.train.supervised.sft import run_sft
 
     out = tmp_path_factory.mktemp("sft")
     metrics = run_sft(build_config("sft", {}, sft_overrides(task_data, out)))
@@ -111,7 +111,7 @@ def sft_dir(sft_run) -> Path:
 @pytest.fixture(scope="session")
 def rm_run(task_data, sft_dir, tmp_path_factory) -> tuple[Path, dict]:
     from rlhfkit.config import build_config
-    from rlhfkit.train.reward import run_rm
+    from rlhfkit.train.supervised.reward import run_rm
 
     out = tmp_path_factory.mktemp("rm")
     metrics = run_rm(build_config("rm", {}, rm_overrides(task_data, sft_dir, out)))
@@ -196,7 +196,7 @@ def bpe_tokenizer(tmp_path_factory):
 def run_until_first_checkpoint(run, cfg) -> None:
     """``run(cfg)`` stopped right after its first checkpoint is written (as a kill after a save would): the tests that
     resume it compare it with an uninterrupted run."""
-    from rlhfkit.train import checkpoint as checkpoint_mod
+    from rlhfkit.train.lifecycle import checkpoint as checkpoint_mod
 
     class Stop(Exception):
         pass

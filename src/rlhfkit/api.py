@@ -159,7 +159,7 @@ class Trainer:
         from .config import replace
         from .track.console import silence_libraries
         from .track.progress import read_metrics, run_summary_line
-        from .train.run import with_callbacks
+        from .train.lifecycle.run import with_callbacks
 
         cfg = self.config
         if resume_from_checkpoint is not None and resume_from_checkpoint is not False:

@@ -3,7 +3,8 @@
 This module parses and dispatches, nothing else. Recipe modules are imported inside each command (so
 ``rlhfkit --help`` answers without importing torch). Exit codes: 0 success, 2 a :class:`~rlhfkit.errors.UserError`
 (one line on stderr: ``error: <where>: <what> (fix: <how>)``), 130 interrupted (Ctrl-C), 143 / 138 stopped by
-SIGTERM / SIGUSR1 with a checkpoint (``train/stop.py``); any other exception is a bug and keeps its traceback (under
+SIGTERM / SIGUSR1 with a checkpoint (``train/lifecycle/stop.py``); any other exception is a bug and keeps its traceback
+(under
 torchrun followed by one line naming the rank, exit 1).
 
 Overrides of a training command may be written ``key.sub=value``, ``--key.sub value`` or ``--key.sub=value``;
@@ -595,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         if not who:
             raise  # a bug: its traceback
-        from .train.stop import one_line
+        from .train.lifecycle.stop import one_line
 
         cause, resume = one_line(err), _resume_hint()
         low = cause.lower()

@@ -67,6 +67,11 @@ class RewardError(UserError):
     """A reward function that cannot be imported, called, or returns the wrong thing."""
 
 
+class EnvError(UserError):
+    """An environment that cannot be loaded, or that fails or returns the wrong thing during an episode
+    (``rlhfkit.envs``)."""
+
+
 class RunError(UserError):
     """The run directory cannot be used as asked: locked by another run, holding a different run, unreadable or
     damaged checkpoints, a full disk while saving."""
@@ -83,7 +88,8 @@ class NonFiniteError(UserError):
 
 
 class Stopped(KeyboardInterrupt):
-    """A run stopped on purpose before its end: by a preemption signal (SIGTERM, SIGUSR1; ``train/stop.py``) or
+    """A run stopped on purpose before its end: by a preemption signal (SIGTERM, SIGUSR1; ``train/lifecycle/stop.py``)
+    or
     because another rank failed. Like Ctrl-C's ``KeyboardInterrupt`` (which it is, so no ``except Exception`` in user
     code swallows it), the CLI prints it as one line (``message``; None: the CLI's own line naming the last
     checkpoint) and exits with ``exit_code``; ``names_checkpoint`` False: the CLI adds the last checkpoint to it."""

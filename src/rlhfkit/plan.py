@@ -195,7 +195,7 @@ def roles_of(cfg, device: str, notes: list[Check]) -> list[ModelRole]:
             roles.append(ModelRole("reference", ref, "frozen", frozen_wb, sharded=False, offloaded=pre,
                                    note="log-probs precomputed before training, then freed" if pre else ""))
     elif family == "online":
-        from .train.reference import needs_reference, on_producer
+        from .train.online.reference import needs_reference, on_producer
 
         if needs_reference(cfg) and not (lora and cfg.ref_model is None) and not on_producer(cfg, device == "cuda"):
             ref = _arch_or_policy(cfg.ref_model, policy, notes, "reference model")
@@ -479,7 +479,7 @@ def online_mode(cfg, world: int) -> Check:
     """Which mode the online run asks for on ``world`` devices: synchronous (every device generates and updates in
     turn; the default, and the only mode on one device) or producers and learners side by side (``algo.async``)."""
     from .errors import ConfigError
-    from .train.bridge import layout_of
+    from .train.online.bridge import layout_of
 
     k = cfg.algo.async_.max_staleness
     if k == 0:

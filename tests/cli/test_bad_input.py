@@ -87,10 +87,10 @@ def _in_process(argv: list[str], tripwire: bool = False) -> tuple[int | str, str
     import io
 
     import rlhfkit.models.loading
-    import rlhfkit.train.online
-    import rlhfkit.train.preference
-    import rlhfkit.train.reward
-    import rlhfkit.train.sft
+    import rlhfkit.train.online.synchronous
+    import rlhfkit.train.supervised.preference
+    import rlhfkit.train.supervised.reward
+    import rlhfkit.train.supervised.sft
     from rlhfkit.cli import main
 
     err, std = io.StringIO(), io.StringIO()
@@ -102,8 +102,9 @@ def _in_process(argv: list[str], tripwire: bool = False) -> tuple[int | str, str
             else:
                 mp.delenv(key, raising=False)
         if tripwire:
-            for module in (rlhfkit.models.loading, rlhfkit.train.sft, rlhfkit.train.reward, rlhfkit.train.preference,
-                           rlhfkit.train.online):
+            for module in (rlhfkit.models.loading, rlhfkit.train.supervised.sft, rlhfkit.train.supervised.reward,
+            rlhfkit.train.supervised.preference,
+                           rlhfkit.train.online.synchronous):
                 for name in ("load_causal_lm", "load_scalar_model"):
                     if hasattr(module, name):
                         mp.setattr(module, name, _tripwire)

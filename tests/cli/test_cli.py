@@ -110,12 +110,13 @@ def captured(monkeypatch):
             return {}
         return fn
 
-    import rlhfkit.train.reward
-    import rlhfkit.train.sft
+    import rlhfkit.train.supervised.reward
+    import rlhfkit.train.supervised.sft
 
-    monkeypatch.setattr(rlhfkit.train.sft, "run_sft", recorder("run_sft"))
-    monkeypatch.setattr(rlhfkit.train.reward, "run_rm", recorder("run_rm"))
-    for name, attrs in {"rlhfkit.train.online": ["run_online"], "rlhfkit.train.preference": ["run_preference"],
+    monkeypatch.setattr(rlhfkit.train.supervised.sft, "run_sft", recorder("run_sft"))
+    monkeypatch.setattr(rlhfkit.train.supervised.reward, "run_rm", recorder("run_rm"))
+    for name, attrs in {"rlhfkit.train.online.synchronous": ["run_online"], "rlhfkit.train.supervised.preference":
+    ["run_preference"],
                         "rlhfkit.pipeline": ["run_pipeline", "run_quickstart"]}.items():
         fake = types.ModuleType(name)
         for attr in attrs:
@@ -171,18 +172,18 @@ def test_config_errors_come_before_the_recipe(captured, capsys):
 
 
 def test_programming_errors_keep_their_traceback(monkeypatch, tmp_path):
-    import rlhfkit.train.sft
+    import rlhfkit.train.supervised.sft
 
     def boom(cfg):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(rlhfkit.train.sft, "run_sft", boom)
+    monkeypatch.setattr(rlhfkit.train.supervised.sft, "run_sft", boom)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["sft", f"output_dir={tmp_path}"])
 
 
 def test_ctrl_c_exits_130_and_names_the_last_checkpoint(monkeypatch, tmp_path, capsys):
-    import rlhfkit.train.sft
+    import rlhfkit.train.supervised.sft
 
     def interrupted(cfg):
         for step in (2, 4):
@@ -192,19 +193,19 @@ def test_ctrl_c_exits_130_and_names_the_last_checkpoint(monkeypatch, tmp_path, c
         (Path(cfg.output_dir) / "checkpoint-6.tmp").mkdir()  # an unfinished one is never offered
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rlhfkit.train.sft, "run_sft", interrupted)
+    monkeypatch.setattr(rlhfkit.train.supervised.sft, "run_sft", interrupted)
     assert main(["sft", f"output_dir={tmp_path / 'run'}"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "checkpoint-4" in err and "checkpoint-6" not in err
 
 
 def test_ctrl_c_without_checkpoint(monkeypatch, tmp_path, capsys):
-    import rlhfkit.train.sft
+    import rlhfkit.train.supervised.sft
 
     def interrupted(cfg):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rlhfkit.train.sft, "run_sft", interrupted)
+    monkeypatch.setattr(rlhfkit.train.supervised.sft, "run_sft", interrupted)
     assert main(["sft", f"output_dir={tmp_path / 'run'}"]) == 130
     assert "no checkpoint written yet" in capsys.readouterr().err
 

@@ -37,9 +37,9 @@ def main(argv: list[str]) -> None:
     import torch
     from accelerate import PartialState
 
-    import rlhfkit.train.sft as sft
+    import rlhfkit.train.supervised.sft as sft
     from rlhfkit.config import build_config
-    from rlhfkit.train.checkpoint import list_checkpoints
+    from rlhfkit.train.lifecycle.checkpoint import list_checkpoints
 
     also_resume = "--resume-from-first-checkpoint" in argv
     out, data, *overrides = [a for a in argv if a != "--resume-from-first-checkpoint"]

@@ -26,7 +26,7 @@ def main(jobs: list[dict]) -> None:
     from accelerate import PartialState
 
     from rlhfkit.config import RECIPES, build_config
-    from rlhfkit.train import distributed as D
+    from rlhfkit.train.lifecycle import distributed as D
 
     record: dict = {}
     gathers = {"all": 0, "inside_rollouts": []}

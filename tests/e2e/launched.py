@@ -17,8 +17,8 @@ def slow_updates(pause: float) -> None:
     slow_after = int(os.environ.get("RLHFKIT_TEST_SLOW_AFTER", "0"))
     if not slow_after:
         return
-    import rlhfkit.train.learner as learner
-    import rlhfkit.train.loop as loop
+    import rlhfkit.train.online.learner as learner
+    import rlhfkit.train.supervised.loop as loop
 
     real_step, updates = loop.clip_and_step, [0]
 

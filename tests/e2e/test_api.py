@@ -144,7 +144,7 @@ def test_trl_reward_functions_on_conversational_data_from_python(tmp_path):
 @pytest.mark.slow
 def test_trl_reward_function_on_conversational_data_from_yaml(tmp_path):
     from rlhfkit.config import load_config
-    from rlhfkit.train.online import run_online
+    from rlhfkit.train.online.synchronous import run_online
 
     (tmp_path / "rewards.py").write_text(
         "def is_message(completions, **kwargs):\n"

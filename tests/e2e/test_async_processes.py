@@ -20,7 +20,7 @@ from test_online import REWARD_FN, online_overrides
 from test_preemption import grpo_args, launch, signal_after
 
 from rlhfkit.track import read_metrics
-from rlhfkit.train.checkpoint import list_checkpoints
+from rlhfkit.train.lifecycle.checkpoint import list_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # make test-cluster (CI runs it after make test)
 

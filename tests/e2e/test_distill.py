@@ -9,9 +9,9 @@ import json
 import pytest
 
 from rlhfkit.config import build_config
-from rlhfkit.train.online import OnlineTrainer, run_online
-from rlhfkit.train.run import start_run
-from rlhfkit.train.sft import run_sft
+from rlhfkit.train.lifecycle.run import start_run
+from rlhfkit.train.online.synchronous import OnlineTrainer, run_online
+from rlhfkit.train.supervised.sft import run_sft
 
 
 @pytest.fixture(scope="module")

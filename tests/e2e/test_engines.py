@@ -23,7 +23,7 @@ from conftest import run_until_first_checkpoint
 
 from rlhfkit.cli import main
 from rlhfkit.config import load_config
-from rlhfkit.train.online import run_online
+from rlhfkit.train.online.synchronous import run_online
 
 pytestmark = pytest.mark.slow
 

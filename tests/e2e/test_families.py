@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.config import load_config
-from rlhfkit.train.online import run_online
+from rlhfkit.train.online.synchronous import run_online
 
 pytestmark = pytest.mark.slow
 

@@ -32,9 +32,9 @@ def _lr1(data, out) -> list[str]:
     ("dpo", "preference.jsonl", {"loss_rising", "grad_norm_blowup"}),
 ])
 def test_supervised_recipes_at_lr1_name_the_divergence(recipe, data, expected, task_data, tmp_path, capsys):
-    from rlhfkit.train.preference import run_preference
-    from rlhfkit.train.reward import run_rm
-    from rlhfkit.train.sft import run_sft
+    from rlhfkit.train.supervised.preference import run_preference
+    from rlhfkit.train.supervised.reward import run_rm
+    from rlhfkit.train.supervised.sft import run_sft
 
     run = {"sft": run_sft, "rm": run_rm, "dpo": run_preference}[recipe]
     out = tmp_path / recipe
@@ -52,7 +52,7 @@ def test_normal_sft_and_rm_runs_raise_no_divergence_warning(sft_dir, rm_dir):
 
 @pytest.mark.slow
 def test_grpo_at_lr1_fires_a_kl_rule(task_data, sft_dir, tmp_path):
-    from rlhfkit.train.online import run_online
+    from rlhfkit.train.online.synchronous import run_online
 
     out = tmp_path / "grpo"
     run_online(build_config("grpo", {}, [
@@ -77,7 +77,7 @@ def test_dapo_where_every_group_ties_at_every_draw_warns(tmp_path, monkeypatch):
                                       "    return [0.0] * len(completions)\n")
     monkeypatch.chdir(tmp_path)
     from rlhfkit.models.tokenizer import load_tokenizer
-    from rlhfkit.train.session import Session
+    from rlhfkit.train.lifecycle.session import Session
 
     opened, real = {}, Session.open_health
     monkeypatch.setattr(Session, "open_health", lambda self, **kw: opened.update(kw) or real(self, **kw))

@@ -13,10 +13,10 @@ import torch
 from conftest import rollout_of, run_until_first_checkpoint, score_of
 
 from rlhfkit.config import build_config
-from rlhfkit.train.experience import Experience
-from rlhfkit.train.learner import Learner
-from rlhfkit.train.online import OnlineTrainer, run_online
-from rlhfkit.train.run import start_run
+from rlhfkit.train.lifecycle.run import start_run
+from rlhfkit.train.online.experience import Experience
+from rlhfkit.train.online.learner import Learner
+from rlhfkit.train.online.synchronous import OnlineTrainer, run_online
 
 REWARD_FN = "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]"
 

@@ -16,8 +16,8 @@ from test_online_variants import metrics_of, overrides
 
 from rlhfkit import algos
 from rlhfkit.config import build_config
-from rlhfkit.train.online import OnlineTrainer, run_online
-from rlhfkit.train.run import start_run
+from rlhfkit.train.lifecycle.run import start_run
+from rlhfkit.train.online.synchronous import OnlineTrainer, run_online
 
 TINY = "tiny:hidden=32,layers=1,heads=2,kv_heads=2,intermediate=64"
 
@@ -34,7 +34,7 @@ def _trainer(task_data, tmp_path, *extra):
 def _captured_update(monkeypatch, trainer, exp):
     """Run the learner's step on ``exp``, capturing the policy's gradient at its optimizer step (then applied with
     lr 0: the weights do not move)."""
-    import rlhfkit.train.online_preference as op
+    import rlhfkit.train.online.preference as op
 
     grads, real = [], op.clip_and_step
 
@@ -63,7 +63,7 @@ def test_the_update_is_the_pair_loss_of_the_fresh_pairs(loss, task_data, tmp_pat
         chosen, rejected = torch.tensor([0, 5, 7]), torch.tensor([4, 1, 3])
         rows = torch.cat([chosen, rejected])
         batch = exp.forward_rows(rows)
-        from rlhfkit.train.forward import response_logits
+        from rlhfkit.train.shared.forward import response_logits
 
         lp = algos.token_logprobs(response_logits(policy, batch, trainer.cfg.generation.temperature),
                                   batch["response_ids"]).float()

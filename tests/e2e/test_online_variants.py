@@ -14,7 +14,7 @@ from conftest import produced, rollout_of, score_of
 
 from rlhfkit.algos import group_all_tied
 from rlhfkit.config import build_config
-from rlhfkit.train.online import run_online
+from rlhfkit.train.online.synchronous import run_online
 
 REWARD_FN = "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]"
 
@@ -46,8 +46,8 @@ def test_gspo_raises_gold(task_data, sft_dir, gold_of, tmp_path):
 
 
 def _trainer(task_data, sft_dir, tmp_path, recipe="grpo", *extra):
-    from rlhfkit.train.online import OnlineTrainer
-    from rlhfkit.train.run import start_run
+    from rlhfkit.train.lifecycle.run import start_run
+    from rlhfkit.train.online.synchronous import OnlineTrainer
 
     cfg = build_config(recipe, {}, overrides(
         task_data, sft_dir, tmp_path / "t", "algo.rollout_batch_size=4", "algo.num_generations=2",
@@ -192,7 +192,7 @@ def test_calculator_tool_use_is_learned(tmp_path):
     makes successful calls far more frequent. Measured on 128 held-out episodes played outside the trainer (SFT
     policy vs the trained one), and in the run's own training and evaluation metrics."""
     from rlhfkit.tasks import make_task_data
-    from rlhfkit.train.sft import run_sft
+    from rlhfkit.train.supervised.sft import run_sft
 
     data = tmp_path / "data"
     make_task_data("calculator", data, n=800, n_eval=64)

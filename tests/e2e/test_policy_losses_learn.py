@@ -10,7 +10,7 @@ import pytest
 from test_online_variants import overrides  # tests/e2e is on sys.path (pytest prepend mode, no __init__)
 
 from rlhfkit.config import build_config
-from rlhfkit.train.online import run_online
+from rlhfkit.train.online.synchronous import run_online
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Preemption: SIGTERM / SIGUSR1 in the middle of a run stops it after the update under way with one line, a
 checkpoint at the step of the stop, the report and a documented exit code; the same command again resumes it and
-ends with the weights of the run that never stopped, bit for bit (``train/stop.py``).
+ends with the weights of the run that never stopped, bit for bit (``train/lifecycle/stop.py``).
 
 Every run here is a process of its own (``cli_script.py``: the ``rlhfkit`` command with updates slowed down past a
 step, so the signal lands mid-run), one intra-op thread each, so the straight and the resumed runs do the same
@@ -22,7 +22,7 @@ from conftest import TINY, free_port
 from safetensors.torch import load_file
 
 from rlhfkit.track import read_metrics
-from rlhfkit.train.checkpoint import list_checkpoints
+from rlhfkit.train.lifecycle.checkpoint import list_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # make test-cluster (CI runs it after make test)
 
@@ -192,7 +192,7 @@ def test_a_reward_failing_on_rank_1_stops_both_ranks_with_a_checkpoint_and_a_rep
     assert rank0[0].startswith("stopped at step 4 because rank 1 failed (reward.functions: ")
     assert rank0[0].endswith("); checkpoint-4 saved; rerun the same command to resume")
     assert "exitcode: 2" in text  # both ranks exit with the failing rank's code (a user error)
-    from rlhfkit.train.checkpoint import validate_checkpoint
+    from rlhfkit.train.lifecycle.checkpoint import validate_checkpoint
 
     assert max(s for s, _ in list_checkpoints(out)) == 4 and validate_checkpoint(out / "checkpoint-4") is None
     assert "stopped at step 4 because rank 1 failed" in (out / "report.html").read_text()

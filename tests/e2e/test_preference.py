@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.config import build_config
-from rlhfkit.train import preference as P
+from rlhfkit.train.supervised import preference as P
 
 
 def build(recipe: str, overrides: list[str]):

@@ -1,4 +1,4 @@
-"""Where the reference's log-probs are taken (``algo.async.reference``, train/reference.py): a producer's are the
+"""Where the reference's log-probs are taken (``algo.async.reference``, train/online/reference.py): a producer's are the
 learner's, travel with the experience, survive a merge of pieces and a checkpointed queue, and a learner that
 expects them but gets none (a queue saved under the other placement) takes them itself."""
 
@@ -10,11 +10,11 @@ from conftest import rollout_of, score_of
 
 from rlhfkit.config import build_config
 from rlhfkit.tasks import make_task_data
-from rlhfkit.train.bridge import experience_of, experience_state
-from rlhfkit.train.experience import merge_groups
-from rlhfkit.train.online import OnlineTrainer
-from rlhfkit.train.reference import ProducerReference, on_producer
-from rlhfkit.train.run import start_run
+from rlhfkit.train.lifecycle.run import start_run
+from rlhfkit.train.online.bridge import experience_of, experience_state
+from rlhfkit.train.online.experience import merge_groups
+from rlhfkit.train.online.reference import ProducerReference, on_producer
+from rlhfkit.train.online.synchronous import OnlineTrainer
 
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
 

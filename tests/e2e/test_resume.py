@@ -18,12 +18,12 @@ import torch
 from conftest import sft_overrides
 from safetensors.torch import load_file
 
-import rlhfkit.train.loop as loop
+import rlhfkit.train.supervised.loop as loop
 from rlhfkit.config import build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.track import read_metrics
-from rlhfkit.train.checkpoint import list_checkpoints
-from rlhfkit.train.sft import run_sft
+from rlhfkit.train.lifecycle.checkpoint import list_checkpoints
+from rlhfkit.train.supervised.sft import run_sft
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from rlhfkit.config import build_config
 from rlhfkit.errors import RewardError
 from rlhfkit.tasks import write_jsonl
 from rlhfkit.tasks.arithmetic import ArithmeticTask
-from rlhfkit.train.online import run_online
+from rlhfkit.train.online.synchronous import run_online
 
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
 HANGS = '''
@@ -64,7 +64,7 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sft(data):
     """A tiny model SFT'd on the demonstrations (35 % right): it learns the form and a rough guess."""
-    from rlhfkit.train.sft import run_sft
+    from rlhfkit.train.supervised.sft import run_sft
 
     out = data / "sft"
     run_sft(build_config("sft", {}, [

@@ -19,7 +19,7 @@ import pytest
 from rlhfkit.config import build_config
 from rlhfkit.rewards.sandbox import Sandbox, SandboxError
 from rlhfkit.tasks import write_jsonl
-from rlhfkit.train.online import run_online
+from rlhfkit.train.online.synchronous import run_online
 
 
 def _boundary_missing() -> str:

@@ -64,7 +64,7 @@ def test_rm_output_loads_as_sequence_classifier(rm_dir):
 def test_rm_margin_field_reaches_the_loss(task_data, tmp_path, monkeypatch):
     """rm.margin_field: each pair's margin (Llama 2) travels from the record to the Bradley-Terry loss."""
     from rlhfkit.config import build_config
-    from rlhfkit.train import reward
+    from rlhfkit.train.supervised import reward
 
     rows = [json.loads(x) for x in (task_data / "preference.jsonl").read_text().splitlines()[:64]]
     path = tmp_path / "pairs.jsonl"

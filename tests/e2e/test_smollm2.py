@@ -62,7 +62,7 @@ def lora_sft(converted, tmp_path_factory) -> tuple[Path, dict]:
     """(run directory, final metrics) of 3 LoRA SFT updates of batch 2 on the built-in task's chat records."""
     from rlhfkit.config import build_config
     from rlhfkit.tasks import get_task, write_jsonl
-    from rlhfkit.train.sft import run_sft
+    from rlhfkit.train.supervised.sft import run_sft
 
     out = tmp_path_factory.mktemp("smollm2-lora-sft")
     write_jsonl(out / "sft.jsonl", get_task("quickstart").sft_records(16, seed=0))

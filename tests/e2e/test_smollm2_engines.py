@@ -34,8 +34,8 @@ def test_static_engine_matches_hf_on_smollm2(smollm2):
     from rlhfkit.algos import token_logprobs
     from rlhfkit.data.chat import encode_chat_prompts, stop_token_ids
     from rlhfkit.rollout import HFEngine, SamplingParams, StaticEngine
-    from rlhfkit.train.experience import position_ids_of
-    from rlhfkit.train.forward import response_logits
+    from rlhfkit.train.online.experience import position_ids_of
+    from rlhfkit.train.shared.forward import response_logits
 
     model, tok = smollm2
     ends = dict(eos_token_ids=stop_token_ids(tok, model.generation_config), pad_token_id=tok.pad_token_id)

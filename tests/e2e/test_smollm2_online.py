@@ -101,7 +101,7 @@ def prompts_file(tmp_path_factory) -> Path:
 def tiny_rm(converted, tmp_path_factory) -> Path:
     """A reward model from the GGUF (LoRA + fresh score head) after 2 updates on polite-vs-rude pairs."""
     from rlhfkit.config import build_config
-    from rlhfkit.train.reward import run_rm
+    from rlhfkit.train.supervised.reward import run_rm
 
     out = tmp_path_factory.mktemp("smollm2-rm")
     pairs = [{"prompt": _user(q), "chosen": f"Happy to help! The answer is {a}.",
@@ -119,8 +119,8 @@ def tiny_rm(converted, tmp_path_factory) -> Path:
 def test_ppo_lora_with_reward_model_from_smollm2(tiny_rm, prompts_file, tmp_path):
     from rlhfkit.config import build_config
     from rlhfkit.models.loading import is_peft
-    from rlhfkit.train.online import OnlineTrainer
-    from rlhfkit.train.run import start_run
+    from rlhfkit.train.lifecycle.run import start_run
+    from rlhfkit.train.online.synchronous import OnlineTrainer
 
     class Recording(OnlineTrainer):
         """Keeps every training rollout, to check where responses stopped."""
@@ -180,7 +180,7 @@ def test_ppo_lora_with_reward_model_from_smollm2(tiny_rm, prompts_file, tmp_path
 
 def test_grpo_lora_with_rule_rewards_on_smollm2(converted, tmp_path):
     from rlhfkit.config import build_config
-    from rlhfkit.train.online import run_online
+    from rlhfkit.train.online.synchronous import run_online
 
     sums = [(2, 3), (4, 4), (1, 6), (3, 5)]
     data = _write_jsonl(tmp_path / "sums.jsonl", [

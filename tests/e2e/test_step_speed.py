@@ -9,9 +9,9 @@ from conftest import rollout_of, score_of
 
 from rlhfkit.config import build_config
 from rlhfkit.tasks import make_task_data
-from rlhfkit.train.experience import token_budget_batches
-from rlhfkit.train.online import OnlineTrainer
-from rlhfkit.train.run import start_run
+from rlhfkit.train.lifecycle.run import start_run
+from rlhfkit.train.online.experience import token_budget_batches
+from rlhfkit.train.online.synchronous import OnlineTrainer
 
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
 

@@ -15,12 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import rlhfkit.train.sft as sft_mod
+import rlhfkit.train.supervised.sft as sft_mod
 from rlhfkit.cli import main
 from rlhfkit.config import build_config
 from rlhfkit.errors import DataError
 from rlhfkit.track import read_metrics
-from rlhfkit.train.checkpoint import list_checkpoints, run_fingerprint, validate_checkpoint
+from rlhfkit.train.lifecycle.checkpoint import list_checkpoints, run_fingerprint, validate_checkpoint
 
 TINY = "tiny:hidden=32,layers=1,intermediate=64"
 GOOD = [{"prompt": f"shout: {w}", "completion": w.upper()} for w in ["cat", "dog", "owl", "bee"] * 8]

@@ -36,7 +36,7 @@ def measure(arch: dict, batch: int, seq: int, checkpointing: bool) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlhfkit.train.common import completion_logprobs
+    from rlhfkit.train.shared.batches import completion_logprobs
 
     cfg = LlamaConfig(vocab_size=arch["vocab"], hidden_size=arch["hidden"], num_hidden_layers=arch["layers"],
                       num_attention_heads=arch["heads"], num_key_value_heads=arch["kv_heads"],

@@ -186,7 +186,7 @@ def test_the_registry_reads_each_correction_s_settings_from_its_section():
 
 def test_icepop_settings_never_block_a_resume_of_another_correction(tmp_path):
     from rlhfkit.config import build_config
-    from rlhfkit.train.checkpoint import fingerprint_diff, run_fingerprint
+    from rlhfkit.train.lifecycle.checkpoint import fingerprint_diff, run_fingerprint
 
     base = run_fingerprint(build_config("grpo", {}, [f"output_dir={tmp_path}"]))
     assert not any(k.startswith("algo.off_policy.icepop.") for k in base)  # a run before icepop existed matches

@@ -242,8 +242,8 @@ def test_online_advantages_pass_log_ratio_clip_and_mask():
 
     from rlhfkit.algos import ADVANTAGE_ESTIMATORS, FixedKLController
     from rlhfkit.config import build_config
-    from rlhfkit.train.experience import Experience
-    from rlhfkit.train.learner import Learner
+    from rlhfkit.train.online.experience import Experience
+    from rlhfkit.train.online.learner import Learner
 
     cfg = build_config("reinforce", {}, ["algo.kl.estimator=k3"])
     assert cfg.algo.kl.log_ratio_clip == 20.0

@@ -307,7 +307,7 @@ def test_the_loop_passes_the_chosen_loss_its_section(monkeypatch, name):
     import contextlib
     import types
 
-    import rlhfkit.train.learner as learner
+    import rlhfkit.train.online.learner as learner
     from rlhfkit.config import build_config
 
     spec, seen = POLICY_LOSSES[name], {}

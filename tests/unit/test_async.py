@@ -12,7 +12,8 @@ import torch
 from rlhfkit.config import build_config, dump_yaml
 from rlhfkit.errors import ConfigError
 from rlhfkit.rollout import Rollout
-from rlhfkit.train.bridge import (
+from rlhfkit.train.lifecycle.checkpoint import fingerprint_diff, run_fingerprint
+from rlhfkit.train.online.bridge import (
     BUCKET_BYTES,
     Layout,
     _buckets,
@@ -22,8 +23,7 @@ from rlhfkit.train.bridge import (
     experience_state,
     layout_of,
 )
-from rlhfkit.train.checkpoint import fingerprint_diff, run_fingerprint
-from rlhfkit.train.experience import Experience
+from rlhfkit.train.online.experience import Experience
 
 
 def _cfg(*extra):
@@ -111,7 +111,7 @@ def test_weights_travel_in_buckets_of_one_dtype_and_bounded_size():
 
 
 def test_one_process_asking_for_async_gets_one_line_before_any_weights(tmp_path, monkeypatch):
-    from rlhfkit.train.online import run_online
+    from rlhfkit.train.online.synchronous import run_online
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     data = tmp_path / "p.jsonl"

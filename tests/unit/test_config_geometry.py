@@ -201,7 +201,8 @@ def test_the_block_an_online_run_starts_with(monkeypatch):
 def test_the_block_is_printed_before_any_weights_load(tmp_path, capsys, monkeypatch):
     import json
 
-    from rlhfkit.train import learner, online
+    from rlhfkit.train.online import learner
+    from rlhfkit.train.online import synchronous as online
 
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(40)))

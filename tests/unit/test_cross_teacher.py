@@ -12,9 +12,9 @@ from rlhfkit import algos
 from rlhfkit.algos.token_align import chunk_teacher_logprobs
 from rlhfkit.data.chat import render_prompt_ids, stop_token_ids
 from rlhfkit.models.tokenizer import load_tokenizer
-from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.forward import response_logits
-from rlhfkit.train.teacher import CrossTokenizerTeacher
+from rlhfkit.train.online.experience import position_ids_of
+from rlhfkit.train.online.teacher import CrossTokenizerTeacher
+from rlhfkit.train.shared.forward import response_logits
 
 MESSAGES = [[{"role": "user", "content": "Shout the word: apple"}], [{"role": "user", "content": "Say hi."}]] * 2
 TEXTS = ["APPLE!", "hi there", "APPLE APPLE", "h"]

@@ -144,7 +144,7 @@ def test_bad_policy():
 def test_most_records_cut_by_max_length_is_a_warning_naming_the_knob(tok):
     from types import SimpleNamespace
 
-    from rlhfkit.train.common import tokenize
+    from rlhfkit.train.shared.batches import tokenize
 
     said: list[str] = []
     run = SimpleNamespace(print=said.append, sink=None)

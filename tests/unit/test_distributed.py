@@ -12,7 +12,7 @@ import torch
 from rlhfkit.cli import main
 from rlhfkit.config import build_config
 from rlhfkit.errors import ConfigError
-from rlhfkit.train import distributed as D
+from rlhfkit.train.lifecycle import distributed as D
 
 TINY = "model.name=tiny:hidden=32,layers=1"
 
@@ -91,7 +91,7 @@ def test_fsdp2_cpu_offload_on_one_device_trains_as_the_plain_model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rlhfkit.config.schema import OptimConfig
-    from rlhfkit.train.optim import build_optimizer
+    from rlhfkit.train.lifecycle.optim import build_optimizer
 
     cfg = build_config("sft", {}, [TINY, "distributed.strategy=fsdp2", "distributed.cpu_offload=true",
                                    "train.mixed_precision=no"])

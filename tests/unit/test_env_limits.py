@@ -163,9 +163,9 @@ def test_an_update_without_gradient_is_not_applied_and_a_run_of_them_fails():
     from accelerate import Accelerator
 
     from rlhfkit.errors import NoUpdateError
-    from rlhfkit.train.checkpoint import guard_of
-    from rlhfkit.train.optim import clip_and_step
-    from rlhfkit.train.session import Session
+    from rlhfkit.train.lifecycle.checkpoint import guard_of
+    from rlhfkit.train.lifecycle.optim import clip_and_step
+    from rlhfkit.train.lifecycle.session import Session
 
     acc = Accelerator(cpu=True)
     model = torch.nn.Linear(2, 2)

@@ -186,9 +186,9 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
     logits and values at environment positions is exactly 0."""
     from rlhfkit.config import build_config
     from rlhfkit.envs import make_arithmetic_prompts
-    from rlhfkit.train import learner as learner_module
-    from rlhfkit.train.online import OnlineTrainer
-    from rlhfkit.train.run import start_run
+    from rlhfkit.train.lifecycle.run import start_run
+    from rlhfkit.train.online import learner as learner_module
+    from rlhfkit.train.online.synchronous import OnlineTrainer
 
     data = tmp_path / "p.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in make_arithmetic_prompts(8)))
@@ -215,7 +215,7 @@ def test_environment_tokens_never_enter_loss_kl_or_values(tmp_path, tok, monkeyp
 
     def stats_hook(model, batch, temperature, **kwargs):
         out = real_stats(model, batch, temperature, **kwargs)
-        for name in ("logprobs", "entropy"):  # what the policy's loss reads of the head (train/forward.py)
+        for name in ("logprobs", "entropy"):  # what the policy's loss reads of the head (train/shared/forward.py)
             t = getattr(out, name)
             if t is not None and t.requires_grad:
                 t.retain_grad()

@@ -72,7 +72,7 @@ def test_grpo_plays_openenv_episodes_on_the_tiny_model(tmp_path, monkeypatch):
     import json
 
     from rlhfkit.config import build_config
-    from rlhfkit.train.online import run_online
+    from rlhfkit.train.online.synchronous import run_online
 
     monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setenv("PYTHONPATH", str(HERE))  # the environment workers import openenv_echo too

@@ -1,4 +1,5 @@
-"""The loss mask of an online step: composed once from the keep-factors the steps set (train/experience.py), by hand
+"""The loss mask of an online step: composed once from the keep-factors the steps set (train/online/experience.py), by
+hand
 and against the five in-place rewrites the loop used to make (score, tied groups, overlong filter, off-policy mask,
 advantages masked twice)."""
 
@@ -17,8 +18,8 @@ from rlhfkit.algos import (
     shaped_token_rewards,
 )
 from rlhfkit.config import build_config
-from rlhfkit.train.experience import Experience, compose_mask
-from rlhfkit.train.learner import Learner
+from rlhfkit.train.online.experience import Experience, compose_mask
+from rlhfkit.train.online.learner import Learner
 
 
 def test_compose_mask_by_hand():

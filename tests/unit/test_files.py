@@ -20,8 +20,8 @@ from rlhfkit.errors import RunError
 from rlhfkit.files import PlantedLinkError
 from rlhfkit.track import MetricsSink
 from rlhfkit.track.jsonl import JsonlWriter, truncate_after_step
-from rlhfkit.train.checkpoint import Checkpointer, validate_checkpoint
-from rlhfkit.train.run import start_run
+from rlhfkit.train.lifecycle.checkpoint import Checkpointer, validate_checkpoint
+from rlhfkit.train.lifecycle.run import start_run
 
 SECRET = b"my notes: never overwrite\n"
 
@@ -32,7 +32,7 @@ def _cfg(run_dir, *extra):
 
 def _parts():
     from rlhfkit.config import OptimConfig
-    from rlhfkit.train.optim import build_optimizer, build_scheduler
+    from rlhfkit.train.lifecycle.optim import build_optimizer, build_scheduler
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)

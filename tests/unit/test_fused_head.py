@@ -1,5 +1,5 @@
 """Log-probs, entropies and greedy tokens from the hidden states through the LM head in chunks
-(``algos.linear_token_stats``, ``train.forward.HeadStats``): values and gradients equal the plain path (the full
+(``algos.linear_token_stats``, ``train.shared.forward.HeadStats``): values and gradients equal the plain path (the full
 logits, then the float32 softmax), in float32, with the hand-checked edge cases (temperature, ignored positions, tied
 embeddings, a bias, LoRA on the head, bf16 inputs, a head that is not linear, a model that changes its logits after
 the head), and no tensor of [B, T, V] elements ever exists in a training step."""
@@ -13,8 +13,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhfkit.algos import linear_token_stats, token_logprobs
-from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.forward import (
+from rlhfkit.train.online.experience import position_ids_of
+from rlhfkit.train.shared.forward import (
     IGNORE,
     HeadStats,
     completion_stats,
@@ -22,7 +22,7 @@ from rlhfkit.train.forward import (
     response_logits,
     response_stats,
 )
-from rlhfkit.train.preference import sequence_logps
+from rlhfkit.train.supervised.preference import sequence_logps
 
 V, H = 67, 16
 
@@ -321,7 +321,7 @@ def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
     import sys
     import types
 
-    import rlhfkit.train.forward as fwd
+    import rlhfkit.train.shared.forward as fwd
 
     calls = []
 

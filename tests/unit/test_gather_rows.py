@@ -18,7 +18,7 @@ def _worker(rank: int, port: int, counts: list[int], out: str) -> None:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from rlhfkit.train.common import gather_rows
+    from rlhfkit.train.shared.batches import gather_rows
 
     AcceleratorState._reset_state()
     acc = Accelerator(cpu=True)
@@ -55,7 +55,7 @@ def _reduce_worker(rank: int, port: int, out: str) -> None:
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from rlhfkit.train.common import reduce_metrics
+    from rlhfkit.train.shared.batches import reduce_metrics
 
     AcceleratorState._reset_state()
     acc = Accelerator(cpu=True)
@@ -79,7 +79,7 @@ def test_reduce_metrics_gives_every_process_the_global_values(tmp_path):
 def test_reduce_metrics_on_one_process_is_the_identity():
     from types import SimpleNamespace
 
-    from rlhfkit.train.common import reduce_metrics
+    from rlhfkit.train.shared.batches import reduce_metrics
 
     metrics = dict(METRICS[0])
     assert reduce_metrics(SimpleNamespace(num_processes=1), metrics) is metrics

@@ -13,6 +13,9 @@ ROOMS = ["errors", "files", "config", "algos", "data", "models", "rollout", "rew
          "train", "tasks", "pipeline", "evaluate", "plan", "cli", "api", "__main__"]
 #: the documented exception: config reads the registries it validates against, lazily, inside its checks
 LAZY_REGISTRY_READS = {("config", "algos"), ("config", "rollout"), ("config", "envs")}
+#: the rooms inside train/, from the ground up: the run's lifecycle, what both loops share (records, batches, the
+#: model's forward passes), the online step, the supervised loop
+TRAIN_ROOMS = ["lifecycle", "shared", "online", "supervised"]
 MAX_LINES = 700
 
 
@@ -45,6 +48,15 @@ def _targets(mod: str, is_pkg: bool, node, mods) -> list[str]:
     return out
 
 
+def _imported_by_name(node) -> str | None:
+    """The module of ``importlib.import_module("rlhfkit....")`` (a literal name): an import all the same."""
+    if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
+            and node.args[0].value.startswith("rlhfkit.")):
+        return node.args[0].value
+    return None
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the rlhfkit modules it imports anywhere in its source (top level or inside functions)."""
     mods = _modules()
@@ -54,6 +66,8 @@ def import_graph() -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 deps.update(_targets(mod, is_pkg, node, mods))
+            elif (name := _imported_by_name(node)) is not None:
+                deps.update(_targets(mod, is_pkg, ast.Import(names=[ast.alias(name)]), mods))
         graph[mod] = deps
     return graph
 
@@ -127,6 +141,29 @@ def test_rooms_import_only_rooms_below_them():
             if ROOMS.index(b) > ROOMS.index(a):
                 upward.append(f"{mod} -> {dep}")
     assert upward == []
+
+
+def test_train_rooms_import_only_rooms_below_them():
+    """Inside train/: the lifecycle imports no loop, the shared room no loop, the online step and the supervised
+    loop not each other (docs/architecture.md, "train/")."""
+    upward = []
+    for mod, deps in import_graph().items():
+        parts = mod.split(".")
+        if parts[:2] != ["rlhfkit", "train"] or len(parts) == 2:
+            continue
+        assert len(parts) in (3, 4) and parts[2] in TRAIN_ROOMS, f"{mod}: train's modules live in {TRAIN_ROOMS}"
+        for dep in deps:
+            dp = dep.split(".")
+            if dp[:2] == ["rlhfkit", "train"] and len(dp) > 2 and dp[2] != parts[2]:
+                if TRAIN_ROOMS.index(dp[2]) > TRAIN_ROOMS.index(parts[2]) or {dp[2], parts[2]} == {"online",
+                                                                                                   "supervised"}:
+                    upward.append(f"{mod} -> {dep}")
+    assert upward == []
+
+
+def test_an_import_by_name_is_an_import():
+    tree = ast.parse('import importlib\nimportlib.import_module("rlhfkit.envs.openenv")')
+    assert [_imported_by_name(n) for n in ast.walk(tree) if _imported_by_name(n)] == ["rlhfkit.envs.openenv"]
 
 
 def test_no_source_file_over_700_lines():

@@ -11,8 +11,8 @@ from accelerate.state import AcceleratorState
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhfkit import algos
-from rlhfkit.train.learner import Learner
-from rlhfkit.train.run import keep_logits_dtype
+from rlhfkit.train.lifecycle.run import keep_logits_dtype
+from rlhfkit.train.online.learner import Learner
 
 
 def _prepared():
@@ -34,7 +34,8 @@ def _batch():
 
 
 def test_the_fused_head_computes_in_bf16_as_the_plain_logits_did():
-    """The trainer's log-probs (through the LM head in chunks, train/forward.py) equal those of the plain path under
+    """The trainer's log-probs (through the LM head in chunks, train/shared/forward.py) equal those of the plain path
+    under
     the same bf16 autocast: bf16 logits from the head, then the float32 softmax of them."""
     acc, model = _prepared()
     keep_logits_dtype(acc, model)

@@ -15,11 +15,11 @@ import torch
 from rlhfkit.config import OptimConfig, build_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.track import read_metrics
-from rlhfkit.train.checkpoint import Checkpointer, list_checkpoints
-from rlhfkit.train.common import plan_batches
-from rlhfkit.train.loop import SupervisedJob, total_updates, train_supervised
-from rlhfkit.train.optim import build_optimizer, build_scheduler, lr_lambda
-from rlhfkit.train.run import start_run
+from rlhfkit.train.lifecycle.checkpoint import Checkpointer, list_checkpoints
+from rlhfkit.train.lifecycle.optim import build_optimizer, build_scheduler, lr_lambda
+from rlhfkit.train.lifecycle.run import start_run
+from rlhfkit.train.shared.batches import plan_batches
+from rlhfkit.train.supervised.loop import SupervisedJob, total_updates, train_supervised
 
 # ───────────────────────────────────────────── learning-rate schedule ───────────────────────────────────────────
 
@@ -300,7 +300,7 @@ def test_scheduler_steps_once_per_update_and_accumulation_matches_a_big_batch(tm
 def test_toy_resume_matches_straight_run(tmp_path, monkeypatch):
     straight, _, straight_lines = _run_toy(tmp_path, "straight", "train.batch_size=8", "train.save_every=2")
 
-    import rlhfkit.train.loop as loop
+    import rlhfkit.train.supervised.loop as loop
 
     real, calls = loop.clip_and_step, []
 
@@ -334,7 +334,7 @@ def test_starting_over_clears_old_checkpoints_and_metrics(tmp_path):
 
 
 def test_crash_before_the_first_checkpoint_logs_each_step_once(tmp_path, monkeypatch):
-    import rlhfkit.train.loop as loop
+    import rlhfkit.train.supervised.loop as loop
 
     real, calls = loop.clip_and_step, []
 

@@ -5,7 +5,7 @@ and goes on the same."""
 import torch
 
 from rlhfkit.config.schema import OptimConfig
-from rlhfkit.train.optim import build_optimizer
+from rlhfkit.train.lifecycle.optim import build_optimizer
 
 
 def _params():

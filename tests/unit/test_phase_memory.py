@@ -1,4 +1,5 @@
-"""Memory between the phases of an online step (train/memory.py): the optimizer's state moved to host buffers and
+"""Memory between the phases of an online step (train/lifecycle/memory.py): the optimizer's state moved to host buffers
+and
 back with bit-equal training, and the rollout engine's caches released after a rollout and rebuilt by the next one
 with the same results."""
 
@@ -13,8 +14,8 @@ from accelerate.state import AcceleratorState
 
 from rlhfkit.config.schema import OptimConfig
 from rlhfkit.rollout import SamplingParams, StaticEngine
-from rlhfkit.train.memory import is_offloaded, offload_optimizer, restore_optimizer, rollout_phase
-from rlhfkit.train.optim import build_optimizer, build_scheduler, clip_and_step
+from rlhfkit.train.lifecycle.memory import is_offloaded, offload_optimizer, restore_optimizer, rollout_phase
+from rlhfkit.train.lifecycle.optim import build_optimizer, build_scheduler, clip_and_step
 
 
 def _model(seed=0):

@@ -8,8 +8,8 @@ import torch
 
 from rlhfkit.config import build_config, parse_override
 from rlhfkit.models.loading import load_causal_lm
-from rlhfkit.train import preference as P
-from rlhfkit.train.run import start_run
+from rlhfkit.train.lifecycle.run import start_run
+from rlhfkit.train.supervised import preference as P
 
 TINY = "tiny:hidden=32,layers=1,heads=2,kv_heads=2,intermediate=64"
 

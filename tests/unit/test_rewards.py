@@ -440,9 +440,9 @@ def test_online_score_drops_samples_without_finite_reward(tok):
 
     from rlhfkit.algos import RunningMoments
     from rlhfkit.config import build_config
-    from rlhfkit.train.experience import Experience
-    from rlhfkit.train.learner import Learner
-    from rlhfkit.train.producer import Producer
+    from rlhfkit.train.online.experience import Experience
+    from rlhfkit.train.online.learner import Learner
+    from rlhfkit.train.online.producer import Producer
 
     cfg = build_config("ppo", {}, ["reward.missing_eos_penalty=0", "reward.clip=null"])
     trainer = SimpleNamespace(tok=tok, scorer=None, phases=NO_PHASES, timer=PhaseTimer(), device=torch.device("cpu"),
@@ -491,9 +491,9 @@ def test_online_score_drops_nonfinite_reward_model_scores(tok):
 
     from rlhfkit.algos import RunningMoments
     from rlhfkit.config import build_config
-    from rlhfkit.train.experience import Experience
-    from rlhfkit.train.learner import Learner
-    from rlhfkit.train.producer import Producer
+    from rlhfkit.train.online.experience import Experience
+    from rlhfkit.train.online.learner import Learner
+    from rlhfkit.train.online.producer import Producer
 
     cfg = build_config("grpo", {}, ["reward.missing_eos_penalty=0"])
     scorer = SimpleNamespace(model=None, score=lambda *a: torch.tensor([1.0, math.nan, math.inf, 3.0]))

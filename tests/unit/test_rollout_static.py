@@ -17,8 +17,8 @@ from rlhfkit.algos import token_logprobs
 from rlhfkit.models.tokenizer import load_tokenizer
 from rlhfkit.rollout import AutoEngine, ContinuousEngine, HFEngine, Rollout, SamplingParams, StaticEngine, merged_lora
 from rlhfkit.rollout import static as static_module
-from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.forward import response_logits
+from rlhfkit.train.online.experience import position_ids_of
+from rlhfkit.train.shared.forward import response_logits
 
 EOS, PAD = 2, 0
 COMMON = dict(eos_token_ids=[EOS], pad_token_id=PAD)

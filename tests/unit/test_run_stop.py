@@ -1,4 +1,5 @@
-"""Stopping a run (``train/stop.py``): the SIGTERM / SIGUSR1 handler, a stop at a step boundary of the supervised
+"""Stopping a run (``train/lifecycle/stop.py``): the SIGTERM / SIGUSR1 handler, a stop at a step boundary of the
+supervised
 loop with a checkpoint there and a bit-exact resume, and every early end (a signal, a failure after the first
 metrics line) closing the run's files and writing the report with the cause at its top. A toy torch model, as in
 test_loop.py: each test well under a second or two."""
@@ -12,14 +13,14 @@ import pytest
 import torch
 from test_loop import _job
 
-import rlhfkit.train.loop as loop
+import rlhfkit.train.supervised.loop as loop
 from rlhfkit.config import build_config
 from rlhfkit.errors import Stopped
 from rlhfkit.track import read_metrics
-from rlhfkit.train.checkpoint import list_checkpoints
-from rlhfkit.train.loop import train_supervised
-from rlhfkit.train.run import start_run
-from rlhfkit.train.stop import StopControl, exit_code
+from rlhfkit.train.lifecycle.checkpoint import list_checkpoints
+from rlhfkit.train.lifecycle.run import start_run
+from rlhfkit.train.lifecycle.stop import StopControl, exit_code
+from rlhfkit.train.supervised.loop import train_supervised
 
 
 def test_exit_codes_are_128_plus_the_signal():
@@ -212,12 +213,13 @@ def test_a_critical_health_stop_saves_no_checkpoint_with_one_process(tmp_path, m
 
 
 def test_callbacks_hear_of_steps_and_can_ask_for_a_stop(tmp_path):
-    # the Python API's callbacks (train/run.py): a plain function is an on_step callback; True asks for a stop at the
+    # the Python API's callbacks (train/lifecycle/run.py): a plain function is an on_step callback; True asks for a
+    # stop at the
     # next step boundary, which exits with code 0 (no signal); eval metrics also reach on_eval
     from types import SimpleNamespace
 
-    from rlhfkit.train.run import Run, with_callbacks
-    from rlhfkit.train.stop import exit_code
+    from rlhfkit.train.lifecycle.run import Run, with_callbacks
+    from rlhfkit.train.lifecycle.stop import exit_code
 
     heard = []
 

@@ -48,7 +48,7 @@ def test_a_chat_model_without_a_template_is_named_once(tmp_path, capsys, monkeyp
 
 
 def test_a_held_out_split_too_small_to_measure(tmp_path, capsys, monkeypatch):
-    from rlhfkit.train.common import load_records
+    from rlhfkit.train.shared.batches import load_records
 
     monkeypatch.delenv("RANK", raising=False)
     pairs = tmp_path / "pairs.jsonl"

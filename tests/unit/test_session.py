@@ -1,4 +1,5 @@
-"""The run lifecycle (train/session.py, train/checkpoint.py) piece by piece: fingerprints, the directory lock, files
+"""The run lifecycle (train/lifecycle/session.py, train/lifecycle/checkpoint.py) piece by piece: fingerprints, the
+directory lock, files
 staged until the first line, checkpoint manifests and fallback, loads that never unpickle code, and the NaN guard of
 clip_and_step.
 The whole recipes under these faults are in tests/e2e/test_trust.py."""
@@ -18,7 +19,7 @@ from rlhfkit.config import build_config
 from rlhfkit.errors import NonFiniteError, RunError
 from rlhfkit.track import MetricsSink, read_metrics
 from rlhfkit.track.jsonl import JsonlWriter
-from rlhfkit.train.checkpoint import (
+from rlhfkit.train.lifecycle.checkpoint import (
     NOT_FINGERPRINTED,
     Checkpointer,
     fingerprint_diff,
@@ -28,8 +29,8 @@ from rlhfkit.train.checkpoint import (
     run_length,
     validate_checkpoint,
 )
-from rlhfkit.train.optim import build_optimizer, build_scheduler, clip_and_step
-from rlhfkit.train.run import start_run
+from rlhfkit.train.lifecycle.optim import build_optimizer, build_scheduler, clip_and_step
+from rlhfkit.train.lifecycle.run import start_run
 
 
 class Tiny(torch.nn.Module):
@@ -300,7 +301,7 @@ def test_clip_and_step_skips_non_finite_updates_and_stops_after_too_many(tmp_pat
 
 
 def test_full_disk_at_the_first_line_leaves_the_earlier_files(tmp_path, monkeypatch):
-    import rlhfkit.train.session as session_mod
+    import rlhfkit.train.lifecycle.session as session_mod
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -436,7 +437,7 @@ def test_pruning_and_starting_over_delete_only_valid_checkpoints_rlhfkit_wrote(t
 
 
 def test_data_files_are_fingerprinted_by_resolved_path_and_content(tmp_path, monkeypatch):
-    from rlhfkit.train import fingerprint
+    from rlhfkit.train.lifecycle import fingerprint
 
     data = tmp_path / "sub" / "d.jsonl"
     data.parent.mkdir()
@@ -472,7 +473,7 @@ def test_a_reward_function_setting_added_later_keeps_old_fingerprints():
     # reward.functions[].convention came after checkpoints were written: at its default (auto) the fingerprint is the
     # one an earlier version wrote, so those runs still resume; another value is a change of the run
     from rlhfkit.config import build_config
-    from rlhfkit.train.checkpoint import run_fingerprint
+    from rlhfkit.train.lifecycle.checkpoint import run_fingerprint
 
     fns = "reward.functions=[{fn: exact_match}]"
     old = run_fingerprint(build_config("grpo", {}, [fns]))["reward.functions"]

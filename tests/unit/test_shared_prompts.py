@@ -1,4 +1,4 @@
-"""train.forward's shared-prompt forward: rows that repeat a prompt run it once and attend to its copied keys /
+"""train.shared.forward's shared-prompt forward: rows that repeat a prompt run it once and attend to its copied keys /
 values. Checked against the whole-batch forward (log-probs and gradients, left-padded ragged prompts, groups in any
 order), and where it must not run (no repeat, gradient checkpointing, a wrapped model under grad) or would be wrong
 (the cache dropped: an error, never a silent result)."""
@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhfkit.algos import token_logprobs
-from rlhfkit.train.experience import position_ids_of
-from rlhfkit.train.forward import can_share_prompts, response_logits, shared_prompt_logits
+from rlhfkit.train.online.experience import position_ids_of
+from rlhfkit.train.shared.forward import can_share_prompts, response_logits, shared_prompt_logits
 
 PAD = 0
 

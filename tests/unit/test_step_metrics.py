@@ -1,4 +1,5 @@
-"""The online step's rollout metrics in one gather (``train/step_metrics.py``) equal the metrics computed one by one
+"""The online step's rollout metrics in one gather (``train/online/step_metrics.py``) equal the metrics computed one by
+one
 over every process's samples (the former eight gathers), here with two simulated processes."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from rlhfkit import algos
-from rlhfkit.train.step_metrics import rollout_metrics
+from rlhfkit.train.online.step_metrics import rollout_metrics
 
 
 def _exp(seed: int, n: int = 8, t: int = 5):

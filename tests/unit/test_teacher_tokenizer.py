@@ -55,7 +55,7 @@ def test_an_unreadable_teacher_tokenizer_is_one_line(tmp_path):
 
 def test_a_teacher_of_another_tokenizer_in_a_multi_turn_environment_is_refused_before_weights_load(tmp_path):
     from rlhfkit.config import build_config
-    from rlhfkit.train.online import _before_run
+    from rlhfkit.train.online.synchronous import _before_run
 
     tok = load_tokenizer("tiny")
     tok.add_tokens(["<|tool|>"])

@@ -257,8 +257,8 @@ class Tiny(torch.nn.Module):
 
 def _toy_supervised(tmp_path, monkeypatch, *overrides):
     import rlhfkit.track.progress as progress_mod
-    from rlhfkit.train.loop import SupervisedJob, train_supervised
-    from rlhfkit.train.run import start_run
+    from rlhfkit.train.lifecycle.run import start_run
+    from rlhfkit.train.supervised.loop import SupervisedJob, train_supervised
 
     console = Console(file=io.StringIO(), width=80)
     monkeypatch.setattr(progress_mod, "get_console", lambda: console)

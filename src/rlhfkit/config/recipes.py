@@ -42,14 +42,15 @@ class Recipe:
         return getattr(importlib.import_module(module), fn)(cfg)
 
 
-_ONLINE_RUNNER = "rlhfkit.train.online:run_online"
-_PREFERENCE_RUNNER = "rlhfkit.train.preference:run_preference"
+_ONLINE_RUNNER = "rlhfkit.train.online.synchronous:run_online"
+_PREFERENCE_RUNNER = "rlhfkit.train.supervised.preference:run_preference"
 _NO_NORMALIZE = {"reward": {"normalize": False}}
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    Recipe("sft", SFTConfig, "supervised", "rlhfkit.train.sft:run_sft", "supervised fine-tuning on demonstrations",
+    Recipe("sft", SFTConfig, "supervised", "rlhfkit.train.supervised.sft:run_sft",
+           "supervised fine-tuning on demonstrations",
            makes_policy=True, task_files={"train": "sft.jsonl"}),
-    Recipe("rm", RewardModelConfig, "reward", "rlhfkit.train.reward:run_rm",
+    Recipe("rm", RewardModelConfig, "reward", "rlhfkit.train.supervised.reward:run_rm",
            "train a reward model on preference pairs (Bradley-Terry)", task_files=_PAIRS, title="Reward"),
     Recipe("ppo", OnlineConfig, "online", _ONLINE_RUNNER, "online RL with PPO (critic + GAE)",
            {"output_dir": "runs/ppo"}, makes_policy=True, task_files=_PROMPTS),

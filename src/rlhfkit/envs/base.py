@@ -20,14 +20,10 @@ from __future__ import annotations
 import difflib
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import UserError
+from ..errors import EnvError
 
 WHERE = "env.name"
 FORMS = "write a built-in name ({names}), package.module:Class or path/to/file.py:Class"
-
-
-class EnvError(UserError):
-    """An environment that cannot be loaded, or that fails or returns the wrong thing during an episode."""
 
 
 @runtime_checkable
@@ -38,13 +34,10 @@ class Environment(Protocol):
 
 
 def _builtin() -> dict[str, type]:
-    import importlib
-
     from .calculator import CalculatorEnv
+    from .openenv import OpenEnvAdapter
 
-    # the OpenEnv adapter raises this module's EnvError: named by module, as rewards.BUILTINS names its functions
-    return {"calculator": CalculatorEnv,
-            "openenv": importlib.import_module("rlhfkit.envs.openenv").OpenEnvAdapter}
+    return {"calculator": CalculatorEnv, "openenv": OpenEnvAdapter}
 
 
 def environment_names() -> tuple[str, ...]:

@@ -26,7 +26,7 @@ WHERE = "env.kwargs"
 
 
 def _error(message: str, fix: str):
-    from .base import EnvError
+    from ..errors import EnvError
 
     return EnvError(message, where=WHERE, fix=fix)
 

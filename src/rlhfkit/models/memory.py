@@ -50,7 +50,7 @@ SOFTMAX_BLOCK_ELEMENTS = 2**26  # rlhfkit.algos.logprobs: float32 elements of on
 HEAD_CHUNK_ELEMENTS = 2**25  # rlhfkit.algos.logprobs.LINEAR_CHUNK_ELEMENTS: one chunk of the fused LM head
 UNGATED_TYPES = frozenset({"gpt_neox", "gpt2", "gptj", "opt"})  # MLPs of two matrices, not gate / up / down
 # models that change their logits after the LM head (soft-capping, scaling): rlhfkit computes their log-probs from
-# the whole logits (train/forward.py notices it at the first call); every other model goes through the fused head
+# the whole logits (train/shared/forward.py notices it at the first call); every other model goes through the fused head
 PLAIN_HEAD_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma4", "vaultgemma", "cohere",
                               "cohere2", "granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "minicpm3",
                               "nanochat"})
@@ -478,7 +478,7 @@ def head_bytes(arch: Architecture, setup: Setup, tokens: int, *, grad: bool,
                trained: bool = True) -> dict[str, tuple[float, str]]:
     """The LM head's part of a forward (``grad``: and its backward) over ``tokens`` tokens.
 
-    rlhfkit's fused head (train/forward.py, ``algos.linear_token_stats``): no logits tensor; one chunk of at most
+    rlhfkit's fused head (train/shared/forward.py, ``algos.linear_token_stats``): no logits tensor; one chunk of at most
     2^25 / V tokens at a time, whose logits (compute dtype, c B) and float32 log-softmax (4 B) live together; in
     backward the float32 softmax becomes the gradient in place, its compute-dtype copy (c B) sits beside it (+4 B for
     the entropy's gradient), and a trained float32 head weight under autocast (``trained``) is cast to the compute

@@ -193,7 +193,7 @@ def tokenizer_difference(student: str, teacher: str, *, student_gguf: str | None
     files and ``config.json`` only, before any weights load
     (``student_gguf``: the student's GGUF file inside the ``student`` directory, as ``model.gguf_file``); a tokenizer
     that cannot be read is a ``ModelError`` naming ``where``. A teacher whose tokenizer differs is distilled across
-    tokenizers (``train/teacher.py``); :func:`same_ids` is the same test on tokenizers already loaded."""
+    tokenizers (``train/online/teacher.py``); :func:`same_ids` is the same test on tokenizers already loaded."""
     if student_gguf:
         student = f"{student.rstrip('/')}/{student_gguf}"
     (s_tok, s_stop), (t_tok, t_stop) = _tokenizer_from_files(student), _tokenizer_from_files(teacher, where)

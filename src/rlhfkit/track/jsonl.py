@@ -147,7 +147,7 @@ class JsonlWriter:
 class StagedFile:
     """``commit`` / ``discard`` / ``close`` of a run file written through an optional :class:`JsonlWriter`
     (``self._writer``; None on the processes that write nothing): what the metrics sink, the sample logger and the
-    health monitor share, so the run's lifecycle (``train.session``) treats them alike."""
+    health monitor share, so the run's lifecycle (``train.lifecycle.session``) treats them alike."""
 
     _writer: JsonlWriter | None = None
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from ..algos.token_align import chunk_teacher_logprobs
-from ..data.chat import render_prompt_ids, stop_token_ids
-from ..data.retokenize import align_response
-from ..rollout.engine import left_pad
+from ...algos.token_align import chunk_teacher_logprobs
+from ...data.chat import render_prompt_ids, stop_token_ids
+from ...data.retokenize import align_response
+from ...rollout.engine import left_pad
+from ..shared.forward import response_stats
 from .experience import position_ids_of, token_budget_batches
-from .forward import response_stats
 
 
 class CrossTokenizerTeacher:

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import algos
-from ..rollout import Rollout
+from ... import algos
+from ...rollout import Rollout
 
 #: the keep-factors after ``action``, in the order the steps decide them (see the module doc)
 KEEP_FACTORS = ("valid", "untied", "finished", "in_band")
@@ -77,7 +77,7 @@ class Experience:
     teacher_logprobs: torch.Tensor | None = None  # distillation: the teacher's log-prob of each sampled token
     greedy_agree: torch.Tensor | None = None  # distillation: [B, R] bool, the student's argmax is the teacher's
     teacher_aligned: torch.Tensor | None = None  # cross-tokenizer distillation: [B, R] bool, in a chunk the teacher
-    #                                              scored (train/teacher.py); None with one tokenizer
+    #                                              scored (train/online/teacher.py); None with one tokenizer
     kl: torch.Tensor | None = None  # 5.
     returns: torch.Tensor | None = None
     untied: torch.Tensor | None = None  # 5. [B] bool: its group's scores differ (keep-factor, when filtering)

@@ -30,11 +30,11 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ..algos import TokenStats, linear_token_stats, token_stats_from_logits
-from ..algos.logprobs import LINEAR_CHUNK_ELEMENTS
-from ..errors import say
-from ..models.heads import token_values
-from ..rollout.decoder import distinct_rows
+from ...algos import TokenStats, linear_token_stats, token_stats_from_logits
+from ...algos.logprobs import LINEAR_CHUNK_ELEMENTS
+from ...errors import say
+from ...models.heads import token_values
+from ...rollout.decoder import distinct_rows
 
 IGNORE = -100  # a position whose statistics are not wanted (not computed at all)
 

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import time
 
-from ..config import OnlineConfig
-from ..config.geometry import launched_world_size, step_block
-from ..errors import ConfigError, say
-from ..models.tokenizer import tokenizer_difference
-from .checkpoint import rng_state, set_rng_state
-from .common import load_records
+from ...config import OnlineConfig
+from ...config.geometry import launched_world_size, step_block
+from ...errors import ConfigError, say
+from ...models.tokenizer import tokenizer_difference
+from ..lifecycle.checkpoint import rng_state, set_rng_state
+from ..lifecycle.run import Run, run_recipe
+from ..lifecycle.stop import Abandoned
+from ..shared.batches import load_records
 from .online_run import OnlineRun
-from .run import Run, run_recipe
-from .stop import Abandoned
 
 
 class OnlineTrainer(OnlineRun):
@@ -53,7 +53,7 @@ class OnlineTrainer(OnlineRun):
             saved = step  # the rollout step the newest checkpoint holds
 
             def stop_if_asked(rng: dict | None = None, last: bool = False) -> None:  # every process at one point
-                if run.stop.should_stop(acc, last):  # (train/stop.py)
+                if run.stop.should_stop(acc, last):  # (train/lifecycle/stop.py)
                     if rng is not None:  # the step was abandoned: the RNG as it found it
                         set_rng_state(rng)
                     run.stop.stop(acc, step * ups, None if saved == step else lambda: self.save(step))

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from ..algos import bradley_terry_loss
-from ..data import PreferenceCollator, require_field
-from ..models.heads import sequence_scores
-from ..models.loading import describe, load_scalar_model, load_tokenizer_for, save_model
-from ..track.progress import held_out
-from .common import gather_rows, load_records, tokenize
+from ...algos import bradley_terry_loss
+from ...data import PreferenceCollator, require_field
+from ...models.heads import sequence_scores
+from ...models.loading import describe, load_scalar_model, load_tokenizer_for, save_model
+from ...track.progress import held_out
+from ..lifecycle.run import run_recipe
+from ..shared.batches import gather_rows, load_records, tokenize
 from .loop import SupervisedJob, train_supervised
-from .run import run_recipe
 
 
 def pair_scores(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,7 +105,7 @@ def _train_rm(cfg, run, records) -> dict:
 
 
 def _attach_margins(items: list[dict], records: list[dict], field: str) -> None:
-    from ..errors import DataError
+    from ...errors import DataError
 
     if len(items) != len(records):
         raise DataError("margins cannot be matched to dropped records", where="rm.margin_field",

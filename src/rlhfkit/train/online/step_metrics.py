@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import algos
+from ... import algos
 
 
 def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size: int, group_based: bool,

@@ -21,10 +21,10 @@ import contextlib
 
 import torch
 
-from .. import algos
+from ... import algos
+from ..lifecycle.optim import clip_and_step
+from ..shared.forward import response_stats
 from .experience import Experience
-from .forward import response_stats
-from .optim import clip_and_step
 
 #: what one online-preference update logs (TRL's names where OnlineDPOTrainer has them), weighted by kept pairs
 STATS = ("loss/policy_avg", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected",
@@ -32,7 +32,7 @@ STATS = ("loss/policy_avg", "logps/chosen", "logps/rejected", "rewards/chosen", 
 
 
 def preference_update(learner, exp: Experience, step: int) -> dict:
-    """Step 6 of ``learner`` (a :class:`~rlhfkit.train.learner.Learner`) on ``exp`` (old / reference log-probs
+    """Step 6 of ``learner`` (a :class:`~rlhfkit.train.online.learner.Learner`) on ``exp`` (old / reference log-probs
     taken): the pairs, then ``algo.ppo_epochs`` passes of updates over them. Returns the step's metrics (every process
     the same: one all-reduce), ``objective/kl`` included (the KL controller reads it)."""
     cfg, acc = learner.cfg, learner.acc

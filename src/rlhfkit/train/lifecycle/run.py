@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
-from ..config import DistributedConfig
-from ..errors import RunError
-from ..track import MetricsSink
-from ..track.console import get_console
+from ...config import DistributedConfig
+from ...errors import RunError
+from ...track import MetricsSink
+from ...track.console import get_console
 from .distributed import die_with_launcher, get_strategy
 from .optim import build_optimizer, build_scheduler
 from .session import Session
@@ -60,7 +60,7 @@ class Run:
     run_dir: Path
     sink: MetricsSink | None = None
     started: float = field(default_factory=time.time)
-    session: Session | None = None  # the lifecycle of the run directory (train/session.py), made by start_run
+    session: Session | None = None  # the lifecycle of the run directory (train/lifecycle/session.py), made by start_run
     stop: StopControl = field(default_factory=StopControl)  # SIGTERM / SIGUSR1 / another rank's failure (stop.py)
     callbacks: tuple = field(default_factory=_CALLBACKS.get)  # the Python API's (with_callbacks)
 
@@ -217,7 +217,7 @@ class Trained:
     def save(self, step: int, state: dict, local: dict | None = None):
         """``checkpoint-<step>``: every model, optimizer and schedule, the loop's ``state`` and this process's own
         ``local`` part when given (every process); then the callbacks' ``on_save``. False when the session wrote
-        none (:meth:`Session.save <rlhfkit.train.session.Session.save>`: no update applied yet)."""
+        none (:meth:`Session.save <rlhfkit.train.lifecycle.session.Session.save>`: no update applied yet)."""
         path = self.session.save(step, models=self.models, optimizers=self.optimizers, schedulers=self.schedulers,
                                  state=state, local=local)
         run = self.session.run
@@ -255,7 +255,7 @@ def keep_logits_dtype(accelerator, model) -> None:
     """Under mixed precision, a prepared causal LM returns its logits in the dtype it computed them in (bf16), not
     in float32: accelerate's ``prepare`` wraps ``forward`` in autocast *and* ``convert_outputs_to_fp32``, so the
     policy handed its losses a float32 copy of the [B, T, V] logits (805 MiB at B=16, T=256, V=49152;
-    ``bench/README.md``, e4). Training reads no logits at all now (the fused head, ``train/forward.py``, returns
+    ``bench/README.md``, e4). Training reads no logits at all now (the fused head, ``train/shared/forward.py``, returns
     float32 statistics in their place); a model whose logits are read (the plain path of a model that changes them
     after its head, evaluation) gets them in bf16, and ``algos.token_logprobs`` / ``entropy_from_logits`` work on
     float32 blocks themselves, so the copy bought nothing. The model keeps

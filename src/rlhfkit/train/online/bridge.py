@@ -14,10 +14,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError, RunError
-from ..rollout import Rollout
+from ...errors import ConfigError, RunError
+from ...rollout import Rollout
+from ..lifecycle.stop import error_code, one_line
 from .experience import Experience
-from .stop import error_code, one_line
 
 GO, STOP, DONE = 0, 1, 2
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
@@ -90,7 +90,7 @@ def experience_state(exp: Experience) -> dict:
                                                              "action_mask")},
             "rows": exp.rows, "texts": exp.texts, "raw_scores": cpu(exp.raw_scores), "valid": cpu(exp.valid),
             "reward_metrics": exp.reward_metrics, "turn_rewards": cpu(exp.turn_rewards),
-            "ref_logprobs": cpu(exp.ref_logprobs)}  # a producer's, with algo.async.reference (train/reference.py)
+            "ref_logprobs": cpu(exp.ref_logprobs)}  # a producer's, with algo.async.reference (online/reference.py)
 
 
 def experience_of(state: dict, device) -> Experience:

@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from ..track import Progress
-from .common import mean_stats, plan_batches, to_device
-from .distributed import get_strategy
-from .optim import clip_and_step
-from .run import Run, set_up_trained
+from ...errors import ConfigError
+from ...track import Progress
+from ..lifecycle.distributed import get_strategy
+from ..lifecycle.optim import clip_and_step
+from ..lifecycle.run import Run, set_up_trained
+from ..shared.batches import mean_stats, plan_batches, to_device
 
 LossFn = Callable[[Any, dict], tuple[torch.Tensor, dict]]
 

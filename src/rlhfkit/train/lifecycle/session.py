@@ -1,6 +1,6 @@
 """The run lifecycle in its ``output_dir``, shared by the supervised and the online loops.
 
-A :class:`Session` (made by :func:`~rlhfkit.train.run.start_run`, held as ``run.session``) owns, in order:
+A :class:`Session` (made by :func:`~rlhfkit.train.lifecycle.run.start_run`, held as ``run.session``) owns, in order:
 
 1. **the directory**: an exclusive lock (``.rlhfkit.lock``, ``flock``: a second run into the same directory exits 2
    naming the first's pid; the lock of a dead process is released by the kernel and taken over);
@@ -50,11 +50,11 @@ import socket
 import time
 from pathlib import Path
 
-from .. import files
-from ..config import save_config
-from ..errors import NoUpdateError, RunError, Stopped, UserError
-from ..track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
-from ..track.console import get_console
+from ... import files
+from ...config import save_config
+from ...errors import NoUpdateError, RunError, Stopped, UserError
+from ...track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
+from ...track.console import get_console
 from .checkpoint import (
     CHECKPOINT_NAME,
     Checkpointer,
@@ -68,7 +68,6 @@ from .checkpoint import (
     run_length,
     set_aside,
 )
-from .common import write_report
 from .distributed import get_strategy
 
 LOCK_FILE = ".rlhfkit.lock"
@@ -186,7 +185,8 @@ class RunLock:
 
 
 class Session:
-    """One run's lifecycle in ``run.run_dir`` (``run``: the :class:`~rlhfkit.train.run.Run`; see the module doc).
+    """One run's lifecycle in ``run.run_dir`` (``run``: the :class:`~rlhfkit.train.lifecycle.run.Run`; see the module
+    doc).
     Every process makes one; files are written by the main process; :meth:`save` and :meth:`finish` have
     barriers, so every process calls them."""
 
@@ -493,3 +493,11 @@ class Session:
             except OSError:
                 pass
 
+
+def write_report(run, status: str | None = None) -> None:
+    """``report.html`` of the run (main process, when ``track.report``); ``status``: why it ended early, shown
+    first."""
+    if run.is_main and run.cfg.track.report:
+        from ...report import build_report
+
+        build_report(run.run_dir, title=f"rlhfkit {run.cfg.recipe}: {run.run_dir}", status=status)

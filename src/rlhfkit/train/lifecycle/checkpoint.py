@@ -6,7 +6,8 @@
   (every file with its size and sha256, and the run's fingerprint) is written; :func:`validate_checkpoint` checks a
   checkpoint against its manifest, :func:`list_checkpoints` lists them.
 - **The fingerprint** of a run: :mod:`.fingerprint` (:func:`run_fingerprint`, :func:`fingerprint_diff`), kept in
-  every manifest (:func:`checkpoint_fingerprint`) and in ``finished.json``; ``train/session.py`` compares them.
+  every manifest (:func:`checkpoint_fingerprint`) and in ``finished.json``; ``train/lifecycle/session.py`` compares
+  them.
 - **Finiteness**: :func:`check_finite` refuses to save non-finite weights (a checkpoint or the final model);
   :class:`NonFiniteGuard` (one per optimizer, :func:`guard_of`) counts the updates ``optim.clip_and_step`` skipped for
   a non-finite loss or gradient and stops the run after ``train.max_nonfinite_skips`` in a row. The session arms the
@@ -25,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from .. import files
-from ..config import load_config, read_yaml
-from ..errors import ConfigError, NonFiniteError, RunError, UserError
-from ..files import fsync_dir
-from ..models.loading import trainable_state_dict
+from ... import files
+from ...config import load_config, read_yaml
+from ...errors import ConfigError, NonFiniteError, RunError, UserError
+from ...files import fsync_dir
+from ...models.loading import trainable_state_dict
 from .distributed import get_strategy
-from .fingerprint import (  # noqa: F401 - the run's fingerprint (train/fingerprint.py), re-exported
+from .fingerprint import (  # noqa: F401 - the run's fingerprint (train/lifecycle/fingerprint.py), re-exported
     _EDGE,
     ADDED_KEYS,
     DATA_FILE_KEYS,
@@ -119,7 +120,8 @@ _GUARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def guard_of(optimizer, max_consecutive: int = 5, name: str = "model") -> NonFiniteGuard:
-    """The guard of ``optimizer`` (made on first use; :class:`~rlhfkit.train.session.Session` arms them with the
+    """The guard of ``optimizer`` (made on first use; :class:`~rlhfkit.train.lifecycle.session.Session` arms them with
+    the
     configured ``train.max_nonfinite_skips``)."""
     guard = _GUARDS.get(optimizer)
     if guard is None:

@@ -16,10 +16,10 @@ import contextlib
 
 import torch
 
-from .. import algos
-from ..models.loading import is_peft, load_causal_lm
-from .common import model_named
-from .forward import on_device, response_stats
+from ... import algos
+from ...models.loading import is_peft, load_causal_lm
+from ..shared.batches import model_named
+from ..shared.forward import on_device, response_stats
 
 
 def needs_reference(cfg) -> bool:
@@ -63,7 +63,7 @@ def reference_of(ref, policy, device, offload: bool, unwrap=lambda m: m):
 def autocast_of(cfg, device) -> contextlib.AbstractContextManager:
     """The mixed precision a learner's forwards run under (accelerate's, from ``train.mixed_precision``), for a
     process without an accelerator (a producer)."""
-    from .run import mixed_precision
+    from ..lifecycle.run import mixed_precision
 
     mp = mixed_precision(cfg.train.mixed_precision)
     if mp == "no":

@@ -4,7 +4,8 @@
 ``clip_and_step`` lives here, beside the optimizer and schedule it steps, because it *is* the update every loop
 calls: what a skipped update does to the optimizer (not stepped), the schedule (still stepped, so the LR and the data
 position stay aligned) and the gradients (zeroed) is decided next to how they were built. The guard's state
-(:class:`~rlhfkit.train.checkpoint.NonFiniteGuard`: the count, the patience) belongs to the run's lifecycle, which
+(:class:`~rlhfkit.train.lifecycle.checkpoint.NonFiniteGuard`: the count, the patience) belongs to the run's lifecycle,
+which
 arms it on resume and logs it, and is read from there.
 """
 
@@ -15,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..errors import ConfigError, NonFiniteError
-from ..track.console import get_console
+from ...errors import ConfigError, NonFiniteError
+from ...track.console import get_console
 from .checkpoint import guard_of
 from .memory import restore_optimizer
 
@@ -83,7 +84,7 @@ def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float
     An update whose gradient is exactly zero (or absent) carries no learning signal (every sample of the step
     dropped, every group tied and filtered, every token filtered): it is not applied either (AdamW would still move
     the weights by its moments and weight decay), and is counted (``train/empty_updates``). A run in which no
-    update was applied does not end as a success (:meth:`~rlhfkit.train.session.Session.finish`)."""
+    update was applied does not end as a success (:meth:`~rlhfkit.train.lifecycle.session.Session.finish`)."""
     params = [p for p in model.parameters() if p.grad is not None]
     clip = max_grad_norm if max_grad_norm is not None and max_grad_norm > 0 else float("inf")
     norm = accelerator.clip_grad_norm_(model.parameters(), clip) if params else torch.zeros(())

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs" / "deepspeed"
+CONFIG_DIR = Path(__file__).resolve().parents[4] / "configs" / "deepspeed"
 SHIPPED_DS = {"zero2": "zero2.json", "zero3": "zero3.json"}
 
 

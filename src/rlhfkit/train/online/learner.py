@@ -18,22 +18,22 @@ import math
 
 import torch
 
-from .. import algos
-from ..config import replace
-from ..data.chat import stop_token_ids
-from ..errors import ConfigError
-from ..models.loading import describe, load_causal_lm, load_scalar_model
-from ..models.tokenizer import same_ids
-from ..track import NO_PHASES, Phases, PhaseTimer
-from .common import mean_stats, model_named
-from .distributed import get_strategy
+from ... import algos
+from ...config import replace
+from ...data.chat import stop_token_ids
+from ...errors import ConfigError
+from ...models.loading import describe, load_causal_lm, load_scalar_model
+from ...models.tokenizer import same_ids
+from ...track import NO_PHASES, Phases, PhaseTimer
+from ..lifecycle.distributed import get_strategy
+from ..lifecycle.optim import clip_and_step
+from ..lifecycle.run import Run, set_up_trained
+from ..shared.batches import mean_stats, model_named
+from ..shared.forward import disable_dropout, on_device, response_stats, response_values
 from .experience import Experience, distill_metrics
-from .forward import disable_dropout, on_device, response_stats, response_values
-from .online_preference import preference_update
-from .optim import clip_and_step
+from .preference import preference_update
 from .producer import penalised_scores
 from .reference import load_reference, needs_reference, on_producer, reference_of
-from .run import Run, set_up_trained
 from .teacher import CrossTokenizerTeacher
 
 
@@ -75,12 +75,12 @@ class Learner:
         cfg, run = self.cfg, self.run
         self.policy, self.tok = load_policy(cfg, self.device)
         run.print(f"[{cfg.recipe}] policy {cfg.model.name}: {describe(self.policy)}")
-        self.ref = None  # None with a reference: the LoRA policy with its adapter disabled (train/reference.py)
+        self.ref = None  # None with a reference: the LoRA policy with its adapter disabled (train/online/reference.py)
         if self.needs_ref and not self.ref_from_producer:
             self.ref = load_reference(cfg, self.policy, self.tok, self.device)
         self.teacher = self.cross = None
         if cfg.teacher.model:  # loaded with its own tokenizer (and chat template); another one than the student's
-            #                    is aligned to the student's tokens by character spans (train/teacher.py)
+            #                    is aligned to the student's tokens by character spans (train/online/teacher.py)
             t_cfg = replace(model_named(cfg.model, cfg.teacher.model), chat_template=None)
             self.teacher, t_tok = load_causal_lm(t_cfg, device=self.device, seed=cfg.train.seed, trainable=False)
             self.teacher.to("cpu" if cfg.memory.offload_teacher else self.device)
@@ -170,7 +170,7 @@ class Learner:
         """Log-probs [B, R] of the response tokens under ``model`` (the policy, the reference or the teacher: one
         function for all); with ``argmax``, also the model's greedy token at each position [B, R], from the same
         logits (no extra forward)."""
-        with self.acc.autocast():  # through the LM head in chunks: no [B, R, V] logits (train/forward.py)
+        with self.acc.autocast():  # through the LM head in chunks: no [B, R, V] logits (train/shared/forward.py)
             st = response_stats(model, batch, self.cfg.generation.temperature, argmax=argmax)
         return (st.logprobs, st.argmax) if argmax else st.logprobs
 
@@ -198,7 +198,7 @@ class Learner:
             return exp.per_token(batches, [p[0] for p in parts]), exp.per_token(batches, [p[1] for p in parts])
 
         gather = self.strategy.gathered  # the trained models (policy, critic) may be sharded; ref / teacher are not
-        if distill and self.cross is not None:  # another tokenizer: the teacher reads the text (train/teacher.py)
+        if distill and self.cross is not None:  # another tokenizer: the teacher reads the text (online/teacher.py)
             exp.old_logprobs = each("old_logprobs", self.policy, gather(self.policy))
             with self.timer.phase("teacher"), on_device(self.teacher, self.device, mem.offload_teacher):
                 exp.teacher_logprobs, exp.teacher_aligned = self.cross.logprobs(
@@ -317,7 +317,7 @@ class Learner:
         algo = self.cfg.algo
         with self.acc.autocast():
             per_token = response_stats(self.policy, batch, self.cfg.generation.temperature, entropy=True,
-                                       entropy_grad=algo.entropy_coef != 0)  # no [B, R, V] logits (train/forward.py)
+                                       entropy_grad=algo.entropy_coef != 0)  # no [B, R, V] logits (shared/forward.py)
             logprobs = per_token.logprobs
             on_policy = "old_logprobs" not in batch  # the update's own log-probs are the old ones
             old = logprobs.detach() if on_policy else batch["old_logprobs"]

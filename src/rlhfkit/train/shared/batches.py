@@ -9,9 +9,9 @@ import random
 
 import torch
 
-from ..data import LengthPolicy, load_dataset_records, tokenize_dataset
-from ..errors import ConfigError, DataError, say
-from ..track.progress import MIN_HELD_OUT
+from ...data import LengthPolicy, load_dataset_records, tokenize_dataset
+from ...errors import ConfigError, DataError, say
+from ...track.progress import MIN_HELD_OUT
 from .forward import completion_stats
 
 
@@ -46,7 +46,7 @@ def load_records(cfg, kind: str) -> tuple[list[dict], list[dict]]:
 def model_named(mcfg, name: str):
     """The model section ``mcfg`` for another model ``name`` (a reference, a teacher, a reward model, a critic): its
     GGUF file name kept only for the same model."""
-    from ..config import replace
+    from ...config import replace
 
     return replace(mcfg, name=name, gguf_file=None if name != mcfg.name else mcfg.gguf_file)
 
@@ -155,12 +155,3 @@ def mean_stats(accelerator, stats: list[dict]) -> dict[str, float]:
 def to_device(batch: dict, device) -> dict:
     """The batch with every tensor on ``device`` (other values as they are)."""
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-
-
-def write_report(run, status: str | None = None) -> None:
-    """``report.html`` of the run (main process, when ``track.report``); ``status``: why it ended early, shown
-    first."""
-    if run.is_main and run.cfg.track.report:
-        from ..report import build_report
-
-        build_report(run.run_dir, title=f"rlhfkit {run.cfg.recipe}: {run.run_dir}", status=status)

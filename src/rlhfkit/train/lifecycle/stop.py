@@ -37,8 +37,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..errors import Stopped, UserError
-from ..track import CriticalHealthStop
+from ...errors import Stopped, UserError
+from ...track import CriticalHealthStop
 
 SIGNALS = ("SIGTERM", "SIGUSR1")
 GO, SIGNALLED, FAILED = 0, 1, 2

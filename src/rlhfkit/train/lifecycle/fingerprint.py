@@ -9,7 +9,7 @@ shorter; the LR schedule is then recomputed for the new length from the update r
 policy losses the run does not use (``algo.gspo.*`` in a ``ppo`` run). A checkpoint's fingerprint is read in
 today's key names (:data:`RENAMED_KEYS`: ``algo.clip_low`` of an earlier version is ``algo.<its loss's
 section>.clip_low``). Every manifest holds it (:func:`checkpoint_fingerprint`), and so does ``finished.json``;
-``train/session.py`` compares them.
+``train/lifecycle/session.py`` compares them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import algos
-from ..config import key_of
+from ... import algos
+from ...config import key_of
 
 #: config keys (and sections, by prefix) that do not define the run: changing them never blocks a resume
 NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpointing", "train.resume",

@@ -7,12 +7,12 @@ import math
 
 import torch
 
-from ..algos import sft_loss
-from ..data import IGNORE_INDEX, SFTCollator, pack_sequences
-from ..models.loading import describe, load_causal_lm, save_model
-from .common import completion_logprobs, load_records, tokenize
+from ...algos import sft_loss
+from ...data import IGNORE_INDEX, SFTCollator, pack_sequences
+from ...models.loading import describe, load_causal_lm, save_model
+from ..lifecycle.run import run_recipe
+from ..shared.batches import completion_logprobs, load_records, tokenize
 from .loop import SupervisedJob, train_supervised
-from .run import run_recipe
 
 
 def sft_forward(model, batch: dict) -> tuple[torch.Tensor, dict]:

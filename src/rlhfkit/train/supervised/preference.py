@@ -37,18 +37,18 @@ from typing import Any
 
 import torch
 
-from .. import files
-from ..algos import PREFERENCE_LOSSES, kto_kl_estimate, kto_loss, masked_mean, masked_sum
-from ..config import replace
-from ..data import PreferenceCollator, UnpairedCollator
-from ..errors import DataError
-from ..models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
-from ..rollout import eval_mode
-from ..track.progress import held_out
-from .common import gather_rows, load_records, to_device, tokenize
-from .forward import IGNORE, completion_stats
+from ... import files
+from ...algos import PREFERENCE_LOSSES, kto_kl_estimate, kto_loss, masked_mean, masked_sum
+from ...config import replace
+from ...data import PreferenceCollator, UnpairedCollator
+from ...errors import DataError
+from ...models.loading import describe, is_peft, is_tiny, load_causal_lm, save_model
+from ...rollout import eval_mode
+from ...track.progress import held_out
+from ..lifecycle.run import run_recipe
+from ..shared.batches import gather_rows, load_records, to_device, tokenize
+from ..shared.forward import IGNORE, completion_stats
 from .loop import SupervisedJob, train_supervised
-from .run import run_recipe
 
 CACHE_GLOB = "reference_logps*.pt"  # one file per key; a finished run keeps only its own
 
@@ -68,7 +68,7 @@ def sequence_logps(model, input_ids, attention_mask, completion_mask, start: int
     ``start`` is the first position whose logits are needed (the last prompt token of the shortest prompt), so the
     LM head never runs over the shared prompt prefix.
     """
-    # through the LM head in chunks, only the completion tokens (train/forward.py): no [N, L, V] logits
+    # through the LM head in chunks, only the completion tokens (train/shared/forward.py): no [N, L, V] logits
     labels = torch.where(completion_mask.bool(), input_ids, IGNORE)
     logps = completion_stats(model, input_ids, attention_mask, labels, start=start).logprobs
     mask = completion_mask[:, start + 1:]

@@ -3,7 +3,8 @@ generates, and what the forwards and the update do not need (the engine's KV cac
 
 - ``memory.offload_optimizer``: the optimizer's state (AdamW's two moments and step count: 12 bytes per trained
   parameter, the largest resident term of a full fine-tune) is copied into host buffers before each rollout and its
-  device tensors freed; :func:`~rlhfkit.train.optim.clip_and_step` brings it back before the first update of the step
+  device tensors freed; :func:`~rlhfkit.train.lifecycle.optim.clip_and_step` brings it back before the first update of
+  the step
   (:func:`restore_optimizer`). The host buffers are kept (pinned when CUDA is there) and reused, so each step costs
   one copy out and one back, no allocation. The update computes exactly what it would have (the same tensors, moved
   and back: tested bit for bit).

@@ -18,22 +18,22 @@ from __future__ import annotations
 
 import torch
 
-from .. import algos
-from ..config.geometry import step_geometry
-from ..data import PromptCollator
-from ..data.chat import stop_token_ids
-from ..errors import ConfigError
-from ..models.loading import load_scalar_model, load_tokenizer_for
-from ..rewards import RewardModelScorer
-from ..rewards.functions import rewards_from_config
-from ..rewards.lint import clip_of, probe_rewards
-from ..rollout import SamplingParams, build_engine, decode_responses
-from ..track import NO_PHASES, Phases, PhaseTimer
-from .common import length_policy, model_named, plan_batches, tokenize
-from .distributed import get_strategy
+from ... import algos
+from ...config.geometry import step_geometry
+from ...data import PromptCollator
+from ...data.chat import stop_token_ids
+from ...errors import ConfigError
+from ...models.loading import load_scalar_model, load_tokenizer_for
+from ...rewards import RewardModelScorer
+from ...rewards.functions import rewards_from_config
+from ...rewards.lint import clip_of, probe_rewards
+from ...rollout import SamplingParams, build_engine, decode_responses
+from ...track import NO_PHASES, Phases, PhaseTimer
+from ..lifecycle.distributed import get_strategy
+from ..lifecycle.memory import rollout_phase
+from ..shared.batches import length_policy, model_named, plan_batches, tokenize
+from ..shared.forward import on_device
 from .experience import Experience, merge_groups
-from .forward import on_device
-from .memory import rollout_phase
 
 
 def penalised_scores(cfg, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,7 +75,7 @@ class Producer:
         self.records = records
         self.functions = self.envs = self.env_cls = self.scorer = None
         self.offloaded: tuple = ()  # optimizers whose state leaves the device during a rollout (the synchronous
-        # learner's, with memory.offload_optimizer: train/memory.py)
+        # learner's, with memory.offload_optimizer: train/lifecycle/memory.py)
         if len(records[0]) < cfg.algo.rollout_batch_size * shares:
             raise too_few_prompts(len(records[0]), cfg.algo.rollout_batch_size, shares)
         # 0. reward functions (in their workers), checked on a few prompts and linted before the run directory is
@@ -92,7 +92,7 @@ class Producer:
                 raise
 
     def memory_phase(self):
-        """The context of a rollout (train/memory.py): the optimizers' states in host memory before it
+        """The context of a rollout (train/lifecycle/memory.py): the optimizers' states in host memory before it
         (``memory.offload_optimizer``), the engine's caches freed after it (``memory.release_engine_cache``)."""
         return rollout_phase(self.cfg.memory, self.engine, *self.offloaded)
 
@@ -112,8 +112,8 @@ class Producer:
                 self.say(f"[{cfg.recipe}] reward model tokenizer differs from the policy's: responses are "
                          "re-tokenised as text for scoring")
         if cfg.env.name:
-            from ..envs import load_environment
-            from ..envs.host import EnvCalls
+            from ...envs import load_environment
+            from ...envs.host import EnvCalls
 
             self.env_cls = load_environment(cfg.env.name)
             self.envs = EnvCalls(cfg.env.name, self.env_cls, cfg.env.kwargs, workers=cfg.env.workers,
@@ -179,7 +179,7 @@ class Producer:
                       step: int | None = None) -> Experience:
         """Multi-turn: ``k`` episodes per prompt with the environment (``env``), as a new Experience whose mask
         holds only the model's own tokens."""
-        from ..envs.episodes import episode_metrics, run_episodes, turn_reward_tensor
+        from ...envs.episodes import episode_metrics, run_episodes, turn_reward_tensor
 
         k = self.k if k is None else k
         n = len(prompts["input_ids"])

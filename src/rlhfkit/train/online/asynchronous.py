@@ -22,7 +22,7 @@ schedule, so nothing waits on timing and nothing deadlocks:
 So step j is always made from version max(j - K, start): staleness is at most K, exactly K in the steady state, and
 the same in every run (a resumed run makes what the uninterrupted one made). While a learner updates on step s the
 producers make step s + K: both sides work at once. With a KL the reference's log-probs are taken by the less busy
-side (``algo.async.reference``: after each rollout by the producers, or by the learners; ``train/reference.py``),
+side (``algo.async.reference``: after each rollout by the producers, or by the learners; ``train/online/reference.py``),
 and the old log-probs come from the update itself when there is one update per rollout (``Learner.plan``). The
 samples are corrected as any off-policy samples are (``algo.off_policy.correction=auto`` is ``tis`` here);
 ``async/staleness_mean`` / ``_max`` say how stale each batch was and the ``rollout/`` mismatch metrics how far the
@@ -49,7 +49,10 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from ..errors import RunError, Stopped
+from ...errors import RunError, Stopped
+from ..lifecycle.distributed import die_with_launcher
+from ..lifecycle.run import Run, run_recipe
+from ..lifecycle.stop import Abandoned, StopControl, error_code, exit_code, one_line
 from .bridge import (
     DONE,
     DTYPES,
@@ -63,14 +66,11 @@ from .bridge import (
     names_crc,
     trainable,
 )
-from .distributed import die_with_launcher
 from .experience import merge_groups
 from .learner import load_policy
 from .online_run import OnlineRun
 from .producer import Producer
 from .reference import ProducerReference, on_producer
-from .run import Run, run_recipe
-from .stop import Abandoned, StopControl, error_code, exit_code, one_line
 
 # ─────────────────────────────────────────────────── entry ──────────────────────────────────────────────────
 

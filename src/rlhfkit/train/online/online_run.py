@@ -10,15 +10,15 @@ from __future__ import annotations
 import math
 import time
 
-from ..config import OnlineConfig
-from ..config.geometry import step_geometry
-from ..models.loading import save_model
-from ..track import PhaseTimer, Progress
-from .common import load_records, reduce_metrics
+from ...config import OnlineConfig
+from ...config.geometry import step_geometry
+from ...models.loading import save_model
+from ...track import PhaseTimer, Progress
+from ..lifecycle.run import Run
+from ..shared.batches import load_records, reduce_metrics
 from .experience import Experience
 from .learner import Learner
 from .producer import Producer
-from .run import Run
 from .step_metrics import rollout_metrics
 
 SHOW = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean", "time/step", "time/rollout",
