@@ -25,6 +25,7 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.viewcode",
+    "plain_bars",  # |x| in a docstring is an absolute value, not a substitution (docs/_ext/plain_bars.py)
     "suffix_refs",  # a short name in a docstring links to the one object it names (docs/_ext/suffix_refs.py)
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
@@ -41,7 +42,8 @@ html_static_path: list[str] = []
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"  # the signatures carry the types; docstrings say what they mean
 autodoc_inherit_docstrings = False  # torch's autograd.Function docstrings are not ours to check
-autodoc_default_options = {"members": True, "undoc-members": True, "private-members": True, "show-inheritance": False}
+autodoc_default_options = {"members": True, "undoc-members": True, "private-members": True, "show-inheritance": False,
+                           "special-members": "__call__"}
 
 # Every reference must resolve, except to packages whose inventories are not fetched offline (the standard library
 # and third-party libraries): those stay plain text.

@@ -200,3 +200,14 @@ def test_page_blocks_run(page, tmp_path):
     for block in blocks_of(page):
         if block.runs:
             run_block(block, cwd, env, recipes)
+
+
+def test_docstring_bars_read_as_maths_not_substitutions():
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    from plain_bars import _process, escape_bars
+
+    assert escape_bars("|y_i| over |pi - pi_old|, ``|x|`` kept, a || b") == \
+        r"\|y_i\| over \|pi - pi_old\|, ``|x|`` kept, a || b"
+    lines = ["the norm |V|::", "", "    |kept| in a literal block", "", "after |V|"]
+    _process(None, "function", "f", None, {}, lines)
+    assert lines == [r"the norm \|V\|::", "", "    |kept| in a literal block", "", r"after \|V\|"]

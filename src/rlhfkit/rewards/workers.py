@@ -331,7 +331,7 @@ class WorkerPool:
         """Run each :class:`Job` (a job with ``on`` set only on that worker: an object with state lives on one);
         one :class:`Outcome` per job, in order, each call bounded by ``timeout_s`` from its own start. A worker
         killed for a timeout loses every object's state (its set-ups are replayed on its next use): compare
-        :attr:`Worker.restarts` before and after to know."""
+        ``Worker.restarts`` before and after to know."""
         if self.n == 0:
             return [self._local(j.key, j.method, j.args, j.kwargs) for j in jobs]
         out: list[Outcome | None] = [None] * len(jobs)
