@@ -6,7 +6,7 @@ turns each row into one canonical shape (all messages are lists of ``{"role": st
 ==============  ==========================================================  ==========================================
 kind            accepted input rows                                          normalised record
 ==============  ==========================================================  ==========================================
-``sft``         ``{"prompt", "completion"}`` (str or messages),              ``{"messages": [...]}`` or ``{"text": str}``
+``sft``         ``{"prompt", "completion"}`` (str or messages),              ``{"messages": [...]}`` / ``{"text": str}``
                 ``{"messages": [...]}``, ``{"text": str}``
 ``preference``  ``{"prompt", "chosen", "rejected"}``; or chosen / rejected   ``{"prompt": [..., user], "chosen": [asst],
                 as full conversations (implicit prompt = common prefix)       "rejected": [asst]}``

@@ -27,7 +27,8 @@ SHOW = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean",
 
 class OnlineRun:
     """A producer and a learner, and what both modes of the online loop do around their steps; the loop itself
-    (``train()``) is the mode's: :class:`~rlhfkit.train.online.synchronous.OnlineTrainer` (synchronous), ``asynchronous.AsyncTrainer``."""
+    (``train()``) is the mode's: :class:`~rlhfkit.train.online.synchronous.OnlineTrainer` (synchronous),
+    ``asynchronous.AsyncTrainer``."""
 
     def __init__(self, cfg: OnlineConfig, run: Run, records: tuple[list, list] | None = None):
         self.cfg, self.run, self.acc = cfg, run, run.accelerator
