@@ -90,6 +90,7 @@ class Row:
 
 # ─────────────────────────────────────── row 1: long answers against TRL ───────────────────────────────────────
 
+STATIC = "static:compile=false"
 LONG = {"mean": 256, "max": 1024, "prompts": 32, "k": 8, "micro": 16, "steps": 3}
 
 
@@ -105,9 +106,10 @@ def long_answers(ctx: Ctx) -> None:
 
     from rlhfkit.rollout.auto import auto_choice
 
-    shapes = {"qwen3-0.6b": "static,continuous", "llama-3.2-1b": "static,continuous"}
+    # static as auto runs it when it takes static (uncompiled; CUDA graphs on CUDA), and continuous
+    shapes = {"qwen3-0.6b": f"{STATIC},continuous", "llama-3.2-1b": f"{STATIC},continuous"}
     if ctx.dry:  # every code path, as few processes as can show them
-        shapes = {"qwen3-0.6b": "static,continuous", "llama-3.2-1b": "continuous"}
+        shapes = {"qwen3-0.6b": f"{STATIC},continuous", "llama-3.2-1b": "continuous"}
     size = dict(mean=8, max=32, prompts=2, k=4, micro=4, steps=2) if ctx.dry else LONG
     for shape, engines in shapes.items():
         argv = ["--device", ctx.device, "--shape", str(HERE.parent / "shapes" / shape), "--recipes", "grpo",
@@ -116,8 +118,8 @@ def long_answers(ctx: Ctx) -> None:
                 "--steps", str(size["steps"]), "--rounds", "1", "--work", str(ctx.work),
                 "--json", str(ctx.part_path(f"vs_trl_{shape}"))]
         argv += (["--tiny"] if ctx.dry else []) + (["--trl-cb"] if trl_importable() else ["--no-trl"])
-        picks = auto_choice(ctx.device, size["prompts"] * size["k"], size["max"], batch_size=None)
-        ctx.save(f"auto_{shape}", {"auto": picks, "trl": trl_importable()})
+        name, why = auto_choice(ctx.device, size["prompts"] * size["k"], size["max"], batch_size=None)
+        ctx.save(f"auto_{shape}", {"auto": name, "why": why, "trl": trl_importable()})
         print(f"[suite] vs_trl.py {' '.join(argv)}", flush=True)
         vs_trl.main(argv)
 
@@ -135,7 +137,8 @@ def long_answers_lines(parts: dict) -> list[str]:
         auto = parts.get(f"auto_{shape}", {})
         out.append(f"**{shape}**: {meta['where']}; {meta['args']['prompts']} prompts x {meta['args']['k']}, "
                    f"{meta['args']['steps']} steps ({meta['args']['warmup']} warm-up), {meta['device_name']}, TRL "
-                   f"{meta['trl']}; `auto` picks `{auto.get('auto', '?')}` here (rollout/auto.py)")
+                   f"{meta['trl']}; `auto` takes `{auto.get('auto', '?')}` here ({auto.get('why', '')}; "
+                   "rollout/auto.py)")
         out += ["", *rows_table(results, ["grpo"], shape), ""]
         ours = [fw for _, fw in results if fw.startswith("rlhfkit")]
         peers = [fw for _, fw in results if fw.startswith("trl")]
@@ -173,10 +176,11 @@ def families(ctx: Ctx) -> None:
     import families as fam
     import torch
 
-    for name in fam.SHAPES:
+    for i, name in enumerate(fam.SHAPES):
         r = fam.measure(name, torch.device(ctx.device), ctx.dry)
         status, text = fam.verdict(r)
-        ctx.save(f"family_{name.replace('/', '_')}", {"family": name, "status": status, "text": text, "raw": r})
+        ctx.save(f"family_{i:02d}_{name.replace('/', '_')}", {"family": name, "status": status, "text": text,
+                                                               "raw": r})
 
 
 def families_lines(parts: dict) -> list[str]:

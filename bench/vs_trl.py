@@ -73,7 +73,8 @@ every framework alike (no hook: the weights do it), cut at ``--max-new``: long-t
 of 64 answers ~4.7 N), the same distribution for both. Rows: TRL default (``generate``), TRL with
 ``use_transformers_continuous_batching=True`` (``--trl-cb``; the GRPOConfig / RLOOConfig field of TRL 1.16.0,
 ``trl/trainer/grpo_config.py``, transformers' paged continuous batching with TRL's default
-``transformers_continuous_batching_config``), rlhfkit ``auto``, ``static`` and ``continuous`` (``--engine``); columns
+``transformers_continuous_batching_config`` on CUDA; on CPU its cache sized as rlhfkit's, since TRL's default takes
+half the machine's memory), rlhfkit ``auto``, ``static`` and ``continuous`` (``--engine``); columns
 s/step, generated tok/s, tokens per completion, peak memory. ``bench/gpu_suite.py``'s first row runs this at the
 Qwen3-0.6B and Llama-3.2-1B shapes (16 prompts x 8, answers of mean 256 and at most 1024 tokens):
 
@@ -357,6 +358,12 @@ def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: 
                         beta=0.04, gen=gen, micro=s["micro"])
         if cb:  # transformers' paged continuous batching inside TRL (TRL 1.16.0's field, checked in its source)
             kw["use_transformers_continuous_batching"] = True
+            if not cuda:  # its default cache takes half the machine's memory (11.6 GiB of 23 for a tiny model on
+                # CPU, measured): sized instead as rlhfkit's continuous engine sizes its own, every request at full
+                # length (in its 256-token blocks), with prefill chunks of 512 tokens (rlhfkit's prefill_chunk)
+                need = s["prompts"] * s["k"] * (128 + s["max_new"])
+                kw["transformers_continuous_batching_config"] = {"num_blocks": -(-need // 256) + 1,
+                                                                 "max_batch_tokens": 512}
         if recipe == "grpo":
             cfg, cls = GRPOConfig(**kw, loss_type="grpo", scale_rewards="group"), GRPOTrainer
         else:
@@ -403,8 +410,12 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
                               steps=steps, micro=s["micro"]) + limits
         if s["force_length"]:
             over.append(f"generation.min_new_tokens={s['max_new']}")
-        if engine:
-            over.append(f"generation.engine={engine}")
+        if engine:  # NAME, or NAME:key=value (one engine setting, e.g. static:compile=false)
+            name, _, setting = engine.partition(":")
+            over.append(f"generation.engine={name}")
+            if setting:
+                key, _, value = setting.partition("=")
+                over.append(f"generation.engine_kwargs={{{key}: {value}}}")
         if s.get("lora"):
             over += ["model.lora.enabled=true", f"model.lora.r={s['lora']}", f"model.lora.alpha={2 * s['lora']}",
                      "model.lora.dropout=0", f"model.lora.target_modules=[{','.join(LORA_TARGETS)}]"]
@@ -476,7 +487,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (CPU)")
     p.add_argument("--engine", default=None, help="rlhfkit rollout engines to run, comma-separated (hf,static,"
-                   "continuous,auto; default: the config's)")
+                   "continuous,auto; NAME:key=value sets one of its settings, e.g. static:compile=false, the static "
+                   "engine as auto runs it; default: the config's)")
     p.add_argument("--trl-cb", action="store_true", help="also a TRL row with use_transformers_continuous_batching="
                    "True (GRPO / RLOO)")
     p.add_argument("--no-trl", action="store_true", help="rlhfkit's rows only (no TRL needed; no ratio)")
