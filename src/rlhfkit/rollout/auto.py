@@ -1,5 +1,22 @@
-"""``generation.engine=auto`` (the default): per device type, the engine expected fastest, compile time included
+"""``generation.engine=auto`` (the default): per rollout, the engine expected fastest, compile time included
 (measured on CPU; on CUDA measured in part, see below).
+
+**Static or continuous** (:func:`auto_choice`, issue 41): the continuous engine for a model its paged decoder covers
+when the rollout's requests outnumber the rows decoding at once (``generation.batch_size`` below ``rollout_batch_size
+x num_generations``), or when answers may be long (``max_new_tokens`` >= :data:`LONG_ANSWERS`, 512); else the engine
+of :data:`TABLE` for the device type. Only settings decide, never lengths seen so far, so a resumed run takes the
+engine the uninterrupted one took. Measured behind it:
+
+- more requests than rows at once: ``bench/engines.py --long-tail --models tiny,smollm2 --threads 1`` (2026-11-26,
+  2 quiet vCPUs, 64 requests through 16 rows, lengths ~ Geometric(1/32) up to 256): the continuous engine took 0.33x
+  (SmolLM2-135M shape) and 0.51x (tiny) the static engine's decode steps, 2.48x and 1.72x less wall time;
+- answers all at once: decode steps are equal (both run until the longest answer), and the static engine computes
+  its power-of-two bucket of rows against every row's ``prompt + max_new_tokens`` columns where the continuous one
+  computes the live rows against the blocks in use: on the tiny model, whose step is Python overhead, the static
+  engine was faster per generated token at limits 64 and 256 (``bench/engines.py --auto-rule --models tiny``); for
+  the SmolLM2-135M shape at limits 256 / 512 / 1,024 see ``bench/README.md`` (``--auto-rule --models smollm2
+  --threads 1 --clock cpu``), for the real shapes inside a GRPO step ``bench/real_shapes.py`` and, on a GPU,
+  ``bench/gpu_suite.py`` row 1 (both still to be measured: they set :data:`LONG_ANSWERS` per device).
 
 :data:`TABLE` maps a device type to an engine and its settings. The static engine runs a model on one of two paths
 (:meth:`~.static.StaticEngine.path_of`): rlhfkit's decoder for the families it covers (:data:`~.decoder.DECODERS`:
