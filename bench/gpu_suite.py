@@ -108,8 +108,8 @@ def long_answers(ctx: Ctx) -> None:
 
     # static as auto runs it when it takes static (uncompiled; CUDA graphs on CUDA), and continuous
     shapes = {"qwen3-0.6b": f"{STATIC},continuous", "llama-3.2-1b": f"{STATIC},continuous"}
-    if ctx.dry:  # every code path, as few processes as can show them
-        shapes = {"qwen3-0.6b": f"{STATIC},continuous", "llama-3.2-1b": "continuous"}
+    if ctx.dry:  # every code path, as few processes as show them (the Llama family's decode: row 4's)
+        shapes = {"qwen3-0.6b": f"{STATIC},continuous"}
     size = dict(mean=8, max=32, prompts=2, k=4, micro=4, steps=2) if ctx.dry else LONG
     for shape, engines in shapes.items():
         argv = ["--device", ctx.device, "--shape", str(HERE.parent / "shapes" / shape), "--recipes", "grpo",
@@ -256,11 +256,12 @@ def table(report: dict) -> list[str]:
     meta = report["meta"]
     lines = [f"# bench/gpu_suite.py{' --dry-run' if meta['dry'] else ''}: {meta['device_name']}, {meta['date']}, "
              f"commit {meta['commit']}, torch {meta['torch']}, transformers {meta['transformers']}, TRL {meta['trl']}",
-             "", "| # | row | status | seconds |", "|---|---|---|---|"]
+             "", "| # | row | status | seconds (CPU seconds) |", "|---|---|---|---|"]
     for i, row in enumerate(ROWS, 1):
         r = report["rows"].get(row.key)
         if r is not None:
-            lines.append(f"| {i} | {row.title} | {r['status']} | {r.get('seconds', 0):.0f} |")
+            lines.append(f"| {i} | {row.title} | {r['status']} | {r.get('seconds', 0):.0f} "
+                         f"({r.get('cpu_seconds', 0):.0f}) |")
     for i, row in enumerate(ROWS, 1):
         r = report["rows"].get(row.key)
         if r is None or not r.get("parts"):
@@ -300,13 +301,16 @@ def meta_of(args) -> dict:
             "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "CPU", "budget_s": args.budget}
 
 
-def run_row(args, row: Row, folder: Path, log: Path, limit: float) -> tuple[str, float]:
-    """The row in its own process (its own process group: stopped whole at ``limit`` seconds)."""
+def run_row(args, row: Row, folder: Path, log: Path, limit: float) -> tuple[str, float, float]:
+    """The row in its own process (its own process group: stopped whole at ``limit`` seconds): its status, wall
+    seconds and CPU seconds (its processes', finished ones)."""
     cmd = [sys.executable, str(HERE), "--row", row.key, "--parts", str(folder), "--device", args.device,
            "--work", str(Path(args.work) / row.key)] + (["--dry-run"] if args.dry_run else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(HERE.parent),
                                                       os.environ.get("PYTHONPATH", "")]), PYTHONUNBUFFERED="1")
-    t0 = time.perf_counter()
+    import resource
+
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     with log.open("a") as fh:
         fh.write(f"\n===== row {row.key}: {' '.join(cmd)}\n")
         fh.flush()
@@ -318,7 +322,9 @@ def run_row(args, row: Row, folder: Path, log: Path, limit: float) -> tuple[str,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             status = f"stopped at the budget after {limit:.0f} s (its finished parts kept)"
-    return status, time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+    return status, time.perf_counter() - t0, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,10 +369,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         folder = Path(args.work) / "parts" / row.key
         folder.mkdir(parents=True, exist_ok=True)
-        status, seconds = run_row(args, row, folder, log, left)
-        report["rows"][row.key] = {"status": status, "seconds": seconds, "parts": read_parts(folder)}
+        status, seconds, cpu = run_row(args, row, folder, log, left)
+        report["rows"][row.key] = {"status": status, "seconds": seconds, "cpu_seconds": cpu,
+                                   "parts": read_parts(folder)}
         write_outputs(out, report)
-        print(f"[suite] {row.key}: {status} in {seconds:.0f} s", flush=True)
+        print(f"[suite] {row.key}: {status} in {seconds:.0f} s ({cpu:.0f} s of CPU)", flush=True)
     write_outputs(out, report)
     print("\n" + "\n".join(table(report)))
     failed = [k for k, r in report["rows"].items() if r["status"].startswith("failed")]
