@@ -123,6 +123,8 @@ def memory(args, out: dict) -> None:
 
     rows = out.setdefault("memory", [])
     for shape, lora in MEMORY_CASES:
+        if shape not in args.mem_cases.split(","):
+            continue
         model = random_model(SHAPES / shape, Path(args.work) / "models", tiny=args.quick)
         spec = {"model": str(model), "lora": lora, "prompts": args.mem_prompts, "k": args.mem_k,
                 "new": args.mem_new, "prompt_len": args.prompt_len, "micro": args.mem_micro,
@@ -176,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-trl", action="store_true", help="speed: rlhfkit's rows only")
     p.add_argument("--prompt-len", type=int, default=64, help="memory: prompt tokens (every prompt cut to it)")
     p.add_argument("--mem-new", type=int, default=192, help="memory: answer tokens (every answer this long)")
+    p.add_argument("--mem-cases", default=",".join(s for s, _ in MEMORY_CASES), help="memory: the cases, by shape")
     p.add_argument("--mem-prompts", type=int, default=2)
     p.add_argument("--mem-k", type=int, default=2)
     p.add_argument("--mem-micro", type=int, default=2)

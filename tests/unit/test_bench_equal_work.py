@@ -144,3 +144,40 @@ def test_a_part_being_written_when_a_row_stopped_is_left_out(tmp_path):
     (tmp_path / "a.json").write_text('{"x": 1}')
     (tmp_path / "b.json").write_text('{"x": ')  # cut short
     assert suite.read_parts(tmp_path) == {"a": {"x": 1}}
+
+
+def _speed_run(report, fw, lengths):
+    runs = [_summary(report, [0, *lengths])]
+    return {"recipe": "grpo", "framework": fw, "runs": runs, "pooled": report.pooled(runs)}
+
+
+def test_real_shapes_tables_refuse_unequal_work_and_set_the_peak_against_plan(report):
+    shapes = import_bench("real_shapes")
+    meta = {"where": "cpu, qwen3-0.6b", "date": "d", "settings": {"prompts": 4, "k": 8, "micro": 4}}
+    data = {"meta": meta, "rows": [_speed_run(report, "rlhfkit[auto]", [90.0, 90.0]),
+                                   _speed_run(report, "rlhfkit[static:compile=false]", [62.0, 62.0]),
+                                   _speed_run(report, "trl", [60.0, 60.0])]}
+    text = "\n".join(shapes.speed_lines({"qwen3-0.6b": data, "llama-3.2-1b": None}))
+    assert "| grpo | rlhfkit[auto] | TRL (generate) | **NO**: tokens / completion 90.0 vs 60.0" in text
+    assert "refused (unequal work)" in text
+    assert "| rlhfkit[static:compile=false] | TRL (generate) | yes: tokens / completion 62.0 vs 60.0" in text
+    assert "llama-3.2-1b: no result" in text
+    rows = [{"shape": "qwen3-0.6b", "lora": None, "prompts": 2, "k": 2, "prompt_len": 64, "new": 192, "micro": 2,
+             "rss_mib": 1080.0, "plan": {"peak_mib": 1000.0, "peak_phase": "train step"}},
+            {"shape": "qwen3-1.7b", "lora": 16, "error": "exit 1: killed"}]
+    lines = shapes.memory_lines(rows)
+    assert lines[2].endswith("| 0.98 GiB (train step) | 1.05 GiB | 1.08 |") and "every weight" in lines[2]
+    assert "LoRA r=16" in lines[3] and "exit 1: killed" in lines[3]
+
+
+def test_real_shapes_memory_runs_only_the_cases_asked_for(tmp_path, monkeypatch):
+    shapes, built = import_bench("real_shapes"), []
+    monkeypatch.setattr(import_bench("_shapes"), "random_model", lambda path, work, tiny: built.append(path.name))
+    monkeypatch.setattr(shapes.subprocess, "run", lambda *a, **k: shapes.subprocess.CompletedProcess(
+        a, 1, "", "out of memory"))
+    args = shapes.argparse.Namespace(mem_cases="qwen3-1.7b", quick=True, work=str(tmp_path), mem_prompts=2,
+                                     mem_k=2, mem_new=8, prompt_len=8, mem_micro=2, threads=None)
+    out: dict = {}
+    shapes.memory(args, out)
+    assert built == ["qwen3-1.7b"] and [r["shape"] for r in out["memory"]] == ["qwen3-1.7b"]
+    assert out["memory"][0]["error"] == "exit 1: out of memory"  # a failed case is a row that says why
