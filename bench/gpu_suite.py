@@ -1,37 +1,42 @@
 """Every GPU figure of issue 41 in one command: rows in priority order, each row's result written to the output folder
 as soon as it is measured, one table printed last.
 
-    python bench/gpu_wheels.py          # here, once: TRL 1.16 and what the GPU image lacks, as wheels in .whl/
-                                        # (ignored), and the exact `run` call (command and carry list) to use
-    PYTHONPATH=src:/tmp/site python3 bench/gpu_suite.py --out $OUT [--budget 540] [--rows 1,2]   # the GPU machine
-    .venv/bin/python bench/gpu_suite.py --dry-run [--out DIR]    # CPU: every row's code path at tiny sizes (< 2 min)
+    python3 bench/gpu_wheels.py         # here, right before the call: TRL 1.16 and what the GPU image lacks, as
+                                        # wheels in .whl/ (ignored), the commit stamped, the exact `run` call printed
+    PYTHONPATH=src:/tmp/site python3 bench/gpu_suite.py --out $OUT [--rows 3,4]          # the GPU machine
+    .venv/bin/python bench/gpu_suite.py --dry-run [--out DIR]    # CPU: every row's code path at tiny sizes
 
 Rows (``ROWS``, most important first; one function per row, so a row is added by writing one and listing it):
 
-1. ``long_answers``: GRPO at the Qwen3-0.6B then the Llama-3.2-1B shape with long-tailed answers (mean 256, at most
-   1,024 tokens; ``bench/vs_trl.py --shape --mean-len --trl-cb``, throughput rows at learning rate 0 so the lengths
-   stay the rig's, equal work checked): TRL default, TRL + continuous batching, rlhfkit ``static`` and
-   ``continuous`` (``auto`` is one of them: the row names which, from ``rollout/auto.py``'s rule): s/step,
-   generated tok/s, tokens per completion, peak memory, the phases of each framework's step;
-2. ``seeds_ppo``: the seeds' case, PPO with a Llama-2-7B-shaped policy and Pythia-1.4B-shaped reward model and
+1. ``long_qwen3``, 2. ``long_llama``: GRPO at the Qwen3-0.6B, then the Llama-3.2-1B shape, with long-tailed answers
+   (mean 256, at most 1,024 tokens; ``bench/vs_trl.py --shape --mean-len --trl-cb``, throughput rows at learning
+   rate 0 so the lengths stay the rig's, equal work checked): TRL default, TRL + continuous batching, rlhfkit
+   ``static`` and ``continuous`` (``auto`` is one of them: the row names which, from ``rollout/auto.py``'s rule):
+   s/step, generated tok/s, tokens per completion, peak memory, the phases of each framework's step;
+3. ``seeds_ppo``: the seeds' case, PPO with a Llama-2-7B-shaped policy and Pythia-1.4B-shaped reward model and
    critic, LoRA then every weight trained (FSDP2 CPU offload): each phase's peak against ``rlhfkit plan``, s/step
    (``bench/big_models.py`` cases 1-2);
-3. ``qwen3_8b_lora``: GRPO with a Qwen3-8B-shaped policy, LoRA (and QLoRA when bitsandbytes is carried): peak
+4. ``qwen3_8b_lora``: GRPO with a Qwen3-8B-shaped policy, LoRA (and QLoRA when bitsandbytes is carried): peak
    against ``plan``, s/step (cases 3-4);
-4. ``families``: each family's static and continuous decode against ``generate`` (greedy teacher-forced check,
+5. ``families``: each family's static and continuous decode against ``generate`` (greedy teacher-forced check,
    tok/s; ``bench/families.py``);
-5. ``fused_head``: the fused LM head's bytes and speed at V = 151,936 against the plain logits paths
+6. ``fused_head``: the fused LM head's bytes and speed at V = 151,936 against the plain logits paths
    (``bench/logprobs.py --head``).
 
 How a call goes: each row runs in its own process (its own CUDA context: a row that fails or runs out of memory
-leaves the next ones a clean device), started only when its expected time (``Row.seconds``, an H100 / H200
-estimate) fits what is left of ``--budget`` (default 540 s: one `run` call of at most 600 s, the start and the
-transfers apart), and stopped at the budget's end. Each row writes its parts as it measures them (row 1: after
-every framework's process; row 4: after every family), and after each row the suite rewrites ``results.json``,
-``table.md`` and ``suite.log`` (every process's output) in ``--out``: three files, whatever the number of rows
-(the device machine sends back at most 8). A row cut by the budget keeps its finished parts; a row not started says
-so, with the ``--rows`` that runs the rest in a next call. Needs no network: TRL, datasets, dill and multiprocess
-travel as wheels (``bench/gpu_wheels.py``), everything else is the image's (torch 2.11, transformers 5.17, peft).
+leaves the next ones a clean device), started only when its expected time (``Row.seconds``: an H100 / H200
+*estimate*, never measured yet) fits what is left of ``--budget`` (default :data:`BUDGET_S`, 500 s: with the
+wheels' install and Python's start the call stays within 9 minutes), and stopped at the budget's end. The first row
+asked for always starts; a row too long for what is left is passed over and a shorter later one may still run. Each
+row writes its parts as it measures them (rows 1-2: after every framework's process; row 5: after every family),
+and after each row the suite rewrites ``results.json``, ``table.md`` and ``suite.log`` (every process's output) in
+``--out``: three files, whatever the number of rows (the device machine sends back at most 8). A row cut by the
+budget keeps its finished parts; a row not started says so, with the ``--rows`` that runs the rest in a next call.
+The rows add up to ~25 minutes of estimates: one call measures row 1 (and row 6 in what is left), the next calls
+take the ``--rows`` the table's last line gives. ``table.md`` begins with the summary table in
+docs/performance.md's format (:data:`SUMMARY_HEADER`: status, date, device, commit per row), ready to paste there.
+Needs no network: TRL, datasets, dill and multiprocess travel as wheels (``bench/gpu_wheels.py``), everything else
+is the image's (torch 2.11, transformers 5.17, peft).
 
 ``--dry-run``: the same rows on CPU at tiny sizes (tiny shapes of the same families, a few tokens, two steps; TRL's
 rows only where TRL is importable), every code path but CUDA graphs; ``tests/e2e/test_gpu_suite.py`` runs it.
@@ -90,8 +95,10 @@ class Row:
 
 # ─────────────────────────────────────── row 1: long answers against TRL ───────────────────────────────────────
 
+BUDGET_S = 500.0  # the rows' seconds: with the wheels' install and the start, one `run` call of 9 minutes
 STATIC = "static:compile=false"
 LONG = {"mean": 256, "max": 1024, "prompts": 32, "k": 8, "micro": 16, "steps": 3}
+DRY_SHAPE = "qwen3-0.6b"  # the dry run's long-answer row (one shape shows every code path)
 
 
 def trl_importable() -> bool:
@@ -100,20 +107,22 @@ def trl_importable() -> bool:
     return importlib.util.find_spec("trl") is not None
 
 
-def long_answers(ctx: Ctx) -> None:
-    """``vs_trl.py`` per shape (in this process; it runs each framework in its own), its JSON kept as the part."""
-    import vs_trl
+def long_answers(shape: str) -> Callable[[Ctx], None]:
+    """``vs_trl.py`` at one shape (in this process; it runs each framework in its own), its JSON kept as the part."""
 
-    from rlhfkit.rollout.auto import auto_choice
+    def run(ctx: Ctx) -> None:
+        import vs_trl
 
-    # static as auto runs it when it takes static (uncompiled; CUDA graphs on CUDA), and continuous
-    shapes = {"qwen3-0.6b": f"{STATIC},continuous", "llama-3.2-1b": f"{STATIC},continuous"}
-    if ctx.dry:  # every code path, as few processes as show them (the Llama family's decode: row 4's)
-        shapes = {"qwen3-0.6b": f"{STATIC},continuous"}
-    size = dict(mean=8, max=32, prompts=2, k=4, micro=4, steps=2) if ctx.dry else LONG
-    for shape, engines in shapes.items():
+        from rlhfkit.rollout.auto import auto_choice
+
+        if ctx.dry and shape != DRY_SHAPE:  # the same code path as the dry run's other long-answer row
+            ctx.save("dry", {"note": f"dry run: {shape} takes row {DRY_SHAPE}'s code path (vs_trl.py); the Llama "
+                                     "family's decode is checked by the families row"})
+            return
+        size = dict(mean=8, max=32, prompts=2, k=4, micro=4, steps=2) if ctx.dry else LONG
+        # static as auto runs it when it takes static (uncompiled; CUDA graphs on CUDA), and continuous
         argv = ["--device", ctx.device, "--shape", str(HERE.parent / "shapes" / shape), "--recipes", "grpo",
-                "--engine", engines, "--mean-len", str(size["mean"]), "--max-new", str(size["max"]),
+                "--engine", f"{STATIC},continuous", "--mean-len", str(size["mean"]), "--max-new", str(size["max"]),
                 "--prompts", str(size["prompts"]), "--k", str(size["k"]), "--micro-batch", str(size["micro"]),
                 "--steps", str(size["steps"]), "--rounds", "1", "--work", str(ctx.work),
                 "--json", str(ctx.part_path(f"vs_trl_{shape}"))]
@@ -123,11 +132,13 @@ def long_answers(ctx: Ctx) -> None:
         print(f"[suite] vs_trl.py {' '.join(argv)}", flush=True)
         vs_trl.main(argv)
 
+    return run
+
 
 def long_answers_lines(parts: dict) -> list[str]:
     from _report import comparison_table, comparisons, rows_table
 
-    out = []
+    out = [parts["dry"]["note"], ""] if "dry" in parts else []
     for name, data in parts.items():
         if not name.startswith("vs_trl_"):
             continue
@@ -221,8 +232,10 @@ def fused_head_lines(parts: dict) -> list[str]:
 
 
 ROWS: list[Row] = [
-    Row("long_answers", "GRPO long answers vs TRL (Qwen3-0.6B, Llama-3.2-1B shapes)", long_answers,
-        long_answers_lines, seconds=420, dry_seconds=70),
+    Row("long_qwen3", "GRPO long answers vs TRL, Qwen3-0.6B shape", long_answers("qwen3-0.6b"), long_answers_lines,
+        seconds=360, dry_seconds=70),
+    Row("long_llama", "GRPO long answers vs TRL, Llama-3.2-1B shape", long_answers("llama-3.2-1b"),
+        long_answers_lines, seconds=420, dry_seconds=5),
     Row("seeds_ppo", "PPO Llama-2-7B + Pythia-1.4B: plan vs peak (LoRA; full, FSDP2 CPU offload)", big_cases([1, 2]),
         big_lines, seconds=300, dry_seconds=40),
     Row("qwen3_8b_lora", "GRPO Qwen3-8B LoRA (QLoRA when carried): plan vs peak", big_cases([3, 4]), big_lines,
@@ -252,16 +265,31 @@ def write_outputs(out: Path, report: dict) -> None:
     (out / "table.md").write_text("\n".join(table(report)) + "\n")
 
 
+SUMMARY_HEADER = ["| # | row | status | date | device | commit | seconds (CPU seconds) |",
+                  "|---|---|---|---|---|---|---|"]  # docs/performance.md holds this table (tested): paste it there
+
+
+def summary_lines(report: dict) -> list[str]:
+    """One line per row of ``ROWS``, in docs/performance.md's format: a row this call did not ask for says so."""
+    meta = report["meta"]
+    where = f"{meta['device_name']}{' (dry run)' if meta['dry'] else ''}"
+    lines = list(SUMMARY_HEADER)
+    for i, row in enumerate(ROWS, 1):
+        r = report["rows"].get(row.key)
+        if r is None:
+            lines.append(f"| {i} | {row.title} | not asked in this call | | | | |")
+            continue
+        took = f"{r['seconds']:.0f} ({r.get('cpu_seconds', 0):.0f})" if "seconds" in r else ""
+        lines.append(f"| {i} | {row.title} | {r['status']} | {meta['date']} | {where} | {meta['commit']} | "
+                     f"{took} |")
+    return lines
+
+
 def table(report: dict) -> list[str]:
     meta = report["meta"]
     lines = [f"# bench/gpu_suite.py{' --dry-run' if meta['dry'] else ''}: {meta['device_name']}, {meta['date']}, "
              f"commit {meta['commit']}, torch {meta['torch']}, transformers {meta['transformers']}, TRL {meta['trl']}",
-             "", "| # | row | status | seconds (CPU seconds) |", "|---|---|---|---|"]
-    for i, row in enumerate(ROWS, 1):
-        r = report["rows"].get(row.key)
-        if r is not None:
-            lines.append(f"| {i} | {row.title} | {r['status']} | {r.get('seconds', 0):.0f} "
-                         f"({r.get('cpu_seconds', 0):.0f}) |")
+             "", *summary_lines(report)]
     for i, row in enumerate(ROWS, 1):
         r = report["rows"].get(row.key)
         if r is None or not r.get("parts"):
@@ -332,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT") or "gpu_suite_out", help="output folder (default $OUT)")
     p.add_argument("--dry-run", action="store_true", help="every row's code path on CPU at tiny sizes")
     p.add_argument("--rows", default=None, help="rows to run, by number or key (default: all, in order)")
-    p.add_argument("--budget", type=float, default=None, help="seconds for the whole call (default 540; dry: 600)")
+    p.add_argument("--budget", type=float, default=None,
+                   help=f"seconds for the rows (default {BUDGET_S:.0f}; dry: 600)")
     p.add_argument("--device", default=None)
     p.add_argument("--work", default=None, help="scratch folder (default: a temporary one)")
     p.add_argument("--row", help=argparse.SUPPRESS)
@@ -348,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import tempfile
 
-    args.budget = args.budget or (600.0 if args.dry_run else 540.0)
+    args.budget = args.budget or (600.0 if args.dry_run else BUDGET_S)
     args.work = args.work or tempfile.mkdtemp(prefix="gpu_suite_")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

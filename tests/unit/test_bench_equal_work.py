@@ -3,7 +3,8 @@ two rows are compared only when their tokens per completion are within 10 % (no 
 naming both figures); the headline is generated tokens per second, the time per step beside it; the rigged long-answer
 rows run at learning rate 0, and an update at learning rate 0 does its compute yet leaves every weight (so the
 length rig) as it was; a tiny shape keeps its family with its special ids inside the small vocabulary; the suite's
-table says which rows were not measured and the command for them."""
+table says which rows were not measured and the command for them, in the format docs/performance.md holds;
+real_shapes.py's tables."""
 
 from __future__ import annotations
 
@@ -127,16 +128,33 @@ def test_an_update_at_learning_rate_zero_computes_and_leaves_every_weight(tmp_pa
 
 def test_the_suite_table_names_what_was_not_measured_and_the_next_command():
     suite = import_bench("gpu_suite")
-    assert len({r.key for r in suite.ROWS}) == len(suite.ROWS) == 5
-    report = {"meta": {"dry": False, "device_name": "GPU", "date": "d", "commit": "c", "torch": "t",
-                       "transformers": "tf", "trl": "1.16.0"},
-              "rows": {"long_answers": {"status": "ok", "seconds": 300, "parts": {}},
-                       "seeds_ppo": {"status": "stopped at the budget after 200 s (its finished parts kept)",
-                                     "seconds": 200, "parts": {}},
-                       "qwen3_8b_lora": {"status": "not reached (needs ~150 s, 20 s left)"}}}
+    assert len({r.key for r in suite.ROWS}) == len(suite.ROWS) == 6
+    report = {"meta": {"dry": False, "device_name": "NVIDIA H200", "date": "2026-12-01 10:00", "commit": "abc1234",
+                       "torch": "t", "transformers": "tf", "trl": "1.16.0"},
+              "rows": {"long_qwen3": {"status": "ok", "seconds": 300, "cpu_seconds": 310, "parts": {}},
+                       "long_llama": {"status": "stopped at the budget after 200 s (its finished parts kept)",
+                                      "seconds": 200, "parts": {}},
+                       "seeds_ppo": {"status": "not reached (needs ~300 s, 20 s left)"}}}
     text = "\n".join(suite.table(report))
-    assert "| 3 | GRPO Qwen3-8B LoRA (QLoRA when carried): plan vs peak | not reached" in text
-    assert "`python3 bench/gpu_suite.py --out $OUT --rows 2,3`" in text  # 4 and 5 were not asked for here
+    assert "| 1 | GRPO long answers vs TRL, Qwen3-0.6B shape | ok | 2026-12-01 10:00 | NVIDIA H200 | abc1234 | " \
+           "300 (310) |" in text  # date, device and commit on every row: the line docs/performance.md takes
+    assert "| 3 | PPO Llama-2-7B + Pythia-1.4B: plan vs peak (LoRA; full, FSDP2 CPU offload) | not reached" in text
+    assert "| 6 | fused LM head at V = 151,936: bytes and speed | not asked in this call |" in text
+    assert "`python3 bench/gpu_suite.py --out $OUT --rows 2,3`" in text  # 4-6 were not asked for here
+
+
+def test_the_docs_hold_the_suite_summary_in_its_format_and_one_call_fits_nine_minutes():
+    """docs/performance.md's GPU-suite table is the one the suite prints (header and row titles, in order), so a
+    call's ``table.md`` pastes into it; the `run` call gpu_wheels.py prints stays within 9 minutes, the suite's
+    budget inside it with room for the wheels' install and Python's start."""
+    suite, wheels = import_bench("gpu_suite"), import_bench("gpu_wheels")
+    doc = (suite.ROOT / "docs" / "performance.md").read_text()
+    at = doc.index(suite.SUMMARY_HEADER[0])
+    rows = doc[at:].split("\n\n")[0].splitlines()[2:]
+    assert [r.split(" | ")[:2] for r in rows] == [[f"| {i}", row.title] for i, row in enumerate(suite.ROWS, 1)]
+    call = wheels.run_call(wheels.ROOT / ".whl")
+    assert call["timeout_s"] <= 540 and suite.BUDGET_S + 30 <= call["timeout_s"] and len(call["command"]) < 2000
+    assert "--budget" not in call["command"] and call["carry"] == [".whl"]
 
 
 def test_a_part_being_written_when_a_row_stopped_is_left_out(tmp_path):
