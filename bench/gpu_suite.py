@@ -265,6 +265,7 @@ def write_outputs(out: Path, report: dict) -> None:
     (out / "table.md").write_text("\n".join(table(report)) + "\n")
 
 
+PENDING = "pending (not run when this table was written)"  # a call stopped from outside leaves these
 SUMMARY_HEADER = ["| # | row | status | date | device | commit | seconds (CPU seconds) |",
                   "|---|---|---|---|---|---|---|"]  # docs/performance.md holds this table (tested): paste it there
 
@@ -300,7 +301,7 @@ def table(report: dict) -> list[str]:
         except Exception as err:  # noqa: BLE001 - a table that cannot be drawn says why, the others still are
             lines.append(f"(table failed: {type(err).__name__}: {err})")
     left = [str(i) for i, row in enumerate(ROWS, 1) if report["rows"].get(row.key, {}).get("status", "").startswith(
-        ("not reached", "stopped"))]
+        ("not reached", "stopped", PENDING))]
     if left:
         lines += ["", f"Not measured in this call: rows {','.join(left)}; the next call: "
                       f"`python3 bench/gpu_suite.py --out $OUT --rows {','.join(left)}`"]
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     log = out / "suite.log"
     wanted = [r.strip() for r in (args.rows or "").split(",") if r.strip()]
     rows = [r for i, r in enumerate(ROWS, 1) if not wanted or str(i) in wanted or r.key in wanted]
-    report = {"meta": meta_of(args), "rows": {}}
+    report = {"meta": meta_of(args), "rows": {r.key: {"status": PENDING} for r in rows}}
     deadline = time.monotonic() + args.budget
     print(f"gpu_suite: {report['meta']['device_name']}, torch {report['meta']['torch']}, transformers "
           f"{report['meta']['transformers']}, TRL {report['meta']['trl']}; rows {', '.join(r.key for r in rows)}; "
