@@ -19,7 +19,7 @@ Models: random weights in the shape of a published checkpoint (config.json value
 Batch 32, prompts of 64 tokens, 128 new tokens (``min_new_tokens`` = ``max_new_tokens``: every engine generates the
 same count); static as ``generation.engine=auto`` runs it (CUDA graphs on CUDA, uncompiled), its first call (capture)
 timed apart; continuous with every request in a slot (its CUDA graphs captured per call, so its first call is timed
-with the others). bench/gpu_check.py's rows (g) and bench/gpu_suite.py's row 4 are these.
+with the others). bench/gpu_check.py's rows (g) and bench/gpu_suite.py's row 5 are these.
 
     python bench/families.py [--families qwen3-0.6b,gemma3-1b] [--quick]
 """

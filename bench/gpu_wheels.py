@@ -7,7 +7,7 @@ committed), within the device tool's 64 MiB for the whole working tree:
 
 - ``trl==1.16.0`` (the peer: pure Python), ``datasets==5.2.0`` (TRL's and rlhfkit's), and datasets' two needs the
   image lacks, ``dill==0.4.1`` and ``multiprocess==0.70.19`` (its CPython 3.12 wheel); about 2.5 MB;
-- with ``--qlora``: ``bitsandbytes==0.50.2`` (43 MB) for the suite's QLoRA case (row 3); without it that case is a
+- with ``--qlora``: ``bitsandbytes==0.50.2`` (43 MB) for the suite's QLoRA case (row 4); without it that case is a
   SKIP row that says why.
 
 ``pip download --no-deps`` for CPython 3.12 on manylinux x86-64 (the image's Python), then a check that the folder is

@@ -75,11 +75,12 @@ of 64 answers ~4.7 N), the same distribution for both. Rows: TRL default (``gene
 ``trl/trainer/grpo_config.py``, transformers' paged continuous batching with TRL's default
 ``transformers_continuous_batching_config`` on CUDA; on CPU its cache sized as rlhfkit's, since TRL's default takes
 half the machine's memory), rlhfkit ``auto``, ``static`` and ``continuous`` (``--engine``); columns
-s/step, generated tok/s, tokens per completion, peak memory. ``bench/gpu_suite.py``'s first row runs this at the
-Qwen3-0.6B and Llama-3.2-1B shapes (16 prompts x 8, answers of mean 256 and at most 1024 tokens):
+s/step, generated tok/s, tokens per completion, peak memory. ``bench/gpu_suite.py``'s rows 1-2 run this at the
+Qwen3-0.6B and Llama-3.2-1B shapes (answers of mean 256 and at most 1024 tokens); one shape by hand, as the suite:
 
     PYTHONPATH=src python bench/vs_trl.py --device cuda --shape bench/shapes/llama-3.2-1b --recipes grpo \
-        --engine auto,static,continuous --trl-cb --mean-len 256 --max-new 1024 --prompts 16 --k 8 --steps 4 --rounds 1
+        --engine static:compile=false,continuous --trl-cb --mean-len 256 --max-new 1024 --prompts 32 --k 8 \
+        --micro-batch 16 --steps 3 --rounds 1
 
 The issue's full figure (64 x 8, mean 1k, at most 4k) is the same command with ``--prompts 64 --mean-len 1024
 --max-new 4096`` (longer than 8 minutes: TRL's default decodes 512 rows 4096 steps per step).

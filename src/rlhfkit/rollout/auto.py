@@ -16,7 +16,7 @@ engine the uninterrupted one took. Measured behind it:
   engine was faster per generated token at limits 64 and 256 (``bench/engines.py --auto-rule --models tiny``); for
   the SmolLM2-135M shape at limits 256 / 512 / 1,024 see ``bench/README.md`` (``--auto-rule --models smollm2
   --threads 1 --clock cpu``), for the real shapes inside a GRPO step ``bench/real_shapes.py`` and, on a GPU,
-  ``bench/gpu_suite.py`` row 1 (both still to be measured: they set :data:`LONG_ANSWERS` per device).
+  ``bench/gpu_suite.py`` rows 1-2 (both still to be measured: they set :data:`LONG_ANSWERS` per device).
 
 :data:`TABLE` maps a device type to an engine and its settings. The static engine runs a model on one of two paths
 (:meth:`~.static.StaticEngine.path_of`): rlhfkit's decoder for the families it covers (:data:`~.decoder.DECODERS`:
