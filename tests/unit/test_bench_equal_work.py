@@ -201,3 +201,19 @@ def test_real_shapes_memory_runs_only_the_cases_asked_for(tmp_path, monkeypatch)
     shapes.memory(args, out)
     assert built == ["qwen3-1.7b"] and [r["shape"] for r in out["memory"]] == ["qwen3-1.7b"]
     assert out["memory"][0]["error"] == "exit 1: out of memory"  # a failed case is a row that says why
+
+
+def test_the_suite_stops_a_row_at_its_budget_and_names_the_rows_left(tmp_path, capsys):
+    """The harness itself, end to end in seconds: the first row asked for always starts and is stopped (its process
+    group killed) at the budget's end; the next does not start in what is left; both are named for the next call,
+    in the three output files and in the table printed last."""
+    suite = import_bench("gpu_suite")
+    out = tmp_path / "out"
+    rc = suite.main(["--dry-run", "--rows", "5,6", "--budget", "1", "--out", str(out), "--work", str(tmp_path / "w")])
+    assert rc == 0 and sorted(p.name for p in out.iterdir()) == ["results.json", "suite.log", "table.md"]
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert rows["families"]["status"].startswith("stopped at the budget after 1 s")
+    assert rows["fused_head"]["status"].startswith("not reached (needs ~10 s")
+    table = (out / "table.md").read_text()
+    assert "`python3 bench/gpu_suite.py --out $OUT --rows 5,6`" in table and "| 1 | GRPO long answers" in table
+    assert capsys.readouterr().out.rstrip().endswith(table.rstrip())  # the table, printed last
