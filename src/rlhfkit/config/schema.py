@@ -127,13 +127,15 @@ class GenerationConfig:
     top_k: int = f(0, "top-k sampling; 0 = off", ge=0)
     stop_strings: list[str] = f([], "extra strings that end a response (EOS always does)")
     engine: str = f("auto", "rollout engine (see `rollout.ENGINES`): auto (the fastest expected for the device and "
-                            "model: static uncompiled on CPU (measured), static with CUDA graphs on CUDA; hf only for "
-                            "a model neither static path runs; one line says which) | hf (transformers generate, the "
-                            "reference) | static (our decode loop over a preallocated KV cache, compiled: rlhfkit's "
-                            "decoder for Llama, Qwen2/2.5/3, Mistral, Gemma 2/3, Phi-3/4, else the model's own "
-                            "modules over the same cache) | continuous (continuous batching: requests wait in a queue, "
-                            "slots decode together and take the next request as they end, over a paged cache of "
-                            "generation.cache_tokens; rlhfkit's decoder's models, else hf)")
+                            "model: continuous for answers of 512 tokens or more or more requests than "
+                            "generation.batch_size rows, else static (uncompiled on CPU; CUDA graphs on CUDA); hf "
+                            "only for a model neither static path runs; rollout/auto.py; one line says which) | hf "
+                            "(transformers generate, the reference) | static (our decode loop over a preallocated "
+                            "KV cache, compiled: rlhfkit's decoder for Llama, Qwen2/2.5/3, Mistral, Gemma 2/3, "
+                            "Phi-3/4, else the model's own modules over the same cache) | continuous (continuous "
+                            "batching: requests wait in a queue, slots decode together and take the next request as "
+                            "they end, over a paged cache of generation.cache_tokens; rlhfkit's decoder's models, "
+                            "else hf)")
     engine_kwargs: dict[str, Any] = f({}, "settings of the engine: hf: cache_implementation (static), compile; "
                                           "static: compile (default true), cuda_graphs (default true), sync_every "
                                           "(tokens between checks for ended rows, 8), cache_multiple (64); "
