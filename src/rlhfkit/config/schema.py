@@ -211,13 +211,13 @@ class RemoteJudgeConfig:
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    isolation: str = f("auto", "how model-written code (code_tests) is isolated: auto (the strongest this machine "
-                               "offers, said in one line at the start; a warning naming bubblewrap when weaker than "
-                               "namespaces) | namespaces (the boundary: bubblewrap's mount / PID / network / user "
-                               "namespaces, a read-only system, a seccomp filter, limits) | unshare (PID and network "
-                               "namespaces; your file system) | process (limits only)")
-    require_boundary: bool = f(False, "refuse to run (one line, exit 2, before any weights load) unless model-written "
-                                      "code runs in namespaces (bubblewrap)")
+    isolation: str = f("auto", "how model-written code (code_tests) is isolated: auto (namespaces, or a refusal naming "
+                               "the cause and its fix: never a weaker level unless named) | namespaces (the boundary: "
+                               "bubblewrap's mount / PID / network / user namespaces, a read-only system, a seccomp "
+                               "filter, limits) | unshare (PID and network namespaces; your file system) | process "
+                               "(filter and limits; your files and processes); docs/sandbox.md")
+    require_boundary: bool = f(False, "refuse a weaker level even where isolation names one (one line, exit 2, before "
+                                      "any weights load)")
 
 
 @dataclass(frozen=True)
