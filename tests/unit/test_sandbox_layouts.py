@@ -124,3 +124,20 @@ def test_a_layout_the_mounts_miss_is_named_as_such(tmp_path, monkeypatch):
         Sandbox(LIMITS, python=python).probe()
     assert "the sandbox's mounts miss what this Python needs" in info.value.message and python in info.value.message
     assert "apt-get install bubblewrap" not in info.value.fix and "report it" in info.value.fix
+
+
+def test_a_trainer_whose_venv_is_under_tmp_picks_namespaces_with_auto(tmp_path):
+    # the project cloned under /tmp with its venv there (a CI clone): the trainer itself runs from that venv (rlhfkit
+    # and its dependencies reached through a .pth file), and `auto` must give the boundary
+    if machine_lacks("namespaces"):
+        pytest.skip(machine_lacks("namespaces"))
+    python = venv(tmp_path / "clone" / ".venv")
+    site = next((tmp_path / "clone" / ".venv" / "lib").glob("python3*/site-packages"))
+    import rlhfkit
+
+    (site / "here.pth").write_text("\n".join([str(Path(rlhfkit.__file__).parents[1]), *sys.path[1:]]) + "\n")
+    r = subprocess.run([python, "-c", "import sys; from rlhfkit.rewards.sandbox import announce; "
+                        "print(sys.prefix, announce('auto', say=print))"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path / "clone")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == f"{tmp_path / 'clone' / '.venv'} namespaces", r.stdout
