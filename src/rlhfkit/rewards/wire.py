@@ -1,14 +1,19 @@
 """What a worker process (:mod:`rlhfkit.rewards.workers`) sends back to the trainer: JSON plain data, checked field by
 field on arrival. Nothing that crosses from a worker to the trainer is unpickled: a reply is data, never code, so
-a worker whose pipe a program reached (one that got past the sandbox, or any other code running as the user) can
-at worst send wrong numbers, which the callers' checks then refuse or count like any other bad value.
+a worker whose pipe a program reached (at the ``process`` level of the sandbox a program can, see
+``docs/sandbox.md``) can at worst make that call fail: without the request's id (in the worker's memory, which that
+level also lets a program read) its reply is refused and the worker killed.
 
 A reply is one JSON object, one of::
 
-    {"s": "ok", "v": VALUE}
-    {"s": "user_error", "cls": "RewardError" | "RewardFunctionError" | "SandboxError", "message": str,
+    {"s": "ok", "n": ID, "v": VALUE}
+    {"s": "user_error", "n": ID, "cls": "RewardError" | "RewardFunctionError" | "SandboxError", "message": str,
      "where": str | null, "fix": str | null}
-    {"s": "error", "kind": str, "message": str, "trace": str}
+    {"s": "error", "n": ID, "kind": str, "message": str, "trace": str}
+
+where ``ID`` is the request's id (a random string the trainer sent with it): a reply that answers another request,
+or none (written into the pipe by a program that reached it), is refused like any other that breaks the wire, so it
+costs the call it arrived in, never the run, and never shifts the replies of later calls.
 
 and a ``VALUE`` is ``null``, a boolean, a number (an integer within 64 bits, a float, ``NaN`` / ``Infinity`` as
 Python's :mod:`json` writes them), a string, an array (a Python list), or one of three tagged objects (every JSON
@@ -74,7 +79,8 @@ def pack(value: Any, depth: int = 0) -> Any:
     if isinstance(value, int):
         if -INT64 <= value < INT64:
             return int(value)
-        return math.copysign(math.inf, value)  # an integer too large to be a score: as the float it overflows to
+        return math.inf if value > 0 else -math.inf  # too large to be a score: as the float it overflows to (even
+        # past float's range: 10**400 cannot be converted, so no float() here)
     if depth >= MAX_DEPTH:
         raise ValueError(f"the value is nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, list):
@@ -97,18 +103,21 @@ def pack(value: Any, depth: int = 0) -> Any:
     return {"o": [type(value).__name__[:100], text]}
 
 
-def ok(value: Any) -> bytes:
-    return _dump({"s": "ok", "v": pack(value)})
+def ok(value: Any, n: str | None = None) -> bytes:
+    """The reply carrying ``value`` to request ``n``."""
+    return _dump({"s": "ok", "n": n, "v": pack(value)})
 
 
-def user_error(exc: BaseException) -> bytes:
+def user_error(exc: BaseException, n: str | None = None) -> bytes:
     """A :class:`~rlhfkit.errors.RewardError` raised by the code (a built-in rule's own one-line complaint)."""
-    return _dump({"s": "user_error", "cls": type(exc).__name__, "message": _text(getattr(exc, "message", str(exc))),
+    return _dump({"s": "user_error", "n": n, "cls": type(exc).__name__,
+                  "message": _text(getattr(exc, "message", str(exc))),
                   "where": _text_or_none(getattr(exc, "where", None)), "fix": _text_or_none(getattr(exc, "fix", None))})
 
 
-def error(kind: str, message: str, trace: str = "") -> bytes:
-    return _dump({"s": "error", "kind": _text(kind)[:200], "message": _text(message), "trace": _text(trace, tail=True)})
+def error(kind: str, message: str, trace: str = "", n: str | None = None) -> bytes:
+    return _dump({"s": "error", "n": n, "kind": _text(kind)[:200], "message": _text(message),
+                  "trace": _text(trace, tail=True)})
 
 
 def _text(value: Any, tail: bool = False) -> str:
@@ -128,26 +137,28 @@ def _dump(message: dict) -> bytes:
 
 
 # ── the trainer's side ───────────────────────────────────────────────────────────────────────────────────────────
-def read_reply(data: bytes) -> tuple[str, Any]:
+def read_reply(data: bytes, n: str | None = None) -> tuple[str, Any]:
     """``("ok", value)``, ``("user_error", RewardError)`` or ``("error", (kind, message, trace))`` from a reply's
-    bytes, every field checked; anything else raises :class:`ProtocolError`."""
+    bytes, every field checked, answering request ``n``; anything else raises :class:`ProtocolError`."""
     try:
         message = json.loads(data.decode("utf-8", "surrogatepass"))
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"not JSON ({type(exc).__name__})") from None
     if not isinstance(message, dict):
         raise ProtocolError("not a JSON object")
+    if message.get("n") != n or "n" not in message:
+        raise ProtocolError("a reply to no request awaited (its id is not the request's)")
     status = message.get("s")
     if status == "ok":
-        _keys(message, {"s", "v"})
+        _keys(message, {"s", "n", "v"})
         return "ok", unpack(message["v"])
     if status == "user_error":
-        _keys(message, {"s", "cls", "message", "where", "fix"})
+        _keys(message, {"s", "n", "cls", "message", "where", "fix"})
         cls = _field(message, "cls")
         return "user_error", _user_error_class(cls)(_field(message, "message"), where=_field(message, "where", True),
                                                     fix=_field(message, "fix", True))
     if status == "error":
-        _keys(message, {"s", "kind", "message", "trace"})
+        _keys(message, {"s", "n", "kind", "message", "trace"})
         return "error", (_field(message, "kind"), _field(message, "message"), _field(message, "trace"))
     raise ProtocolError(f"unknown status {str(status)[:40]!r}")
 
