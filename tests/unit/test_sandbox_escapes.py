@@ -328,3 +328,45 @@ def test_what_each_level_lets_through_is_this_table(level, tmp_path, monkeypatch
         for p in (victim, target):
             p.kill()
             p.wait()
+
+
+# At `process` the program can reach its worker (its parent): it writes a forged reply into every pipe of the worker's
+# it can open, then defines the solution as if nothing happened
+FORGE = DISARM + '''
+import json, struct
+def frame(message):
+    data = json.dumps(message).encode()
+    return struct.pack("!i", len(data)) + data
+FORGED = {
+    "user_error": frame({"s": "user_error", "n": None, "cls": "RewardError", "message": "forged", "where": None,
+                         "fix": None}),
+    "ok": frame({"s": "ok", "n": None, "v": [1.0] * 8}),
+    "cut": struct.pack("!i", 1000) + b'{"s": "ok"',
+}[KIND]
+parent = os.getppid()
+for fd in os.listdir(f"/proc/{parent}/fd"):
+    try:
+        os.write(os.open(f"/proc/{parent}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK), FORGED)
+    except OSError:
+        pass
+def add(a, b):
+    return a + b
+'''
+
+
+def test_at_process_level_a_forged_reply_on_the_workers_pipe_costs_its_sample_not_the_run(monkeypatch):
+    from rlhfkit.rewards import workers
+
+    sandbox_at("process", LIMITS)
+    monkeypatch.setattr(workers, "FRAME_S", 0.3)  # a cut frame is seen stalled after this (2 s by default)
+    good = "def add(a, b):\n    return a + b\n"
+    completions = [f"```python\n{FORGE.replace('KIND', repr(kind))}```" for kind in ("user_error", "ok", "cut")]
+    completions = [completions[0], good, completions[1], good, completions[2], good]
+    rows = [{"tests": ["assert add(1, 2) == 3"]}] * 6
+    spec = {"fn": "code_tests", "kwargs": {"isolation": "process", "wall_s": 10.0, "memory_mb": 256}}
+    with CombinedRewards([spec], workers=2, timeout_s=60) as combo:
+        out = combo(["p"] * 6, completions, rows, step=1)  # never a RewardError "forged" nor a hang
+        assert out.valid.tolist() == [False, True] * 3 and out.total.tolist() == [0.0, 1.0] * 3
+        assert out.metrics["rewards/code_tests/errors"] == 3.0  # each forgery: its own sample, its worker restarted
+        again = combo(["p"] * 2, [completions[1]] * 2, rows[:2])  # no reply left over to shift the next call's
+        assert again.total.tolist() == [1.0, 1.0] and again.valid.all()

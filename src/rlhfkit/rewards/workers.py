@@ -310,8 +310,9 @@ class Worker:
 
 def _read_frame(fd: int, deadline: float | None) -> bytes:
     """One frame of :class:`multiprocessing.connection.Connection`'s format (a 4-byte big-endian length, -1 then an
-    8-byte one for large frames, the bytes) from ``fd``, complete by ``deadline``: a forged or cut frame never blocks
-    the trainer (:class:`wire.ProtocolError` past the deadline or past :data:`wire.MAX_REPLY_BYTES`)."""
+    8-byte one for large frames, the bytes) from ``fd``, complete by ``deadline`` and never stalling :data:`FRAME_S`
+    between two reads (an honest worker writes its frame at once): a forged or cut frame never blocks the trainer
+    (:class:`wire.ProtocolError`, as past :data:`wire.MAX_REPLY_BYTES`)."""
     (size,) = struct.unpack("!i", _read_exact(fd, 4, deadline))
     if size == -1:
         (size,) = struct.unpack("!Q", _read_exact(fd, 8, deadline))
@@ -323,8 +324,8 @@ def _read_frame(fd: int, deadline: float | None) -> bytes:
 def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
     chunks, got = [], 0
     while got < n:
-        left = None if deadline is None else deadline - time.perf_counter()
-        if left is not None and (left <= 0 or not select.select([fd], [], [], left)[0]):
+        left = FRAME_S if deadline is None else min(FRAME_S, deadline - time.perf_counter())
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
             raise wire.ProtocolError(f"the reply stopped after {got} of {n} bytes")
         data = os.read(fd, min(n - got, 1 << 20))
         if not data:
