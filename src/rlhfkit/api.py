@@ -150,6 +150,14 @@ class Trainer:
         if funcs is not None:  # TRL's reward_funcs, in the trainer or in args: callables kept as callables
             own = _merge(own, {"reward": {"functions": _reward_entries(funcs, tree.pop("reward_weights", None))}})
         self.config = _build(self.recipe, _merge(tree, own), self._source, yaml_path=self._yaml)
+        if getattr(getattr(self.config, "model", None), "name", "") is None:  # as TRL, a trainer needs its model
+            raise ConfigError("no model: model=None and args name none (rlhfkit does not pick one)", where="model",
+                              fix="give model= (a name, a directory, a .gguf file, or a loaded model with its "
+                                  "tokenizer), or model.name in args; model='tiny' is the built-in toy model")
+        if peft_config is not None:  # its target modules against the model's own, now (peft would say so only later)
+            from .models.lora import check_targets
+
+            check_targets(self.config.model)
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> Summary:
         """Run the recipe (as ``rlhfkit <recipe>`` with this config) and return its :class:`Summary`. A run stopped
@@ -439,10 +447,10 @@ def _data(value: Any, key: str, take_eval: bool) -> dict:
         if key != "train" or "train" not in splits:
             raise ConfigError(f"a DatasetDict with splits {', '.join(splits)} was given as the {key} data",
                               where=f"{key}_dataset", fix="give one split, e.g. dataset['train']")
-        out = {"train": dataset_file(splits["train"], "train")}
+        out = {"train": dataset_file(splits["train"], "train", "train_dataset['train']")}
         held = next((s for s in ("test", "validation", "eval") if s in splits), None)
         if take_eval and held is not None:
-            out["eval"] = dataset_file(splits[held], "eval")
+            out["eval"] = dataset_file(splits[held], "eval", f"train_dataset[{held!r}]")
         return out
     return {key: dataset_file(value, key)}
 
@@ -461,7 +469,7 @@ def lora_settings(peft_config: Any) -> dict:
                               fix=f"leave {name} at its default (rlhfkit trains plain LoRA: r, alpha, dropout, "
                                   "target modules)")
     targets = get("target_modules", None)
-    if isinstance(targets, str):
+    if isinstance(targets, str):  # peft's string form: a regular expression (rlhfkit.models.lora)
         targets = None if targets == "all-linear" else [targets]
     elif targets is not None:
         targets = sorted(targets)

@@ -364,8 +364,12 @@ def _align_special_tokens(model, tok) -> None:
 
 
 def lora_targets(model, mcfg) -> list[str] | str:
+    """What peft is told to adapt: ``model.lora.target_modules`` as the full names of the modules it matches
+    (:mod:`.lora`: names, or regular expressions as peft's string form), else the projections per architecture."""
     if mcfg.lora.target_modules:
-        return list(mcfg.lora.target_modules)
+        from .lora import resolve_targets
+
+        return resolve_targets(model, list(mcfg.lora.target_modules)) or list(mcfg.lora.target_modules)
     return LORA_TARGETS.get(getattr(model.config, "model_type", ""), "all-linear")
 
 

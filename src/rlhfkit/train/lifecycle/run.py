@@ -182,11 +182,22 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     return run
 
 
+def check_lora(cfg) -> None:
+    """LoRA's target modules against the model's own, before the data, the rewards or any weights
+    (:func:`rlhfkit.models.lora.check_targets`)."""
+    mcfg = getattr(cfg, "model", None)
+    if mcfg is not None and getattr(mcfg, "lora", None) is not None:
+        from ...models.lora import check_targets
+
+        check_targets(mcfg)
+
+
 def run_recipe(cfg, train: Callable[..., dict], *, prepare: Callable[[Any], Any] | None = None) -> dict:
     """What every runner does around its training: check the inputs, ``prepare(cfg)`` (what can be read before the
     run directory is locked, e.g. data records; passed on to ``train``), lock and start the run, answer a finished
     one, then ``train(cfg, run[, prepared])`` inside the run's Session. Returns the final metrics."""
     cfg.check_inputs()
+    check_lora(cfg)
     prepared = prepare(cfg) if prepare is not None else None
     with start_run(cfg) as run:
         done = run.session.begin()
