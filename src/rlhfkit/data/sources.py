@@ -34,6 +34,7 @@ import json
 import math
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -295,7 +296,7 @@ def load_reasoning_gym(source: str) -> list[tuple[str, dict]]:
                         fix=f"system= one of {', '.join(SYSTEM_PROMPTS)} or none")
     try:
         items = reasoning_gym.create_dataset(name, **settings)
-        entries = [items[i] for i in range(len(items))]
+        entries = _generate(items, name, source)
     except (TypeError, ValueError, AssertionError) as exc:
         raise DataError(f"reasoning-gym task {name!r} refused its settings ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''})", where=source,
@@ -307,6 +308,36 @@ def load_reasoning_gym(source: str) -> list[tuple[str, dict]]:
         rows.append((f"{REASONING_GYM}{name}[{i}]", {"prompt": prompt, "question": e["question"],
                                                      "answer": e["answer"], "metadata": e["metadata"]}))
     return rows
+
+
+RG_SAY_S, RG_MAX_S = 30.0, 600.0  # generating reasoning-gym items: said past the first, refused past the second
+
+
+def _generate(items, name: str, source: str) -> list:
+    """Every item of a reasoning-gym dataset (generated on access, one by one), timed on its first items: a size that
+    would take more than :data:`RG_SAY_S` is said in one line with the estimate, one past :data:`RG_MAX_S` refused
+    before the time is spent (``size=100000000`` of a task at 8,000 items/s: 3.5 hours and the rows in memory)."""
+    n, out, t0 = len(items), [], time.perf_counter()
+    while len(out) < n:
+        out.append(items[len(out)])
+        took = time.perf_counter() - t0
+        if len(out) in (200, 2000) or (len(out) < 200 and took > 1.0):
+            estimate = took / len(out) * n
+            if estimate > RG_MAX_S:
+                fits = int(len(out) / took * RG_MAX_S)
+                raise DataError(f"reasoning-gym task {name!r}: size={n} would take about {_duration(estimate)} to "
+                                f"generate here ({len(out) / took:,.0f} items/s), before the run starts",
+                                where=source, fix=f"lower size= (about {fits:,} fit in {_duration(RG_MAX_S)}): a run "
+                                                  "reads algo.total_episodes prompts, not more")
+            if estimate > RG_SAY_S and len(out) == 200:
+                say(f"[data] reasoning-gym task {name!r}: generating {n:,} items, about {_duration(estimate)} "
+                    f"({len(out) / took:,.0f} items/s)")
+    return out
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
 
 
 # ---------------------------------------------------------------------------------------------------------------
