@@ -7,8 +7,8 @@ level also lets a program read) its reply is refused and the worker killed.
 A reply is one JSON object, one of::
 
     {"s": "ok", "n": ID, "v": VALUE}
-    {"s": "user_error", "n": ID, "cls": "RewardError" | "RewardFunctionError" | "SandboxError", "message": str,
-     "where": str | null, "fix": str | null}
+    {"s": "user_error", "n": ID, "cls": "RewardError" | "RewardFunctionError" | "SandboxError" | "EnvError",
+     "message": str, "where": str | null, "fix": str | null}
     {"s": "error", "n": ID, "kind": str, "message": str, "trace": str}
 
 where ``ID`` is the request's id (a random string the trainer sent with it): a reply that answers another request,
@@ -178,11 +178,11 @@ def _field(message: dict, key: str, optional: bool = False) -> str | None:
 
 
 def _user_error_class(name: str) -> type:
-    from ..errors import RewardError
+    from ..errors import EnvError, RewardError
     from .loading import RewardFunctionError
     from .sandbox import SandboxError
 
-    return {c.__name__: c for c in (RewardError, RewardFunctionError, SandboxError)}.get(name, RewardError)
+    return {c.__name__: c for c in (RewardError, RewardFunctionError, SandboxError, EnvError)}.get(name, RewardError)
 
 
 def unpack(value: Any, depth: int = 0) -> Any:

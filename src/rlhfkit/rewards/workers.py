@@ -53,7 +53,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import RewardError
+from ..errors import EnvError, RewardError
 from . import wire
 
 BOOT = "from rlhfkit.rewards.workers import _child_main; _child_main({r}, {w})"
@@ -469,7 +469,7 @@ class WorkerPool:
                 value = (getattr(obj, method) if method else obj)(*args, **kwargs)
         except _Expired:
             return Outcome(error=CallTimeout(f"call took more than {limit:.3g} s"), seconds=time.perf_counter() - t0)
-        except RewardError as exc:
+        except (RewardError, EnvError) as exc:
             return Outcome(error=exc, seconds=time.perf_counter() - t0)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - sys.exit() in a reward ends the call, not the run
             return Outcome(error=CallFailed(type(exc).__name__, _said(exc), traceback.format_exc()),
@@ -685,8 +685,8 @@ def _child_main(read_fd: int, write_fd: int) -> None:
                 obj = objects[key]
                 reply = (getattr(obj, method) if method else obj)(*args, **kwargs)
             data = wire.ok(reply, rid)
-        except RewardError as exc:  # a one-line complaint of the code itself (a built-in rule missing an option)
-            data = wire.user_error(exc, rid)
+        except (RewardError, EnvError) as exc:  # a one-line complaint of the code itself (a built-in rule missing an
+            data = wire.user_error(exc, rid)  # option, the OpenEnv adapter's)
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported, never fatal here
             try:
                 data = wire.error(type(exc).__name__, _said(exc), traceback.format_exc(limit=20), rid)
