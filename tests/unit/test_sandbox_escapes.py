@@ -2,10 +2,12 @@
 collector's view of its objects, as a hostile policy would) and then try to leave the sandbox. Inside the
 ``namespaces`` boundary every attempt fails: reading the home directory, the run directory or the trainer's
 environment, writing outside, another program, a fork bomb, a 10 GB allocation, sockets, signals to the parent,
-``ctypes`` system calls, symlinks out of its own directory, finding the worker through ``/proc`` to forge its reply;
-and the caller scores the batch and goes on. Skipped, with the reason, where this machine cannot give the boundary
-(no bubblewrap, no user namespaces, no libseccomp); the filter-only attempts also run under the weaker levels where
-the seccomp filter is available."""
+``ctypes`` system calls, symlinks out of its own directory, writing code into another process's memory through
+``/proc/<pid>/mem`` (there is none: the program is PID 1), filling ``/dev`` / ``/dev/shm`` / ``/tmp``, finding the
+worker through ``/proc`` to forge its reply; and the caller scores the batch and goes on. At ``process`` a forged
+reply costs its sample, never the run. What each level lets through is docs/sandbox.md's table, measured here.
+Skipped, with the reason, only where the machine cannot give a level (conftest.machine_lacks: no bubblewrap, no user
+namespaces, no libseccomp); where it can, a level that is not set up fails."""
 
 from __future__ import annotations
 
