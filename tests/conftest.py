@@ -54,9 +54,15 @@ def machine_lacks(level: str) -> str:
     rlhfkit's sandbox), "" when it can: then a failure to set the level up is a failure of rlhfkit, never a skip."""
     from rlhfkit.rewards.sandbox import seccomp_filter
 
-    if level == "namespaces" and shutil.which("bwrap") is None:
-        return "bubblewrap is not installed"
-    if level in ("namespaces", "unshare"):
+    if level == "namespaces":
+        if shutil.which("bwrap") is None:
+            return "bubblewrap is not installed"
+        minimal = ["bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--dev",
+                   "/dev", "true"]  # bubblewrap alone (an AppArmor profile may allow it where `unshare -U` is not)
+        if subprocess.run(minimal, capture_output=True).returncode != 0 and \
+                subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode != 0:
+            return "user namespaces are not allowed here (`unshare -U true` and a minimal bwrap both fail)"
+    if level == "unshare":
         if shutil.which("unshare") is None:
             return "util-linux's unshare is not installed"
         if subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode != 0:

@@ -7,50 +7,29 @@ is a regular expression matched against the whole module name, as peft's single-
 :func:`check_targets` builds the model's skeleton from its config on the ``meta`` device (no weights, no memory) and
 refuses, in one line listing the model's adaptable module names, an entry that matches none of its modules: before
 the reward lint, the data, or any weights (peft's own ``NoMatchingPeftModuleError`` came after all of them).
-:func:`resolve_targets` turns the entries into the list of full module names peft is given.
+:func:`~rlhfkit.models.loading.lora_targets` turns the entries into the list of full module names peft is given.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
-
-_REGEX_CHARS = set(".*[]()|^$+?\\")
-_ADAPTABLE = ("Linear", "Conv1D", "Conv1d", "Conv2d", "Embedding")  # the layer types peft's LoRA adapts
-
-
-def is_pattern(entry: str) -> bool:
-    """``entry`` is a regular expression (peft's string form), not a module name."""
-    return bool(_REGEX_CHARS & set(entry))
-
-
-def _matches(entry: str, name: str) -> bool:
-    if is_pattern(entry):
-        return re.fullmatch(entry, name) is not None
-    return name == entry or name.endswith("." + entry)
-
-
-def adaptable(model: torch.nn.Module) -> list[str]:
-    """The full names of the modules LoRA can adapt (linear, 1-D convolution, embedding layers)."""
-    return [n for n, m in model.named_modules() if n and type(m).__name__ in _ADAPTABLE]
-
-
-def resolve_targets(model: torch.nn.Module, entries: list[str]) -> list[str]:
-    """The full names of ``model``'s adaptable modules that ``entries`` match (module docstring)."""
-    return [n for n in adaptable(model) if any(_matches(e, n) for e in entries)]
+from .loading import _hub_kwargs, adaptable, is_pattern, is_tiny, load_tokenizer_for, matches_target, resolve_source
+from .tiny import tiny_config
 
 
 def unmatched(model: torch.nn.Module, entries: list[str]) -> tuple[list[str], list[str]]:
     """(the entries that match none of ``model``'s adaptable modules, those modules' distinct last names)."""
     names = adaptable(model)
-    return [e for e in entries if not any(_matches(e, n) for n in names)], sorted({n.rsplit(".", 1)[-1] for n in names})
+    return [e for e in entries if not any(matches_target(e, n) for n in names)], sorted({n.rsplit(".", 1)[-1] for n in names})
 
 
 def _compiles(entry: str) -> bool:
+    import re
+
     try:
         re.compile(entry)
     except re.error:
@@ -62,9 +41,6 @@ def skeleton(mcfg) -> torch.nn.Module | None:
     """The policy's modules from its config on the ``meta`` device (no weights are read), or None where its config
     cannot be read here (an adapter directory, a hub name that is not cached: the loader says so itself)."""
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from .loading import _hub_kwargs, is_tiny, load_tokenizer_for, resolve_source
-    from .tiny import tiny_config
 
     source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
     if is_tiny(source):

@@ -21,7 +21,8 @@ object in a value is a tag, so no user dict can pass for one): ``{"t": [...]}`` 
 ...]}`` a dict, ``{"o": [type name, repr]}`` anything else, which arrives as an :class:`Unsent` (its type's name and
 its repr, so that a check can say what the code returned). Arrays and tensors (anything with ``tolist``) travel as
 their ``tolist()``. Limits: :data:`MAX_REPLY_BYTES` per reply, :data:`MAX_DEPTH` levels of nesting; strings of an
-error at most :data:`MAX_TEXT` characters. A reply that breaks any of this is a :class:`ProtocolError`.
+error at most :data:`MAX_TEXT` characters. A reply that breaks any of this is a :class:`ProtocolError`, and so is a
+frame that stops halfway (:func:`read_frame` reads it within the call's time, never blocking on a cut one).
 
 Requests (trainer to worker) stay pickled: they are made by the trainer only (the call's arguments, a callable the
 user gave to the Python API), and a process that could write into a worker's request pipe could as well write into
@@ -32,7 +33,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import select
+import struct
+import time
 from typing import Any
 
 MAX_REPLY_BYTES = 64 << 20
@@ -216,3 +221,31 @@ def unpack(value: Any, depth: int = 0) -> Any:
             body[0]) <= 100 and len(body[1]) <= 200:
         return _unsent_type(body[0])(body[1])
     raise ProtocolError(f"an unknown tag {str(tag)[:20]!r}")
+
+
+# ── reading a reply's frame ──────────────────────────────────────────────────────────────────────────────────────
+def read_frame(fd: int, deadline: float | None, stall_s: float = 2.0) -> bytes:
+    """One frame of :class:`multiprocessing.connection.Connection`'s format (a 4-byte big-endian length, -1 then an
+    8-byte one for large frames, the bytes) from ``fd``, complete by ``deadline`` and never stalling ``stall_s``
+    between two reads (an honest worker writes its frame at once): a forged or cut frame never blocks the trainer
+    (:class:`ProtocolError`, as past :data:`MAX_REPLY_BYTES`)."""
+    (size,) = struct.unpack("!i", _read_exact(fd, 4, deadline, stall_s))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exact(fd, 8, deadline, stall_s))
+    if not 0 <= size <= MAX_REPLY_BYTES:
+        raise ProtocolError(f"a frame of {size} bytes (at most {MAX_REPLY_BYTES})")
+    return _read_exact(fd, size, deadline, stall_s)
+
+
+def _read_exact(fd: int, n: int, deadline: float | None, stall_s: float) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        left = stall_s if deadline is None else min(stall_s, deadline - time.perf_counter())
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise ProtocolError(f"the reply stopped after {got} of {n} bytes")
+        data = os.read(fd, min(n - got, 1 << 20))
+        if not data:
+            raise EOFError
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)

@@ -39,9 +39,7 @@ import io
 import os
 import pickle
 import secrets
-import select
 import signal
-import struct
 import subprocess
 import sys
 import threading
@@ -285,7 +283,7 @@ class Worker:
         left = None if timeout is None else max(FRAME_S, timeout - (time.perf_counter() - t0))
         problem = ""
         try:
-            data = _read_frame(conn.fileno(), None if left is None else time.perf_counter() + left)
+            data = wire.read_frame(conn.fileno(), None if left is None else time.perf_counter() + left, FRAME_S)
             status, payload = wire.read_reply(data, rid)
         except EOFError:
             code = self.proc.wait() if self.proc is not None else None
@@ -306,33 +304,6 @@ class Worker:
         if status == "user_error":
             raise payload
         raise CallFailed(*payload)
-
-
-def _read_frame(fd: int, deadline: float | None) -> bytes:
-    """One frame of :class:`multiprocessing.connection.Connection`'s format (a 4-byte big-endian length, -1 then an
-    8-byte one for large frames, the bytes) from ``fd``, complete by ``deadline`` and never stalling :data:`FRAME_S`
-    between two reads (an honest worker writes its frame at once): a forged or cut frame never blocks the trainer
-    (:class:`wire.ProtocolError`, as past :data:`wire.MAX_REPLY_BYTES`)."""
-    (size,) = struct.unpack("!i", _read_exact(fd, 4, deadline))
-    if size == -1:
-        (size,) = struct.unpack("!Q", _read_exact(fd, 8, deadline))
-    if not 0 <= size <= wire.MAX_REPLY_BYTES:
-        raise wire.ProtocolError(f"a frame of {size} bytes (at most {wire.MAX_REPLY_BYTES})")
-    return _read_exact(fd, size, deadline)
-
-
-def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        left = FRAME_S if deadline is None else min(FRAME_S, deadline - time.perf_counter())
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            raise wire.ProtocolError(f"the reply stopped after {got} of {n} bytes")
-        data = os.read(fd, min(n - got, 1 << 20))
-        if not data:
-            raise EOFError
-        chunks.append(data)
-        got += len(data)
-    return b"".join(chunks)
 
 
 class WorkerPool:
