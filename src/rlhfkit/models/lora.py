@@ -24,7 +24,8 @@ from .tiny import tiny_config
 def unmatched(model: torch.nn.Module, entries: list[str]) -> tuple[list[str], list[str]]:
     """(the entries that match none of ``model``'s adaptable modules, those modules' distinct last names)."""
     names = adaptable(model)
-    return [e for e in entries if not any(matches_target(e, n) for n in names)], sorted({n.rsplit(".", 1)[-1] for n in names})
+    missing = [e for e in entries if not any(matches_target(e, n) for n in names)]
+    return missing, sorted({n.rsplit(".", 1)[-1] for n in names})
 
 
 def _compiles(entry: str) -> bool:
