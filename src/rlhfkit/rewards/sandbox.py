@@ -415,6 +415,9 @@ class Sandbox:
         except (ValueError, IndexError):
             seen = {}
         if seen.get("six") != 6 or r.passed != [True]:
+            if r.returncode == GUARD_FAILED:  # the program started: the kernel refused a limit or the filter
+                return Problem(f"a probe program {r.reason}", "check that the kernel allows seccomp filters (Seccomp "
+                               "in /proc/self/status) and that the container lets a process lower its limits")
             if level == "namespaces":
                 return boundary.layout_problem(self.python, r.reason)
             return Problem(f"a probe program {r.reason}", "check that the Python of the trainer runs")
