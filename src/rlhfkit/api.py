@@ -145,8 +145,7 @@ class Trainer:
         tree, self._source, self._yaml = _args_tree(args, self.recipe)
         own = _inputs(self.recipe, model, processing_class or tokenizer, train_dataset, eval_dataset, peft_config,
                       ref_model, reward_model)
-        funcs = tree.pop("reward_funcs", None) if reward_funcs is None else reward_funcs
-        tree.pop("reward_funcs", None)
+        funcs = _one_reward_funcs(tree.pop("reward_funcs", None), reward_funcs)
         if funcs is not None:  # TRL's reward_funcs, in the trainer or in args: callables kept as callables
             own = _merge(own, {"reward": {"functions": _reward_entries(funcs, tree.pop("reward_weights", None))}})
         self.config = _build(self.recipe, _merge(tree, own), self._source, yaml_path=self._yaml)
@@ -161,8 +160,10 @@ class Trainer:
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> Summary:
         """Run the recipe (as ``rlhfkit <recipe>`` with this config) and return its :class:`Summary`. A run stopped
-        by a callback returns (``stopped`` set); a SIGTERM, an error or Ctrl-C raise as in the CLI (a
-        :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``). ``resume_from_checkpoint``: as TRL's
+        by a callback returns (``stopped`` set: the callback returned True or raised ``KeyboardInterrupt``; a
+        checkpoint of the step reached); a SIGTERM, an error or Ctrl-C raise as in the CLI (a
+        :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``; Ctrl-C says its line and the last
+        checkpoint first). ``resume_from_checkpoint``: as TRL's
         (True: the newest valid checkpoint, a path: that one; rlhfkit resumes by default, ``train.resume``)."""
         from .config import replace
         from .track.console import silence_libraries
@@ -188,6 +189,14 @@ class Trainer:
             metrics = rows[-1] if rows else {}
         except ConfigError as err:  # an input checked when the run starts: file:line when a YAML file set it
             raise locate(err, self._yaml) from None
+        except KeyboardInterrupt:  # Ctrl-C (not a stop: those are Stopped): its one line, then raised as Python does
+            from .cli import _last_checkpoint
+
+            ckpt = _last_checkpoint(run_dir)
+            where = f"last checkpoint: {ckpt} (train() again resumes from it)" if ckpt else \
+                f"no checkpoint written yet in {run_dir}"
+            say(f"[{self.recipe}] interrupted (Ctrl-C); {where}")
+            raise
         finally:
             restore()
         line = run_summary_line(self.recipe, run_dir, time.time() - started, since=started)
@@ -476,6 +485,23 @@ def lora_settings(peft_config: Any) -> dict:
     out = {"enabled": True, "r": get("r", 8), "alpha": get("lora_alpha", 8), "dropout": get("lora_dropout", 0.0),
            "target_modules": targets}
     return {k: v for k, v in out.items() if v is not None or k == "target_modules"}
+
+
+def _one_reward_funcs(in_args: Any, given: Any) -> Any:
+    """The reward functions, given in ``args`` (``reward_funcs``) or to the trainer: both, naming different ones, is
+    refused in one line (one would be dropped without a word)."""
+    if in_args is None or given is None:
+        return given if in_args is None else in_args
+    as_list = [list(v) if isinstance(v, (list, tuple)) else [v] for v in (in_args, given)]
+    if len(as_list[0]) == len(as_list[1]) and all(a is b or a == b for a, b in zip(*as_list)):
+        return given
+    raise ConfigError(f"reward_funcs is given twice with different functions: {_names(as_list[0])} in args and "
+                      f"{_names(as_list[1])} to the trainer; one would be dropped", where="reward_funcs",
+                      fix="give reward_funcs once (to the trainer, or in args)")
+
+
+def _names(funcs: list) -> str:
+    return "[" + ", ".join(getattr(f, "__name__", None) or repr(f) for f in funcs) + "]"
 
 
 def _reward_entries(reward_funcs: Any, weights: Any) -> list[dict]:

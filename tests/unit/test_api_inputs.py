@@ -109,6 +109,15 @@ def test_reward_funcs_become_specs_and_weights():
     # TRL's reward_funcs given in args instead: the callable stays a callable (not its repr)
     fns = GRPOTrainer(model=TINY, train_dataset="p.jsonl", args={"reward_funcs": mine}).config.reward.functions
     assert IN_PROCESS[fns[0].fn] is mine
+    # in both places: the same functions are taken once; different ones are one line, never one dropped silently
+    fns = GRPOTrainer(model=TINY, train_dataset="p.jsonl", args={"reward_funcs": [mine]},
+                      reward_funcs=mine).config.reward.functions
+    assert len(fns) == 1 and IN_PROCESS[fns[0].fn] is mine
+    for in_args, given in ((mine, "math_answer"), (["exact_match"], ["exact_match", mine]), ("format", [mine])):
+        with pytest.raises(ConfigError, match=r"reward_funcs is given twice with different functions: .* in args "
+                                              r"and .* to the trainer; one would be dropped") as err:
+            GRPOTrainer(model=TINY, train_dataset="p.jsonl", args={"reward_funcs": in_args}, reward_funcs=given)
+        assert "give reward_funcs once" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_peft_lora_config_and_what_is_refused():

@@ -9,8 +9,9 @@ advantages) and updates a policy and, for PPO, a critic.
 
 Callbacks (the Python API's ``callbacks=``; :func:`with_callbacks` hands them to the runs started inside it) hear of
 each logged step, evaluation and checkpoint through :class:`Run` (``on_step`` / ``on_eval`` from :meth:`Run.log`,
-``on_save`` from :meth:`Trained.save`), on the main process; one that returns True asks the run to stop at the next
-step boundary, as a SIGTERM does (``stop.StopControl.request``): a checkpoint, then ``Stopped``.
+``on_save`` from :meth:`Trained.save`), on the main process; one that returns True, or raises ``KeyboardInterrupt``
+(Ctrl-C while it runs, or its own way to say stop), asks the run to stop at the next step boundary, as a SIGTERM
+does (``stop.StopControl.request``): a checkpoint, then ``Stopped`` and its one line.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from ...config import DistributedConfig
-from ...errors import RunError
+from ...errors import RunError, Stopped
 from ...track import MetricsSink
 from ...track.console import get_console
 from .distributed import die_with_launcher, get_strategy
@@ -116,9 +117,18 @@ class Run:
             fn = getattr(cb, event, None)
             if fn is None and event == "on_step" and not hasattr(cb, "on_eval") and callable(cb):
                 fn = cb
-            if fn is not None and fn(step, payload) is True:
-                self.stop.request(f"a callback ({type(cb).__name__ if fn is not cb else ''}"
-                                  f"{'.' if fn is not cb else ''}{getattr(fn, '__name__', event)})")
+            if fn is None:
+                continue
+            name = f"{type(cb).__name__ + '.' if fn is not cb else ''}{getattr(fn, '__name__', event)}"
+            try:
+                stop = fn(step, payload) is True
+            except Stopped:
+                raise
+            except KeyboardInterrupt:  # raised by the callback itself (or Ctrl-C inside it): the stop it asks for
+                self.stop.request(f"a KeyboardInterrupt in a callback ({name})")
+                continue
+            if stop:
+                self.stop.request(f"a callback ({name})")
 
 
 def set_seed(seed: int) -> None:
