@@ -162,8 +162,8 @@ class Trainer:
         """Run the recipe (as ``rlhfkit <recipe>`` with this config) and return its :class:`Summary`. A run stopped
         by a callback returns (``stopped`` set: the callback returned True or raised ``KeyboardInterrupt``; a
         checkpoint of the step reached); a SIGTERM, an error or Ctrl-C raise as in the CLI (a
-        :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``; Ctrl-C says its line and the last
-        checkpoint first). ``resume_from_checkpoint``: as TRL's
+        :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``; Ctrl-C, or ``sys.exit`` in a callback, says
+        its line and the last checkpoint first). ``resume_from_checkpoint``: as TRL's
         (True: the newest valid checkpoint, a path: that one; rlhfkit resumes by default, ``train.resume``)."""
         from .config import replace
         from .track.console import silence_libraries
@@ -189,13 +189,15 @@ class Trainer:
             metrics = rows[-1] if rows else {}
         except ConfigError as err:  # an input checked when the run starts: file:line when a YAML file set it
             raise locate(err, self._yaml) from None
-        except KeyboardInterrupt:  # Ctrl-C (not a stop: those are Stopped): its one line, then raised as Python does
-            from .cli import _last_checkpoint
+        except (KeyboardInterrupt, SystemExit) as end:  # Ctrl-C (a stop is Stopped, above), sys.exit in a callback:
+            from .cli import _last_checkpoint  # its one line (never a script that ends mid-run without a word)
 
             ckpt = _last_checkpoint(run_dir)
             where = f"last checkpoint: {ckpt} (train() again resumes from it)" if ckpt else \
                 f"no checkpoint written yet in {run_dir}"
-            say(f"[{self.recipe}] interrupted (Ctrl-C); {where}")
+            why = "interrupted (Ctrl-C)" if isinstance(end, KeyboardInterrupt) else \
+                f"ended by sys.exit({end.code!r}) inside the run (a callback)"
+            say(f"[{self.recipe}] {why}; {where}")
             raise
         finally:
             restore()

@@ -215,3 +215,7 @@ def test_a_keyboard_interrupt_from_a_callback_stops_with_a_checkpoint_and_ctrl_c
     out = capsys.readouterr().out
     assert "[sft] interrupted (Ctrl-C); last checkpoint: " in out and "checkpoint-2 (train() again resumes from it)" \
         in out
+    monkeypatch.setattr(Run, "log", log)  # sys.exit(0) in a callback: a script never ends mid-run without a word
+    with pytest.raises(SystemExit):
+        SFTTrainer(model=TINY, args=args, train_dataset=rows, callbacks=[lambda step, m: sys.exit(0)]).train()
+    assert "[sft] ended by sys.exit(0) inside the run (a callback); last checkpoint: " in capsys.readouterr().out
