@@ -190,9 +190,9 @@ class Trainer:
         except ConfigError as err:  # an input checked when the run starts: file:line when a YAML file set it
             raise locate(err, self._yaml) from None
         except (KeyboardInterrupt, SystemExit) as end:  # Ctrl-C (a stop is Stopped, above), sys.exit in a callback:
-            from .cli import _last_checkpoint  # its one line (never a script that ends mid-run without a word)
+            from .train.lifecycle.checkpoint import list_checkpoints  # its line (a script never ends without a word)
 
-            ckpt = _last_checkpoint(run_dir)
+            ckpt = max(list_checkpoints(run_dir), default=(0, None))[1]
             where = f"last checkpoint: {ckpt} (train() again resumes from it)" if ckpt else \
                 f"no checkpoint written yet in {run_dir}"
             why = "interrupted (Ctrl-C)" if isinstance(end, KeyboardInterrupt) else \
