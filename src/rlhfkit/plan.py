@@ -225,7 +225,7 @@ def setup_of(cfg, world: int, device: str) -> Setup:
         kw = {"rollout_batch": cfg.generation.batch_size or requests, "prompt_len": prompt, "new_tokens": new,
               "seq_len": prompt + new, "offload_optimizer": cfg.memory.offload_optimizer,
               "release_engine_cache": cfg.memory.release_engine_cache, "entropy_grad": cfg.algo.entropy_coef > 0,
-              **continuous_cache(cfg, requests, prompt + new)}
+              **continuous_cache(cfg, requests, prompt + new, device)}
     else:
         kw = {"seq_len": d.max_length}
     lora = cfg.model.lora
@@ -235,13 +235,32 @@ def setup_of(cfg, world: int, device: str) -> Setup:
                  micro_batch=cfg.train.batch_size, **kw)
 
 
-def continuous_cache(cfg, requests: int, length: int) -> dict:
-    """The continuous engine's terms of :class:`Setup` (none for another engine): its slots (``generation.batch_size``,
-    else every request up to 256) and its cache budget (``generation.cache_tokens``, else what every slot needs at
-    full length: the engine's own default, which it caps on CUDA at a fraction of the free memory)."""
+PAGED_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "gemma3_text", "phi3"})
+
+
+def engine_of(cfg, requests: int, device: str) -> str:
+    """The engine the run's rollouts use: ``generation.engine``, or for ``auto`` the one
+    :func:`~rlhfkit.rollout.auto.auto_choice` takes (the paged decoder's coverage read from the model type)."""
+    from .rollout.auto import auto_choice
+
+    if cfg.generation.engine != "auto":
+        return cfg.generation.engine
+    try:
+        model_type = read_architecture(cfg.model.name, cfg.model.gguf_file).model_type
+    except ModelError:
+        model_type = ""
+    return auto_choice(device, requests, cfg.generation.max_new_tokens, cfg.generation.batch_size,
+                       covered=model_type in PAGED_TYPES and not cfg.model.lora.qlora)[0]
+
+
+def continuous_cache(cfg, requests: int, length: int, device: str = "cuda") -> dict:
+    """The continuous engine's terms of :class:`Setup` (none for another engine; ``auto`` as it chooses on
+    ``device``): its slots (``generation.batch_size``, else every request up to 256) and its cache budget
+    (``generation.cache_tokens``, else what every slot needs at full length: the engine's own default, which it caps
+    on CUDA at a fraction of the free memory)."""
     from .rollout.continuous import MAX_DEFAULT_SLOTS
 
-    if cfg.generation.engine != "continuous":
+    if engine_of(cfg, requests, device) != "continuous":
         return {}
     slots = min(requests, cfg.generation.batch_size or MAX_DEFAULT_SLOTS)
     return {"rollout_batch": slots, "requests": requests, "cache_tokens": cfg.generation.cache_tokens or slots * length}

@@ -175,3 +175,47 @@ def test_reasoning_gym_task_trains_end_to_end(tmp_path):
     # the tiny model writes no <answer> tags: the task's checker is reached and scores 0 (no sample dropped)
     assert len(rows) == 2 and all(r["rewards/reasoning_gym/mean"] == 0.0 and r["rewards/dropped"] == 0 for r in rows)
     assert "eval/scores" in summary.metrics
+
+
+def test_a_keyboard_interrupt_from_a_callback_stops_with_a_checkpoint_and_ctrl_c_says_its_line(tmp_path, monkeypatch,
+                                                                                                capsys):
+    # the class: a KeyboardInterrupt raised while the run is in the user's code (a callback) or anywhere else (Ctrl-C)
+    # is never a bare traceback: from a callback it is the stop it asks for (checkpoint, one line, train() returns);
+    # elsewhere one line naming the last checkpoint, then KeyboardInterrupt as Python raises it
+    from rlhfkit import Callback, SFTConfig, SFTTrainer
+    from rlhfkit.train.lifecycle.run import Run
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"prompt": f"echo {w}", "completion": w} for w in ("red", "blue", "green", "gold") * 4]
+
+    class Interrupting(Callback):
+        def on_step(self, step, metrics):
+            if step == 2:
+                raise KeyboardInterrupt
+
+    args = SFTConfig(output_dir="runs/sft", learning_rate=1e-3, per_device_train_batch_size=4, logging_steps=1,
+                     num_train_epochs=1, **{"data.eval_fraction": 0, "train.save_every": 0,
+                                            "track.report": False})
+    first = SFTTrainer(model=TINY, args=args, train_dataset=rows, callbacks=[Interrupting()]).train()
+    assert first.stopped == ("stopped by a KeyboardInterrupt in a callback (Interrupting.on_step) at step 2; "
+                             "checkpoint-2 saved; train() again resumes it")
+    assert (tmp_path / "runs/sft/checkpoint-2").is_dir() and not (tmp_path / "runs/sft/finished.json").exists()
+
+    log = Run.log
+
+    def ctrl_c_at_three(self, metrics, step):  # Ctrl-C in the trainer's own code, after checkpoint-2
+        log(self, metrics, step)
+        if step == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Run, "log", ctrl_c_at_three)
+    capsys.readouterr()
+    with pytest.raises(KeyboardInterrupt):
+        SFTTrainer(model=TINY, args=args, train_dataset=rows).train()
+    out = capsys.readouterr().out
+    assert "[sft] interrupted (Ctrl-C); last checkpoint: " in out and "checkpoint-2 (train() again resumes from it)" \
+        in out
+    monkeypatch.setattr(Run, "log", log)  # sys.exit(0) in a callback: a script never ends mid-run without a word
+    with pytest.raises(SystemExit):
+        SFTTrainer(model=TINY, args=args, train_dataset=rows, callbacks=[lambda step, m: sys.exit(0)]).train()
+    assert "[sft] ended by sys.exit(0) inside the run (a callback); last checkpoint: " in capsys.readouterr().out

@@ -295,6 +295,19 @@ def test_export_refuses_its_own_source(sft_dir, tmp_path):
     empty.mkdir()
     with pytest.raises(ModelError, match="holds no model"):
         export_model(empty, tmp_path / "out", log=None)
+    # a directory that holds anything, an existing GGUF file, a link: refused before anything loads, nothing changed
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "config.json").write_text("mine")
+    (tmp_path / "mine.gguf").write_text("mine")
+    (tmp_path / "link").symlink_to(empty)
+    for out in (taken, tmp_path / "mine.gguf", tmp_path / "link"):
+        with pytest.raises(ConfigError, match="already exists.*an export never writes over it") as info:
+            export_model(sft_dir, out, log=None)
+        assert info.value.where == "--out" and "\n" not in str(info.value)
+    assert (taken / "config.json").read_text() == "mine" and sorted(p.name for p in taken.iterdir()) == ["config.json"]
+    assert (tmp_path / "mine.gguf").read_text() == "mine" and not any(empty.iterdir())
+    assert main(["export", str(sft_dir), "--out", str(taken)]) == 2  # the CLI: one line, exit 2
 
 
 # ───────────────────────────────────────────── generate ─────────────────────────────────────────────

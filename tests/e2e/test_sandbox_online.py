@@ -2,8 +2,8 @@
 disarm the guard's hook, then read the home and run directories and the trainer's environment, write outside, fork,
 exec, allocate 10 GB, open sockets, signal the worker, find it through /proc to forge its reply) finishes, every
 attempt failing inside the boundary and scored as the failed program it is, with the reward's failed calls counted
-per step (none); `reward.sandbox.require_boundary=true` on a machine without bubblewrap stops the run before any
-weights load, in one line, exit 2."""
+per step (none); without bubblewrap, `auto` stops the run before any weights load, in one line naming the cause and
+its fix, exit 2 (a weaker level runs only by name)."""
 
 from __future__ import annotations
 
@@ -15,22 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import machine_lacks
 
 from rlhfkit.config import build_config
-from rlhfkit.rewards.sandbox import Sandbox, SandboxError
 from rlhfkit.tasks import write_jsonl
 from rlhfkit.train.online.synchronous import run_online
 
-
-def _boundary_missing() -> str:
-    try:
-        Sandbox(isolation="namespaces").probe()
-    except SandboxError as exc:
-        return str(exc)
-    return ""
-
-
-MISSING = _boundary_missing()
+MISSING = machine_lacks("namespaces")  # where the machine allows the boundary, the run must get it (never a skip)
 
 DISARM = ("import gc, os\nfor _f in gc.get_objects():\n"
           "    if getattr(_f, '__name__', '') == 'hook' and getattr(_f, '__closure__', None):\n"
@@ -116,18 +107,17 @@ def test_a_grpo_run_meets_the_escape_catalogue_and_finishes(tmp_path, monkeypatc
         home.unlink(missing_ok=True)
 
 
-def test_a_required_boundary_without_bubblewrap_stops_before_any_weights_load(tmp_path):
+def test_without_bubblewrap_auto_stops_before_any_weights_load(tmp_path):
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Write add(a, b).", "tests": ["assert add(1, 2) == 3"]}] * 8)
     empty = tmp_path / "bin"
-    empty.mkdir()  # a PATH without bwrap (nor unshare): this machine's strongest level is then `process`
+    empty.mkdir()  # a PATH without bwrap (nor unshare): no boundary, and auto never falls back to a weaker level
     out = tmp_path / "run"
     res = subprocess.run(
         [sys.executable, "-m", "rlhfkit", "grpo", f"data.train={tmp_path / 'prompts.jsonl'}", f"output_dir={out}",
-         "model.name=tiny:hidden=32,layers=1", "reward.functions=[{fn: code_tests}]",
-         "reward.sandbox.require_boundary=true", "algo.rollout_batch_size=4"],
+         "model.name=tiny:hidden=32,layers=1", "reward.functions=[{fn: code_tests}]", "algo.rollout_batch_size=4"],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, PATH=str(empty)))
     assert res.returncode == 2, res.stderr
     line = res.stderr.strip()
-    assert "\n" not in line and "reward.sandbox.require_boundary" in line and "apt-get install bubblewrap" in line
+    assert "\n" not in line and "reward.sandbox.isolation" in line and "apt-get install bubblewrap" in line
     assert "bubblewrap (bwrap) is not installed" in line and not out.exists()
     assert "policy" not in res.stdout  # no model was loaded

@@ -422,10 +422,45 @@ def test_a_failed_start_never_costs_a_finished_run(root, capsys, monkeypatch, ki
                    "sigterm": (f"reward.functions=[{{fn: '{root / 'failures.py'}:sigterm_at_first_call'}}]",
                                "reward.workers=0", "reward.lint=false")}[kind]
         argv = grpo("train.resume=never", "algo.total_episodes=4", *failing)  # one rollout step
-        expect = {"nan_env": (2, "no update of the policy was applied"), "hanging_env": (2, "no update"),
+        expect = {"nan_env": (2, "4 for a non-finite reward (NaN / inf) from step()"),
+                  "hanging_env": (2, "for a timed-out or failed call"),
                   "no_reward": (2, "got a finite reward"), "sigterm": (143, "rerun with train.resume=auto")}[kind]
     before = checksums(out)
     assert main(argv) == expect[0]
     captured = capsys.readouterr()
     assert expect[1] in captured.err + captured.out
     assert checksums(out) == before
+
+
+def test_rewards_that_never_return_cost_their_limit_and_the_run_stops_with_one_line(tmp_path):
+    # a reward of every shape that hangs (a file's function in a worker, a function of the user's script in the
+    # trainer's process that swallows what a timer raises, an async def that never finishes), reward.timeout_s=1:
+    # the probe waits for each once, the lint not again, the first step once more, then one line
+    import asyncio
+    import time
+
+    from rlhfkit import GRPOTrainer
+    from rlhfkit.errors import RewardError
+
+    def in_the_script(prompts, completions, **kwargs):  # a closure, as a script's function: no worker imports it
+        while True:
+            try:
+                time.sleep(3600)
+            except Exception:  # noqa: BLE001 - what a careless reward does
+                pass
+
+    async def never_finishes(prompts, completions, **kwargs):
+        await asyncio.sleep(3600)
+
+    fns = Path(__file__).parents[1] / "unit" / "reward_fns_for_tests.py"
+    trainer = GRPOTrainer(
+        model=TINY, train_dataset=[{"prompt": f"say {i}"} for i in range(8)],
+        reward_funcs=[in_the_script, never_finishes, f"{fns}:hang_busy"],
+        args={"output_dir": str(tmp_path / "run"), "reward.timeout_s": 1, "algo.rollout_batch_size": 4,
+              "algo.num_generations": 2, "algo.mini_batch_size": 8, "train.batch_size": 8, "algo.total_episodes": 16,
+              "generation.max_new_tokens": 4, "track.report": False})
+    t0 = time.perf_counter()
+    with pytest.raises(RewardError, match="no completion of the batch at step 1 got a finite reward") as info:
+        trainer.train()
+    assert "timed out" in str(info.value) and "\n" not in str(info.value)
+    assert time.perf_counter() - t0 < 60  # 3 functions x (probe + first step) x 1 s, plus the start: not minutes

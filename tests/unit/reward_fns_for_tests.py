@@ -187,3 +187,43 @@ def always_hangs(prompts, completions, **fields):
 def one_unnamed(texts):
     """One parameter that neither convention names: refused when the run starts."""
     return [0.0] * len(texts)
+
+
+def hang_sleep(prompts, completions, **fields):
+    """Never returns: sleeps."""
+    import time
+
+    time.sleep(10**6)
+
+
+def hang_busy(prompts, completions, **fields):
+    """Never returns: a busy loop."""
+    while True:
+        pass
+
+
+def hang_swallowing(prompts, completions, **fields):
+    """Never returns, and swallows every exception a timer could raise into it."""
+    import time
+
+    while True:
+        try:
+            time.sleep(10**6)
+        except Exception:  # noqa: BLE001 - the point of the test
+            pass
+
+
+async def hang_async(prompts, completions, **kwargs):
+    """An ``async def`` reward that never finishes."""
+    import asyncio
+
+    await asyncio.sleep(10**6)
+
+
+def exits_on_b(prompts, completions, **fields):
+    """``sys.exit(0)`` inside a reward, on a completion "b"; 1.0 for the others."""
+    import sys
+
+    if "b" in completions:
+        sys.exit(0)
+    return [1.0] * len(completions)

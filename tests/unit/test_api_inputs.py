@@ -109,6 +109,15 @@ def test_reward_funcs_become_specs_and_weights():
     # TRL's reward_funcs given in args instead: the callable stays a callable (not its repr)
     fns = GRPOTrainer(model=TINY, train_dataset="p.jsonl", args={"reward_funcs": mine}).config.reward.functions
     assert IN_PROCESS[fns[0].fn] is mine
+    # in both places: the same functions are taken once; different ones are one line, never one dropped silently
+    fns = GRPOTrainer(model=TINY, train_dataset="p.jsonl", args={"reward_funcs": [mine]},
+                      reward_funcs=mine).config.reward.functions
+    assert len(fns) == 1 and IN_PROCESS[fns[0].fn] is mine
+    for in_args, given in ((mine, "math_answer"), (["exact_match"], ["exact_match", mine]), ("format", [mine])):
+        with pytest.raises(ConfigError, match=r"reward_funcs is given twice with different functions: .* in args "
+                                              r"and .* to the trainer; one would be dropped") as err:
+            GRPOTrainer(model=TINY, train_dataset="p.jsonl", args={"reward_funcs": in_args}, reward_funcs=given)
+        assert "give reward_funcs once" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_peft_lora_config_and_what_is_refused():
@@ -141,7 +150,7 @@ def test_python_data_is_written_once_by_content(tmp_path):
 
     assert Path(dataset_file([{"prompt": "x", "v": np.float32(0.5)}], "train")).read_text() == \
         '{"prompt": "x", "v": 0.5}\n'
-    with pytest.raises(DataError, match=r"train\[1\].*row 1 is a str"):
+    with pytest.raises(DataError, match=r"train_dataset\[1\].*row 1 is a str"):
         dataset_file([{"prompt": "x"}, "y"], "train")
     with pytest.raises(DataError, match="column 'v' holds a object value"):
         dataset_file([{"prompt": "x", "v": object()}], "train")
@@ -218,3 +227,46 @@ def test_user_errors_are_raised_not_exits():
 
     with pytest.raises(UserError):
         GRPOConfig(no_such_key=1)
+
+
+def test_lora_targets_the_model_lacks_are_one_error_naming_its_modules_before_any_work():
+    from peft import LoraConfig
+
+    from rlhfkit import DPOTrainer, SFTTrainer
+    from rlhfkit.config import build_config
+    from rlhfkit.train.lifecycle.run import check_lora
+
+    for targets in (["query", "value"], "layers\\.\\d+\\.attention\\.wq", ["q_proj", "c_attn"]):  # a list, a regex
+        with pytest.raises(ConfigError, match="match(es)? no module of .*its adaptable modules are .*q_proj") as info:
+            SFTTrainer(model=TINY, train_dataset="p.jsonl", peft_config=LoraConfig(target_modules=targets))
+        assert info.value.where == "model.lora.target_modules" and "\n" not in str(info.value)
+    # what the model has: names (its last components) and peft's regular-expression form
+    for targets in (["q_proj", "v_proj"], "model\\.layers\\.\\d+\\.self_attn\\.(q|v)_proj"):
+        assert DPOTrainer(model=TINY, peft_config=LoraConfig(target_modules=targets)).config.model.lora.enabled
+    # the same check at the start of a run from a config file or the command line, before data or weights
+    cfg = build_config("sft", {}, [f"model.name={TINY}", "model.lora.enabled=true", "model.lora.target_modules=[wq]",
+                                   "data.train=missing.jsonl"])
+    with pytest.raises(ConfigError, match="LoRA target 'wq' matches no module"):
+        check_lora(cfg)
+
+
+def test_model_none_is_refused_when_the_trainer_is_made():
+    from rlhfkit import GRPOTrainer
+
+    with pytest.raises(ConfigError, match="no model: model=None") as info:
+        GRPOTrainer(model=None, reward_funcs="exact_match", train_dataset="p.jsonl")
+    assert info.value.where == "model"
+    assert GRPOTrainer(args={"model.name": TINY}, reward_funcs="exact_match").config.model.name == TINY
+
+
+def test_data_errors_name_the_users_object_and_row_and_a_none_prompt_as_such():
+    from rlhfkit.data import load_dataset_records
+    from rlhfkit.data.sources import dataset_file
+
+    path = dataset_file([{"prompt": "a", "answer": "1"}, {"prompt": None, "answer": "2"}], "train")
+    with pytest.raises(DataError, match=r"^train_dataset\[1\]: 'prompt' is None \(null\) in this row"):
+        load_dataset_records(path, "prompt")
+    path = dataset_file([{"completion": "x"}, {"question": "q", "answer": "2"}], "eval", "train_dataset['test']")
+    with pytest.raises(DataError, match=r"^train_dataset\['test'\]\[0\]: ") as info:
+        load_dataset_records(path, "auto")
+    assert "cache" not in str(info.value)

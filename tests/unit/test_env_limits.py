@@ -139,8 +139,8 @@ def test_a_nan_turn_reward_drops_the_episode_and_is_counted(tok, envfile):
 
 def test_an_over_long_prompt_from_reset_follows_data_overflow(tok, envfile):
     rows = rows_of("word " * 400)
-    with pytest.raises(EnvError, match=r"Good: reset\(\) at rollout step 7 returned a prompt of \d+ tokens, more "
-                                       r"than the limit of 32"):
+    with pytest.raises(EnvError, match=r"Good: reset\(\) at rollout step 7 returned a prompt of \d+ "
+                                       r"(tokens|characters), more than the limit of 32"):
         play(tok, envfile, "Good", {}, rows, prompt_limit=32, overflow="error")
     _, eps, m = play(tok, envfile, "Good", {}, rows, prompt_limit=32, overflow="drop")
     assert eps[0].failed == "overlong" and m["dropped"] == 1
@@ -150,8 +150,8 @@ def test_an_over_long_prompt_from_reset_follows_data_overflow(tok, envfile):
 
 def test_an_over_long_observation_follows_data_overflow(tok, envfile):
     kwargs = {"obs": "x " * 5000}
-    with pytest.raises(EnvError, match=r"step\(\) at rollout step 7 returned messages of \d+ tokens, more than "
-                                       r"env.max_total_tokens=60"):
+    with pytest.raises(EnvError, match=r"step\(\) at rollout step 7 returned messages of \d+ (tokens|characters), "
+                                       r"more than env.max_total_tokens=60"):
         play(tok, envfile, "Good", kwargs, rows_of("a"), overflow="error")
     _, eps, _ = play(tok, envfile, "Good", kwargs, rows_of("a"), overflow="drop")
     assert eps[0].failed == "overlong"
@@ -191,3 +191,53 @@ def test_an_update_without_gradient_is_not_applied_and_a_run_of_them_fails():
     clip_and_step(acc, model, opt, sched, 1.0)
     assert guard.applied == 1
     session.check_applied()  # one applied update: a run, not a failure
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_ten_megabyte_observation_costs_nothing_past_the_token_limit_and_is_counted(tok, envfile, workers, capsys):
+    # an OpenEnv server answering 10 MB observations: judged over-long by its length in characters (more than
+    # env.max_total_tokens could hold at the tokenizer's longest token), never rendered or tokenised
+    kwargs = {"obs": "x" * (10 << 20)}
+    t0 = time.perf_counter()
+    rows = rows_of("a", "b")[: 2 - workers]  # through a worker (the wire carries it): one episode is enough
+    rollout, eps, m = play(tok, envfile, "Good", kwargs, rows, workers=workers, timeout_s=60, max_total_tokens=60)
+    assert time.perf_counter() - t0 < 30 and all(not e.failed and not e.ended for e in eps)  # cut there
+    assert m["overlong"] == len(rows) and rollout.response_ids.shape[1] <= 60
+    assert all(len(str(e.messages)) < 10_000 for e in eps)  # the observation was not kept either
+    assert capsys.readouterr().out.count("counted in env/overlong (said once)") == 1
+    if workers:
+        return
+    _, eps, m = play(tok, envfile, "Good", kwargs, rows_of("a"), overflow="drop")
+    assert eps[0].failed == "overlong" and m["overlong"] == 1
+    with pytest.raises(EnvError, match=r"step\(\) at rollout step 7 returned messages of 10485760 characters, "
+                                       r"more than env.max_total_tokens=60 tokens can hold"):
+        play(tok, envfile, "Good", kwargs, rows_of("a"), overflow="error")
+    # a reset prompt of 10 MB under data.max_prompt_length: only its end is read
+    _, eps, m = play(tok, envfile, "Good", {}, rows_of("y" * (10 << 20)), prompt_limit=32)
+    assert len(eps[0].prompt_ids) == 32 and not eps[0].failed and m["overlong"] == 1
+
+
+def test_every_episode_dropped_for_a_nonfinite_reward_stops_with_one_line_naming_it():
+    from rlhfkit.train.online.producer import all_episodes_dropped
+
+    err = all_episodes_dropped({"env/nonfinite_rewards": 8.0, "env/timeouts": 0.0, "env/errors": 0.0}, 8, 2)
+    assert "every one of the 8 episodes at rollout step 2 was dropped (8 for a non-finite reward" in err.message
+    assert str(err).count("(fix:") == 1 and "finite float reward" in err.fix
+    err = all_episodes_dropped({"env/nonfinite_rewards": 1.0, "env/timeouts": 5.0, "env/errors": 2.0}, 8, 3)
+    assert "1 for a non-finite reward" in err.message and "7 for a timed-out" in err.message
+    assert "env.timeout_s" in err.fix
+
+
+def test_no_ratio_is_reported_for_a_step_without_a_token_in_the_loss():
+    from rlhfkit.track.health import HealthMonitor
+    from rlhfkit.train.online.learner import RATIO_KEYS, Learner
+
+    class Acc:
+        num_processes = 1
+
+    me = type("L", (), {"acc": Acc()})()
+    assert Learner.ratio_stats(me, torch.zeros(1 + len(RATIO_KEYS), dtype=torch.float64)) == {}
+    # token-weighted: a micro-batch of 30 tokens at ratio 1.0 and one of 10 at 2.0 -> 1.25 (not 1.5)
+    sums = torch.tensor([40.0, 30 * 1.0 + 10 * 2.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    assert Learner.ratio_stats(me, sums)["val/ratio"] == pytest.approx(1.25)
+    assert HealthMonitor().evaluate({"objective/scores": 0.0}, 2) == []  # no val/ratio: no "moved too far"

@@ -89,3 +89,17 @@ def test_grpo_plays_openenv_episodes_on_the_tiny_model(tmp_path, monkeypatch):
     # episodes.py): 1 or 2 turns (the environment ends the episode after its 2 steps)
     assert 1.0 <= last["env/turns_mean"] <= 2.0
     assert 0 < last["env/episode_reward_mean"] <= 2 * 8 * 0.1 + 1e-6  # 0.1 per character echoed, 8 tokens a turn
+
+
+def test_an_openenv_error_inside_a_call_is_one_line_with_one_fix():
+    from rlhfkit.envs.host import EnvCalls
+
+    kwargs = {**ECHO, "field": "text"}  # EchoAction has no field `text`: the adapter's own one-line complaint
+    for workers in (0, 1):
+        with EnvCalls("openenv", load_environment("openenv"), kwargs, workers=workers, timeout_s=60) as envs:
+            envs.calls("new", [(0, ())], 1)
+            envs.calls("reset", [(0, ({"prompt": PROMPT},))], 1)
+            with pytest.raises(EnvError) as info:
+                envs.calls("step", [(0, (PROMPT, "hello"))], 1)
+        line = str(info.value)
+        assert line.count("(fix:") == 1 and "EchoAction(text=...) failed" in line and "set field" in line, line

@@ -4,13 +4,17 @@ real collapse at the same batch size is still caught within a few steps; an absu
 
 from __future__ import annotations
 
+import io
 import random
+
+import pytest
+from rich.console import Console
 
 from rlhfkit.track.health import HealthMonitor
 
 
-def _collapse_step(scores: list[float], evals: dict[int, float] | None = None) -> int | None:
-    mon = HealthMonitor()
+def _collapse_step(scores: list[float], evals: dict[int, float] | None = None, batch: int | None = None) -> int | None:
+    mon = HealthMonitor(batch_size=batch)
     for step, score in enumerate(scores):
         metrics = {"objective/scores": score, **({"eval/scores": evals[step]} if evals and step in evals else {})}
         if any(w.name == "reward_collapse" for w in mon.evaluate(metrics, step)):
@@ -28,8 +32,11 @@ def test_small_noisy_batches_that_learn_or_hold_are_never_a_collapse():
         rng = random.Random(seed)
         rising = [_batch_mean(0.2 + 0.3 * t / 63, 8, rng) for t in range(64)]
         flat = [_batch_mean(0.5, 8, rng) for _ in range(64)]
-        assert _collapse_step(rising) is None, seed
-        assert _collapse_step(flat) is None, seed
+        low = [_batch_mean(0.1, 8, rng) for _ in range(64)]  # mostly 0 and 0.125: a 0.125 -> 0 step is luck
+        for batch in (None, 8):  # the online loop gives the monitor its batch size
+            assert _collapse_step(rising, batch=batch) is None, seed
+            assert _collapse_step(flat, batch=batch) is None, seed
+            assert _collapse_step(low, batch=batch) is None, seed
 
 
 def test_the_issue_run_held_out_rising_while_training_batches_wobble():
@@ -67,3 +74,23 @@ def test_an_absurd_learning_rate_is_one_warning_naming_the_knob():
     fired = [[w.name for w in warm.evaluate({"lr": v}, s)] for s, v in enumerate([0.5, 1.0, 2.0, 4.0])]
     assert fired == [[], [], ["lr_extreme"], []]
     assert all(HealthMonitor().evaluate({"lr": v}, 1) == [] for v in (1e-6, 5e-3, 1.0))
+
+
+def test_a_fall_to_zero_after_a_short_high_start_is_named_within_five_steps(tmp_path):
+    # the issue's run: 0.95, 0.96, then 0.0 for 18 steps; and the class: other levels, other lengths before the fall,
+    # falls to a tenth, with and without the batch size
+    from rlhfkit.track import CriticalHealthStop
+
+    cases = [[0.95, 0.96], [0.5, 0.52, 0.49], [1.0, 1.0, 1.0, 1.0], [0.8, 0.7, 0.75, 0.8, 0.78, 0.8, 0.77, 0.8]]
+    for start in cases:
+        for low in (0.0, 0.1 * min(start)):
+            for batch in (None, 64):
+                if batch is None and len(set(start)) == 1:
+                    continue  # 1.0, 1.0, ..., 0: one step of one size, no scale to judge it by without the batch size
+                step = _collapse_step(start + [low] * 18, batch=batch)
+                assert step is not None and len(start) + 2 <= step <= len(start) + 4, (start, low, batch, step)
+    mon = HealthMonitor(stop_on_critical=True, run_dir=tmp_path)
+    with pytest.raises(CriticalHealthStop, match="objective/scores collapsed") as info:
+        for step, score in enumerate([0.95, 0.96] + [0.0] * 18):
+            mon.report({"objective/scores": score}, step, Console(file=io.StringIO()))
+    assert info.value.where == "step 4" and "track.stop_on_critical=false" in info.value.fix

@@ -317,7 +317,8 @@ def test_continuous_engine_cache_is_its_token_budget_and_plan_says_the_slots(lla
               "algo.rollout_batch_size=64", "algo.num_generations=8", "algo.mini_batch_size=512",
               "train.batch_size=2", "model.gradient_checkpointing=true"]
     kv_per_token = 2 * 16 * 8 * 64 * 2  # keys + values x layers x kv heads x head dim x bf16
-    static = plan(build_config("grpo", {}, common), world=1, gpu_memory=80 * GiB, checks=False)
+    static = plan(build_config("grpo", {}, [*common, "generation.engine=static"]), world=1, gpu_memory=80 * GiB,
+                  checks=False)
     rollout = static.phases[0]
     assert rollout.items["KV cache"] == 512 * (256 + 4096) * kv_per_token  # 68 GiB: the peak, does not fit
     assert static.fits is False and static.peak is rollout
@@ -334,7 +335,13 @@ def test_continuous_engine_cache_is_its_token_budget_and_plan_says_the_slots(lla
     # the static plan's cheapest fit may take the token-budget cache, and that command plans as it says
     assert any("generation.engine=continuous generation.cache_tokens=" in o for o, _ in static.suggestions)
     with pytest.raises(Exception, match="no token-budget cache"):
-        build_config("grpo", {}, [*common, "generation.cache_tokens=100000"])
+        build_config("grpo", {}, [*common, "generation.engine=static", "generation.cache_tokens=100000"])
+    # auto takes the continuous engine for 4096-token answers (rollout/auto.py) and plans its cache: its default
+    # budget (every slot at full length) or the one given
+    auto = plan(build_config("grpo", {}, common), world=1, gpu_memory=80 * GiB, checks=False).phases[0]
+    assert auto.items["KV cache (paged, token budget)"] == 256 * (256 + 4096) * kv_per_token
+    given = plan(build_config("grpo", {}, [*common, "generation.cache_tokens=524288"]), world=1, checks=False)
+    assert given.phases[0].items["KV cache (paged, token budget)"] == 524288 * kv_per_token
     with pytest.raises(Exception, match="holds less than one sequence"):
         build_config("grpo", {}, [*common, "generation.engine=continuous", "generation.cache_tokens=4000"])
 

@@ -66,3 +66,18 @@ def test_verifier_by_its_builtin_name_in_a_worker():
     with CombinedRewards(["reasoning_gym"], workers=1, timeout_s=60) as combo:
         out = combo([row["question"]] * 2, [f"<answer>{row['answer']}</answer>", "<answer>x</answer>"], [fields] * 2)
     assert out.total.tolist() == [1.0, 0.0]
+
+
+def test_a_size_that_would_take_hours_is_refused_at_once_and_a_long_one_is_said(monkeypatch, capsys):
+    import time
+
+    from rlhfkit.data import sources
+    from rlhfkit.errors import DataError
+
+    t0 = time.perf_counter()
+    with pytest.raises(DataError, match=r"size=100000000 would take about .* to generate here") as info:
+        load_rows("reasoning_gym:basic_arithmetic?size=100000000")
+    assert time.perf_counter() - t0 < 30 and "lower size=" in info.value.fix and "\n" not in str(info.value)
+    monkeypatch.setattr(sources, "RG_SAY_S", 0.0)  # any generation counts as long: it is said, then done
+    assert len(load_rows("reasoning_gym:basic_arithmetic?size=300")) == 300
+    assert "generating 300 items, about" in capsys.readouterr().out

@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from conftest import machine_lacks, sandbox_at
 
 from rlhfkit.errors import RewardError
 from rlhfkit.rewards import CombinedRewards
@@ -17,6 +18,7 @@ from rlhfkit.rewards.code import code_tests, extract_code, parse_tests
 from rlhfkit.rewards.sandbox import Limits, Sandbox, SandboxError
 
 LIMITS = dict(wall_s=3.0, cpu_s=2.0, memory_mb=256, output_bytes=20_000)
+LEVEL = "process" if machine_lacks("namespaces") else "auto"  # the verifier's scoring, at the level this machine has
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
 
 
@@ -24,7 +26,7 @@ def fenced(code: str) -> str:
     return f"Here is my solution:\n```python\n{code}\n```\nDone."
 
 
-def score(completions, tests, isolation="auto", **kw):
+def score(completions, tests, isolation=LEVEL, **kw):
     return code_tests([""] * len(completions), completions, tests=[tests] * len(completions), isolation=isolation,
                       **{**LIMITS, **kw})
 
@@ -73,8 +75,9 @@ HOSTILE = {
 }
 
 
-@pytest.mark.parametrize("isolation", ["auto", "process"])
+@pytest.mark.parametrize("isolation", ["namespaces", "process"])
 def test_hostile_programs_are_scored_failures_within_the_limit(tmp_path, isolation):
+    sandbox_at(isolation, Limits(**LIMITS))  # skipped only where the machine cannot give the level
     outside = tmp_path / "outside.txt"
     victim = tmp_path / "run" / "metrics.jsonl"
     victim.parent.mkdir()
@@ -91,27 +94,23 @@ def test_hostile_programs_are_scored_failures_within_the_limit(tmp_path, isolati
     assert took < 3 * 4 * len(completions)
 
 
-def available(level):
-    box = Sandbox(Limits(**LIMITS), isolation=level)
-    try:
-        box.probe()
-    except SandboxError as exc:
-        pytest.skip(f"isolation {level} is not available here: {exc}")
-    return box
-
-
 @pytest.mark.parametrize("level", ["namespaces", "unshare", "process"])
 def test_hostile_program_output_and_reason(level):
-    box = available(level)
+    box = sandbox_at(level, Limits(**LIMITS))
     r = box.run("while True:\n    print('y' * 100)")
     assert r.output_capped and len(r.stdout) <= LIMITS["output_bytes"] and "output limit" in r.reason
     r = box.run("import time\ntime.sleep(60)")
     assert r.timed_out and r.seconds < 20 and r.reason == "timed out"
-    r = box.run("import signal\nsignal.raise_signal(signal.SIGSEGV)")
+    r = box.run("import faulthandler\nfaulthandler._read_null()")  # a real fault
     assert r.returncode == -signal.SIGSEGV and r.reason == "killed by signal 11"
+    r = box.run("while True:\n    pass", limits=Limits(**{**LIMITS, "wall_s": 20.0, "cpu_s": 1.0}))
+    assert r.returncode == -signal.SIGKILL and not r.timed_out and r.reason == "killed by signal 9"  # RLIMIT_CPU
+    r = box.run("import signal\nsignal.raise_signal(signal.SIGSEGV)\nprint('went on')")
+    # a signal the program sends itself: the namespaces' init (the program, PID 1) ignores it and goes on
+    assert (r.stdout, r.returncode) == (("went on\n", 0) if level != "process" else ("", -signal.SIGSEGV))
     r = box.run("import os\nprint(os.getcwd(), ' '.join(os.environ))")
     cwd, env = r.stdout.split(" ", 1)
-    # scrubbed: no tokens, no keys (the init shell or bubblewrap may add its working directory)
+    # scrubbed: no tokens, no keys (bubblewrap may add its working directory)
     assert set(env.split()) - {"PWD", "SHLVL", "_"} == {"HOME", "LANG", "PATH", "TMPDIR"}
     if level == "namespaces":
         assert cwd == "/sandbox"
@@ -157,51 +156,52 @@ def test_a_run_decides_its_isolation_once_and_says_it_in_one_line(monkeypatch):
     from rlhfkit.config.schema import RewardFunction, SandboxConfig
     from rlhfkit.rewards.code import settle_sandboxes
 
+    if machine_lacks("namespaces"):
+        pytest.skip(f"this machine cannot give the boundary: {machine_lacks('namespaces')}")
     lines = []
     specs = [RewardFunction(fn="code_tests", kwargs={"wall_s": 3}), RewardFunction(fn="exact_match"),
              RewardFunction(fn="code_tests", name="strict", kwargs={"isolation": "process"})]
     out = settle_sandboxes(specs, SandboxConfig(), say=lines.append)
-    level = available_level()
-    assert out[0]["kwargs"] == {"wall_s": 3, "isolation": level} and out[1] is specs[1]
+    assert out[0]["kwargs"] == {"wall_s": 3, "isolation": "namespaces"} and out[1] is specs[1]
     assert out[2]["kwargs"]["isolation"] == "process" and out[2]["name"] == "strict"
     assert len(lines) == 2 and all(line.startswith("[sandbox] ") and "\n" not in line for line in lines)
-    assert "warning" in lines[1] and "apt-get install bubblewrap" in lines[1] and "not a boundary" in lines[1]
-    if level == "namespaces":
-        assert "runs in namespaces (bubblewrap" in lines[0] and "warning" not in lines[0]
+    assert "runs in namespaces (bubblewrap" in lines[0] and "warning" not in lines[0]
+    # a weaker level only where it is named, said as a warning naming what it lets through
+    assert lines[1].startswith("[sandbox] warning: model-written code runs under process, as reward.sandbox"
+                               ".isolation names it") and "not a boundary" in lines[1] and "API keys" in lines[1]
     assert settle_sandboxes([RewardFunction(fn="exact_match")], SandboxConfig(), say=lines.append) and len(lines) == 2
 
 
-def available_level() -> str:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Sandbox(isolation="auto").probe()
-
-
-def test_without_bubblewrap_auto_warns_and_a_required_boundary_is_refused_in_one_line(monkeypatch):
+@pytest.mark.parametrize("root", [True, False])
+def test_without_the_boundary_auto_refuses_in_one_line_and_a_weaker_level_runs_only_by_name(monkeypatch, root):
+    # as root or not, with keys in the environment or not: no silent fallback; the refusal names the cause, its fix,
+    # and the weaker levels as a choice
     from rlhfkit.config.schema import RewardFunction, SandboxConfig
     from rlhfkit.rewards.code import settle_sandboxes
 
     _without(monkeypatch, "bwrap")
+    monkeypatch.setattr(os, "geteuid", lambda: 0 if root else 1000)
     lines = []
-    out = settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(), say=lines.append)
-    assert out[0]["kwargs"]["isolation"] in ("unshare", "process")
-    assert len(lines) == 1 and lines[0].startswith("[sandbox] warning:") and "bubblewrap (bwrap) is not installed" \
-        in lines[0] and "apt-get install bubblewrap" in lines[0]
-    with pytest.raises(SandboxError, match="a boundary is required, but model-written code would run under") as info:
-        settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(require_boundary=True), say=lines.append)
-    assert info.value.where == "reward.sandbox.require_boundary" and "apt-get install bubblewrap" in info.value.fix
-    assert "\n" not in str(info.value) and len(lines) == 1  # refused before saying anything
-    for asked in (SandboxConfig(isolation="namespaces"), SandboxConfig(isolation="process", require_boundary=True)):
-        with pytest.raises(SandboxError, match="bubblewrap|require_boundary"):
-            settle_sandboxes([RewardFunction(fn="code_tests")], asked, say=lines.append)
+    with pytest.raises(SandboxError, match="runs only inside the namespaces boundary unless you name a weaker level, "
+                                           "and it cannot be set up here: bubblewrap \\(bwrap\\) is not installed"
+                       ) as info:
+        settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(), say=lines.append)
+    assert info.value.where == "reward.sandbox.isolation" and "apt-get install bubblewrap" in info.value.fix
+    assert "reward.sandbox.isolation=unshare" in info.value.fix and "\n" not in str(info.value) and not lines
+    with pytest.raises(SandboxError, match="a boundary is required, but reward.sandbox.isolation names process") as e:
+        settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(isolation="process", require_boundary=True),
+                         say=lines.append)
+    assert e.value.where == "reward.sandbox.require_boundary" and not lines  # refused before saying anything
+    with pytest.raises(SandboxError, match="isolation namespaces \\(bubblewrap \\(bwrap\\) is not installed"):
+        settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(isolation="namespaces"))
+    out = settle_sandboxes([RewardFunction(fn="code_tests")], SandboxConfig(isolation="process"), say=lines.append)
+    assert out[0]["kwargs"]["isolation"] == "process" and len(lines) == 1 and "warning" in lines[0]
     with pytest.raises(SandboxError, match="unknown sandbox isolation 'docker'"):
         settle_sandboxes([RewardFunction(fn="code_tests", kwargs={"isolation": "docker"})], SandboxConfig())
 
 
 def test_a_large_input_the_program_never_reads_ends_at_the_wall_time():
-    box = Sandbox(Limits(**{**LIMITS, "wall_s": 2.0}))
+    box = Sandbox(Limits(**{**LIMITS, "wall_s": 2.0}), isolation=LEVEL)
     t0 = time.perf_counter()
     r = box.run("import time\ntime.sleep(60)", stdin="x" * (4 << 20))  # far past a pipe's buffer
     assert r.timed_out and time.perf_counter() - t0 < 15

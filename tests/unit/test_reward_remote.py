@@ -223,3 +223,50 @@ def test_a_redirect_is_never_followed_and_the_key_never_leaves(monkeypatch, code
         for srv in (judge_srv, other):
             srv.shutdown()
             srv.server_close()
+
+
+class Stalling(BaseHTTPRequestHandler):
+    """A judge that never finishes: ``trickle`` sends its reply a byte at a time for ever, ``retry_after`` answers 503
+    with a Retry-After of an hour."""
+
+    mode, tries = "trickle", 0
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).tries += 1
+        if self.mode == "retry_after":
+            self.send_response(503)
+            self.send_header("Retry-After", "3600")
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"busy")
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", "100000")
+        self.end_headers()
+        try:
+            for _ in range(600):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.05)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+@pytest.mark.parametrize("mode", ["trickle", "retry_after"])
+def test_a_judge_that_never_finishes_costs_its_bounded_tries(mode):
+    Stalling.mode, Stalling.tries = mode, 0
+    srv, url = _serve(Stalling)
+    try:
+        judge = RemoteJudge(f"{url}/v1", retries=1, backoff_s=0.01, timeout_s=0.5)
+        t0 = time.perf_counter()
+        assert judge(["q"], ["a"]) == [None]
+        took = time.perf_counter() - t0
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert took < 2 * 0.5 + 1.5  # (retries + 1) x timeout_s, however the server stalls
+    assert Stalling.tries == (2 if mode == "trickle" else 1)  # an hour's Retry-After is not waited for

@@ -34,6 +34,8 @@ def test_plain_values_round_trip_with_their_shapes():
     assert round_trip([np.float32(0.5), np.int64(3), np.bool_(True), np.arange(3), torch.tensor([1.5, 2.0]),
                        torch.tensor(4.0)]) == ("ok", [0.5, 3, True, [0, 1, 2], [1.5, 2.0], 4.0])
     assert round_trip([10 ** 30, -(10 ** 30)]) == ("ok", [math.inf, -math.inf])
+    assert round_trip([10 ** 400, -(10 ** 5000), 2 ** 63, -(2 ** 63)]) == ("ok", [math.inf, -math.inf, math.inf,
+                                                                                 -(2 ** 63)])  # past float's range too
 
 
 def test_other_types_arrive_as_descriptions_naming_them():
@@ -68,21 +70,24 @@ class Evil:
 
 @pytest.mark.parametrize("forged", [
     "pickle",
-    '{"s": "ok", "v": 1, "extra": 2}',
-    '{"s": "ok"}',
-    '{"s": "run", "v": 1}',
+    '{"s": "ok", "n": null, "v": 1, "extra": 2}',
+    '{"s": "ok", "n": null}',
+    '{"s": "run", "n": null, "v": 1}',
     '[1, 2]',
-    '{"s": "ok", "v": {"x": 1}}',
-    '{"s": "ok", "v": {"o": ["a" , "b", "c"]}}',
-    '{"s": "ok", "v": {"d": [[[1], 2]]}}',
-    '{"s": "ok", "v": {"d": [[{"t": [[1]]}, 2]]}}',
-    '{"s": "ok", "v": ' + "[" * 100 + "]" * 100 + "}",
-    '{"s": "ok", "v": ' + "[" * 100_000 + "]" * 100_000 + "}",
-    '{"s": "ok", "v": 1' + "0" * 30 + "}",
-    '{"s": "ok", "v": 1' + "0" * 5000 + "}",
-    '{"s": "error", "kind": 1, "message": "m", "trace": ""}',
-    '{"s": "user_error", "cls": "RewardError", "message": "' + "m" * 30_000 + '", "where": null, "fix": null}',
+    '{"s": "ok", "n": null, "v": {"x": 1}}',
+    '{"s": "ok", "n": null, "v": {"o": ["a" , "b", "c"]}}',
+    '{"s": "ok", "n": null, "v": {"d": [[[1], 2]]}}',
+    '{"s": "ok", "n": null, "v": {"d": [[{"t": [[1]]}, 2]]}}',
+    '{"s": "ok", "n": null, "v": ' + "[" * 100 + "]" * 100 + "}",
+    '{"s": "ok", "n": null, "v": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"s": "ok", "n": null, "v": 1' + "0" * 30 + "}",
+    '{"s": "ok", "n": null, "v": 1' + "0" * 5000 + "}",
+    '{"s": "error", "n": null, "kind": 1, "message": "m", "trace": ""}',
+    '{"s": "user_error", "n": null, "cls": "RewardError", "message": "' + "m" * 30_000
+    + '", "where": null, "fix": null}',
     b"\xff\xfe",
+    '{"s": "ok", "v": 1}',  # no request id
+    '{"s": "ok", "n": "0123", "v": 1}',  # another request's
 ])
 def test_a_reply_that_is_not_the_wire_is_refused_and_runs_nothing(tmp_path, forged):
     marker = tmp_path / "ran"

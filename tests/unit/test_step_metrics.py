@@ -58,6 +58,7 @@ def test_one_gather_gives_the_metrics_of_every_sample():
         "val/eos_frac": cat(lambda e: e.rollout.ended.float()).mean().item(),
         "response/length_mean": lengths.mean().item(),
         "response/length_std": lengths.std().item(),
+        "response/length_max": lengths.max().item(),
         "rewards/tied_groups_frac": tied.mean().item(),
     }
     assert got == pytest.approx(expected, rel=1e-6)

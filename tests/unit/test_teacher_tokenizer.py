@@ -88,3 +88,23 @@ def test_a_teacher_config_smaller_than_its_tokenizer_is_one_line_before_weights(
     with pytest.raises(ModelError, match=f"the student .* vocab_size={n - 1}") as e:
         tokenizer_difference(_model_dir(tmp_path / "student", tok, vocab_size=n - 1), "tiny")
     assert e.value.where == "model.name"
+
+
+@pytest.mark.parametrize("damage", ["empty vocabulary", "no EOS"])
+def test_a_teacher_tokenizer_that_loads_but_cannot_serve_is_one_line_naming_the_teacher(tmp_path, damage):
+    # it loads, so no JSON check sees it: an empty vocabulary surfaced as a tokenizers exception when the student's
+    # text was re-tokenised, a missing EOS was blamed on model.name
+    tok = load_tokenizer("tiny")
+    teacher = _model_dir(tmp_path / "t", tok)
+    tj = json.loads((tmp_path / "t" / "tokenizer.json").read_text())
+    if damage == "empty vocabulary":
+        tj["model"]["vocab"], tj["model"]["merges"] = {}, []
+    (tmp_path / "t" / "tokenizer.json").write_text(json.dumps(tj))
+    if damage == "no EOS":
+        cfg = json.loads((tmp_path / "t" / "tokenizer_config.json").read_text())
+        cfg["eos_token"] = None
+        (tmp_path / "t" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError) as e:
+        tokenizer_difference("tiny", teacher)
+    assert e.value.where == "teacher.model" and "\n" not in str(e.value) and teacher in e.value.message
+    assert ("no EOS token" if damage == "no EOS" else "cannot encode text") in e.value.message

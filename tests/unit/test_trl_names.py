@@ -106,7 +106,19 @@ def test_file_and_command_line_conflicts(tmp_path):
     path.write_text(yaml.safe_dump({"model": {"name": "tiny:x"}, "learning_rate": 2e-5}))
     assert load_config("sft", path, []).optim.lr == 2e-5
     assert load_config("sft", path, ["learning_rate=3e-5"]).optim.lr == 3e-5  # the command line wins
-    assert load_config("sft", path, ["learning_rate=3e-5", "optim.lr=4e-5"]).optim.lr == 4e-5  # in order
+    assert load_config("sft", path, ["optim.lr=4e-5"]).optim.lr == 4e-5  # over the file's TRL name
+    # a TRL name and the key it stands for, both on the command line with different values: refused as in a file,
+    # whichever comes first (never the later one silently)
+    for pair in (["learning_rate=0.001", "optim.lr=0.005"], ["optim.lr=0.005", "learning_rate=0.001"]):
+        with pytest.raises(ConfigError, match="'learning_rate' and 'optim.lr' are both set, to different values") \
+                as info:
+            load_config("sft", path, pair)
+        assert info.value.where == "command line" and "keep only optim.lr" in info.value.fix
+    for recipe, pair in (("grpo", ["beta=0.1", "algo.kl.coef=0.2"]), ("sft", ["max_steps=3", "train.max_steps=5"]),
+                         ("grpo", ["learning_rate=0.001", "optim={lr: 0.005}"])):
+        with pytest.raises(ConfigError, match="are both set, to different values"):
+            build_config(recipe, {}, [M, *pair])
+    assert load_config("sft", path, ["learning_rate=4e-5", "optim.lr=4e-5"]).optim.lr == 4e-5  # the same value
     with pytest.raises(ConfigError, match="'bf16' and 'fp16' both set train.mixed_precision"):
         build_config("sft", {}, [M, "bf16=true", "fp16=true"])
 

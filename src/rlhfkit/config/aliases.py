@@ -247,6 +247,12 @@ def apply_command_line(tree: dict, parsed: list, recipe: str, origins: Origins) 
                 node = node[k]
             node[keys[-1]] = value
             origins.set(".".join(keys), CLI, ".".join(keys))
+    direct: dict = {}  # the command line's own keys, nested: a TRL name that sets one of them otherwise is refused
+    for keys, value in parsed:
+        if not (len(keys) == 1 and keys[0] in cli_trl):
+            _set(direct, ".".join(keys), value)
+    for key, (name, new) in written.items():
+        _check_conflict(name, key, new, direct, {}, set(), "command line")
 
 
 def finish(tree: dict, recipe: str, source: str, origins: Origins, world: int) -> None:

@@ -127,13 +127,15 @@ class GenerationConfig:
     top_k: int = f(0, "top-k sampling; 0 = off", ge=0)
     stop_strings: list[str] = f([], "extra strings that end a response (EOS always does)")
     engine: str = f("auto", "rollout engine (see `rollout.ENGINES`): auto (the fastest expected for the device and "
-                            "model: static uncompiled on CPU (measured), static with CUDA graphs on CUDA; hf only for "
-                            "a model neither static path runs; one line says which) | hf (transformers generate, the "
-                            "reference) | static (our decode loop over a preallocated KV cache, compiled: rlhfkit's "
-                            "decoder for Llama, Qwen2/2.5/3, Mistral, Gemma 2/3, Phi-3/4, else the model's own "
-                            "modules over the same cache) | continuous (continuous batching: requests wait in a queue, "
-                            "slots decode together and take the next request as they end, over a paged cache of "
-                            "generation.cache_tokens; rlhfkit's decoder's models, else hf)")
+                            "model: continuous for answers of 512 tokens or more or more requests than "
+                            "generation.batch_size rows, else static (uncompiled on CPU; CUDA graphs on CUDA); hf "
+                            "only for a model neither static path runs; rollout/auto.py; one line says which) | hf "
+                            "(transformers generate, the reference) | static (our decode loop over a preallocated "
+                            "KV cache, compiled: rlhfkit's decoder for Llama, Qwen2/2.5/3, Mistral, Gemma 2/3, "
+                            "Phi-3/4, else the model's own modules over the same cache) | continuous (continuous "
+                            "batching: requests wait in a queue, slots decode together and take the next request as "
+                            "they end, over a paged cache of generation.cache_tokens; rlhfkit's decoder's models, "
+                            "else hf)")
     engine_kwargs: dict[str, Any] = f({}, "settings of the engine: hf: cache_implementation (static), compile; "
                                           "static: compile (default true), cuda_graphs (default true), sync_every "
                                           "(tokens between checks for ended rows, 8), cache_multiple (64); "
@@ -204,20 +206,21 @@ class RemoteJudgeConfig:
     concurrency: int = f(4, "requests in flight at once", ge=1)
     retries: int = f(3, "retries of a request that timed out or got 429 / 5xx", ge=0)
     backoff_s: float = f(1.0, "wait before the first retry, doubled each time (the server's Retry-After wins)", ge=0)
-    timeout_s: float = f(60.0, "per-request timeout in seconds (connecting, and each read)", gt=0)
+    timeout_s: float = f(60.0, "seconds one try of a request may take in all (connecting, sending, the whole reply); a "
+                               "request with its retries and waits ends within (retries + 1) x timeout_s", gt=0)
     weight: float = f(1.0, "weight of the judge's score in the total reward")
     name: str = f("judge", "name in the logs (rewards/<name>/mean, /timeouts, /errors, /time_s)")
 
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    isolation: str = f("auto", "how model-written code (code_tests) is isolated: auto (the strongest this machine "
-                               "offers, said in one line at the start; a warning naming bubblewrap when weaker than "
-                               "namespaces) | namespaces (the boundary: bubblewrap's mount / PID / network / user "
-                               "namespaces, a read-only system, a seccomp filter, limits) | unshare (PID and network "
-                               "namespaces; your file system) | process (limits only)")
-    require_boundary: bool = f(False, "refuse to run (one line, exit 2, before any weights load) unless model-written "
-                                      "code runs in namespaces (bubblewrap)")
+    isolation: str = f("auto", "how model-written code (code_tests) is isolated: auto (namespaces, or a refusal naming "
+                               "the cause and its fix: never a weaker level unless named) | namespaces (the boundary: "
+                               "bubblewrap's mount / PID / network / user namespaces, a read-only system, a seccomp "
+                               "filter, limits) | unshare (PID and network namespaces; your file system) | process "
+                               "(filter and limits; your files and processes); docs/sandbox.md")
+    require_boundary: bool = f(False, "refuse a weaker level even where isolation names one (one line, exit 2, before "
+                                      "any weights load)")
 
 
 @dataclass(frozen=True)
@@ -230,8 +233,9 @@ class RewardConfig:
     batch_size: int = f(16, "reward-model scoring micro-batch", ge=1)
     workers: int = f(2, "worker processes running the reward functions, each call under timeout_s (0 = in the "
                         "trainer's process, no time limit)", ge=0)
-    timeout_s: float = f(120.0, "wall-clock limit of one call of a reward function on its share of a batch; a call "
-                                "past it scores None for its samples and is counted (rewards/<name>/timeouts)", gt=0)
+    timeout_s: float = f(120.0, "wall-clock limit of a reward function's whole call on a batch (its chunks on the "
+                                "workers side by side, retries included); the samples of a chunk past it score None "
+                                "and are counted (rewards/<name>/timeouts)", gt=0)
     lint: bool = f(True, "before the run, call the rewards on adversarial completions built from the prompts: print "
                          "which score high, stop on a certain bug (an empty answer paid the most)")
     remote: RemoteJudgeConfig = f(RemoteJudgeConfig(), "a remote judge (HTTP) as one more reward function")

@@ -236,6 +236,9 @@ def detect_kind(row: dict, fields: dict[str, str] | None = None, where: str = "r
         return "sft"
     if "prompt" in has:
         return "prompt"
+    nulls = [k for k in CANONICAL_FIELDS if k in r and r[k] is None]
+    if nulls:  # a column the data has, holding None: say that, not that it is missing
+        raise _null(nulls[0], where)
     raise DataError(
         f"cannot tell the record kind from the fields {sorted(row)}", where=where,
         fix="use 'prompt'+'completion' or 'messages' (sft), 'prompt'+'chosen'+'rejected' (preference), "
@@ -261,7 +264,15 @@ def normalize_record(row: dict, kind: str, fields: dict[str, str] | None = None,
     return Record(_NORMALIZERS[kind](r, fields, where), where=where)
 
 
+def _null(name: str, where: str) -> DataError:
+    return DataError(f"'{name}' is None (null) in this row", where=where,
+                     fix=f"give '{name}' a value (or drop the row before training)")
+
+
 def _missing(kind: str, names: list[str], fields, where: str, row: dict) -> DataError:
+    nulls = [n for n in names if n in row and row[n] is None]
+    if nulls:  # the column is there and holds None: not missing
+        return _null(nulls[0], where)
     have = ", ".join(map(repr, list(row)[:8])) or "no fields"
     return DataError(f"missing field {' / '.join(map(repr, names))} for {kind} data (the row has {have})",
                      where=where, fix=_fix(kind, fields))

@@ -34,6 +34,7 @@ import json
 import math
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
@@ -155,7 +156,15 @@ def _read_parquet(path: Path, label: str) -> list[tuple[str, dict]]:
 _READERS = {".jsonl": _read_jsonl, ".json": _read_json, ".csv": _read_csv, ".parquet": _read_parquet}
 
 
+#: the files :func:`dataset_file` wrote from a Python object in this process -> how the user gave that object
+#: (``train_dataset``): an error in row i of such a file names ``train_dataset[i]``, never rlhfkit's cache copy
+_WRITTEN_FROM: dict[str, str] = {}
+
+
 def _read_file(path: Path) -> list[tuple[str, dict]]:
+    origin = _WRITTEN_FROM.get(str(path.resolve()))
+    if origin is not None:  # one row per line, as dataset_file wrote them
+        return [(f"{origin}[{i}]", row) for i, (_, row) in enumerate(_read_jsonl(path, origin))]
     suffix = path.suffix.lower()
     if suffix not in _READERS:
         raise DataError(f"unsupported file type {suffix or '(none)'!r}", where=str(path),
@@ -287,7 +296,7 @@ def load_reasoning_gym(source: str) -> list[tuple[str, dict]]:
                         fix=f"system= one of {', '.join(SYSTEM_PROMPTS)} or none")
     try:
         items = reasoning_gym.create_dataset(name, **settings)
-        entries = [items[i] for i in range(len(items))]
+        entries = _generate(items, name, source)
     except (TypeError, ValueError, AssertionError) as exc:
         raise DataError(f"reasoning-gym task {name!r} refused its settings ({type(exc).__name__}: "
                         f"{str(exc).splitlines()[0] if str(exc) else ''})", where=source,
@@ -299,6 +308,36 @@ def load_reasoning_gym(source: str) -> list[tuple[str, dict]]:
         rows.append((f"{REASONING_GYM}{name}[{i}]", {"prompt": prompt, "question": e["question"],
                                                      "answer": e["answer"], "metadata": e["metadata"]}))
     return rows
+
+
+RG_SAY_S, RG_MAX_S = 30.0, 600.0  # generating reasoning-gym items: said past the first, refused past the second
+
+
+def _generate(items, name: str, source: str) -> list:
+    """Every item of a reasoning-gym dataset (generated on access, one by one), timed on its first items: a size that
+    would take more than :data:`RG_SAY_S` is said in one line with the estimate, one past :data:`RG_MAX_S` refused
+    before the time is spent (``size=100000000`` of a task at 8,000 items/s: 3.5 hours and the rows in memory)."""
+    n, out, t0 = len(items), [], time.perf_counter()
+    while len(out) < n:
+        out.append(items[len(out)])
+        took = time.perf_counter() - t0
+        if len(out) in (200, 2000) or (len(out) < 200 and took > 1.0):
+            estimate = took / len(out) * n
+            if estimate > RG_MAX_S:
+                fits = int(len(out) / took * RG_MAX_S)
+                raise DataError(f"reasoning-gym task {name!r}: size={n} would take about {_duration(estimate)} to "
+                                f"generate here ({len(out) / took:,.0f} items/s), before the run starts",
+                                where=source, fix=f"lower size= (about {fits:,} fit in {_duration(RG_MAX_S)}): a run "
+                                                  "reads algo.total_episodes prompts, not more")
+            if estimate > RG_SAY_S and len(out) == 200:
+                say(f"[data] reasoning-gym task {name!r}: generating {n:,} items, about {_duration(estimate)} "
+                    f"({len(out) / took:,.0f} items/s)")
+    return out
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -314,11 +353,14 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
-def dataset_file(data: Any, label: str) -> str:
+def dataset_file(data: Any, label: str, origin: str | None = None) -> str:
     """Write ``data`` (a ``datasets.Dataset``, or a list / tuple of dicts) once as JSON lines under rlhfkit's cache
     (``$RLHFKIT_CACHE`` or ``~/.cache/rlhfkit``, ``datasets/<label>-<sha256 of the lines>.jsonl``) and return the
     path: the same rows give the same file (written once, never changed), other rows another. A row that is not a
-    mapping, or a value JSON cannot hold, is one :class:`DataError` naming the row and the column."""
+    mapping, or a value JSON cannot hold, is one :class:`DataError` naming the row and the column. ``origin``: how
+    the user gave ``data`` (default ``<label>_dataset``, the Python API's argument): a later error in one of its rows,
+    in this process, names ``origin[row]`` rather than the cache file."""
+    origin = origin or f"{label}_dataset"
     rows = data.to_list() if hasattr(data, "to_list") and hasattr(data, "column_names") else data
     if not isinstance(rows, (list, tuple)):
         raise DataError(f"cannot read {type(data).__name__} as {label} data", where=label,
@@ -328,14 +370,14 @@ def dataset_file(data: Any, label: str) -> str:
     lines = []
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise DataError(f"row {i} is a {type(row).__name__}, not a mapping of columns", where=f"{label}[{i}]",
+            raise DataError(f"row {i} is a {type(row).__name__}, not a mapping of columns", where=f"{origin}[{i}]",
                             fix='give rows as dicts, e.g. {"prompt": "...", "answer": "..."}')
         try:
             lines.append(json.dumps(row, default=_jsonable, ensure_ascii=False, sort_keys=True))
         except (TypeError, ValueError) as exc:
             bad = next((k for k, v in row.items() if not _json_ok(v)), "?")
             raise DataError(f"column {bad!r} holds a {exc} value, which a data file cannot hold",
-                            where=f"{label}[{i}]", fix="convert it to text, a number or a list first "
+                            where=f"{origin}[{i}]", fix="convert it to text, a number or a list first "
                                                        "(e.g. dataset.map)") from None
     text = "\n".join(lines) + "\n"
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
@@ -343,6 +385,7 @@ def dataset_file(data: Any, label: str) -> str:
     if not path.is_file():
         files.make_dirs(path.parent)
         files.write_atomic(path, text, what=f"the {label} data", fix="free disk space, or set RLHFKIT_CACHE")
+    _WRITTEN_FROM[str(path.resolve())] = origin
     say(f"[data] the {label} data ({len(rows)} rows) is the file {path} (written once; the run's config names it)")
     return str(path)
 

@@ -11,7 +11,10 @@ header — is the environment's). The result is one :class:`~rlhfkit.rollout.typ
 The environments run in worker processes under a time limit and everything they return is checked
 (:mod:`rlhfkit.envs.host`). Limits: ``max_turns`` assistant turns, ``max_total_tokens`` tokens after the first
 prompt; a turn cut by the token limit ends the episode (``ended`` False, like a response cut at
-``max_new_tokens``).
+``max_new_tokens``). The work follows the limit, not the environment's output: an observation (or a reset prompt)
+whose text is longer than the limit could hold even at the tokenizer's longest token (:func:`max_token_chars`
+characters a token) is judged over-long without being rendered or tokenised (a server answering 10 MB observations
+costs nothing more than a short one), and the episodes it ends are counted (``env/overlong``).
 """
 
 from __future__ import annotations
@@ -65,13 +68,33 @@ def _env_suffix_ids(tok, messages: list[dict], new_messages: list[dict]) -> list
     return [int(i) for i in tok(after[len(before):], add_special_tokens=False)["input_ids"]]
 
 
+_TOKEN_CHARS: dict[int, int] = {}
+
+
+def max_token_chars(tok) -> int:
+    """The most characters one token of ``tok`` stands for (an upper bound: the longest token string of its
+    vocabulary, which byte-level and WordPiece spellings only lengthen): a text of more than ``n * max_token_chars``
+    characters is more than ``n`` tokens, whatever it tokenises to."""
+    if id(tok) not in _TOKEN_CHARS:
+        _TOKEN_CHARS[id(tok)] = max((len(t) for t in tok.get_vocab()), default=1) or 1
+    return _TOKEN_CHARS[id(tok)]
+
+
+def _chars(messages: list[dict]) -> int:
+    return sum(len(m.get("content") or "") for m in messages if isinstance(m, dict))
+
+
 def _overlong(envs: EnvCalls, e: Episode, overflow: str, method: str, step: int | None, what: str,
               knob: str) -> bool:
     """An over-long prompt or observation under ``data.overflow``: one line (error), the episode dropped (drop,
-    returns True) or cut (truncate, returns False)."""
+    returns True) or cut (truncate, returns False); counted (``env/overlong``) and said once either way."""
     if overflow == "error":
         raise envs.fail(method, step, f"returned {what}", f"shorten it, raise {knob} or set data.overflow=truncate "
                         "(or drop)")
+    envs.counts["overlong"] = envs.counts.get("overlong", 0) + 1
+    envs.say_once("overlong", f"[env] warning: {envs.name}: {method}() returned {what} (data.overflow={overflow}: "
+                              f"the episode is {'dropped' if overflow == 'drop' else 'cut there'}); counted in "
+                              "env/overlong (said once)")
     if overflow == "drop":
         e.drop("overlong")
     return overflow == "drop"
@@ -92,6 +115,17 @@ def _start(envs: EnvCalls, tok, rows: list[dict], step: int | None, prompt_limit
             episodes.append(e)
             continue
         messages = envs.check_messages(first, "reset", step, empty_ok=False)
+        chars, room = _chars(messages), None if prompt_limit is None else prompt_limit * max_token_chars(tok)
+        if room is not None and chars > room:  # more than the limit can hold: only its end is rendered and read
+            e = Episode(i, messages, [], n_first=len(messages))
+            if _overlong(envs, e, overflow, "reset", step, f"a prompt of {chars} characters, more than the limit of "
+                         f"{prompt_limit} tokens can hold", "data.max_prompt_length"):
+                episodes.append(e)
+                continue
+            text = render_chat(tok, messages, add_generation_prompt=True)[-room:]
+            e.prompt_ids = [int(t) for t in tok(text, add_special_tokens=False)["input_ids"]][-prompt_limit:]
+            episodes.append(e)
+            continue
         ids = render_prompt_ids(tok, messages, add_generation_prompt=True)
         e = Episode(i, messages, ids, n_first=len(messages))
         if prompt_limit is not None and len(ids) > prompt_limit:
@@ -151,6 +185,12 @@ def run_episodes(engine: Engine, model, tok, envs: EnvCalls, rows: list[dict], *
             if done or turn == max_turns - 1 or not new:
                 e.done = True
                 continue
+            chars = _chars(new)
+            if chars > max_total_tokens * max_token_chars(tok):  # more than an episode holds: never tokenised
+                if not _overlong(envs, e, overflow, "step", step, f"messages of {chars} characters, more than "
+                                 f"env.max_total_tokens={max_total_tokens} tokens can hold", "env.max_total_tokens"):
+                    e.done, e.ended = True, False  # truncate: cut here, as when the episode's tokens run out
+                continue
             suffix = _env_suffix_ids(tok, e.messages, new)
             if len(suffix) > max_total_tokens and _overlong(  # an observation longer than a whole episode
                     envs, e, overflow, "step", step, f"messages of {len(suffix)} tokens, more than "
@@ -206,6 +246,7 @@ def episode_metrics(episodes: list[Episode], counts: dict | None = None) -> dict
     out["turn_reward_mean"] = sum(sum(e.turn_rewards) / max(1, len(e.turn_rewards)) for e in kept) / n
     out["episode_reward_mean"] = sum(e.reward for e in kept) / n
     out["dropped"] = float(len(episodes) - len(kept))
+    out["nonfinite_rewards"] = float(sum(e.failed == "reward" for e in episodes))  # episodes dropped for NaN / inf
     out.update({key: float(v) for key, v in (counts or {}).items()})
     return out
 

@@ -27,6 +27,7 @@ import math
 import numbers
 from typing import Any
 
+from ..errors import UserError, say
 from ..rewards.workers import CallFailed, CallTimeout, Job, Outcome, WorkerPool
 from .base import WHERE, EnvError, load_environment
 
@@ -87,7 +88,8 @@ class EnvCalls:
     def __init__(self, spec: str, cls: type, kwargs: dict, *, workers: int, timeout_s: float | None):
         self.spec, self.name = spec, getattr(cls, "__name__", str(spec))
         self.pool = WorkerPool(workers, timeout_s if workers else None)
-        self.counts = {"timeouts": 0, "errors": 0}
+        self.counts = {"timeouts": 0, "errors": 0, "overlong": 0}
+        self._said: set[str] = set()
         try:
             self.pool.setup("env", HOST, {"spec": spec, "kwargs": dict(kwargs)}, label=f"environment {self.name}")
         except (CallFailed, CallTimeout) as exc:
@@ -111,6 +113,20 @@ class EnvCalls:
         at = "" if step is None else f" at rollout step {step}"
         return EnvError(f"environment {self.name}: {method}(){at} {problem}", where=where, fix=fix)
 
+    def raised(self, method: str, step: int | None, error: Exception, fix: str, where: str = WHERE) -> EnvError:
+        """What the environment raised, as one line with one fix: its own one-line complaint (a
+        :class:`~rlhfkit.errors.UserError`, e.g. the OpenEnv adapter's) keeps its fix and its key, another exception
+        gets ``fix``."""
+        if isinstance(error, UserError):
+            return self.fail(method, step, f"raised: {error.message}", error.fix or fix, error.where or where)
+        return self.fail(method, step, f"raised {error}", fix, where)
+
+    def say_once(self, key: str, line: str) -> None:
+        """``line`` the first time ``key`` comes up in this run."""
+        if key not in self._said:
+            self._said.add(key)
+            say(line)
+
     def calls(self, method: str, items: list[tuple[int, tuple]], step: int | None) -> list[Any]:
         """``method`` for each ``(eid, args)`` on the episode's worker; per item its value, or an
         :class:`EpisodeFailed` (a timeout, a dead worker, a worker killed under another episode). An exception the
@@ -128,11 +144,11 @@ class EnvCalls:
             elif isinstance(o.error, CallFailed) and o.error.kind == EpisodeLost.__name__:
                 out.append(EpisodeFailed("its worker was restarted"))
             elif o.error is not None and method == "new":  # the constructor: env.kwargs, as make_environment says
-                raise self.fail("__init__", step, f"raised {o.error}", "check the keyword arguments against the "
-                                "environment's __init__", where="env.kwargs") from None
+                raise self.raised("__init__", step, o.error, "check the keyword arguments against the "
+                                  "environment's __init__", where="env.kwargs") from None
             elif o.error is not None:
-                raise self.fail(method, step, f"raised {o.error}", "fix the environment (call it in Python to see "
-                                                                   "the traceback)") from None
+                raise self.raised(method, step, o.error, "fix the environment (call it in Python to see the "
+                                                         "traceback)") from None
             elif self.pool.n and eid % self.pool.n in lost:
                 out.append(EpisodeFailed("its worker was restarted"))  # the episode's state is gone
             else:
@@ -141,7 +157,7 @@ class EnvCalls:
 
     def take_counts(self) -> dict[str, int]:
         """Timed-out and crashed calls since the last call (``env/timeouts``, ``env/errors`` of one step)."""
-        out, self.counts = self.counts, {"timeouts": 0, "errors": 0}
+        out, self.counts = self.counts, {"timeouts": 0, "errors": 0, "overlong": 0}
         return out
 
     def drop(self, eids: list[int]) -> None:

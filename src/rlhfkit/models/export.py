@@ -298,6 +298,12 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None, d
         raise ConfigError(f"{out} is a file", where="--out", fix="give a directory path (or a .gguf file name)")
     if gguf_out and out.is_dir():
         raise ConfigError(f"{out} is a directory", where="--out", fix="give a new .gguf file name")
+    if out.is_symlink() or (out.is_dir() and any(out.iterdir())) or (gguf_out and out.exists()):
+        # an export writes only into a new (or empty) directory, never over what is there (a model, a run)
+        held = sorted(p.name for p in out.iterdir())[:3] if out.is_dir() and not out.is_symlink() else []
+        raise ConfigError(f"{out} already exists" + (f" and holds files ({', '.join(held)}, ...)" if held else "")
+                          + ": an export never writes over it", where="--out",
+                          fix="give a new path (or an empty directory), or remove it first")
     if dtype != "auto" and dtype not in _DTYPES:
         raise ConfigError(f"--dtype {dtype!r} is not one of auto, {', '.join(_DTYPES)}", where="--dtype",
                           fix="use --dtype auto (the model's own), float32, bfloat16 or float16")

@@ -364,9 +364,32 @@ def _align_special_tokens(model, tok) -> None:
 
 
 def lora_targets(model, mcfg) -> list[str] | str:
+    """What peft is told to adapt: ``model.lora.target_modules`` as the full names of the modules it matches
+    (:mod:`.lora`: names, or regular expressions as peft's string form), else the projections per architecture."""
     if mcfg.lora.target_modules:
-        return list(mcfg.lora.target_modules)
+        entries = list(mcfg.lora.target_modules)
+        return [n for n in adaptable(model) if any(matches_target(e, n) for e in entries)] or entries
     return LORA_TARGETS.get(getattr(model.config, "model_type", ""), "all-linear")
+
+
+_REGEX_CHARS = set(".*[]()|^$+?\\")
+_ADAPTABLE = ("Linear", "Conv1D", "Conv1d", "Conv2d", "Embedding")  # the layer types peft's LoRA adapts
+
+
+def is_pattern(entry: str) -> bool:
+    """``entry`` is a regular expression (peft's string form), not a module name."""
+    return bool(_REGEX_CHARS & set(entry))
+
+
+def matches_target(entry: str, name: str) -> bool:
+    if is_pattern(entry):
+        return re.fullmatch(entry, name) is not None
+    return name == entry or name.endswith("." + entry)
+
+
+def adaptable(model: torch.nn.Module) -> list[str]:
+    """The full names of the modules LoRA can adapt (linear, 1-D convolution, embedding layers)."""
+    return [n for n, m in model.named_modules() if n and type(m).__name__ in _ADAPTABLE]
 
 
 def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):

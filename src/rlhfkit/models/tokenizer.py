@@ -84,29 +84,53 @@ def load_tokenizer(name_or_path: str, *, gguf_file: str | None = None, where: st
             fix="give a local Hugging Face model directory (with its tokenizer files), a cached hub name, a .gguf "
                 "file or 'tiny'",
         ) from None
-    return prepare_tokenizer(tok, name=None if name_or_path.startswith("tiny") else gguf_file or name_or_path)
+    name = None if name_or_path.startswith("tiny") else gguf_file or name_or_path
+    check_encodes(tok, name or name_or_path, where)
+    return prepare_tokenizer(tok, name=name, where=where)
+
+
+def check_encodes(tok, name: str, where: str = "model.name") -> None:
+    """One line (``ModelError``) for a tokenizer that loads but cannot turn text into ids: an empty vocabulary (only
+    special tokens), a model section that lost its vocabulary or its unknown token. Found here, when it loads, not as
+    a ``tokenizers`` exception in the middle of a run (a teacher's re-tokenisation of the student's text)."""
+    text = "The answer is 42."
+    try:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own bare Exception
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+    else:
+        if ids:
+            return
+        problem = "it encodes text as no ids at all"
+    special = set(getattr(tok, "all_special_tokens", []))
+    plain = [t for t in tok.get_vocab() if t not in special]
+    raise ModelError(f"the tokenizer of {name} cannot encode text ({problem}): its vocabulary holds {len(tok)} tokens, "
+                     f"{len(plain)} of them not special", where=where,
+                     fix="give the model's own tokenizer files (a tokenizer.json whose model section holds its "
+                         "vocabulary)")
 
 
 _FALLBACK_SAID: set[str] = set()  # models whose missing chat template this process has named
 
 
-def prepare_tokenizer(tok, name: str | None = None):
+def prepare_tokenizer(tok, name: str | None = None, where: str = "model.name"):
     """Give ``tok`` a pad token and a chat template when it lacks them (see module docstring). Returns ``tok``.
     ``name``: the model the tokenizer is of; when it gets rlhfkit's ChatML template, one line says so (once per
-    model and process), since a chat model's own template may differ (system prompt, tool format, spacing)."""
+    model and process), since a chat model's own template may differ (system prompt, tool format, spacing).
+    ``where``: the key that named the model (``teacher.model`` for a teacher), named by the errors."""
     if tok.pad_token is None:
         tok.pad_token = tok.unk_token if tok.unk_token is not None else tok.eos_token
         if tok.pad_token is None:
             raise ModelError(
-                "the tokenizer has no pad, unk or EOS token",
-                where="model.name",
+                f"the tokenizer{_of(name)} has no pad, unk or EOS token",
+                where=where,
                 fix="use a tokenizer with an EOS token (a chat model's), or set one before training",
             )
     if not getattr(tok, "chat_template", None):
         if "<|im_end|>" not in tok.get_vocab():
             raise ModelError(
-                "the tokenizer has no chat template and no '<|im_end|>' token for rlhfkit's default ChatML template",
-                where="model.name",
+                f"the tokenizer{_of(name)} has no chat template and no '<|im_end|>' token for rlhfkit's default ChatML "
+                "template", where=where,
                 fix="use a tokenizer that has a chat template (an instruct model's), or set model.chat_template",
             )
         tok.chat_template = DEFAULT_CHAT_TEMPLATE
@@ -116,8 +140,13 @@ def prepare_tokenizer(tok, name: str | None = None):
                 "<|im_end|>); a chat model trained with another template answers worse with it: set "
                 "model.chat_template to its own (a Jinja file or text)")
     if tok.eos_token is None:
-        raise ModelError("the tokenizer has no EOS token", where="model.name", fix="set tokenizer.eos_token")
+        raise ModelError(f"the tokenizer{_of(name)} has no EOS token: nothing would end its replies", where=where,
+                         fix="give a tokenizer whose tokenizer_config.json names its eos_token (a chat model's)")
     return tok
+
+
+def _of(name: str | None) -> str:
+    return f" of {name}" if name else ""
 
 
 # What ends a reply is defined once, in data/chat.py; the name is kept for the loaders.

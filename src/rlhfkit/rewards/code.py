@@ -17,13 +17,14 @@ allocates without limit, forks, opens a socket, writes outside its directory or 
 tests within the sandbox's limits; the rest of the batch is scored as usual. A row without tests scores ``None``.
 
 Where it runs: in a run, :func:`settle_sandboxes` decides the isolation once in the trainer before any weights load
-(``reward.sandbox.isolation``, or this function's ``isolation`` kwarg), says it in one line (a warning naming
-bubblewrap when it is weaker than the ``namespaces`` boundary), refuses with one line (exit 2) when
-``reward.sandbox.require_boundary`` is set and the machine gives no boundary, and hands the decided level to the
-workers, which set the sandbox up and check it again (:meth:`~rlhfkit.rewards.sandbox.Sandbox.probe`) on their first
-call. A program that tries to leave the sandbox (read the home or the run directory, the trainer's environment,
-write outside, start a process or another program, a socket, a signal to the worker, ``ctypes``) fails inside it
-and scores what its tests give; the rest of the batch is scored as usual (``tests/unit/test_sandbox_escapes.py``).
+(``reward.sandbox.isolation``, or this function's ``isolation`` kwarg): ``auto`` is the ``namespaces`` boundary or a
+refusal naming the cause and its fix (one line, exit 2); a weaker level runs only where it is named, said as a
+warning naming what it lets through (``docs/sandbox.md``); ``reward.sandbox.require_boundary`` refuses even that.
+The decided level goes to the workers, which set the sandbox up and check it again
+(:meth:`~rlhfkit.rewards.sandbox.Sandbox.probe`) on their first call. A program that tries to leave the sandbox (read
+the home or the run directory, the trainer's environment, write outside, start a process or another program, a
+socket, a signal to the worker, ``ctypes``, another process's memory) fails inside it and scores what its tests give;
+the rest of the batch is scored as usual (``tests/unit/test_sandbox_escapes.py``).
 Each program is bounded by ``wall_s``, so ``reward.timeout_s`` must cover a chunk of the batch: about (completions
 per worker) x (stdin pairs per row) x ``wall_s`` in the worst case.
 """
@@ -106,8 +107,8 @@ def settle_sandboxes(specs: list, section: Any = None, say=None) -> list:
     """The trainer's side of a run's code sandboxes, before any weights load (module docstring): ``specs`` (reward
     function specs with ``fn`` and ``kwargs``, as the config holds them) with each ``code_tests`` given the isolation
     decided here as its ``isolation`` kwarg; ``section``: the run's ``reward.sandbox`` (``isolation``,
-    ``require_boundary``). One line per distinct level asked for (usually one); :class:`SandboxError` when a level
-    asked for explicitly, or a boundary required, cannot be had."""
+    ``require_boundary``). One line per distinct level asked for (usually one); :class:`SandboxError` when the
+    boundary (``auto``), a level named, or a required boundary cannot be had."""
     default = getattr(section, "isolation", "auto")
     require = bool(getattr(section, "require_boundary", False))
     decided: dict[str, str] = {}

@@ -7,21 +7,26 @@ returns one ``float`` or ``None`` per completion; ``None`` skips that function f
 for TRL's convention (``def f(completions, **kwargs)``, conversational completions as messages, ``completion_ids``,
 ``trainer_state``) is recognised by its signature and called TRL's way (:mod:`rlhfkit.rewards.trl_style`). A
 callable no worker process can import (:func:`~rlhfkit.rewards.loading.spec_of`: ``python:<name>``) is called in
-this process, under the same ``timeout_s`` (a timer signal), said in one line when the functions start.
+this process, under the same ``timeout_s`` (a timer signal that a reward's ``except Exception`` does not swallow;
+``sys.exit`` inside it fails that call, not the run), said in one line when the functions start.
 
 What a run does with what a function returns (:meth:`CombinedRewards.__call__`). One bad sample costs that sample,
 never the run:
 
 - NaN or inf for a sample, or a sample no function has a value for (``None`` from every function): that sample is
   *dropped* from the step (``valid`` is False, its total is 0, counted in ``rewards/dropped``), never propagated;
-- a call that passes ``timeout_s``, raises, or whose worker dies (a crash, the memory limit) is made again sample
-  by sample (side by side on the workers), so only the samples that fail alone get ``None`` from that function,
-  counted in ``rewards/<name>/timeouts`` / ``rewards/<name>/errors`` (samples; said once per run in one line); the
-  run goes on; ``rewards/<name>/time_s`` is the wall time the function took in the step;
+- ``timeout_s`` bounds one function's whole scoring of a batch (its chunks on the workers side by side, and every
+  retry): a hanging reward costs at most ``timeout_s`` per call, never ``timeout_s`` per retry. A chunk that raises,
+  or whose worker dies (a crash, the memory limit) or sends a reply that is not the wire's (killed and restarted),
+  is made again sample by sample in the time left, so only the samples that fail alone get ``None`` from that
+  function; the samples of a chunk that ran out of time get ``None`` (its time is spent). Counted in
+  ``rewards/<name>/timeouts`` / ``rewards/<name>/errors`` (samples; said once per run in one line); the run goes on;
+  ``rewards/<name>/time_s`` is the wall time the function took in the step;
 - a call that returns the wrong shape (a list of the wrong length, a non-list, a string or other non-number in the
   list): its samples get ``None``, counted in ``rewards/<name>/errors``, the run goes on;
-- a function that failed on *every* sample of a step, at least one by an error rather than the time limit:
-  :class:`~rlhfkit.errors.RewardError` naming the function and what it returned, or
+- a function that failed on *every* sample of a step, at least one by an error rather than the time limit (or a
+  worker killed for a reply that is not the wire's: a program that reached the worker's pipe costs its sample, not
+  the run): :class:`~rlhfkit.errors.RewardError` naming the function and what it returned, or
   :class:`RewardFunctionError` naming the function, the exception and the step (one line, exit 2: a function
   that never works is a bug, found on the first rollout);
 - ``None`` (or NaN / inf, or failures) for every sample of a batch: ``RewardError`` (nothing to learn from, almost
@@ -40,7 +45,7 @@ import inspect
 import math
 import numbers
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -228,6 +233,7 @@ class CombinedRewards:
         self.local_pool = WorkerPool(0, timeout_s, limit_local=True)
         self._ready = False
         self._told: set[str] = set()  # functions whose failure on some samples was said (once per run)
+        self.timed_out_on_probe: set[str] = set()  # names of the functions whose probe call ran out of time
 
     @property
     def names(self) -> list[str]:
@@ -263,7 +269,7 @@ class CombinedRewards:
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict], *, step: int | None = None,
         allow_all_dropped: bool = False, messages: Sequence[list] | None = None, rollout: Any = None,
-        max_steps: int | None = None,
+        max_steps: int | None = None, skip: Collection[str] = (),
     ) -> RewardScores:
         """Score ``completions`` -> :class:`RewardScores` (total, per_function, metrics, valid).
 
@@ -273,14 +279,15 @@ class CombinedRewards:
         function reads them) and ``max_steps`` (with ``step``: ``trainer_state``). Raises :class:`RewardError` /
         :class:`RewardFunctionError` as the module docstring says (``allow_all_dropped``: a batch without any valid
         sample is returned, not an error — for evaluation, whose batches may be a single prompt); never returns a
-        non-finite total.
+        non-finite total. ``skip``: names of functions not called this time (counted as timed out: the lint skips
+        those whose probe ran out of time, :attr:`timed_out_on_probe`, rather than wait for them again).
         """
         B = len(completions)
         if len(prompts) != B or len(rows) != B:
             raise ValueError(f"got {len(prompts)} prompts, {B} completions and {len(rows)} rows")
         extra = {"messages": None if messages is None else list(messages), "rollout": rollout, "step": step,
                  "max_steps": max_steps}
-        outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step, extra)
+        outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step, extra, skip)
         total = torch.zeros(B, dtype=torch.float32)
         covered = torch.zeros(B, dtype=torch.bool)
         finite = torch.ones(B, dtype=torch.bool)
@@ -335,6 +342,8 @@ class CombinedRewards:
         self.start()
         for f in self.functions:
             [outcome] = self._pool(f).map(f.name, [((list(prompts), completions), self._fields(f, rows))])
+            if isinstance(outcome.error, CallTimeout):
+                self.timed_out_on_probe.add(f.name)
             if isinstance(outcome.error, RewardError):
                 raise outcome.error
             if outcome.ok:
@@ -354,7 +363,8 @@ class CombinedRewards:
         bounds = [round(i * B / n) for i in range(n + 1)]
         return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
-    def _call_each(self, prompts: list, completions: list, rows: list, step: int | None, extra: dict | None = None):
+    def _call_each(self, prompts: list, completions: list, rows: list, step: int | None, extra: dict | None = None,
+                   skip: Collection[str] = ()):
         """Each function on the batch (in chunks over the workers) -> (values per function, metrics: time_s,
         timeouts, errors per function, in samples). One bad sample costs that sample: see :meth:`_score`. A
         function that failed on every sample, at least one by an error (not a time limit), stops the run with
@@ -370,14 +380,19 @@ class CombinedRewards:
             trl = None if f.trl is None or not extra else {
                 "messages": extra.get("messages"), "completion_ids": ids if "completion_ids" in f.trl else None,
                 "step": extra.get("step"), "max_steps": extra.get("max_steps")}
-            values, failed = self._score(f, prompts, completions, rows, step, trl)
+            if f.name in skip:  # not called (the lint, for a function whose probe ran out of time): timed out
+                values = [None] * len(completions)
+                failed = dict.fromkeys(range(len(completions)), CallTimeout("not called"))
+            else:
+                values, failed = self._score(f, prompts, completions, rows, step, trl)
             metrics[f"rewards/{f.name}/time_s"] = time.perf_counter() - t0
             timeouts = sum(isinstance(e, CallTimeout) for e in failed.values())
             errors = len(failed) - timeouts
             metrics[f"rewards/{f.name}/timeouts"] = float(timeouts)
             metrics[f"rewards/{f.name}/errors"] = float(errors)
-            if errors and len(failed) == len(completions):  # every sample failed: almost always a bug
-                first = next(e for e in failed.values() if not isinstance(e, CallTimeout))
+            own = [e for e in failed.values() if not isinstance(e, CallTimeout) and not _forged(e)]
+            if own and len(failed) == len(completions):  # every sample failed, by its own errors: almost always a bug
+                first = own[0]
                 if isinstance(first, RewardError):  # what it returned (the wrong length, a string)
                     raise first
                 raise RewardFunctionError(
@@ -385,7 +400,7 @@ class CombinedRewards:
                     f"{': ' + first.message if first.message else ''}{_at(step)}", where=WHERE,
                     fix="fix the function (call it on these completions in Python to see the traceback), or "
                         "return None for completions it cannot judge")
-            if failed and f.name not in self._told:
+            if failed and f.name not in self._told and f.name not in skip:
                 self._told.add(f.name)
                 first = next(iter(failed.values()))
                 say(f"[reward] warning: {f.label} failed on {len(failed)} of {len(completions)} samples"
@@ -398,13 +413,16 @@ class CombinedRewards:
                trl: dict | None = None):
         """``f`` on the batch -> (one value or None per sample, {sample index: what made it fail}).
 
-        The batch goes out in chunks (one per worker). A chunk whose call passed ``timeout_s``, raised or killed its
-        worker is called again sample by sample (side by side on the workers), so the one sample that hangs, crashes
-        or raises loses its own value only; a call that returned the wrong shape (a list of the wrong length, a
-        string) loses its chunk. A :class:`~rlhfkit.errors.UserError` the function raised itself (a built-in rule
-        missing an option) stops the run at once. ``trl``: TRL's per-call data of a TRL-style function (each list
-        cut to the call's samples)."""
+        The batch goes out in chunks (one per worker), all of it, retries included, within one ``timeout_s`` from
+        here. A chunk that raised or lost its worker is called again sample by sample (side by side on the workers)
+        in the time left, so the one sample that crashes or raises loses its own value only; a chunk that ran out of
+        time loses its samples (no time is left to find the one that hangs); a call that returned the wrong shape
+        (a list of the wrong length, a string) loses its chunk. A :class:`~rlhfkit.errors.UserError` the function
+        raised itself (a built-in rule missing an option) stops the run at once. ``trl``: TRL's per-call data of a
+        TRL-style function (each list cut to the call's samples)."""
         fields = self._fields(f, rows)
+        self._pool(f).revive()  # workers killed at the last call restart now, outside this call's time
+        deadline = time.perf_counter() + self.pool.timeout_s if self.pool.timeout_s else None
 
         def job(idx: list[int]) -> tuple[tuple, dict]:
             kwargs = {k: [v[i] for i in idx] for k, v in fields.items()}
@@ -417,7 +435,7 @@ class CombinedRewards:
         todo, alone = self._chunks(len(completions)), False
         while todo:
             retry = []
-            for idx, outcome in zip(todo, self._pool(f).map(f.name, [job(c) for c in todo])):
+            for idx, outcome in zip(todo, self._pool(f).map(f.name, [job(c) for c in todo], deadline=deadline)):
                 if isinstance(outcome.error, UserError):
                     raise outcome.error
                 error = outcome.error
@@ -430,7 +448,7 @@ class CombinedRewards:
                         for i, v in zip(idx, got):
                             values[i] = v
                         continue
-                if isinstance(error, (CallTimeout, CallFailed)) and len(idx) > 1 and not alone:
+                if isinstance(error, CallFailed) and len(idx) > 1 and not alone:  # timed out: its time is spent
                     retry += [[i] for i in idx]
                 else:
                     failed.update(dict.fromkeys(idx, error))
@@ -455,6 +473,11 @@ class CombinedRewards:
                 fix="return exactly one value per completion (None to skip one)",
             )
         return [_to_float(v, label, i, at) for i, v in enumerate(out)]
+
+
+def _forged(error: Exception) -> bool:
+    """A call lost to a worker killed for a reply that is not the wire's (a program that reached its pipe)."""
+    return isinstance(error, CallFailed) and error.kind == "bad reply"
 
 
 def _reason(error: Exception) -> str:

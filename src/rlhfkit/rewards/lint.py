@@ -29,7 +29,9 @@ empty (or whitespace-only) completion getting the highest total of all the kinds
 policy trained on it learns to say nothing.
 
 When nothing could be scored (every call timed out or failed, every value None / NaN / inf) the lint says so and
-why, never that no completion scores high.
+why, never that no completion scores high. Its time is bounded: each function's call is bounded by ``reward.timeout_s``
+as a whole (retries included, :class:`~rlhfkit.rewards.functions.CombinedRewards`), and a function whose probe ran out
+of time is not called again (a hanging reward costs the probe's ``timeout_s`` once before any weights load).
 
 Given the run's ``reward.clip`` (and no ``reward.normalize``, which rescales the scores before the clip), the lint
 also warns when half or more of its completions score at or beyond +-clip: the scores are then on another scale
@@ -152,15 +154,18 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
     if not kinds:
         return report
     completions = [c for _, c in batch_rows]
+    hung = sorted(getattr(combo, "timed_out_on_probe", ()))  # the lint's time: never waited for twice
+    for name in hung:
+        report.notes.append(f"{name} ran out of time on the probe (reward.timeout_s): not called again by the lint")
     try:
-        scores = combo(batch_prompts, completions, [r for r, _ in batch_rows], allow_all_dropped=True)
+        scores = combo(batch_prompts, completions, [r for r, _ in batch_rows], allow_all_dropped=True, skip=hung)
     except RewardFunctionError as exc:
         report.notes.append(f"{exc.message} (on the lint's completions; the first rollout will judge it)")
         return report
     totals = [t if v else math.nan for t, v in zip(scores.total.tolist(), scores.valid.tolist())]
     columns = {name: values.tolist() for name, values in scores.per_function.items()}
     for name, values in columns.items():  # a function that scored none of them: say so, and why
-        if not any(math.isfinite(v) for v in values):
+        if not any(math.isfinite(v) for v in values) and name not in hung:
             report.notes.append(f"{name} scored none of the {len(values)} lint completions ("
                                 f"{_why_unscored(name, scores.metrics)})")
     report.scored = any(math.isfinite(t) for t in totals)

@@ -11,11 +11,14 @@ Two kinds of endpoint:
   [...]}}`` for a batch of ``batch_size`` samples, answered by ``{"scores": [...]}`` (or a bare list), one number or
   null per completion. A reply of the wrong length or shape scores ``None`` for its batch.
 
-Requests run ``concurrency`` at a time (threads); each has a ``timeout_s`` (per socket operation: connecting, and
-each read) and is retried up to ``retries`` times on a connection error, a timeout, HTTP 429 or 5xx, waiting
-``backoff_s * 2**attempt`` (with jitter, or the server's ``Retry-After``) between tries; what still fails scores
-``None`` (the run goes on; a step where every sample fails stops as for any reward function). HTTP 400 / 401 /
-403 / 404 are configuration mistakes (a wrong URL, model or key), answered with one line at once.
+Requests run ``concurrency`` at a time (threads); each try has ``timeout_s`` in all (connecting, sending, and the
+whole reply: a server that trickles its answer a byte at a time is cut off there) and is retried up to ``retries``
+times on a connection error, a timeout, HTTP 429 or 5xx, waiting ``backoff_s * 2**attempt`` (with jitter, or the
+server's ``Retry-After``) between tries. A request, its tries and waits included, ends within ``(retries + 1) x
+timeout_s``: a wait that would pass that (a ``Retry-After`` of minutes) is not waited. What still fails scores
+``None`` (the run goes on; a step where every sample fails stops as for any reward function); the worker running
+the judge is bounded by ``reward.timeout_s`` besides. HTTP 400 / 401 / 403 / 404 are configuration mistakes (a
+wrong URL, model or key), answered with one line at once.
 
 The API key is read from the environment variable named by ``api_key_env`` (never from the config: ``config.yaml``,
 the logs and the report hold only the variable's name) and sent as ``Authorization: Bearer``; no message of this
@@ -172,26 +175,39 @@ class RemoteJudge:
 
     # ── HTTP ─────────────────────────────────────────────────────────────────────────────────────────────────
     def _post(self, body: dict) -> Any:
-        """The decoded JSON reply; None when every try failed or the reply is not JSON."""
+        """The decoded JSON reply; None when every try failed, the reply is not JSON, or the request's time
+        (``(retries + 1) x timeout_s``, waits included) is spent."""
         data = json.dumps(body, default=str).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
+        deadline = time.monotonic() + (self.retries + 1) * self.timeout_s
         for attempt in range(self.retries + 1):
             try:
-                return self._once(data, headers)
+                return self._once(data, headers, deadline)
             except _Retryable as exc:
                 if attempt == self.retries:
                     return None
                 wait = exc.args[0] if exc.args and exc.args[0] is not None else self.backoff_s * 2**attempt
-                time.sleep(wait * (0.5 + random.random()))
+                wait *= 0.5 + random.random()
+                if time.monotonic() + wait >= deadline:  # a Retry-After of minutes: not waited for
+                    return None
+                time.sleep(wait)
         return None
 
-    def _once(self, data: bytes, headers: dict) -> Any:
+    def _once(self, data: bytes, headers: dict, deadline: float) -> Any:
         request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+        ends = min(deadline, time.monotonic() + self.timeout_s)  # this try's end, the whole reply included
         try:
-            with _OPENER.open(request, timeout=self.timeout_s) as response:
-                raw = response.read(MAX_REPLY_BYTES + 1)
+            with _OPENER.open(request, timeout=max(0.01, ends - time.monotonic())) as response:
+                raw = bytearray()
+                while len(raw) <= MAX_REPLY_BYTES:
+                    chunk = response.read1(1 << 16)
+                    if not chunk:
+                        break
+                    raw += chunk
+                    if time.monotonic() > ends:  # a reply trickling past the try's time
+                        raise _Retryable(None)
         except _Redirected as exc:
             raise RewardError(f"the judge at {self.url} answered HTTP {exc.code}, a redirect to {exc.target}: not "
                               "followed (rlhfkit never sends the judge's request or its API key to another address)",

@@ -1,24 +1,31 @@
-"""The sandbox that runs model-written Python: a boundary built from well-kept tools where the machine offers one
-(bubblewrap's namespaces, a seccomp filter from libseccomp, resource limits), said in one line at the start, and
-refused where a run requires it and the machine cannot give it.
+"""The sandbox that runs model-written Python: a boundary built from well-kept tools (bubblewrap's namespaces, a
+seccomp filter from libseccomp, resource limits), said in one line at the start, and refused, with the real cause and
+its fix, where the machine cannot give it. What each level lets through is measured by the escape tests and tabled
+in ``docs/sandbox.md``.
 
-Isolation levels (``isolation``), strongest first; ``auto`` picks the strongest that works here (:meth:`Sandbox.probe`
-runs a probe program under each and checks what it sees):
+Isolation levels (``isolation``); :meth:`Sandbox.probe` runs a probe program under the level and checks what it
+sees:
 
-- ``namespaces`` -- **the boundary.** The program runs under bubblewrap (``bwrap``, Debian / Ubuntu / Fedora package
-  ``bubblewrap``) in its own user, mount, PID, network, IPC, UTS and cgroup namespaces, with no capabilities and no
-  way to make new user namespaces. Its file system is a new root holding, read-only, only what Python needs (``/usr``,
-  the ``/lib*`` and ``/bin`` links, the Python installation and its virtual environment, a few files of ``/etc``), a
-  fresh ``/proc`` of its own PID namespace (it sees itself and bubblewrap's init, no other process), a minimal
-  ``/dev`` and a private writable ``/sandbox`` (its working directory, ``HOME`` and ``TMPDIR``) and ``/tmp``, both
-  size-capped tmpfs that vanish with it: no home directory, no run directory, nothing of the trainer. Its
-  environment is set from nothing (``--clearenv``), and bubblewrap itself starts from an empty environment, so no
-  process it can see holds a key.
+- ``namespaces`` -- **the boundary** (bubblewrap's command line and why it is built so: :mod:`.boundary`). The
+  program runs under bubblewrap (``bwrap``, Debian / Ubuntu / Fedora package ``bubblewrap``) in its own user, mount,
+  PID, network, IPC, UTS and cgroup namespaces, with no capabilities and no way to make new user namespaces, as the
+  only process there (PID 1: no process without the filter and the limits beside it). Its file system is a new root
+  holding, read-only, only what Python needs (``/usr``, the ``/lib*`` and ``/bin`` links, the Python installation
+  and its virtual environment wherever they are, a few files of ``/etc``), a fresh ``/proc`` of its own PID
+  namespace (it sees itself only), a read-only ``/dev`` and a private writable ``/sandbox`` (its working directory,
+  ``HOME`` and ``TMPDIR``) and ``/tmp``, both size-capped tmpfs that vanish with it: no home directory, no run
+  directory, nothing of the trainer. Its environment is set from nothing (``--clearenv``).
 - ``unshare`` -- util-linux's ``unshare``: new user, network and PID namespaces with their own ``/proc`` (no network;
-  no other process visible), but the file system is shared: the program can read and write what the trainer's user
-  can. Not a boundary: ``auto`` says so as a warning naming the package to install.
-- ``process`` -- a child process: its own temporary directory, a scrubbed environment, the limits below. Not a
-  boundary either (same warning).
+  no other process visible: the program is PID 1 there too), but the file system is shared: the program can read and
+  write what the trainer's user can. Not a boundary.
+- ``process`` -- a child process: its own temporary directory, a scrubbed environment, the filter and limits below.
+  Not a boundary: besides your files, it can reach the processes of your user (their ``/proc`` files, signals, its
+  parent's memory).
+- ``auto`` (the default) -- ``namespaces``, or a refusal (:class:`SandboxError`, one line naming why the boundary
+  cannot be had and the fix). A weaker level is never a fallback: it runs only where the user names it
+  (``reward.sandbox.isolation=unshare`` or ``process``), and the run's line says it as a warning naming what it lets
+  through. As root, or with API keys in the environment, a silent fallback would hand model-written code the machine
+  or the keys; without them it would still hand it the user's files.
 
 At every level, before the program's first line (the guard, :data:`GUARD`):
 
@@ -73,23 +80,27 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 
 from ..errors import RewardError
 from ..errors import say as say_line
+from . import boundary
+from .boundary import INSTALL, WORKDIR, Problem, program_env, tool
 
 ISOLATIONS = ("auto", "namespaces", "unshare", "process")
-LEVELS = ("namespaces", "unshare", "process")  # strongest first: what ``auto`` tries
+LEVELS = ("namespaces", "unshare", "process")  # strongest first
 BOUNDARY = "namespaces"
-INSTALL = {"bubblewrap": "apt-get install bubblewrap (Fedora: dnf install bubblewrap)",
-           "libseccomp": "apt-get install libseccomp2 and pip install pyseccomp (an rlhfkit dependency)",
-           "unshare": "apt-get install util-linux"}
-# A shell as the namespace's init, the program its child: an init ignores the signals it has no handler for, its own
-# raise(SIGSEGV) and RLIMIT_CPU's SIGXCPU included, so the program must not be the init.
-UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc",
-           "/bin/sh", "-c", '"$@"; exit $?', "sandbox"]
-WORKDIR = "/sandbox"  # the program's directory inside the namespaces
+#: what each weaker level lets through, for the line a run says when the user names one (docs/sandbox.md's table)
+LETS_THROUGH = {
+    "unshare": "it can read and write every file your user can (no network, no other process visible)",
+    "process": "it can read and write every file your user can, read your processes' environments (API keys), "
+               "signal them and write its parent's memory (no network)",
+}
+# The program is the namespace's init (PID 1), as under bubblewrap: no other process (a shell init, unfiltered) beside
+# it. unshare's --kill-child ends it when unshare dies (the wall time kills unshare's process group).
+#: how util-linux's unshare (2.38) reports a child killed by SIGKILL: it fails to unblock SIGKILL to die the same way
+_UNSHARE_KILLED = "unshare: sigprocmask unblock failed: Invalid argument"
+UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount-proc"]
 GUARD_FAILED = 121  # the guard's exit code when it could not set the program's limits or filter up
 
 
@@ -306,17 +317,26 @@ _guard(_sys.argv)
 del _guard, _sys
 '''.replace("GUARD_FAILED", str(GUARD_FAILED))
 
-# What a probe program reports about the place it runs in (trusted code, run like a program under the guard).
+# What a probe program reports about the place it runs in (trusted code, run like a program under the guard): every
+# process it sees, with its seccomp mode (``2``: a filter), so that a process without the filter beside it is seen.
 _PROBE = r'''
 import json, os
-status = open("/proc/self/status").read()
-seccomp = next((line.split()[1] for line in status.splitlines() if line.startswith("Seccomp:")), "0")
-pids = [p for p in os.listdir("/proc") if p.isdigit()]
+
+
+def seccomp(pid):
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return "?"
+    return next((line.split()[1] for line in status.splitlines() if line.startswith("Seccomp:")), "0")
+
+
+procs = {p: seccomp(p) for p in os.listdir("/proc") if p.isdigit()}
 try:
     interfaces = [line.split(":")[0].strip() for line in open("/proc/self/net/dev").read().splitlines()[2:]]
 except OSError:
     interfaces = []
-print(json.dumps({"six": 2 * 3, "seccomp": seccomp, "pids": len(pids), "interfaces": interfaces,
+print(json.dumps({"six": 2 * 3, "seccomp": seccomp("self"), "procs": procs, "interfaces": interfaces,
                   "canary": os.path.exists(CANARY), "env": sorted(os.environ)}))
 '''
 
@@ -324,95 +344,15 @@ print(json.dumps({"six": 2 * 3, "seccomp": seccomp, "pids": len(pids), "interfac
 def _read_roots(python: str) -> list[str]:
     """What the guard's audit hook lets a program read besides its directory (the system's and Python's)."""
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, "/usr", "/lib", "/lib64", "/etc",
-             "/dev", "/proc", "/sys", "/bin", "/sbin", "/opt/conda", _prefix_of(python)}
+             "/dev", "/proc", "/sys", "/bin", "/sbin", "/opt/conda", boundary.prefix_of(python)}
     roots |= {p for p in sys.path if p and os.path.isdir(p) and ("site-packages" in p or "lib/python" in p)}
     return sorted(r for r in roots if r and os.path.exists(r))
 
 
-def _prefix_of(python: str) -> str:
-    """The installation a Python executable belongs to (``.../bin/python3`` -> ``...``), its link followed."""
-    return os.path.dirname(os.path.dirname(os.path.realpath(python)))
-
-
-def _python_binds(python: str) -> list[str]:
-    """The directories bound read-only for Python under ``namespaces``: its installation and virtual environment.
-    An installation that holds the home or the working directory (a Python in ``~``) is bound by its ``bin`` and
-    ``lib*`` only, so that the rest of the home directory stays out of view."""
-    guarded = {os.path.realpath(os.path.expanduser("~")), os.path.realpath(os.getcwd()), "/"}
-    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                                           _prefix_of(python), os.path.dirname(os.path.dirname(python)))}
-    out: set[str] = set()
-    for root in roots:
-        if not os.path.isdir(root) or root.startswith("/usr/") or root == "/usr":
-            continue
-        if any(g == root or g.startswith(root.rstrip("/") + "/") for g in guarded):
-            out |= {os.path.join(root, d) for d in ("bin", "lib", "lib64") if os.path.isdir(os.path.join(root, d))}
-        else:
-            out.add(root)
-    return sorted(out)
-
-
-@functools.lru_cache(maxsize=1)
-def _bwrap_options() -> str:
-    """bubblewrap's ``--help`` (its options differ by version: ``--disable-userns`` is 0.8's, ``--size`` 0.5's)."""
-    try:
-        return subprocess.run([_tool("bwrap"), "--help"], capture_output=True, text=True, timeout=10, env={}).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def _bwrap_argv(python: str, lim: Limits) -> list[str]:
-    """bubblewrap's arguments for one run (the module docstring's ``namespaces``). Where this bubblewrap lacks
-    ``--disable-userns`` the seccomp filter alone refuses new namespaces (``unshare``, ``clone`` of a process); where
-    it lacks ``--size`` the private directories are uncapped tmpfs (each file still capped by ``file_mb``)."""
-    known = _bwrap_options()
-    argv = [_tool("bwrap"), "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv", "--uid", "65534", "--gid",
-            "65534", "--hostname", "sandbox"]
-    if "--disable-userns" in known:
-        argv.append("--disable-userns")
-    if os.geteuid() == 0:
-        argv += ["--cap-drop", "ALL"]
-    argv += ["--ro-bind", "/usr", "/usr"]
-    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = f"/{top}"
-        if os.path.islink(path):
-            argv += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            argv += ["--ro-bind", path, path]
-    for path in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives"):
-        argv += ["--ro-bind-try", path, path]
-    for path in _python_binds(python):
-        argv += ["--ro-bind", path, path]
-    size = ["--size", str(lim.disk_mb << 20)] if "--size" in known else []
-    argv += ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", WORKDIR, *size, "--tmpfs", "/tmp", "--remount-ro",
-             "/", "--chdir", WORKDIR]
-    for key, value in _program_env(WORKDIR).items():
-        argv += ["--setenv", key, value]
-    return argv + ["--"]
-
-
-def _tool(name: str) -> str:
-    """A tool's full path as this process's PATH finds it (the runs start it with a minimal environment)."""
-    return shutil.which(name) or name
-
-
-def _program_env(home: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8"}
-
-
-def bwrap_version() -> str:
-    try:
-        out = subprocess.run([_tool("bwrap"), "--version"], capture_output=True, text=True, timeout=10, env={})
-    except (OSError, subprocess.SubprocessError):
-        return "bubblewrap"
-    return out.stdout.strip() or "bubblewrap"
-
-
 class Sandbox:
     """Runs Python programs under :class:`Limits` at an isolation level (module docstring). ``isolation``: ``auto``
-    (the strongest that works here), or one level, required (:class:`SandboxError` at :meth:`probe` when it does not
-    work, naming the package to install)."""
+    (``namespaces`` or a refusal), or one level by name (:class:`SandboxError` at :meth:`probe`, naming the cause and
+    its fix, when it does not work here). ``python``: the interpreter that runs the programs (default: this one)."""
 
     def __init__(self, limits: Limits | None = None, isolation: str = "auto", python: str | None = None):
         if isolation not in ISOLATIONS:
@@ -420,56 +360,44 @@ class Sandbox:
                                fix="use " + ", ".join(ISOLATIONS))
         self.limits = limits or Limits()
         self.requested = isolation
-        self.python = python or sys.executable
+        self.python = os.path.abspath(python or sys.executable)  # the runs' working directory is not this one
         self.isolation: str | None = None  # decided by probe()
-        self.passed_over: dict[str, str] = {}  # stronger levels auto did not take, and why
 
     # ── deciding the level ───────────────────────────────────────────────────────────────────────────────────
     def probe(self) -> str:
         """Decide the isolation and check that a program runs under it and sees what it should (module docstring).
-        Raises :class:`SandboxError` (one line, naming what to install) when the requested level cannot be set up.
-        Under ``auto`` a level weaker than ``namespaces`` is a :class:`RuntimeWarning` (the trainer's own line is
-        :func:`announce`)."""
+        Raises :class:`SandboxError` (one line: the cause and its fix) when it cannot be set up; ``auto`` is
+        ``namespaces`` or that refusal, never a weaker level."""
         if self.isolation is not None:
             return self.isolation
-        candidates = LEVELS if self.requested == "auto" else (self.requested,)
-        why: dict[str, str] = {}
-        for level in candidates:
-            problem = self._check(level)
-            if problem is None:
-                self.isolation, self.passed_over = level, why
-                if self.requested == "auto" and level != BOUNDARY:
-                    warnings.warn(self.summary(), RuntimeWarning, stacklevel=2)
-                return level
-            why[level] = problem
+        level = BOUNDARY if self.requested == "auto" else self.requested
+        problem = self._check(level)
+        if problem is None:
+            self.isolation = level
+            return level
         if self.requested == "auto":
-            raise SandboxError("the code sandbox cannot be set up (" + "; ".join(f"{k}: {v}" for k, v in why.items())
-                               + ")", where="reward.sandbox.isolation",
-                               fix=f"install bubblewrap ({INSTALL['bubblewrap']})")
-        raise SandboxError(f"the code sandbox cannot be set up with isolation {self.requested} ({why[self.requested]})",
-                           where="reward.sandbox.isolation", fix=self._fix(self.requested, why[self.requested]))
+            raise SandboxError(f"model-written code runs only inside the namespaces boundary unless you name a weaker "
+                               f"level, and it cannot be set up here: {problem.cause}",
+                               where="reward.sandbox.isolation",
+                               fix=f"{problem.fix}; or accept a weaker level by naming it: reward.sandbox.isolation="
+                                   "unshare (the program can read and write your files) or process (your files and "
+                                   "processes too; see docs/sandbox.md)")
+        raise SandboxError(f"the code sandbox cannot be set up with isolation {level} ({problem.cause})",
+                           where="reward.sandbox.isolation", fix=problem.fix)
 
-    @staticmethod
-    def _fix(level: str, problem: str) -> str:
-        if "libseccomp" in problem:
-            return INSTALL["libseccomp"]
-        if level == "namespaces":
-            return (f"{INSTALL['bubblewrap']}; where it is installed but cannot make namespaces (a container), allow "
-                    "user namespaces or run the trainer in a VM; or set reward.sandbox.isolation=auto")
-        if level == "unshare":
-            return f"{INSTALL['unshare']} and allow user namespaces, or set reward.sandbox.isolation=auto"
-        return "check that the Python of the trainer runs (reward.sandbox.isolation=auto)"
-
-    def _check(self, level: str) -> str | None:
-        """None when ``level`` works here, else why not (a few words)."""
+    def _check(self, level: str) -> Problem | None:
+        """None when ``level`` works here, else why not and the fix (:class:`~.boundary.Problem`)."""
         program, why_not = seccomp_filter()
         if level == "namespaces":
-            if shutil.which("bwrap") is None:
-                return "bubblewrap (bwrap) is not installed"
+            blocked = boundary.unavailable(self.python)
+            if blocked is not None:
+                return blocked
             if program is None:
-                return why_not
-        if level == "unshare" and shutil.which("unshare") is None:
-            return "`unshare` not found"
+                return Problem(why_not, INSTALL["libseccomp"])
+        if level == "unshare" and (blocked := boundary.unshare_unavailable()) is not None:
+            return blocked
+        if not os.path.exists(self.python):
+            return Problem(f"the Python {self.python} does not exist", "give the path of a Python executable")
         home = tempfile.mkdtemp(prefix="rlhfkit-canary-")
         canary = os.path.join(home, "canary")
         try:
@@ -479,38 +407,41 @@ class Sandbox:
             try:
                 r = self._run(level, code, None, ["assert 1 + 1 == 2"], Limits(wall_s=30, cpu_s=10))
             except OSError as exc:
-                return f"{type(exc).__name__}: {exc}"
+                return Problem(f"{type(exc).__name__}: {exc}", "check that the Python of the trainer runs")
         finally:
             shutil.rmtree(home, ignore_errors=True)
         try:
             seen = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            return f"a probe program {r.reason}"
+            seen = {}
         if seen.get("six") != 6 or r.passed != [True]:
-            return f"a probe program {r.reason}"
+            if r.returncode == GUARD_FAILED:  # the program started: the kernel refused a limit or the filter
+                return Problem(f"a probe program {r.reason}", "check that the kernel allows seccomp filters (Seccomp "
+                               "in /proc/self/status) and that the container lets a process lower its limits")
+            if level == "namespaces":
+                return boundary.layout_problem(self.python, r.reason)
+            return Problem(f"a probe program {r.reason}", "check that the Python of the trainer runs")
         if program is not None and seen["seccomp"] != "2":
-            return "the seccomp filter was not in force"
-        if level in ("namespaces", "unshare") and (seen["pids"] > 3 or set(seen["interfaces"]) - {"lo"}):
-            return f"the program saw {seen['pids']} processes and the interfaces {seen['interfaces']}"
-        if level == "namespaces" and (seen["canary"] or set(seen["env"]) - {*_program_env(WORKDIR), "PWD"}):
-            return "the program saw the trainer's files or environment"
+            return Problem("the seccomp filter was not in force", INSTALL["libseccomp"])
+        if level in ("namespaces", "unshare") and (len(seen["procs"]) != 1 or set(seen["interfaces"]) - {"lo"}):
+            return Problem(f"the program saw the processes {seen['procs']} (and their seccomp modes) and the network "
+                           f"interfaces {seen['interfaces']}, where it should see itself only",
+                           "report it as an rlhfkit bug with this line")
+        if level == "namespaces" and (seen["canary"] or set(seen["env"]) - {*program_env(WORKDIR), "PWD"}):
+            return Problem("the program saw the trainer's files or environment", "report it as an rlhfkit bug")
         return None
 
     def summary(self) -> str:
-        """One line: the level in force, what it gives, and (weaker than ``namespaces``) what to install."""
+        """One line: the level in force and what it gives; a weaker level (named by the user) as a warning saying
+        what it lets through."""
         level = self.isolation or self.probe()
         filtered = seccomp_filter()[0] is not None
         extra = ", seccomp filter" if filtered else ", NO seccomp filter (" + INSTALL["libseccomp"] + ")"
         if level == "namespaces":
-            return (f"[sandbox] model-written code runs in namespaces ({bwrap_version()}: its own mount, PID, network "
-                    f"and user namespaces, a read-only system and a private directory{extra}, limits)")
-        what = ("unshare (its own PID and network namespaces, but your file system: it can read and write what your "
-                "user can" if level == "unshare" else "process (limits and an audit hook only: it can read and write "
-                "what your user can, and reach the network and your processes where the filter is missing")
-        why = "; ".join(f"{k}: {v}" for k, v in self.passed_over.items())
-        return (f"[sandbox] warning: model-written code runs under {what}{extra}); not a boundary"
-                + (f" ({why})" if why else "") + f": install bubblewrap for one ({INSTALL['bubblewrap']}), or set "
-                "reward.sandbox.require_boundary=true to refuse to run without one")
+            return (f"[sandbox] model-written code runs in namespaces ({boundary.bwrap_version()}: its own mount, PID, "
+                    f"network and user namespaces, a read-only system and a private directory{extra}, limits)")
+        return (f"[sandbox] warning: model-written code runs under {level}, as reward.sandbox.isolation names it"
+                f"{extra}, limits): not a boundary: {LETS_THROUGH[level]}; see docs/sandbox.md")
 
     # ── running ──────────────────────────────────────────────────────────────────────────────────────────────
     def run(self, code: str, *, stdin: str | None = None, tests: list[str] | None = None,
@@ -542,10 +473,11 @@ class Sandbox:
             os.unlink(path)
             argv = [self.python, "-I", "-c", GUARD, str(cfg_fd)]
             if level == "namespaces":
-                argv, env, cwd = _bwrap_argv(self.python, lim) + argv, {"PATH": "/usr/bin:/bin"}, scratch
+                argv, env, cwd = boundary.bwrap_argv(self.python, lim.disk_mb) + argv, {"PATH": "/usr/bin:/bin"}, \
+                    scratch
             else:
-                argv = [_tool("unshare"), *UNSHARE[1:], *argv] if level == "unshare" else argv
-                env, cwd = _program_env(home), home
+                argv = [tool("unshare"), *UNSHARE[1:], *argv] if level == "unshare" else argv
+                env, cwd = program_env(home), home
             fds = (cfg_fd,) + ((report_w,) if report_w is not None else ())
             t0 = time.perf_counter()
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -566,28 +498,26 @@ class Sandbox:
             parts = line.split()
             if len(parts) == 3 and parts[0] == nonce and parts[1].isdigit() and int(parts[1]) < len(passed):
                 passed[int(parts[1])] = parts[2] == "1"
-        code_ = proc.returncode
-        if level != "process" and code_ is not None and code_ > 128:  # bubblewrap's or the shell's 128 + signal
+        code_, stderr = proc.returncode, err.decode("utf-8", "replace")
+        if level == "namespaces" and code_ is not None and code_ > 128:  # bubblewrap's 128 + signal
             code_ = -(code_ - 128)
-        return RunResult(code_, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), passed, timed_out,
-                         capped, seconds)
+        if level == "unshare" and code_ == 1 and stderr.rstrip().endswith(_UNSHARE_KILLED):
+            code_, stderr = -signal.SIGKILL, stderr.rstrip()[: -len(_UNSHARE_KILLED)].rstrip()
+        return RunResult(code_, out.decode("utf-8", "replace"), stderr, passed, timed_out, capped, seconds)
 
 
 def announce(isolation: str = "auto", require_boundary: bool = False, say=None) -> str:
-    """The trainer's side, once per run before any weights load: decide the level (:meth:`Sandbox.probe`), say it
-    in one line (``say``; a warning naming bubblewrap when weaker than ``namespaces``) and return it, to be handed
-    to the workers. ``require_boundary``: :class:`SandboxError` (one line) unless the level is ``namespaces``."""
+    """The trainer's side, once per run before any weights load: decide the level (:meth:`Sandbox.probe`: ``auto`` is
+    ``namespaces`` or a refusal), say it in one line (``say``; a warning saying what it lets through when the user
+    named a weaker level) and return it, to be handed to the workers. ``require_boundary``: a weaker level named is
+    refused too (:class:`SandboxError`, one line)."""
     box = Sandbox(isolation=isolation)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the line below says it
-        level = box.probe()
-    if require_boundary and level != BOUNDARY:
-        why = "; ".join(f"{k}: {v}" for k, v in box.passed_over.items())
-        raise SandboxError(f"a boundary is required, but model-written code would run under {level} only"
-                           + (f" ({why})" if why else " (reward.sandbox.isolation asks for it)"),
-                           where="reward.sandbox.require_boundary",
-                           fix=f"install bubblewrap ({INSTALL['bubblewrap']}) and set reward.sandbox.isolation=auto "
-                               "or namespaces")
+    if require_boundary and isolation not in ("auto", BOUNDARY):
+        raise SandboxError(f"a boundary is required, but reward.sandbox.isolation names {isolation}, which is not one "
+                           f"({LETS_THROUGH.get(isolation, '')})", where="reward.sandbox.require_boundary",
+                           fix="set reward.sandbox.isolation=auto or namespaces (bubblewrap: "
+                               f"{INSTALL['bubblewrap']})")
+    level = box.probe()
     (say or say_line)(box.summary())
     return level
 

@@ -32,11 +32,13 @@ this process (``workers=0``), Python's ``sys.stdout`` / ``sys.stderr`` are cappe
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import io
 import os
 import pickle
+import secrets
 import signal
 import subprocess
 import sys
@@ -49,12 +51,13 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..errors import RewardError
+from ..errors import EnvError, RewardError
 from . import wire
 
 BOOT = "from rlhfkit.rewards.workers import _child_main; _child_main({r}, {w})"
 SETUP_TIMEOUT_S = 300.0  # loading a model in a stateful reward's constructor may take minutes
 OUTPUT_LIMIT = 64 << 10  # bytes of stdout (and of stderr) user code may print per call; the rest is cut
+FRAME_S = 2.0  # a reply whose first bytes arrived is complete within the call's time left, and at least this long
 
 
 class CallTimeout(Exception):
@@ -137,6 +140,7 @@ class Worker:
         self.setups: dict[str, _Setup] = {}
         self.restarts = 0
         self._starting = False  # launched, its start not yet answered
+        self._expect: collections.deque[str] = collections.deque()  # the ids of the requests awaiting a reply
 
     # ── life cycle ───────────────────────────────────────────────────────────────────────────────────────────
     @property
@@ -167,14 +171,14 @@ class Worker:
             os.close(req_r)
             os.close(rep_w)
         self.send_conn, self.recv_conn = Connection(req_w, readable=False), Connection(rep_r, writable=False)
-        self._send(("path", list(sys.path), os.getcwd()))
+        self._send(("path", list(sys.path), os.getcwd()), answered=True)
         self._starting = True
         return True
 
     def send_setups(self, setups: Sequence[_Setup]) -> None:
         """Send each set-up to the child, without waiting for it (:meth:`settle` collects the replies)."""
         for s in setups:
-            self._send(("setup", s.key, s.spec, s.kwargs, s.label))
+            self._send(("setup", s.key, s.spec, s.kwargs, s.label), answered=True)
 
     def begin_setup(self, s: _Setup) -> list[_Setup]:
         """Keep ``s`` and send the child what it must load, without waiting: ``s``, or every set-up when the child is
@@ -208,6 +212,7 @@ class Worker:
                     conn.close()
         self.proc = self.send_conn = self.recv_conn = None
         self._starting = False
+        self._expect.clear()
 
     def close(self) -> None:
         self.ask_exit()
@@ -244,44 +249,56 @@ class Worker:
 
     def submit(self, key: str, method: str | None, args: Sequence = (), kwargs: dict | None = None) -> None:
         self.start()
-        self._send(("call", key, method, tuple(args), dict(kwargs or {})))
+        self._send(("call", key, method, tuple(args), dict(kwargs or {})), answered=True)
 
     def result(self, timeout: float | None) -> Any:
         """The reply to the submitted call (see :meth:`call`)."""
         return self._reply(timeout, "call")
 
     # ── internals ────────────────────────────────────────────────────────────────────────────────────────────
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: tuple, answered: bool = False) -> None:
+        """Send ``(kind, *fields)`` as ``(kind, request id, *fields)``; ``answered``: a reply carrying the id is
+        awaited (:meth:`_reply`), so that a reply nobody asked for is seen for what it is."""
+        rid = secrets.token_hex(8) if answered else None
         try:
-            self.send_conn.send(message)
+            self.send_conn.send((message[0], rid, *message[1:]))
         except (OSError, EOFError) as exc:  # the child died between calls
             self.kill()
             raise CallFailed("died", f"worker {self.name} exited ({exc})") from None
+        if rid is not None:
+            self._expect.append(rid)
 
     def _reply(self, timeout: float | None, what: str) -> Any:
-        conn = self.recv_conn
+        """The reply to the oldest request awaiting one, within ``timeout`` seconds (a reply that began arriving: at
+        least :data:`FRAME_S` more to complete). A reply that is not the wire's, does not answer that request (a
+        forged one, written into the pipe by something that reached it) or stops halfway kills the worker:
+        :class:`CallFailed` ``bad reply``; the caller loses that call only."""
+        conn, rid = self.recv_conn, self._expect.popleft() if self._expect else None
+        t0 = time.perf_counter()
         ready = conn.poll(timeout) if timeout is not None else conn.poll(None)
         if not ready:
             self.kill()
             self.restarts += 1
             raise CallTimeout(f"{what} took more than {timeout:g} s")
+        left = None if timeout is None else max(FRAME_S, timeout - (time.perf_counter() - t0))
         problem = ""
         try:
-            data = conn.recv_bytes(wire.MAX_REPLY_BYTES)
-            status, payload = wire.read_reply(data)
+            data = wire.read_frame(conn.fileno(), None if left is None else time.perf_counter() + left, FRAME_S)
+            status, payload = wire.read_reply(data, rid)
         except EOFError:
             code = self.proc.wait() if self.proc is not None else None
             self.kill()
             self.restarts += 1
             raise CallFailed("died", f"worker exited with code {code} during {what}"
                              + (" (killed by a signal: often the memory limit)" if code and code < 0 else "")) from None
-        except (OSError, wire.ProtocolError) as exc:  # a frame past the limit ("bad message length"), not the wire
+        except (OSError, wire.ProtocolError) as exc:  # not the wire, not this request's, or a frame that stalled
             problem = str(exc)
         if problem:
             self.kill()
             self.restarts += 1
-            raise CallFailed("bad reply", f"worker {self.name} sent a reply that is not plain data during {what} "
-                                          f"({problem}); it was killed and restarts on its next use")
+            raise CallFailed("bad reply", f"worker {self.name} sent a reply that is not plain data answering the "
+                                          f"request during {what} ({problem}); it was killed and restarts on its "
+                                          "next use")
         if status == "ok":
             return payload
         if status == "user_error":
@@ -322,22 +339,47 @@ class WorkerPool:
                 w.kill()
             raise
 
-    def map(self, key: str, calls: Sequence[tuple[tuple, dict]], method: str | None = None) -> list[Outcome]:
-        """Run each ``(args, kwargs)`` of ``calls`` on the object ``key``; one :class:`Outcome` per call, in order.
-        Calls go to free workers as they free up; each is bounded by ``timeout_s`` from its own start."""
-        return self.run([Job(key, method, a, k) for a, k in calls])
+    def revive(self) -> None:
+        """Start every dead worker (killed for a timeout, a crash) side by side, its set-ups replayed, so that the
+        next calls' time limit counts no restart; one that cannot start is left to fail on its next call."""
+        todo = {}
+        for w in self.workers:
+            try:
+                if w.launch():
+                    todo[w] = list(w.setups.values())
+                    w.send_setups(todo[w])
+            except (CallFailed, CallTimeout, RewardError):
+                w.kill()
+        for w, setups in todo.items():
+            try:
+                w.settle(setups)
+            except (CallFailed, CallTimeout, RewardError):
+                w.kill()
 
-    def run(self, jobs: Sequence[Job]) -> list[Outcome]:
+    def map(self, key: str, calls: Sequence[tuple[tuple, dict]], method: str | None = None,
+            deadline: float | None = None) -> list[Outcome]:
+        """Run each ``(args, kwargs)`` of ``calls`` on the object ``key``; one :class:`Outcome` per call, in order.
+        Calls go to free workers as they free up; each is bounded by ``timeout_s`` from its own start, and all of
+        them by ``deadline`` (:meth:`run`)."""
+        return self.run([Job(key, method, a, k) for a, k in calls], deadline)
+
+    def run(self, jobs: Sequence[Job], deadline: float | None = None) -> list[Outcome]:
         """Run each :class:`Job` (a job with ``on`` set only on that worker: an object with state lives on one);
-        one :class:`Outcome` per job, in order, each call bounded by ``timeout_s`` from its own start. A worker
-        killed for a timeout loses every object's state (its set-ups are replayed on its next use): compare
-        ``Worker.restarts`` before and after to know."""
+        one :class:`Outcome` per job, in order, each call bounded by ``timeout_s`` from its own start and by
+        ``deadline`` (a ``time.perf_counter()`` value: the whole of a caller's work, its retries included, ends
+        there; a job not started by then is a :class:`CallTimeout` without running). A worker killed for a timeout
+        loses every object's state (its set-ups are replayed on its next use): compare ``Worker.restarts``
+        before and after to know."""
         if self.n == 0:
-            return [self._local(j.key, j.method, j.args, j.kwargs) for j in jobs]
+            return [self._local(j.key, j.method, j.args, j.kwargs, deadline) for j in jobs]
         out: list[Outcome | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
-        running: dict[int, tuple[int, float]] = {}  # worker index -> (call index, start time)
+        running: dict[int, tuple[int, float, float | None]] = {}  # worker index -> (call index, start, its end)
         while pending or running:
+            if deadline is not None and time.perf_counter() >= deadline:  # the caller's time is spent
+                for c in pending:
+                    out[c] = Outcome(error=CallTimeout("not run: the call's time limit was spent"))
+                pending = []
             for w_i, w in enumerate(self.workers):  # 1. hand calls to idle workers
                 if w_i in running:
                     continue
@@ -345,52 +387,63 @@ class WorkerPool:
                 if c is None:
                     continue
                 pending.remove(c)
-                t0 = time.perf_counter()
+                t0, fresh = time.perf_counter(), not w.alive
                 try:
                     w.submit(jobs[c].key, jobs[c].method, jobs[c].args, jobs[c].kwargs)
                 except (CallFailed, CallTimeout, RewardError) as exc:
                     out[c] = Outcome(error=exc, seconds=time.perf_counter() - t0)
                     continue
-                running[w_i] = (c, time.perf_counter())  # the limit counts from the call (a restart not included)
+                if fresh and deadline is not None:  # a worker's restart is not the calls' time
+                    deadline += time.perf_counter() - t0
+                t0 = time.perf_counter()  # the limit counts from the call (a restart not included)
+                ends = [t for t in (t0 + self.timeout_s if self.timeout_s else None, deadline) if t is not None]
+                running[w_i] = (c, t0, min(ends) if ends else None)
             if not running:
                 continue
-            # 2. wait for a reply, or for the earliest deadline
-            now = time.perf_counter()
-            deadline = min(t0 + self.timeout_s for _, t0 in running.values()) if self.timeout_s else None
+            # 2. wait for a reply, or for the earliest end
+            ends = [e for _, _, e in running.values() if e is not None]
             wait([self.workers[w_i].recv_conn for w_i in running],
-                 None if deadline is None else max(0.0, deadline - now))
+                 max(0.0, min(ends) - time.perf_counter()) if ends else None)
             # 3. collect what finished and what ran out of time
-            for w_i, (c, t0) in list(running.items()):
-                w = self.workers[w_i]
+            for w_i, (c, t0, end) in list(running.items()):
+                w, now = self.workers[w_i], time.perf_counter()
                 if w.recv_conn.poll(0):
                     try:
-                        out[c] = Outcome(value=w.result(0), seconds=time.perf_counter() - t0)
+                        out[c] = Outcome(value=w.result(0 if end is None else max(0.0, end - now)),
+                                         seconds=time.perf_counter() - t0)
                     except (CallFailed, CallTimeout, RewardError) as exc:
                         out[c] = Outcome(error=exc, seconds=time.perf_counter() - t0)
-                elif self.timeout_s is not None and time.perf_counter() - t0 >= self.timeout_s:
+                elif end is not None and now >= end:
                     w.kill()  # the call and whatever it started die; the worker restarts on its next use
                     w.restarts += 1
-                    out[c] = Outcome(error=CallTimeout(f"call took more than {self.timeout_s:g} s"),
-                                     seconds=time.perf_counter() - t0)
+                    out[c] = Outcome(error=CallTimeout(f"call took more than {now - t0:.3g} s (its limit)"),
+                                     seconds=now - t0)
                 else:
                     continue
                 del running[w_i]
         return out  # type: ignore[return-value]
 
-    def _local(self, key: str, method: str | None, args: tuple, kwargs: dict) -> Outcome:
+    def _local(self, key: str, method: str | None, args: tuple, kwargs: dict,
+               deadline: float | None = None) -> Outcome:
+        """One call in this process: under the timer signal (``limit_local``, bounded by ``deadline`` too); a
+        ``sys.exit`` in it is that call's failure, never the run's end."""
         t0 = time.perf_counter()
         obj = self.local[key]
+        limit = self.timeout_s if self.limit_local else None
+        if limit is not None and deadline is not None:
+            limit = deadline - t0
+            if limit <= 0:
+                return Outcome(error=CallTimeout("not run: the call's time limit was spent"))
         try:
             out, err = _CappedText(sys.stdout), _CappedText(sys.stderr)
-            with _alarm(self.timeout_s if self.limit_local else None), contextlib.redirect_stdout(out), \
-                    contextlib.redirect_stderr(err):
+            with _alarm(limit), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 value = (getattr(obj, method) if method else obj)(*args, **kwargs)
-        except CallTimeout as exc:
+        except _Expired:
+            return Outcome(error=CallTimeout(f"call took more than {limit:.3g} s"), seconds=time.perf_counter() - t0)
+        except (RewardError, EnvError) as exc:
             return Outcome(error=exc, seconds=time.perf_counter() - t0)
-        except RewardError as exc:
-            return Outcome(error=exc, seconds=time.perf_counter() - t0)
-        except Exception as exc:
-            return Outcome(error=CallFailed(type(exc).__name__, _first_line(exc), traceback.format_exc()),
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - sys.exit() in a reward ends the call, not the run
+            return Outcome(error=CallFailed(type(exc).__name__, _said(exc), traceback.format_exc()),
                            seconds=time.perf_counter() - t0)
         return Outcome(value=value, seconds=time.perf_counter() - t0)
 
@@ -413,15 +466,24 @@ class WorkerPool:
                 w.kill()
 
 
+class _Expired(BaseException):
+    """Raised by :class:`_alarm` where the code is when its time is up: a ``BaseException``, so a reward's own
+    ``except Exception`` does not swallow it (and the timer fires again every :data:`_alarm.AGAIN` seconds until
+    the call returns, so one swallowed does not stop it)."""
+
+
 class _alarm:
-    """A wall-clock limit on the code inside, in this process: SIGALRM (``setitimer``) raises :class:`CallTimeout`
-    where the code is when the time is up. Python code stops there; code inside one long C call stops when the call
-    returns to the interpreter (a worker process, killed whole, has no such limit: the reason workers exist). Only
-    on the main thread of a POSIX process (where Python runs signal handlers); elsewhere no limit. ``None``: none."""
+    """A wall-clock limit on the code inside, in this process: SIGALRM (``setitimer``) raises :class:`_Expired` where
+    the code is when the time is up, and again every :attr:`AGAIN` seconds until the block ends. Python code stops
+    there (an ``async def`` reward's event loop too); code inside one long C call stops when the call returns to the
+    interpreter (a worker process, killed whole, has no such limit: the reason workers exist). Only on the main
+    thread of a POSIX process (where Python runs signal handlers); elsewhere no limit. ``None``: none."""
+
+    AGAIN = 0.2
 
     def __init__(self, seconds: float | None):
         self.seconds = seconds if seconds and hasattr(signal, "setitimer") else None
-        self.previous = None
+        self.previous, self.active = None, False
 
     @staticmethod
     def available() -> bool:
@@ -430,18 +492,25 @@ class _alarm:
         return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
 
     def _expired(self, signum, frame):
-        raise CallTimeout(f"call took more than {self.seconds:g} s")
+        if self.active:
+            raise _Expired()
 
     def __enter__(self):
         if self.seconds is not None and self.available():
+            self.active = True
             self.previous = signal.signal(signal.SIGALRM, self._expired)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+            signal.setitimer(signal.ITIMER_REAL, max(self.seconds, 1e-3), self.AGAIN)
         else:
             self.seconds = None
         return self
 
     def __exit__(self, *exc):
         if self.seconds is not None:
+            while self.active:  # a signal at this very line raises once more: the loop goes round
+                try:
+                    self.active = False
+                except _Expired:
+                    continue
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self.previous if self.previous is not None else signal.SIG_DFL)
         return False
@@ -459,6 +528,11 @@ def _is_instance_of_class(obj: Any) -> bool:
 
     return not (inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isbuiltin(obj)
                 or isinstance(obj, functools.partial))
+
+
+def _said(exc: BaseException) -> str:
+    """What a failed call's exception says, in one line (``sys.exit(0)`` named as such: its message is a bare code)."""
+    return f"sys.exit({exc.code!r}) inside the call" if isinstance(exc, SystemExit) else _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -561,34 +635,34 @@ def _child_main(read_fd: int, write_fd: int) -> None:
             with _suppress():
                 stream.flush()
         cap.reset()
-        kind = message[0]
+        kind, rid = message[0], message[1]
         if kind == "exit":
             return
         try:
             if kind == "path":
-                _, path, cwd = message
+                _, _, path, cwd = message
                 os.chdir(cwd)
                 sys.path[:] = path + [p for p in sys.path if p not in path]
                 reply: Any = None
             elif kind == "setup":
-                _, key, spec, kwargs, label = message
+                _, _, key, spec, kwargs, label = message
                 objects[key] = _child_load(spec, kwargs, label)
                 reply = None
             elif kind == "drop":
-                objects.pop(message[1], None)
+                objects.pop(message[2], None)
                 continue
             else:  # call
-                _, key, method, args, kwargs = message
+                _, _, key, method, args, kwargs = message
                 obj = objects[key]
                 reply = (getattr(obj, method) if method else obj)(*args, **kwargs)
-            data = wire.ok(reply)
-        except RewardError as exc:  # a one-line complaint of the code itself (a built-in rule missing an option)
-            data = wire.user_error(exc)
+            data = wire.ok(reply, rid)
+        except (RewardError, EnvError) as exc:  # a one-line complaint of the code itself (a built-in rule missing an
+            data = wire.user_error(exc, rid)  # option, the OpenEnv adapter's)
         except BaseException as exc:  # noqa: BLE001 - every failure of user code is reported, never fatal here
             try:
-                data = wire.error(type(exc).__name__, _first_line(exc), traceback.format_exc(limit=20))
+                data = wire.error(type(exc).__name__, _said(exc), traceback.format_exc(limit=20), rid)
             except Exception:  # noqa: BLE001 - an exception whose message cannot even be read
-                data = wire.error(type(exc).__name__, "(its message could not be read)")
+                data = wire.error(type(exc).__name__, "(its message could not be read)", "", rid)
         send.send_bytes(data)
 
 

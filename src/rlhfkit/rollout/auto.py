@@ -1,5 +1,22 @@
-"""``generation.engine=auto`` (the default): per device type, the engine expected fastest, compile time included
+"""``generation.engine=auto`` (the default): per rollout, the engine expected fastest, compile time included
 (measured on CPU; on CUDA measured in part, see below).
+
+**Static or continuous** (:func:`auto_choice`, issue 41): the continuous engine for a model its paged decoder covers
+when the rollout's requests outnumber the rows decoding at once (``generation.batch_size`` below ``rollout_batch_size
+x num_generations``), or when answers may be long (``max_new_tokens`` >= :data:`LONG_ANSWERS`, 512); else the engine
+of :data:`TABLE` for the device type. Only settings decide, never lengths seen so far, so a resumed run takes the
+engine the uninterrupted one took. Measured behind it:
+
+- more requests than rows at once: ``bench/engines.py --long-tail --models tiny,smollm2 --threads 1`` (2026-11-26,
+  2 quiet vCPUs, 64 requests through 16 rows, lengths ~ Geometric(1/32) up to 256): the continuous engine took 0.33x
+  (SmolLM2-135M shape) and 0.51x (tiny) the static engine's decode steps, 2.48x and 1.72x less wall time;
+- answers all at once: decode steps are equal (both run until the longest answer), and the static engine computes
+  its power-of-two bucket of rows against every row's ``prompt + max_new_tokens`` columns where the continuous one
+  computes the live rows against the blocks in use: on the tiny model, whose step is Python overhead, the static
+  engine was faster per generated token at limits 64 and 256 (``bench/engines.py --auto-rule --models tiny``); for
+  the SmolLM2-135M shape at limits 256 / 512 / 1,024 see ``bench/README.md`` (``--auto-rule --models smollm2
+  --threads 1 --clock cpu``), for the real shapes inside a GRPO step ``bench/real_shapes.py`` and, on a GPU,
+  ``bench/gpu_suite.py`` rows 1-2 (both still to be measured: they set :data:`LONG_ANSWERS` per device).
 
 :data:`TABLE` maps a device type to an engine and its settings. The static engine runs a model on one of two paths
 (:meth:`~.static.StaticEngine.path_of`): rlhfkit's decoder for the families it covers (:data:`~.decoder.DECODERS`:
@@ -53,7 +70,8 @@ compiling pays there within one run is open; auto keeps the uncompiled graphs (n
 
 from __future__ import annotations
 
-from .decoder import architecture
+from .continuous import ContinuousEngine
+from .decoder import architecture, coverage
 from .engine import ENGINES, Engine, model_device, register, strip_parallel_wrappers
 from .hf import HFEngine
 from .static import StaticEngine
@@ -63,16 +81,49 @@ TABLE: dict[str, tuple[str, dict]] = {
     "cpu": ("static", {"compile": False}),
     "cuda": ("static", {"compile": False, "cuda_graphs": True}),
 }
+# max_new_tokens from which a rollout whose requests all decode at once goes to the continuous engine (see
+# :func:`auto_choice`; the measurement behind it in the module docstring)
+LONG_ANSWERS: dict[str, int] = {"cpu": 512, "cuda": 512}
+
+
+def auto_choice(device: str, requests: int, max_new_tokens: int, batch_size: int | None = None,
+                covered: bool = True) -> tuple[str, str]:
+    """(engine name, why) that ``generation.engine=auto`` takes for a rollout of ``requests`` answers of at most
+    ``max_new_tokens`` tokens, ``batch_size`` rows decoding at once (None: all), on ``device``; ``covered``: the
+    continuous engine's paged decoder covers the model. Only these settings decide (never the lengths a run has
+    seen), so a resumed run takes the engine the uninterrupted one took.
+
+    - a device type not in :data:`TABLE`: ``hf``;
+    - ``continuous`` when the paged decoder covers the model and either the requests outnumber the rows decoding
+      at once (its slots take the next request as answers end, where the static engine's micro-batches each run
+      until their longest answer: measured 0.33-0.51x the decode steps on long-tailed lengths), or the answers may
+      be long (``max_new_tokens`` >= :data:`LONG_ANSWERS`: the static engine reserves and attends to every row's
+      ``prompt + max_new_tokens`` columns, the paged cache only the blocks in use);
+    - else the device's :data:`TABLE` engine (``static``)."""
+    if device not in TABLE:
+        return "hf", f"no engine measured for {device}"
+    static = TABLE[device][0]
+    if not covered:
+        return static, "the paged decoder does not cover it"
+    if batch_size and batch_size < requests:
+        return "continuous", (f"{requests} answers through {batch_size} rows at once: slots refill as answers end")
+    if max_new_tokens >= LONG_ANSWERS[device]:
+        return "continuous", f"answers of up to {max_new_tokens} tokens (>= {LONG_ANSWERS[device]}): paged cache"
+    return static, f"answers of at most {max_new_tokens} tokens, all {requests} at once"
 
 
 @register
 class AutoEngine(Engine):
-    """Delegates each call to the engine of :data:`TABLE` for the model's device type; ``hf`` for a model the static
-    engine does not cover or a device type not in the table (one line, once, says which engine runs and why)."""
+    """Delegates each rollout to the engine :func:`auto_choice` takes: the continuous engine for long answers or
+    more requests than rows at once (on a model its paged decoder covers), else the engine of :data:`TABLE` for the
+    model's device type; ``hf`` for a model the static engine does not cover or a device type not in the table. One
+    line, once per engine and path, says which engine runs and why. ``cache_tokens``: the continuous engine's
+    budget (``generation.cache_tokens``), when it is taken."""
 
     name = "auto"
 
-    def __init__(self, tokenizer=None, *, eos_token_ids, pad_token_id, stop_strings=(), batch_size=None):
+    def __init__(self, tokenizer=None, *, eos_token_ids, pad_token_id, stop_strings=(), batch_size=None,
+                 cache_tokens: int | None = None):
         super().__init__(tokenizer, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
                          stop_strings=stop_strings, batch_size=batch_size)
         common = dict(eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, stop_strings=stop_strings,
@@ -81,10 +132,26 @@ class AutoEngine(Engine):
         self.engines: dict[str, Engine] = {}
         for device, (name, kwargs) in TABLE.items():
             self.engines[device] = ENGINES[name](tokenizer, **common, **kwargs)
+        self.continuous = ContinuousEngine(tokenizer, **common, cache_tokens=cache_tokens)
+
+    def generate(self, model, prompt_ids, params, seed=None, on_rows=None):
+        """The whole rollout to the continuous engine when :func:`auto_choice` takes it (its slots are the rows
+        at once), else :meth:`Engine.generate` over :meth:`_decode` (the static / hf engine, micro-batch by
+        micro-batch)."""
+        bare = strip_parallel_wrappers(model)
+        device = model_device(bare).type
+        name, why = auto_choice(device, len(prompt_ids), params.max_new_tokens, self.batch_size,
+                                covered=coverage(bare) is None)
+        if name == "continuous":
+            self.say_once(f"[rollout] auto: continuous engine on {device}, rlhfkit's paged decoder for "
+                          f"{architecture(bare)} ({why})")
+            return self.continuous.generate(model, prompt_ids, params, seed, on_rows)
+        return super().generate(model, prompt_ids, params, seed, on_rows)
 
     def pick(self, model) -> Engine:
-        """The engine for this model (bare, or wrapped: parallel wrappers are stripped); says once, in one line,
-        which engine and which path run, and why."""
+        """The engine for this model's micro-batches when auto does not take the continuous engine (bare, or
+        wrapped: parallel wrappers are stripped); says once, in one line, which engine and which path run, and
+        why."""
         return self._pick(model)[0]
 
     def _pick(self, model) -> tuple[Engine, str | None]:
@@ -113,12 +180,15 @@ class AutoEngine(Engine):
             return engine.decode_path(kind, model, ids, mask, params, seed)
         return engine._decode(model, ids, mask, params, seed)
 
+    def _all(self) -> tuple[Engine, ...]:
+        return (self.hf, *self.engines.values(), self.continuous)
+
     def release(self) -> None:
-        for engine in (self.hf, *self.engines.values()):
+        for engine in self._all():
             engine.release()
 
     def take_stats(self) -> dict[str, float]:
         out = {"time/rollout_compile": 0.0}
-        for engine in (self.hf, *self.engines.values()):
+        for engine in self._all():
             out["time/rollout_compile"] += engine.take_stats()["time/rollout_compile"]
         return out

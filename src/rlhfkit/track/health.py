@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import UserError
+from .collapse import reward_collapse
 from .console import format_number as fmt
 from .console import get_console
 from .jsonl import JsonlWriter, StagedFile, read_jsonl
@@ -38,7 +39,6 @@ from .jsonl import JsonlWriter, StagedFile, read_jsonl
 DRIFT_FIX = ("lower optim.lr or algo.ppo_epochs, or tighten the clip range in the policy loss's section "
              "(algo.<section>.clip_low / clip_high, e.g. algo.ppo.clip_low)")
 WARNING, CRITICAL = "warning", "critical"
-COLLAPSE_Z = 3.0  # standard errors a fall of the scores must pass (reward_collapse)
 History = Mapping[str, Sequence[float]]
 
 
@@ -208,39 +208,6 @@ def length_growth(m: dict[str, float], prev: History, mon: HealthMonitor) -> str
         return (f"mean response length {fmt(length)} tokens is {length / start:.1f}x its early {fmt(start)}: the "
                 "policy is lengthening its answers (often reward hacking); read the samples, raise algo.kl.coef, or "
                 "use algo.loss_aggregation=seq_mean_token_sum_norm / algo.overlong")
-    return None
-
-
-def _rolling_means(values: Sequence[float], w: int) -> list[float]:
-    return [sum(values[i: i + w]) / w for i in range(len(values) - w + 1)]
-
-
-def reward_collapse(m: dict[str, float], prev: History, mon: HealthMonitor) -> str | None:
-    """The mean of the last ``window`` scores fell from its best by more than half of max(|best|, 2 std) **and** by
-    more than the noise of the steps allows: :data:`COLLAPSE_Z` standard errors of the difference of two
-    ``window``-step means, plus the allowance for having picked the best of many means (sqrt(2 ln N)). The step noise
-    is read from the scores themselves (half the mean squared step-to-step difference, which a slow trend hardly
-    moves), so 8 samples a step (a score that jumps by 0.2 between steps) needs a far larger fall than 512. Silent
-    while the held-out score (``eval/scores``) is at its best: a policy getting better on held-out prompts is not
-    unlearning, whatever its training batches scored."""
-    score = m.get("objective/scores")
-    if score is None or not math.isfinite(score):
-        return None
-    values = list(prev.get("objective/scores", [])) + [score]
-    w = mon.window
-    if len(values) < 2 * w:
-        return None
-    means = _rolling_means(values, w)
-    best, now = max(means), means[-1]
-    scale = max(abs(best), 2 * statistics.pstdev(values))
-    noise = math.sqrt(sum((b - a) ** 2 for a, b in zip(values, values[1:])) / (2 * (len(values) - 1)))
-    allowed = (COLLAPSE_Z + math.sqrt(2 * math.log(len(means)))) * noise * math.sqrt(2 / w)
-    evals = list(prev.get("eval/scores", [])) + ([m["eval/scores"]] if "eval/scores" in m else [])
-    held_out_best = len(evals) >= 2 and evals[-1] >= max(evals[:-1])
-    if scale > 0 and best - now > 0.5 * scale and best - now > allowed and not held_out_best:
-        return (f"objective/scores collapsed: mean of the last {w} steps {fmt(now)} vs best {fmt(best)} (the steps "
-                f"vary by about {fmt(noise)}); the policy is unlearning (often after a KL blow-up or reward hacking); "
-                "lower optim.lr, raise algo.kl.coef, and check the samples")
     return None
 
 

@@ -9,8 +9,9 @@ advantages) and updates a policy and, for PPO, a critic.
 
 Callbacks (the Python API's ``callbacks=``; :func:`with_callbacks` hands them to the runs started inside it) hear of
 each logged step, evaluation and checkpoint through :class:`Run` (``on_step`` / ``on_eval`` from :meth:`Run.log`,
-``on_save`` from :meth:`Trained.save`), on the main process; one that returns True asks the run to stop at the next
-step boundary, as a SIGTERM does (``stop.StopControl.request``): a checkpoint, then ``Stopped``.
+``on_save`` from :meth:`Trained.save`), on the main process; one that returns True, or raises ``KeyboardInterrupt``
+(Ctrl-C while it runs, or its own way to say stop), asks the run to stop at the next step boundary, as a SIGTERM
+does (``stop.StopControl.request``): a checkpoint, then ``Stopped`` and its one line.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from ...config import DistributedConfig
-from ...errors import RunError
+from ...errors import RunError, Stopped
 from ...track import MetricsSink
 from ...track.console import get_console
 from .distributed import die_with_launcher, get_strategy
@@ -116,9 +117,18 @@ class Run:
             fn = getattr(cb, event, None)
             if fn is None and event == "on_step" and not hasattr(cb, "on_eval") and callable(cb):
                 fn = cb
-            if fn is not None and fn(step, payload) is True:
-                self.stop.request(f"a callback ({type(cb).__name__ if fn is not cb else ''}"
-                                  f"{'.' if fn is not cb else ''}{getattr(fn, '__name__', event)})")
+            if fn is None:
+                continue
+            name = f"{type(cb).__name__ + '.' if fn is not cb else ''}{getattr(fn, '__name__', event)}"
+            try:
+                stop = fn(step, payload) is True
+            except Stopped:
+                raise
+            except KeyboardInterrupt:  # raised by the callback itself (or Ctrl-C inside it): the stop it asks for
+                self.stop.request(f"a KeyboardInterrupt in a callback ({name})")
+                continue
+            if stop:
+                self.stop.request(f"a callback ({name})")
 
 
 def set_seed(seed: int) -> None:
@@ -182,11 +192,22 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     return run
 
 
+def check_lora(cfg) -> None:
+    """LoRA's target modules against the model's own, before the data, the rewards or any weights
+    (:func:`rlhfkit.models.lora.check_targets`)."""
+    mcfg = getattr(cfg, "model", None)
+    if mcfg is not None and getattr(mcfg, "lora", None) is not None:
+        from ...models.lora import check_targets
+
+        check_targets(mcfg)
+
+
 def run_recipe(cfg, train: Callable[..., dict], *, prepare: Callable[[Any], Any] | None = None) -> dict:
     """What every runner does around its training: check the inputs, ``prepare(cfg)`` (what can be read before the
     run directory is locked, e.g. data records; passed on to ``train``), lock and start the run, answer a finished
     one, then ``train(cfg, run[, prepared])`` inside the run's Session. Returns the final metrics."""
     cfg.check_inputs()
+    check_lora(cfg)
     prepared = prepare(cfg) if prepare is not None else None
     with start_run(cfg) as run:
         done = run.session.begin()

@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 from ...errors import RunError, Stopped
 from ..lifecycle.distributed import die_with_launcher
-from ..lifecycle.run import Run, run_recipe
+from ..lifecycle.run import Run, check_lora, run_recipe
 from ..lifecycle.stop import Abandoned, StopControl, error_code, exit_code, one_line
 from .bridge import (
     DONE,
@@ -78,6 +78,7 @@ from .reference import ProducerReference, on_producer
 def run_async(cfg, prepare) -> dict:
     """This process's part of an asynchronous run (see the module doc)."""
     cfg.check_inputs()
+    check_lora(cfg)
     layout = layout_of(cfg)
     records = prepare(cfg)
     if layout.is_learner:  # the learners' own world, before accelerate starts

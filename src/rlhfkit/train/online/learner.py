@@ -44,6 +44,10 @@ def load_policy(cfg, device):
     return policy, tok
 
 
+#: the policy loss's stats about the importance ratio, averaged over the tokens in the loss (Learner.ratio_stats)
+RATIO_KEYS = ("val/ratio", "val/ratio_var", "policy/clipfrac_avg", "policy/approxkl_avg")
+
+
 class Learner:
     """The trained models of an online run and steps 4-6 (see the module doc); :meth:`learn` is one step."""
 
@@ -365,6 +369,7 @@ class Learner:
         algo, mb = self.cfg.algo, self.cfg.train.batch_size
         n = len(exp.rollout)
         stats: list[dict] = []
+        ratio = torch.zeros(1 + len(RATIO_KEYS), dtype=torch.float64, device=self.device)  # tokens, weighted sums
         own = torch.zeros_like(exp.action) if exp.old_logprobs is None else None
         fold = own is not None and self.cfg.algo.correction != "none"  # the correction in each micro-batch
         g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
@@ -385,6 +390,9 @@ class Learner:
                         st.update(self.policy_micro_step(batch, 1.0 / micro_n))
                     if own is not None:
                         own[mini[s: s + mb]] = st.pop("logprobs")
+                    tokens = batch["mask"].sum().double()
+                    ratio += torch.stack([tokens, *(torch.as_tensor(st.pop(k), dtype=torch.float64, device=self.device)
+                                                    * tokens for k in RATIO_KEYS)])
                     if self.critic is not None:
                         with (contextlib.nullcontext() if last else self.acc.no_sync(self.critic)):
                             st.update(self.critic_micro_step(batch, 1.0 / micro_n))
@@ -396,5 +404,13 @@ class Learner:
                 self.phases.advance()
         if own is not None:
             exp.old_logprobs = own
-        return mean_stats(self.acc, stats)
+        return {**mean_stats(self.acc, stats), **self.ratio_stats(ratio)}
+
+    def ratio_stats(self, sums: torch.Tensor) -> dict:
+        """The importance ratio's stats of the step (:data:`RATIO_KEYS`), token means over every process's tokens in
+        the loss; none at all when no token was (every sample dropped): no update moved the policy, so there is no
+        ratio to report (a 0 would read as a policy that moved too far)."""
+        sums = self.acc.reduce(sums, "sum") if self.acc.num_processes > 1 else sums
+        tokens, *weighted = sums.tolist()
+        return {k: v / tokens for k, v in zip(RATIO_KEYS, weighted)} if tokens > 0 else {}
 

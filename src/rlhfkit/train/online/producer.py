@@ -22,7 +22,7 @@ from ... import algos
 from ...config.geometry import step_geometry
 from ...data import PromptCollator
 from ...data.chat import stop_token_ids
-from ...errors import ConfigError
+from ...errors import ConfigError, EnvError
 from ...models.loading import load_scalar_model, load_tokenizer_for
 from ...rewards import RewardModelScorer
 from ...rewards.functions import rewards_from_config
@@ -196,6 +196,11 @@ class Producer:
         exp.turn_rewards = turn_reward_tensor(episodes, rollout.response_ids.shape[1]).to(self.device)
         metrics = episode_metrics(episodes, self.envs.take_counts())  # this step's timeouts / errors
         exp.env_metrics = {f"env/{key}": value for key, value in metrics.items()}
+        bad = int(metrics["nonfinite_rewards"])
+        if bad and bad < len(episodes):  # some, not all (that stops the run, in score): said once
+            self.envs.say_once("nonfinite", f"[env] warning: {self.envs.name}: step() returned a non-finite reward "
+                                            f"(NaN / inf) in {bad} of {len(episodes)} episodes at rollout step {step}: "
+                                            "those episodes are dropped, counted in env/nonfinite_rewards (said once)")
         return exp
 
     def produce(self, policy, step: int, share: int | None = None, piece: int = 0) -> Experience:
@@ -241,6 +246,8 @@ class Producer:
                 valid &= torch.isfinite(exp.env_returns)
                 total += torch.where(valid, exp.env_returns, 0.0)
                 metrics.update(exp.env_metrics)
+                if not valid.any() and not allow_all_dropped:
+                    raise all_episodes_dropped(exp.env_metrics, len(valid), step)
             if self.scorer is not None:
                 with on_device(self.scorer.model, self.device, self.cfg.memory.offload_reward):
                     rm = self.scorer.score(messages, texts, rollout.sequences, rollout.attention_mask).to(self.device)
@@ -284,3 +291,20 @@ class Producer:
                 total[key] = total.get(key, 0.0) + value * len(exp.rollout)
         return total
 
+
+
+def all_episodes_dropped(m: dict, n: int, step: int | None) -> EnvError:
+    """Every episode of a batch dropped: one line naming why (a non-finite reward from ``step()``, timed-out or failed
+    calls, over-long observations), with the fix for the main cause; nothing to learn from, so the run stops."""
+    causes = {"a non-finite reward (NaN / inf) from step()": m.get("env/nonfinite_rewards", 0),
+              "a timed-out or failed call (a killed worker loses its other episodes)":
+                  m.get("env/timeouts", 0) + m.get("env/errors", 0),
+              "an over-long observation (data.overflow=drop)": m.get("env/overlong", 0)}
+    fixes = ["return a finite float reward from step() (NaN / inf drop the episode)",
+             "raise env.timeout_s, or fix what fails in the environment (env.workers=0 shows its traceback)",
+             "raise env.max_total_tokens, shorten the observations, or set data.overflow=truncate"]
+    said = [f"{int(k)} for {what}" for what, k in causes.items() if k]
+    main = max(range(len(fixes)), key=lambda i: list(causes.values())[i])
+    at = "" if step is None else f" at rollout step {step}"
+    return EnvError(f"every one of the {n} episodes{at} was dropped ({', '.join(said) or 'no reason recorded'}): "
+                    "nothing to learn from", where="env", fix=fixes[main])

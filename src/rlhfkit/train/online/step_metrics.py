@@ -19,9 +19,9 @@ def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size:
     """TRL's rollout metrics of ``exp`` (an ``Experience`` after its advantages): ``objective/scores``,
     ``objective/entropy`` (sum of the sampled tokens' negative log-probs), ``objective/rlhf_reward`` (score +
     the KL penalty when it is in the reward), ``val/num_eos_tokens``, ``val/eos_frac``, ``response/length_mean`` /
-    ``_std``, for group estimators ``rewards/tied_groups_frac`` and, with ``clip`` (``reward.clip``),
-    ``rewards/clipped_frac``: the fraction of the samples whose shaped score sits at +-clip (kept samples only), whose
-    differences the clip erased. Every process must call it (one gather)."""
+    ``_std`` / ``_max`` (TRL's ``completions/max_length``), for group estimators ``rewards/tied_groups_frac`` and,
+    with ``clip`` (``reward.clip``), ``rewards/clipped_frac``: the fraction of the samples whose shaped score sits at
+    +-clip (kept samples only), whose differences the clip erased. Every process must call it (one gather)."""
     mask = exp.action  # the model's own tokens
     entropy = (-exp.old_logprobs * mask).sum(-1)
     non_score = -(kl_coef * exp.kl * mask).sum(-1) if kl_in_reward else torch.zeros_like(entropy)
@@ -36,7 +36,8 @@ def rollout_metrics(acc, exp, *, kl_coef: float, kl_in_reward: bool, group_size:
     every = acc.gather(local) if acc.num_processes > 1 else local
     scores, ent, rlhf, ended, lengths = every[:, :len(columns)].unbind(1)
     names = ["objective/scores", "objective/entropy", "objective/rlhf_reward", "val/num_eos_tokens", "val/eos_frac",
-             "response/length_mean", "response/length_std", *fractions]
+             "response/length_mean", "response/length_std", "response/length_max", *fractions]
     values = [scores.mean(), ent.mean(), rlhf.mean(), ended.sum(), ended.mean(), lengths.mean(),
-              lengths.std() if len(local) > 1 else lengths.new_zeros(()), *every[:, len(columns):].mean(0)]
+              lengths.std() if len(local) > 1 else lengths.new_zeros(()), lengths.max(),
+              *every[:, len(columns):].mean(0)]
     return dict(zip(names, torch.stack(values).tolist()))  # one device-to-host copy for all of them
