@@ -211,3 +211,22 @@ def test_docstring_bars_read_as_maths_not_substitutions():
     lines = ["the norm |V|::", "", "    |kept| in a literal block", "", "after |V|"]
     _process(None, "function", "f", None, {}, lines)
     assert lines == [r"the norm \|V\|::", "", "    |kept| in a literal block", "", r"after \|V\|"]
+
+
+#: pages that describe no feature of their own (the front page, the list of what is not built; the API reference is
+#: the docstrings)
+NO_FEATURE = {"docs/index.md", "docs/limitations.md"}
+
+
+def test_every_page_names_the_tests_that_prove_it_and_they_exist():
+    import re
+
+    missing, bare = [], []
+    for page in pages():
+        rel = str(page.relative_to(ROOT))
+        named = set(re.findall(r"tests/[A-Za-z0-9_/]+\.py", page.read_text()))
+        missing += [f"{rel}: {t}" for t in sorted(named) if not (ROOT / t).is_file()]
+        if not named and rel.startswith("docs/") and not rel.startswith("docs/api/") and rel not in NO_FEATURE:
+            bare.append(rel)
+    assert missing == [], "pages name tests that do not exist"
+    assert bare == [], "pages that name no test proving what they describe"
