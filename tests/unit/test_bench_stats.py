@@ -161,3 +161,15 @@ def test_equal_mode_pins_every_learning_setting_a_default_could_move(learning, t
 def test_command_line_values_are_numbers_where_json_reads_them(learning):
     got = learning._trl_set({"trl_set": ["learning_rate=5e-6", "lr_scheduler_type=linear", "bf16=false", "x=null"]})
     assert got == {"learning_rate": 5e-6, "lr_scheduler_type": "linear", "bf16": False, "x": None}
+
+
+def test_a_worst_seed_equal_to_trls_mean_counts_as_reaching_it(learning):
+    # 5/60 correct is TRL's mean of 3/60 and 7/60, but the float mean is one ulp above the float 5/60: the table
+    # must not report the "worst seed >= TRL's mean" as missed for a rounding error
+    runs = {"rlhfkit": [{"seed": i, "greedy": g / 60, "sampled": g / 60, "train_s": 1.0} for i, g in enumerate((5, 9))],
+            "trl": [{"seed": i, "greedy": g / 60, "sampled": g / 60, "train_s": 1.0} for i, g in enumerate((3, 7))]}
+    assert 5 / 60 < (3 / 60 + 7 / 60) / 2  # the case: equal in exact arithmetic, not in floats
+    text = "\n".join(learning.welch_lines(runs))
+    assert "greedy t" in text and "worst seed 0.083 >= trl's mean 0.083" in text and " < " not in text
+    runs["rlhfkit"][0]["greedy"] = 4 / 60  # one problem fewer: below, and said so
+    assert "worst seed 0.067 < trl's mean 0.083" in "\n".join(learning.welch_lines(runs))
