@@ -31,7 +31,8 @@ from ..data.chat import check_chat_template
 from ..errors import ModelError
 from ..errors import say as _say
 from .tiny import tiny_config
-from .tokenizer import eos_token_ids, load_tokenizer
+from .tokenizer import eos_token_ids, load_tokenizer, prepare_tokenizer
+from .vision import family_of, freeze_vision, load_processor, lora_target, vlm_type
 
 # LoRA target modules per architecture (``model_type``); anything else uses peft's "all-linear".
 LORA_TARGETS = {
@@ -203,13 +204,19 @@ def _hub_kwargs() -> dict:
 
 
 def load_tokenizer_for(mcfg) -> object:
+    """The tokenizer of ``mcfg.name`` with its chat template (``model.chat_template`` when set), checked; a
+    vision-language model's comes from its processor, which it carries (``tok.rlhfkit_processor``, read by the data
+    code; :func:`~.vision.load_processor`)."""
     source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
-    tok = load_tokenizer(source)
+    processor = load_processor(source) if vlm_type(source) else None
+    tok = prepare_tokenizer(processor.tokenizer, name=mcfg.name) if processor is not None else load_tokenizer(source)
     if mcfg.chat_template:
         tpl = Path(mcfg.chat_template).expanduser()
         from_file = tpl.is_file()
         tok.chat_template = tpl.read_text() if from_file else mcfg.chat_template
         origin = str(tpl) if from_file else "model.chat_template"
+        if processor is not None:
+            processor.chat_template = tok.chat_template
     else:
         origin = _template_origin(source, mcfg.name)
     check_chat_template(tok, origin)  # a broken template is named here, not blamed on the first data line
@@ -274,20 +281,21 @@ def _from_pretrained(cls, source: str, dtype: torch.dtype, **kwargs):
 
 def load_causal_lm(mcfg, *, tokenizer=None, device=None, seed: int = 0, trainable: bool = True):
     """Load the policy (or a reference copy): dtype, gradient checkpointing and LoRA applied per ``mcfg``."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     tok = tokenizer or load_tokenizer_for(mcfg)
     dtype = resolve_dtype(mcfg.dtype, device, trainable and not mcfg.lora.enabled)
     source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
     quant = _quantization(mcfg) if trainable else {}
+    auto = AutoModelForImageTextToText if vlm_type(source) else AutoModelForCausalLM  # a VLM: its own class
     if is_tiny(source):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(tiny_config(source, tok), dtype=dtype)
+            model = auto.from_config(tiny_config(source, tok), dtype=dtype)
     elif (Path(source) / "adapter_config.json").is_file():
         model = _load_adapter_dir(source, dtype)
     else:
-        model = _from_pretrained(AutoModelForCausalLM, source, dtype, **quant)
+        model = _from_pretrained(auto, source, dtype, **quant)
     _align_special_tokens(model, tok)
     if trainable:
         model = _prepare_trainable(model, mcfg)
@@ -364,12 +372,20 @@ def _align_special_tokens(model, tok) -> None:
 
 
 def lora_targets(model, mcfg) -> list[str] | str:
-    if mcfg.lora.target_modules:
-        return list(mcfg.lora.target_modules)
-    return LORA_TARGETS.get(getattr(model.config, "model_type", ""), "all-linear")
+    """The modules LoRA adapts: ``model.lora.target_modules``, else the architecture's (:data:`LORA_TARGETS`, else
+    every linear layer); for a vision-language model the language model's only (:func:`~.vision.lora_target`)."""
+    cfg = model.config
+    text = cfg.get_text_config() if family_of(model) is not None else cfg
+    names = list(mcfg.lora.target_modules) if mcfg.lora.target_modules else \
+        LORA_TARGETS.get(getattr(text, "model_type", ""), "all-linear")
+    return lora_target(model, names) if family_of(model) is not None else names
 
 
 def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):
+    if family_of(model) is not None and not getattr(mcfg, "train_vision", False):
+        frozen = freeze_vision(model)  # LoRA (if any) goes on the language model only: lora_targets
+        _say(f"[model] {family_of(model).name}: the vision tower and projector are frozen ({frozen / 1e6:.2f}M "
+             "parameters; model.train_vision=true trains them)")
     if mcfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
