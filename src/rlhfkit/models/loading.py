@@ -428,14 +428,16 @@ def save_model(model, tokenizer, out_dir: str | Path, *, extra_files: dict[str, 
     with files.writing(out, need=need, cleanup=[tmp], what=f"the model to {out}",
                        fix="rerun (a run resumes from its newest checkpoint)"):
         files.fresh_dir(tmp)  # made here: save_pretrained writes nowhere else, so never through a planted link
+        # a vision-language model's processor holds its tokenizer, image processor and chat template
+        processor = getattr(tokenizer, "rlhfkit_processor", None) or tokenizer
         if is_peft(model):
             model.save_pretrained(tmp / "adapter")
-            tokenizer.save_pretrained(tmp / "adapter")
+            processor.save_pretrained(tmp / "adapter")
             merged = _merged_copy(model)
         else:
             merged = model
         merged.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             with files.open_new(tmp / name) as f:
                 f.write(text)

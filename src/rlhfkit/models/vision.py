@@ -200,7 +200,7 @@ def _auto_processor(source: str):
 
     try:
         return AutoProcessor.from_pretrained(source, backend="pil", **_hub_kwargs())
-    except (AttributeError, ValueError, TypeError, ImportError) as first:
+    except (AttributeError, ValueError, TypeError, ImportError, OSError) as first:
         cls_name = _processor_class(source)
         import transformers
 
@@ -348,6 +348,19 @@ def rope_shift(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, med
     return top + 1 - attention_mask.long().sum(-1)
 
 
+_IMAGE_IDS = ("image_token_id", "image_token_index", "video_token_id", "vision_start_token_id", "vision_end_token_id",
+              "vision_token_id", "boi_token_index", "eoi_token_index", "boi_token_id", "eoi_token_id")
+
+
+def image_token_ids(model) -> tuple[int, ...]:
+    """The token ids a VLM reserves for images (placeholders, their markers; from its config): never a response
+    token (() for a text model)."""
+    if family_of(model) is None:
+        return ()
+    cfg = hf_model(model).config
+    return tuple(sorted({int(v) for k in _IMAGE_IDS if isinstance(v := getattr(cfg, k, None), int)}))
+
+
 def feature_id(model) -> int:
     cfg = hf_model(model).config
     value = getattr(cfg, "image_token_id", None)
@@ -372,9 +385,30 @@ def forward_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return out
 
 
+def generate_inputs(model, input_ids: torch.Tensor, media: list) -> dict:
+    """What transformers' ``generate`` takes for the rows' images: the processor's pixel tensors of the rows with
+    images, in order, and the family's per-token image mask (``generate`` runs the tower itself: the reference the
+    engines are tested against)."""
+    fam, rows = family_of(model), [m for m in media if m is not None]
+    device = input_ids.device
+    out = {k: v.to(device) for k, v in batch_pixels(rows).items()} if rows else {}
+    if fam is not None and fam.token_types is not None:
+        out[fam.token_types] = (input_ids == feature_id(model)).long()
+    return out
+
+
 def text_positions(model, position_ids: torch.Tensor) -> torch.Tensor:
     """Positions for a forward of text tokens only: [3, B, T] for M-RoPE (the three the same), else as given."""
     fam = family_of(model)
     if fam is not None and fam.mrope and position_ids.dim() == 2:
         return position_ids[None].expand(3, -1, -1)
     return position_ids
+
+
+def media_keys(media: list, device=None) -> torch.Tensor | None:
+    """[B] long: equal for rows with the same images (0: none); None when no row has images."""
+    if not any(m is not None for m in media):
+        return None
+    index: dict[str, int] = {}
+    return torch.tensor([0 if m is None else index.setdefault(m.key, len(index) + 1) for m in media],
+                        dtype=torch.long, device=device)
