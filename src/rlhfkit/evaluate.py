@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from . import files
+from .data.formats import message_text
 from .errors import ConfigError, DataError, ModelError, RewardError
 
 Z95 = 1.959963984540054  # the 97.5 % quantile of the standard normal
@@ -166,13 +167,13 @@ def load_prompts(data: str, n: int | None = None, fields: dict[str, str] | None 
 def _prompt_arg(record: dict):
     """What reward functions receive as the prompt: the text of a single user turn, else the message list."""
     msgs = record["prompt"]
-    if len(msgs) == 1 and msgs[0]["role"] == "user":
+    if len(msgs) == 1 and msgs[0]["role"] == "user" and isinstance(msgs[0]["content"], str):
         return msgs[0]["content"]
     return msgs
 
 
 def _last_user_text(record: dict) -> str:
-    return next(m["content"] for m in reversed(record["prompt"]) if m["role"] == "user")
+    return message_text(next(m["content"] for m in reversed(record["prompt"]) if m["role"] == "user"))
 
 
 # tasks whose prompts can be recognised, to suggest --task (never applied silently)

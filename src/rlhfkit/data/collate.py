@@ -140,7 +140,7 @@ class PromptCollator:
         input_ids, attention_mask = pad_sequences([e["prompt_ids"] for e in examples], self.pad_id, "left",
                                                   self.pad_to_multiple_of)
         batch: dict = {"input_ids": input_ids, "attention_mask": attention_mask}
-        keys = [k for k in examples[0] if k != "prompt_ids"]
+        keys = [k for k in dict.fromkeys(k for e in examples for k in e) if k != "prompt_ids"]  # every example's
         for k in keys:
             batch[k] = [e.get(k) for e in examples]
         return batch

@@ -21,7 +21,7 @@ import torch
 
 from ..models.vision import family_of, forward_inputs, media_keys, rope_shift
 from .decoder import distinct_rows
-from .generic import _Call, Layout, Modules
+from .generic import Layout, Modules, _Call
 
 
 def decoder_layout(w, vocab: int) -> Layout:

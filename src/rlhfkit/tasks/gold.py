@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..data.formats import message_text
 from ..rollout import Engine, SamplingParams, generate_text, make_engine
 
 
@@ -16,7 +17,8 @@ def gold_metric(model, tokenizer, task, prompt_records: list[dict], *, temperatu
     engine, or the name of one to build (``generation.engine``; ``auto`` by default)."""
     if isinstance(engine, str):
         engine = make_engine(engine, tokenizer, model, batch_size=batch_size)
-    prompts = [r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][-1]["content"] for r in prompt_records]
+    prompts = [r["prompt"] if isinstance(r["prompt"], str) else message_text(r["prompt"][-1]["content"])
+               for r in prompt_records]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     answers: list[str] = []
     for start in range(0, len(prompts), batch_size):
