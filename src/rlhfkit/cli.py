@@ -196,6 +196,8 @@ def build_parser() -> _Parser:
     p.add_argument("model", help="model or run directory, or a tiny[:...] spec")
     p.add_argument("--prompt", help="answer this one message and exit (else: interactive, /exit or Ctrl-D quits)")
     p.add_argument("--system", help="system message prepended to the conversation")
+    p.add_argument("--image", dest="images", action="append", default=[], metavar="PATH",
+                   help="an image shown with the first message (vision-language models; repeat for several)")
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int, default=256,
                    help="maximum response tokens (default 256; a response ends at EOS)")
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 = greedy (default 0.7)")
@@ -394,7 +396,7 @@ def cmd_generate(args) -> int:
 
     chat(args.model, prompt=args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
          temperature=args.temperature, top_p=args.top_p, seed=args.seed, engine=args.engine,
-         engine_kwargs=_yaml_mapping(args.engine_kwargs, "--engine-kwargs"))
+         engine_kwargs=_yaml_mapping(args.engine_kwargs, "--engine-kwargs"), images=args.images)
     return EXIT_OK
 
 

@@ -315,7 +315,9 @@ def load_scalar_model(source_name: str, mcfg, *, tokenizer, device=None, seed: i
 
     dtype = resolve_dtype(mcfg.dtype, device, trainable and not mcfg.lora.enabled)
     source, _ = resolve_source(source_name, mcfg.gguf_file if source_name == mcfg.name else None)
-    if is_tiny(source):
+    if vlm_type(source):
+        model = _vlm_value_model(source, tokenizer, dtype, seed)
+    elif is_tiny(source):
         cfg = tiny_config(source, tokenizer)
         cfg.num_labels = 1
         with torch.random.fork_rng():
@@ -338,6 +340,30 @@ def load_scalar_model(source_name: str, mcfg, *, tokenizer, device=None, seed: i
     else:
         model.requires_grad_(False)
         model.eval()
+    return model
+
+
+def _vlm_value_model(source: str, tokenizer, dtype, seed: int):
+    """A vision-language model as a critic: the VLM whole (its towers see the images) with its LM head replaced by a
+    one-output linear head (small random values, untied from the embeddings), whose per-token output is the value
+    (``models.heads.token_values`` reads ``lm_head``: ``rlhfkit_value_head``). transformers has no
+    sequence-classification class for VLMs; a reward model of images is not built."""
+    from transformers import AutoModelForImageTextToText
+
+    with warnings.catch_warnings(), torch.random.fork_rng():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(seed)
+        if is_tiny(source):
+            model = AutoModelForImageTextToText.from_config(tiny_config(source, tokenizer), dtype=dtype)
+        else:
+            model = _from_pretrained(AutoModelForImageTextToText, source, dtype)
+        hidden = model.config.get_text_config().hidden_size
+        head = torch.nn.Linear(hidden, 1, bias=False, dtype=dtype, device=model.lm_head.weight.device)
+        torch.nn.init.normal_(head.weight, std=hidden ** -0.5 / 10)
+    model.config.tie_word_embeddings = False
+    model.config.get_text_config().tie_word_embeddings = False
+    model.lm_head = head
+    model.rlhfkit_value_head = "lm_head"
     return model
 
 
@@ -399,7 +425,7 @@ def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):
         peft_cfg = LoraConfig(
             r=mcfg.lora.r, lora_alpha=mcfg.lora.alpha, lora_dropout=mcfg.lora.dropout,
             target_modules=lora_targets(model, mcfg), task_type=task_type,
-            modules_to_save=["score"] if task_type == "SEQ_CLS" else None,
+            modules_to_save=[getattr(model, "rlhfkit_value_head", "score")] if task_type == "SEQ_CLS" else None,
         )
         model = get_peft_model(model, peft_cfg)
     model.train()

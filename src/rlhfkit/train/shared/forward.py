@@ -392,7 +392,8 @@ def _shared_prompt_passes(model, batch: dict, first, rest):
 def response_values(critic, batch: dict) -> torch.Tensor:
     """Critic values [B, R]: the value at the position *before* each response token (the state it is taken in)."""
     R = batch["response_ids"].shape[1]
-    values = token_values(critic, batch["input_ids"], batch["attention_mask"], position_ids=batch["position_ids"])
+    kwargs = _whole(critic, batch)
+    values = token_values(critic, kwargs.pop("input_ids"), kwargs.pop("attention_mask"), **kwargs)
     return values[:, -R - 1:-1].float()
 
 
