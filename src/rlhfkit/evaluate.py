@@ -422,7 +422,8 @@ def evaluate(
 
     # 3. gold metric of a built-in task
     if the_task is not None:
-        gold = [the_task.gold(_last_user_text(r), t) for r, t in zip(records, texts)]
+        gold = [the_task.gold(_last_user_text(r), t, **({"images": r.get("images")} if getattr(
+            the_task, "uses_images", False) else {})) for r, t in zip(records, texts)]
         result["gold"] = {"task": the_task.name, "mean": _mean(gold)}
         for s, g in zip(samples, gold):
             s["gold"] = g

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..errors import DataError, ModelError
 from .formats import message_text
-from .media import Media, expand
+from .media import Media, expand, require_processor
 
 # end-of-turn markers of common templates; only those the tokenizer knows are used (besides its EOS)
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>", "<|eot|>")
@@ -169,6 +169,8 @@ def _conversation(tok, messages: list[dict], where: str, images: list | None = N
     """``(input_ids, [(message_index, token_start, token_end), ...], media)`` for the assistant turns; with
     ``images``, the ids are the processor's (each image's tokens in place of its placeholder) and ``media`` their
     :class:`~.media.Media` (None without images)."""
+    if images:
+        require_processor(tok, images, where)
     full = _render_or_raise(tok, messages, False, where)
     media = None
     if images:
@@ -208,6 +210,7 @@ def render_prompt_media(tok, messages: list[dict], images: list | None, *, where
     expanded by the processor (:func:`~.media.expand`); ``media`` None without images."""
     if not images:
         return render_prompt_ids(tok, messages, add_generation_prompt), None
+    require_processor(tok, images, where)
     text = _render_or_raise(tok, messages, add_generation_prompt, where)
     ids, _, media = expand(tok, text, images, where)
     return ids, media

@@ -11,7 +11,8 @@ found exactly as for text and every image token lies outside it.
 The tokenizer carries its processor as ``tok.rlhfkit_processor`` (set by ``models.vision.load_processor``); data
 code asks :func:`processor_of`. A :class:`Media` keeps what is small (the image references, the rendered text, the
 number of image tokens, the processor's small per-image tensors such as Qwen2-VL's ``image_grid_thw``); the pixel
-tensors are made again when a batch needs them (:meth:`Media.pixels`, a bounded cache): pixels for a whole dataset
+tensors are made again when a batch needs them (:meth:`Media.pixels`, a cache bounded in bytes; with a frozen
+vision tower only until each image's features are computed, ``models/vision.py``): pixels for a whole dataset
 held from tokenisation on would be gigabytes (Qwen2.5-VL: about 4.8 MB of float32 per 448x448 image).
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 from ..errors import DataError, ModelError
 from .images import describe, load_images
 
-PIXEL_CACHE = 256  # pixel dicts kept (the prompts of a few steps)
+PIXEL_CACHE_BYTES = 256 * 2**20  # the pixel tensors kept (the prompts of a few steps at least)
 _PIXELS: OrderedDict[tuple, dict] = OrderedDict()
 
 
@@ -67,7 +68,7 @@ class Media:
 
     def pixels(self) -> dict:
         """The processor's image tensors for these images (``pixel_values`` and the rest, batch of one sequence),
-        made again from the images (kept in a cache of :data:`PIXEL_CACHE` sequences)."""
+        made again from the images (kept in a cache of :data:`PIXEL_CACHE_BYTES`)."""
         if self.processor is None:
             raise ModelError("the images of a record lost their processor (a record sent to another process)",
                              where="model.name", fix="tokenise the records in the process that trains")
@@ -78,8 +79,10 @@ class Media:
         out = _call(self.processor, self.text, load_images(self.refs), "images", offsets=False)
         pixels = {k: v for k, v in out.items() if k not in _TEXT_KEYS and hasattr(v, "shape")}
         _PIXELS[cache_key] = pixels
-        while len(_PIXELS) > PIXEL_CACHE:
-            _PIXELS.popitem(last=False)
+        size = sum(v.numel() * v.element_size() for p in _PIXELS.values() for v in p.values())
+        while size > PIXEL_CACHE_BYTES and len(_PIXELS) > 1:
+            _, dropped = _PIXELS.popitem(last=False)
+            size -= sum(v.numel() * v.element_size() for v in dropped.values())
         return pixels
 
 
@@ -126,15 +129,21 @@ def feature_token_id(processor) -> int:
     return int(tid) if isinstance(tid, int) else int(processor.image_token_id)
 
 
-def expand(tok, text: str, refs: list, where: str) -> tuple[list[int], list[tuple[int, int]], Media]:
-    """``(ids, offsets, media)`` of a rendered ``text`` with its images: the processor's ids (each image's
-    placeholder expanded to its tokens), each token's character span in ``text`` (the tokens of an expansion span
-    its placeholder), and the :class:`Media`."""
+def require_processor(tok, refs: list, where: str):
+    """The tokenizer's processor; a :class:`DataError` naming the record when a text model is given images."""
     processor = processor_of(tok)
     if processor is None:
         raise DataError(f"the record has {len(refs)} image(s) but the model has no image processor", where=where,
                         fix="train a vision-language model (one with a processor: Qwen2.5-VL, Gemma 3, ...), or "
                             "drop the images")
+    return processor
+
+
+def expand(tok, text: str, refs: list, where: str) -> tuple[list[int], list[tuple[int, int]], Media]:
+    """``(ids, offsets, media)`` of a rendered ``text`` with its images: the processor's ids (each image's
+    placeholder expanded to its tokens), each token's character span in ``text`` (the tokens of an expansion span
+    its placeholder), and the :class:`Media`."""
+    processor = require_processor(tok, refs, where)
     out = _call(processor, text, load_images(refs, where), where)
     if "offset_mapping" not in out or "text_replacement_offsets" not in out:
         raise ModelError(f"{type(processor).__name__} returns no token offsets: rlhfkit needs transformers' "

@@ -68,8 +68,17 @@ TINY_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "gemma3_vl": "gemma3", "llava": "llava
 
 
 def _config_dict(source: str) -> dict | None:
+    path = Path(source).expanduser() / "config.json"
+    if not path.is_file() and "/" in source and not source.startswith((".", "/", "~")):  # a hub name: its cache
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(source, "config.json")
+        except (ImportError, ValueError):
+            cached = None
+        path = Path(cached) if isinstance(cached, str) else path
     try:
-        data = json.loads((Path(source).expanduser() / "config.json").read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -93,6 +102,38 @@ def vlm_type(source: str) -> str | None:
                          f"cover (it covers {names})", where="model.name",
                          fix="use a model of a covered family, or its language model alone as a text model")
     return kind
+
+
+def _image_processor_config(source: str) -> dict | None:
+    """The image processor's settings of a model source, from its files (a tiny spec: its arch and image side)."""
+    if source.startswith("tiny"):
+        from .tiny import parse_tiny_spec
+
+        s = parse_tiny_spec(source)
+        return {"arch": s["arch"], "image": s["image"]}
+    path = Path(source).expanduser()
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        try:
+            data = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            continue
+        data = data.get("image_processor", data) if isinstance(data, dict) else {}
+        return {k: v for k, v in data.items() if k not in ("processor_class", "image_processor_type", "backend")}
+    return None
+
+
+def processor_difference(student: str, teacher: str) -> str | None:
+    """How ``teacher``'s image processing differs from ``student``'s, in a phrase (None: the same; read from their
+    files, before any weights): another family, or other image processor settings (another number of image tokens
+    per image, so other ids)."""
+    kinds = vlm_type(student), vlm_type(teacher)
+    if kinds[0] != kinds[1]:
+        return f"student {kinds[0] or 'text'}, teacher {kinds[1] or 'text'}"
+    a, b = _image_processor_config(student), _image_processor_config(teacher)
+    if a != b:
+        keys = sorted(k for k in set(a or {}) | set(b or {}) if (a or {}).get(k) != (b or {}).get(k))[:3]
+        return "image processor settings differ" + (f" ({', '.join(keys)})" if keys else "")
+    return None
 
 
 def hf_model(model):
@@ -263,7 +304,8 @@ def _encode(model, medias: list) -> list[torch.Tensor]:
     device = next(base.parameters()).device
     pixels = batch_pixels(medias)
     accepts = inspect.signature(base.get_image_features).parameters
-    kwargs = {k: v.to(device) for k, v in pixels.items() if k in accepts}
+    every = any(p.kind is p.VAR_KEYWORD for p in accepts.values())
+    kwargs = {k: v.to(device) for k, v in pixels.items() if every or k in accepts}
     out = base.get_image_features(**kwargs, return_dict=True)
     pooled = out.pooler_output
     flat = torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled]) if isinstance(pooled, (list, tuple)) \
