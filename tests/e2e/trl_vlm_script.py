@@ -16,7 +16,7 @@ from rlhfkit import GRPOConfig, GRPOTrainer
 
 COLOURS = {"red": (230, 40, 40), "blue": (40, 70, 240)}
 dataset = Dataset.from_list([{"image": Image.new("RGB", (16, 16), COLOURS[c]), "problem": "What colour is it?",
-                              "solution": c} for c in ("red", "blue") * 8])
+                              "solution": c} for c in ("red", "blue") * 12])
 
 
 def make_conversation(example):

@@ -271,7 +271,8 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
 
         return _checked(Architecture(
             vocab=len(SPECIAL_TOKENS) + len(CHARS) + len(_TOKENS.get(s["arch"], ())), hidden=s["hidden"],
-            layers=s["layers"], heads=s["heads"], tower=read_tower(name), kv_heads=s["kv_heads"], intermediate=s["intermediate"], tied=True, context=s["context"],
+            layers=s["layers"], heads=s["heads"], tower=read_tower(name), kv_heads=s["kv_heads"],
+            intermediate=s["intermediate"], tied=True, context=s["context"],
             model_type={"gemma3": "gemma3_text"}.get(s["arch"], s["arch"]), source=name),
             "the tiny model spec")
     path = Path(name).expanduser()
