@@ -2,18 +2,18 @@
 
 Each picture (32 x 32 pixels, PNG, written next to the data files under ``images/``) holds a red and a blue square
 on a black background, one in each half (which one where is drawn at random), of sides 3 to 14 pixels that differ
-by at least 3; the question is ``Which square is larger, red or blue?`` and the answer ``red`` or ``blue``. Nothing
+by at least 6; the question is ``Which square is larger, red or blue?`` and the answer ``red`` or ``blue``. Nothing
 in the text tells them apart: a model answers better than a coin only by looking at the picture.
 
-* ``sft.jsonl``: demonstrations of the answer's form, right for ``correct_fraction`` of them (default 50 %: the
-  answer drawn independently of the picture), so SFT teaches the form and nothing about the picture;
+* ``sft.jsonl``: demonstrations of the answer's form, right for ``correct_fraction`` of them (default 70 %), so
+  SFT teaches the form and little about the picture (a tiny VLM after SFT answers one colour for most pictures);
 * ``prompts.jsonl`` / ``eval_prompts.jsonl`` (held out, another seed): ``prompt``, ``image`` and ``answer`` (what
   the ``exact_match`` reward reads: ``reward.functions=[{fn: exact_match}]``);
 * the gold metric (:meth:`ShapesTask.gold`) measures the two squares in the picture itself (a program: the
   coloured pixels of each half), so ``rlhfkit eval --task shapes`` needs no answer column.
 
-At this size a tiny VLM (``tiny:arch=qwen2_5_vl``) learns it on a CPU: after SFT its accuracy is a coin's, GRPO
-raises it (``tests/e2e/test_vision.py``).
+At this size a tiny VLM (``tiny:arch=qwen2_5_vl``) learns it on a CPU: GRPO raises the held-out accuracy well above
+the SFT model's (``tests/e2e/test_vision.py::test_grpo_learns_the_visual_task``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class ShapesTask:
     uses_images: ClassVar[bool] = True  # its gold metric reads the record's images
     FILES: ClassVar[dict[str, DataFile]] = {
         "sft.jsonl": DataFile("sft_records", False, "demonstrations of the answer's form ('red' / 'blue', right "
-                              "for half of them) with their pictures", "rlhfkit sft"),
+                              "for 70 % of them) with their pictures", "rlhfkit sft"),
         "prompts.jsonl": DataFile("prompt_records", False, "pictures with the question: prompt, image, answer",
                                   "rlhfkit grpo / rloo / reinforce / ppo with reward.functions=[{fn: exact_match}]"),
         "eval_prompts.jsonl": DataFile("prompt_records", True, "held-out pictures (another seed)",
