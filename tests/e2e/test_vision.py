@@ -27,6 +27,7 @@ import pytest
 import torch
 from PIL import Image
 
+pytestmark = pytest.mark.slow  # every test here trains a tiny VLM (seconds to about a minute each on 2 quiet cores)
 ROOT = Path(__file__).resolve().parents[2]
 VLM = "tiny:arch=qwen2_5_vl,hidden=64,layers=2,kv_heads=2,intermediate=128"
 COLOURS = {"red": (230, 40, 40), "blue": (40, 70, 240)}
