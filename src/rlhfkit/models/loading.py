@@ -30,7 +30,8 @@ from ..config.checks import check_model_file
 from ..data.chat import check_chat_template
 from ..errors import ModelError
 from ..errors import say as _say
-from .tiny import tiny_config
+from .tiny import VLM_ARCHS, parse_tiny_spec
+from .tiny import tiny_config as _text_tiny_config
 from .tokenizer import eos_token_ids, load_tokenizer, prepare_tokenizer
 from .vision import family_of, freeze_vision, load_processor, lora_target, vlm_type
 
@@ -47,6 +48,16 @@ LORA_TARGETS = {
     "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
 }
 
+
+def tiny_model_config(spec: str, tokenizer):
+    """The transformers config of a ``tiny:`` spec: a text model's (``tiny.tiny_config``) or a tiny VLM's
+    (``tiny_vlm.tiny_vlm``; dispatched here, as ``tiny_vlm`` imports ``tiny``)."""
+    s = parse_tiny_spec(spec)
+    if s["arch"] in VLM_ARCHS:
+        from .tiny_vlm import tiny_vlm
+
+        return tiny_vlm(s, tokenizer)[0]
+    return _text_tiny_config(spec, tokenizer)
 
 def resolve_dtype(name: str, device: torch.device | str | None = None, trainable: bool = False) -> torch.dtype:
     """``auto``: frozen models (reference, reward) in bf16 on CUDA; trained models keep fp32 master weights and
@@ -291,7 +302,7 @@ def load_causal_lm(mcfg, *, tokenizer=None, device=None, seed: int = 0, trainabl
     if is_tiny(source):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            model = auto.from_config(tiny_config(source, tok), dtype=dtype)
+            model = auto.from_config(tiny_model_config(source, tok), dtype=dtype)
     elif (Path(source) / "adapter_config.json").is_file():
         model = _load_adapter_dir(source, dtype)
     else:
@@ -318,7 +329,7 @@ def load_scalar_model(source_name: str, mcfg, *, tokenizer, device=None, seed: i
     if vlm_type(source):
         model = _vlm_value_model(source, tokenizer, dtype, seed)
     elif is_tiny(source):
-        cfg = tiny_config(source, tokenizer)
+        cfg = tiny_model_config(source, tokenizer)
         cfg.num_labels = 1
         with torch.random.fork_rng():
             torch.manual_seed(seed)
@@ -354,7 +365,7 @@ def _vlm_value_model(source: str, tokenizer, dtype, seed: int):
         warnings.simplefilter("ignore")
         torch.manual_seed(seed)
         if is_tiny(source):
-            model = AutoModelForImageTextToText.from_config(tiny_config(source, tokenizer), dtype=dtype)
+            model = AutoModelForImageTextToText.from_config(tiny_model_config(source, tokenizer), dtype=dtype)
         else:
             model = _from_pretrained(AutoModelForImageTextToText, source, dtype)
         hidden = model.config.get_text_config().hidden_size

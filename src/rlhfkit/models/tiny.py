@@ -79,15 +79,13 @@ def parse_tiny_spec(spec: str) -> dict:
 
 def tiny_config(spec: str, tokenizer):
     """The transformers config of a tiny spec (its ``arch``: ``LlamaConfig``, ``Qwen3Config`` or
-    ``Gemma3TextConfig``; a VLM's, :mod:`.tiny_vlm`), with the tokenizer's vocabulary and pad / EOS ids and tied
-    embeddings."""
+    ``Gemma3TextConfig``; a VLM's: ``loading.tiny_model_config`` through :mod:`.tiny_vlm`, which imports this
+    module), with the tokenizer's vocabulary and pad / EOS ids and tied embeddings."""
     import transformers
 
     s = parse_tiny_spec(spec)
     if s["arch"] in VLM_ARCHS:
-        from .tiny_vlm import tiny_vlm
-
-        return tiny_vlm(s, tokenizer)[0]
+        raise ValueError(f"{spec} is a tiny VLM: its config comes from models.tiny_vlm (loading.tiny_model_config)")
     common = dict(vocab_size=len(tokenizer), hidden_size=s["hidden"], num_hidden_layers=s["layers"],
                   num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
                   intermediate_size=s["intermediate"], max_position_embeddings=s["context"],

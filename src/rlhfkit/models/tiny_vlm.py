@@ -59,8 +59,6 @@ def tiny_vlm(s: dict, tok):
     """``(config, processor)`` of a tiny VLM spec ``s`` (:func:`~.tiny.parse_tiny_spec`'s dict) over ``tok``."""
     import transformers
 
-    from .vision import images_only
-
     arch, side = s["arch"], s["image"]
     ids = {name: tok.convert_tokens_to_ids(t) for t, name in _TOKENS[arch]}
     text = dict(vocab_size=len(tok), hidden_size=s["hidden"], num_hidden_layers=s["layers"],
@@ -120,3 +118,14 @@ def tiny_vlm(s: dict, tok):
         raise ValueError(arch)
     cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
     return cfg, processor
+
+
+def images_only(cls):
+    """``cls`` (a processor class taking ``image_processor, tokenizer, video_processor``) without its video
+    processor: transformers checks every declared sub-processor's class, and video processors need torchvision. Used
+    by the tiny VLMs and by ``vision.load_processor`` for a real model's processor when torchvision is missing."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        cls.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})

@@ -9,7 +9,7 @@ in three places only:
 * **Loading** (:func:`load_processor`, :func:`is_vlm`): ``AutoModelForImageTextToText`` with the family's
   ``AutoProcessor``; the processor's chat template is the tokenizer's, so SFT, DPO and the online recipes render
   prompts alike. Without torchvision (its PyPI wheels do not import beside some torch builds) transformers cannot
-  build a processor that declares a video processor (Qwen2-VL's, Qwen2.5-VL's): :func:`images_only` builds it
+  build a processor that declares a video processor (Qwen2-VL's, Qwen2.5-VL's): :func:`~.tiny_vlm.images_only` builds it
   without one (images only), and image processors are taken with their PIL backend.
 * **The vision tower once per image** (:func:`image_features`): features are computed for the distinct image sets
   of a batch, under no gradient when the tower is frozen (the default, ``model.train_vision=false``: LoRA then
@@ -200,21 +200,11 @@ def lora_target(model, names: list[str] | str) -> str:
 # ─────────────────────────────────────────────── processors ─────────────────────────────────────────────────
 
 
-def images_only(cls):
-    """``cls`` (a processor class taking ``image_processor, tokenizer, video_processor``) without its video
-    processor: transformers checks every declared sub-processor's class, and video processors need torchvision."""
-
-    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-        cls.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
-
-
 def load_processor(source: str, tok=None):
     """The processor of a VLM source (a model directory, a cached hub name or a tiny VLM spec), its chat template
     on its tokenizer (the one template every stage renders with), the tokenizer's ``rlhfkit_processor`` set to it.
     Image processors with their PIL backend (no torchvision); a processor that declares a video processor built
-    without it when torchvision is missing (:func:`images_only`)."""
+    without it when torchvision is missing (:func:`~.tiny_vlm.images_only`)."""
     if source.startswith("tiny"):
         from .tiny import parse_tiny_spec
         from .tiny_vlm import tiny_vlm, tiny_vlm_tokenizer
@@ -253,6 +243,8 @@ def _auto_processor(source: str):
         image = AutoImageProcessor.from_pretrained(source, backend="pil", **_hub_kwargs())
         tok = AutoTokenizer.from_pretrained(source, **_hub_kwargs())
         template = getattr(tok, "chat_template", None) or _saved_template(source)
+        from .tiny_vlm import images_only  # (there: tiny.py imports tiny_vlm, which must not import this module)
+
         return images_only(cls)(image_processor=image, tokenizer=tok, chat_template=template)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"cannot load the processor of {source}: {' '.join(str(exc).split())[:200]}",
