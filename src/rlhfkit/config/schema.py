@@ -48,14 +48,16 @@ class LoraConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str | None = f(None, "the model (required): HF directory, cached hub name, .gguf file, or "
-                               "tiny[:hidden=..,layers=..,arch=llama|qwen3|gemma3] (the built-in toy model, only "
-                               "when named)")
+                               "tiny[:hidden=..,layers=..,arch=llama|qwen3|gemma3|qwen2_5_vl|gemma3_vl|llava] (the "
+                               "built-in toy models, only when named)")
     gguf_file: str | None = f(None, "GGUF file name inside `name` (a directory) when loading a GGUF model")
     dtype: str = f("auto", "auto (CUDA: fp32 weights + bf16 autocast when trained, bf16 when frozen or LoRA base; "
                            "CPU: fp32) | float32 | bfloat16 | float16")
     gradient_checkpointing: bool = f(False, "recompute activations in backward to save memory")
     chat_template: str | None = f(None, "override the tokenizer's chat template (a Jinja string or a file path)")
     lora: LoraConfig = f(LoraConfig(), "LoRA / QLoRA settings")
+    train_vision: bool = f(False, "vision-language models: train the vision tower and its projector too (false: "
+                                  "frozen, LoRA on the language model only, each image's features computed once)")
 
 
 @dataclass(frozen=True)

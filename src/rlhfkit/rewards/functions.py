@@ -51,6 +51,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..data.formats import message_text
+from ..data.images import IMAGE_COLUMNS, as_pil
 from ..errors import RewardError, UserError, say
 from .loading import WHERE, RewardFunctionError, importable_name, is_in_process, load_reward_function
 from .trl_style import EXTRA, TrlStyle, is_trl_style, keyword_callable, named_params, wanted_extra
@@ -322,8 +324,9 @@ class CombinedRewards:
         completion): the prompts as their last message's text (rlhfkit's convention) and as messages (TRL's), the
         other columns as fields; ``rollout`` gives TRL's ``completion_ids``; ``kwargs`` as :meth:`__call__`."""
         messages = [row["prompt"] for row in rows]
-        fields = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
-        return self([m[-1]["content"] for m in messages], completions, fields, messages=messages, rollout=rollout,
+        fields = [{k: v for k, v in row.items() if k not in ("prompt", "media")} for row in rows]
+        return self([message_text(m[-1]["content"]) for m in messages], completions, fields, messages=messages,
+                    rollout=rollout,
                     **kwargs)
 
     @staticmethod
@@ -355,8 +358,9 @@ class CombinedRewards:
         names: dict[str, None] = {}
         for row in rows:
             names.update(dict.fromkeys(row))
-        return {k: [row.get(k) for row in rows] for k in names
-                if k not in f.reserved and (f.accepts is None or k in f.accepts)}
+        # images arrive as PIL images (TRL's convention: the image / images column in **kwargs)
+        return {k: [as_pil(row.get(k)) if k in IMAGE_COLUMNS else row.get(k) for row in rows] for k in names
+                if k not in f.reserved and k != "media" and (f.accepts is None or k in f.accepts)}
 
     def _chunks(self, B: int) -> list[list[int]]:
         n = max(1, min(self.pool.n, B))

@@ -234,6 +234,7 @@ def lint_config(cfg, max_prompts: int = 4) -> LintReport:
     ``data.train``, with the run's workers and limits; what ``rlhfkit reward-lint CONFIG`` prints. No weights load
     (a reward model, if any, is not linted: only functions)."""
     from ..data import load_dataset_records
+    from ..data.formats import message_text
     from .functions import rewards_from_config
 
     d = cfg.data
@@ -247,7 +248,7 @@ def lint_config(cfg, max_prompts: int = 4) -> LintReport:
         raise RewardError("no reward functions to lint", where="reward.functions",
                           fix="set reward.functions (a reward model is not linted)")
     with combo:
-        prompts, rows = [r["prompt"][-1]["content"] for r in records], [_fields(r) for r in records]
+        prompts, rows = [message_text(r["prompt"][-1]["content"]) for r in records], [_fields(r) for r in records]
         combo.probe(prompts, rows)
         return lint_rewards(combo, prompts, rows, max_prompts=max_prompts, clip=clip_of(cfg.reward))
 
@@ -259,7 +260,7 @@ def clip_of(reward_cfg) -> float | None:
 
 
 def _fields(record) -> dict:
-    return {k: v for k, v in record.items() if k != "prompt"}
+    return {k: v for k, v in record.items() if k not in ("prompt", "media")}
 
 
 def probe_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, lint: bool = True, say=print,

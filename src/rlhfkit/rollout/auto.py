@@ -173,11 +173,11 @@ class AutoEngine(Engine):
         self.say_once(line)
         return engine, kind
 
-    def _decode(self, model, ids, mask, params, seed):
+    def _decode(self, model, ids, mask, params, seed, media=None):
         engine, kind = self._pick(model)
         if kind is not None:  # the static engine, on the path _pick chose
-            return engine.decode_path(kind, model, ids, mask, params, seed)
-        return engine._decode(model, ids, mask, params, seed)
+            return engine.decode_path(kind, model, ids, mask, params, seed, media)
+        return engine._decode(model, ids, mask, params, seed, media=media)
 
     def _all(self) -> tuple[Engine, ...]:
         return (self.hf, *self.engines.values(), self.continuous)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 
+from ..models.vision import generate_inputs
 from .engine import Engine, register, seeded
 from .sampling import SamplingParams
 
@@ -126,7 +127,7 @@ class HFEngine(Engine):
                 kwargs["disable_compile"] = True
         return GenerationConfig(**kwargs)
 
-    def _decode(self, model, ids, mask, params, seed):
+    def _decode(self, model, ids, mask, params, seed, media=None):
         from transformers import StoppingCriteriaList
 
         criteria = StoppingCriteriaList()
@@ -135,9 +136,10 @@ class HFEngine(Engine):
         processors, recorder = _sampling_processors(params)
         graphs_before = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
+        images = {} if media is None else generate_inputs(model, ids, media)  # pixels: generate runs the tower
         with seeded(None if params.greedy else seed, ids.device):
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=self.generation_config(params),
-                                 stopping_criteria=criteria, logits_processor=processors)
+                                 stopping_criteria=criteria, logits_processor=processors, **images)
         if counters["stats"]["unique_graphs"] > graphs_before:  # torch.compile made a graph during this call
             self.compile_seconds += time.perf_counter() - t0  # (the call's generation is counted with it)
         raw = out[:, ids.shape[1]:]

@@ -12,6 +12,7 @@ import time
 
 from ...config import OnlineConfig
 from ...config.geometry import step_geometry
+from ...data.formats import message_text
 from ...models.loading import save_model
 from ...track import PhaseTimer, Progress
 from ..lifecycle.run import Run
@@ -110,7 +111,7 @@ class OnlineRun:
         if run.is_main:  # steps of metrics.jsonl; a critical stop reaches every rank at the check below
             run.stop.local(acc, self.health.report, metrics, update, texts=exp.texts)
         if cfg.track.sample_every > 0 and (step % cfg.track.sample_every == 0 or step == 1):
-            self.samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
+            self.samples.log(update, [message_text(r["prompt"][-1]["content"]) for r in exp.rows], exp.texts,
                              exp.raw_scores.tolist())
         return metrics
 

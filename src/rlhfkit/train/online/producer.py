@@ -22,6 +22,7 @@ from ... import algos
 from ...config.geometry import step_geometry
 from ...data import PromptCollator
 from ...data.chat import stop_token_ids
+from ...data.formats import message_text
 from ...errors import ConfigError, EnvError
 from ...models.loading import load_scalar_model, load_tokenizer_for
 from ...rewards import RewardModelScorer
@@ -84,7 +85,7 @@ class Producer:
         if self.functions is not None:
             try:
                 head = records[0][:4]
-                probe_rewards(self.functions, [r["prompt"][-1]["content"] for r in head],
+                probe_rewards(self.functions, [message_text(r["prompt"][-1]["content"]) for r in head],
                               [{k: v for k, v in r.items() if k != "prompt"} for r in head], lint=cfg.reward.lint,
                               say=say, clip=clip_of(cfg.reward))
             except BaseException:
@@ -170,8 +171,10 @@ class Producer:
             if abandon:
                 self.stop.abandon_point()
 
+        media = prompts.get("media")  # the prompts' images (a vision-language model)
         with self.timer.phase("rollout"), self.strategy.gathered(policy), self.memory_phase():  # gathered once
-            rollout = self.engine.generate(policy, ids * k, self.sampling, seed=seed, on_rows=rows_done)
+            rollout = self.engine.generate(policy, ids * k, self.sampling, seed=seed, on_rows=rows_done,
+                                           media=None if media is None else media * k)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 

@@ -37,10 +37,41 @@ def load_records(cfg, kind: str) -> tuple[list[dict], list[dict]]:
         train = [r for i, r in enumerate(train) if i not in held]
     else:
         evals = []
+    check_images_fit(cfg, train + evals)
     if 0 < len(evals) < MIN_HELD_OUT:  # before any weights load: its accuracy would read 1.000 on one pair
         say(f"[data] the held-out split has {len(evals)} record{'s' if len(evals) > 1 else ''}: its metrics move in "
             f"steps of 1/{len(evals)} (hold out {MIN_HELD_OUT} or more: data.eval_fraction, data.eval)")
     return train, evals
+
+
+def check_images_fit(cfg, records: list[dict]) -> None:
+    """Records with images need a vision-language model (read from its ``config.json``, before any weights) and a
+    run that handles them: one line otherwise, naming the first such record and what is not built."""
+    first = next((r for r in records if r.get("images")), None)
+    if first is None:
+        return
+    from ...models.vision import processor_difference, vlm_type
+
+    where = getattr(first, "where", "data")
+    name = cfg.model.name
+    if name and vlm_type(str(name)) is None:
+        raise DataError(f"the record has {len(first['images'])} image(s) but {name} is a text model", where=where,
+                        fix="train a vision-language model (Qwen2.5-VL, Gemma 3, LLaVA, ...), or drop the images")
+    refused = [("data.packing", getattr(getattr(cfg, "data", None), "packing", False)),
+               ("env.name", getattr(getattr(cfg, "env", None), "name", None)),
+               ("algo.async.max_staleness", getattr(getattr(getattr(cfg, "algo", None), "async_", None),
+                                                    "max_staleness", 0))]
+    for key, value in refused:
+        if value:
+            raise ConfigError(f"{key}={value} with images is not built (the data has images: {where})", where=key,
+                              fix=f"unset {key}, or use data without images")
+    teacher = getattr(getattr(cfg, "teacher", None), "model", None)
+    if teacher:  # the teacher reads the student's image tokens: it must expand images as the student's processor
+        differs = processor_difference(str(name), str(teacher))
+        if differs:
+            raise ConfigError(f"the data has images and the teacher's processor differs from the student's "
+                              f"({differs}): distilling across processors is not built", where="teacher.model",
+                              fix="use a teacher of the student's family and image processor settings")
 
 
 def model_named(mcfg, name: str):
@@ -94,11 +125,12 @@ def plan_batches(n: int, micro_batch: int, world: int, seed: int, epoch: int, ra
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+                        position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                        media: list | None = None) -> torch.Tensor:
     """Log-prob of each token given its prefix: [B, T-1] for tokens 1..T-1, from the hidden states through the LM
     head in chunks (no [B, T, V] logits: ``forward.completion_stats``); ``labels`` [B, T] (default ``input_ids``):
-    -100 where a token is not wanted (not computed; 0 there)."""
-    return completion_stats(model, input_ids, attention_mask, labels, position_ids=position_ids).logprobs
+    -100 where a token is not wanted (not computed; 0 there); ``media``: the rows' images (one Media or None each)."""
+    return completion_stats(model, input_ids, attention_mask, labels, position_ids=position_ids, media=media).logprobs
 
 
 def gather_rows(acc, rows: torch.Tensor) -> torch.Tensor:

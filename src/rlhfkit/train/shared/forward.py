@@ -34,6 +34,7 @@ from ...algos import TokenStats, linear_token_stats, token_stats_from_logits
 from ...algos.logprobs import LINEAR_CHUNK_ELEMENTS
 from ...errors import say
 from ...models.heads import token_values
+from ...models.vision import family_of, forward_inputs, media_keys, mrope_positions
 from ...rollout.decoder import distinct_rows
 
 IGNORE = -100  # a position whose statistics are not wanted (not computed at all)
@@ -264,20 +265,32 @@ def response_stats(model, batch: dict, temperature: float, *, entropy: bool = Fa
             st_first, st_rest = shared
             return TokenStats(*(None if a is None else torch.cat([a, b[:, :-1]], 1)
                                 for a, b in zip(st_first, st_rest)))
-    st = head.run(F.pad(responses, (0, 1), value=IGNORE), input_ids=batch["input_ids"],
-                  attention_mask=batch["attention_mask"], position_ids=batch["position_ids"], use_cache=False,
+    st = head.run(F.pad(responses, (0, 1), value=IGNORE), **_whole(model, batch), use_cache=False,
                   logits_to_keep=R + 1)
     return st.map(lambda t: t[:, :-1])
 
 
+def _whole(model, batch: dict) -> dict:
+    """The inputs of a forward over whole rows of an online batch: ids, mask, positions and, with images
+    (``batch["media"]``: one Media or None per row), their features and the family's inputs (``models/vision``)."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": batch["position_ids"]}
+    media = batch.get("media")
+    return {**kwargs, **(forward_inputs(model, ids, mask, media) if media is not None else {})}
+
+
 def completion_stats(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor | None = None,
-                     *, start: int = 0, position_ids: torch.Tensor | None = None, entropy: bool = False) -> TokenStats:
+                     *, start: int = 0, position_ids: torch.Tensor | None = None, entropy: bool = False,
+                     media: list | None = None) -> TokenStats:
     """:class:`TokenStats` [B, T-1-start] of tokens ``start+1 .. T-1`` given their prefix (the next-token
     statistics of positions ``start .. T-2``); ``labels`` [B, T] (default ``input_ids``): the target of each position
-    shifted as ``input_ids``, ``IGNORE`` (-100) where not wanted (prompt, padding: not computed, 0)."""
+    shifted as ``input_ids``, ``IGNORE`` (-100) where not wanted (prompt, padding: not computed, 0). ``media``: the
+    rows' images (one Media or None per row; the labels of image tokens are ``IGNORE`` already)."""
     labels = input_ids if labels is None else labels
     T = input_ids.shape[1]
     kwargs = {"position_ids": position_ids} if position_ids is not None else {}
+    if media is not None:  # images: their features (computed once per image set) and the family's inputs
+        kwargs.update(forward_inputs(model, input_ids, attention_mask, media))
     head = HeadStats(model, entropy=entropy)
     st = head.run(F.pad(labels[:, start + 1:], (0, 1), value=IGNORE), input_ids=input_ids,
                   attention_mask=attention_mask, use_cache=False, logits_to_keep=T - start, **kwargs)
@@ -297,8 +310,7 @@ def response_logits(model, batch: dict, temperature: float, share_prompts: bool 
     R = batch["response_ids"].shape[1]
     logits = shared_prompt_logits(model, batch) if share_prompts and can_share_prompts(model) else None
     if logits is None:
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"], use_cache=False, logits_to_keep=R + 1)
+        out = model(**_whole(model, batch), use_cache=False, logits_to_keep=R + 1)
         logits = out.logits[:, :-1]
     return logits / temperature if temperature > 0 and temperature != 1.0 else logits
 
@@ -350,19 +362,27 @@ def _shared_prompt_passes(model, batch: dict, first, rest):
     P = ids.shape[1] - R
     if P < 1 or R < 1:
         return None
-    rows, inverse = distinct_rows(ids[:, :P], mask[:, :P])  # a row of each distinct prompt
+    media = batch.get("media") or [None] * B  # images: a prompt is the same prompt only with the same images
+    rows, inverse = distinct_rows(ids[:, :P], mask[:, :P], media_keys(media))  # a row of each distinct prompt
     if len(rows) == B:
         return None
+    extra: dict = {}
+    if any(m is not None for m in media):  # the prompts' images: their features in the prompt pass
+        pos = mrope_positions(model, ids, mask, media) if family_of(model).mrope else pos
+        kept = rows.tolist()
+        extra = forward_inputs(model, ids[rows, :P], mask[rows, :P], [media[r] for r in kept], positions=False)
+    cols = (lambda t, r, c: t[:, r, c]) if pos.dim() == 3 else (lambda t, r, c: t[r, c])  # [3, B, T]: M-RoPE
     head, out = first(inverse, dict(input_ids=ids[rows, :P], attention_mask=mask[rows, :P],
-                                    position_ids=pos[rows, :P], use_cache=True, logits_to_keep=1))
+                                    position_ids=cols(pos, rows, slice(None, P)), use_cache=True, logits_to_keep=1,
+                                    **extra))
     if out.past_key_values is not None and any(type(layer) is not DynamicLayer for layer in out.past_key_values.layers):
         return None  # a cache of another kind (a model the config check let through): the whole batch, correct
     columns = 0 if out.past_key_values is None else out.past_key_values.get_seq_length()
     if columns == P:
         cache = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, inverse), layer.values.index_select(
             0, inverse)) for layer in out.past_key_values.layers])
-        tail = rest(dict(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
-                         use_cache=True, logits_to_keep=R))
+        tail = rest(dict(input_ids=ids[:, P:], attention_mask=mask, position_ids=cols(pos, slice(None), slice(P, None)),
+                         past_key_values=cache, use_cache=True, logits_to_keep=R))
         columns = cache.get_seq_length() - R
     if columns != P:  # the responses would not attend to their prompts: never a silent wrong result
         raise RuntimeError(f"shared-prompt forward: the model kept {columns} prompt columns in its cache, not {P}")
@@ -372,7 +392,8 @@ def _shared_prompt_passes(model, batch: dict, first, rest):
 def response_values(critic, batch: dict) -> torch.Tensor:
     """Critic values [B, R]: the value at the position *before* each response token (the state it is taken in)."""
     R = batch["response_ids"].shape[1]
-    values = token_values(critic, batch["input_ids"], batch["attention_mask"], position_ids=batch["position_ids"])
+    kwargs = _whole(critic, batch)
+    values = token_values(critic, kwargs.pop("input_ids"), kwargs.pop("attention_mask"), **kwargs)
     return values[:, -R - 1:-1].float()
 
 

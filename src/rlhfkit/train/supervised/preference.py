@@ -62,15 +62,16 @@ def cache_path(run_dir: Path, key: str) -> Path:
 # ─────────────────────────────────────────────── sequence log-probs ───────────────────────────────────────────
 
 
-def sequence_logps(model, input_ids, attention_mask, completion_mask, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logps(model, input_ids, attention_mask, completion_mask, start: int,
+                   media: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs summed over each row's completion tokens [N] and the number of those tokens [N].
 
     ``start`` is the first position whose logits are needed (the last prompt token of the shortest prompt), so the
-    LM head never runs over the shared prompt prefix.
+    LM head never runs over the shared prompt prefix. ``media``: the rows' prompt images (one Media or None each).
     """
     # through the LM head in chunks, only the completion tokens (train/shared/forward.py): no [N, L, V] logits
     labels = torch.where(completion_mask.bool(), input_ids, IGNORE)
-    logps = completion_stats(model, input_ids, attention_mask, labels, start=start).logprobs
+    logps = completion_stats(model, input_ids, attention_mask, labels, start=start, media=media).logprobs
     mask = completion_mask[:, start + 1:]
     return masked_sum(logps, mask, dim=-1), mask.sum(-1).to(logps.dtype)
 
@@ -111,8 +112,11 @@ def unpair_items(pairs: list[dict]) -> list[dict]:
     """Tokenised pairs -> KTO examples: chosen (label True) and rejected (label False), both with the pair index."""
     out = []
     for k, p in enumerate(pairs):
-        out.append({"prompt_ids": p["prompt_ids"], "completion_ids": p["chosen_ids"], "label": True, "pair": k})
-        out.append({"prompt_ids": p["prompt_ids"], "completion_ids": p["rejected_ids"], "label": False, "pair": k})
+        media = {"media": p["media"]} if p.get("media") is not None else {}
+        out.append({"prompt_ids": p["prompt_ids"], "completion_ids": p["chosen_ids"], "label": True, "pair": k,
+                    **media})
+        out.append({"prompt_ids": p["prompt_ids"], "completion_ids": p["rejected_ids"], "label": False, "pair": k,
+                    **media})
     return out
 
 
@@ -171,23 +175,25 @@ class Reference:
     copy: Any = None
 
     @torch.no_grad()
-    def sequence(self, policy, input_ids, attention_mask, completion_mask, start: int) -> torch.Tensor:
+    def sequence(self, policy, input_ids, attention_mask, completion_mask, start: int,
+                 media: list | None = None) -> torch.Tensor:
         if self.copy is not None:
-            return sequence_logps(self.copy, input_ids, attention_mask, completion_mask, start)[0]
+            return sequence_logps(self.copy, input_ids, attention_mask, completion_mask, start, media)[0]
         base = self.accelerator.unwrap_model(policy)
         if not is_peft(base):
             raise RuntimeError("no reference log-probs in the batch and no reference model to compute them")
         with base.disable_adapter(), eval_mode(policy):
-            return sequence_logps(policy, input_ids, attention_mask, completion_mask, start)[0]
+            return sequence_logps(policy, input_ids, attention_mask, completion_mask, start, media)[0]
 
     def logps(self, policy, batch: dict) -> torch.Tensor:
         if "ref_logps" in batch:
             return batch["ref_logps"]
-        s = batch["start"]
-        main = self.sequence(policy, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s)
+        s, media = batch["start"], batch.get("media")
+        main = self.sequence(policy, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s,
+                             media)
         if "kl_input_ids" in batch:  # KTO: the labelled completions, then their mismatched pairs
             kl = self.sequence(policy, batch["kl_input_ids"], batch["kl_attention_mask"],
-                               batch["kl_completion_mask"], s)
+                               batch["kl_completion_mask"], s, media)
             return torch.stack([main, kl], dim=1)
         half = main.shape[0] // 2
         return torch.stack([main[:half], main[half:]], dim=1)
@@ -219,7 +225,8 @@ def reference_key(cfg, train: list[dict], evals: list[dict]) -> str:
         h.update(part.encode())
         for e in items:
             h.update(json.dumps([e["prompt_ids"], e.get("chosen_ids"), e.get("rejected_ids"),
-                                 e.get("completion_ids"), e.get("kl_completion_ids")]).encode())
+                                 e.get("completion_ids"), e.get("kl_completion_ids"),
+                                 getattr(e.get("media"), "key", None)]).encode())
     return h.hexdigest()
 
 
@@ -279,7 +286,7 @@ def paired_loss(algo, lp: dict) -> tuple[torch.Tensor, dict]:
 def pair_logps(model, batch: dict, reference: Reference | None) -> dict:
     """One forward over the [2B, L] batch -> summed log-probs and token counts of both sides (+ reference)."""
     sums, counts = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                                  batch["start"])
+                                  batch["start"], batch.get("media"))
     half = sums.shape[0] // 2
     lp = {"chosen": sums[:half], "rejected": sums[half:], "chosen_tokens": counts[:half],
           "rejected_tokens": counts[half:]}
@@ -306,11 +313,11 @@ def kto_objective(algo, logps, ref, labels, kl_logps, kl_ref, gather=None) -> tu
 
 def kto_logps(model, batch: dict, reference: Reference) -> tuple[torch.Tensor, ...]:
     """(logps [B] with grad, ref [B], kl logps [B] without grad, kl ref [B])."""
-    s = batch["start"]
-    logps, _ = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s)
+    s, media = batch["start"], batch.get("media")
+    logps, _ = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s, media)
     with torch.no_grad():
         kl_logps, _ = sequence_logps(model, batch["kl_input_ids"], batch["kl_attention_mask"],
-                                     batch["kl_completion_mask"], s)
+                                     batch["kl_completion_mask"], s, media)
     ref = reference.logps(model, batch)
     return logps, ref[:, 0], kl_logps, ref[:, 1]
 

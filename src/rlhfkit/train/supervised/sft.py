@@ -20,7 +20,7 @@ def sft_forward(model, batch: dict) -> tuple[torch.Tensor, dict]:
     labels = batch["labels"][:, 1:]
     mask = (labels != IGNORE_INDEX).long()
     logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"),
-                                batch["labels"])  # the untrained tokens never reach the LM head
+                                batch["labels"], batch.get("media"))  # the untrained tokens never reach the LM head
     loss, stats = sft_loss(logps, mask)
     return loss, {}
 
@@ -36,7 +36,7 @@ def sft_eval(accelerator, model, batches: list[dict]) -> dict:
         labels = batch["labels"][:, 1:]
         mask = (labels != IGNORE_INDEX).float()
         logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"),
-                                    batch["labels"])
+                                    batch["labels"], batch.get("media"))
         nll += -(logps.float() * mask).sum()
         count += mask.sum()
     model.train(was_training)
