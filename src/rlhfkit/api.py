@@ -142,14 +142,16 @@ class Trainer:
                               where=name, fix=f"remove {name}" if why else
                               "see help(rlhfkit.Trainer) for the arguments")
         self.callbacks = list(callbacks or ())
-        tree, self._source, self._yaml = _args_tree(args, self.recipe)
+        tree, self._source, self._yaml, interface = _args_tree(args, self.recipe)
+        if interface is None and args is None and type(self) is not Trainer:
+            interface = f"{type(self).__name__} without args"  # TRL's trainer, TRL's defaults
         own = _inputs(self.recipe, model, processing_class or tokenizer, train_dataset, eval_dataset, peft_config,
                       ref_model, reward_model)
         funcs = tree.pop("reward_funcs", None) if reward_funcs is None else reward_funcs
         tree.pop("reward_funcs", None)
         if funcs is not None:  # TRL's reward_funcs, in the trainer or in args: callables kept as callables
             own = _merge(own, {"reward": {"functions": _reward_entries(funcs, tree.pop("reward_weights", None))}})
-        self.config = _build(self.recipe, _merge(tree, own), self._source, yaml_path=self._yaml)
+        self.config = _build(self.recipe, _merge(tree, own), self._source, yaml_path=self._yaml, interface=interface)
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> Summary:
         """Run the recipe (as ``rlhfkit <recipe>`` with this config) and return its :class:`Summary`. A run stopped
@@ -219,41 +221,64 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _build(recipe: str, tree: dict, source: str, *, yaml_path: str | None = None, check: bool = False):
+def _build(recipe: str, tree: dict, source: str, *, yaml_path: str | None = None, check: bool = False,
+           interface: str | None = None):
     """The recipe's frozen config from ``tree`` (ConfigError located in ``yaml_path`` when the file set the key).
-    ``check``: only validate (TRL's reward_weights wait for the trainer's reward functions)."""
+    ``check``: only validate (TRL's reward_weights wait for the trainer's reward functions); ``interface``: the run
+    is configured through TRL's interface, so TRL's defaults (:func:`rlhfkit.config.aliases.defaults_mode`)."""
     if check:
         tree = {k: v for k, v in tree.items() if k not in ("reward_weights", "reward_funcs")}
+    from .config.trl_defaults import trl_defaults
+
     try:
-        return build_config(recipe, tree, source=source)
+        return build_config(recipe, tree, source=source,
+                            interface=interface if trl_defaults(recipe) is not None else None)
     except ConfigError as err:
         raise locate(err, yaml_path) from None
 
 
-def _args_tree(args: Any, recipe: str) -> tuple[dict, str, str | None]:
-    """(the settings of ``args`` as a mapping for ``build_config``, where they came from, the YAML path)."""
+def _args_tree(args: Any, recipe: str) -> tuple[dict, str, str | None, str | None]:
+    """(the settings of ``args`` as a mapping for ``build_config``, where they came from, the YAML path, and how the
+    run is configured through TRL's interface when it is: a TRL config object, a ``<Name>Config`` or dict with no
+    rlhfkit key; None: the settings decide, TRL names or not)."""
     if args is None:
-        return {}, "recipe defaults", None
+        return {}, "recipe defaults", None, None
     if isinstance(args, Args):
         if RECIPES[args.recipe].config is not RECIPES[recipe].config:
             raise ConfigError(f"{type(args).__name__} holds {args.recipe} settings, not {recipe}'s", where="args",
                               fix=f"use {RECIPES[recipe].api_name}Config")
-        return _tree(args), type(args).__name__, None
+        tree = _tree(args)
+        return tree, type(args).__name__, None, _no_own_keys(tree, recipe, type(args).__name__)
     if isinstance(args, (str, os.PathLike)):
-        return read_yaml(args), str(args), str(args)
+        return read_yaml(args), str(args), str(args), None
     if isinstance(args, Mapping):
-        return _tree(args), "args", None
+        tree = _tree(args)
+        return tree, "args", None, _no_own_keys(tree, recipe, "a dict")
     if dataclasses.is_dataclass(args) and type(args) in {r.config for r in RECIPES.values()}:
         if type(args) is not RECIPES[recipe].config:
             raise ConfigError(f"args is a {type(args).__name__}, not the {recipe} recipe's config", where="args",
                               fix=f"give a {RECIPES[recipe].config.__name__}")
         tree = _as_tree(args)
         tree["recipe"] = recipe
-        return tree, type(args).__name__, None
+        return tree, type(args).__name__, None, None
     if dataclasses.is_dataclass(args) or hasattr(args, "to_dict"):
-        return trl_args(args, recipe), f"{type(args).__module__}.{type(args).__name__}", None
+        name = f"{type(args).__module__}.{type(args).__name__}"
+        return trl_args(args, recipe), name, None, name
     raise ConfigError(f"args is a {type(args).__name__}", where="args",
                       fix=f"give {RECIPES[recipe].api_name}Config(...), a dict, a YAML path, or a TRL config object")
+
+
+#: keys of a recipe config that are no sign of either interface (TRL has output_dir too)
+_NEUTRAL_KEYS = ("output_dir", "recipe")
+
+
+def _no_own_keys(tree: dict, recipe: str, what: str) -> str | None:
+    """The words for "configured through TRL's interface" when ``tree`` holds none of rlhfkit's own keys (an empty
+    ``GRPOConfig()``, a dict of TRL names); None otherwise (rlhfkit's keys, or ``defaults`` said)."""
+    own = {fl.name for fl in dataclasses.fields(RECIPES[recipe].config)} - set(_NEUTRAL_KEYS)
+    if any(k in own for k in tree):
+        return None
+    return f"{what} without rlhfkit keys"
 
 
 def _as_tree(obj) -> Any:

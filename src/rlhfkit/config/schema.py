@@ -72,7 +72,13 @@ class DataConfig:
     max_prompt_length: int | None = f(None, "maximum prompt tokens; null = max_length (prompts), max_length/2 (pairs)",
                                       ge=1)
     overflow: str = f("truncate", "over-long prompts: truncate (keep the end) | drop | error; always counted")
-    completion_only_loss: bool = f(True, "SFT: train on assistant / completion tokens only")
+    plain_text: str = f("template", "prompts / completions given as plain strings (TRL's standard format): template "
+                                    "(each a user / assistant turn of the chat template) | raw (the text as it is, "
+                                    "EOS after a completion, as TRL feeds it); messages always go through the "
+                                    "template")
+    completion_only_loss: bool | None = f(True, "SFT: train on assistant / completion tokens only; null = TRL's rule "
+                                                "(the completion of prompt / completion rows, every token of a "
+                                                "conversation or a text)")
     packing: bool = f(False, "SFT: pack several examples into each row of max_length")
     limit: int | None = f(None, "use at most this many training records", ge=1)
 
@@ -86,6 +92,9 @@ class OptimConfig:
     schedule: str = f("linear", "linear | cosine | constant (after warm-up)")
     warmup_ratio: float = f(0.0, "warm-up as a fraction of all optimizer updates", ge=0, le=1)
     warmup_steps: int = f(0, "warm-up in optimizer updates (wins over warmup_ratio when > 0)", ge=0)
+    warmup_from_zero: bool = f(False, "the warm-up's first update at LR 0, as transformers / TRL run it (a ratio "
+                                      "rounded up); false: each update one step ahead, the first at 1/warmup of "
+                                      "the peak, none wasted")
     max_grad_norm: float | None = f(1.0, "gradient clipping norm; null = no clipping", gt=0)
 
 
@@ -103,7 +112,12 @@ class TrainConfig:
     resume: str = f("auto", "auto (latest valid checkpoint of the same run) | never (start over) | force (resume "
                             "even when settings changed; the new settings apply from there) | a checkpoint-N path")
     log_every: int = f(1, "log metrics every N optimizer updates", ge=1)
+    drop_last: bool = f(True, "supervised recipes: drop the last batch of an epoch when it is short (true), or train "
+                              "on it (false, as TRL / transformers; on several processes its rows are filled from "
+                              "the start of the epoch's order)")
     mixed_precision: str = f("auto", "auto (bf16 on CUDA, none on CPU) | no | bf16 | fp16")
+    device: str = f("auto", "auto (CUDA when a GPU is visible, else the CPU) | cpu (the CPU even with a GPU: TRL's "
+                            "use_cpu=true)")
     max_nonfinite_skips: int = f(5, "stop after this many consecutive updates skipped for a non-finite loss or "
                                     "gradient", ge=1)
 
@@ -508,6 +522,9 @@ class PreferenceAlgoConfig:
 @dataclass(frozen=True)
 class SFTConfig:
     recipe: str = f("sft", "recipe name")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's defaults (docs/coming-from-trl.md) under the config file; "
+                                 "chosen by itself when the run is configured through TRL's interface (a TRL config "
+                                 "object, TRL names in the file or args, a TRL-named trainer without args)")
     output_dir: str = f("runs/sft", "run directory (checkpoints, metrics, final model)")
     model: ModelConfig = f(ModelConfig(), "policy model")
     data: DataConfig = f(DataConfig(), "data")
@@ -527,6 +544,9 @@ class SFTConfig:
 @dataclass(frozen=True)
 class RewardModelConfig:
     recipe: str = f("rm", "recipe name")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's defaults (docs/coming-from-trl.md) under the config file; "
+                                 "chosen by itself when the run is configured through TRL's interface (a TRL config "
+                                 "object, TRL names in the file or args, a TRL-named trainer without args)")
     output_dir: str = f("runs/rm", "run directory")
     model: ModelConfig = f(ModelConfig(), "model the reward model is initialised from (a causal LM)")
     data: DataConfig = f(DataConfig(format="preference"), "preference pairs")
@@ -547,10 +567,9 @@ class RewardModelConfig:
 @dataclass(frozen=True)
 class OnlineConfig:
     recipe: str = f("ppo", "ppo | grpo | rloo | reinforce | distill | online-dpo")
-    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's GRPOConfig / RLOOConfig defaults under the config file "
-                                 "(grpo, rloo): 1 PPO epoch, KL 0 (grpo), loss_type dapo, 8 (grpo) or 2 (rloo) "
-                                 "generations, TRL's batch geometry from train.batch_size (its "
-                                 "per_device_train_batch_size), ...; the run prints what still differs")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's defaults (docs/coming-from-trl.md) under the config file; "
+                                 "chosen by itself when the run is configured through TRL's interface (a TRL config "
+                                 "object, TRL names in the file or args, a TRL-named trainer without args)")
     output_dir: str = f("runs/ppo", "run directory")
     model: ModelConfig = f(ModelConfig(), "policy (actor)")
     ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")
@@ -580,6 +599,9 @@ class OnlineConfig:
 @dataclass(frozen=True)
 class PreferenceConfig:
     recipe: str = f("dpo", "dpo | ipo | kto | simpo | orpo")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's defaults (docs/coming-from-trl.md) under the config file; "
+                                 "chosen by itself when the run is configured through TRL's interface (a TRL config "
+                                 "object, TRL names in the file or args, a TRL-named trainer without args)")
     output_dir: str = f("runs/dpo", "run directory")
     model: ModelConfig = f(ModelConfig(), "policy")
     ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")

@@ -27,8 +27,10 @@ from typing import Any
 
 import torch
 
-from ...config import DistributedConfig
-from ...errors import RunError
+from ...config import RECIPES, DistributedConfig
+from ...config.geometry import launched_world_size
+from ...config.startup import startup_block
+from ...errors import RunError, say
 from ...track import MetricsSink
 from ...track.console import get_console
 from .distributed import die_with_launcher, get_strategy
@@ -133,10 +135,11 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def mixed_precision(name: str) -> str:
-    """accelerate's precision for ``train.mixed_precision`` (``auto``: bf16 where CUDA supports it, else none)."""
+def mixed_precision(name: str, cpu: bool = False) -> str:
+    """accelerate's precision for ``train.mixed_precision`` (``auto``: bf16 where CUDA supports it, else none;
+    ``cpu``: the run trains on the CPU, ``train.device=cpu``)."""
     if name == "auto":
-        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+        return "bf16" if not cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     return name
 
 
@@ -161,8 +164,9 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     AcceleratorState._reset_state()
     die_with_launcher()  # torchrun: a killed launcher takes its workers with it
     # cpu=True without CUDA: only then does accelerate set up DDP (gloo) for processes started by torchrun
-    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision),
-                              cpu=not torch.cuda.is_available(), kwargs_handlers=[collective_timeout(cfg)],
+    cpu = cfg.train.device == "cpu" or not torch.cuda.is_available()  # train.device=cpu: TRL's use_cpu=True
+    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision, cpu),
+                              cpu=cpu, kwargs_handlers=[collective_timeout(cfg)],
                               **get_strategy(cfg).accelerator_kwargs(cfg))
     run_dir = Path(cfg.output_dir)
     created = not run_dir.exists()
@@ -188,6 +192,10 @@ def run_recipe(cfg, train: Callable[..., dict], *, prepare: Callable[[Any], Any]
     one, then ``train(cfg, run[, prepared])`` inside the run's Session. Returns the final metrics."""
     cfg.check_inputs()
     prepared = prepare(cfg) if prepare is not None else None
+    if RECIPES[cfg.recipe].family != "online":  # the online recipes say theirs with the step's geometry
+        block = startup_block(cfg, launched_world_size())
+        if block:
+            say(block)
     with start_run(cfg) as run:
         done = run.session.begin()
         if done is not None:

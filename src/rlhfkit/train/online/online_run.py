@@ -14,6 +14,7 @@ from ...config import OnlineConfig
 from ...config.geometry import step_geometry
 from ...models.loading import save_model
 from ...track import PhaseTimer, Progress
+from ..lifecycle.optim import lr_used
 from ..lifecycle.run import Run
 from ..shared.batches import load_records, reduce_metrics
 from .experience import Experience
@@ -138,7 +139,7 @@ class OnlineRun:
                               group_size=learner.k, group_based=learner.estimator.group_based,
                               clip=self.cfg.reward.clip),
             **self.engine_stats(),  # time/rollout_compile when it compiled
-            "lr": learner.sched.get_last_lr()[0], "episode": step * per_step,
+            "lr": lr_used(learner.sched), "episode": step * per_step,
             "eps": step * per_step / max(time.time() - self.t_start, 1e-6)}
 
     def engine_stats(self) -> dict:

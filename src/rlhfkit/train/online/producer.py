@@ -21,7 +21,8 @@ import torch
 from ... import algos
 from ...config.geometry import step_geometry
 from ...data import PromptCollator
-from ...data.chat import stop_token_ids
+from ...data.chat import plain_view, stop_token_ids
+from ...data.sources import is_conversational
 from ...errors import ConfigError
 from ...models.loading import load_scalar_model, load_tokenizer_for
 from ...rewards import RewardModelScorer
@@ -107,6 +108,8 @@ class Producer:
             rm_tok = load_tokenizer_for(rm_cfg)
             rm = load_scalar_model(cfg.reward.model, rm_cfg, tokenizer=rm_tok, device=self.device, trainable=False)
             rm.to("cpu" if cfg.memory.offload_reward else self.device)
+            if cfg.data.plain_text == "raw" and not is_conversational(self.records[0]):
+                rm_tok = plain_view(rm_tok)  # prompt + completion as text, as the prompts were tokenised
             self.scorer = RewardModelScorer(rm, rm_tok, tok, batch_size=cfg.reward.batch_size)
             if not self.scorer.same_tokenizer:
                 self.say(f"[{cfg.recipe}] reward model tokenizer differs from the policy's: responses are "

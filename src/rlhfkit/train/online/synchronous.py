@@ -28,7 +28,8 @@ from __future__ import annotations
 import time
 
 from ...config import OnlineConfig
-from ...config.geometry import launched_world_size, step_block
+from ...config.geometry import launched_world_size
+from ...config.startup import startup_block
 from ...errors import ConfigError, say
 from ...models.tokenizer import tokenizer_difference
 from ..lifecycle.checkpoint import rng_state, set_rng_state
@@ -96,7 +97,7 @@ def _before_run(cfg: OnlineConfig) -> tuple[list, list]:
     """Before the run directory is looked at or weights load: the prompts, then the teacher's tokenizer (read: a
     teacher of another tokenizer is distilled across tokenizers, but not in multi-turn episodes; exit 2)."""
     records = load_records(cfg, "prompt")
-    say(step_block(cfg, launched_world_size(), len(records[0])))  # the step, and what differs from TRL's defaults
+    say(startup_block(cfg, launched_world_size(), len(records[0])))  # the defaults, the step, what differs from TRL
     if cfg.teacher.model:
         differs = tokenizer_difference(cfg.model.name, cfg.teacher.model, student_gguf=cfg.model.gguf_file)
         if differs and cfg.env.name:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 from ...errors import ConfigError
 from ...track import Progress
 from ..lifecycle.distributed import get_strategy
-from ..lifecycle.optim import clip_and_step
+from ..lifecycle.optim import clip_and_step, lr_used
 from ..lifecycle.run import Run, set_up_trained
 from ..shared.batches import mean_stats, plan_batches, to_device
 
@@ -52,16 +53,46 @@ class SupervisedJob:
 
 
 def total_updates(cfg, n_items: int, world: int) -> tuple[int, int]:
-    """(updates, micro-batches per epoch on one rank) from epochs / max_steps."""
-    per_epoch = n_items // (cfg.train.batch_size * world)
+    """(updates, micro-batches per epoch on one rank) from epochs / max_steps. ``train.drop_last`` (rlhfkit's
+    default): an epoch is the whole micro-batches (the short one left out), an update ``train.grad_accum`` of them
+    wherever the epoch ends; otherwise (TRL / transformers) the short micro-batch is trained on, an update ends at
+    an epoch's end (its last one may accumulate fewer) and the run is ``ceil(epochs x updates per epoch)``."""
+    b, ga = cfg.train.batch_size * world, cfg.train.grad_accum
+    per_epoch = n_items // b if cfg.train.drop_last else -(-n_items // b)
     if per_epoch == 0:
         raise ConfigError(
             f"{n_items} training records do not fill one batch of {cfg.train.batch_size} x {world} processes",
-            where="train.batch_size", fix="lower train.batch_size or give more data",
+            where="train.batch_size", fix="lower train.batch_size or give more data (or train.drop_last=false)",
         )
     if cfg.train.max_steps > 0:
         return cfg.train.max_steps, per_epoch
-    return max(1, int(per_epoch * cfg.train.epochs) // cfg.train.grad_accum), per_epoch
+    if cfg.train.drop_last:
+        return max(1, int(per_epoch * cfg.train.epochs) // ga), per_epoch
+    return max(1, math.ceil(cfg.train.epochs * -(-per_epoch // ga))), per_epoch
+
+
+def plan_line(cfg, name: str, n_items: int, world: int, n_updates: int, per_epoch: int) -> str:
+    """The run's geometry in one line: rows per micro-batch and update, micro-batches per epoch, updates."""
+    b, ga = cfg.train.batch_size, cfg.train.grad_accum
+    short = n_items % (b * world)
+    tail = ("" if not short else f", the short one of {short} rows {'dropped' if cfg.train.drop_last else 'kept'}")
+    length = f"train.max_steps={cfg.train.max_steps}" if cfg.train.max_steps > 0 else \
+        f"train.epochs={cfg.train.epochs:g}"
+    procs = f" x {world} processes" if world > 1 else ""
+    return (f"[{name}] run: {n_items} rows, micro-batches of {b}{procs}, {ga} per update; {per_epoch} micro-batch"
+            f"{'es' if per_epoch != 1 else ''} an epoch{tail}; {n_updates} update{'s' if n_updates != 1 else ''} "
+            f"from {length}")
+
+
+def update_window(cfg, update: int, per_epoch: int) -> tuple[int, int]:
+    """(first micro-batch, how many) of update ``update`` (0-based): ``train.grad_accum`` consecutive ones, or with
+    ``train.drop_last=false`` as transformers accumulates, never across an epoch's end."""
+    ga = cfg.train.grad_accum
+    if cfg.train.drop_last:
+        return update * ga, ga
+    per_update = -(-per_epoch // ga)
+    epoch, j = divmod(update, per_update)
+    return epoch * per_epoch + j * ga, min(ga, per_epoch - j * ga)
 
 
 def eval_batches(run: Run, job: SupervisedJob) -> list[dict]:
@@ -82,7 +113,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     cfg, acc = run.cfg, run.accelerator
     # 1. plan: how many optimizer updates, and the data position of each
     n_updates, per_epoch = total_updates(cfg, len(job.train_items), run.world_size)
-    ga = cfg.train.grad_accum
+    run.print(plan_line(cfg, job.name, len(job.train_items), run.world_size, n_updates, per_epoch))
 
     # 2. wrap, optimizer, schedule, prepare, resume the newest valid checkpoint of the same run (or start over), open
     #    the metrics sink: the set-up both loops share (run.py); then the data position resumed
@@ -117,7 +148,8 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
         if epoch not in batches_cache:
             batches_cache.clear()
             batches_cache[epoch] = plan_batches(len(job.train_items), cfg.train.batch_size, run.world_size,
-                                                cfg.train.seed, epoch, acc.process_index)
+                                                cfg.train.seed, epoch, acc.process_index,
+                                                drop_last=cfg.train.drop_last)
         return job.collate([job.train_items[j] for j in batches_cache[epoch][pos]])
 
     with Progress(n_updates, desc=job.name, unit="update", show=None, is_main=run.is_main and cfg.track.progress,
@@ -125,15 +157,16 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
         run.stop.arm(True)
         while step < n_updates:
             stats = []
-            progress.phase("update", total=ga, unit="micro-batches")
-            for k in range(ga):
+            micro, window = update_window(cfg, step, per_epoch)
+            progress.phase("update", total=window, unit="micro-batches")
+            for k in range(window):
                 batch = to_device(micro_batch(micro), run.device)
                 micro += 1
-                sync = contextlib.nullcontext() if k == ga - 1 else acc.no_sync(model)  # all-reduce on the last
+                sync = contextlib.nullcontext() if k == window - 1 else acc.no_sync(model)  # all-reduce on the last
                 with sync:
                     with acc.autocast():  # the forward only: torch advises against backward under autocast
                         loss, st = job.loss_fn(model, batch)
-                    acc.backward(loss / ga)
+                    acc.backward(loss / window)
                 stats.append({"loss": loss.detach(), **st})
                 progress.advance()
             grad_norm = clip_and_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm,
@@ -143,7 +176,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             metrics = {}
             if step % cfg.train.log_every == 0 or step == n_updates:
                 metrics = {f"train/{k}": v for k, v in mean_stats(acc, stats).items()}
-                metrics.update({"lr": scheduler.get_last_lr()[0], "epoch": micro / per_epoch})
+                metrics.update({"lr": lr_used(scheduler), "epoch": micro / per_epoch})
                 if grad_norm is not None:
                     metrics["train/grad_norm"] = float(grad_norm)
             # every eval_every updates and after the last one, in the same line: one metrics line per step
