@@ -160,7 +160,9 @@ class Trainer:
         (True: the newest valid checkpoint, a path: that one; rlhfkit resumes by default, ``train.resume``)."""
         from .config import replace
         from .track.console import silence_libraries
-        from .track.progress import read_metrics, run_summary_line
+        from .track.metrics import read_metrics
+        from .track.names import public
+        from .track.progress import run_summary_line
         from .train.lifecycle.run import with_callbacks
 
         cfg = self.config
@@ -173,7 +175,7 @@ class Trainer:
         started, stopped, metrics = time.time(), None, {}
         try:
             with with_callbacks(self.callbacks):
-                metrics = RECIPES[self.recipe].run(cfg) or {}
+                metrics = public(self.recipe, RECIPES[self.recipe].run(cfg) or {})  # TRL's names where TRL has them
         except Stopped as stop:
             if stop.exit_code != 0:  # a signal, another rank's failure: as in the CLI
                 raise

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.cli import main
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 
 TINY = "tiny:hidden=32,layers=1,intermediate=64"
 FNS = Path(__file__).parents[1] / "unit" / "reward_fns_for_tests.py"

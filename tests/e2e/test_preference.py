@@ -6,9 +6,6 @@ Measured values (CPU, seed 42; SFT gold 0.375) are in the comments; thresholds l
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from rlhfkit.config import build_config
@@ -28,8 +25,9 @@ def _overrides(task_data, sft_dir, out, train="preference.jsonl", *extra) -> lis
 def _train(recipe, overrides) -> tuple[dict, list[dict]]:
     metrics = P.run_preference(build(recipe, overrides))
     out = next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir="))
-    lines = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    return metrics, lines
+    from rlhfkit.track.metrics import read_run_metrics
+
+    return metrics, read_run_metrics(out)  # rlhfkit's names (metrics.jsonl holds TRL's: rewards/chosen, eval_loss)
 
 
 def _first_eval(lines: list[dict], key: str) -> float:

@@ -6,10 +6,12 @@ import json
 
 import torch
 
+from rlhfkit.track.metrics import read_run_metrics
+
 
 def test_sft_lowers_eval_loss_and_raises_gold(sft_run, gold_of, eval_prompts):
     out, metrics = sft_run
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = read_run_metrics(out)  # rlhfkit's names (metrics.jsonl holds TRL's: eval_loss)
     first_eval = next(x["eval/loss"] for x in lines if "eval/loss" in x)
     # the untrained model is near uniform over 100 tokens: ln(100) = 4.6 per token
     assert first_eval > 3.0

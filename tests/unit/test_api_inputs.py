@@ -228,8 +228,17 @@ def test_the_interface_decides_whose_defaults(tmp_path):
     """docs/coming-from-trl.md's rule: configured through TRL's interface (a TRL-named trainer without rlhfkit keys, a
     TRL config object, TRL names in args or a file) -> TRL 1.16's defaults; rlhfkit's keys, the generic Trainer, the
     command line alone -> rlhfkit's; `defaults` said wins."""
-    from rlhfkit import DPOTrainer, GRPOConfig, GRPOTrainer, KTOTrainer, OnlineDPOTrainer, PPOTrainer, RewardTrainer
-    from rlhfkit import SFTTrainer, Trainer
+    from rlhfkit import (
+        DPOTrainer,
+        GRPOConfig,
+        GRPOTrainer,
+        KTOTrainer,
+        OnlineDPOTrainer,
+        PPOTrainer,
+        RewardTrainer,
+        SFTTrainer,
+        Trainer,
+    )
     from rlhfkit.config import build_config
 
     def grpo(**kw):

@@ -14,7 +14,7 @@ import torch
 
 from rlhfkit.config import OptimConfig, build_config
 from rlhfkit.errors import ConfigError
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 from rlhfkit.train.lifecycle.checkpoint import Checkpointer, list_checkpoints
 from rlhfkit.train.lifecycle.optim import build_optimizer, build_scheduler, lr_lambda
 from rlhfkit.train.lifecycle.run import start_run

@@ -140,7 +140,8 @@ class RewardScores(NamedTuple):
     """What :class:`CombinedRewards` returns for a batch of B completions.
 
     total: [B] float32, the weighted sum (0 where not ``valid``); per_function: {name: [B] float32, NaN where the
-    function gave None}; metrics: ``rewards/<name>/mean`` (over valid samples with a value), ``rewards/none_frac``,
+    function gave None}; metrics: ``rewards/<name>/mean`` and ``/std`` (over valid samples with a value, TRL's
+    names), ``rewards/none_frac``,
     ``rewards/dropped`` (number of samples dropped); valid: [B] bool, False for the samples dropped from the step.
     """
 
@@ -306,6 +307,7 @@ class CombinedRewards:
             kept = valid & ~torch.isnan(scores)
             if kept.any():
                 metrics[f"rewards/{f.name}/mean"] = float(scores[kept].mean())
+                metrics[f"rewards/{f.name}/std"] = float(scores[kept].std()) if int(kept.sum()) > 1 else 0.0
         metrics["rewards/none_frac"] = float((~covered).float().mean()) if B else 0.0
         metrics["rewards/dropped"] = float((~valid).sum())
         return RewardScores(total, per_function, metrics, valid)

@@ -30,7 +30,7 @@ from rich.text import Text
 
 from .console import format_number, get_console
 from .health import read_warnings
-from .metrics import read_metrics
+from .metrics import read_run_metrics
 
 # short names of the metrics the bars show (TRL names are long); anything else: its last part, eval_ for eval/
 SHORT_NAMES = {
@@ -426,7 +426,7 @@ def run_summary_line(name: str, run_dir: str | Path, seconds: float | None = Non
     last: dict[str, Any] = {}
     count: dict[str, int] = {}
     moved: set[str] = set()  # metrics not 0 at every step (score 0 -> 0 in a run without a reward says nothing)
-    for row in read_metrics(run_dir):
+    for row in read_run_metrics(run_dir):  # rlhfkit's names: KEY_METRICS, short_name
         for k, v in row.items():
             if k in ("step", "time") or isinstance(v, bool) or not isinstance(v, (int, float)) \
                     or not math.isfinite(v):

@@ -33,6 +33,7 @@ from ...config.startup import startup_block
 from ...errors import RunError, say
 from ...track import MetricsSink
 from ...track.console import get_console
+from ...track.names import public
 from .distributed import die_with_launcher, get_strategy
 from .optim import build_optimizer, build_scheduler
 from .session import Session
@@ -95,6 +96,9 @@ class Run:
             get_console().print(*args, markup=False, highlight=False)
 
     def log(self, metrics: dict, step: int) -> None:
+        """One line of metrics at ``step``, under the names the recipe writes (TRL's where TRL has the trainer:
+        :func:`rlhfkit.track.names.public`) to ``metrics.jsonl``, the trackers and the callbacks."""
+        metrics = public(getattr(self.cfg, "recipe", None), metrics)
         if self.sink is not None:
             extra = self.session.skip_metrics() if self.session is not None else {}
             try:
@@ -105,7 +109,7 @@ class Run:
                                                             "checkpoint)") from None
         if self.callbacks:
             self.tell("on_step", step, metrics)
-            evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+            evals = {k: v for k, v in metrics.items() if k.startswith(("eval/", "eval_"))}
             if evals:
                 self.tell("on_eval", step, evals)
 

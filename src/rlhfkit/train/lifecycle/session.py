@@ -53,8 +53,11 @@ from pathlib import Path
 from ... import files
 from ...config import save_config
 from ...errors import NoUpdateError, RunError, Stopped, UserError
-from ...track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
+from ...track import HealthMonitor, MetricsSink, SampleLogger
 from ...track.console import get_console
+from ...track.metrics import read_run_metrics
+from ...track.names import TABLES as NAME_TABLES
+from ...track.names import rename_text, wandb_names
 from .checkpoint import (
     CHECKPOINT_NAME,
     Checkpointer,
@@ -248,7 +251,7 @@ class Session:
                     raise _mismatch(run.run_dir, f"the finished run in {run.run_dir}", diff)
                 if not diff and marker.get("length") == run_length(cfg):
                     last: dict = {}
-                    for line in read_metrics(run.run_dir):
+                    for line in read_run_metrics(run.run_dir, cfg.recipe):  # rlhfkit's names, as a run returns
                         last.update({k: v for k, v in line.items() if k not in ("step", "time")})
                     run.print(f"[{self.name}] {run.run_dir} is already finished (update {marker.get('step')}): "
                               "nothing to do (to train again: train.resume=never or a new output_dir)")
@@ -343,7 +346,8 @@ class Session:
         try:
             run.sink = MetricsSink(run.run_dir, backends=tuple(self.cfg.track.backends), is_main=run.is_main,
                                    config=self.cfg, resume_step=self.resume_step, staged=True,
-                                   on_first_line=None if self.protect else self.commit)
+                                   on_first_line=None if self.protect else self.commit,
+                                   wandb_rename=wandb_names if self.cfg.recipe in NAME_TABLES else None)
         except files.WRITE_ERRORS as err:
             raise files.write_failed(run.run_dir / "metrics.jsonl.new", err, what="the metrics file",
                                      fix="rerun") from None
@@ -355,10 +359,13 @@ class Session:
         return self.samples
 
     def open_health(self, **kwargs) -> HealthMonitor:
-        """The health monitor; its ``warnings.jsonl`` is staged like the metrics (``track.stop_on_critical``)."""
+        """The health monitor; its ``warnings.jsonl`` is staged like the metrics (``track.stop_on_critical``); its
+        messages name the metrics as the run writes them (TRL's names: ``track/names.py``)."""
+        recipe = self.cfg.recipe
         self.health = HealthMonitor(run_dir=self.run.run_dir if self.run.is_main else None,
                                     resume_step=self.resume_step, staged=True,
-                                    stop_on_critical=self.cfg.track.stop_on_critical, **kwargs)
+                                    stop_on_critical=self.cfg.track.stop_on_critical,
+                                    rename=lambda text: rename_text(recipe, text), **kwargs)
         return self.health
 
     def _files(self) -> list:

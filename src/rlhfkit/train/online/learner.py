@@ -58,6 +58,7 @@ class Learner:
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
         self.preference = algo.objective == "preference"  # online DPO: a pair loss instead of the policy loss
         self.needs_ref = needs_reference(cfg)
+        self.tokens_seen = 0.0  # prompt + response tokens of every rollout so far (TRL's num_tokens)
         self.ref_from_producer = on_producer(cfg)  # asynchronous: the producers send the reference log-probs
         placement = algo.kl.placement
         self.kl_in_reward = self.estimator.kl_in_reward_default if placement == "auto" else placement == "reward"
@@ -128,11 +129,13 @@ class Learner:
         if state is not None:
             self.kl_ctl.load_state_dict(state["kl_ctl"])
             self.moments.load_state_dict(state["moments"])
+            self.tokens_seen = float(state.get("tokens_seen", 0.0))
         return state
 
     def state_dict(self) -> dict:
         """The learner's loop state for a checkpoint (JSON-able)."""
-        return {"kl_ctl": self.kl_ctl.state_dict(), "moments": self.moments.state_dict()}
+        return {"kl_ctl": self.kl_ctl.state_dict(), "moments": self.moments.state_dict(),
+                "tokens_seen": self.tokens_seen}
 
     def learn(self, exp: Experience, step: int) -> dict:
         """Steps 4-6 on ``exp`` (scores shaped): the forwards, the advantages and the loss mask, the PPO epochs."""
@@ -338,6 +341,7 @@ class Learner:
         return {"loss/policy_avg": loss.detach(), "policy/entropy_avg": entropy.detach(),
                 "policy/clipfrac_avg": st["clipfrac"], "policy/approxkl_avg": st["approxkl"],
                 "val/ratio": st["ratio_mean"], "val/ratio_var": st["ratio_var"],
+                **{f"policy/{k}": st[k] for k in ("clip_low_frac", "clip_high_frac") if k in st},
                 **({"logprobs": old} if on_policy else {})}
 
     def fold_correction(self, batch: dict, old: torch.Tensor) -> None:
@@ -365,6 +369,7 @@ class Learner:
         algo, mb = self.cfg.algo, self.cfg.train.batch_size
         n = len(exp.rollout)
         stats: list[dict] = []
+        norms: list[float] = []  # the policy's gradient norm of each update (TRL's grad_norm: their mean)
         own = torch.zeros_like(exp.action) if exp.old_logprobs is None else None
         fold = own is not None and self.cfg.algo.correction != "none"  # the correction in each micro-batch
         g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
@@ -389,12 +394,29 @@ class Learner:
                         with (contextlib.nullcontext() if last else self.acc.no_sync(self.critic)):
                             st.update(self.critic_micro_step(batch, 1.0 / micro_n))
                     stats.append(st)
-                clip_and_step(self.acc, self.policy, self.opt, self.sched, self.cfg.optim.max_grad_norm)
+                norm = clip_and_step(self.acc, self.policy, self.opt, self.sched, self.cfg.optim.max_grad_norm)
+                if norm is not None:
+                    norms.append(float(norm))
                 if self.critic is not None:
                     clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched,
                                   self.cfg.optim.max_grad_norm)
                 self.phases.advance()
         if own is not None:
             exp.old_logprobs = own
-        return mean_stats(self.acc, stats)
+        out = mean_stats(self.acc, stats)
+        if norms:
+            out["policy/grad_norm"] = sum(norms) / len(norms)  # the same on every process (after the all-reduce)
+        return {**out, **self.clip_extremes(stats)}
+
+    def clip_extremes(self, stats: list[dict]) -> dict:
+        """TRL's ``clip_ratio/low_min`` and ``high_max``: the lowest / highest of the processes' own clipped
+        fractions (each process's mean over its micro-batches); one gather with several processes."""
+        if not stats or "policy/clip_low_frac" not in stats[0]:
+            return {}
+        local = torch.stack([torch.stack([torch.as_tensor(s[k], dtype=torch.float32, device=self.device).mean()
+                                          for s in stats]).mean()
+                             for k in ("policy/clip_low_frac", "policy/clip_high_frac")])
+        every = self.acc.gather(local.unsqueeze(0)) if self.acc.num_processes > 1 else local.unsqueeze(0)
+        return {"policy/clip_low_frac_min": float(every[:, 0].min()),
+                "policy/clip_high_frac_max": float(every[:, 1].max())}
 

@@ -101,6 +101,8 @@ class OnlineRun:
         metrics.update(self.step_times(exp, seconds))
         metrics.update(extra or {})
         metrics = reduce_metrics(acc, metrics)  # one value per key on every process (KL controller too)
+        learner.tokens_seen += metrics.pop("tokens/step", 0.0)  # prompt + response tokens so far (TRL's num_tokens)
+        metrics["tokens/seen"] = learner.tokens_seen
         learner.kl_ctl.update(metrics["objective/kl"], self.samples_per_step * run.world_size)
         if step == self.total_steps or (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0):
             with learner.timer.phase("eval"):
@@ -140,6 +142,7 @@ class OnlineRun:
                               clip=self.cfg.reward.clip),
             **self.engine_stats(),  # time/rollout_compile when it compiled
             "lr": lr_used(learner.sched), "episode": step * per_step,
+            "epoch": step / max(self.producer.per_epoch, 1) if self.producer is not None else 0.0,
             "eps": step * per_step / max(time.time() - self.t_start, 1e-6)}
 
     def engine_stats(self) -> dict:

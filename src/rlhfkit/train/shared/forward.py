@@ -271,14 +271,16 @@ def response_stats(model, batch: dict, temperature: float, *, entropy: bool = Fa
 
 
 def completion_stats(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor | None = None,
-                     *, start: int = 0, position_ids: torch.Tensor | None = None, entropy: bool = False) -> TokenStats:
+                     *, start: int = 0, position_ids: torch.Tensor | None = None, entropy: bool = False,
+                     argmax: bool = False) -> TokenStats:
     """:class:`TokenStats` [B, T-1-start] of tokens ``start+1 .. T-1`` given their prefix (the next-token
     statistics of positions ``start .. T-2``); ``labels`` [B, T] (default ``input_ids``): the target of each position
-    shifted as ``input_ids``, ``IGNORE`` (-100) where not wanted (prompt, padding: not computed, 0)."""
+    shifted as ``input_ids``, ``IGNORE`` (-100) where not wanted (prompt, padding: not computed, 0); ``argmax``: the
+    most likely token of each position too (a token accuracy)."""
     labels = input_ids if labels is None else labels
     T = input_ids.shape[1]
     kwargs = {"position_ids": position_ids} if position_ids is not None else {}
-    head = HeadStats(model, entropy=entropy)
+    head = HeadStats(model, entropy=entropy, argmax=argmax)
     st = head.run(F.pad(labels[:, start + 1:], (0, 1), value=IGNORE), input_ids=input_ids,
                   attention_mask=attention_mask, use_cache=False, logits_to_keep=T - start, **kwargs)
     return st.map(lambda t: t[:, :-1])

@@ -128,8 +128,10 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
         if run.is_main:  # a critical stop (track.stop_on_critical) reaches every rank at the step's check
             run.stop.local(acc, health.report, metrics, at)
     step, micro = 0, 0  # optimizer updates done; micro-batches consumed
+    tokens = 0.0  # input tokens trained on so far, every process (TRL's num_tokens)
     if trained.state is not None:
         step, micro = trained.state["step"], trained.state["micro"]
+        tokens = float(trained.state.get("tokens_seen", 0.0))
         job.extra_state.update(trained.state.get("extra", {}))
 
     evals = eval_batches(run, job)
@@ -159,8 +161,10 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             stats = []
             micro, window = update_window(cfg, step, per_epoch)
             progress.phase("update", total=window, unit="micro-batches")
+            seen = torch.zeros((), device=run.device)
             for k in range(window):
                 batch = to_device(micro_batch(micro), run.device)
+                seen += batch_tokens(batch)
                 micro += 1
                 sync = contextlib.nullcontext() if k == window - 1 else acc.no_sync(model)  # all-reduce on the last
                 with sync:
@@ -172,11 +176,12 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             grad_norm = clip_and_step(acc, model, optimizer, scheduler, cfg.optim.max_grad_norm,
                                       loss=torch.stack([s["loss"] for s in stats]))
             step += 1
+            tokens += float(acc.reduce(seen, "sum") if acc.num_processes > 1 else seen)
 
             metrics = {}
             if step % cfg.train.log_every == 0 or step == n_updates:
                 metrics = {f"train/{k}": v for k, v in mean_stats(acc, stats).items()}
-                metrics.update({"lr": lr_used(scheduler), "epoch": micro / per_epoch})
+                metrics.update({"lr": lr_used(scheduler), "epoch": micro / per_epoch, "tokens/seen": tokens})
                 if grad_norm is not None:
                     metrics["train/grad_norm"] = float(grad_norm)
             # every eval_every updates and after the last one, in the same line: one metrics line per step
@@ -189,7 +194,8 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                 last.update(metrics)
             # full names: the bar shows eval/loss as eval_loss, never under the train name
             progress.update(1, {k: v for k, v in metrics.items() if k.split("/")[-1] in job.show or k in job.show})
-            save = functools.partial(trained.save, step, state={"micro": micro, "extra": job.extra_state})
+            save = functools.partial(trained.save, step, state={"micro": micro, "extra": job.extra_state,
+                                                                "tokens_seen": tokens})
             if cfg.train.save_every > 0 and step % cfg.train.save_every == 0 and step != n_updates:
                 saved = step if save() is not False else saved
             if run.stop.should_stop(acc, last=step == n_updates):  # every rank at the same update
@@ -201,6 +207,16 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     run.session.finish(model, job.on_save, step)
     job.model = strategy.local_model(acc, model)
     return last
+
+
+def batch_tokens(batch: dict) -> torch.Tensor:
+    """The real (unpadded) input tokens of a collated batch: its attention mask's sum (a pair's chosen and rejected
+    rows both count, as TRL counts its concatenated batch); without one, its ``input_ids``' size."""
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        return mask.sum().float()
+    ids = batch.get("input_ids")
+    return torch.as_tensor(float(ids.numel()) if isinstance(ids, torch.Tensor) else 0.0)
 
 
 def _gathered_eval(strategy, eval_fn, model, batches):

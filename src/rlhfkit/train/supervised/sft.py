@@ -12,17 +12,20 @@ from ...data import IGNORE_INDEX, SFTCollator, pack_sequences
 from ...models.loading import describe, load_causal_lm, save_model
 from ..lifecycle.run import run_recipe
 from ..shared.batches import completion_logprobs, load_records, tokenize
+from ..shared.forward import completion_stats
 from .loop import SupervisedJob, train_supervised
 
 
 def sft_forward(model, batch: dict) -> tuple[torch.Tensor, dict]:
-    """Mean NLL over the trained tokens of the micro-batch (labels != -100)."""
+    """Mean NLL over the trained tokens of the micro-batch (labels != -100), and the fraction of them that are the
+    model's most likely token (TRL's ``mean_token_accuracy``)."""
     labels = batch["labels"][:, 1:]
     mask = (labels != IGNORE_INDEX).long()
-    logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"),
-                                batch["labels"])  # the untrained tokens never reach the LM head
-    loss, stats = sft_loss(logps, mask)
-    return loss, {}
+    st = completion_stats(model, batch["input_ids"], batch["attention_mask"], batch["labels"],
+                          position_ids=batch.get("position_ids"), argmax=True)  # untrained tokens: not computed
+    loss, _ = sft_loss(st.logprobs, mask)
+    hits = ((st.argmax == labels) & mask.bool()).sum().float()
+    return loss, {"mean_token_accuracy": hits / mask.sum().clamp(min=1)}
 
 
 @torch.no_grad()
