@@ -5,7 +5,6 @@ the final model is written (tests/unit/test_rollout_families.py compares the dec
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
