@@ -81,6 +81,8 @@ def step_geometry(cfg, world: int = 1, n_prompts: int | None = None) -> Geometry
     algo = cfg.algo
     g = Geometry(world=world, prompts=algo.rollout_batch_size, k=algo.num_generations, mini=algo.mini_batch_size,
                  micro=cfg.train.batch_size, epochs=algo.ppo_epochs, steps=None, length="")
+    if cfg.train.max_steps == 0:  # no update: an evaluation of the model as it is (the Python API's evaluate())
+        return _with(g, 0, "train.max_steps=0 (no update: an evaluation)")
     if cfg.train.max_steps > 0:
         steps = math.ceil(cfg.train.max_steps / g.updates_per_step)
         return _with(g, steps, f"train.max_steps={cfg.train.max_steps} updates")

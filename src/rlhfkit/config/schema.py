@@ -101,7 +101,8 @@ class OptimConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: float = f(1.0, "passes over the training data (fractions allowed)", gt=0)
-    max_steps: int = f(-1, "optimizer updates to run; -1 = derived from epochs", ge=-1)
+    max_steps: int = f(-1, "optimizer updates to run; -1 = derived from epochs; 0 = none (an evaluation of the model "
+                           "as it is)", ge=-1)
     batch_size: int = f(8, "micro-batch size per device", ge=1)
     grad_accum: int = f(1, "micro-batches accumulated per optimizer update", ge=1)
     eval_batch_size: int | None = f(None, "evaluation micro-batch size; null = batch_size", ge=1)

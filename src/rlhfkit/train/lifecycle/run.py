@@ -8,9 +8,14 @@ the online loop (``online.py``: PPO, GRPO, RLOO, REINFORCE++) makes its own data
 advantages) and updates a policy and, for PPO, a critic.
 
 Callbacks (the Python API's ``callbacks=``; :func:`with_callbacks` hands them to the runs started inside it) hear of
-each logged step, evaluation and checkpoint through :class:`Run` (``on_step`` / ``on_eval`` from :meth:`Run.log`,
-``on_save`` from :meth:`Trained.save`), on the main process; one that returns True asks the run to stop at the next
-step boundary, as a SIGTERM does (``stop.StopControl.request``): a checkpoint, then ``Stopped``.
+the run's events through :class:`Run` (:meth:`Run.tell`), on the main process: ``on_train_begin``, ``on_step_begin``
+and ``on_update`` around each optimizer update (both loops), ``on_step`` / ``on_eval`` from :meth:`Run.log` (each
+logged line, its evaluation part), ``on_save`` from :meth:`Trained.save`, ``on_train_end``; each an optional method
+``(step, payload)``. One that returns True (or raises ``KeyboardInterrupt``, as Ctrl-C) asks the run to stop at the
+next step boundary, as a SIGTERM does (``stop.StopControl.request``): a checkpoint, then ``Stopped``. One that
+returns a set of words asks the loop for that at the next boundary too (:data:`REQUESTS`: ``save`` a checkpoint,
+``evaluate``, ``log``; read with :meth:`Run.asked`). TRL's ``TrainerCallback`` objects are driven through this by
+:mod:`rlhfkit.callbacks`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch
 from ...config import RECIPES, DistributedConfig
 from ...config.geometry import launched_world_size
 from ...config.startup import startup_block
-from ...errors import RunError, say
+from ...errors import RunError, Stopped, say
 from ...track import MetricsSink
 from ...track.console import get_console
 from ...track.names import public
@@ -41,6 +46,8 @@ from .stop import StopControl
 
 #: the callbacks of the runs started in this context (:func:`with_callbacks`)
 _CALLBACKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("rlhfkit_callbacks", default=())
+#: what a callback may ask a loop for at the next step boundary (besides a stop)
+REQUESTS = ("save", "evaluate", "log")
 
 
 @contextlib.contextmanager
@@ -66,6 +73,14 @@ class Run:
     session: Session | None = None  # the lifecycle of the run directory (train/lifecycle/session.py), made by start_run
     stop: StopControl = field(default_factory=StopControl)  # SIGTERM / SIGUSR1 / another rank's failure (stop.py)
     callbacks: tuple = field(default_factory=_CALLBACKS.get)  # the Python API's (with_callbacks)
+    trained: Any = None  # the trained models, optimizers and schedules (set_up_trained), for callbacks
+    tokenizer: Any = None  # the policy's tokenizer (the loops set it), for callbacks
+    requests: set = field(default_factory=set)  # what callbacks asked for at the next step boundary (REQUESTS)
+
+    def __post_init__(self) -> None:
+        for cb in self.callbacks:  # a callback that reads the run (rlhfkit.callbacks) is given it
+            if hasattr(cb, "bind"):
+                cb.bind(self)
 
     def __enter__(self) -> Run:
         return self
@@ -113,18 +128,37 @@ class Run:
             if evals:
                 self.tell("on_eval", step, evals)
 
-    def tell(self, event: str, step: int, payload) -> None:
-        """Call each callback's ``event`` (main process); one returning True asks the run to stop at the next step
-        boundary (a plain function is an ``on_step`` callback)."""
-        if not self.is_main:
+    def tell(self, event: str, step: int, payload=None) -> None:
+        """Call each callback's ``event`` (main process); one returning True, or raising ``KeyboardInterrupt``,
+        asks the run to stop at the next step boundary; a set of :data:`REQUESTS` asks for those (a plain function is
+        an ``on_step`` callback)."""
+        if not self.is_main or not self.callbacks:
             return
         for cb in self.callbacks:
             fn = getattr(cb, event, None)
             if fn is None and event == "on_step" and not hasattr(cb, "on_eval") and callable(cb):
                 fn = cb
-            if fn is not None and fn(step, payload) is True:
-                self.stop.request(f"a callback ({type(cb).__name__ if fn is not cb else ''}"
-                                  f"{'.' if fn is not cb else ''}{getattr(fn, '__name__', event)})")
+            if fn is None:
+                continue
+            who = (f"{type(cb).__name__ if fn is not cb else ''}{'.' if fn is not cb else ''}"
+                   f"{getattr(fn, '__name__', event)}")
+            try:
+                out = fn(step, payload)
+            except Stopped:
+                raise
+            except KeyboardInterrupt:  # as Ctrl-C: stop at this boundary, with its checkpoint and one line
+                self.stop.request(f"a callback ({who}) raised KeyboardInterrupt")
+                continue
+            if out is True:
+                self.stop.request(getattr(cb, "stop_reason", None) or f"a callback ({who})")
+            elif isinstance(out, (set, frozenset)):
+                self.requests |= set(out) & set(REQUESTS)
+
+    def asked(self, what: str) -> bool:
+        """Whether a callback asked for ``what`` (one of :data:`REQUESTS`) at this boundary (then forgotten)."""
+        found = what in self.requests
+        self.requests.discard(what)
+        return found
 
 
 def set_seed(seed: int) -> None:
@@ -260,7 +294,8 @@ def set_up_trained(run: Run, models: dict[str, Any], total_updates: int, *,
         keep_logits_dtype(run.accelerator, model)
     state = run.session.resume(models=models, optimizers=optimizers, schedulers=schedulers)
     run.session.open_sink()
-    return Trained(run.session, models, optimizers, schedulers, state)
+    run.trained = Trained(run.session, models, optimizers, schedulers, state)
+    return run.trained
 
 
 def keep_logits_dtype(accelerator, model) -> None:

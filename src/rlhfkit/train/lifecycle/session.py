@@ -206,6 +206,7 @@ class Session:
         self.health: HealthMonitor | None = None
         self._old_checkpoints: list[Path] = []
         self._guards: list = []
+        self.steps_seen = self.steps_without_reward = 0  # online steps; those in which every sample was dropped
         self._chosen, self._resume_path, self._diff = False, None, []
         self.protect = False  # starting over on an earlier run's files: commit only at a checkpoint with an update
 
@@ -419,10 +420,22 @@ class Session:
                 "train/empty_updates": sum(g.empty for g in self._guards)}
 
     def check_applied(self) -> None:
-        """A run whose trained model (the first optimizer's: the policy) applied no update since it started stops
-        with one line instead of saving an unchanged model as a success."""
+        """A run whose trained model (the first optimizer's: the policy) applied no update since it started: when
+        updates were skipped for a non-finite loss or gradient, or every sample of every step was dropped (no finite
+        reward at all: a fault, never a success), one line and no model; when every update simply had no learning
+        signal (every group tied, every sample dropped: a weak
+        model on a hard task, as TRL would run it), it finishes and saves the model, saying plainly, in one line,
+        that no update changed the policy."""
         g = self._guards[0] if self._guards else None
         if g is None or g.applied or not (g.skipped or g.empty):
+            return
+        no_reward = getattr(self, "steps_seen", 0) > 0 and self.steps_without_reward >= self.steps_seen
+        if not g.skipped and not no_reward:  # ties, not faults: a finite reward was there, it did not vary
+            self.run.print(f"[{self.name}] no update changed the {g.name}: all {g.empty} updates of this run had no "
+                           "learning signal (every group tied, or every sample dropped: see frac_reward_zero_std / "
+                           "rewards/tied_groups_frac and rewards/dropped in metrics.jsonl); the model saved is the "
+                           "one the run started from. A harder reward needs a stronger start (SFT) or more samples "
+                           "per prompt (num_generations)")
             return
         raise NoUpdateError(
             f"no update of the {g.name} was applied in this run: {g.skipped} skipped for a non-finite loss or "
@@ -457,6 +470,8 @@ class Session:
         acc, run = self.run.accelerator, self.run
         acc.wait_for_everyone()
         self.check_applied()  # the guards count the same updates on every process (the skip is decided globally)
+        if self.cfg.train.max_steps == 0:
+            save_fn = None  # an evaluation (no update asked): the model is where it came from
         strategy = get_strategy(self.cfg)
         check_finite({"model": strategy.local_model(acc, model)}, "the final model")
         full = strategy.full_model(acc, model)  # every process: FSDP2 gathers the shards; the model on the main one

@@ -375,9 +375,11 @@ class Learner:
         g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
         self.policy.train()
         self.phases.phase("update", total=algo.ppo_epochs * math.ceil(n / algo.mini_batch_size))
+        update = step * self.updates_per_step  # the run's optimizer updates before this step's (callbacks)
         for _ in range(algo.ppo_epochs):
             order = torch.randperm(n, generator=g).to(self.device)
             for m0 in range(0, n, algo.mini_batch_size):
+                self.run.tell("on_step_begin", update)
                 mini = order[m0: m0 + algo.mini_batch_size]
                 micro_n = math.ceil(len(mini) / mb)
                 for i, s in enumerate(range(0, len(mini), mb)):
@@ -397,6 +399,11 @@ class Learner:
                 norm = clip_and_step(self.acc, self.policy, self.opt, self.sched, self.cfg.optim.max_grad_norm)
                 if norm is not None:
                     norms.append(float(norm))
+                update += 1
+                if self.run.callbacks:  # what TRL's callbacks and TrainOutput read (one host copy, only then)
+                    losses = [x["loss/policy_avg"] for x in stats[-micro_n:]]
+                    self.run.tell("on_update", update, {"tokens": self.tokens_seen, "rows": len(mini),
+                                                        "loss": float(torch.stack(losses).mean())})
                 if self.critic is not None:
                     clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched,
                                   self.cfg.optim.max_grad_norm)

@@ -102,9 +102,13 @@ class OnlineRun:
         metrics.update(extra or {})
         metrics = reduce_metrics(acc, metrics)  # one value per key on every process (KL controller too)
         learner.tokens_seen += metrics.pop("tokens/step", 0.0)  # prompt + response tokens so far (TRL's num_tokens)
+        run.session.steps_seen += 1  # a run whose every step dropped every sample ends as a fault (Session)
+        every = self.samples_per_step * run.world_size
+        run.session.steps_without_reward += metrics.get("rewards/dropped", 0.0) >= every
         metrics["tokens/seen"] = learner.tokens_seen
         learner.kl_ctl.update(metrics["objective/kl"], self.samples_per_step * run.world_size)
-        if step == self.total_steps or (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0):
+        if step == self.total_steps or run.asked("evaluate") or (cfg.train.eval_every > 0
+                                                                  and step % cfg.train.eval_every == 0):
             with learner.timer.phase("eval"):
                 metrics.update(self.evaluate())
             metrics.update(reduce_metrics(acc, learner.timer.take()))

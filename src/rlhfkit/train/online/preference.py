@@ -49,9 +49,11 @@ def preference_update(learner, exp: Experience, step: int) -> dict:
     learner.policy.train()
     learner.phases.phase("update", total=algo.ppo_epochs * updates)
     norms = []  # each update's gradient norm (TRL's grad_norm: their mean)
+    update = step * learner.updates_per_step  # the run's optimizer updates before this step's (callbacks)
     for _ in range(algo.ppo_epochs):
         order = torch.randperm(n, generator=g).to(keep.device)
         for mini in torch.tensor_split(order, updates):
+            learner.run.tell("on_step_begin", update)
             kept_in_update = max(int(keep[mini].sum()), 1)
             starts = range(0, len(mini), per_micro)
             for i, s in enumerate(starts):
@@ -62,6 +64,8 @@ def preference_update(learner, exp: Experience, step: int) -> dict:
             norm = clip_and_step(acc, learner.policy, learner.opt, learner.sched, cfg.optim.max_grad_norm)
             if norm is not None:
                 norms.append(float(norm))
+            update += 1
+            learner.run.tell("on_update", update, {"tokens": learner.tokens_seen, "rows": len(mini) * 2})
             learner.phases.advance()
     total = acc.reduce(sums, "sum") if acc.num_processes > 1 else sums
     count = float(total[-1])

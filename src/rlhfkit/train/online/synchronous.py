@@ -50,6 +50,8 @@ class OnlineTrainer(OnlineRun):
         self.producer.offloaded = tuple(learner.trained.optimizers.values())  # memory.offload_optimizer (memory.py)
         step = 0 if state is None else state["step_rollout"]
         last: dict = {}
+        run.tokenizer = learner.tok
+        run.tell("on_train_begin", step * ups, {"max_steps": self.total_steps * ups})
         with self.begin(step):
             saved = step  # the rollout step the newest checkpoint holds
 
@@ -59,6 +61,10 @@ class OnlineTrainer(OnlineRun):
                         set_rng_state(rng)
                     run.stop.stop(acc, step * ups, None if saved == step else lambda: self.save(step))
 
+            if self.total_steps == 0:  # train.max_steps=0: the model as it is, evaluated (the API's evaluate())
+                with learner.timer.phase("eval"):
+                    last = self.evaluate()
+                run.log(last, 0)
             run.stop.arm(True)
             while step < self.total_steps:
                 t_step = time.perf_counter()
@@ -76,11 +82,13 @@ class OnlineTrainer(OnlineRun):
                 metrics = learner.learn(exp, step)  # 4-6. forwards, advantages, PPO epochs
                 step += 1
                 last = self.end_step(exp, step, metrics, time.perf_counter() - t_step)  # 7.
-                if self.every and step % self.every == 0 and step != self.total_steps:
+                due = self.every and step % self.every == 0
+                if (due or run.asked("save")) and step != self.total_steps:  # a callback's should_save too
                     saved = step if self.save(step) is not False else saved
                 stop_if_asked(last=step == self.total_steps)  # a stop asked during the update: before the rollout
             run.stop.arm(False)
         self.finish(step)
+        run.tell("on_train_end", step * ups, learner.policy)
         return last
 
 def run_online(cfg: OnlineConfig) -> dict:

@@ -64,7 +64,7 @@ def total_updates(cfg, n_items: int, world: int) -> tuple[int, int]:
             f"{n_items} training records do not fill one batch of {cfg.train.batch_size} x {world} processes",
             where="train.batch_size", fix="lower train.batch_size or give more data (or train.drop_last=false)",
         )
-    if cfg.train.max_steps > 0:
+    if cfg.train.max_steps >= 0:  # 0: no update, an evaluation of the model as it is (the API's evaluate())
         return cfg.train.max_steps, per_epoch
     if cfg.train.drop_last:
         return max(1, int(per_epoch * cfg.train.epochs) // ga), per_epoch
@@ -136,6 +136,8 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
 
     evals = eval_batches(run, job)
     last: dict = {}
+    run.tokenizer = job.tokenizer
+    run.tell("on_train_begin", step, {"max_steps": n_updates})
     if step == 0 and job.eval_fn is not None and evals:
         last = {f"eval/{k}": v for k, v in evaluate(model, evals).items()}
         log(last, 0)
@@ -159,12 +161,14 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
         run.stop.arm(True)
         while step < n_updates:
             stats = []
+            run.tell("on_step_begin", step)
             micro, window = update_window(cfg, step, per_epoch)
             progress.phase("update", total=window, unit="micro-batches")
-            seen = torch.zeros((), device=run.device)
+            seen, rows = torch.zeros((), device=run.device), 0
             for k in range(window):
                 batch = to_device(micro_batch(micro), run.device)
                 seen += batch_tokens(batch)
+                rows += batch_rows(batch)
                 micro += 1
                 sync = contextlib.nullcontext() if k == window - 1 else acc.no_sync(model)  # all-reduce on the last
                 with sync:
@@ -177,15 +181,18 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                                       loss=torch.stack([s["loss"] for s in stats]))
             step += 1
             tokens += float(acc.reduce(seen, "sum") if acc.num_processes > 1 else seen)
+            if run.callbacks:  # what TRL's callbacks and TrainOutput read (one host copy, only with callbacks)
+                run.tell("on_update", step, {"epoch": micro / per_epoch, "tokens": tokens, "rows": rows,
+                                             "loss": float(torch.stack([s["loss"] for s in stats]).mean())})
 
             metrics = {}
-            if step % cfg.train.log_every == 0 or step == n_updates:
+            if step % cfg.train.log_every == 0 or step == n_updates or run.asked("log"):
                 metrics = {f"train/{k}": v for k, v in mean_stats(acc, stats).items()}
                 metrics.update({"lr": lr_used(scheduler), "epoch": micro / per_epoch, "tokens/seen": tokens})
                 if grad_norm is not None:
                     metrics["train/grad_norm"] = float(grad_norm)
             # every eval_every updates and after the last one, in the same line: one metrics line per step
-            if job.eval_fn is not None and evals and (step == n_updates or
+            if job.eval_fn is not None and evals and (step == n_updates or run.asked("evaluate") or
                                                      (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0)):
                 progress.phase("eval")
                 metrics.update({f"eval/{k}": v for k, v in evaluate(model, evals).items()})
@@ -196,7 +203,8 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             progress.update(1, {k: v for k, v in metrics.items() if k.split("/")[-1] in job.show or k in job.show})
             save = functools.partial(trained.save, step, state={"micro": micro, "extra": job.extra_state,
                                                                 "tokens_seen": tokens})
-            if cfg.train.save_every > 0 and step % cfg.train.save_every == 0 and step != n_updates:
+            due = cfg.train.save_every > 0 and step % cfg.train.save_every == 0
+            if (due or run.asked("save")) and step != n_updates:  # a callback's should_save too
                 saved = step if save() is not False else saved
             if run.stop.should_stop(acc, last=step == n_updates):  # every rank at the same update
                 run.stop.stop(acc, step, None if saved == step else save)
@@ -206,6 +214,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
     #    last update), finished marker, report
     run.session.finish(model, job.on_save, step)
     job.model = strategy.local_model(acc, model)
+    run.tell("on_train_end", step, job.model)
     return last
 
 
@@ -217,6 +226,14 @@ def batch_tokens(batch: dict) -> torch.Tensor:
         return mask.sum().float()
     ids = batch.get("input_ids")
     return torch.as_tensor(float(ids.numel()) if isinstance(ids, torch.Tensor) else 0.0)
+
+
+def batch_rows(batch: dict) -> int:
+    """The examples of a collated batch (its first tensor's rows; a pair's two sides count once)."""
+    first = next((v for v in batch.values() if isinstance(v, torch.Tensor)), None)
+    rows = int(first.shape[0]) if first is not None else 0
+    paired = "prompt_lengths" in batch and "label" not in batch  # PreferenceCollator: chosen rows, then rejected
+    return rows // 2 if paired else rows
 
 
 def _gathered_eval(strategy, eval_fn, model, batches):
