@@ -48,7 +48,7 @@ import torch
 
 from ..errors import RewardError, UserError, say
 from .loading import WHERE, RewardFunctionError, importable_name, is_in_process, load_reward_function
-from .trl_style import EXTRA, TrlStyle, is_trl_style, keyword_callable, named_params, wanted_extra
+from .trl_style import EXTRA, LOGGED, TrlStyle, is_trl_style, keyword_callable, named_params, wanted_extra
 from .workers import CallFailed, CallTimeout, WorkerPool, _alarm
 
 # ───────────────────────────────────────────── combining ─────────────────────────────────────────────
@@ -142,13 +142,16 @@ class RewardScores(NamedTuple):
     total: [B] float32, the weighted sum (0 where not ``valid``); per_function: {name: [B] float32, NaN where the
     function gave None}; metrics: ``rewards/<name>/mean`` and ``/std`` (over valid samples with a value, TRL's
     names), ``rewards/none_frac``,
-    ``rewards/dropped`` (number of samples dropped); valid: [B] bool, False for the samples dropped from the step.
+    ``rewards/dropped`` (number of samples dropped), and what TRL-style functions logged with ``log_metric`` (the
+    mean of the values, under the name given); valid: [B] bool, False for the samples dropped from the step;
+    extra: the ``log_extra`` columns.
     """
 
     total: torch.Tensor
     per_function: dict[str, torch.Tensor]
     metrics: dict[str, float]
     valid: torch.Tensor
+    extra: dict[str, list] = {}  # TRL's log_extra columns, one value per completion (None where not logged)
 
 
 class CombinedRewards:
@@ -264,14 +267,17 @@ class CombinedRewards:
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict], *, step: int | None = None,
         allow_all_dropped: bool = False, messages: Sequence[list] | None = None, rollout: Any = None,
-        max_steps: int | None = None,
+        max_steps: int | None = None, trainer_state: tuple | None = None, group: int = 1,
     ) -> RewardScores:
         """Score ``completions`` -> :class:`RewardScores` (total, per_function, metrics, valid).
 
         ``rows`` are the dataset records of the prompts (their columns become the functions' ``**fields``);
         ``step`` (optional) is named in errors. For functions of TRL's convention: ``messages`` (each prompt's
         messages), ``rollout`` (its ``response_ids`` / ``lengths`` give ``completion_ids``, computed only when a
-        function reads them) and ``max_steps`` (with ``step``: ``trainer_state``). Raises :class:`RewardError` /
+        function reads them), ``trainer_state`` (``(global_step, max_steps, epoch)`` as TRL counts them; without
+        it, ``step`` and ``max_steps``). ``group``: completions per prompt: a batch split over the workers is split
+        between groups, never inside one (a function of TRL's convention, or one run in this process, gets the
+        whole batch in one call, as TRL calls it). Raises :class:`RewardError` /
         :class:`RewardFunctionError` as the module docstring says (``allow_all_dropped``: a batch without any valid
         sample is returned, not an error — for evaluation, whose batches may be a single prompt); never returns a
         non-finite total.
@@ -280,7 +286,8 @@ class CombinedRewards:
         if len(prompts) != B or len(rows) != B:
             raise ValueError(f"got {len(prompts)} prompts, {B} completions and {len(rows)} rows")
         extra = {"messages": None if messages is None else list(messages), "rollout": rollout, "step": step,
-                 "max_steps": max_steps}
+                 "max_steps": max_steps, "trainer_state": trainer_state}
+        self._group, self._logged = max(1, int(group)), ({}, {})
         outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step, extra)
         total = torch.zeros(B, dtype=torch.float32)
         covered = torch.zeros(B, dtype=torch.bool)
@@ -310,7 +317,9 @@ class CombinedRewards:
                 metrics[f"rewards/{f.name}/std"] = float(scores[kept].std()) if int(kept.sum()) > 1 else 0.0
         metrics["rewards/none_frac"] = float((~covered).float().mean()) if B else 0.0
         metrics["rewards/dropped"] = float((~valid).sum())
-        return RewardScores(total, per_function, metrics, valid)
+        logged, columns = self._logged
+        metrics.update({name: sum(v) / len(v) for name, v in logged.items() if v})  # TRL's log_metric: the mean
+        return RewardScores(total, per_function, metrics, valid, {k: v[:B] for k, v in columns.items()})
 
     def of_rows(self, rows: Sequence[dict], completions: Sequence[str], rollout: Any = None, **kwargs) -> RewardScores:
         """Score the completions of the prompt records ``rows`` (``{"prompt": messages, **columns}``, one per
@@ -340,7 +349,9 @@ class CombinedRewards:
             if isinstance(outcome.error, RewardError):
                 raise outcome.error
             if outcome.ok:
-                self._validate(f.label, outcome.value, len(completions), "on a probe with placeholder completions")
+                self._logged = ({}, {})  # what a probe logs is not the run's
+                value = self._take_logs(outcome.value, list(range(len(completions))), len(completions))
+                self._validate(f.label, value, len(completions), "on a probe with placeholder completions")
 
     @staticmethod
     def _fields(f: _Loaded, rows: Sequence[dict]) -> dict[str, list]:
@@ -351,10 +362,19 @@ class CombinedRewards:
         return {k: [row.get(k) for row in rows] for k in names
                 if k not in f.reserved and (f.accepts is None or k in f.accepts)}
 
-    def _chunks(self, B: int) -> list[list[int]]:
-        n = max(1, min(self.pool.n, B))
-        bounds = [round(i * B / n) for i in range(n + 1)]
-        return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+    def _chunks(self, B: int, f: _Loaded | None = None) -> list[list[int]]:
+        """The calls a batch of ``B`` goes out in: one for a function run in this process or of TRL's convention
+        (the whole generation batch, as TRL calls it); else one per worker, each with whole groups: the batch is
+        completion-major (``k`` = ``group`` responses of ``P`` prompts: sample ``i + j P``), a call gets its
+        prompts' ``k`` responses each, completion-major too."""
+        if f is not None and (f.local or f.trl is not None or self.pool.n <= 1):
+            return [list(range(B))] if B else []
+        k = getattr(self, "_group", 1)
+        k = k if k > 0 and B % k == 0 else 1
+        prompts = B // k
+        n = max(1, min(self.pool.n, prompts))
+        bounds = [round(i * prompts / n) for i in range(n + 1)]
+        return [[i + j * prompts for j in range(k) for i in range(a, b)] for a, b in zip(bounds, bounds[1:])]
 
     def _call_each(self, prompts: list, completions: list, rows: list, step: int | None, extra: dict | None = None):
         """Each function on the batch (in chunks over the workers) -> (values per function, metrics: time_s,
@@ -371,7 +391,8 @@ class CombinedRewards:
                 ids = _completion_ids(extra["rollout"])
             trl = None if f.trl is None or not extra else {
                 "messages": extra.get("messages"), "completion_ids": ids if "completion_ids" in f.trl else None,
-                "step": extra.get("step"), "max_steps": extra.get("max_steps")}
+                "step": extra.get("step"), "max_steps": extra.get("max_steps"),
+                "trainer_state": extra.get("trainer_state")}
             values, failed = self._score(f, prompts, completions, rows, step, trl)
             metrics[f"rewards/{f.name}/time_s"] = time.perf_counter() - t0
             timeouts = sum(isinstance(e, CallTimeout) for e in failed.values())
@@ -416,7 +437,7 @@ class CombinedRewards:
 
         values: list[float | None] = [None] * len(completions)
         failed: dict[int, Exception] = {}
-        todo, alone = self._chunks(len(completions)), False
+        todo, alone = self._chunks(len(completions), f), False
         while todo:
             retry = []
             for idx, outcome in zip(todo, self._pool(f).map(f.name, [job(c) for c in todo])):
@@ -424,8 +445,9 @@ class CombinedRewards:
                     raise outcome.error
                 error = outcome.error
                 if error is None:
+                    value = self._take_logs(outcome.value, idx, len(completions))
                     try:
-                        got = self._validate(f.label, outcome.value, len(idx), _at(step).strip())
+                        got = self._validate(f.label, value, len(idx), _at(step).strip())
                     except RewardError as exc:
                         error = exc
                     else:
@@ -438,6 +460,22 @@ class CombinedRewards:
                     failed.update(dict.fromkeys(idx, error))
             todo, alone = retry, True
         return values, failed
+
+    def _take_logs(self, value: Any, idx: list[int], n: int) -> Any:
+        """A TRL-style call's scores, its ``log_metric`` values and ``log_extra`` columns kept for the batch
+        (:data:`~rlhfkit.rewards.trl_style.LOGGED`; a column of the call's length goes to its samples)."""
+        if not (isinstance(value, tuple) and len(value) == 4 and value[0] == LOGGED):
+            return value
+        _, scores, metrics, columns = value
+        logged, extra = getattr(self, "_logged", ({}, {}))
+        for name, values in (metrics.items() if isinstance(metrics, dict) else ()):
+            logged.setdefault(str(name), []).extend(float(v) for v in values if isinstance(v, (int, float)))
+        for column, values in (columns.items() if isinstance(columns, dict) else ()):
+            cells = extra.setdefault(str(column), [None] * n)
+            if isinstance(values, (list, tuple)) and len(values) == len(idx):
+                for i, v in zip(idx, values):
+                    cells[i] = v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+        return scores
 
     @staticmethod
     def _validate(label: str, out: Any, n: int, when: str = "") -> list[float | None]:

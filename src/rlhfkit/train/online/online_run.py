@@ -118,7 +118,7 @@ class OnlineRun:
             run.stop.local(acc, self.health.report, metrics, update, texts=exp.texts)
         if cfg.track.sample_every > 0 and (step % cfg.track.sample_every == 0 or step == 1):
             self.samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
-                             exp.raw_scores.tolist())
+                             exp.raw_scores.tolist(), extra=exp.reward_extra)  # TRL's log_extra columns
         return metrics
 
     def finish(self, step: int) -> None:

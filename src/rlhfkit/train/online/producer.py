@@ -69,8 +69,9 @@ class Producer:
         self.timer = timer or PhaseTimer(device)
         self.phases: Phases = NO_PHASES  # where the producer reports its phase (the progress display)
         self.k = cfg.algo.num_generations
-        # the run's length in rollout steps, as TRL-style reward functions read it (trainer_state.max_steps)
-        self.max_steps = step_geometry(cfg, shares, len(records[0])).steps
+        # the run's length, as TRL-style reward functions read it (trainer_state: optimizer updates, as TRL counts)
+        geometry = step_geometry(cfg, shares, len(records[0]))
+        self.max_steps, self.updates_per_step = geometry.steps, geometry.updates_per_step
         self.strategy = get_strategy(cfg)
         self.sampling = SamplingParams.from_config(cfg.generation)
         self.records = records
@@ -210,13 +211,13 @@ class Producer:
         ds, seed = self.cfg.algo.dynamic_sampling, self.seed_of(step, share, piece)
         if not ds.enabled:
             exp = self.rollout(policy, self.prompt_batch(step, share, piece), seed, step=step + 1)
-            self.score(exp, step=step + 1, allow_all_dropped=False)
+            self.score(exp, step=step + 1, allow_all_dropped=False, at=step)
             return exp
 
         def draw(j: int):
             prompts = self.prompt_batch(step * ds.max_draws + j, share, piece)
             e = self.rollout(policy, prompts, seed + 1_000_003 * j, step=step + 1)
-            self.score(e, step=step + 1)
+            self.score(e, step=step + 1, at=step)
             return e, penalised_scores(self.cfg, e.raw_scores, e.rollout.ended, e.rollout.lengths), e.valid
 
         with self.strategy.gathered(policy):  # each process draws its own number of times
@@ -228,10 +229,12 @@ class Producer:
 
     # ── 3. score ─────────────────────────────────────────────────────────────────────────────────────────────
     @torch.no_grad()
-    def score(self, exp: Experience, step: int | None = None, allow_all_dropped: bool = True) -> None:
+    def score(self, exp: Experience, step: int | None = None, allow_all_dropped: bool = True,
+              at: int | None = None) -> None:
         """Decoded texts, raw scores (reward model + functions) and their metrics onto ``exp``. Samples without a
         finite reward (NaN / inf / None) are dropped (score 0, ``exp.valid`` False, ``rewards/dropped``; all
-        dropped: an error unless ``allow_all_dropped``)."""
+        dropped: an error unless ``allow_all_dropped``). ``at``: the rollout step (0-based) a training batch is made
+        for, which TRL-style functions read as ``trainer_state`` (optimizer updates done before it, the run's)."""
         with self.timer.phase("reward"):
             rollout, rows = exp.rollout, exp.rows
             self.phases.phase("reward", total=len(rows), unit="responses")
@@ -251,8 +254,13 @@ class Producer:
                 total += torch.where(valid, rm, 0.0)
                 metrics["rewards/model/mean"] = rm[valid].mean().item() if valid.any() else 0.0
             if self.functions is not None:
+                ups = self.updates_per_step
+                state = None if at is None else (at * ups, None if self.max_steps is None else self.max_steps * ups,
+                                                 at / max(getattr(self, "per_epoch", 0) or 1, 1))
                 fn = self.functions.of_rows(rows, texts, rollout, step=step, max_steps=self.max_steps,
-                                            allow_all_dropped=allow_all_dropped)
+                                            allow_all_dropped=allow_all_dropped, trainer_state=state,
+                                            group=self.k if at is not None else 1)  # training: k per prompt
+                exp.reward_extra = fn.extra  # TRL's log_extra columns, for samples.jsonl
                 total += fn.total.to(self.device)
                 valid &= fn.valid.to(self.device)
                 metrics.update(fn.metrics)
