@@ -187,3 +187,8 @@ def always_hangs(prompts, completions, **fields):
 def one_unnamed(texts):
     """One parameter that neither convention names: refused when the run starts."""
     return [0.0] * len(texts)
+
+
+def wrong_length(prompts, completions, **fields):
+    """Certainly a bug: one value fewer than the completions (the probe stops it before any weights load)."""
+    return [1.0] * (len(completions) - 1)

@@ -198,6 +198,9 @@ class RewardFunction:
     convention: str = f("auto", "how it is called: rlhfkit (fn(prompts, completions, **fields), texts) | trl (TRL's "
                                 "keywords: completion_ids, trainer_state, and completions as messages when the data is "
                                 "conversational) | auto (trl when it names completions first or takes only **kwargs)")
+    lint: bool = f(True, "called on the reward lint's and the probe's synthetic completions before the run; false "
+                         "for a reward with side effects (a paid judge API, a counter): checked on the first rollout "
+                         "instead. A function naming a `synthetic` parameter gets synthetic=True on those calls")
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,7 @@ class RemoteJudgeConfig:
     timeout_s: float = f(60.0, "per-request timeout in seconds (connecting, and each read)", gt=0)
     weight: float = f(1.0, "weight of the judge's score in the total reward")
     name: str = f("judge", "name in the logs (rewards/<name>/mean, /timeouts, /errors, /time_s)")
+    lint: bool = f(False, "call the judge on the reward lint's synthetic completions too (each a paid request)")
 
 
 @dataclass(frozen=True)
@@ -247,8 +251,9 @@ class RewardConfig:
                         "trainer's process, no time limit)", ge=0)
     timeout_s: float = f(120.0, "wall-clock limit of one call of a reward function on its share of a batch; a call "
                                 "past it scores None for its samples and is counted (rewards/<name>/timeouts)", gt=0)
-    lint: bool = f(True, "before the run, call the rewards on adversarial completions built from the prompts: print "
-                         "which score high, stop on a certain bug (an empty answer paid the most)")
+    lint: bool = f(True, "before the run, call the rewards on adversarial completions built from the prompts and print "
+                         "which score high (an empty answer paid the most first); warnings only, the run goes on. "
+                         "reward.functions[].lint=false spares one function these calls")
     remote: RemoteJudgeConfig = f(RemoteJudgeConfig(), "a remote judge (HTTP) as one more reward function")
     sandbox: SandboxConfig = f(SandboxConfig(), "where code_tests runs model-written code (a code_tests kwarg "
                                                 "`isolation` overrides the level for that function)")

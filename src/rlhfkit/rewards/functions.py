@@ -63,6 +63,7 @@ class RewardFunctionSpec:
     name: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     convention: str = "auto"  # rlhfkit | trl | auto (by the signature: rlhfkit.rewards.trl_style.is_trl_style)
+    lint: bool = True  # called on the lint's and the probe's synthetic completions (false: it has side effects)
 
 
 CONVENTIONS = ("auto", "rlhfkit", "trl")
@@ -82,6 +83,7 @@ def _as_spec(item: Any) -> RewardFunctionSpec:
             name=getattr(item, "name", None),
             kwargs=dict(getattr(item, "kwargs", None) or {}),
             convention=getattr(item, "convention", "auto"),
+            lint=getattr(item, "lint", True),
         )
     raise TypeError(f"cannot make a reward function spec from {item!r}")
 
@@ -110,6 +112,8 @@ class _Loaded:
     kwargs: dict = field(default_factory=dict)  # bound to a function per call; a class's constructor arguments
     trl: frozenset | None = None  # TRL's convention: the per-call data it reads (completion_ids, messages)
     local: bool = False  # no worker can import it: called in this process (under the time limit)
+    lint: bool = True  # called on synthetic completions (the lint, the probe)
+    synthetic: bool = False  # it names a ``synthetic`` parameter: told so on those calls
 
 
 def _to_float(value: Any, label: str, index: int, at: str = "") -> float | None:
@@ -136,7 +140,7 @@ def _at(step: int | None) -> str:
     return "" if step is None else f" at step {step}"
 
 
-class RewardScores(NamedTuple):
+class _Scores(NamedTuple):
     """What :class:`CombinedRewards` returns for a batch of B completions.
 
     total: [B] float32, the weighted sum (0 where not ``valid``); per_function: {name: [B] float32, NaN where the
@@ -151,7 +155,13 @@ class RewardScores(NamedTuple):
     per_function: dict[str, torch.Tensor]
     metrics: dict[str, float]
     valid: torch.Tensor
-    extra: dict[str, list] = {}  # TRL's log_extra columns, one value per completion (None where not logged)
+
+
+class RewardScores(_Scores):
+    """:class:`_Scores` (unpacked as the four it holds) with ``extra``: TRL's ``log_extra`` columns, one value per
+    completion (None where not logged)."""
+
+    extra: dict = {}
 
 
 class CombinedRewards:
@@ -220,6 +230,8 @@ class CombinedRewards:
                     kwargs={} if trl else kwargs,
                     trl=frozenset(wanted_extra(obj)) if trl else None,
                     local=local,
+                    lint=bool(spec.lint),
+                    synthetic=_names_parameter(call, "synthetic"),
                 )
             )
             if local:
@@ -267,7 +279,7 @@ class CombinedRewards:
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict], *, step: int | None = None,
         allow_all_dropped: bool = False, messages: Sequence[list] | None = None, rollout: Any = None,
-        max_steps: int | None = None, trainer_state: tuple | None = None, group: int = 1,
+        max_steps: int | None = None, trainer_state: tuple | None = None, group: int = 1, synthetic: bool = False,
     ) -> RewardScores:
         """Score ``completions`` -> :class:`RewardScores` (total, per_function, metrics, valid).
 
@@ -277,7 +289,9 @@ class CombinedRewards:
         function reads them), ``trainer_state`` (``(global_step, max_steps, epoch)`` as TRL counts them; without
         it, ``step`` and ``max_steps``). ``group``: completions per prompt: a batch split over the workers is split
         between groups, never inside one (a function of TRL's convention, or one run in this process, gets the
-        whole batch in one call, as TRL calls it). Raises :class:`RewardError` /
+        whole batch in one call, as TRL calls it). ``synthetic``: the completions are the lint's, not a policy's:
+        functions with ``lint`` false are not called (None), those naming ``synthetic`` get ``synthetic=True``.
+        Raises :class:`RewardError` /
         :class:`RewardFunctionError` as the module docstring says (``allow_all_dropped``: a batch without any valid
         sample is returned, not an error — for evaluation, whose batches may be a single prompt); never returns a
         non-finite total.
@@ -287,7 +301,7 @@ class CombinedRewards:
             raise ValueError(f"got {len(prompts)} prompts, {B} completions and {len(rows)} rows")
         extra = {"messages": None if messages is None else list(messages), "rollout": rollout, "step": step,
                  "max_steps": max_steps, "trainer_state": trainer_state}
-        self._group, self._logged = max(1, int(group)), ({}, {})
+        self._group, self._logged, self._synthetic = max(1, int(group)), ({}, {}), synthetic
         outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step, extra)
         total = torch.zeros(B, dtype=torch.float32)
         covered = torch.zeros(B, dtype=torch.bool)
@@ -319,7 +333,9 @@ class CombinedRewards:
         metrics["rewards/dropped"] = float((~valid).sum())
         logged, columns = self._logged
         metrics.update({name: sum(v) / len(v) for name, v in logged.items() if v})  # TRL's log_metric: the mean
-        return RewardScores(total, per_function, metrics, valid, {k: v[:B] for k, v in columns.items()})
+        out = RewardScores(total, per_function, metrics, valid)
+        out.extra = {k: v[:B] for k, v in columns.items()}
+        return out
 
     def of_rows(self, rows: Sequence[dict], completions: Sequence[str], rollout: Any = None, **kwargs) -> RewardScores:
         """Score the completions of the prompt records ``rows`` (``{"prompt": messages, **columns}``, one per
@@ -345,7 +361,10 @@ class CombinedRewards:
         completions = list(completions) if completions is not None else [""] * len(prompts)
         self.start()
         for f in self.functions:
-            [outcome] = self._pool(f).map(f.name, [((list(prompts), completions), self._fields(f, rows))])
+            if not f.lint:  # spared synthetic calls (side effects): the first rollout checks it
+                continue
+            fields = {**self._fields(f, rows), **({"synthetic": True} if f.synthetic else {})}
+            [outcome] = self._pool(f).map(f.name, [((list(prompts), completions), fields)])
             if isinstance(outcome.error, RewardError):
                 raise outcome.error
             if outcome.ok:
@@ -385,6 +404,9 @@ class CombinedRewards:
         outputs, metrics = [], {}
         ids = None
         for f in self.functions:
+            if getattr(self, "_synthetic", False) and not f.lint:  # spared the lint's calls: no value, no call
+                outputs.append([None] * len(completions))
+                continue
             t0 = time.perf_counter()
             if f.trl is not None and extra and ids is None and "completion_ids" in f.trl \
                     and extra.get("rollout") is not None:
@@ -431,6 +453,8 @@ class CombinedRewards:
 
         def job(idx: list[int]) -> tuple[tuple, dict]:
             kwargs = {k: [v[i] for i in idx] for k, v in fields.items()}
+            if f.synthetic and getattr(self, "_synthetic", False):
+                kwargs["synthetic"] = True
             if trl is not None:
                 kwargs[EXTRA] = {k: [v[i] for i in idx] if isinstance(v, list) else v for k, v in trl.items()}
             return ([prompts[i] for i in idx], [completions[i] for i in idx]), kwargs
@@ -539,6 +563,14 @@ def _uses_trl_convention(label: str, obj: Callable, convention: str) -> bool:
                       "**kwargs), or set its convention to rlhfkit")
 
 
+def _names_parameter(fn: Callable, name: str) -> bool:
+    """``fn`` has a parameter called ``name`` (whatever else it takes)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _check_positional(label: str, fn: Callable) -> None:
     """``fn`` must take (prompts, completions) positionally: a function written for one argument is answered when
     the run starts, not as a TypeError on the first rollout."""
@@ -595,7 +627,9 @@ def rewards_from_config(rc, records: Sequence[dict] = ()) -> CombinedRewards | N
     remote = getattr(rc, "remote", None)
     if remote is not None and remote.url:
         kwargs = {k: getattr(remote, k) for k in remote.__dataclass_fields__ if k not in ("weight", "name")}
-        specs.append(RewardFunctionSpec("remote_judge", weight=remote.weight, name=remote.name, kwargs=kwargs))
+        kwargs.pop("lint", None)
+        specs.append(RewardFunctionSpec("remote_judge", weight=remote.weight, name=remote.name, kwargs=kwargs,
+                                        lint=getattr(remote, "lint", False)))
     if not specs:
         return None
     from ..data.sources import is_conversational

@@ -141,7 +141,7 @@ def _excluded(key: str) -> bool:
 
 #: settings added to the items of a list key after checkpoints were written, with their default: an item holding the
 #: default is fingerprinted without it, as before the setting existed (an older checkpoint still resumes)
-ITEM_DEFAULTS = {"reward.functions": {"convention": "auto"}}
+ITEM_DEFAULTS = {"reward.functions": {"convention": "auto", "lint": True}}
 
 
 def run_fingerprint(cfg) -> dict[str, Any]:

@@ -254,7 +254,7 @@ class Producer:
                 total += torch.where(valid, rm, 0.0)
                 metrics["rewards/model/mean"] = rm[valid].mean().item() if valid.any() else 0.0
             if self.functions is not None:
-                ups = self.updates_per_step
+                ups = getattr(self, "updates_per_step", 1)
                 state = None if at is None else (at * ups, None if self.max_steps is None else self.max_steps * ups,
                                                  at / max(getattr(self, "per_epoch", 0) or 1, 1))
                 fn = self.functions.of_rows(rows, texts, rollout, step=step, max_steps=self.max_steps,
