@@ -108,9 +108,13 @@ class AutoEngine(Engine):
 
     def _decode(self, model, ids, mask, params, seed):
         engine, kind = self._pick(model)
-        if kind is not None:  # the static engine, on the path _pick chose
-            return engine.decode_path(kind, model, ids, mask, params, seed)
-        return engine._decode(model, ids, mask, params, seed)
+        engine.on_progress = self.on_progress  # the engine chosen reports the progress of this call
+        try:
+            if kind is not None:  # the static engine, on the path _pick chose
+                return engine.decode_path(kind, model, ids, mask, params, seed)
+            return engine._decode(model, ids, mask, params, seed)
+        finally:
+            engine.on_progress = None
 
     def release(self) -> None:
         for engine in (self.hf, *self.engines.values()):

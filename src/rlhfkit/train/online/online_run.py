@@ -14,6 +14,7 @@ from ...config import OnlineConfig
 from ...config.geometry import step_geometry
 from ...models.loading import save_model
 from ...track import PhaseTimer, Progress
+from ...track.progress import earlier_pace
 from ..lifecycle.optim import lr_used
 from ..lifecycle.run import Run
 from ..shared.batches import load_records, reduce_metrics
@@ -78,8 +79,9 @@ class OnlineRun:
                                               vocab_size=len(self.learner.tok))
         self.every = max(1, math.ceil(cfg.train.save_every / ups)) if cfg.train.save_every > 0 else 0
         self.t_start = time.time()
+        earlier = earlier_pace(run.run_dir, ups) if step > 0 and run.is_main else None  # a resume: its ETA at once
         progress = Progress(self.total_steps, desc=cfg.recipe, unit="rollout", show=SHOW,
-                            is_main=run.is_main and cfg.track.progress, initial=step)
+                            is_main=run.is_main and cfg.track.progress, initial=step, earlier=earlier)
         self.learner.phases = progress
         if self.producer is not None:
             self.producer.phases = progress

@@ -174,8 +174,12 @@ class Producer:
             if abandon:
                 self.stop.abandon_point()
 
+        def tokens(t: int, max_new: int, ended: int | None) -> None:  # inside a micro-batch: the live line moves
+            self.phases.detail((f"{ended} ended, " if ended else "") + f"token {t}/{max_new}")
+
         with self.timer.phase("rollout"), self.strategy.gathered(policy), self.memory_phase():  # gathered once
-            rollout = self.engine.generate(policy, ids * k, self.sampling, seed=seed, on_rows=rows_done)
+            rollout = self.engine.generate(policy, ids * k, self.sampling, seed=seed, on_rows=rows_done,
+                                           on_progress=tokens)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 

@@ -26,6 +26,7 @@ import torch
 
 from ...errors import ConfigError
 from ...track import Progress
+from ...track.progress import earlier_pace
 from ..lifecycle.distributed import get_strategy
 from ..lifecycle.optim import clip_and_step, lr_used
 from ..lifecycle.run import Run, set_up_trained
@@ -156,8 +157,9 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
                                                 drop_last=cfg.train.drop_last)
         return job.collate([job.train_items[j] for j in batches_cache[epoch][pos]])
 
+    earlier = earlier_pace(run.run_dir) if step > 0 and run.is_main else None  # a resume: its ETA at once
     with Progress(n_updates, desc=job.name, unit="update", show=None, is_main=run.is_main and cfg.track.progress,
-                  initial=step) as progress:
+                  initial=step, earlier=earlier) as progress:
         run.stop.arm(True)
         while step < n_updates:
             stats = []
