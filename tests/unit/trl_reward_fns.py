@@ -82,9 +82,5 @@ def batch_sizes(completions, **kwargs):
 
 
 def group_rank(prompts, completions, **fields):
-    """rlhfkit's convention: each completion's rank by length among the completions of its own prompt in the call."""
-    out = []
-    for p, c in zip(prompts, completions):
-        mine = sorted(len(x) for q, x in zip(prompts, completions) if q == p)
-        out.append(float(len(mine)))  # the size of its group as this call saw it
-    return out
+    """rlhfkit's convention: for each completion, the size of its prompt's group as this call saw it."""
+    return [float(sum(q == p for q in prompts)) for p in prompts]
