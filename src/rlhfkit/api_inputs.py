@@ -157,6 +157,9 @@ def reward_entries(reward_funcs: Any, weights: Any) -> list[dict]:
             # through TRL's argument, a function TRL could call is called TRL's way (on conversational data its
             # completions are messages, as TRL passes them); rlhfkit's positional convention otherwise
             entry.setdefault("convention", "trl" if keyword_callable(fn) else "auto")
+            name = getattr(fn, "__name__", None)  # TRL's rewards/<fn.__name__>/mean (a lambda's: <lambda>)
+            if isinstance(name, str) and name not in {e.get("name") for e in entries}:
+                entry.setdefault("name", name)
             entry["fn"] = spec_of(fn)
         elif not isinstance(fn, str):
             raise ConfigError(f"reward_funcs holds a {type(fn).__name__}", where="reward_funcs",

@@ -274,3 +274,36 @@ def test_the_interface_decides_whose_defaults(tmp_path):
         (4, 8, 8)
     ppo = PPOTrainer(model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match").config
     assert ppo.defaults == "rlhfkit"  # TRL 1.16 has no PPO trainer
+
+
+def test_reward_funcs_twice_use_cpu_and_checkpointing_kwargs():
+    from rlhfkit import GRPOTrainer
+
+    with pytest.raises(ConfigError, match="reward_funcs is given twice") as e:
+        GRPOTrainer(model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match",
+                    args={"reward_funcs": ["math_answer"]})  # neither silently dropped
+    assert "once" in e.value.fix
+    cfg = GRPOTrainer(model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match",
+                      args={"use_cpu": True, "gradient_checkpointing": True,
+                            "gradient_checkpointing_kwargs": {"use_reentrant": False}}).config
+    assert cfg.train.device == "cpu" and cfg.model.gradient_checkpointing  # TRL's meaning, not refused
+    with pytest.raises(ConfigError, match="use_reentrant"):
+        GRPOTrainer(model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match",
+                    args={"gradient_checkpointing_kwargs": {"use_reentrant": True}})
+
+
+def test_the_start_up_block_of_a_supervised_run_says_whose_defaults(capsys):
+    from rlhfkit.config import build_config
+    from rlhfkit.config.startup import startup_block
+
+    own = startup_block(build_config("sft", {"model": {"name": TINY}, "optim": {"lr": 1e-4}}))
+    flat = own.replace("\n    ", " ")
+    assert flat.startswith("[sft] rlhfkit's defaults where TRL 1.16's SFTConfig differs (defaults=trl for TRL's):")
+    assert "train.epochs=1 [num_train_epochs=3]" in flat and "optim.lr" not in flat  # never the user's own value
+    trl = startup_block(build_config("dpo", {"model_name_or_path": TINY, "learning_rate": 1e-4,
+                                             "dataset_name": "d.jsonl", "logging_steps": 1}))
+    flat = trl.replace("\n    ", " ")
+    assert "[dpo] defaults: TRL 1.16's DPOConfig (the configuration is written with TRL's names" in flat
+    assert "TRL keeps every checkpoint" in flat  # save_steps=500: a row that applies
+    assert "logs the mean over the window" not in flat  # logging_steps=1: that row does not apply
+    assert max(len(line) for line in trl.splitlines()) <= 120

@@ -217,9 +217,10 @@ TRL_DIFFERENCES: tuple[TrlDifference, ...] = (
                   "every rollout step", _always),
     TrlDifference(_SUPERVISED, "with logging_steps above 1 TRL logs the mean over the window; rlhfkit logs the last "
                   "update's values", lambda cfg, world: cfg.train.log_every > 1),
-    TrlDifference(_ALL, "TRL evaluates only with eval_strategy=steps (an eval_dataset alone is never evaluated); "
-                  "rlhfkit evaluates data.eval at the end (and every train.eval_every updates)",
-                  lambda cfg, world: bool(cfg.data.eval) and cfg.train.eval_every == 0),
+    TrlDifference(_ALL, "TRL evaluates only with eval_strategy=steps (an eval_dataset alone is never evaluated, nor "
+                  "before the first update); rlhfkit evaluates data.eval before the first update (supervised "
+                  "recipes) and at the end, and every train.eval_every updates",
+                  lambda cfg, world: bool(cfg.data.eval)),
     TrlDifference(("sft",), "TRL's SFT loss averages over the tokens of the whole accumulated update; rlhfkit "
                   "averages each micro-batch's, then the micro-batches", lambda cfg, world: cfg.train.grad_accum > 1),
     TrlDifference(("online-dpo",), "a pair whose two completions score alike trains nothing here; TRL keeps it, "
@@ -231,6 +232,9 @@ TRL_DIFFERENCES: tuple[TrlDifference, ...] = (
                   "data.max_length), then the completion from the right (the [data] line counts the records cut)"),
     TrlDifference(("grpo", "rloo"), "a prompt longer than data.max_length is cut from the left here (the [data] line "
                   "counts them); TRL 1.16 has no prompt limit"),
+    TrlDifference(_ALL, "a peft.LoraConfig without target_modules: peft adapts its default for the architecture "
+                  "(q_proj and v_proj for Llama); rlhfkit its own choice (every linear layer of the blocks)",
+                  lambda cfg, world: cfg.model.lora.enabled and cfg.model.lora.target_modules is None),
 )
 
 #: rlhfkit's practice where TRL's default is otherwise (said in one line, never switched on).
@@ -238,8 +242,6 @@ PRACTICES: tuple[Practice, ...] = (
     Practice(_ONLINE, "reward.missing_eos_penalty", 1.0, "missing_eos_penalty=1.0",
              "an answer cut at the length limit scores 1 less"),
     Practice(("grpo", "rloo"), "algo.ppo.clip_high", 0.28, "epsilon_high=0.28", "DAPO's clip-higher keeps exploring"),
-    Practice(("rloo",), "algo.loss_aggregation", "token_mean", "(rlhfkit's token_mean)",
-             "long answers weigh by their tokens"),
 )
 
 

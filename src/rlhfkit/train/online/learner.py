@@ -403,6 +403,7 @@ class Learner:
                 if self.run.callbacks:  # what TRL's callbacks and TrainOutput read (one host copy, only then)
                     losses = [x["loss/policy_avg"] for x in stats[-micro_n:]]
                     self.run.tell("on_update", update, {"tokens": self.tokens_seen, "rows": len(mini),
+                                                        "prompts": len({id(exp.rows[i]) for i in mini.tolist()}),
                                                         "loss": float(torch.stack(losses).mean())})
                 if self.critic is not None:
                     clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched,

@@ -65,7 +65,8 @@ def preference_update(learner, exp: Experience, step: int) -> dict:
             if norm is not None:
                 norms.append(float(norm))
             update += 1
-            learner.run.tell("on_update", update, {"tokens": learner.tokens_seen, "rows": len(mini) * 2})
+            learner.run.tell("on_update", update, {"tokens": learner.tokens_seen, "rows": len(mini) * 2,
+                                                   "prompts": len(mini)})
             learner.phases.advance()
     total = acc.reduce(sums, "sum") if acc.num_processes > 1 else sums
     count = float(total[-1])

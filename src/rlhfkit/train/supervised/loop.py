@@ -185,6 +185,7 @@ def train_supervised(run: Run, job: SupervisedJob) -> dict:
             tokens += float(acc.reduce(seen, "sum") if acc.num_processes > 1 else seen)
             if run.callbacks:  # what TRL's callbacks and TrainOutput read (one host copy, only with callbacks)
                 run.tell("on_update", step, {"epoch": micro / per_epoch, "tokens": tokens, "rows": rows,
+                                             "prompts": rows,
                                              "loss": float(torch.stack([s["loss"] for s in stats]).mean())})
 
             metrics = {}
