@@ -11,7 +11,6 @@ import torch
 
 from ...data import LengthPolicy, load_dataset_records, tokenize_dataset
 from ...data.chat import plain_view
-from ...data.sources import is_conversational
 from ...errors import ConfigError, DataError, say
 from ...track.progress import MIN_HELD_OUT
 from .forward import completion_stats
@@ -87,10 +86,12 @@ def text_tokenizer(run, records: list[dict], kind: str, tok, cfg, label: str):
     """The tokenizer ``records`` are rendered with: ``tok``, or for plain-string records with
     ``data.plain_text=raw`` its :func:`~rlhfkit.data.chat.plain_view`; with ``template`` (rlhfkit's default) one
     line says that plain strings are templated, at the first data of a run."""
-    plain = bool(records) and not is_conversational(records) and not (kind == "sft" and "text" in records[0])
+    # plain strings: records a source marked so (data.sources: the row gave text, not messages); unmarked: as they are
+    plain = bool(records) and getattr(records[0], "conversational", None) is False and \
+        not (kind == "sft" and "text" in records[0])
     if not plain:
         return tok
-    if cfg.data.plain_text == "raw":
+    if getattr(cfg.data, "plain_text", "template") == "raw":
         return plain_view(tok)
     if label in ("train", "prompts"):
         run.print(f"[data] {label}: plain strings, each a user / assistant turn of the chat template "
