@@ -314,9 +314,8 @@ def can_share_prompts(model) -> bool:
     if (lm is not model or isinstance(model, FSDPModule)) and torch.is_grad_enabled():
         return False
     cfg = getattr(lm, "config", None)
-    flag = next((n for n in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(lm), n)),
-                None)  # transformers 5.23 renamed it (the old name warns)
-    checkpointing = bool(flag and getattr(lm, flag))
+    # under any wrapper (a PEFT model, whose own class has no such flag): any module transformers set checkpointing on
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in lm.modules())
     if cfg is None or checkpointing:
         return False
     text = cfg.get_text_config()
