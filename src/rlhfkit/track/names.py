@@ -71,6 +71,8 @@ _SUPERVISED = {  # transformers.Trainer.log + TRL's SFT / DPO / KTO / Reward tra
     "train/rewards/margins": "rewards/margins",
     "train/logps/chosen": "logps/chosen",
     "train/logps/rejected": "logps/rejected",
+    "train/logits/chosen": "logits/chosen",
+    "train/logits/rejected": "logits/rejected",
     "train/kl": "kl",
     "train/accuracy": "accuracy",
     "train/margin_mean": "margin",

@@ -62,17 +62,45 @@ def cache_path(run_dir: Path, key: str) -> Path:
 # ─────────────────────────────────────────────── sequence log-probs ───────────────────────────────────────────
 
 
-def sequence_logps(model, input_ids, attention_mask, completion_mask, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logps(model, input_ids, attention_mask, completion_mask, start: int,
+                   into: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs summed over each row's completion tokens [N] and the number of those tokens [N].
 
     ``start`` is the first position whose logits are needed (the last prompt token of the shortest prompt), so the
-    LM head never runs over the shared prompt prefix.
+    LM head never runs over the shared prompt prefix. ``into``: filled with per-row sums over the same tokens, no
+    gradient, for TRL's metrics (:func:`token_metrics`): ``mean_logits``, ``top1`` (tokens that are the model's most
+    likely one), ``entropy`` (absent when Liger's kernel computes the head).
     """
     # through the LM head in chunks, only the completion tokens (train/shared/forward.py): no [N, L, V] logits
     labels = torch.where(completion_mask.bool(), input_ids, IGNORE)
-    logps = completion_stats(model, input_ids, attention_mask, labels, start=start).logprobs
+    extra = into is not None
+    st = completion_stats(model, input_ids, attention_mask, labels, start=start, entropy="metric" if extra else False,
+                          argmax=extra, mean_logits=extra)
     mask = completion_mask[:, start + 1:]
-    return masked_sum(logps, mask, dim=-1), mask.sum(-1).to(logps.dtype)
+    if extra:
+        with torch.no_grad():
+            into["mean_logits"] = masked_sum(st.mean_logits, mask, dim=-1)
+            into["top1"] = masked_sum((st.argmax == input_ids[:, start + 1:]).float(), mask, dim=-1)
+            if st.entropy is not None:
+                into["entropy"] = masked_sum(st.entropy.detach(), mask, dim=-1)
+    return masked_sum(st.logprobs, mask, dim=-1), mask.sum(-1).to(st.logprobs.dtype)
+
+
+def token_metrics(rows: dict, tokens: torch.Tensor, chosen: torch.Tensor, accuracy: bool) -> dict:
+    """TRL 1.16's per-token metrics of a DPO / KTO batch from :func:`sequence_logps`'s per-row sums: ``entropy``
+    (over every completion token), ``logits/chosen`` / ``logits/rejected`` (the mean logit over the vocabulary,
+    averaged over the tokens of the chosen / rejected rows), ``mean_token_accuracy`` (``accuracy``: DPO's, over the
+    chosen completions' tokens). ``tokens`` [N]: each row's; ``chosen`` [N] bool."""
+    with torch.no_grad():
+        chosen = chosen.bool()
+        n_chosen, n_rejected = tokens[chosen].sum().clamp(min=1), tokens[~chosen].sum().clamp(min=1)
+        out = {"logits/chosen": rows["mean_logits"][chosen].sum() / n_chosen,
+               "logits/rejected": rows["mean_logits"][~chosen].sum() / n_rejected}
+        if "entropy" in rows:
+            out["entropy"] = rows["entropy"].sum() / tokens.sum().clamp(min=1)
+        if accuracy:
+            out["mean_token_accuracy"] = rows["top1"][chosen].sum() / n_chosen
+    return out
 
 
 # ─────────────────────────────────────────────────── batches ──────────────────────────────────────────────────
@@ -276,10 +304,11 @@ def paired_loss(algo, lp: dict) -> tuple[torch.Tensor, dict]:
     return PREFERENCE_LOSSES[algo.loss].from_logps(lp, algo)
 
 
-def pair_logps(model, batch: dict, reference: Reference | None) -> dict:
-    """One forward over the [2B, L] batch -> summed log-probs and token counts of both sides (+ reference)."""
+def pair_logps(model, batch: dict, reference: Reference | None, into: dict | None = None) -> dict:
+    """One forward over the [2B, L] batch -> summed log-probs and token counts of both sides (+ reference);
+    ``into``: :func:`sequence_logps`'s."""
     sums, counts = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                                  batch["start"])
+                                  batch["start"], into)
     half = sums.shape[0] // 2
     lp = {"chosen": sums[:half], "rejected": sums[half:], "chosen_tokens": counts[:half],
           "rejected_tokens": counts[half:]}
@@ -304,10 +333,14 @@ def kto_objective(algo, logps, ref, labels, kl_logps, kl_ref, gather=None) -> tu
     return loss, stats
 
 
-def kto_logps(model, batch: dict, reference: Reference) -> tuple[torch.Tensor, ...]:
-    """(logps [B] with grad, ref [B], kl logps [B] without grad, kl ref [B])."""
+def kto_logps(model, batch: dict, reference: Reference, into: dict | None = None) -> tuple[torch.Tensor, ...]:
+    """(logps [B] with grad, ref [B], kl logps [B] without grad, kl ref [B]); ``into``: :func:`sequence_logps`'s,
+    with the rows' token counts (``tokens``)."""
     s = batch["start"]
-    logps, _ = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s)
+    logps, tokens = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s,
+                                   into)
+    if into is not None:
+        into["tokens"] = tokens
     with torch.no_grad():
         kl_logps, _ = sequence_logps(model, batch["kl_input_ids"], batch["kl_attention_mask"],
                                      batch["kl_completion_mask"], s)
@@ -322,13 +355,20 @@ def make_forward(run, cfg, reference: Reference | None):
         gather = run.accelerator.gather if run.world_size > 1 else None
 
         def kto_forward(model, batch):
-            logps, ref, kl_logps, kl_ref = kto_logps(model, batch, reference)
-            return kto_objective(algo, logps, ref, batch["label"], kl_logps, kl_ref, gather)
+            rows: dict = {}
+            logps, ref, kl_logps, kl_ref = kto_logps(model, batch, reference, rows)
+            loss, stats = kto_objective(algo, logps, ref, batch["label"], kl_logps, kl_ref, gather)
+            return loss, {**stats, **token_metrics(rows, rows["tokens"], batch["label"], accuracy=False)}
 
         return kto_forward
 
     def paired_forward(model, batch):
-        return paired_loss(algo, pair_logps(model, batch, reference))
+        rows: dict = {}
+        lp = pair_logps(model, batch, reference, rows)
+        loss, stats = paired_loss(algo, lp)
+        tokens = torch.cat([lp["chosen_tokens"], lp["rejected_tokens"]])
+        chosen = torch.arange(tokens.shape[0], device=tokens.device) < lp["chosen_tokens"].shape[0]
+        return loss, {**stats, **token_metrics(rows, tokens, chosen, accuracy=True)}
 
     return paired_forward
 

@@ -18,14 +18,19 @@ from .loop import SupervisedJob, train_supervised
 
 def sft_forward(model, batch: dict) -> tuple[torch.Tensor, dict]:
     """Mean NLL over the trained tokens of the micro-batch (labels != -100), and the fraction of them that are the
-    model's most likely token (TRL's ``mean_token_accuracy``)."""
+    model's most likely token (TRL's ``mean_token_accuracy``), and the mean entropy of the next-token distribution over
+    them (TRL's ``entropy``; not when Liger's kernel computes the head)."""
     labels = batch["labels"][:, 1:]
     mask = (labels != IGNORE_INDEX).long()
     st = completion_stats(model, batch["input_ids"], batch["attention_mask"], batch["labels"],
-                          position_ids=batch.get("position_ids"), argmax=True)  # untrained tokens: not computed
+                          position_ids=batch.get("position_ids"), argmax=True,
+                          entropy="metric")  # untrained tokens: not computed
     loss, _ = sft_loss(st.logprobs, mask)
-    hits = ((st.argmax == labels) & mask.bool()).sum().float()
-    return loss, {"mean_token_accuracy": hits / mask.sum().clamp(min=1)}
+    tokens = mask.sum().clamp(min=1)
+    out = {"mean_token_accuracy": ((st.argmax == labels) & mask.bool()).sum().float() / tokens}
+    if st.entropy is not None:
+        out["entropy"] = (st.entropy * mask).sum() / tokens
+    return loss, out
 
 
 @torch.no_grad()
