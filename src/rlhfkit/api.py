@@ -175,6 +175,7 @@ class Trainer:
                                  self.control)
         self._given = (model, processing_class or tokenizer)  # a loaded model and tokenizer, as given
         self._loaded: tuple | None = None  # (model, tokenizer) loaded for the properties before train()
+        self._unfinished = False  # this trainer's last train() stopped early: the next one resumes it
         self._bridge.call("on_init_end")
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> Summary:
@@ -182,7 +183,8 @@ class Trainer:
         ``TrainOutput`` fields with it). A run stopped by a callback returns (``stopped`` set); a SIGTERM or an error
         raise as in the CLI (a :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``), Ctrl-C with the
         CLI's one line first. ``resume_from_checkpoint``: as TRL's (True: the newest valid checkpoint, a path: that
-        one; rlhfkit resumes by default, ``train.resume``)."""
+        one; None: ``train.resume``, TRL's ``never`` for a TRL-configured run -- but after this trainer's own run
+        stopped early, train() again resumes it; a new trainer resumes with ``resume_from_checkpoint=True``)."""
         from .config import replace
         from .config.aliases import origin_of
         from .track.console import silence_libraries
@@ -190,8 +192,11 @@ class Trainer:
         from .track.names import public
         from .track.progress import run_summary_line
         from .train.lifecycle.run import with_callbacks
+        from .train.lifecycle.stop import AGAIN, AGAIN_NEVER
 
         cfg = self.config
+        if resume_from_checkpoint is None and self._unfinished and cfg.train.resume == "never":
+            resume_from_checkpoint = True  # this trainer's own stopped run: train() again resumes it
         if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
             cfg = replace(cfg, train={"resume": "auto" if resume_from_checkpoint is True else
                                       str(resume_from_checkpoint)})
@@ -207,20 +212,24 @@ class Trainer:
             with with_callbacks([bridge, *self.callbacks]):
                 metrics = public(self.recipe, RECIPES[self.recipe].run(cfg) or {})  # TRL's names where TRL has them
         except Stopped as stop:
+            self._unfinished = True
             bridge.stopped()  # the policy as it stands is trainer.model; on_train_end, as transformers calls it
             if stop.exit_code != 0:  # a signal, another rank's failure: as in the CLI
                 raise
-            stopped = stop.message.replace("rerun the same command to resume", "train() again resumes it")
+            again = "train() again resumes it"
+            stopped = stop.message.replace(AGAIN, again).replace(AGAIN_NEVER, again)
             rows = read_metrics(run_dir)
             metrics = rows[-1] if rows else {}
         except ConfigError as err:  # an input checked when the run starts: file:line when a YAML file set it
             raise locate(err, self._yaml) from None
         except KeyboardInterrupt:  # Ctrl-C: the CLI's one line, then as Python does
+            self._unfinished = True
             say(f"[{self.recipe}] interrupted (Ctrl-C) at update {self.state.global_step}: train() again resumes "
                 "from the newest checkpoint in " + str(run_dir))
             raise
         finally:
             restore()
+        self._unfinished = bool(stopped)  # a stopped run's checkpoint: the next train() goes on from it
         seconds = time.time() - started
         line = run_summary_line(self.recipe, run_dir, seconds, since=started)
         if stopped:

@@ -99,7 +99,8 @@ def test_callback_stops_with_a_checkpoint_and_train_again_resumes(tmp_path, monk
     assert cb.saved == [(2, "checkpoint-2")] and (tmp_path / "runs/sft/checkpoint-2").is_dir()
     assert not (tmp_path / "runs/sft/finished.json").exists()
     cb.steps.clear()
-    second = SFTTrainer(model=model, processing_class=tok, args=args, train_dataset=rows, callbacks=[]).train()
+    second = SFTTrainer(model=model, processing_class=tok, args=args, train_dataset=rows,  # a new trainer: as in TRL
+                        callbacks=[]).train(resume_from_checkpoint=True)
     assert second.stopped is None and (tmp_path / "runs/sft/finished.json").is_file()
     assert "resumed from" in capsys.readouterr().out
     steps = [r["step"] for r in metrics_of(tmp_path / "runs/sft") if "loss" in r]  # TRL's name

@@ -247,10 +247,12 @@ def test_the_interface_decides_whose_defaults(tmp_path):
     quick = grpo()  # TRL's quickstart: GRPOTrainer(model, reward_funcs, train_dataset)
     assert (quick.defaults, quick.optim.lr, quick.train.epochs, quick.algo.num_generations) == ("trl", 1e-6, 3.0, 8)
     assert (quick.generation.max_new_tokens, quick.data.plain_text, quick.reward.clip) == (512, "raw", None)
+    assert quick.train.resume == "never"  # TRL's train() starts over unless resume_from_checkpoint says otherwise
     assert grpo(args=GRPOConfig(learning_rate=1e-5)).defaults == "trl"
     assert grpo(args={"learning_rate": 1e-5, "algo": {"num_generations": 4}}).defaults == "trl"  # TRL names win
     own = grpo(args=GRPOConfig(optim={"lr": 1e-5}))
     assert own.defaults == "rlhfkit" and own.algo.ppo_epochs == 2 and own.data.plain_text == "template"
+    assert own.train.resume == "auto"
     assert grpo(args=GRPOConfig(defaults="rlhfkit", learning_rate=1e-5)).defaults == "rlhfkit"
     assert Trainer("grpo", model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match").config.defaults == \
         "rlhfkit"

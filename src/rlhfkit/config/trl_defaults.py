@@ -78,6 +78,7 @@ def _training(lr: float, *, supervised: bool) -> tuple[TrlDefault, ...]:
         _d("train.max_steps", -1, "max_steps=-1"),
         _d("train.save_every", 500, "save_steps=500"),
         _d("train.seed", 42, "seed=42"),
+        _d("train.resume", "never", "resume_from_checkpoint=None (train() starts over in output_dir)"),
     ]
     if supervised:
         rows += [_d("train.grad_accum", 1, "gradient_accumulation_steps=1"),

@@ -42,7 +42,7 @@ from ...track.names import public
 from .distributed import die_with_launcher, get_strategy
 from .optim import build_optimizer, build_scheduler
 from .session import Session
-from .stop import StopControl
+from .stop import AGAIN_NEVER, StopControl
 
 #: the callbacks of the runs started in this context (:func:`with_callbacks`)
 _CALLBACKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("rlhfkit_callbacks", default=())
@@ -78,6 +78,8 @@ class Run:
     requests: set = field(default_factory=set)  # what callbacks asked for at the next step boundary (REQUESTS)
 
     def __post_init__(self) -> None:
+        if getattr(getattr(self.cfg, "train", None), "resume", None) == "never":  # a rerun starts over
+            self.stop.again = AGAIN_NEVER
         for cb in self.callbacks:  # a callback that reads the run (rlhfkit.callbacks) is given it
             if hasattr(cb, "bind"):
                 cb.bind(self)
