@@ -194,6 +194,23 @@ def port(text: str) -> str:
     return re.sub(r"^from trl(\.[\w.]+)? import ", "from rlhfkit import ", text, flags=re.M)
 
 
+# The scripts run a third time with only the trainer's import changed: TRL's own config object (``trl.GRPOConfig``)
+# passed as ``args`` to rlhfkit's trainer.
+TRL_ARGS = ("grpo_quickstart", "grpo_rewards", "dpo")
+
+
+def port_trainer(text: str) -> str:
+    """The script with only its ``...Trainer`` import from rlhfkit: the config (and everything else) still TRL's."""
+    def one(m: re.Match) -> str:
+        names = [n.strip() for n in m.group(2).split(",")]
+        trainers = [n for n in names if n.endswith("Trainer")]
+        rest = [n for n in names if not n.endswith("Trainer")]
+        lines = [f"from trl{m.group(1) or ''} import {', '.join(rest)}"] if rest else []
+        return "\n".join(lines + ([f"from rlhfkit import {', '.join(trainers)}"] if trainers else []))
+
+    return re.sub(r"^from trl(\.[\w.]+)? import (.+)$", one, text, flags=re.M)
+
+
 # ─────────────────────────────────────────────────── measuring ──────────────────────────────────────────────────────
 
 
@@ -280,8 +297,9 @@ def worker(framework: str, script: str, work: Path, out: Path) -> None:
     os.environ.update({"RLHFKIT_CACHE": str(work / "cache"), "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1",
                        "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"})
     rec = _recorder()
-    (install_trl if framework == "trl" else install_rlhfkit)(rec)
-    text = SCRIPTS[script][1] if framework == "trl" else port(SCRIPTS[script][1])
+    (install_trl if framework == "trl" else install_rlhfkit)(rec)  # "trl-args": rlhfkit's trainer
+    text = {"trl": SCRIPTS[script][1], "trl-args": port_trainer(SCRIPTS[script][1])}.get(framework) or \
+        port(SCRIPTS[script][1])
     run_dir = work / f"{framework}-{script}"
     scope = {"__name__": "__main__", "MODEL": str(work / "tiny"), "OUT": str(run_dir)}
     error = None
@@ -354,9 +372,9 @@ def _lr(v) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
-def compare(script: str, trl: dict, ours: dict) -> tuple[list[str], int]:
+def compare(script: str, trl: dict, ours: dict, title: str | None = None) -> tuple[list[str], int]:
     """The side-by-side lines of one script and its number of differences."""
-    lines = [f"== {script}: {SCRIPTS[script][0]}"]
+    lines = [f"== {script}: {title or SCRIPTS[script][0]}"]
     diffs = 0
     for name, res in (("TRL", trl), ("rlhfkit", ours)):
         if res.get("error"):
@@ -388,7 +406,7 @@ def markdown(results: dict, when: str) -> str:
     rows = [f"Measured {when} (`bench/trl_port.py`, CPU, the tiny Llama):", "",
             "| script | updates TRL / rlhfkit | samples, prompts, learning rate per update | TRL's metric names logged "
             "by rlhfkit |", "|---|---|---|---|"]
-    for script, (trl, ours, lines) in results.items():
+    for script, (trl, ours, lines) in results.items():  # a script's "trl-args" run keyed "<script> (trl args)"
         per_step = "equal at every update" if not any("DIFF" in x for x in lines if x.lstrip()[:1].isdigit()) \
             else "differ (see the bench output)"
         missing = next((x.split("rlhfkit: ", 1)[1] for x in lines if "not logged by rlhfkit" in x), None)
@@ -419,7 +437,7 @@ def main() -> int:
     results, total = {}, len(bad)
     for script in args.scripts.split(","):
         got = {}
-        for fw in ("trl", "rlhfkit"):
+        for fw in ("trl", "rlhfkit") + (("trl-args",) if script in TRL_ARGS else ()):
             out = work / f"{fw}-{script}.json"
             proc = subprocess.run([sys.executable, __file__, "--work", str(work), "--worker", fw, script, str(out)],
                                   env=env, capture_output=True, text=True, cwd=work)
@@ -430,6 +448,14 @@ def main() -> int:
         results[script] = (got["trl"], got["rlhfkit"], lines)
         total += diffs
         print("\n".join(lines), flush=True)
+        if "trl-args" in got:
+            config = re.search(r"\b(\w+Config)\(", SCRIPTS[script][1]).group(1)
+            key = f"{script} (trl.{config} as args)"
+            lines, diffs = compare(key, got["trl"], got["trl-args"],
+                                   f"only the trainer from rlhfkit, args=trl.{config}(...)")
+            results[key] = (got["trl"], got["trl-args"], lines)
+            total += diffs
+            print("\n".join(lines), flush=True)
     when = time.strftime("%Y-%m-%d")
     print(f"\n{total} difference(s)")
     if args.markdown:
