@@ -219,3 +219,19 @@ def test_sequence_logps_fill_the_token_metrics_sums(tmp_path):
     torch.testing.assert_close(rows["top1"], ((logits.argmax(-1) == ids[:, 1:]).float() * m).sum(-1))
     torch.testing.assert_close(rows["entropy"], (-(logp.exp() * logp).sum(-1) * m).sum(-1), atol=1e-4, rtol=1e-4)
     assert count.tolist() == [3.0, 2.0]
+
+
+def test_evaluation_token_metrics_equal_the_training_forwards(tmp_path):
+    """The held-out evaluation, over batches split otherwise, gives the training forward's TRL token metrics of the
+    whole batch (token-weighted, not a mean of batch means)."""
+    cfg = _cfg(tmp_path / "ev", "algo.reference=on_the_fly")
+    run = start_run(cfg)
+    model, tok = load_causal_lm(cfg.model, seed=cfg.train.seed)
+    collate = P.PairCollator(tok.pad_token_id)
+    ref = P.open_reference(run, cfg, tok)
+    _perturb(model)
+    model.eval()
+    _, whole = P.make_forward(run, cfg, ref)(model, collate(_pairs()))
+    got = P.evaluate(run, cfg, ref, model, [collate(_pairs()[:1]), collate(_pairs()[1:])])
+    for key in ("logits/chosen", "logits/rejected", "entropy", "mean_token_accuracy", "rewards/chosen"):
+        assert got[key] == pytest.approx(float(whole[key]), abs=1e-5), key

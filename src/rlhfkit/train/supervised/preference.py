@@ -392,29 +392,42 @@ def _paired_accuracy(rewards: torch.Tensor, labels: torch.Tensor, pair: torch.Te
 @torch.no_grad()
 def evaluate(run, cfg, reference: Reference | None, model, batches: list[dict]) -> dict:
     """Loss and metrics over the whole held-out set (every process's examples); accuracy = fraction of pairs
-    whose implicit reward of chosen beats rejected."""
+    whose implicit reward of chosen beats rejected; TRL's token metrics (:func:`token_metrics`) over every token."""
     algo, acc = cfg.algo, run.accelerator
     paired = PREFERENCE_LOSSES[algo.loss].paired
-    rows = []
+    rows, has_entropy = [], True
     with eval_mode(model):
         for batch in batches:
+            sums: dict = {}
             if not paired:
-                logps, ref, kl_logps, kl_ref = kto_logps(model, batch, reference)
-                rows.append(torch.stack([logps, ref, kl_logps, kl_ref, batch["label"].float(),
-                                         batch["pair"].float()], dim=1))
+                logps, ref, kl_logps, kl_ref = kto_logps(model, batch, reference, sums)
+                cols = [logps, ref, kl_logps, kl_ref, batch["label"].float(), batch["pair"].float(), sums["tokens"]]
             else:
-                lp = pair_logps(model, batch, reference)
-                rows.append(torch.stack([lp[k].float() for k in PAIR_COLUMNS], dim=1))
-    width = 6
+                lp = pair_logps(model, batch, reference, sums)
+                cols = [lp[k].float() for k in PAIR_COLUMNS]
+            has_entropy = has_entropy and "entropy" in sums
+            extra = [sums["mean_logits"], sums["top1"], sums.get("entropy", torch.zeros_like(sums["top1"]))]
+            if paired:  # [2B] per row -> [B] per pair: the chosen half, then the rejected half
+                extra = [half for t in extra for half in t.chunk(2)]
+            rows.append(torch.stack([*cols, *extra], dim=1).float())
+    width = (7 + 3) if not paired else len(PAIR_COLUMNS) + 6
     table = gather_rows(acc, torch.cat(rows) if rows else torch.zeros(0, width, device=acc.device))
     if not paired:
-        logps, ref, kl_logps, kl_ref, labels, pair = table.unbind(1)
+        logps, ref, kl_logps, kl_ref, labels, pair, tokens, ml, top1, ent = table.unbind(1)
         loss, stats = kto_objective(algo, logps, ref, labels.bool(), kl_logps, kl_ref)
         paired = _paired_accuracy(logps - ref, labels.bool(), pair.long())
         if paired is not None:
             stats["rewards/accuracies"] = paired
+        chosen, accuracy = labels.bool(), False
     else:
-        loss, stats = paired_loss(algo, dict(zip(PAIR_COLUMNS, table.unbind(1))))
+        lp = dict(zip(PAIR_COLUMNS, table[:, :len(PAIR_COLUMNS)].unbind(1)))
+        loss, stats = paired_loss(algo, lp)
+        ml_c, ml_r, top_c, top_r, ent_c, ent_r = table[:, len(PAIR_COLUMNS):].unbind(1)
+        ml, top1, ent = torch.cat([ml_c, ml_r]), torch.cat([top_c, top_r]), torch.cat([ent_c, ent_r])
+        tokens = torch.cat([lp["chosen_tokens"], lp["rejected_tokens"]])
+        chosen, accuracy = torch.arange(tokens.shape[0], device=tokens.device) < ml_c.shape[0], True
+    sums = {"mean_logits": ml, "top1": top1, **({"entropy": ent} if has_entropy else {})}
+    stats.update(token_metrics(sums, tokens, chosen, accuracy))
     return {"loss": loss.item(), **{k: float(v) for k, v in stats.items()}}
 
 
