@@ -241,6 +241,8 @@ def _trl_rows(trainer, inputs) -> tuple[int, set]:
     if isinstance(inputs, list):  # GRPO / RLOO: one row per completion; online DPO: one per prompt, two completions
         prompts = {repr(row.get("prompt")) for row in inputs}
         return (2 * len(inputs) if "OnlineDPO" in name else len(inputs)), prompts
+    if "OnlineDPO" in name and isinstance(inputs.get("prompt"), list):  # TRL 1.16: {"prompt": [...]}, no tensor
+        return 2 * len(inputs["prompt"]), {repr(p) for p in inputs["prompt"]}
     first = next(v for v in inputs.values() if hasattr(v, "shape"))
     n = int(first.shape[0]) // (2 if name in ("DPOTrainer", "RewardTrainer") else 1)  # pairs: two rows each
     return n, set(range(n))
