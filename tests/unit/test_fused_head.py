@@ -315,9 +315,9 @@ def test_no_tensor_of_batch_x_tokens_x_vocab_elements_in_a_training_step():
     assert max(over_vocab)[0] >= B * R
 
 
-def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
-    """Liger's kernel needs CUDA; here a stand-in with its signature and its per-token loss (-log p, 0 where ignored)
-    checks what rlhfkit hands it and reads back (bench/gpu_check.py compares the real kernel on a GPU)."""
+def _fake_liger(monkeypatch) -> list:
+    """A CPU stand-in for liger_kernel's fused linear cross-entropy (its signature, its per-token loss -log p, 0 where
+    ignored), served whenever no entropy and no LoRA are asked; returns the list of reductions it was called with."""
     import sys
     import types
 
@@ -337,6 +337,15 @@ def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
     mod.liger_fused_linear_cross_entropy = fake
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", mod)
     monkeypatch.setattr(fwd, "liger_serves", lambda x, lows, entropy: not entropy and not lows)
+    return calls
+
+
+def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
+    """Liger's kernel needs CUDA; here a stand-in with its signature and its per-token loss (-log p, 0 where ignored)
+    checks what rlhfkit hands it and reads back (bench/gpu_check.py compares the real kernel on a GPU)."""
+
+
+    calls = _fake_liger(monkeypatch)
     model = _model(False)
     model.lm_head = torch.nn.Linear(32, V, bias=True)
     batch = _batch()
@@ -402,22 +411,9 @@ def test_mean_logits_and_metric_entropy_through_a_model_and_a_generic_head():
 def test_liger_stats_give_mean_logits_and_no_entropy(monkeypatch):
     """Under Liger's kernel (a CPU stand-in with its signature) the mean logits still come (a cheap matmul with the
     mean row), the metric entropy does not (Liger has none)."""
-    import sys
-    import types
 
-    import rlhfkit.train.shared.forward as fwd
 
-    def fake(h, weight, target, bias=None, ignore_index=-100, reduction="mean", return_predicted_tokens=False,
-             accum_dtype=None):
-        logits = h @ weight.t() + (0 if bias is None else bias)
-        keep = target != ignore_index
-        loss = torch.where(keep, torch.nn.functional.cross_entropy(logits, target.clamp(min=0), reduction="none"), 0.0)
-        return types.SimpleNamespace(loss=loss, predicted_tokens=torch.where(keep, logits.argmax(-1), -1))
-
-    mod = types.ModuleType("liger_kernel.transformers.functional")
-    mod.liger_fused_linear_cross_entropy = fake
-    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", mod)
-    monkeypatch.setattr(fwd, "liger_serves", lambda x, lows, entropy: not entropy and not lows)
+    _fake_liger(monkeypatch)
     model = _model(False)
     model.lm_head = torch.nn.Linear(32, V, bias=True)
     batch = _batch()
