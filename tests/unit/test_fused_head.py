@@ -343,8 +343,6 @@ def _fake_liger(monkeypatch) -> list:
 def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
     """Liger's kernel needs CUDA; here a stand-in with its signature and its per-token loss (-log p, 0 where ignored)
     checks what rlhfkit hands it and reads back (bench/gpu_check.py compares the real kernel on a GPU)."""
-
-
     calls = _fake_liger(monkeypatch)
     model = _model(False)
     model.lm_head = torch.nn.Linear(32, V, bias=True)
@@ -411,8 +409,6 @@ def test_mean_logits_and_metric_entropy_through_a_model_and_a_generic_head():
 def test_liger_stats_give_mean_logits_and_no_entropy(monkeypatch):
     """Under Liger's kernel (a CPU stand-in with its signature) the mean logits still come (a cheap matmul with the
     mean row), the metric entropy does not (Liger has none)."""
-
-
     _fake_liger(monkeypatch)
     model = _model(False)
     model.lm_head = torch.nn.Linear(32, V, bias=True)
