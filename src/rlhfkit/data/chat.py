@@ -196,6 +196,25 @@ def _conversation(tok, messages: list[dict], where: str, images: list | None = N
 # public
 
 
+def plain_view(tok):
+    """A view of ``tok`` whose chat template writes each message's content as it is, an assistant turn followed by
+    EOS, and the BOS first when the tokenizer adds one to plain text: TRL's handling of standard-format (plain
+    string) data, ``tok(prompt)`` and ``tok(prompt + completion + eos)``, through the same rendering every recipe
+    uses (assistant masks, prompt / completion split). The tokenizer itself is untouched (the model's saved
+    tokenizer keeps its own template)."""
+    import copy
+    import json
+
+    view = copy.copy(tok)
+    ids = tok("a")["input_ids"]
+    bos = tok.bos_token if tok.bos_token_id is not None and ids[:1] == [tok.bos_token_id] else ""
+    eos = tok.eos_token or ""
+    view.chat_template = (f"{{{{ {json.dumps(bos)} }}}}{{% for m in messages %}}{{{{ m['content'] }}}}"
+                          f"{{% if m['role'] == 'assistant' %}}{{{{ {json.dumps(eos)} }}}}{{% endif %}}{{% endfor %}}")
+    view.rlhfkit_template_origin = "data.plain_text=raw"
+    return view
+
+
 def render_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     """Token ids of ``messages`` rendered by the chat template (with the assistant header when asked): the one
     way prompts are rendered for training, generation, evaluation and reward models. The text is tokenised with

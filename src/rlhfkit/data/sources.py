@@ -509,6 +509,14 @@ def _conversational(row: dict, fields: dict[str, str] | None) -> bool:
     return any(isinstance(row.get(n), list) for n in names)
 
 
+def _prompt_completion(row: dict, fields: dict[str, str] | None) -> bool:
+    """The row is a prompt / completion pair (not a conversation or a text): TRL's rule for which tokens SFT trains
+    on by default (``data.completion_only_loss=null``)."""
+    fields = fields or {}
+    return row.get(fields.get("prompt", "prompt")) is not None and row.get(fields.get("completion",
+                                                                                    "completion")) is not None
+
+
 def is_conversational(records) -> bool:
     """The records' data was conversational (its first record's; see :func:`_conversational`)."""
     return bool(records) and bool(getattr(records[0], "conversational", False))
@@ -558,6 +566,7 @@ def load_dataset_records(
             f"({sum(1 for r in records if r.get('images'))} of {len(records)} records have images)")
     for record, (_, row) in zip(records, rows):
         record.conversational = _conversational(row, fields)
+        record.prompt_completion = _prompt_completion(row, fields)
     records, tied = drop_tied_pairs(records, source)
     if tied:
         first = ", ".join(getattr(r, "where", "record") for r in tied[:3]) + (", ..." if len(tied) > 3 else "")

@@ -121,7 +121,9 @@ def _fit_completions(prompt_len: int, completions: list[list[int]], policy: Leng
 # one record each; the underscored versions return (example or None, status)
 
 
-def _sft(record, tok, policy: LengthPolicy, completion_only: bool, where: str):
+def _sft(record, tok, policy: LengthPolicy, completion_only: bool | None, where: str):
+    if completion_only is None:  # TRL's rule: a prompt / completion row trains its completion, anything else all
+        completion_only = bool(getattr(record, "prompt_completion", False))
     if "text" in record:
         ids = list(tok(record["text"], add_special_tokens=True)["input_ids"])
         if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
@@ -189,7 +191,7 @@ def _where(record, default: str = "record") -> str:
     return getattr(record, "where", None) or default
 
 
-def tokenize_sft(record: dict, tok, max_length: LengthPolicy | int, completion_only: bool = True, *,
+def tokenize_sft(record: dict, tok, max_length: LengthPolicy | int, completion_only: bool | None = True, *,
                  where: str | None = None) -> dict | None:
     """``{"input_ids", "labels"}`` for an SFT record, or ``None`` when the length policy drops it."""
     return _run(_sft, record, tok, _policy(max_length), completion_only, where or _where(record))[0]
@@ -222,7 +224,7 @@ def tokenize_prompt_record(record: dict, tok, max_length: LengthPolicy | int, *,
 
 
 def tokenize_dataset(records: list[dict], kind: str, tok, policy: LengthPolicy, *,
-                     completion_only: bool = True) -> tuple[list[dict], dict[str, int]]:
+                     completion_only: bool | None = True) -> tuple[list[dict], dict[str, int]]:
     """Tokenise all ``records`` of ``kind``; returns ``(examples, {"kept", "truncated", "dropped"})``.
 
     ``kept`` counts the examples returned (``truncated`` of them were shortened); ``dropped`` were left out. The

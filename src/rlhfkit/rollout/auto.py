@@ -175,9 +175,13 @@ class AutoEngine(Engine):
 
     def _decode(self, model, ids, mask, params, seed, media=None):
         engine, kind = self._pick(model)
-        if kind is not None:  # the static engine, on the path _pick chose
-            return engine.decode_path(kind, model, ids, mask, params, seed, media)
-        return engine._decode(model, ids, mask, params, seed, media=media)
+        engine.on_progress = self.on_progress  # the engine chosen reports the progress of this call
+        try:
+            if kind is not None:  # the static engine, on the path _pick chose
+                return engine.decode_path(kind, model, ids, mask, params, seed, media)
+            return engine._decode(model, ids, mask, params, seed, media=media)
+        finally:
+            engine.on_progress = None
 
     def _all(self) -> tuple[Engine, ...]:
         return (self.hf, *self.engines.values(), self.continuous)

@@ -568,8 +568,9 @@ class ContinuousEngine(Engine):
         self.arrival = None  # tests: a function n -> the order requests enter the queue (default group-major)
         self.counts: dict = {}  # the last call's counts (decode steps, preemptions, ...), for benchmarks
 
-    def generate(self, model, prompt_ids, params, seed=None, on_rows=None, media=None):
-        """``Engine.generate``; ``on_rows(n)`` is told as requests finish (n at each check)."""
+    def generate(self, model, prompt_ids, params, seed=None, on_rows=None, media=None, on_progress=None):
+        """``Engine.generate``; ``on_rows(n)`` is told as requests finish (n at each check), which is this engine's
+        progress (``on_progress`` is not called: requests finish one by one)."""
         self.on_rows = on_rows
         try:
             return super().generate(model, prompt_ids, params, seed, media=media)

@@ -254,17 +254,22 @@ class Engine:
 
     def generate(self, model, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
                  seed: int | None = None, on_rows: Callable[[int], None] | None = None,
-                 media: Sequence | None = None) -> Rollout:
+                 media: Sequence | None = None,
+                 on_progress: Callable[[int, int, int | None], None] | None = None) -> Rollout:
         """One response per prompt (prompts: unpadded id lists) as a cut, masked :class:`Rollout`.
 
         ``seed`` makes sampling reproducible without touching the global RNG (None: a seed drawn from it); greedy
         decoding needs none. ``on_rows(n)`` is called after each micro-batch with its number of rows (a progress
-        display counts them). The model is put in eval mode and each submodule's training flag restored after;
-        a PEFT LoRA adapter is merged into the weights for the call and the weights restored bit for bit after.
-        ``media``: a vision-language model's prompt images, one :class:`~rlhfkit.data.media.Media` (or None) per
-        prompt, handed to ``_decode`` as its ``media`` keyword (an engine without it refuses images); a response is
-        cut before an image token it samples (:func:`finalize_responses`).
+        display counts them); ``on_progress(t, max_new_tokens, ended)`` during a micro-batch's decoding, at the
+        engine's own host checks (no extra device sync): the tokens drawn so far and the rows already ended (None
+        when the engine does not know without a sync). The model is put in eval mode and each submodule's training
+        flag restored after; a PEFT LoRA adapter is merged into the weights for the call and the weights restored
+        bit for bit after. ``media``: a vision-language model's prompt images, one
+        :class:`~rlhfkit.data.media.Media` (or None) per prompt, handed to ``_decode`` as its ``media`` keyword (an
+        engine without it refuses images); a response is cut before an image token it samples
+        (:func:`finalize_responses`).
         """
+        self.on_progress = on_progress
         if not prompt_ids:
             raise ValueError("generate() got no prompts")
         if any(len(p) == 0 for p in prompt_ids):
@@ -294,7 +299,15 @@ class Engine:
                                             tokenizer=self.tokenizer, cut_ids=cut))
                 if on_rows is not None:
                     on_rows(len(ids))
+        self.on_progress = None
         return drop_padding_columns(Rollout.concat(parts, self.pad_token_id))
+
+    on_progress: Callable[[int, int, int | None], None] | None = None  # generate()'s, while it runs
+
+    def tell_progress(self, t: int, max_new: int, ended: int | None) -> None:
+        """An engine's decode loop reports where it is (``generate``'s ``on_progress``), at its own host checks."""
+        if self.on_progress is not None:
+            self.on_progress(t, max_new, ended)
 
     def _decode(self, model, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
                 seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -358,6 +358,7 @@ class StaticEngine(Engine):
             for t in range(1, R):  # token t is drawn from the step fed with token t - 1
                 if (t - 1) % self.sync_every == 0:
                     slots = self._sync(path, slots, out_ids, t, B, S, device, dtype)
+                    self.tell_progress(t, R, B - self._live)  # the check just read which rows ended
                     if slots is None:
                         end = t
                         break
@@ -387,6 +388,7 @@ class StaticEngine(Engine):
                     done[slot] = True
             slots.done.copy_(done)
         live = ((rows < B) & ~done).nonzero().flatten()
+        self._live = len(live)  # (the progress display's rows ended: B - live)
         if len(live) == 0:
             return None
         b = bucket_of(len(live))

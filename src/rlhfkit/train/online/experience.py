@@ -70,6 +70,7 @@ class Experience:
     raw_scores: torch.Tensor | None = None  # [B] reward model + functions, before any shaping
     scores: torch.Tensor | None = None  # [B] scores used for learning (after penalty / normalisation / clipping)
     reward_metrics: dict = field(default_factory=dict)
+    reward_extra: dict = field(default_factory=dict)  # 3. TRL's log_extra columns, one value per response
     valid: torch.Tensor | None = None  # 3. [B] bool: the sample has a finite reward (keep-factor)
     old_logprobs: torch.Tensor | None = None  # 4.
     ref_logprobs: torch.Tensor | None = None

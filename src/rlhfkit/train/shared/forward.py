@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ...algos import TokenStats, linear_token_stats, token_stats_from_logits
-from ...algos.logprobs import LINEAR_CHUNK_ELEMENTS
+from ...algos.logprobs import LINEAR_CHUNK_ELEMENTS, linear_mean_logits
 from ...errors import say
 from ...models.heads import token_values
 from ...models.vision import family_of, forward_inputs, media_keys, mrope_positions
@@ -87,7 +87,8 @@ def liger_serves(x: torch.Tensor, lows, entropy: bool) -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def liger_stats(hidden, weight, bias, labels, temperature: float, argmax: bool) -> TokenStats:
+def liger_stats(hidden, weight, bias, labels, temperature: float, argmax: bool,
+                mean_logits: bool = False) -> TokenStats:
     """:class:`TokenStats` by ``liger_kernel``'s ``liger_fused_linear_cross_entropy(reduction="none")`` (its
     per-token loss is -log p; the temperature divides the hidden states and the bias, which divides the logits)."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
@@ -103,27 +104,32 @@ def liger_stats(hidden, weight, bias, labels, temperature: float, argmax: bool) 
     keep = labels.reshape(-1) != IGNORE
     lp = torch.where(keep, -loss.float(), 0.0).reshape(shape)
     top = torch.where(keep, out.predicted_tokens, -1).reshape(shape) if argmax else None
-    return TokenStats(lp, None, top)
+    ml = torch.where(keep.reshape(shape), linear_mean_logits(hidden, weight, bias, (), temperature), 0.0) \
+        if mean_logits else None
+    return TokenStats(lp, None, top, ml)
 
 
 def head_token_stats(head, forward, x: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
-                     entropy: bool = False, argmax: bool = False, chunk_size: int | None = None) -> TokenStats:
+                     entropy: bool | str = False, argmax: bool = False, mean_logits: bool = False,
+                     chunk_size: int | None = None) -> TokenStats:
     """:class:`TokenStats` [...] of ``softmax(head(x) / temperature)`` at ``labels`` [...] (``IGNORE``: skipped),
     ``x`` [..., H], never holding more than a chunk of logits. ``forward``: the head's own forward (the generic
-    path calls it)."""
+    path calls it). ``entropy="metric"``: computed unless Liger serves the call (a metric not worth its speed)."""
     parts = linear_parts(head, x)
     if parts is not None:
         weight, bias, lows = parts
-        if liger_serves(x, lows, entropy):
-            return liger_stats(x, weight, bias, labels, temperature, argmax)
+        if liger_serves(x, lows, entropy is True):
+            return liger_stats(x, weight, bias, labels, temperature, argmax, mean_logits)
         return linear_token_stats(x, weight, labels, bias=bias, low_rank=lows, temperature=temperature,
-                                  entropy=entropy, argmax=argmax, chunk_size=chunk_size, ignore_index=IGNORE)
-    return module_token_stats(forward, x, labels, temperature, entropy=entropy, argmax=argmax,
-                              vocab=getattr(getattr(head, "weight", None), "shape", (0,))[0], chunk_size=chunk_size)
+                                  entropy=bool(entropy), argmax=argmax, mean_logits=mean_logits, chunk_size=chunk_size,
+                                  ignore_index=IGNORE)
+    return module_token_stats(forward, x, labels, temperature, entropy=bool(entropy), argmax=argmax,
+                              mean_logits=mean_logits, chunk_size=chunk_size,
+                              vocab=getattr(getattr(head, "weight", None), "shape", (0,))[0])
 
 
 def module_token_stats(forward, x: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
-                       entropy: bool = False, argmax: bool = False, vocab: int = 0,
+                       entropy: bool = False, argmax: bool = False, mean_logits: bool = False, vocab: int = 0,
                        chunk_size: int | None = None) -> TokenStats:
     """The generic path for a head that is not a plain linear map: its output over chunks of tokens, each chunk's
     statistics computed and its logits dropped; with gradients each chunk is recomputed in backward
@@ -138,14 +144,15 @@ def module_token_stats(forward, x: torch.Tensor, labels: torch.Tensor, temperatu
         logits = forward(xc)
         if temperature != 1.0:
             logits = logits / temperature
-        return tuple(token_stats_from_logits(logits, yc, entropy=entropy, argmax=argmax))
+        return tuple(token_stats_from_logits(logits, yc, entropy=entropy, argmax=argmax, mean_logits=mean_logits))
 
     parts = []
     for s in range(0, ys.shape[0], chunk):
         args = (xs[s:s + chunk], ys[s:s + chunk])
         parts.append(checkpoint(piece, *args, use_reentrant=False) if torch.is_grad_enabled() else piece(*args))
     if not parts:
-        return token_stats_from_logits(x.new_zeros(*shape, 1), labels, entropy=entropy, argmax=argmax)
+        return token_stats_from_logits(x.new_zeros(*shape, 1), labels, entropy=entropy, argmax=argmax,
+                                       mean_logits=mean_logits)
     return TokenStats(*(None if p[0] is None else torch.cat(p).reshape(shape) for p in zip(*parts)))
 
 
@@ -158,11 +165,11 @@ class HeadStats:
     (TokenStats [B, 1], the model's output, for its cache)."""
 
     def __init__(self, model, temperature: float = 1.0, *, entropy: bool = False, entropy_grad: bool = False,
-                 argmax: bool = False, chunk_size: int | None = None):
+                 argmax: bool = False, mean_logits: bool = False, chunk_size: int | None = None):
         self.model, self.lm = model, _unwrapped(model)
         self.entropy_grad = entropy_grad  # False: the entropy is a metric, its gradient never computed
         self.temperature = temperature if temperature > 0 else 1.0  # 0 = greedy sampling: the logits unscaled
-        self.entropy, self.argmax, self.chunk_size = entropy, argmax, chunk_size
+        self.entropy, self.argmax, self.mean_logits, self.chunk_size = entropy, argmax, mean_logits, chunk_size
         getter = getattr(self.lm, "get_output_embeddings", None)
         self.head = getter() if getter is not None else None
         if self.head is None:
@@ -180,13 +187,14 @@ class HeadStats:
     def stats(self, x: torch.Tensor, labels: torch.Tensor, forward=None) -> TokenStats:
         """The statistics of hidden states ``x`` [..., H] through the head, outside a model call."""
         return self._grads(head_token_stats(self.head, forward or self.head.forward, x, labels, self.temperature,
-                                            entropy=self.entropy, argmax=self.argmax, chunk_size=self.chunk_size))
+                                            entropy=self.entropy, argmax=self.argmax, mean_logits=self.mean_logits,
+                                            chunk_size=self.chunk_size))
 
     def from_logits(self, logits: torch.Tensor, labels: torch.Tensor) -> TokenStats:
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        return self._grads(token_stats_from_logits(logits, labels, entropy=self.entropy, argmax=self.argmax,
-                                                   chunk_size=self.chunk_size))
+        return self._grads(token_stats_from_logits(logits, labels, entropy=bool(self.entropy), argmax=self.argmax,
+                                                   mean_logits=self.mean_logits, chunk_size=self.chunk_size))
 
     def _grads(self, st: TokenStats) -> TokenStats:
         return st if st.entropy is None or self.entropy_grad else st._replace(entropy=st.entropy.detach())
@@ -212,15 +220,16 @@ class HeadStats:
                 if x.shape[:-1] != labels.shape:  # the model sliced otherwise than asked: let it have logits
                     return original(x)
                 st = self.stats(x, labels, original)
-                made["argmax"] = st.argmax
-                made["packed"] = torch.stack([st.logprobs] + ([st.entropy] if self.entropy else []), -1)
+                made["argmax"], made["mean_logits"], made["entropy"] = st.argmax, st.mean_logits, st.entropy is not None
+                made["packed"] = torch.stack([st.logprobs] + ([st.entropy] if made["entropy"] else []), -1)
                 return made["packed"]
 
             with self._patched(fused):
                 out = self.model(**kwargs)
             if "packed" in made and out.logits is made["packed"]:
                 p = out.logits
-                return TokenStats(p[..., 0], p[..., 1] if self.entropy else None, made["argmax"])
+                return self._grads(TokenStats(p[..., 0], p[..., 1] if made["entropy"] else None, made["argmax"],
+                                              made["mean_logits"]))  # a metric entropy unpacked: detached again
             self._plain("its logits are changed after the LM head (soft-capping, scaling) or sliced otherwise")
         return self.from_logits(self.model(**kwargs).logits, labels)
 
@@ -280,18 +289,20 @@ def _whole(model, batch: dict) -> dict:
 
 
 def completion_stats(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor | None = None,
-                     *, start: int = 0, position_ids: torch.Tensor | None = None, entropy: bool = False,
-                     media: list | None = None) -> TokenStats:
+                     *, start: int = 0, position_ids: torch.Tensor | None = None, entropy: bool | str = False,
+                     argmax: bool = False, mean_logits: bool = False, media: list | None = None) -> TokenStats:
     """:class:`TokenStats` [B, T-1-start] of tokens ``start+1 .. T-1`` given their prefix (the next-token
     statistics of positions ``start .. T-2``); ``labels`` [B, T] (default ``input_ids``): the target of each position
-    shifted as ``input_ids``, ``IGNORE`` (-100) where not wanted (prompt, padding: not computed, 0). ``media``: the
+    shifted as ``input_ids``, ``IGNORE`` (-100) where not wanted (prompt, padding: not computed, 0); ``argmax``: the
+    most likely token of each position too (a token accuracy); ``entropy`` (detached; ``"metric"``: unless Liger
+    serves the call, :func:`head_token_stats`), ``mean_logits``: for TRL's metrics of those names. ``media``: the
     rows' images (one Media or None per row; the labels of image tokens are ``IGNORE`` already)."""
     labels = input_ids if labels is None else labels
     T = input_ids.shape[1]
     kwargs = {"position_ids": position_ids} if position_ids is not None else {}
     if media is not None:  # images: their features (computed once per image set) and the family's inputs
         kwargs.update(forward_inputs(model, input_ids, attention_mask, media))
-    head = HeadStats(model, entropy=entropy)
+    head = HeadStats(model, entropy=entropy, argmax=argmax, mean_logits=mean_logits)
     st = head.run(F.pad(labels[:, start + 1:], (0, 1), value=IGNORE), input_ids=input_ids,
                   attention_mask=attention_mask, use_cache=False, logits_to_keep=T - start, **kwargs)
     return st.map(lambda t: t[:, :-1])
@@ -324,9 +335,8 @@ def can_share_prompts(model) -> bool:
     if (lm is not model or isinstance(model, FSDPModule)) and torch.is_grad_enabled():
         return False
     cfg = getattr(lm, "config", None)
-    flag = next((n for n in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(lm), n)),
-                None)  # transformers 5.23 renamed it (the old name warns)
-    checkpointing = bool(flag and getattr(lm, flag))
+    # under any wrapper (a PEFT model, whose own class has no such flag): any module transformers set checkpointing on
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in lm.modules())
     if cfg is None or checkpointing:
         return False
     text = cfg.get_text_config()
