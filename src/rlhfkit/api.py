@@ -185,12 +185,12 @@ class Trainer:
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> Summary:
         """Run the recipe (as ``rlhfkit <recipe>`` with this config) and return its :class:`Summary` (TRL's
-        ``TrainOutput`` fields with it). A run stopped by a callback returns (``stopped`` set); a SIGTERM or an
-        error raise as in the CLI (a :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``); Ctrl-C, or ``sys.exit`` in a
-        callback, says its line and the last checkpoint first. A callback returning True or raising
-        ``KeyboardInterrupt`` stops with a checkpoint (``stopped`` set). ``resume_from_checkpoint``: as TRL's (True: the
-        newest valid checkpoint, a path: that one; None: ``train.resume``, TRL's ``never`` for a TRL-configured run --
-        but after this trainer's own run stopped early, train() again resumes it; a new trainer resumes with
+        ``TrainOutput`` fields with it). A run stopped by a callback (it returned True or raised
+        ``KeyboardInterrupt``) returns with ``stopped`` set and a checkpoint; a SIGTERM or an error raise as in the CLI
+        (a :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``); Ctrl-C, or ``sys.exit`` in a callback,
+        says its line and the last checkpoint first. ``resume_from_checkpoint``: as TRL's (True: the newest valid
+        checkpoint, a path: that one; None: ``train.resume``, TRL's ``never`` for a TRL-configured run -- but after
+        this trainer's own run stopped early, train() again resumes it; a new trainer resumes with
         ``resume_from_checkpoint=True``)."""
         from .config import replace
         from .config.aliases import origin_of
