@@ -133,7 +133,7 @@ class AutoEngine(Engine):
             self.engines[device] = ENGINES[name](tokenizer, **common, **kwargs)
         self.continuous = ContinuousEngine(tokenizer, **common, cache_tokens=cache_tokens)
 
-    def generate(self, model, prompt_ids, params, seed=None, on_rows=None):
+    def generate(self, model, prompt_ids, params, seed=None, on_rows=None, media=None, on_progress=None):
         """The whole rollout to the continuous engine when :func:`auto_choice` takes it (its slots are the rows
         at once), else :meth:`Engine.generate` over :meth:`_decode` (the static / hf engine, micro-batch by
         micro-batch)."""
@@ -144,8 +144,8 @@ class AutoEngine(Engine):
         if name == "continuous":
             self.say_once(f"[rollout] auto: continuous engine on {device}, rlhfkit's paged decoder for "
                           f"{architecture(bare)} ({why})")
-            return self.continuous.generate(model, prompt_ids, params, seed, on_rows)
-        return super().generate(model, prompt_ids, params, seed, on_rows)
+            return self.continuous.generate(model, prompt_ids, params, seed, on_rows, media=media)
+        return super().generate(model, prompt_ids, params, seed, on_rows, media=media, on_progress=on_progress)
 
     def pick(self, model) -> Engine:
         """The engine for this model's micro-batches when auto does not take the continuous engine (bare, or
