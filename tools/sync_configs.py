@@ -1,7 +1,8 @@
 """Rewrite every recipe YAML in configs/ from the config classes: same values, the current set of keys, and each
 key's help string as its comment (the header comment lines of each file are kept). Run after adding or
 documenting a config key: `.venv/bin/python tools/sync_configs.py` (the pipeline YAML is hand-written). It also
-rewrites the README's tables of TRL names from ``config.trl.TRL_NAMES`` (between the ``trl-names`` markers)."""
+rewrites the README's tables of TRL names from ``config.trl.TRL_NAMES`` (between the ``trl-names`` markers) and
+docs/coming-from-trl.md's table of TRL 1.16's defaults from ``config.trl_defaults`` (between ``trl-defaults``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from rlhfkit.config import RECIPES, dump_yaml, load_config
+from rlhfkit.config.startup import markdown_table
 from rlhfkit.config.trl import markdown_tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +43,14 @@ def main() -> int:
         readme.write_text(new)
         changed += 1
         print("rewrote README.md's TRL tables")
+    docs = ROOT / "docs" / "coming-from-trl.md"
+    text = docs.read_text()
+    begin, end = "<!-- trl-defaults:begin -->\n", "\n<!-- trl-defaults:end -->"
+    new = text[: text.index(begin) + len(begin)] + markdown_table() + text[text.index(end):]
+    if new != text:
+        docs.write_text(new)
+        changed += 1
+        print("rewrote docs/coming-from-trl.md's table of TRL defaults")
     print(f"{changed} file(s) changed")
     return 0
 

@@ -41,8 +41,6 @@ The trainer's own arguments win over the same settings in ``args`` (as the comma
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import time
 import warnings
@@ -51,12 +49,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .api_inputs import lora_settings, model_dir, reward_entries, trainer_inputs  # noqa: F401 - lora_settings: API
 from .config import RECIPES, build_config, locate, read_yaml, trl_entry
 from .errors import ConfigError, Stopped, say
 
 __all__ = ["Args", "Callback", "Summary", "Trainer", "TRAINERS", "CONFIGS"]
 
-_DATA_KEYS = {"train_dataset": "train", "eval_dataset": "eval"}
 #: TRL trainer arguments rlhfkit has no use for: refused with why (a silent drop would change the user's run)
 _REFUSED = {
     "data_collator": "rlhfkit collates by the data format (data.format, data.packing)",
@@ -89,19 +87,29 @@ class Callback:
 
 @dataclass(frozen=True)
 class Summary:
-    """What ``train()`` returns: the run directory (the CLI's), the last logged metrics, the closing line printed,
-    and ``stopped``: why the run ended early (a callback's stop), None when it ran to its end."""
+    """What ``train()`` returns: TRL's ``TrainOutput`` fields (``global_step``: the optimizer updates done,
+    ``training_loss``: the mean loss over this call's updates, ``metrics``: ``train_runtime``,
+    ``train_samples_per_second``, ``train_steps_per_second``, ``train_loss``, ``epoch``; unpacked as TRL's tuple),
+    and rlhfkit's summary: the run directory (the CLI's), the last logged metrics (``last_metrics``, TRL's names where
+    TRL has the trainer), the closing line printed, and ``stopped``: why the run ended early (a callback's stop), None
+    when it ran to its end."""
 
     recipe: str
     run_dir: Path
-    metrics: dict
+    last_metrics: dict
     line: str
     stopped: str | None = None
+    global_step: int = 0
+    training_loss: float = 0.0
+    metrics: dict = dataclasses.field(default_factory=dict)
 
     @property
     def model_dir(self) -> Path:
         """The trained model's directory (a standard Hugging Face directory: the run directory itself)."""
         return self.run_dir
+
+    def __iter__(self):  # global_step, training_loss, metrics = trainer.train(), as TRL's TrainOutput
+        return iter((self.global_step, self.training_loss, self.metrics))
 
 
 class Args(dict):
@@ -120,7 +128,9 @@ class Args(dict):
 
 
 class Trainer:
-    """A recipe's run, made from Python objects (see the module docstring for every argument)."""
+    """A recipe's run, made from Python objects (see the module docstring for every argument). Besides ``train()``:
+    ``evaluate()``, ``save_model(path)``, ``model``, ``processing_class``, ``state`` and ``args``, as TRL's trainers
+    have them."""
 
     recipe: str | None = None
 
@@ -128,6 +138,8 @@ class Trainer:
                  train_dataset: Any = None, eval_dataset: Any = None, reward_funcs: Any = None,
                  peft_config: Any = None, callbacks: list | tuple | None = None, processing_class: Any = None,
                  tokenizer: Any = None, ref_model: Any = None, reward_model: Any = None, **unused: Any):
+        from .callbacks import TrlBridge, args_view, check_callbacks, is_trainer_callback
+
         if self.recipe is not None and recipe is not None:  # GRPOTrainer("tiny"): the model, positionally
             recipe, model, args = None, recipe, model if args is None else args
         self.recipe = recipe if self.recipe is None else self.recipe
@@ -141,14 +153,17 @@ class Trainer:
             raise ConfigError(f"{type(self).__name__} has no argument {name!r}" + (f": {why}" if why else ""),
                               where=name, fix=f"remove {name}" if why else
                               "see help(rlhfkit.Trainer) for the arguments")
-        self.callbacks = list(callbacks or ())
-        tree, self._source, self._yaml = _args_tree(args, self.recipe)
-        own = _inputs(self.recipe, model, processing_class or tokenizer, train_dataset, eval_dataset, peft_config,
-                      ref_model, reward_model)
+        checked = check_callbacks(callbacks or ())
+        self.callbacks = [cb for cb in checked if not is_trainer_callback(cb)]  # rlhfkit's own (Callback, functions)
+        tree, self._source, self._yaml, interface = _args_tree(args, self.recipe)
+        if interface is None and args is None and type(self) is not Trainer:
+            interface = f"{type(self).__name__} without args"  # TRL's trainer, TRL's defaults
+        own = trainer_inputs(self.recipe, model, processing_class or tokenizer, train_dataset, eval_dataset,
+                             peft_config, ref_model, reward_model)
         funcs = _one_reward_funcs(tree.pop("reward_funcs", None), reward_funcs)
         if funcs is not None:  # TRL's reward_funcs, in the trainer or in args: callables kept as callables
-            own = _merge(own, {"reward": {"functions": _reward_entries(funcs, tree.pop("reward_weights", None))}})
-        self.config = _build(self.recipe, _merge(tree, own), self._source, yaml_path=self._yaml)
+            own = _merge(own, {"reward": {"functions": reward_entries(funcs, tree.pop("reward_weights", None))}})
+        self.config = _build(self.recipe, _merge(tree, own), self._source, yaml_path=self._yaml, interface=interface)
         if getattr(getattr(self.config, "model", None), "name", "") is None:  # as TRL, a trainer needs its model
             raise ConfigError("no model: model=None and args name none (rlhfkit does not pick one)", where="model",
                               fix="give model= (a name, a directory, a .gguf file, or a loaded model with its "
@@ -157,34 +172,59 @@ class Trainer:
             from .models.lora import check_targets
 
             check_targets(self.config.model)
+        self.args = args if interface is not None and _is_trl_object(args) else args_view(self.config)
+        from transformers import TrainerControl, TrainerState
+
+        self.state, self.control = TrainerState(), TrainerControl()
+        self._bridge = TrlBridge([cb for cb in checked if is_trainer_callback(cb)], self.args, self.state,
+                                 self.control)
+        self._given = (model, processing_class or tokenizer)  # a loaded model and tokenizer, as given
+        self._loaded: tuple | None = None  # (model, tokenizer) loaded for the properties before train()
+        self._unfinished = False  # this trainer's last train() stopped early: the next one resumes it
+        self._bridge.call("on_init_end")
 
     def train(self, resume_from_checkpoint: bool | str | None = None) -> Summary:
-        """Run the recipe (as ``rlhfkit <recipe>`` with this config) and return its :class:`Summary`. A run stopped
-        by a callback returns (``stopped`` set: the callback returned True or raised ``KeyboardInterrupt``; a
-        checkpoint of the step reached); a SIGTERM, an error or Ctrl-C raise as in the CLI (a
-        :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``; Ctrl-C, or ``sys.exit`` in a callback, says
-        its line and the last checkpoint first). ``resume_from_checkpoint``: as TRL's
-        (True: the newest valid checkpoint, a path: that one; rlhfkit resumes by default, ``train.resume``)."""
+        """Run the recipe (as ``rlhfkit <recipe>`` with this config) and return its :class:`Summary` (TRL's
+        ``TrainOutput`` fields with it). A run stopped by a callback (it returned True or raised
+        ``KeyboardInterrupt``) returns with ``stopped`` set and a checkpoint; a SIGTERM or an error raise as in the CLI
+        (a :class:`~rlhfkit.errors.UserError` is one line, never ``sys.exit``); Ctrl-C, or ``sys.exit`` in a callback,
+        says its line and the last checkpoint first. ``resume_from_checkpoint``: as TRL's (True: the newest valid
+        checkpoint, a path: that one; None: ``train.resume``, TRL's ``never`` for a TRL-configured run -- but after
+        this trainer's own run stopped early, train() again resumes it; a new trainer resumes with
+        ``resume_from_checkpoint=True``)."""
         from .config import replace
+        from .config.aliases import origin_of
         from .track.console import silence_libraries
-        from .track.progress import read_metrics, run_summary_line
+        from .track.metrics import read_metrics
+        from .track.names import public
+        from .track.progress import run_summary_line
         from .train.lifecycle.run import with_callbacks
+        from .train.lifecycle.stop import AGAIN, AGAIN_NEVER
 
         cfg = self.config
+        if resume_from_checkpoint is None and self._unfinished and cfg.train.resume == "never":
+            resume_from_checkpoint = True  # this trainer's own stopped run: train() again resumes it
         if resume_from_checkpoint is not None and resume_from_checkpoint is not False:
             cfg = replace(cfg, train={"resume": "auto" if resume_from_checkpoint is True else
                                       str(resume_from_checkpoint)})
+            object.__setattr__(cfg, "_rlhfkit_origin", origin_of(self.config))  # the same run, the same story
         run_dir = Path(cfg.output_dir)
         say(f"[rlhfkit] {self.recipe}: run directory {run_dir.resolve()} (Python, {self._source})")
         restore = silence_libraries()
         started, stopped, metrics = time.time(), None, {}
+        bridge = self._bridge
+        bridge.loss_sum, bridge.updates, bridge.rows, bridge.stop_reason = 0.0, 0, 0, None
+        self.control.should_training_stop = False
         try:
-            with with_callbacks(self.callbacks):
-                metrics = RECIPES[self.recipe].run(cfg) or {}
+            with with_callbacks([bridge, *self.callbacks]):
+                metrics = public(self.recipe, RECIPES[self.recipe].run(cfg) or {})  # TRL's names where TRL has them
         except Stopped as stop:
+            self._unfinished = True
+            bridge.stopped()  # the policy as it stands is trainer.model; on_train_end, as transformers calls it
             if stop.exit_code != 0:  # a signal, another rank's failure: as in the CLI
                 raise
-            stopped = stop.message.replace("rerun the same command to resume", "train() again resumes it")
+            again = "train() again resumes it"
+            stopped = stop.message.replace(AGAIN, again).replace(AGAIN_NEVER, again)
             rows = read_metrics(run_dir)
             metrics = rows[-1] if rows else {}
         except ConfigError as err:  # an input checked when the run starts: file:line when a YAML file set it
@@ -192,6 +232,7 @@ class Trainer:
         except (KeyboardInterrupt, SystemExit) as end:  # Ctrl-C (a stop is Stopped, above), sys.exit in a callback:
             from .train.lifecycle.checkpoint import list_checkpoints  # its line (a script never ends without a word)
 
+            self._unfinished = True
             ckpt = max(list_checkpoints(run_dir), default=(0, None))[1]
             where = f"last checkpoint: {ckpt} (train() again resumes from it)" if ckpt else \
                 f"no checkpoint written yet in {run_dir}"
@@ -201,15 +242,102 @@ class Trainer:
             raise
         finally:
             restore()
-        line = run_summary_line(self.recipe, run_dir, time.time() - started, since=started)
+        self._unfinished = bool(stopped)  # a stopped run's checkpoint: the next train() goes on from it
+        seconds = time.time() - started
+        line = run_summary_line(self.recipe, run_dir, seconds, since=started)
         if stopped:
             line = line.replace(f"[{self.recipe}] finished", f"[{self.recipe}] stopped", 1)
             say(f"[{self.recipe}] {stopped}")
         say(line)
-        return Summary(self.recipe, run_dir, dict(metrics), line, stopped)
+        loss = bridge.loss_sum / bridge.updates if bridge.updates else 0.0
+        out = {"train_runtime": round(seconds, 4), "train_samples_per_second": round(bridge.rows / seconds, 3),
+               "train_steps_per_second": round(bridge.updates / seconds, 3), "train_loss": loss,
+               "epoch": self.state.epoch}
+        self.state.log_history.append({**out, "step": self.state.global_step})
+        return Summary(self.recipe, run_dir, dict(metrics), line, stopped, self.state.global_step, loss, out)
+
+    # ── TRL's trainer surface ────────────────────────────────────────────────────────────────────────────────
+    @property
+    def model(self):
+        """The model: after ``train()``, the policy as trained (in memory; the run directory holds it too); before,
+        the model given (or loaded from its name, once)."""
+        if self._bridge.model is not None:
+            return self._bridge.model
+        return self._load()[0]
+
+    @property
+    def processing_class(self):
+        """The tokenizer: the one given, the run's after ``train()``, else the model's own (loaded once)."""
+        if self._bridge.tokenizer is not None:
+            return self._bridge.tokenizer
+        return self._given[1] if self._given[1] is not None else self._load()[1]
+
+    tokenizer = processing_class
+
+    def _load(self) -> tuple:
+        if self._loaded is None:
+            given, tok = self._given
+            if given is not None and not isinstance(given, (str, os.PathLike)):
+                self._loaded = (given, tok)
+            else:
+                from .models.loading import load_causal_lm
+
+                self._loaded = load_causal_lm(self.config.model, trainable=False)
+        return self._loaded
+
+    def save_model(self, output_dir: str | os.PathLike | None = None) -> Path:
+        """Write the model and its tokenizer as a Hugging Face directory at ``output_dir`` (default the run
+        directory, ``args.output_dir``), as TRL's ``save_model``; the run directory of a finished run already holds
+        the trained model (nothing written again)."""
+        from .files import make_dirs
+        from .models.loading import save_model
+
+        out = Path(output_dir if output_dir is not None else self.config.output_dir)
+        finished = (Path(self.config.output_dir) / "finished.json").is_file()
+        if finished and out.resolve() == Path(self.config.output_dir).resolve():
+            return out
+        make_dirs(out)
+        save_model(self.model, self.processing_class, out)
+        return out
+
+    def evaluate(self, eval_dataset: Any = None) -> dict:
+        """The recipe's evaluation of the model as it is (trained, after ``train()``), on ``eval_dataset`` (default
+        the trainer's): a run of no update (``train.max_steps=0``) in a fresh directory beside the run's, its
+        ``eval_*`` metrics (TRL's names) returned, as TRL's ``evaluate()``."""
+        import tempfile
+
+        from .config import replace
+        from .track.names import public
+
+        cfg, run_dir = self.config, Path(self.config.output_dir)
+        data = dict(trainer_inputs(self.recipe, None, None, None, eval_dataset, None, None, None).get("data", {}))
+        if not (data.get("eval") or cfg.data.eval or cfg.data.eval_fraction > 0):
+            raise ConfigError("evaluate() has no evaluation data", where="eval_dataset",
+                              fix="give eval_dataset= (here or to the trainer)")
+        name = cfg.model.name
+        if self._bridge.model is not None:  # trained: the run's final model, or (stopped) the weights in memory
+            name = str(run_dir) if (run_dir / "finished.json").is_file() else model_dir(
+                self._bridge.model, self.processing_class, "model")
+        base = run_dir.parent if run_dir.parent.exists() else Path(".")
+        with tempfile.TemporaryDirectory(prefix=f".{run_dir.name}-eval-", dir=base) as out:
+            ecfg = replace(cfg, output_dir=out, model={"name": name, "lora": {"enabled": False}}, data=data,
+                           train={"max_steps": 0, "resume": "never", "save_every": 0},
+                           track={"report": False, "progress": False, "sample_every": 0, "backends": ["jsonl"]})
+            metrics = public(self.recipe, RECIPES[self.recipe].run(ecfg) or {})
+        evals = {k: v for k, v in metrics.items() if k.startswith(("eval_", "eval/"))}
+        self.state.log_history.append({**evals, "step": self.state.global_step})
+        self._bridge.call("on_evaluate", metrics=evals)
+        return evals
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(output_dir={self.config.output_dir!r})"
+
+
+def _is_trl_object(args: Any) -> bool:
+    """``args`` is a TRL / transformers config object (not one of rlhfkit's forms)."""
+    return args is not None and not isinstance(args, (Args, Mapping, str, os.PathLike)) and \
+        (dataclasses.is_dataclass(args) or hasattr(args, "to_dict")) and \
+        type(args) not in {r.config for r in RECIPES.values()}
 
 
 # ─────────────────────────────────────────────── building the config ─────────────────────────────────────────
@@ -238,41 +366,64 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def _build(recipe: str, tree: dict, source: str, *, yaml_path: str | None = None, check: bool = False):
+def _build(recipe: str, tree: dict, source: str, *, yaml_path: str | None = None, check: bool = False,
+           interface: str | None = None):
     """The recipe's frozen config from ``tree`` (ConfigError located in ``yaml_path`` when the file set the key).
-    ``check``: only validate (TRL's reward_weights wait for the trainer's reward functions)."""
+    ``check``: only validate (TRL's reward_weights wait for the trainer's reward functions); ``interface``: the run
+    is configured through TRL's interface, so TRL's defaults (:func:`rlhfkit.config.aliases.defaults_mode`)."""
     if check:
         tree = {k: v for k, v in tree.items() if k not in ("reward_weights", "reward_funcs")}
+    from .config.trl_defaults import trl_defaults
+
     try:
-        return build_config(recipe, tree, source=source)
+        return build_config(recipe, tree, source=source,
+                            interface=interface if trl_defaults(recipe) is not None else None)
     except ConfigError as err:
         raise locate(err, yaml_path) from None
 
 
-def _args_tree(args: Any, recipe: str) -> tuple[dict, str, str | None]:
-    """(the settings of ``args`` as a mapping for ``build_config``, where they came from, the YAML path)."""
+def _args_tree(args: Any, recipe: str) -> tuple[dict, str, str | None, str | None]:
+    """(the settings of ``args`` as a mapping for ``build_config``, where they came from, the YAML path, and how the
+    run is configured through TRL's interface when it is: a TRL config object, a ``<Name>Config`` or dict with no
+    rlhfkit key; None: the settings decide, TRL names or not)."""
     if args is None:
-        return {}, "recipe defaults", None
+        return {}, "recipe defaults", None, None
     if isinstance(args, Args):
         if RECIPES[args.recipe].config is not RECIPES[recipe].config:
             raise ConfigError(f"{type(args).__name__} holds {args.recipe} settings, not {recipe}'s", where="args",
                               fix=f"use {RECIPES[recipe].api_name}Config")
-        return _tree(args), type(args).__name__, None
+        tree = _tree(args)
+        return tree, type(args).__name__, None, _no_own_keys(tree, recipe, type(args).__name__)
     if isinstance(args, (str, os.PathLike)):
-        return read_yaml(args), str(args), str(args)
+        return read_yaml(args), str(args), str(args), None
     if isinstance(args, Mapping):
-        return _tree(args), "args", None
+        tree = _tree(args)
+        return tree, "args", None, _no_own_keys(tree, recipe, "a dict")
     if dataclasses.is_dataclass(args) and type(args) in {r.config for r in RECIPES.values()}:
         if type(args) is not RECIPES[recipe].config:
             raise ConfigError(f"args is a {type(args).__name__}, not the {recipe} recipe's config", where="args",
                               fix=f"give a {RECIPES[recipe].config.__name__}")
         tree = _as_tree(args)
         tree["recipe"] = recipe
-        return tree, type(args).__name__, None
+        return tree, type(args).__name__, None, None
     if dataclasses.is_dataclass(args) or hasattr(args, "to_dict"):
-        return trl_args(args, recipe), f"{type(args).__module__}.{type(args).__name__}", None
+        name = f"{type(args).__module__}.{type(args).__name__}"
+        return trl_args(args, recipe), name, None, name
     raise ConfigError(f"args is a {type(args).__name__}", where="args",
                       fix=f"give {RECIPES[recipe].api_name}Config(...), a dict, a YAML path, or a TRL config object")
+
+
+#: keys of a recipe config that are no sign of either interface (TRL has output_dir too)
+_NEUTRAL_KEYS = ("output_dir", "recipe")
+
+
+def _no_own_keys(tree: dict, recipe: str, what: str) -> str | None:
+    """The words for "configured through TRL's interface" when ``tree`` holds none of rlhfkit's own keys (an empty
+    ``GRPOConfig()``, a dict of TRL names); None otherwise (rlhfkit's keys, or ``defaults`` said)."""
+    own = {fl.name for fl in dataclasses.fields(RECIPES[recipe].config)} - set(_NEUTRAL_KEYS)
+    if any(k in own for k in tree):
+        return None
+    return f"{what} without rlhfkit keys"
 
 
 def _as_tree(obj) -> Any:
@@ -360,135 +511,6 @@ def _plain(value: Any) -> Any:
     return value.value if hasattr(value, "value") and type(value).__module__ != "builtins" else value
 
 
-# ─────────────────────────────────────────────── the trainer's inputs ────────────────────────────────────────
-
-
-def _inputs(recipe: str, model, tokenizer, train, evals, peft_config, ref_model, reward_model) -> dict:
-    """The rlhfkit keys the trainer's own arguments set."""
-    own: dict = {}
-    fields = {fl.name for fl in dataclasses.fields(RECIPES[recipe].config)}
-    if model is not None:
-        own["model"] = {"name": _model_name(model, tokenizer, "model")}
-    elif tokenizer is not None:
-        raise ConfigError("a tokenizer was given without a model", where="processing_class",
-                          fix="give model= too (its tokenizer is taken with a loaded model)")
-    for arg, value in (("train_dataset", train), ("eval_dataset", evals)):
-        if value is None:
-            continue
-        if "data" not in fields:
-            raise ConfigError(f"the {recipe} recipe takes no {arg}", where=arg, fix=f"remove {arg}")
-        own.setdefault("data", {}).update(_data(value, _DATA_KEYS[arg], evals is None))
-    if peft_config is not None:
-        own.setdefault("model", {})["lora"] = lora_settings(peft_config)
-    for key, value in (("ref_model", ref_model), ("reward", reward_model)):
-        if value is None:
-            continue
-        if key not in fields:
-            raise ConfigError(f"the {recipe} recipe takes no {key if key == 'ref_model' else 'reward_model'}",
-                              where=key, fix="remove it")
-        name = _model_name(value, None, key)
-        own.update({"ref_model": name} if key == "ref_model" else {"reward": {"model": name}})
-    return own
-
-
-def _model_name(model: Any, tokenizer: Any, arg: str) -> str:
-    if isinstance(model, (str, os.PathLike)):
-        if tokenizer is not None and str(getattr(tokenizer, "name_or_path", "")) != str(model):
-            raise ConfigError("a tokenizer object is taken only with a loaded model", where="processing_class",
-                              fix="leave it out (the model's own is loaded), or give the loaded model too; "
-                                  "model.chat_template sets another chat template")
-        return str(model)
-    if not hasattr(model, "save_pretrained") or not hasattr(model, "state_dict"):
-        raise ConfigError(f"{arg} is a {type(model).__name__}", where=arg,
-                          fix="give a model name / directory, or a loaded transformers model with its tokenizer")
-    return _model_dir(model, tokenizer, arg)
-
-
-def _model_dir(model: Any, tokenizer: Any, arg: str) -> str:
-    """A loaded model (and its tokenizer) written once to ``$RLHFKIT_CACHE/models/<name>-<digest>``, the digest of
-    its weights and config: the same weights are written once, and a run resumed with them fingerprints the same."""
-    from .files import cache_root, fresh_dir, make_dirs, replace
-    from .models.loading import is_peft, save_model
-    from .track.console import silence_libraries
-
-    if is_peft(model):
-        raise ConfigError(f"{arg} is a PEFT model", where=arg,
-                          fix="give the base model and the LoRA settings as peft_config= (rlhfkit applies them)")
-    if tokenizer is None:
-        raise ConfigError(f"a loaded {arg} needs its tokenizer", where=arg,
-                          fix="give processing_class=tokenizer (or tokenizer=)")
-    settings = {k: v for k, v in model.config.to_dict().items()  # what saving adds or rewrites left out
-                if k not in ("architectures", "_name_or_path", "transformers_version")}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
-    for key, tensor in sorted(model.state_dict().items()):
-        digest.update(f"{key}:{tensor.dtype}".encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
-    base = str(getattr(model, "name_or_path", "") or "model").rstrip("/").rsplit("/", 1)[-1] or "model"
-    out = cache_root() / "models" / f"{base}-{digest.hexdigest()[:16]}"
-    if not (out / "config.json").is_file():
-        say(f"[model] the loaded {arg} is written once to {out} (the run's config names that directory)")
-        make_dirs(out.parent)
-        tmp = fresh_dir(out.with_name(out.name + ".tmp"))
-        restore = silence_libraries()  # transformers' "Writing model shards" bar
-        try:
-            save_model(model, tokenizer, tmp)
-        finally:
-            restore()
-        replace(tmp, out)
-    return str(out)
-
-
-def _byte_dtype():
-    import torch
-
-    return torch.uint8
-
-
-def _data(value: Any, key: str, take_eval: bool) -> dict:
-    """``data.<key>`` (and ``data.eval`` from a DatasetDict's test / validation split when ``take_eval``)."""
-    from .data.sources import dataset_file
-
-    if isinstance(value, (str, os.PathLike)):
-        return {key: str(value)}
-    if type(value).__name__ in ("IterableDataset", "IterableDatasetDict"):
-        raise ConfigError("a streaming (iterable) dataset has no length to plan a run by", where=f"{key}_dataset",
-                          fix="give a datasets.Dataset (e.g. dataset.take(n) then Dataset.from_list)")
-    if isinstance(value, Mapping) and value and all(hasattr(v, "column_names") for v in value.values()):  # DatasetDict
-        splits = dict(value)
-        if key != "train" or "train" not in splits:
-            raise ConfigError(f"a DatasetDict with splits {', '.join(splits)} was given as the {key} data",
-                              where=f"{key}_dataset", fix="give one split, e.g. dataset['train']")
-        out = {"train": dataset_file(splits["train"], "train", "train_dataset['train']")}
-        held = next((s for s in ("test", "validation", "eval") if s in splits), None)
-        if take_eval and held is not None:
-            out["eval"] = dataset_file(splits[held], "eval", f"train_dataset[{held!r}]")
-        return out
-    return {key: dataset_file(value, key)}
-
-
-def lora_settings(peft_config: Any) -> dict:
-    """``model.lora`` from a ``peft.LoraConfig`` (or a dict of its names): r, lora_alpha, lora_dropout,
-    target_modules (``all-linear`` -> null: rlhfkit's per-architecture choice, all linear layers of the blocks where it
-    knows none); a setting rlhfkit does not apply (DoRA, rsLoRA, bias, modules_to_save, ...) is refused in one line."""
-    get = peft_config.get if isinstance(peft_config, Mapping) else lambda k, d=None: getattr(peft_config, k, d)
-    refused = {"use_dora": False, "use_rslora": False, "bias": "none", "modules_to_save": None,
-               "layers_to_transform": None, "rank_pattern": {}, "alpha_pattern": {}}
-    for name, default in refused.items():
-        value = get(name, default)
-        if value not in (default, None) and not (isinstance(default, dict) and not value):
-            raise ConfigError(f"peft_config.{name}={value!r} is not applied by rlhfkit's LoRA", where="peft_config",
-                              fix=f"leave {name} at its default (rlhfkit trains plain LoRA: r, alpha, dropout, "
-                                  "target modules)")
-    targets = get("target_modules", None)
-    if isinstance(targets, str):  # peft's string form: a regular expression (rlhfkit.models.lora)
-        targets = None if targets == "all-linear" else [targets]
-    elif targets is not None:
-        targets = sorted(targets)
-    out = {"enabled": True, "r": get("r", 8), "alpha": get("lora_alpha", 8), "dropout": get("lora_dropout", 0.0),
-           "target_modules": targets}
-    return {k: v for k, v in out.items() if v is not None or k == "target_modules"}
-
-
 def _one_reward_funcs(in_args: Any, given: Any) -> Any:
     """The reward functions, given in ``args`` (``reward_funcs``) or to the trainer: both, naming different ones, is
     refused in one line (one would be dropped without a word)."""
@@ -504,34 +526,6 @@ def _one_reward_funcs(in_args: Any, given: Any) -> Any:
 
 def _names(funcs: list) -> str:
     return "[" + ", ".join(getattr(f, "__name__", None) or repr(f) for f in funcs) + "]"
-
-
-def _reward_entries(reward_funcs: Any, weights: Any) -> list[dict]:
-    """``reward.functions`` from the trainer's ``reward_funcs`` (and TRL's ``reward_weights`` from ``args``)."""
-    from .rewards.loading import spec_of
-    from .rewards.trl_style import keyword_callable
-
-    items = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    entries = []
-    for item in items:
-        entry = dict(item) if isinstance(item, Mapping) else {"fn": item}
-        fn = entry.get("fn")
-        if callable(fn):
-            # through TRL's argument, a function TRL could call is called TRL's way (on conversational data its
-            # completions are messages, as TRL passes them); rlhfkit's positional convention otherwise
-            entry.setdefault("convention", "trl" if keyword_callable(fn) else "auto")
-            entry["fn"] = spec_of(fn)
-        elif not isinstance(fn, str):
-            raise ConfigError(f"reward_funcs holds a {type(fn).__name__}", where="reward_funcs",
-                              fix="give Python functions, specs (file.py:fn, pkg.mod:fn, built-in names) or dicts")
-        entries.append(entry)
-    if weights is not None:
-        weights = list(weights) if isinstance(weights, (list, tuple)) else [weights]
-        if len(weights) != len(entries):
-            raise ConfigError(f"reward_weights has {len(weights)} weights for {len(entries)} reward functions",
-                              where="reward_weights", fix="give one weight per function")
-        entries = [{**e, "weight": w} for e, w in zip(entries, weights)]
-    return entries
 
 
 # ─────────────────────────────────────────────── one class per recipe ────────────────────────────────────────

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from . import files
+from .data.formats import message_text
 from .errors import ConfigError, DataError, ModelError, RewardError
 
 Z95 = 1.959963984540054  # the 97.5 % quantile of the standard normal
@@ -166,13 +167,13 @@ def load_prompts(data: str, n: int | None = None, fields: dict[str, str] | None 
 def _prompt_arg(record: dict):
     """What reward functions receive as the prompt: the text of a single user turn, else the message list."""
     msgs = record["prompt"]
-    if len(msgs) == 1 and msgs[0]["role"] == "user":
+    if len(msgs) == 1 and msgs[0]["role"] == "user" and isinstance(msgs[0]["content"], str):
         return msgs[0]["content"]
     return msgs
 
 
 def _last_user_text(record: dict) -> str:
-    return next(m["content"] for m in reversed(record["prompt"]) if m["role"] == "user")
+    return message_text(next(m["content"] for m in reversed(record["prompt"]) if m["role"] == "user"))
 
 
 # tasks whose prompts can be recognised, to suggest --task (never applied silently)
@@ -217,10 +218,11 @@ def check_engine_flags(engine, engine_kwargs: dict | None = None) -> None:
 
 def generate_answers(model, tok, prompts: Sequence[list[dict]], *, max_new_tokens: int, temperature: float,
                      top_p: float = 1.0, seed: int | None = 0, batch_size: int = 64,
-                     wheres: Sequence[str] | None = None, engine="auto") -> dict:
+                     wheres: Sequence[str] | None = None, engine="auto", images: Sequence | None = None) -> dict:
     """One answer per conversation: ``{"texts": [...], "ended": [bool], "lengths": [int]}`` (ended = stopped at
-    EOS rather than at ``max_new_tokens``). ``engine``: a built rollout engine, or the name of one to build."""
-    from .data.chat import encode_chat_prompts
+    EOS rather than at ``max_new_tokens``). ``engine``: a built rollout engine, or the name of one to build.
+    ``images``: each conversation's images (a list of references or None; a vision-language model)."""
+    from .data.chat import render_prompt_media
     from .rollout import SamplingParams, decode_responses
 
     if max_new_tokens < 1:
@@ -229,7 +231,10 @@ def generate_answers(model, tok, prompts: Sequence[list[dict]], *, max_new_token
     if temperature < 0:
         raise ConfigError(f"temperature must be >= 0, got {temperature}", where="--temperature",
                           fix="use 0 for greedy decoding or a positive temperature")
-    ids = encode_chat_prompts(tok, list(prompts))
+    images = list(images) if images is not None else [None] * len(prompts)
+    encoded = [render_prompt_media(tok, m, imgs, where=wheres[i] if wheres else f"prompt {i}")
+               for i, (m, imgs) in enumerate(zip(prompts, images))]
+    ids, media = [e[0] for e in encoded], [e[1] for e in encoded]
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int):
         for i, row in enumerate(ids):
@@ -238,7 +243,7 @@ def generate_answers(model, tok, prompts: Sequence[list[dict]], *, max_new_token
                                 where=wheres[i] if wheres else f"prompt {i}",
                                 fix="shorten the prompt or use a model with a longer context")
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-    rollout = engine_for(engine, model, tok, batch_size).generate(model, ids, params, seed=seed)
+    rollout = engine_for(engine, model, tok, batch_size).generate(model, ids, params, seed=seed, media=media)
     return {"texts": decode_responses(tok, rollout), "ended": rollout.ended.cpu().tolist(),
             "lengths": rollout.lengths.cpu().tolist()}
 
@@ -367,6 +372,10 @@ def evaluate(
         print(f"[eval] the run's data.fields (config.yaml): {', '.join(f'{k}={v}' for k, v in inherited.items())} "
               "(--field NAME=COLUMN overrides)", file=sys.stderr)
     records = load_prompts(data, n, {**inherited, **(fields or {})})
+    if any(r.get("images") for r in records) and (reward_model is not None or env is not None):
+        raise ConfigError("prompts with images are answered and scored by the gold metric and reward functions; a "
+                          "reward model or an environment reading them is not built", where="--reward-model" if
+                          reward_model is not None else "--env", fix="drop it, or use prompts without images")
     try:
         conversational = bool(records) and bool(getattr(records[0], "conversational", False))  # TRL-style functions
         rewards = CombinedRewards(list(functions), conversational=conversational) if functions else None
@@ -381,7 +390,8 @@ def evaluate(
     # 2. the model's answers
     prompts = [r["prompt"] for r in records]
     gen_kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=batch_size,
-                  wheres=[getattr(r, "where", f"record {i}") for i, r in enumerate(records)])
+                  wheres=[getattr(r, "where", f"record {i}") for i, r in enumerate(records)],
+                  images=[r.get("images") for r in records])
     say(f"[eval] {model}: answering {len(prompts)} prompts from {data} "
         f"({'greedy' if temperature <= 0 else f'temperature {temperature}'}, max {max_new_tokens} new tokens)")
     if env_cls is not None:
@@ -412,7 +422,8 @@ def evaluate(
 
     # 3. gold metric of a built-in task
     if the_task is not None:
-        gold = [the_task.gold(_last_user_text(r), t) for r, t in zip(records, texts)]
+        gold = [the_task.gold(_last_user_text(r), t, **({"images": r.get("images")} if getattr(
+            the_task, "uses_images", False) else {})) for r, t in zip(records, texts)]
         result["gold"] = {"task": the_task.name, "mean": _mean(gold)}
         for s, g in zip(samples, gold):
             s["gold"] = g
@@ -519,23 +530,31 @@ def print_results(result: dict) -> None:
 
 
 def reply(model, tok, messages: list[dict], *, max_new_tokens: int = 256, temperature: float = 0.7,
-          top_p: float = 1.0, seed: int | None = None, engine="auto") -> str:
-    """The model's next assistant turn for a conversation (chat template, stops at EOS)."""
+          top_p: float = 1.0, seed: int | None = None, engine="auto", images: list | None = None) -> str:
+    """The model's next assistant turn for a conversation (chat template, stops at EOS; ``images``: the
+    conversation's images, in the order of its image parts)."""
     answers = generate_answers(model, tok, [messages], max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_p=top_p, seed=seed, batch_size=1, engine=engine)
+                               top_p=top_p, seed=seed, batch_size=1, engine=engine, images=[images])
     return answers["texts"][0]
 
 
 def chat(model_name: str, *, prompt: str | None = None, system: str | None = None, max_new_tokens: int = 256,
          temperature: float = 0.7, top_p: float = 1.0, seed: int | None = None, device: str | None = None,
-         stdin=None, stdout=None, engine: str = "auto", engine_kwargs: dict | None = None) -> list[dict]:
+         stdin=None, stdout=None, engine: str = "auto", engine_kwargs: dict | None = None,
+         images: Sequence[str] = ()) -> list[dict]:
     """``rlhfkit generate``: answer ``prompt`` once, or chat turn by turn on ``stdin`` until EOF or ``/exit``
     (``/reset`` starts a new conversation), with the rollout engine ``engine`` (settings ``engine_kwargs``) built
     once for the session. ``stdout`` gets the answers only: what is printed while generating (the engine's note of
-    its choice) goes to stderr. Returns the conversation."""
+    its choice) goes to stderr. ``images`` (``--image``, paths): shown with the first user turn (a vision-language
+    model), each checked before any weights load. Returns the conversation."""
+    from .data.images import image_ref, open_image
+
     stdin = stdin or sys.stdin
     stdout = stdout or sys.stdout
     check_engine_flags(engine, engine_kwargs)
+    refs = [image_ref(p, base=Path.cwd(), where="--image", field="--image") for p in images]
+    for ref in refs:
+        open_image(ref, "--image")
     model, tok = load_policy(model_name, device, flag="model")
     if seed is None and temperature > 0:
         seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
@@ -545,9 +564,11 @@ def chat(model_name: str, *, prompt: str | None = None, system: str | None = Non
               engine=engine_for(engine, model, tok, 1, engine_kwargs))
 
     def answer(messages: list[dict], text: str, turn_seed: int | None) -> str:  # the user's turn and the reply
-        messages.append({"role": "user", "content": text})
+        first = refs and not any(m["role"] == "user" for m in messages)  # the images go with the first user turn
+        content = [{"type": "image"} for _ in refs] + [{"type": "text", "text": text}] if first else text
+        messages.append({"role": "user", "content": content})
         with contextlib.redirect_stdout(sys.stderr):  # the engine's notes: stdout gets the answers only
-            out = reply(model, tok, messages, seed=turn_seed, **kw)
+            out = reply(model, tok, messages, seed=turn_seed, images=refs or None, **kw)
         messages.append({"role": "assistant", "content": out})
         return out
 

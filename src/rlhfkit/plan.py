@@ -90,7 +90,9 @@ class Plan:
                  f"  model: {a.model_type or 'decoder'}, {role_params(self.roles[0]) / 1e9:.3f}B parameters "
                  f"({a.layers} layers, hidden {a.hidden}, intermediate {a.intermediate}, heads {a.heads}/"
                  f"{a.kv_heads} kv, vocab {a.vocab}, {'tied' if a.tied else 'untied'} embeddings, context "
-                 f"{a.context})",
+                 f"{a.context})" + (f"; vision tower {a.tower.params / 1e6:.1f}M parameters "
+                                    f"({'trained' if s.train_vision else 'frozen'}), {a.tower.tokens} image tokens "
+                                    f"per image ({a.tower.note})" if a.tower else ""),
                  f"  strategy {s.strategy} x {s.world} device(s), {s.device}"
                  + (", bf16 autocast" if s.device == "cuda" and s.autocast else "")
                  + f", micro-batch {s.micro_batch} x {s.seq_len} tokens"
@@ -229,7 +231,10 @@ def setup_of(cfg, world: int, device: str) -> Setup:
     else:
         kw = {"seq_len": d.max_length}
     lora = cfg.model.lora
+    if family == "online":  # a VLM's images: each prompt's encoded once
+        kw["images"] = cfg.algo.rollout_batch_size
     return Setup(strategy=_strategy(cfg), world=world, device=device, autocast=autocast,
+                 train_vision=cfg.model.train_vision,
                  gradient_checkpointing=cfg.model.gradient_checkpointing, offload=cfg.distributed.cpu_offload,
                  lora_r=lora.r, lora_targets=tuple(lora.target_modules) if lora.target_modules else None,
                  micro_batch=cfg.train.batch_size, **kw)

@@ -307,7 +307,7 @@ def test_start_line_and_config_notes_only_on_rank_0(rank, printed, root, monkeyp
                          "learning_rate=1e-4"], env={"RANK": rank})
     assert rc == 2 and "nothere.jsonl" in err
     assert ("[rlhfkit] sft: run directory" in out) is printed
-    assert ("[config] learning_rate" in err) is printed
+    assert ("[config] TRL names: learning_rate -> optim.lr" in err) is printed
 
 
 def test_say_prints_on_rank_0_only(capsys, monkeypatch):
@@ -340,4 +340,4 @@ def test_under_torchrun_the_start_and_closing_lines_are_printed_once(root):
     text = proc.stdout + proc.stderr
     assert text.count("[rlhfkit] sft: run directory") == 1, text
     assert text.count("[sft] finished in") == 1, text
-    assert text.count("[config] learning_rate") == 1, text
+    assert text.count("[config] TRL names: learning_rate -> optim.lr") == 1, text

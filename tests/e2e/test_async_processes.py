@@ -19,7 +19,7 @@ from conftest import free_port
 from test_online import REWARD_FN, online_overrides
 from test_preemption import grpo_args, launch, signal_after
 
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 from rlhfkit.train.lifecycle.checkpoint import list_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # make test-cluster (CI runs it after make test)

@@ -17,7 +17,7 @@ import pytest
 from conftest import free_port
 from safetensors.torch import load_file
 
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 
 pytestmark = pytest.mark.slow
 

@@ -48,7 +48,10 @@ RECIPES = {  # config file -> (recipe, what it needs beyond the shipped file to 
 
 
 def metrics_of(run_dir: Path) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The run's metrics.jsonl under rlhfkit's names (it writes TRL's for grpo / rloo / online-dpo)."""
+    from rlhfkit.track.metrics import read_run_metrics
+
+    return read_run_metrics(run_dir)
 
 
 def run_recipe(name: str, engine: str, task_data: Path, sft_dir: Path, out: Path) -> list[dict]:

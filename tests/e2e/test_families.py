@@ -5,7 +5,6 @@ the final model is written (tests/unit/test_rollout_families.py compares the dec
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,8 @@ def test_grpo_on_the_family_runs_on_rlhfkits_decoder(arch, cls, task_data, tmp_p
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[rollout]")]
     assert f"[rollout] auto: static engine on cpu, rlhfkit's decoder for {cls}" in said
     assert not any("hf engine" in line or "with hf" in line for line in said)  # nothing fell back to hf
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "objective/scores" in r]
+    from rlhfkit.track.metrics import read_run_metrics
+
+    rows = [r for r in read_run_metrics(out) if "objective/scores" in r]  # rlhfkit's names (it writes TRL's)
     assert len(rows) == 2 and all(r["rollout/logprob_diff_max"] < 1e-4 for r in rows)
     assert (out / "model.safetensors").exists()

@@ -19,7 +19,7 @@ from conftest import free_port
 from test_preemption import ENV, SCRIPT, assert_same_weights, grpo_args, sft_args, torchrun
 from test_resume import losses
 
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # make test-cluster (CI runs it after make test)
 

@@ -27,7 +27,10 @@ def overrides(task_data, sft_dir, out, *extra) -> list[str]:
 
 
 def metrics_of(run_dir) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The run's metrics.jsonl under rlhfkit's names (it writes TRL's for grpo / rloo / online-dpo)."""
+    from rlhfkit.track.metrics import read_run_metrics
+
+    return read_run_metrics(run_dir)
 
 
 @pytest.mark.slow

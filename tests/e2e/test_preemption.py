@@ -21,7 +21,7 @@ import torch
 from conftest import TINY, free_port
 from safetensors.torch import load_file
 
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 from rlhfkit.train.lifecycle.checkpoint import list_checkpoints
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # make test-cluster (CI runs it after make test)

@@ -6,9 +6,6 @@ Measured values (CPU, seed 42; SFT gold 0.375) are in the comments; thresholds l
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from rlhfkit.config import build_config
@@ -28,8 +25,9 @@ def _overrides(task_data, sft_dir, out, train="preference.jsonl", *extra) -> lis
 def _train(recipe, overrides) -> tuple[dict, list[dict]]:
     metrics = P.run_preference(build(recipe, overrides))
     out = next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir="))
-    lines = [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    return metrics, lines
+    from rlhfkit.track.metrics import read_run_metrics
+
+    return metrics, read_run_metrics(out)  # rlhfkit's names (metrics.jsonl holds TRL's: rewards/chosen, eval_loss)
 
 
 def _first_eval(lines: list[dict], key: str) -> float:
@@ -51,8 +49,9 @@ def test_dpo_raises_heldout_accuracy_and_gold(task_data, sft_dir, gold_of, sft_g
     assert metrics["eval/rewards/margins"] > 1.0  # measured 2.50
     assert metrics["eval/rewards/chosen"] > metrics["eval/rewards/rejected"]
     for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-                "logps/rejected"):
+                "logps/rejected", "logits/chosen", "logits/rejected", "entropy", "mean_token_accuracy"):  # TRL 1.16's
         assert f"train/{key}" in metrics and f"eval/{key}" in metrics
+    assert 0 <= metrics["train/mean_token_accuracy"] <= 1 and metrics["train/entropy"] > 0
     assert len(list(out.glob(P.CACHE_GLOB))) == 1
     assert (out / "model.safetensors").is_file() and (out / "report.html").is_file()
     # gold is sampled accuracy on 200 held-out prompts: its own noise is about 0.035 (binomial at 0.55), and a
@@ -66,6 +65,8 @@ def test_kto_on_unpaired_data_improves_gold(task_data, sft_dir, gold_of, sft_gol
     out = tmp_path / "kto"
     metrics, lines = _train("kto", _overrides(task_data, sft_dir, out, "unpaired.jsonl", "optim.lr=1e-3"))
     assert "train/kl" in metrics and "eval/kl" in metrics
+    assert {"train/logits/chosen", "train/logits/rejected", "train/entropy"} <= set(metrics)  # TRL 1.16's KTO names
+    assert "train/mean_token_accuracy" not in metrics  # TRL's KTO logs none
     # held-out pairs: the desirable answer's implicit reward beats the undesirable one's
     assert metrics["eval/rewards/accuracies"] > 0.8  # measured 0.94
     assert gold_of(out) > sft_gold + 0.15  # measured 0.74 vs 0.375

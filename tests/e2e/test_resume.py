@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 import rlhfkit.train.supervised.loop as loop
 from rlhfkit.config import build_config
 from rlhfkit.errors import ConfigError
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 from rlhfkit.train.lifecycle.checkpoint import list_checkpoints
 from rlhfkit.train.supervised.sft import run_sft
 

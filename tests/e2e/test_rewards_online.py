@@ -41,7 +41,10 @@ def pays_for_silence(prompts, completions, **fields):
 
 
 def metrics_of(run_dir) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The run's metrics.jsonl under rlhfkit's names (it writes TRL's for grpo / rloo / online-dpo)."""
+    from rlhfkit.track.metrics import read_run_metrics
+
+    return read_run_metrics(run_dir)
 
 
 def rows_of(path) -> list[dict]:

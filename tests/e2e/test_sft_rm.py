@@ -6,14 +6,18 @@ import json
 
 import torch
 
+from rlhfkit.track.metrics import read_run_metrics
+
 
 def test_sft_lowers_eval_loss_and_raises_gold(sft_run, gold_of, eval_prompts):
     out, metrics = sft_run
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    lines = read_run_metrics(out)  # rlhfkit's names (metrics.jsonl holds TRL's: eval_loss)
     first_eval = next(x["eval/loss"] for x in lines if "eval/loss" in x)
     # the untrained model is near uniform over 100 tokens: ln(100) = 4.6 per token
     assert first_eval > 3.0
     assert metrics["eval/loss"] < 0.5 * first_eval
+    for split in ("train", "eval"):  # TRL 1.16's SFT metrics (entropy at most ln 100, the vocabulary)
+        assert 0 < metrics[f"{split}/entropy"] < 4.7 and 0 <= metrics[f"{split}/mean_token_accuracy"] <= 1
     untrained = gold_of("tiny:hidden=64,layers=2,intermediate=128")
     sft = gold_of(out)
     # demonstrations shout 40% of the time: SFT should land well above 0 and well below 1

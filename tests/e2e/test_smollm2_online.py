@@ -52,8 +52,9 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def _metrics(run_dir: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [r for r in rows if "objective/scores" in r]
+    from rlhfkit.track.metrics import read_run_metrics
+
+    return [r for r in read_run_metrics(run_dir) if "objective/scores" in r]  # rlhfkit's names (it writes TRL's)
 
 
 def _assert_finite(rows: list[dict]) -> None:

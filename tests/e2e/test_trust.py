@@ -19,7 +19,7 @@ import rlhfkit.train.supervised.sft as sft_mod
 from rlhfkit.cli import main
 from rlhfkit.config import build_config
 from rlhfkit.errors import DataError
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 from rlhfkit.train.lifecycle.checkpoint import list_checkpoints, run_fingerprint, validate_checkpoint
 
 TINY = "tiny:hidden=32,layers=1,intermediate=64"

@@ -227,3 +227,6 @@ def exits_on_b(prompts, completions, **fields):
     if "b" in completions:
         sys.exit(0)
     return [1.0] * len(completions)
+def wrong_length(prompts, completions, **fields):
+    """Certainly a bug: one value fewer than the completions (the probe stops it before any weights load)."""
+    return [1.0] * (len(completions) - 1)

@@ -105,6 +105,32 @@ def test_ppo_mixed_tokens_mask_and_broadcast():
     assert seq.item() == pytest.approx(((-2.2 - math.exp(-1)) / 3 + 2) / 2)
 
 
+def test_ppo_clip_fractions_by_side_against_a_slow_loop():
+    # TRL's clip_ratio/low_mean and high_mean: r < 1 - e_lo with A < 0, r > 1 + e_hi with A > 0, token means.
+    # Hand values: ratios [e, 1, e^-1] / [1, e, e^-1] with A = +1 / -1 (masks: all / the first two):
+    # row 0 (A > 0): e > 1.2 high-clipped; e^-1 < 0.8 but A > 0, not clipped -> 1 high of 3
+    # row 1 (A < 0): e^-1 masked out; e > 1.2 with A < 0 is not clipped (the loss keeps r there) -> none
+    logp = torch.tensor([[1.0, 0.0, -1.0], [0.0, 1.0, -1.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    _, st = ppo_policy_loss(logp, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask)
+    assert (st["clip_low_frac"].item(), st["clip_high_frac"].item()) == (0.0, pytest.approx(1 / 5))
+    _, st = ppo_policy_loss(-logp, torch.zeros(2, 3), torch.tensor([-1.0, 1.0]), mask)  # mirrored: low side
+    assert (st["clip_low_frac"].item(), st["clip_high_frac"].item()) == (pytest.approx(1 / 5), 0.0)
+    g = torch.Generator().manual_seed(0)
+    lp, adv = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    m = (torch.rand(4, 6, generator=g) > 0.3).long()
+    _, st = ppo_policy_loss(lp, torch.zeros(4, 6), adv, m, clip_low=0.2, clip_high=0.28)
+    low = high = n = 0
+    for b in range(4):
+        for t in range(6):
+            if m[b, t]:
+                r, a = math.exp(lp[b, t].item()), adv[b, t].item()
+                low, high, n = low + (r < 0.8 and a < 0), high + (r > 1.28 and a > 0), n + 1
+    assert st["clip_low_frac"].item() == pytest.approx(low / n)
+    assert st["clip_high_frac"].item() == pytest.approx(high / n)
+    assert st["clipfrac"].item() == pytest.approx((low + high) / n)  # the two sides together: clipfrac
+
+
 
 # ------------------------------------------------------------------ GSPO and the registry
 def _random(B=5, T=7, seed=0):

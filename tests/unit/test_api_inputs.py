@@ -203,13 +203,17 @@ def test_a_trl_config_object_is_read_by_attribute():
     from rlhfkit import GRPOTrainer
     from rlhfkit.api import trl_args
 
-    obj = FakeGRPOConfig(output_dir="runs/t", learning_rate=1e-5, per_device_train_batch_size=4, use_cpu=True,
+    obj = FakeGRPOConfig(output_dir="runs/t", learning_rate=1e-5, per_device_train_batch_size=16, use_cpu=True,
                          num_generations=8)
     # given: output_dir, learning_rate, per_device_train_batch_size; not: num_generations (its default), report_to
     # (rewritten by __post_init__), generation_batch_size (derived), use_cpu (what rlhfkit does without CUDA)
-    assert trl_args(obj, "grpo") == {"output_dir": "runs/t", "learning_rate": 1e-5, "per_device_train_batch_size": 4}
+    assert trl_args(obj, "grpo") == {"output_dir": "runs/t", "learning_rate": 1e-5, "per_device_train_batch_size": 16}
     cfg = GRPOTrainer(model=TINY, args=obj, train_dataset="p.jsonl", reward_funcs="exact_match").config
-    assert (cfg.output_dir, cfg.optim.lr, cfg.train.batch_size) == ("runs/t", 1e-5, 4)
+    assert (cfg.output_dir, cfg.optim.lr, cfg.train.batch_size) == ("runs/t", 1e-5, 16)
+    # configured through TRL's interface: TRL's defaults for the fields left at theirs (8 generations, 1 iteration,
+    # its geometry: 2 prompts x 8 = one update of 16), not rlhfkit's
+    assert cfg.defaults == "trl" and (cfg.algo.num_generations, cfg.algo.ppo_epochs) == (8, 1)
+    assert (cfg.algo.rollout_batch_size, cfg.algo.mini_batch_size, cfg.optim.schedule) == (2, 16, "linear")
     assert trl_args(FakeGRPOConfig(use_cpu=True, generation_batch_size=32), "grpo") == {"generation_batch_size": 32}
 
 
@@ -270,3 +274,88 @@ def test_data_errors_name_the_users_object_and_row_and_a_none_prompt_as_such():
     with pytest.raises(DataError, match=r"^train_dataset\['test'\]\[0\]: ") as info:
         load_dataset_records(path, "auto")
     assert "cache" not in str(info.value)
+def test_the_interface_decides_whose_defaults(tmp_path):
+    """docs/coming-from-trl.md's rule: configured through TRL's interface (a TRL-named trainer without rlhfkit keys, a
+    TRL config object, TRL names in args or a file) -> TRL 1.16's defaults; rlhfkit's keys, the generic Trainer, the
+    command line alone -> rlhfkit's; `defaults` said wins."""
+    from rlhfkit import (
+        DPOTrainer,
+        GRPOConfig,
+        GRPOTrainer,
+        KTOTrainer,
+        OnlineDPOTrainer,
+        PPOTrainer,
+        RewardTrainer,
+        SFTTrainer,
+        Trainer,
+    )
+    from rlhfkit.config import build_config
+
+    def grpo(**kw):
+        return GRPOTrainer(model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match", **kw).config
+
+    quick = grpo()  # TRL's quickstart: GRPOTrainer(model, reward_funcs, train_dataset)
+    assert (quick.defaults, quick.optim.lr, quick.train.epochs, quick.algo.num_generations) == ("trl", 1e-6, 3.0, 8)
+    assert (quick.generation.max_new_tokens, quick.data.plain_text, quick.reward.clip) == (512, "raw", None)
+    assert quick.train.resume == "never"  # TRL's train() starts over unless resume_from_checkpoint says otherwise
+    assert grpo(args=GRPOConfig(learning_rate=1e-5)).defaults == "trl"
+    assert grpo(args={"learning_rate": 1e-5, "algo": {"num_generations": 4}}).defaults == "trl"  # TRL names win
+    own = grpo(args=GRPOConfig(optim={"lr": 1e-5}))
+    assert own.defaults == "rlhfkit" and own.algo.ppo_epochs == 2 and own.data.plain_text == "template"
+    assert own.train.resume == "auto"
+    assert grpo(args=GRPOConfig(defaults="rlhfkit", learning_rate=1e-5)).defaults == "rlhfkit"
+    assert Trainer("grpo", model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match").config.defaults == \
+        "rlhfkit"
+    trl_yaml, own_yaml = tmp_path / "trl.yaml", tmp_path / "own.yaml"
+    trl_yaml.write_text("learning_rate: 1.0e-5\nnum_generations: 4\n")
+    own_yaml.write_text("optim: {lr: 1.0e-5}\n")
+    assert grpo(args=str(trl_yaml)).defaults == "trl" and grpo(args=str(own_yaml)).defaults == "rlhfkit"
+    cli = build_config("grpo", {}, [f"model.name={TINY}", "learning_rate=1e-5"])  # the CLI's own recipe
+    assert cli.defaults == "rlhfkit" and cli.algo.ppo_epochs == 2
+    # every TRL-mirrored recipe: TRL's learning rate, 3 epochs, the short last batch kept
+    for cls, lr in ((SFTTrainer, 2e-5), (DPOTrainer, 1e-6), (KTOTrainer, 1e-6), (RewardTrainer, 1e-4),
+                    (OnlineDPOTrainer, 5e-7)):
+        extra = {"reward_funcs": "exact_match"} if cls is OnlineDPOTrainer else {}
+        cfg = cls(model=TINY, train_dataset="d.jsonl", **extra).config
+        assert (cfg.defaults, cfg.optim.lr, cfg.train.epochs) == ("trl", lr, 3.0), cls.__name__
+        assert cfg.train.drop_last is (cls is OnlineDPOTrainer), cls.__name__  # online: no batches to drop
+    assert DPOTrainer(model=TINY, train_dataset="d.jsonl").config.algo.reference == "on_the_fly"
+    online_dpo = OnlineDPOTrainer(model=TINY, train_dataset="d.jsonl", reward_funcs="exact_match",
+                                  args={"per_device_train_batch_size": 4}).config  # 4 prompts x 2 a step, 1 update
+    assert (online_dpo.algo.rollout_batch_size, online_dpo.algo.mini_batch_size, online_dpo.train.batch_size) == \
+        (4, 8, 8)
+    ppo = PPOTrainer(model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match").config
+    assert ppo.defaults == "rlhfkit"  # TRL 1.16 has no PPO trainer
+
+
+def test_reward_funcs_twice_use_cpu_and_checkpointing_kwargs():
+    from rlhfkit import GRPOTrainer
+
+    with pytest.raises(ConfigError, match="reward_funcs is given twice") as e:
+        GRPOTrainer(model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match",
+                    args={"reward_funcs": ["math_answer"]})  # neither silently dropped
+    assert "once" in e.value.fix
+    cfg = GRPOTrainer(model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match",
+                      args={"use_cpu": True, "gradient_checkpointing": True,
+                            "gradient_checkpointing_kwargs": {"use_reentrant": False}}).config
+    assert cfg.train.device == "cpu" and cfg.model.gradient_checkpointing  # TRL's meaning, not refused
+    with pytest.raises(ConfigError, match="use_reentrant"):
+        GRPOTrainer(model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match",
+                    args={"gradient_checkpointing_kwargs": {"use_reentrant": True}})
+
+
+def test_the_start_up_block_of_a_supervised_run_says_whose_defaults(capsys):
+    from rlhfkit.config import build_config
+    from rlhfkit.config.startup import startup_block
+
+    own = startup_block(build_config("sft", {"model": {"name": TINY}, "optim": {"lr": 1e-4}}))
+    flat = own.replace("\n    ", " ")
+    assert flat.startswith("[sft] rlhfkit's defaults where TRL 1.16's SFTConfig differs (defaults=trl for TRL's):")
+    assert "train.epochs=1 [num_train_epochs=3]" in flat and "optim.lr" not in flat  # never the user's own value
+    trl = startup_block(build_config("dpo", {"model_name_or_path": TINY, "learning_rate": 1e-4,
+                                             "dataset_name": "d.jsonl", "logging_steps": 1}))
+    flat = trl.replace("\n    ", " ")
+    assert "[dpo] defaults: TRL 1.16's DPOConfig (the configuration is written with TRL's names" in flat
+    assert "TRL keeps every checkpoint" in flat  # save_steps=500: a row that applies
+    assert "logs the mean over the window" not in flat  # logging_steps=1: that row does not apply
+    assert max(len(line) for line in trl.splitlines()) <= 120

@@ -109,9 +109,10 @@ def test_choices_come_from_the_registries(tmp_path):
 
 def test_trl_aliases_map_to_rlhfkit_keys(tmp_path, capsys):
     cfg = build_config("grpo", {"learning_rate": 3e-6, "per_device_train_batch_size": 4, "output_dir": str(tmp_path)},
-                       ["num_generations=8", "beta=0.02", "max_completion_length=32", "report_to=tensorboard",
+                       ["num_generations=4", "beta=0.02", "max_completion_length=32", "report_to=tensorboard",
                         "use_peft=true", "lora_r=8"])
-    assert cfg.optim.lr == 3e-6 and cfg.train.batch_size == 4 and cfg.algo.num_generations == 8
+    assert cfg.optim.lr == 3e-6 and cfg.train.batch_size == 4 and cfg.algo.num_generations == 4
+    assert cfg.defaults == "trl" and cfg.algo.rollout_batch_size == 1  # a file of TRL names: TRL's defaults, geometry
     assert cfg.algo.kl.coef == 0.02 and cfg.generation.max_new_tokens == 32
     assert cfg.track.backends == ["tensorboard"]  # a scalar is a one-item list
     assert cfg.model.lora.enabled and cfg.model.lora.r == 8

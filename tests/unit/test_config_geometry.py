@@ -11,7 +11,6 @@ import yaml
 from rlhfkit.config import build_config, load_config
 from rlhfkit.config.geometry import (
     check_split,
-    differences,
     divisors,
     nearest,
     nearest_divisors,
@@ -19,6 +18,7 @@ from rlhfkit.config.geometry import (
     step_block,
     step_geometry,
 )
+from rlhfkit.config.startup import differences, startup_block
 from rlhfkit.errors import ConfigError
 
 M = "model.name=tiny:x"
@@ -103,7 +103,7 @@ def test_defaults_trl_is_trls_grpo_and_rloo():
     rloo = build_config("rloo", {}, [M, "defaults=trl"])
     assert (rloo.algo.num_generations, rloo.algo.kl.coef, rloo.algo.rollout_batch_size) == (2, 0.05, 4)
     assert differences(rloo) == []
-    with pytest.raises(ConfigError, match="no stable trainer for ppo"):
+    with pytest.raises(ConfigError, match="TRL 1.16 has no trainer for ppo"):
         build_config("ppo", {}, [M, "defaults=trl"])
 
 
@@ -114,8 +114,7 @@ def test_defaults_trl_sits_under_the_file_and_the_command_line(tmp_path):
     cfg = load_config("grpo", path, ["algo.ppo_epochs=2"])
     assert (cfg.algo.kl.coef, cfg.algo.ppo_epochs) == (0.04, 2)  # the file's, the command line's
     assert (cfg.algo.rollout_batch_size, cfg.algo.mini_batch_size) == (4, 16)  # TRL's geometry from the file's B, K
-    assert differences(cfg) == ["algo.num_generations=4 [num_generations=8]", "algo.ppo_epochs=2 [num_iterations=1]",
-                                "algo.kl.coef=0.04 [beta=0.0]", "train.batch_size=16 [per_device_train_batch_size=8]"]
+    assert differences(cfg) == []  # the user's own values are never listed: the rest are TRL's
     cfg = load_config("grpo", path, ["algo.rollout_batch_size=8"])  # an explicit key wins over TRL's derivation
     assert (cfg.algo.rollout_batch_size, cfg.algo.mini_batch_size, step_geometry(cfg).updates_per_step) == (8, 16, 2)
 
@@ -180,22 +179,26 @@ def test_divisor_helpers_against_a_slow_loop(n):
 
 def test_the_block_an_online_run_starts_with(monkeypatch):
     cfg = build_config("grpo", {}, [M, "per_device_train_batch_size=8", "num_generations=4"])
-    text = step_block(cfg, 1, 2000)
-    lines = text.splitlines()
-    assert lines[0].startswith("[grpo] step: 16 prompts x 4 generations = 64 samples (1 process) -> 4 updates of 16")
-    assert "x 2 PPO epochs = 8 updates per step" in text.replace("\n    ", " ")
-    assert "[grpo] run: 16 steps = 128 updates, from algo.total_episodes=1024 samples" in lines
-    flat = text.replace("\n    ", " ")
-    for item in ("algo.ppo_epochs=2 [num_iterations=1]", "algo.kl.coef=0.04 [beta=0.0]",
+    text = startup_block(cfg, 1, 2000)
+    lines, flat = text.splitlines(), text.replace("\n    ", " ")
+    assert lines[0].startswith("[grpo] rlhfkit's defaults where TRL 1.16's GRPOConfig differs (defaults=trl for TRL's)")
+    assert "[grpo] step: 16 prompts x 4 generations = 64 samples (1 process) -> 4 updates of 16" in flat
+    assert "x 2 PPO epochs = 8 updates per step" in flat
+    assert "[grpo] run: 16 steps = 128 updates, from algo.total_episodes=1024 samples" in flat
+    for item in ("algo.ppo_epochs=2 [num_iterations=1]", "algo.kl.coef=0.04 [beta=0]",
                  "algo.loss_aggregation=seq_mean_token_mean [loss_type=dapo]"):
         assert item in flat
-    assert "TRL 1.16 does that with generation_batch_size=64" in flat
+    for own in ("algo.num_generations=", "train.batch_size="):  # the user's values (TRL names on the command line)
+        assert own not in flat
     assert max(len(line) for line in lines) <= 120
-    trl = step_block(build_config("grpo", {}, [M, "defaults=trl"]), 1, 100)
-    assert "differs" not in trl and "unlike TRL whatever the settings" in trl
-    assert "TRL" not in step_block(build_config("ppo", {}, [M]), 1, 100)  # no TRL trainer to compare with
-    epochs = step_block(build_config("grpo", {}, [M, "train.epochs=2"]), 1, 100).replace("\n    ", " ")
+    trl = startup_block(build_config("grpo", {}, [M, "defaults=trl"]), 1, 100).replace("\n    ", " ")
+    assert "differs" not in trl and "[grpo] defaults: TRL 1.16's GRPOConfig (defaults=trl)" in trl
+    assert "unlike TRL 1.16 here:" in trl and "TRL logs every logging_steps" in trl
+    assert "rlhfkit's practice, not switched on: missing_eos_penalty=1.0" in trl
+    assert "TRL" not in startup_block(build_config("ppo", {}, [M]), 1, 100)  # no TRL trainer to compare with
+    epochs = startup_block(build_config("grpo", {}, [M, "train.epochs=2"]), 1, 100).replace("\n    ", " ")
     assert "train.epochs=2 is not read" in epochs  # the run's length comes from algo.total_episodes
+    assert step_block(cfg, 1, 2000).splitlines()[0].startswith("[grpo] step:")
 
 
 def test_the_block_is_printed_before_any_weights_load(tmp_path, capsys, monkeypatch):
@@ -210,7 +213,7 @@ def test_the_block_is_printed_before_any_weights_load(tmp_path, capsys, monkeypa
     monkeypatch.setattr(learner, "load_causal_lm", lambda *a, **k: pytest.fail("weights loaded"))
     online._before_run(cfg)
     out = capsys.readouterr().out
-    assert "[grpo] step: 16 prompts x 4 generations" in out and "differs from TRL 1.16's GRPOConfig" in out
+    assert "[grpo] step: 16 prompts x 4 generations" in out and "where TRL 1.16's GRPOConfig differs" in out
 
 
 def test_online_checks_say_what_would_be_silent(capsys):
@@ -258,7 +261,7 @@ def test_did_you_mean_searches_rlhfkit_keys_and_trl_names_together(item, fix):
 def test_did_you_mean_without_a_close_key_lists_the_level():
     with pytest.raises(ConfigError) as e:
         build_config("sft", {}, [M, "xyzzy=1"])
-    assert e.value.fix.startswith("valid keys: data, distributed")
+    assert e.value.fix.startswith("valid keys: data, defaults, distributed")
     with pytest.raises(ConfigError, match="'device' \\(TRL\\) has no rlhfkit equivalent") as e:
         build_config("grpo", {}, [M, "device=cpu"])
     assert "CUDA_VISIBLE_DEVICES=" in e.value.fix

@@ -101,3 +101,24 @@ def test_gemma_like_template_with_role_renaming():
     )
     ids, mask = render_conversation(t, [Q1, A1, Q2, A2])
     assert trained_text(t, ids, mask) == "answer1<|im_end|>answer2<|im_end|>"
+
+
+def test_plain_strings_raw_as_trl_tokenises_them():
+    # TRL 1.16, standard format: tok(prompt) and tok(prompt + completion + eos), no chat template; the view leaves the
+    # tokenizer's own template alone (the model is saved with it)
+    from rlhfkit.data.chat import plain_view
+
+    tok = load_tokenizer("tiny")
+    view = plain_view(tok)
+    prompt, answer = "The sky is", " blue."
+    p_ids = render_prompt_ids(view, [{"role": "user", "content": prompt}])
+    assert p_ids == tok(prompt)["input_ids"]
+    full = tok(prompt + answer + tok.eos_token)["input_ids"]
+    got_p, got_c = render_completion_ids(view, [{"role": "user", "content": prompt}],
+                                         [{"role": "assistant", "content": answer}])
+    assert got_p + got_c == full and got_c[-1] == tok.eos_token_id
+    ids, mask = render_conversation(view, [{"role": "user", "content": prompt},
+                                           {"role": "assistant", "content": answer}])
+    assert ids == full and sum(mask) == len(got_c)  # the completion (and its EOS) trained, the prompt not
+    templated = render_prompt_ids(tok, [{"role": "user", "content": prompt}])
+    assert templated != p_ids and tok.chat_template and view.chat_template != tok.chat_template

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -181,12 +182,23 @@ def test_an_update_without_gradient_is_not_applied_and_a_run_of_them_fails():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # weight decay did not move them
 
     class FakeRun:
-        run_dir = "RUN"
+        run_dir, said = "RUN", []
+
+        def print(self, text):
+            self.said.append(text)
 
     session = Session.__new__(Session)
-    session.run, session._guards = FakeRun(), [guard]
+    session.run, session._guards, session.cfg = FakeRun(), [guard], SimpleNamespace(recipe="grpo")
+    session.steps_seen, session.steps_without_reward = 1, 0
+    session.check_applied()  # no learning signal (tied groups): the run finishes, saying so in one line
+    assert FakeRun.said and "no update changed the model" in FakeRun.said[0]
+    session.steps_without_reward = 1  # every sample of every step dropped: no finite reward at all, a fault
     with pytest.raises(NoUpdateError, match="no update of the model was applied.*1 without any learning signal"):
         session.check_applied()
+    guard.skipped, session.steps_without_reward = 1, 0  # a non-finite loss skipped an update: a fault too
+    with pytest.raises(NoUpdateError, match="1 skipped for a non-finite loss"):
+        session.check_applied()
+    guard.skipped = 0
     model(torch.ones(1, 2)).sum().backward()
     clip_and_step(acc, model, opt, sched, 1.0)
     assert guard.applied == 1

@@ -315,9 +315,9 @@ def test_no_tensor_of_batch_x_tokens_x_vocab_elements_in_a_training_step():
     assert max(over_vocab)[0] >= B * R
 
 
-def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
-    """Liger's kernel needs CUDA; here a stand-in with its signature and its per-token loss (-log p, 0 where ignored)
-    checks what rlhfkit hands it and reads back (bench/gpu_check.py compares the real kernel on a GPU)."""
+def _fake_liger(monkeypatch) -> list:
+    """A CPU stand-in for liger_kernel's fused linear cross-entropy (its signature, its per-token loss -log p, 0 where
+    ignored), served whenever no entropy and no LoRA are asked; returns the list of reductions it was called with."""
     import sys
     import types
 
@@ -337,6 +337,13 @@ def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
     mod.liger_fused_linear_cross_entropy = fake
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers.functional", mod)
     monkeypatch.setattr(fwd, "liger_serves", lambda x, lows, entropy: not entropy and not lows)
+    return calls
+
+
+def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
+    """Liger's kernel needs CUDA; here a stand-in with its signature and its per-token loss (-log p, 0 where ignored)
+    checks what rlhfkit hands it and reads back (bench/gpu_check.py compares the real kernel on a GPU)."""
+    calls = _fake_liger(monkeypatch)
     model = _model(False)
     model.lm_head = torch.nn.Linear(32, V, bias=True)
     batch = _batch()
@@ -347,3 +354,71 @@ def test_liger_adapter_maps_temperature_bias_and_ignored_positions(monkeypatch):
     assert torch.equal(st.argmax, top)
     response_stats(model, batch, 0.7, entropy=True, share_prompts=False)  # the entropy: rlhfkit's own path
     assert calls == ["none"]
+
+
+@pytest.mark.parametrize("chunk_size", [3, None])
+def test_mean_logits_equal_the_plain_mean_over_the_vocabulary(chunk_size):
+    """TRL's ``logits/chosen``: the mean logit over the vocabulary of each trained position, computed here as the head
+    applied to the weights' mean row (bias, LoRA path and temperature included), checked against every logit made."""
+    from rlhfkit.algos import token_stats_from_logits
+    from rlhfkit.algos.logprobs import linear_mean_logits
+
+    t, labels = _inputs()
+    labels[[2, 7]] = IGNORE
+    lows = ((t["x"], t["w"]),)
+    logits = (t["hidden"] @ t["weight"].t() + t["bias"] + t["x"] @ t["w"].t()) / 0.7
+    keep = labels != IGNORE
+    want = torch.where(keep, logits.mean(-1), 0.0).detach()
+    st = linear_token_stats(t["hidden"], t["weight"], labels, bias=t["bias"], low_rank=lows, temperature=0.7,
+                            mean_logits=True, chunk_size=chunk_size)
+    torch.testing.assert_close(st.mean_logits, want, atol=1e-5, rtol=1e-5)
+    assert st.mean_logits[2] == 0 and not st.mean_logits.requires_grad  # a metric: no gradient
+    assert linear_token_stats(t["hidden"], t["weight"], labels).mean_logits is None  # not asked: not computed
+    torch.testing.assert_close(linear_mean_logits(t["hidden"], t["weight"]), (t["hidden"] @ t["weight"].t()).mean(-1),
+                               atol=1e-5, rtol=1e-5)
+    ml = token_stats_from_logits(logits, labels, mean_logits=True).mean_logits
+    torch.testing.assert_close(ml, want, atol=1e-5, rtol=1e-5)
+    # hand values: logits [1, 2, 6] -> 3; an ignored position -> 0
+    hand = token_stats_from_logits(torch.tensor([[1.0, 2.0, 6.0], [0.0, 0.0, 9.0]]), torch.tensor([0, IGNORE]),
+                                   mean_logits=True)
+    assert hand.mean_logits.tolist() == [3.0, 0.0]
+
+
+def test_mean_logits_and_metric_entropy_through_a_model_and_a_generic_head():
+    model = _model(False)
+    batch = _batch()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    labels = torch.where(mask.bool(), ids, IGNORE)
+    labels[:, :3] = IGNORE
+    keep = labels[:, 1:] != IGNORE
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, -1)
+    st = completion_stats(model, ids, mask, labels, entropy="metric", argmax=True, mean_logits=True)  # fused path
+    torch.testing.assert_close(st.mean_logits, torch.where(keep, logits.mean(-1), 0.0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(st.entropy, torch.where(keep, -(logp.exp() * logp).sum(-1), 0.0), atol=1e-5,
+                               rtol=1e-5)
+    assert not st.entropy.requires_grad  # a metric: detached
+    x = torch.randn(2, 5, 32)  # a head that is not linear: its logits per chunk, their mean
+    y = torch.randint(0, V, (2, 5))
+    y[1, 3] = IGNORE
+    head = torch.nn.Sequential(model.lm_head, torch.nn.Tanh())
+    got = module_token_stats(head, x, y, 0.5, mean_logits=True, chunk_size=3).mean_logits
+    torch.testing.assert_close(got, torch.where(y != IGNORE, (head(x) / 0.5).mean(-1), 0.0), atol=1e-5, rtol=1e-5)
+
+
+def test_liger_stats_give_mean_logits_and_no_entropy(monkeypatch):
+    """Under Liger's kernel (a CPU stand-in with its signature) the mean logits still come (a cheap matmul with the
+    mean row), the metric entropy does not (Liger has none)."""
+    _fake_liger(monkeypatch)
+    model = _model(False)
+    model.lm_head = torch.nn.Linear(32, V, bias=True)
+    batch = _batch()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    labels = torch.where(mask.bool(), ids, IGNORE)
+    st = completion_stats(model, ids, mask, labels, entropy="metric", argmax=True, mean_logits=True)
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    keep = labels[:, 1:] != IGNORE
+    torch.testing.assert_close(st.mean_logits, torch.where(keep, logits.mean(-1), 0.0), atol=1e-5, rtol=1e-5)
+    assert st.entropy is None
+    forced = completion_stats(model, ids, mask, labels, entropy=True)  # asked for as a loss term: rlhfkit's path
+    assert forced.entropy is not None

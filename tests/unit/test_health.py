@@ -195,8 +195,10 @@ def test_grpo_run_stops_on_a_critical_warning_with_one_line_and_a_report(tmp_pat
                  "algo.mini_batch_size=4", "train.batch_size=4", "algo.total_episodes=16",
                  "generation.max_new_tokens=4", "track.sample_every=0", "track.stop_on_critical=true"])
     err = capsys.readouterr().err.strip().splitlines()
-    # step 2 of metrics.jsonl: the first rollout makes ppo_epochs (2) x 4 / 4 = 2 optimizer updates
-    assert code == 2 and err[-1].startswith("error: step 2: stopped on a critical health warning: objective/kl=99")
+    # step 2 of metrics.jsonl: the first rollout makes ppo_epochs (2) x 4 / 4 = 2 optimizer updates; the message
+    # names the metric as GRPO's metrics.jsonl does (TRL's kl), the knob untouched (optim.lr)
+    assert code == 2 and err[-1].startswith("error: step 2: stopped on a critical health warning: kl=99")
+    assert "lower optim.lr (fix: turn optim.lr" in err[-1]
     assert "kl_blowup" in [r["name"] for r in read_warnings(out)]  # (4 new tokens: all truncated too)
     assert "1 critical)" in (out / "report.html").read_text()
     assert not (out / "model.safetensors").exists()  # stopped before the final model

@@ -14,7 +14,7 @@ import torch
 
 from rlhfkit.config import OptimConfig, build_config
 from rlhfkit.errors import ConfigError
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 from rlhfkit.train.lifecycle.checkpoint import Checkpointer, list_checkpoints
 from rlhfkit.train.lifecycle.optim import build_optimizer, build_scheduler, lr_lambda
 from rlhfkit.train.lifecycle.run import start_run
@@ -285,8 +285,8 @@ def test_scheduler_steps_once_per_update_and_accumulation_matches_a_big_batch(tm
     job, last, lines = _run_toy(tmp_path, "acc", "train.batch_size=4", "train.grad_accum=2")
     fn = lr_lambda("linear", warmup=2, total=6)
     logged = {x["step"]: x["lr"] for x in lines if "lr" in x}
-    # after update k the scheduler has stepped k times: the LR of the next update is peak * fn(k)
-    assert logged == pytest.approx({k: 1e-2 * fn(k) for k in range(1, 7)})
+    # update k ran at peak * fn(k - 1): the LR logged is the one the update used (TRL's learning_rate)
+    assert logged == pytest.approx({k: 1e-2 * fn(k - 1) for k in range(1, 7)})
     assert [x["step"] for x in lines if "train/loss" in x] == [1, 2, 3, 4, 5, 6]
     assert set(lines[-1]) >= {"train/loss", "train/mae", "train/grad_norm", "lr", "epoch"}
     assert last["epoch"] == pytest.approx(12 / 16)  # 6 updates x 2 micro-batches of 4, 16 per epoch

@@ -185,3 +185,53 @@ def test_kto_paired_accuracy_and_objective_stats():
     assert stats["rewards/accuracies"].item() == 0.75
     assert abs(stats["rewards/margins"].item() - (0.05 - (-0.05))) < 1e-6  # beta 0.1 * mean r per class
     assert stats["logps/chosen"].item() == -1.5 and stats["logps/rejected"].item() == -5.5
+
+
+def test_token_metrics_hand_values():
+    """TRL 1.16's DPO / KTO token metrics from per-row sums: token-weighted means over the chosen / rejected rows."""
+    rows = {"mean_logits": torch.tensor([6.0, 2.0, -3.0, 1.0]), "top1": torch.tensor([2.0, 1.0, 0.0, 3.0]),
+            "entropy": torch.tensor([3.0, 1.0, 2.0, 2.0])}
+    tokens = torch.tensor([3.0, 1.0, 2.0, 4.0])
+    chosen = torch.tensor([True, True, False, False])
+    m = P.token_metrics(rows, tokens, chosen, accuracy=True)
+    assert m["logits/chosen"].item() == pytest.approx(8 / 4) and m["logits/rejected"].item() == pytest.approx(-2 / 6)
+    assert m["entropy"].item() == pytest.approx(8 / 10) and m["mean_token_accuracy"].item() == pytest.approx(3 / 4)
+    no_rejected = P.token_metrics({k: v for k, v in rows.items() if k != "entropy"}, tokens, torch.ones(4, dtype=bool),
+                                  accuracy=False)
+    assert no_rejected["logits/rejected"].item() == 0 and set(no_rejected) == {"logits/chosen", "logits/rejected"}
+
+
+def test_sequence_logps_fill_the_token_metrics_sums(tmp_path):
+    """``into``: per-row sums over the completion tokens of the mean logit, the top-1 hits and the entropy, against a
+    plain forward's every logit."""
+    model, _ = load_causal_lm(_cfg(tmp_path).model, trainable=False)
+    _perturb(model)
+    ids = torch.tensor([[1, 5, 6, 7, 8, 9], [1, 5, 6, 10, 11, 0]])
+    att = (ids != 0).long()
+    comp = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 0]])
+    rows: dict = {}
+    with torch.no_grad():
+        summed, count = P.sequence_logps(model, ids, att, comp, start=1, into=rows)
+        logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
+    m = comp[:, 1:].float()
+    logp = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(rows["mean_logits"], (logits.mean(-1) * m).sum(-1), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(rows["top1"], ((logits.argmax(-1) == ids[:, 1:]).float() * m).sum(-1))
+    torch.testing.assert_close(rows["entropy"], (-(logp.exp() * logp).sum(-1) * m).sum(-1), atol=1e-4, rtol=1e-4)
+    assert count.tolist() == [3.0, 2.0]
+
+
+def test_evaluation_token_metrics_equal_the_training_forwards(tmp_path):
+    """The held-out evaluation, over batches split otherwise, gives the training forward's TRL token metrics of the
+    whole batch (token-weighted, not a mean of batch means)."""
+    cfg = _cfg(tmp_path / "ev", "algo.reference=on_the_fly")
+    run = start_run(cfg)
+    model, tok = load_causal_lm(cfg.model, seed=cfg.train.seed)
+    collate = P.PairCollator(tok.pad_token_id)
+    ref = P.open_reference(run, cfg, tok)
+    _perturb(model)
+    model.eval()
+    _, whole = P.make_forward(run, cfg, ref)(model, collate(_pairs()))
+    got = P.evaluate(run, cfg, ref, model, [collate(_pairs()[:1]), collate(_pairs()[1:])])
+    for key in ("logits/chosen", "logits/rejected", "entropy", "mean_token_accuracy", "rewards/chosen"):
+        assert got[key] == pytest.approx(float(whole[key]), abs=1e-5), key

@@ -27,6 +27,17 @@ def test_trl_tables_are_the_mapping():
         assert f"`{name}`" in section
 
 
+def test_coming_from_trl_states_the_code_s_table():
+    # docs/coming-from-trl.md's defaults and differences are the code's (config/trl_defaults.py), never a copy that
+    # drifts: tools/sync_configs.py writes them
+    from rlhfkit.config.startup import markdown_table
+
+    text = (ROOT / "docs" / "coming-from-trl.md").read_text()
+    assert "<!-- trl-defaults:begin -->\n" + markdown_table() + "\n<!-- trl-defaults:end -->" in text
+    for row in ("| grpo | `GRPOConfig` |", "| sft | `SFTConfig` |", "| online-dpo |", "| kto | `KTOConfig` |"):
+        assert row in text
+
+
 def test_trackers_named_in_the_readme_are_known():
     text = _section("## Tracking, reports and health warnings")
     for name in ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio"):

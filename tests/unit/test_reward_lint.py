@@ -1,5 +1,7 @@
-"""The reward lint: adversarial completions built from the run's prompts; a reward that pays for an empty answer is
-a certain bug (error), one that pays for repetition or for a second answer is a warning."""
+"""The reward lint: adversarial completions built from the run's prompts; a reward that pays the most for an empty
+answer, for repetition or for a second answer is a warning naming the off switch (reward.lint) -- a brevity reward
+may mean it -- never a stop; a reward with side effects is spared the lint's calls (lint: false) or told them apart
+(a `synthetic` parameter)."""
 
 from __future__ import annotations
 
@@ -33,20 +35,20 @@ def test_adversarial_completions():
     assert big["two_answers"].endswith("1" * 4999 + "2.") and len(big["answer_repeated"]) < 30_000
 
 
-def test_empty_answer_paid_the_most_is_an_error():
-    combo = CombinedRewards([f"{FNS}:pays_for_short"])
+def test_empty_answer_paid_the_most_is_said_first_and_never_stops():
+    combo = CombinedRewards([f"{FNS}:pays_for_short"])  # a brevity reward: an empty answer paid the most, by design
     report = lint_rewards(combo, PROMPTS, ROWS)
-    assert report.bugs and "empty completion gets the highest reward" in report.bugs[0]
-    with pytest.raises(RewardError, match="reward lint: an empty completion"):
-        report.raise_on_bug()
+    assert "empty completion gets the highest reward" in report.warnings[0]
+    assert "unless that is the reward's intent" in report.warnings[0]
     text = "\n".join(report.lines())
-    assert "pays_for_short" in text and "error:" in text
+    assert "pays_for_short" in text and "error:" not in text and "reward.lint=false turns the lint off" in text
+    assert text.count("empty completion") == 1  # said once, not again as "pays for empty completions"
 
 
 def test_math_verifier_is_clean_and_length_reward_is_flagged():
     report = lint_rewards(CombinedRewards(["math_answer"]), PROMPTS, ROWS)
     means = report.means["math_answer"]
-    assert report.bugs == []
+    assert report.warnings == []
     # the maths verifier pays only where the final answer is the reference: not for echoes, forms, a second answer
     # or a truncated box
     assert means["empty"] == means["prompt_echo"] == means["format_only"] == means["truncated"] == 0.0
@@ -54,7 +56,7 @@ def test_math_verifier_is_clean_and_length_reward_is_flagged():
     assert report.high == [] and report.warnings == []  # the right answer alone is what a verifier pays for
     assert report.lines()[-1] == "no adversarial completion scores high"
     report = lint_rewards(CombinedRewards([f"{FNS}:pays_for_long", "math_answer"]), PROMPTS, ROWS)
-    assert ("total", "repetition", 1.0) in report.high and report.bugs == []
+    assert ("total", "repetition", 1.0) in report.high and report.warnings == []
     assert not [h for h in report.high if h[0] != "total"]  # the total is judged (what the policy is trained on)
     # a format reward beside a verifier pays for an empty skeleton, the total does not: no warning
     report = lint_rewards(CombinedRewards(["math_answer", {"fn": "format", "weight": 0.1}]), PROMPTS, ROWS)
@@ -68,20 +70,49 @@ def test_first_match_verifier_pays_for_a_second_answer():
     assert ("first_hashes", "two_answers", pytest.approx(1 / 3)) in report.high
 
 
-def test_probe_prints_warnings_and_stops_a_certain_bug_with_its_workers():
+def test_probe_prints_warnings_never_stops_on_them_and_stops_a_certain_bug_with_its_workers():
     from rlhfkit.rewards.lint import probe_rewards
 
     said: list[str] = []
     combo = CombinedRewards([f"{FNS}:pays_for_long", "math_answer"], workers=1, timeout_s=60)
     report = probe_rewards(combo, PROMPTS, ROWS, say=said.append)
-    assert any("total pays for repetition" in line for line in said) and report.bugs == []
+    assert any("total pays for repetition" in line for line in said) and report.high
     assert all(line.startswith("[reward lint] ") for line in said)
     combo.close()
     combo = CombinedRewards([f"{FNS}:pays_for_short"], workers=1, timeout_s=60)
-    with pytest.raises(RewardError, match="reward lint"):
+    probe_rewards(combo, PROMPTS, ROWS, say=said.append)  # a brevity reward: warned about, not stopped
+    combo.close()
+    combo = CombinedRewards([f"{FNS}:wrong_length"], workers=1, timeout_s=60)  # certainly a bug: the probe stops it
+    with pytest.raises(RewardError, match="returned"):
         probe_rewards(combo, PROMPTS, ROWS, say=said.append)
     assert all(w.proc is None for w in combo.pool.workers)  # stopped on the way out
     assert probe_rewards(CombinedRewards(["math_answer"]), PROMPTS, ROWS, lint=False) is None
+
+
+def test_a_reward_with_side_effects_is_spared_or_told_the_synthetic_calls(tmp_path):
+    # a counter (a paid judge's bill): lint=false spares it every call before the run; one naming `synthetic` is told
+    counter = tmp_path / "calls.txt"
+    fns = tmp_path / "judge.py"
+    fns.write_text(
+        "def paid_judge(prompts, completions, **fields):\n"
+        f"    with open({str(counter)!r}, 'a') as f:\n"
+        "        f.write(f'{len(completions)}\\n')\n"
+        "    return [1.0] * len(completions)\n\n"
+        "def careful(prompts, completions, synthetic=False, **fields):\n"
+        f"    if not synthetic:\n"
+        f"        with open({str(counter)!r}, 'a') as f:\n"
+        "            f.write('real\\n')\n"
+        "    return [0.0 if synthetic else 1.0] * len(completions)\n")
+    from rlhfkit.rewards import RewardFunctionSpec
+    from rlhfkit.rewards.lint import probe_rewards
+
+    said: list[str] = []
+    with CombinedRewards([RewardFunctionSpec(f"{fns}:paid_judge", lint=False), f"{fns}:careful"]) as combo:
+        report = probe_rewards(combo, PROMPTS, ROWS, say=said.append)
+        assert not counter.exists()  # neither the probe nor the lint called the judge; careful knew they were synthetic
+        assert "paid_judge is not called on the lint's completions" in " ".join(report.notes)
+        out = combo(PROMPTS, ["a", "b"], ROWS)  # a rollout: both called, neither told synthetic
+    assert out.total.tolist() == [2.0, 2.0] and counter.read_text().split() == ["2", "real"]
 
 
 def test_reward_lint_command(tmp_path, capsys):
@@ -91,10 +122,10 @@ def test_reward_lint_command(tmp_path, capsys):
 
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p, **r}) + "\n" for p, r in zip(PROMPTS, ROWS)))
-    bad = main(["reward-lint", f"data.train={data}", f"reward.functions=[{{fn: '{FNS}:pays_for_short'}}]",
-                "reward.workers=1"])
+    warned = main(["reward-lint", f"data.train={data}", f"reward.functions=[{{fn: '{FNS}:pays_for_short'}}]",
+                   "reward.workers=1"])
     out, err = capsys.readouterr()
-    assert bad == 2 and "pays_for_short" in out and "reward lint: an empty completion" in err
+    assert warned == 0 and "pays_for_short" in out and "warning: an empty completion gets the highest" in out
     assert main(["reward-lint", f"data.train={data}", "reward.functions=[{fn: math_answer}]", "--prompts", "2"]) == 0
     out, _ = capsys.readouterr()
     assert "no adversarial completion scores high" in out and "warning" not in out and "empty" in out
@@ -112,7 +143,7 @@ def test_one_kind_scored_far_below_the_rest_does_not_make_the_others_high():
     assert means["repetition"] < -90 and means["empty"] == 0.0
     assert "prompt_echo" in high and "format_only" in high
     assert not high & {"empty", "whitespace", "repetition", "answer_repeated", "reference_only"}
-    assert report.bugs == []
+    assert not any("empty completion" in w for w in report.warnings)
 
 
 def test_scores_beyond_the_clip_are_a_warning_before_the_run():
@@ -122,7 +153,7 @@ def test_scores_beyond_the_clip_are_a_warning_before_the_run():
 
     combo = CombinedRewards([f"{FNS}:far_below_clip"])
     report = lint_rewards(combo, PROMPTS, ROWS, clip=10.0)  # every lint completion scores in [-30, -20]
-    assert len(report.warnings) == 1 and "reward.clip=10" in report.warnings[0] and report.bugs == []
+    assert len(report.warnings) == 1 and "reward.clip=10" in report.warnings[0]
     assert any(line.startswith("warning: ") and "the clip ties such scores" in line for line in report.lines())
     assert lint_rewards(combo, PROMPTS, ROWS, clip=30.0).warnings == []  # a clip wide enough
     assert lint_rewards(combo, PROMPTS, ROWS).warnings == []  # reward.clip=null
@@ -192,7 +223,7 @@ def test_every_built_in_verifier_given_the_right_answer_is_silent():
             with CombinedRewards(specs) as combo:  # in this process: the verdicts, not the workers, are tested here
                 report = lint_rewards(combo, prompts, rows, max_prompts=len(prompts))
             lines = report.lines()
-            assert report.scored and report.high == [] and report.warnings == [] and report.bugs == [], (name, lines)
+            assert report.scored and report.high == [] and report.warnings == [], (name, lines)
             assert report.notes == [] and lines[-1] == "no adversarial completion scores high", (name, lines)
     finally:
         httpd.shutdown()

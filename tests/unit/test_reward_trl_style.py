@@ -134,3 +134,57 @@ def test_an_in_process_function_is_held_to_the_time_limit():
         out = combo(["p"], ["c"], [{}], allow_all_dropped=True)
     assert time.perf_counter() - t0 < 3
     assert out.metrics["rewards/slow/timeouts"] == 1.0 and out.valid.tolist() == [False]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_log_metric_and_log_extra_reach_the_run(workers):
+    # TRL's Example 6: the metric is the mean of what the calls logged, under its own name; the columns go beside
+    # each completion (samples.jsonl); in a worker process too (the logs cross the wire as data)
+    out = _score("trl_reward_fns:reward_with_logs", ["q1", "q2", "q3", "q4"], ["so 4", "so 5", "it is 7", "x 9"],
+                 [{"ground_truth": g} for g in ("4", "6", "7", "1")], workers=workers)
+    assert out.total.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert out.metrics["accuracy"] == pytest.approx(0.5)
+    assert out.extra == {"golden_answer": ["4", "6", "7", "1"], "extracted_answer": ["4", "5", "7", "9"]}
+    assert out.metrics["rewards/reward_with_logs/std"] == pytest.approx(torch.tensor([1.0, 0, 1, 0]).std().item())
+
+
+def test_trainer_state_counts_optimizer_updates_as_trl():
+    # TRL's trainer_state.global_step is the optimizer updates done before the rollout: 0 at the first
+    seen = []
+
+    def watch(completions, trainer_state, **kwargs):
+        seen.append((trainer_state.global_step, trainer_state.max_steps, trainer_state.epoch))
+        return [1.0] * len(completions)
+
+    with CombinedRewards([RewardFunctionSpec(watch, convention="trl")]) as combo:
+        combo(["p"], ["c"], [{}], step=1, max_steps=4, trainer_state=(0, 8, 0.0))  # rollout 0 of 4, 2 updates each
+        combo(["p"], ["c"], [{}], step=2, max_steps=4, trainer_state=(2, 8, 0.25))
+    assert seen == [(0, 8, 0.0), (2, 8, 0.25)]
+
+
+def test_a_batch_is_called_whole_or_in_whole_groups():
+    # 3 prompts x 2 completions, completion-major (p0 p1 p2 p0 p1 p2), reward.workers=2: a function run in this
+    # process and one of TRL's convention get the whole batch in one call (as TRL calls them); rlhfkit's own in the
+    # workers gets whole groups per call, never half a group
+    prompts, completions, rows = ["a", "b", "c"] * 2, ["x", "yy", "z", "ww", "v", "uuu"], [{}] * 6
+    out = _score(lambda completions, **kw: [float(len(completions))] * len(completions), prompts, completions, rows,
+                 workers=2)
+    assert out.total.tolist() == [6.0] * 6  # a lambda: in this process, one call
+    assert _score("trl_reward_fns:batch_sizes", prompts, completions, rows, workers=2).total.tolist() == [6.0] * 6
+    with CombinedRewards(["trl_reward_fns:group_rank"], workers=2, timeout_s=30) as combo:
+        out = combo(prompts, completions, rows, group=2)
+    assert out.total.tolist() == [2.0] * 6  # every call saw both completions of each of its prompts
+
+
+def test_trls_builtin_rewards_under_their_names():
+    from rlhfkit.rewards import accuracy_reward, get_soft_overlong_punishment, think_format_reward
+
+    got = accuracy_reward([[{"content": r"My answer is \boxed{\frac{1}{3}}"}], [{"content": r"\boxed{\frac{1}{2}}"}],
+                           "the answer is 42", "no answer here"], [r"\frac{1}{3}", r"\frac{1}{3}", "42", ""])
+    assert got == [1.0, 0.0, 1.0, None]  # TRL's docstring's values; an unparseable solution is skipped (None)
+    logged = {}
+    accuracy_reward(["#### 7"], ["7"], log_extra=lambda col, values: logged.update({col: values}))
+    assert logged == {"solution": ["7"], "gold_parsed": ["7"], "answer_parsed": ["7"]}
+    assert think_format_reward(["<think>\nhm\n</think>\nok", "<think>hm", "x<think></think>"]) == [1.0, 0.0, 0.0]
+    punish = get_soft_overlong_punishment(max_completion_len=10, soft_punish_cache=4)
+    assert punish([[0] * 6, [0] * 8, [0] * 10, [0] * 11]) == [0.0, -0.5, -1.0, -1.0]  # (10 - 4 - n) / 4, -1 beyond

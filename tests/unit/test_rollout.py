@@ -320,3 +320,23 @@ def test_build_engine_from_the_generation_section(tok):
     with pytest.raises(ConfigError, match="generation.engine_kwargs.cuda_graph"):
         build_engine(SimpleNamespace(engine="static", engine_kwargs={"cuda_graph": True}, stop_strings=[],
                                      batch_size=None), tok)
+
+
+@pytest.mark.parametrize("name", ["hf", "static"])
+def test_a_rollout_reports_its_tokens_while_it_runs(tok, chain_model, name):
+    # one micro-batch of 3 prompts, 17 new tokens at most: "a" ends after 3 tokens, "p" after 5, "x" never. The
+    # engine tells where it is at its own host checks (static: every sync_every=2 tokens, with the rows ended; hf:
+    # every 8 tokens, the ended rows unknown without a sync) -- the live line moves inside a long micro-batch
+    heard = []
+    engine = make(name, eos=(EOS,))
+    engine.generate(chain_model, [ids(tok, w) for w in ("a", "p", "x")], SamplingParams(greedy=True, max_new_tokens=17),
+                    on_progress=lambda t, n, ended: heard.append((t, n, ended)))
+    assert heard and all(n == 17 for _, n, _ in heard)
+    steps = [t for t, _, _ in heard]
+    assert steps == sorted(steps) and steps[-1] >= 8
+    if name == "static":
+        ended = [e for _, _, e in heard]
+        assert ended[0] == 0 and max(ended) == 2  # "a" and "p" end; "x" runs to the limit
+    else:
+        assert all(e is None for _, _, e in heard)
+    assert engine.on_progress is None  # only during the call

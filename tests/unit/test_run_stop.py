@@ -16,7 +16,7 @@ from test_loop import _job
 import rlhfkit.train.supervised.loop as loop
 from rlhfkit.config import build_config
 from rlhfkit.errors import Stopped
-from rlhfkit.track import read_metrics
+from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 from rlhfkit.train.lifecycle.checkpoint import list_checkpoints
 from rlhfkit.train.lifecycle.run import start_run
 from rlhfkit.train.lifecycle.stop import StopControl, exit_code

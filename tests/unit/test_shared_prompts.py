@@ -84,3 +84,23 @@ def test_a_cache_the_responses_did_not_attend_to_is_an_error():
     model.train()
     with pytest.raises(RuntimeError, match="shared-prompt forward"):
         shared_prompt_logits(model, batch)
+
+
+def test_gradient_checkpointing_under_a_peft_wrapper_is_seen():
+    """A PEFT model's own class has no checkpointing flag: the layers transformers set it on are read (a TRL-configured
+    LoRA run has TRL's gradient_checkpointing=True; the shared forward then found its cache dropped)."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlhfkit.train.shared.forward import response_stats
+
+    model, batch, keep = model_and_batch([0, 1, 2, 0, 1, 2])
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    assert can_share_prompts(peft)
+    checkpointing(peft.get_base_model())
+    peft.train()
+    assert not can_share_prompts(peft)
+    lp = response_stats(peft, batch, 1.0).logprobs  # the whole batch at once: correct, no error
+    lp.sum().backward()
+    with torch.no_grad():
+        want = token_logprobs(response_logits(peft, batch, 1.0, share_prompts=False), batch["response_ids"])
+    torch.testing.assert_close(lp.detach()[keep], want[keep], atol=1e-5, rtol=1e-5)

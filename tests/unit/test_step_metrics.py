@@ -20,7 +20,8 @@ def _exp(seed: int, n: int = 8, t: int = 5):
     return SimpleNamespace(action=action, old_logprobs=-torch.rand(n, t, generator=g), kl=torch.rand(n, t, generator=g),
                            raw_scores=scores + 0.5, scores=scores, valid=torch.ones(n, dtype=torch.bool),
                            rollout=SimpleNamespace(ended=torch.rand(n, generator=g) > 0.5,
-                                                   lengths=torch.randint(1, t + 1, (n,), generator=g)))
+                                                   lengths=torch.randint(1, t + 1, (n,), generator=g),
+                                                   prompt_mask=(torch.rand(n, 3, generator=g) > 0.2).long()))
 
 
 class TwoProcesses:
@@ -50,15 +51,25 @@ def test_one_gather_gives_the_metrics_of_every_sample():
     rlhf = cat(lambda e: e.scores - (0.1 * e.kl * e.action).sum(-1))
     lengths = cat(lambda e: e.rollout.lengths.float())
     tied = cat(lambda e: algos.group_all_tied(e.scores, 4, valid=e.valid).float())
+    ended = cat(lambda e: e.rollout.ended)
+    scores = cat(lambda e: e.raw_scores)
+    done = [n for n, x in zip(lengths.tolist(), ended.tolist()) if x]  # TRL: the lengths of the answers that ended
     expected = {
-        "objective/scores": cat(lambda e: e.raw_scores).mean().item(),
+        "objective/scores": scores.mean().item(),
+        "objective/scores_std": scores.std().item(),
         "objective/entropy": entropy.mean().item(),
         "objective/rlhf_reward": rlhf.mean().item(),
-        "val/num_eos_tokens": float(cat(lambda e: e.rollout.ended.float()).sum()),
-        "val/eos_frac": cat(lambda e: e.rollout.ended.float()).mean().item(),
+        "val/num_eos_tokens": float(ended.float().sum()),
+        "val/eos_frac": ended.float().mean().item(),
+        "response/clipped_frac": 1 - ended.float().mean().item(),
         "response/length_mean": lengths.mean().item(),
         "response/length_std": lengths.std().item(),
-        "response/length_max": lengths.max().item(),
+        "response/length_min": min(lengths.tolist()),
+        "response/length_max": max(lengths.tolist()),
+        "response/terminated_length_mean": sum(done) / len(done),
+        "response/terminated_length_min": min(done),
+        "response/terminated_length_max": max(done),
+        "tokens/step": float(cat(lambda e: e.rollout.prompt_mask.sum(-1) + e.rollout.lengths).sum()),
         "rewards/tied_groups_frac": tied.mean().item(),
     }
     assert got == pytest.approx(expected, rel=1e-6)

@@ -96,3 +96,42 @@ def test_closing_line_of_a_distillation_run(tmp_path):
                            "agreement 0.4 -> 0.6;")
     shown = line.split(";")[0]
     assert "score" not in shown and " kl " not in shown  # a metric at 0 all run long says nothing
+
+
+def test_a_resumed_run_has_an_eta_from_its_first_step(tmp_path):
+    # a run stopped at update 40 of 100 that made 2 s updates: resumed, its ETA is known before its own first update
+    # (the earlier lines' pace, from metrics.jsonl; an evaluation's longer interval does not count), then its own
+    from rlhfkit.track.progress import earlier_pace
+
+    with MetricsSink(tmp_path) as sink:
+        for step in range(1, 41):
+            sink.log({"loss": 1.0}, step)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    import json
+
+    rows = [json.loads(x) for x in lines]
+    for i, row in enumerate(rows):  # 2 s per update, one interval of 30 s (an evaluation)
+        row["time"] = 1000.0 + 2.0 * i + (30.0 if i >= 20 else 0.0)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert earlier_pace(tmp_path) == pytest.approx(2.0) and earlier_pace(tmp_path, 4) == pytest.approx(8.0)
+    est = EtaEstimator(100, initial=40, start=0.0, earlier=earlier_pace(tmp_path))
+    assert est.eta(0.5) == pytest.approx(60 * 2.0 - 0.5, abs=0.6)  # not "?" (None) as before
+    assert EtaEstimator(100, initial=40, start=0.0).eta(0.5) is None
+    est.done(30.0)  # the resumed run's first update took longer (loading): the estimate follows its own pace later
+    for t in (32.0, 34.0, 36.0):
+        est.done(t)
+    assert est.eta(36.0) == pytest.approx(56 * 2.0)
+
+
+def test_the_rollout_phase_moves_with_the_tokens():
+    from rlhfkit.track.progress import Progress
+
+    out = io.StringIO()
+    progress = Progress(4, desc="grpo", unit="rollout", console=Console(file=out, width=120), is_main=True)
+    progress.phase("rollout", total=8, unit="sequences")
+    assert progress.phase_text() == "rollout 0/8 sequences"
+    progress.detail("3 ended, token 64/512")  # the engine's host check, mid micro-batch
+    assert progress.phase_text() == "rollout 0/8 sequences (3 ended, token 64/512)"
+    progress.advance(8)
+    assert progress.phase_text() == "rollout 8/8 sequences"
+    progress.close()

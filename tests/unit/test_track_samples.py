@@ -40,3 +40,24 @@ def test_length_mismatch_and_not_main(tmp_path):
     console = _console()
     SampleLogger(tmp_path / "other", is_main=False, console=console).log(1, ["a"], ["x"], [1.0])
     assert not (tmp_path / "other").exists() and console.file.getvalue() == ""
+
+
+@pytest.mark.parametrize("width", [20, 40, 63, 80, 200])
+def test_the_table_renders_at_any_width(tmp_path, width):
+    # a table whose rule and columns fit the terminal, or, narrower than its columns need, the plain lines that fold;
+    # never a header cut mid-word nor a column squeezed out
+    from rich.console import Console
+
+    console = Console(width=width, force_terminal=True, record=True, color_system=None)
+    logger = SampleLogger(tmp_path / str(width), console=console)
+    logger.log(3, ["What is 2+2? Please answer carefully and at length."] * 2,
+               ["The answer is 4, because two plus two makes four.", "5"], [1.0, 0.0],
+               extra={"golden_answer": ["4", "4"]})
+    text = console.export_text()
+    if width >= logger.min_table_width(read_samples(tmp_path / str(width))):
+        lines = text.splitlines()
+        assert all(len(line) <= width for line in lines)
+        head = next(line for line in lines if "prompt" in line)
+        assert "response" in head and "score" in head and "golden_answer" in head
+    else:
+        assert "[1] What is 2+2?" in text and "golden_answer=4" in text  # one line a sample, soft-wrapped

@@ -31,8 +31,10 @@ def test_grpo_names_translate_to_what_they_mean(capsys):
     assert cfg.algo.overlong.filter is True
     assert [f.fn for f in cfg.reward.functions] == ["my_rewards.py:correct"]
     err = capsys.readouterr().err
-    assert "[config] loss_type=dr_grpo -> algo.loss_aggregation=seq_mean_token_sum_norm algo.advantage=dr_grpo" in err
-    assert "[config] epsilon -> algo.ppo.clip_low" in err and "[config] bf16=true -> train.mixed_precision=bf16" in err
+    assert "[config] TRL names: loss_type=dr_grpo -> algo.loss_aggregation=seq_mean_token_sum_norm " \
+           "algo.advantage=dr_grpo" in err
+    assert "epsilon -> algo.ppo.clip_low" in err and "bf16=true -> train.mixed_precision=bf16" in err
+    assert err.count("[config]") == 1 and max(len(line) for line in err.splitlines()) <= 120  # one compact block
     build_config("grpo", {}, [M, "loss_type=dr_grpo"])
     assert "loss_type" not in capsys.readouterr().err  # logged once per process
 

@@ -62,3 +62,25 @@ async def async_reward_func(prompts, completions, **kwargs):
 def curriculum(completions, trainer_state, **kwargs):
     """trainer_state, as TRL passes it: the fraction of the run done, for every completion."""
     return [trainer_state.global_step / trainer_state.max_steps for _ in completions]
+
+
+# Example 6: logging extra columns and metrics (log_extra / log_metric, passed by the trainer)
+def reward_with_logs(completions, ground_truth, log_extra=None, log_metric=None, **kwargs):
+    extracted = [c.split()[-1] if c.split() else None for c in completions]
+    rewards = [1.0 if e == gt else 0.0 for e, gt in zip(extracted, ground_truth)]
+    if log_extra:
+        log_extra("golden_answer", list(ground_truth))
+        log_extra("extracted_answer", [e or "[none]" for e in extracted])
+    if log_metric:
+        log_metric("accuracy", sum(rewards) / len(rewards))
+    return rewards
+
+
+def batch_sizes(completions, **kwargs):
+    """How many completions each call got (a group-aware reward sees its whole groups)."""
+    return [float(len(completions))] * len(completions)
+
+
+def group_rank(prompts, completions, **fields):
+    """rlhfkit's convention: for each completion, the size of its prompt's group as this call saw it."""
+    return [float(sum(q == p for q in prompts)) for p in prompts]

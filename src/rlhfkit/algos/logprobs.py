@@ -137,11 +137,13 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> 
 class TokenStats(NamedTuple):
     """Per-token statistics of the next-token distributions: ``logprobs`` of the labels (float32, differentiable),
     ``entropy`` (float32, differentiable; None when not asked), ``argmax`` (the greedy token, long; None when not
-    asked). Positions whose label is the ignore index hold 0 (and argmax -1)."""
+    asked), ``mean_logits`` (the mean of the logits over the vocabulary, float32, no gradient; None when not asked:
+    TRL's ``logits/chosen`` metric). Positions whose label is the ignore index hold 0 (and argmax -1)."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
     argmax: torch.Tensor | None = None
+    mean_logits: torch.Tensor | None = None
 
     def map(self, fn) -> TokenStats:
         """The same statistics with ``fn`` applied to each present tensor (a slice, a concatenation part, ...)."""
@@ -281,11 +283,26 @@ class _LinearTokenStats(torch.autograd.Function):
         return (grad_h, grad_w, grad_b, None, None, None, None, None, *lows_grads)
 
 
+@torch.no_grad()
+def linear_mean_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                       low_rank: tuple[tuple[torch.Tensor, torch.Tensor], ...] = (),
+                       temperature: float = 1.0) -> torch.Tensor:
+    """The mean over the vocabulary of ``(hidden @ W^T + b + sum_i x_i @ w_i^T) / temperature`` [...], float32,
+    without the logits: the mean of a linear map is the map of the mean row (``hidden @ mean(W)``)."""
+    z = hidden.float() @ weight.float().mean(0)
+    if bias is not None:
+        z = z + bias.float().mean()
+    for x, w in low_rank:
+        z = z + x.float() @ w.float().mean(0)
+    return z / temperature if temperature != 1.0 else z
+
+
 def linear_token_stats(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
                        bias: torch.Tensor | None = None,
                        low_rank: tuple[tuple[torch.Tensor, torch.Tensor], ...] = (),
                        temperature: float = 1.0, entropy: bool = False, argmax: bool = False,
-                       chunk_size: int | None = None, ignore_index: int = -100) -> TokenStats:
+                       mean_logits: bool = False, chunk_size: int | None = None,
+                       ignore_index: int = -100) -> TokenStats:
     """Log-prob of each label, entropy and argmax of softmax(logits / temperature) where logits = hidden @ W^T + b
     (+ sum_i x_i @ w_i^T: a LoRA adapter's low-rank path, x_i = scaling x A_i^T(dropout(hidden)), w_i = B_i), without
     ever holding the logits of more than ``chunk_size`` tokens: the fused linear + log-softmax of Liger's kernels
@@ -299,7 +316,7 @@ def linear_token_stats(hidden: torch.Tensor, weight: torch.Tensor, labels: torch
     pairs; detach the entropy when it is a metric only (its gradient is then not computed).
     ``chunk_size``: tokens per block (None: about 2**25 / V tokens, i.e. 128 MiB of float32 logits per block).
     Memory: O(chunk x V) beyond the inputs, in forward and backward; compute: the head's matmul twice (forward and
-    recomputed in backward), as any recomputation.
+    recomputed in backward), as any recomputation. ``mean_logits``: :func:`linear_mean_logits` of each position.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -329,11 +346,13 @@ def linear_token_stats(hidden: torch.Tensor, weight: torch.Tensor, labels: torch
             t = torch.full(keep.shape, fill, dtype=t.dtype, device=t.device).index_put((idx,), t)
         return t.reshape(shape)
 
-    return TokenStats(place(lp, 0.0), place(ent, 0.0) if entropy else None, place(top, -1) if argmax else None)
+    ml = linear_mean_logits(flat_h, weight, bias, tuple(lows), float(temperature)) if mean_logits else None
+    return TokenStats(place(lp, 0.0), place(ent, 0.0) if entropy else None, place(top, -1) if argmax else None,
+                      place(ml, 0.0))
 
 
 def token_stats_from_logits(logits: torch.Tensor, labels: torch.Tensor, *, entropy: bool = False,
-                            argmax: bool = False, chunk_size: int | None = None,
+                            argmax: bool = False, mean_logits: bool = False, chunk_size: int | None = None,
                             ignore_index: int = -100) -> TokenStats:
     """:class:`TokenStats` from logits already made ([..., V]; a head that is not a linear map): the chunked
     :func:`token_logprobs` / :func:`entropy_from_logits`; positions labelled ``ignore_index`` hold 0 (argmax -1)."""
@@ -342,4 +361,5 @@ def token_stats_from_logits(logits: torch.Tensor, labels: torch.Tensor, *, entro
     lp = torch.where(keep, token_logprobs(logits, safe, chunk_size), 0.0)
     ent = torch.where(keep, entropy_from_logits(logits, chunk_size), 0.0) if entropy else None
     top = torch.where(keep, logits.argmax(-1), -1) if argmax else None
-    return TokenStats(lp, ent, top)
+    ml = torch.where(keep, logits.detach().float().mean(-1), 0.0) if mean_logits else None
+    return TokenStats(lp, ent, top, ml)

@@ -86,6 +86,18 @@ def ratio_stats(ratio: torch.Tensor, log_ratio: torch.Tensor, was_clipped: torch
                 "ratio_var": masked_var(ratio.detach(), mask)}
 
 
+def clip_fractions(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_low: float,
+                   clip_high: float | None) -> Stats:
+    """Where the clip bound the update, split by side (TRL's ``clip_ratio/low_mean`` and ``high_mean``): the token
+    mean over ``mask`` of ``r < 1 - e_lo`` with a negative advantage (the loss would push r lower: clipped) and of
+    ``r > 1 + e_hi`` with a positive one. ratio, advantages, mask: [B, T] (advantages broadcast)."""
+    clip_high = clip_low if clip_high is None else clip_high
+    with torch.no_grad():
+        low = (ratio < 1.0 - clip_low) & (advantages < 0)
+        high = (ratio > 1.0 + clip_high) & (advantages > 0)
+        return {"clip_low_frac": masked_mean(low.float(), mask), "clip_high_frac": masked_mean(high.float(), mask)}
+
+
 def token_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                     log_ratio_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, log r) of a token-ratio loss: advantages [B, T] (or [B] -> [B, 1]) and log r = log pi - log pi_old
@@ -128,7 +140,8 @@ def ppo_policy_loss(
     float32 beyond 88; inside the clamp nothing changes. Masked positions (and their advantages) are set to 0 before
     any arithmetic, so NaN / inf in padding reaches neither the loss nor the gradient.
     stats (token means over masked tokens): clipfrac (clipped term chosen: pg_losses2 > pg_losses1),
-    approxkl = 0.5 * mean((logp - old)^2), ratio_mean, ratio_var (unbiased, over masked tokens).
+    approxkl = 0.5 * mean((logp - old)^2), ratio_mean, ratio_var (unbiased, over masked tokens), clip_low_frac /
+    clip_high_frac (:func:`clip_fractions`).
     ``weights`` (optional [B, T], no gradient): per-token factors on the loss before it is reduced (the off-policy
     correction).
     """
@@ -136,7 +149,9 @@ def ppo_policy_loss(
     ratio = torch.exp(log_ratio)
     per_token, was_clipped = clipped_surrogate(ratio, advantages, clip_low, clip_high)
     loss = aggregate_loss(weighted(per_token, weights), mask, aggregation, max_len)
-    return loss, ratio_stats(ratio, log_ratio, was_clipped, mask)
+    advantages = advantages.expand_as(ratio)
+    return loss, {**ratio_stats(ratio, log_ratio, was_clipped, mask),
+                  **clip_fractions(ratio, advantages, mask, clip_low, clip_high)}
 
 
 def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, is_main_rank
@@ -138,8 +139,8 @@ class Origins:
     the TRL geometry inputs (``gradient_accumulation_steps``, ``generation_batch_size``, ``steps_per_generation``)
     of each source, turned into keys once every source is merged (:func:`finish`)."""
 
-    def __init__(self, mode: str = "rlhfkit"):
-        self.mode = mode
+    def __init__(self, mode: str = "rlhfkit", why: str = ""):
+        self.mode, self.why = mode, why
         self.keys: dict[str, tuple[int, str]] = {}  # dotted key -> (source, the name the user wrote)
         self.geometry: dict[str, tuple[object, int]] = {}  # TRL name -> (value, source)
 
@@ -199,16 +200,31 @@ def _check_conflict(name, key, new, direct, written, read, source) -> None:
                           f"{_show(new)})", where=source, fix=f"keep one of {other} and {name}", key=name)
 
 
-def defaults_mode(recipe: str, data: dict, parsed: list, source: str) -> str:
-    """``defaults`` as the command line (which wins) or the file gives it: ``rlhfkit`` or ``trl``; ``trl`` only for a
-    recipe TRL 1.16 has a stable trainer for (grpo, rloo)."""
-    mode = next((value for keys, value in reversed(parsed) if keys == ["defaults"]), data.get("defaults", "rlhfkit"))
-    if str(mode) == "trl" and trl_defaults(recipe) is None:
-        owners = " and ".join(r for r in RECIPES if trl_defaults(r) is not None)
-        raise ConfigError(f"defaults=trl gives TRL 1.16's defaults for the {owners} recipes (GRPOTrainer, "
-                          f"RLOOTrainer); TRL 1.16 has no stable trainer for {recipe}", where=source,
-                          fix="remove defaults=trl", key="defaults")
-    return str(mode)
+def defaults_mode(recipe: str, data: dict, parsed: list, source: str, trl_names=(),
+                  interface: str | None = None) -> tuple[str, str]:
+    """``(defaults, why)``: whose defaults a config is built on, ``rlhfkit`` or ``trl`` (TRL 1.16's,
+    :mod:`.trl_defaults`), and why, in words. The rule (docs/coming-from-trl.md): ``defaults`` as the command line
+    (which wins) or the file gives it; else ``trl`` when the run is configured through TRL's interface, for a recipe
+    TRL 1.16 has a trainer for: ``interface`` (the Python API's word for it: a TRL config object, a TRL-named trainer
+    without rlhfkit keys) or TRL's names in the file / the ``args`` (``trl_names``); else ``rlhfkit``. TRL names on
+    the command line alone keep rlhfkit's defaults (the CLI's own recipes; ``defaults=trl`` asks for TRL's)."""
+    mode = next((value for keys, value in reversed(parsed) if keys == ["defaults"]), data.get("defaults"))
+    if mode is not None:
+        mode = str(mode)
+        if mode == "trl" and trl_defaults(recipe) is None:
+            owners = ", ".join(r for r in RECIPES if trl_defaults(r) is not None)
+            raise ConfigError(f"defaults=trl gives TRL 1.16's defaults for the {owners} recipes; TRL 1.16 has no "
+                              f"trainer for {recipe}", where=source, fix="remove defaults=trl", key="defaults")
+        return mode, f"defaults={mode}"
+    if trl_defaults(recipe) is None:
+        return "rlhfkit", ""
+    if interface:
+        return "trl", f"configured through TRL's interface ({interface})"
+    names = [str(n) for n in trl_names]
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        return "trl", f"the configuration is written with TRL's names ({shown})"
+    return "rlhfkit", ""
 
 
 def base_tree(recipe: str, mode: str) -> dict:
@@ -262,7 +278,7 @@ def finish(tree: dict, recipe: str, source: str, origins: Origins, world: int) -
     none is given, as TRL derives them)."""
     move_policy_settings(tree, recipe, source, origins)
     inputs = {name: value for name, (value, _) in origins.geometry.items()}
-    if not inputs and origins.mode != "trl":
+    if RECIPES[recipe].family != "online" or (not inputs and origins.mode != "trl"):
         return
     from .geometry import trl_batch  # geometry reads the TRL table (trl.py), as this module does
 
@@ -273,14 +289,21 @@ def finish(tree: dict, recipe: str, source: str, origins: Origins, world: int) -
     n, s = inputs.get("generation_batch_size"), inputs.get("steps_per_generation")
     if n is None and s is None:
         s = grad_accum  # TRL: steps_per_generation defaults to gradient_accumulation_steps
-    out = trl_batch(int(get("train.batch_size")), int(get("algo.num_generations")), world, grad_accum=grad_accum,
-                    generation_batch_size=n, steps_per_generation=s, source=source)
+    pairs = str(get("algo.objective")) == "preference"
+    if pairs:
+        out = _pair_batch(tree, origins, int(get("train.batch_size")), grad_accum, source)
+    else:
+        out = trl_batch(int(get("train.batch_size")), int(get("algo.num_generations")), world, grad_accum=grad_accum,
+                        generation_batch_size=n, steps_per_generation=s, source=source)
     made_of = {"algo.mini_batch_size": ("gradient_accumulation_steps",),
                "algo.rollout_batch_size": ("generation_batch_size", "steps_per_generation")}
     for key, value in out.items():
+        if key not in made_of:  # online DPO's micro-batch: TRL's per_device_train_batch_size in responses
+            _set(tree, key, value)
+            continue
         given = [(name, origins.geometry[name][1]) for name in made_of[key] if name in origins.geometry]
         given = given or [(name, rank) for name, (_, rank) in origins.geometry.items()]
-        name, rank = given[0] if given else ("defaults=trl", DEFAULT)
+        name, rank = given[0] if given else ("TRL's defaults", DEFAULT)
         if origins.rank(key) > rank:
             continue  # set by a later source (the command line over the file, anything over defaults=trl)
         if origins.rank(key) == rank > DEFAULT and get(key) != value:
@@ -289,14 +312,64 @@ def finish(tree: dict, recipe: str, source: str, origins: Origins, world: int) -
         _set(tree, key, value)
         b, k = get("train.batch_size"), get("algo.num_generations")
         procs = f"{world} process{'es' if world > 1 else ''}"
-        how = (f"per_device_train_batch_size {b} x gradient_accumulation_steps {grad_accum}"
+        how = (f"OnlineDPOTrainer's per_device_train_batch_size {out['algo.rollout_batch_size'] // grad_accum} "
+               f"prompts x 2 completions x gradient_accumulation_steps {grad_accum}" if pairs else
+               f"per_device_train_batch_size {b} x gradient_accumulation_steps {grad_accum}"
                if key == "algo.mini_batch_size" else
                f"generation_batch_size {n} / (num_generations {k} x {procs})" if n is not None else
                f"per_device_train_batch_size {b} x steps_per_generation {s} / num_generations {k}")
-        _note(f"{name} -> {key}={value} (TRL's batch geometry: {how})")
+        if rank > DEFAULT:  # TRL's derivation from its defaults is the step line of the start-up block
+            _note(f"{name} -> {key}={value} (TRL's batch geometry: {how})")
+
+
+def _pair_batch(tree: dict, origins: Origins, per_device: int, grad_accum: int, source: str) -> dict[str, int]:
+    """Online DPO's step as TRL's OnlineDPOTrainer makes it: ``per_device_train_batch_size`` counts *prompts*, each
+    with its two completions, ``gradient_accumulation_steps`` micro-batches an update: rlhfkit's rollout batch of
+    B x G prompts, one update of 2 x B x G responses, micro-batches of 2 x B responses. A ``train.batch_size`` the
+    user wrote as rlhfkit's key is rlhfkit's micro-batch (in responses) and stays."""
+    own_micro = origins.rank("train.batch_size") > DEFAULT and origins.name("train.batch_size") == "train.batch_size"
+    b = per_device // 2 if own_micro else per_device
+    if own_micro and per_device % 2:
+        raise ConfigError(f"train.batch_size={per_device} responses is not whole pairs", where=source,
+                          fix=f"set train.batch_size={per_device + 1}", key="train.batch_size")
+    out = {"algo.rollout_batch_size": b * grad_accum, "algo.mini_batch_size": 2 * b * grad_accum}
+    if not own_micro:
+        out["train.batch_size"] = 2 * b
+    return out
 
 
 _MISSING = object()
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a built config's values came from: ``defaults`` (``rlhfkit`` / ``trl``) and ``why`` (in words), the
+    dotted keys a file, the ``args`` or the command line set (``given``; everything else is a default), and the TRL
+    names among them. Kept beside the config (:func:`origin_of`), never in ``config.yaml`` or the fingerprint."""
+
+    defaults: str = "rlhfkit"
+    why: str = ""
+    given: frozenset = frozenset()
+    trl_names: tuple = ()
+
+    def set_by_user(self, key: str) -> bool:
+        """``key`` (or a section above it, or a key inside it) was set by the user."""
+        return any(g == key or key.startswith(g + ".") or g.startswith(key + ".") for g in self.given)
+
+
+def remember_origin(cfg, origins: Origins, trl_names=()) -> None:
+    """Keep ``origins`` beside the frozen ``cfg`` (read by :func:`origin_of`: the start-up block)."""
+    given = frozenset(k for k, (rank, _) in origins.keys.items() if rank > DEFAULT)
+    object.__setattr__(cfg, "_rlhfkit_origin", Origin(origins.mode, origins.why, given, tuple(trl_names)))
+
+
+def origin_of(cfg) -> Origin:
+    """Where ``cfg``'s values came from (a config not built by :func:`~.parse.build_config`, or changed since: every
+    key counts as given, the defaults its ``defaults`` field names)."""
+    found = getattr(cfg, "_rlhfkit_origin", None)
+    if found is not None:
+        return found
+    return Origin(getattr(cfg, "defaults", "rlhfkit"), "", frozenset(key_of(fl.name) for fl in dataclasses.fields(cfg)))
 
 
 def _set(tree: dict, key: str, value) -> None:
@@ -427,9 +500,19 @@ def _note(text: str) -> None:
         _ALIASES_PENDING.append(text)
 
 
-def _flush_aliases() -> None:
-    for text in _ALIASES_PENDING:
-        _ALIASES_LOGGED.add(text)
-        if is_main_rank():  # once per run under torchrun
-            print(f"[config] {text}", file=sys.stderr)
+def _flush_aliases(width: int = 120) -> None:
+    """The notes of this build not printed before in this process, as one ``[config]`` block: the notes joined by
+    "; ", a line broken only between two notes (each stays whole, to be found as written)."""
+    notes = [text for text in _ALIASES_PENDING if text not in _ALIASES_LOGGED]
+    _ALIASES_LOGGED.update(notes)
     _ALIASES_PENDING.clear()
+    if not notes or not is_main_rank():  # once per run under torchrun
+        return
+    lines, line = [], "[config] TRL names: " + notes[0]
+    for note in notes[1:]:
+        if len(line) + 2 + len(note) > width - 1:  # room for the ";" a broken line ends with
+            lines.append(line + ";")
+            line = "    " + note
+        else:
+            line += "; " + note
+    print("\n".join([*lines, line]), file=sys.stderr)

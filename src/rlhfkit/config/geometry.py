@@ -1,8 +1,9 @@
 """The batch geometry of an online step, as arithmetic on the config (no torch, no weights): how many prompts and
 samples one rollout step makes, how they split into updates and micro-batches, how many updates a step and the run
 make (:func:`step_geometry`); TRL's derivation of the same numbers from its own names (:func:`trl_batch`); the
-nearest values that divide when they do not (:func:`nearest_divisors`); and the block every online run starts with
-(:func:`step_block`): the step's geometry and every setting where the config differs from TRL 1.16's defaults.
+nearest values that divide when they do not (:func:`nearest_divisors`); and the step's lines of the block every
+online run starts with (:func:`step_lines`; the block itself, with what it says about TRL's defaults, is
+:mod:`.startup`).
 
 rlhfkit and TRL count an online step differently, and the same names give another algorithm unless this is said:
 
@@ -24,11 +25,8 @@ import math
 import os
 import textwrap
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import ConfigError
-from .keys import field_of
-from .trl_defaults import trl_defaults, trl_unmatched
 
 
 def launched_world_size() -> int:
@@ -83,6 +81,8 @@ def step_geometry(cfg, world: int = 1, n_prompts: int | None = None) -> Geometry
     algo = cfg.algo
     g = Geometry(world=world, prompts=algo.rollout_batch_size, k=algo.num_generations, mini=algo.mini_batch_size,
                  micro=cfg.train.batch_size, epochs=algo.ppo_epochs, steps=None, length="")
+    if cfg.train.max_steps == 0:  # no update: an evaluation of the model as it is (the Python API's evaluate())
+        return _with(g, 0, "train.max_steps=0 (no update: an evaluation)")
     if cfg.train.max_steps > 0:
         steps = math.ceil(cfg.train.max_steps / g.updates_per_step)
         return _with(g, steps, f"train.max_steps={cfg.train.max_steps} updates")
@@ -206,14 +206,7 @@ def trl_batch(per_device: int, k: int, world: int, *, grad_accum: int | None = N
     return out
 
 
-# ───────────────────────────────────────────────── the block ──────────────────────────────────────────────────
-
-
-def _get(cfg, key: str) -> Any:
-    obj = cfg
-    for part in key.split("."):
-        obj = getattr(obj, field_of(part))
-    return obj
+# ───────────────────────────────────────────────── the step's lines ───────────────────────────────────────────
 
 
 def _show(value) -> str:
@@ -226,51 +219,13 @@ def _show(value) -> str:
     return str(value)
 
 
-def _same(a, b) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return a is b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
-    return a == b
-
-
-def differences(cfg) -> list[str]:
-    """Every setting of ``cfg`` that differs from TRL 1.16's default for its recipe (``key=value [TRL's]``), the
-    ones that do not matter for this config left out (the KL estimator at coefficient 0, the PPO clip range under
-    another policy loss, the run's length when train.max_steps sets it); [] for a recipe TRL 1.16 has no trainer
-    for. The batch geometry is compared by :func:`step_block` (TRL derives it)."""
-    table = trl_defaults(cfg.recipe)
-    if table is None:
-        return []
-    skip = set()
-    if cfg.algo.kl.coef == 0 and not cfg.algo.kl.adaptive:
-        skip.add("algo.kl.estimator")
-    if cfg.algo.policy_loss != "ppo":
-        skip |= {"algo.ppo.clip_low", "algo.ppo.clip_high"}
-    if cfg.train.max_steps > 0:
-        skip |= {"train.epochs", "algo.total_episodes"}
-    elif cfg.algo.total_episodes is not None:
-        skip.add("train.epochs")
-    out = []
-    for d in table:
-        if d.key in skip:
-            continue
-        value = _get(cfg, d.key)
-        if d.key == "algo.ppo.clip_high" and value is not None and _same(value, cfg.algo.ppo.clip_low):
-            value = None  # clip_high = clip_low is TRL's epsilon_high=None
-        if not _same(value, d.value):
-            out.append(f"{d.key}={_show(value)} [{d.trl}]")
-    return out
-
-
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
 
-def step_block(cfg, world: int = 1, n_prompts: int | None = None, width: int = 120) -> str:
-    """The lines an online run starts with (before any weights load): the step's geometry, the run's length, and
-    for grpo / rloo every setting that differs from TRL 1.16's defaults with TRL's value, TRL's own step for these
-    batch settings, and what no setting makes equal."""
+def step_lines(cfg, world: int = 1, n_prompts: int | None = None) -> list[str]:
+    """The online step's geometry and the run's length, one line each (the start-up block, :mod:`.startup`,
+    prints them with what it says about the defaults)."""
     g, name = step_geometry(cfg, world, n_prompts), f"[{cfg.recipe}]"
     where = f"per process, {world} processes" if world > 1 else "1 process"
     lines = [f"{name} step: {_count(g.prompts, 'prompt')} x {_count(g.k, 'generation')} = {g.samples} samples "
@@ -283,22 +238,10 @@ def step_block(cfg, world: int = 1, n_prompts: int | None = None, width: int = 1
                   if cfg.algo.total_episodes is not None and cfg.train.max_steps <= 0 and cfg.train.epochs != 1
                   else "")
         lines.append(f"{name} run: {_count(g.steps, 'step')} = {_count(g.updates, 'update')}, from {g.length}{unread}")
-    if trl_defaults(cfg.recipe) is None:
-        return "\n".join(textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False) for line in lines)
-    trl = "TRL 1.16's " + {"grpo": "GRPOConfig", "rloo": "RLOOConfig"}.get(cfg.recipe, "") + " defaults"
-    diffs = differences(cfg)
-    mode = getattr(cfg, "defaults", "rlhfkit")
-    if diffs:
-        head = (f"set otherwise than {trl} (by the config file or the command line, over defaults=trl)"
-                if mode == "trl" else f"differs from {trl} (TRL's in brackets; defaults=trl takes them all)")
-        lines.append(f"{name} {head}: " + ", ".join(diffs))
-    if g.mini % g.k:
-        lines.append(f"{name} TRL 1.16 would refuse this update size: its generation batch (by default one update, "
-                     f"{g.mini} samples per process) must be whole groups of num_generations={g.k}")
-    elif g.mini_batches != 1:
-        lines.append(f"{name} {g.samples} samples make {g.mini_batches} updates per epoch: TRL 1.16 does that with "
-                     f"generation_batch_size={g.samples * world} (by default it generates one update's worth per "
-                     f"step: {_count(g.mini // g.k, 'prompt')} x {g.k} = {g.mini} samples)")
-    if mode == "trl":
-        lines.append(f"{name} unlike TRL whatever the settings: " + "; ".join(trl_unmatched(cfg.recipe)))
-    return "\n".join(textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False) for line in lines)
+    return lines
+
+
+def step_block(cfg, world: int = 1, n_prompts: int | None = None, width: int = 120) -> str:
+    """:func:`step_lines`, wrapped at ``width``."""
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False)
+                     for line in step_lines(cfg, world, n_prompts))

@@ -74,6 +74,7 @@ from .aliases import (
     base_tree,
     defaults_mode,
     finish,
+    remember_origin,
     split_trl_names,
     suggest_key,
 )
@@ -81,7 +82,7 @@ from .choices import choices_of
 from .geometry import launched_world_size
 from .recipes import RECIPES
 from .schema import key_of
-from .trl import TRL_NAMES
+from .trl import TRL_NAMES, entries_for
 
 YAML_MAX_BYTES = 1 << 20  # a config file or an override value; a longer one is refused
 YAML_MAX_DEPTH = 64  # levels of nesting (aliases followed)
@@ -448,17 +449,21 @@ def _fix_sci(node):
 
 
 def build_config(recipe: str, data: dict | None = None, overrides: list[str] | tuple[str, ...] = (),
-                 source: str = "config"):
+                 source: str = "config", interface: str | None = None):
     """Build, validate (types, bounds, choices, then the recipe's cross-field ``check()``) and freeze the config of
-    ``recipe`` from a mapping plus dotted overrides."""
+    ``recipe`` from a mapping plus dotted overrides. Its defaults are rlhfkit's or TRL 1.16's
+    (:func:`~.aliases.defaults_mode`; ``interface``: the Python API's word that the run is configured through TRL's
+    interface); where each value came from is kept beside it (:func:`~.aliases.origin_of`)."""
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe '{recipe}'", where="recipe", fix=_did_you_mean(recipe, list(RECIPES)))
     spec = RECIPES[recipe]
     _begin_aliases()
     data, file_trl = split_trl_names(copy.deepcopy(data or {}), recipe)
     parsed = [parse_override(item) for item in overrides]
-    origins = Origins(defaults_mode(recipe, data, parsed, source))  # defaults=trl: TRL's defaults under the file
+    origins = Origins(*defaults_mode(recipe, data, parsed, source, file_trl, interface))  # TRL's or rlhfkit's
     tree = _merge(base_tree(recipe, origins.mode), data)  # never mutate shared defaults
+    if origins.mode == "trl" or "defaults" in tree:
+        tree["defaults"] = origins.mode
     file_recipe = tree.get("recipe", recipe)
     if file_recipe not in RECIPES or RECIPES[file_recipe].config is not spec.config:
         raise ConfigError(
@@ -474,6 +479,8 @@ def build_config(recipe: str, data: dict | None = None, overrides: list[str] | t
     cfg = _build(spec.config, tree, "", src)
     cfg.check()
     _flush_aliases()
+    remember_origin(cfg, origins, [*file_trl, *(k[0] for k, _ in parsed if len(k) == 1 and k[0] not in data
+                                                and entries_for(k[0]))])
     return cfg
 
 

@@ -48,14 +48,16 @@ class LoraConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str | None = f(None, "the model (required): HF directory, cached hub name, .gguf file, or "
-                               "tiny[:hidden=..,layers=..,arch=llama|qwen3|gemma3] (the built-in toy model, only "
-                               "when named)")
+                               "tiny[:hidden=..,layers=..,arch=llama|qwen3|gemma3|qwen2_5_vl|gemma3_vl|llava] (the "
+                               "built-in toy models, only when named)")
     gguf_file: str | None = f(None, "GGUF file name inside `name` (a directory) when loading a GGUF model")
     dtype: str = f("auto", "auto (CUDA: fp32 weights + bf16 autocast when trained, bf16 when frozen or LoRA base; "
                            "CPU: fp32) | float32 | bfloat16 | float16")
     gradient_checkpointing: bool = f(False, "recompute activations in backward to save memory")
     chat_template: str | None = f(None, "override the tokenizer's chat template (a Jinja string or a file path)")
     lora: LoraConfig = f(LoraConfig(), "LoRA / QLoRA settings")
+    train_vision: bool = f(False, "vision-language models: train the vision tower and its projector too (false: "
+                                  "frozen, LoRA on the language model only, each image's features computed once)")
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,13 @@ class DataConfig:
     max_prompt_length: int | None = f(None, "maximum prompt tokens; null = max_length (prompts), max_length/2 (pairs)",
                                       ge=1)
     overflow: str = f("truncate", "over-long prompts: truncate (keep the end) | drop | error; always counted")
-    completion_only_loss: bool = f(True, "SFT: train on assistant / completion tokens only")
+    plain_text: str = f("template", "prompts / completions given as plain strings (TRL's standard format): template "
+                                    "(each a user / assistant turn of the chat template) | raw (the text as it is, "
+                                    "EOS after a completion, as TRL feeds it); messages always go through the "
+                                    "template")
+    completion_only_loss: bool | None = f(True, "SFT: train on assistant / completion tokens only; null = TRL's rule "
+                                                "(the completion of prompt / completion rows, every token of a "
+                                                "conversation or a text)")
     packing: bool = f(False, "SFT: pack several examples into each row of max_length")
     limit: int | None = f(None, "use at most this many training records", ge=1)
 
@@ -86,13 +94,17 @@ class OptimConfig:
     schedule: str = f("linear", "linear | cosine | constant (after warm-up)")
     warmup_ratio: float = f(0.0, "warm-up as a fraction of all optimizer updates", ge=0, le=1)
     warmup_steps: int = f(0, "warm-up in optimizer updates (wins over warmup_ratio when > 0)", ge=0)
+    warmup_from_zero: bool = f(False, "the warm-up's first update at LR 0, as transformers / TRL run it (a ratio "
+                                      "rounded up); false: each update one step ahead, the first at 1/warmup of "
+                                      "the peak, none wasted")
     max_grad_norm: float | None = f(1.0, "gradient clipping norm; null = no clipping", gt=0)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: float = f(1.0, "passes over the training data (fractions allowed)", gt=0)
-    max_steps: int = f(-1, "optimizer updates to run; -1 = derived from epochs", ge=-1)
+    max_steps: int = f(-1, "optimizer updates to run; -1 = derived from epochs; 0 = none (an evaluation of the model "
+                           "as it is)", ge=-1)
     batch_size: int = f(8, "micro-batch size per device", ge=1)
     grad_accum: int = f(1, "micro-batches accumulated per optimizer update", ge=1)
     eval_batch_size: int | None = f(None, "evaluation micro-batch size; null = batch_size", ge=1)
@@ -103,7 +115,12 @@ class TrainConfig:
     resume: str = f("auto", "auto (latest valid checkpoint of the same run) | never (start over) | force (resume "
                             "even when settings changed; the new settings apply from there) | a checkpoint-N path")
     log_every: int = f(1, "log metrics every N optimizer updates", ge=1)
+    drop_last: bool = f(True, "supervised recipes: drop the last batch of an epoch when it is short (true), or train "
+                              "on it (false, as TRL / transformers; on several processes its rows are filled from "
+                              "the start of the epoch's order)")
     mixed_precision: str = f("auto", "auto (bf16 on CUDA, none on CPU) | no | bf16 | fp16")
+    device: str = f("auto", "auto (CUDA when a GPU is visible, else the CPU) | cpu (the CPU even with a GPU: TRL's "
+                            "use_cpu=true)")
     max_nonfinite_skips: int = f(5, "stop after this many consecutive updates skipped for a non-finite loss or "
                                     "gradient", ge=1)
 
@@ -185,6 +202,9 @@ class RewardFunction:
     convention: str = f("auto", "how it is called: rlhfkit (fn(prompts, completions, **fields), texts) | trl (TRL's "
                                 "keywords: completion_ids, trainer_state, and completions as messages when the data is "
                                 "conversational) | auto (trl when it names completions first or takes only **kwargs)")
+    lint: bool = f(True, "called on the reward lint's and the probe's synthetic completions before the run; false "
+                         "for a reward with side effects (a paid judge API, a counter): checked on the first rollout "
+                         "instead. A function naming a `synthetic` parameter gets synthetic=True on those calls")
 
 
 @dataclass(frozen=True)
@@ -210,6 +230,7 @@ class RemoteJudgeConfig:
                                "request with its retries and waits ends within (retries + 1) x timeout_s", gt=0)
     weight: float = f(1.0, "weight of the judge's score in the total reward")
     name: str = f("judge", "name in the logs (rewards/<name>/mean, /timeouts, /errors, /time_s)")
+    lint: bool = f(False, "call the judge on the reward lint's synthetic completions too (each a paid request)")
 
 
 @dataclass(frozen=True)
@@ -236,8 +257,9 @@ class RewardConfig:
     timeout_s: float = f(120.0, "wall-clock limit of a reward function's whole call on a batch (its chunks on the "
                                 "workers side by side, retries included); the samples of a chunk past it score None "
                                 "and are counted (rewards/<name>/timeouts)", gt=0)
-    lint: bool = f(True, "before the run, call the rewards on adversarial completions built from the prompts: print "
-                         "which score high, stop on a certain bug (an empty answer paid the most)")
+    lint: bool = f(True, "before the run, call the rewards on adversarial completions built from the prompts and print "
+                         "which score high (an empty answer paid the most first); warnings only, the run goes on. "
+                         "reward.functions[].lint=false spares one function these calls")
     remote: RemoteJudgeConfig = f(RemoteJudgeConfig(), "a remote judge (HTTP) as one more reward function")
     sandbox: SandboxConfig = f(SandboxConfig(), "where code_tests runs model-written code (a code_tests kwarg "
                                                 "`isolation` overrides the level for that function)")
@@ -512,6 +534,9 @@ class PreferenceAlgoConfig:
 @dataclass(frozen=True)
 class SFTConfig:
     recipe: str = f("sft", "recipe name")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's defaults (docs/coming-from-trl.md) under the config file; "
+                                 "chosen by itself when the run is configured through TRL's interface (a TRL config "
+                                 "object, TRL names in the file or args, a TRL-named trainer without args)")
     output_dir: str = f("runs/sft", "run directory (checkpoints, metrics, final model)")
     model: ModelConfig = f(ModelConfig(), "policy model")
     data: DataConfig = f(DataConfig(), "data")
@@ -531,6 +556,9 @@ class SFTConfig:
 @dataclass(frozen=True)
 class RewardModelConfig:
     recipe: str = f("rm", "recipe name")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's defaults (docs/coming-from-trl.md) under the config file; "
+                                 "chosen by itself when the run is configured through TRL's interface (a TRL config "
+                                 "object, TRL names in the file or args, a TRL-named trainer without args)")
     output_dir: str = f("runs/rm", "run directory")
     model: ModelConfig = f(ModelConfig(), "model the reward model is initialised from (a causal LM)")
     data: DataConfig = f(DataConfig(format="preference"), "preference pairs")
@@ -551,10 +579,9 @@ class RewardModelConfig:
 @dataclass(frozen=True)
 class OnlineConfig:
     recipe: str = f("ppo", "ppo | grpo | rloo | reinforce | distill | online-dpo")
-    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's GRPOConfig / RLOOConfig defaults under the config file "
-                                 "(grpo, rloo): 1 PPO epoch, KL 0 (grpo), loss_type dapo, 8 (grpo) or 2 (rloo) "
-                                 "generations, TRL's batch geometry from train.batch_size (its "
-                                 "per_device_train_batch_size), ...; the run prints what still differs")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's defaults (docs/coming-from-trl.md) under the config file; "
+                                 "chosen by itself when the run is configured through TRL's interface (a TRL config "
+                                 "object, TRL names in the file or args, a TRL-named trainer without args)")
     output_dir: str = f("runs/ppo", "run directory")
     model: ModelConfig = f(ModelConfig(), "policy (actor)")
     ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")
@@ -584,6 +611,9 @@ class OnlineConfig:
 @dataclass(frozen=True)
 class PreferenceConfig:
     recipe: str = f("dpo", "dpo | ipo | kto | simpo | orpo")
+    defaults: str = f("rlhfkit", "rlhfkit | trl: TRL 1.16's defaults (docs/coming-from-trl.md) under the config file; "
+                                 "chosen by itself when the run is configured through TRL's interface (a TRL config "
+                                 "object, TRL names in the file or args, a TRL-named trainer without args)")
     output_dir: str = f("runs/dpo", "run directory")
     model: ModelConfig = f(ModelConfig(), "policy")
     ref_model: str | None = f(None, "reference model; null = the initial policy (LoRA: adapter disabled)")

@@ -27,6 +27,7 @@ from .trl_values import (  # noqa: F401 - the table's translations; some names r
     _adam_beta,
     _assistant_only,
     _center_rewards,
+    _checkpointing_kwargs,
     _choice,
     _completion_only,
     _dataset,
@@ -143,14 +144,16 @@ TRL_NAMES: list[TrlName] = [
     TrlName("fp16", to=_mixed_precision("fp16"), doc="true -> `train.mixed_precision=fp16`; false -> nothing "
             "(TRL's default, bf16 where it can, is rlhfkit's auto)"),
     TrlName("gradient_checkpointing", key="model.gradient_checkpointing"),
+    TrlName("gradient_checkpointing_kwargs", to=_checkpointing_kwargs, doc="`{use_reentrant: false}` (what rlhfkit "
+            "does) or empty: nothing to set; re-entrant checkpointing refused"),
     TrlName("fsdp", to=_fsdp, doc="any FSDP option -> `distributed.strategy=fsdp2` (PyTorch fully_shard); "
             "`offload` in it -> `distributed.cpu_offload=true`"),
     TrlName("deepspeed", to=_deepspeed, doc="a JSON path -> `distributed.strategy=deepspeed "
             "distributed.deepspeed_config=PATH`"),
     TrlName("auto_find_batch_size", doc="batch sizes are not searched at run time", fix="run `rlhfkit plan RECIPE "
             "... --gpu-memory 24GiB` before the run: it prints the change that fits", accepted=(False,)),
-    TrlName("use_cpu", to=_no_cuda, doc="false: nothing to set; true refused (hide the GPUs: "
-            "`CUDA_VISIBLE_DEVICES=`)"),
+    TrlName("use_cpu", to=_no_cuda, doc="true -> `train.device=cpu` (the CPU even with a GPU visible); false: "
+            "nothing to set"),
     TrlName("no_cuda", to=_no_cuda, doc="as `use_cpu`"),
     TrlName("device", doc="rlhfkit trains on CUDA whenever a GPU is visible, else on the CPU (`args.device` is a "
             "read-only property in TRL)", fix="hide the GPUs to train on the CPU: CUDA_VISIBLE_DEVICES= rlhfkit ..."),
@@ -288,7 +291,10 @@ TRL_NAMES: list[TrlName] = [
               "the reference model stays the initial policy (TR-DPO's reference sync is not built in)",
               "remove it", accepted=(None, False)),
     *_refused(("shuffle_dataset",), "rlhfkit always shuffles the training data (seeded by train.seed)",
-              "remove it", accepted=(True,)),
+              "remove it", accepted=(True,), families=("online",)),
+    *_refused(("shuffle_dataset",), "rlhfkit shuffles the training data every epoch (seeded by train.seed), as "
+              "TRL's sampler does whatever shuffle_dataset says (it only shuffles the dataset once more before)",
+              "remove it", accepted=(True, False), families=("supervised", "reward", "preference")),
     *_refused(("disable_dropout",), "online RL here always disables dropout (old and new log-probs must agree)",
               "remove it", accepted=(True,), families=_ONLINE),
     *_refused(("disable_dropout",), "supervised and preference training keep the model's own dropout (most chat "
@@ -309,8 +315,8 @@ TRL_NAMES: list[TrlName] = [
     *_refused(("router_aux_loss_coef", "cast_lm_head_to_fp32", "activation_offloading", "padding_free",
                "pad_to_multiple_of", "use_liger_kernel", "liger_kernel_config", "torch_compile",
                "torch_compile_backend", "torch_compile_mode", "neftune_noise_alpha", "torch_empty_cache_steps",
-               "tf32", "bf16_full_eval", "fp16_full_eval", "half_precision_backend", "gradient_checkpointing_kwargs",
-               "activation_checkpointing", "activation_checkpointing_kwargs", "use_cache", "label_smoothing_factor",
+               "tf32", "bf16_full_eval", "fp16_full_eval", "half_precision_backend", "activation_checkpointing",
+               "activation_checkpointing_kwargs", "use_cache", "label_smoothing_factor",
                "average_tokens_across_devices", "optim_args", "optim_target_modules", "lr_scheduler_kwargs"),
               "not a setting of rlhfkit's loop (its memory savers: model.gradient_checkpointing, "
               "generation.batch_size, memory.offload_*, model.lora)", "remove it (`rlhfkit plan` shows what fits)",
@@ -321,6 +327,8 @@ TRL_NAMES: list[TrlName] = [
     *_refused(("eos_token", "pad_token"), "EOS and pad come from the tokenizer and its chat template "
               "(`rlhfkit plan` shows them)", "remove it, or give a chat template: model.chat_template",
               accepted=(None,)),
+    TrlName("dataloader_drop_last", key="train.drop_last", families=("supervised", "reward", "preference"),
+            doc="`train.drop_last` (TRL's default false trains on an epoch's short last batch)"),
     *_refused(("dataset_kwargs", "dataset_num_proc", "dataloader_num_workers", "dataloader_drop_last",
                "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
                "dataloader_multiprocessing_context", "dataloader_in_order", "remove_unused_columns",

@@ -363,9 +363,17 @@ def _log_completions(value, ctx):
 
 
 def _no_cuda(value, ctx):
-    if truthy(value):
-        raise NoEquivalent("use_cpu / no_cuda: rlhfkit trains on CUDA whenever a GPU is visible",
-                           "hide the GPUs: CUDA_VISIBLE_DEVICES= rlhfkit ...")
+    return {"train.device": "cpu"} if truthy(value) else {}
+
+
+def _checkpointing_kwargs(value, ctx):
+    """transformers' gradient-checkpointing options: rlhfkit checkpoints without re-entrance (``use_reentrant:
+    false``, what TRL's examples pass and torch recommends); re-entrant checkpointing is not built in."""
+    kwargs = dict(value or {})
+    reentrant = kwargs.pop("use_reentrant", False)
+    if truthy(reentrant) or kwargs:
+        raise NoEquivalent(f"gradient_checkpointing_kwargs={value!r}: rlhfkit checkpoints with use_reentrant=False "
+                           "and no other option", "give {use_reentrant: false} or remove it")
     return {}
 
 

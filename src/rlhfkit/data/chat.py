@@ -23,6 +23,8 @@ system / user turns, role headers and separators.
 from __future__ import annotations
 
 from ..errors import DataError, ModelError
+from .formats import message_text
+from .media import Media, expand, require_processor
 
 # end-of-turn markers of common templates; only those the tokenizer knows are used (besides its EOS)
 _END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "</s>", "<|endoftext|>", "<|eot|>")
@@ -127,7 +129,7 @@ def _char_spans(tok, messages: list[dict], full: str, where: str) -> list[tuple[
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        content = m["content"]
+        content = message_text(m["content"])
         before = _try_render(tok, messages[:i], True) if i > 0 else _try_render(tok, [], True)
         if before is not None and full.startswith(before) and len(before) >= prev_end:
             start = len(before)
@@ -162,10 +164,19 @@ def _token_range(offsets, ids, tok, full: str, start: int, end: int) -> tuple[in
     return a, max(a, b)
 
 
-def _conversation(tok, messages: list[dict], where: str) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """``(input_ids, [(message_index, token_start, token_end), ...])`` for the assistant turns."""
+def _conversation(tok, messages: list[dict], where: str, images: list | None = None
+                  ) -> tuple[list[int], list[tuple[int, int, int]], Media | None]:
+    """``(input_ids, [(message_index, token_start, token_end), ...], media)`` for the assistant turns; with
+    ``images``, the ids are the processor's (each image's tokens in place of its placeholder) and ``media`` their
+    :class:`~.media.Media` (None without images)."""
+    if images:
+        require_processor(tok, images, where)
     full = _render_or_raise(tok, messages, False, where)
-    ids, offsets = _encode(tok, full)
+    media = None
+    if images:
+        ids, offsets, media = expand(tok, full, images, where)
+    else:
+        ids, offsets = _encode(tok, full)
     ends = end_of_turn_ids(tok)
     turns = []
     for i, start, end in _char_spans(tok, messages, full, where):
@@ -178,11 +189,30 @@ def _conversation(tok, messages: list[dict], where: str) -> tuple[list[int], lis
         if tok.eos_token_id is not None and not any(t in ends for t in ids[a:b]):
             ids = ids[:b] + [int(tok.eos_token_id)] + ids[b:]  # the template has no end marker: teach EOS
             turns[-1] = (i, a, b + 1)
-    return ids, turns
+    return ids, turns, media
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # public
+
+
+def plain_view(tok):
+    """A view of ``tok`` whose chat template writes each message's content as it is, an assistant turn followed by
+    EOS, and the BOS first when the tokenizer adds one to plain text: TRL's handling of standard-format (plain
+    string) data, ``tok(prompt)`` and ``tok(prompt + completion + eos)``, through the same rendering every recipe
+    uses (assistant masks, prompt / completion split). The tokenizer itself is untouched (the model's saved
+    tokenizer keeps its own template)."""
+    import copy
+    import json
+
+    view = copy.copy(tok)
+    ids = tok("a")["input_ids"]
+    bos = tok.bos_token if tok.bos_token_id is not None and ids[:1] == [tok.bos_token_id] else ""
+    eos = tok.eos_token or ""
+    view.chat_template = (f"{{{{ {json.dumps(bos)} }}}}{{% for m in messages %}}{{{{ m['content'] }}}}"
+                          f"{{% if m['role'] == 'assistant' %}}{{{{ {json.dumps(eos)} }}}}{{% endif %}}{{% endfor %}}")
+    view.rlhfkit_template_origin = "data.plain_text=raw"
+    return view
 
 
 def render_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
@@ -191,6 +221,18 @@ def render_prompt_ids(tok, messages: list[dict], add_generation_prompt: bool = T
     ``add_special_tokens=False`` (the template writes every special token itself, so no BOS is doubled)."""
     text = _render_or_raise(tok, messages, add_generation_prompt, "prompt")
     return [int(i) for i in tok(text, add_special_tokens=False)["input_ids"]]
+
+
+def render_prompt_media(tok, messages: list[dict], images: list | None, *, where: str = "prompt",
+                        add_generation_prompt: bool = True) -> tuple[list[int], Media | None]:
+    """``(ids, media)`` of a prompt with its images: :func:`render_prompt_ids` rendered the same way, the images
+    expanded by the processor (:func:`~.media.expand`); ``media`` None without images."""
+    if not images:
+        return render_prompt_ids(tok, messages, add_generation_prompt), None
+    require_processor(tok, images, where)
+    text = _render_or_raise(tok, messages, add_generation_prompt, where)
+    ids, _, media = expand(tok, text, images, where)
+    return ids, media
 
 
 def encode_chat_prompts(tok, messages_list) -> list[list[int]]:
@@ -217,11 +259,19 @@ def stop_token_ids(tok, generation_config=None) -> list[int]:
 
 def render_conversation(tok, messages: list[dict], *, where: str = "conversation") -> tuple[list[int], list[int]]:
     """``(input_ids, assistant_mask)`` of a whole conversation; the mask is 1 on assistant content + end token."""
-    ids, turns = _conversation(tok, messages, where)
+    ids, mask, _ = render_conversation_media(tok, messages, None, where=where)
+    return ids, mask
+
+
+def render_conversation_media(tok, messages: list[dict], images: list | None, *, where: str = "conversation"
+                              ) -> tuple[list[int], list[int], Media | None]:
+    """:func:`render_conversation` of a conversation with its images: ``(ids, assistant_mask, media)`` (the image
+    tokens, in user turns, are never in the mask)."""
+    ids, turns, media = _conversation(tok, messages, where, images)
     mask = [0] * len(ids)
     for _, a, b in turns:
         mask[a:b] = [1] * (b - a)
-    return ids, mask
+    return ids, mask, media
 
 
 def render_completion_ids(
@@ -234,10 +284,17 @@ def render_completion_ids(
     header, ``completion_ids`` is the reply through its end-of-turn token (without the trailing newline). With
     several completion turns, everything from the first one's start to the last one's end is the completion.
     """
+    prompt, completion, _ = render_completion_media(tok, prompt_messages, completion_messages, None, where=where)
+    return prompt, completion
+
+
+def render_completion_media(tok, prompt_messages: list[dict], completion_messages: list[dict], images: list | None,
+                            *, where: str = "conversation") -> tuple[list[int], list[int], Media | None]:
+    """:func:`render_completion_ids` with the prompt's images: ``(prompt_ids, completion_ids, media)``."""
     messages = list(prompt_messages) + list(completion_messages)
-    ids, turns = _conversation(tok, messages, where)
+    ids, turns, media = _conversation(tok, messages, where, images)
     mine = [(a, b) for i, a, b in turns if i >= len(prompt_messages)]
     if not mine:
         raise DataError("the completion has no assistant turn", where=where,
                         fix="give the assistant's reply as the completion")
-    return ids[: mine[0][0]], ids[mine[0][0]: mine[-1][1]]
+    return ids[: mine[0][0]], ids[mine[0][0]: mine[-1][1]], media

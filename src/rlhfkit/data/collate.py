@@ -1,7 +1,8 @@
 """Collation: padding tokenised examples into batches, and packing SFT examples into full rows.
 
 All collators return ``torch.long`` tensors (``[B, L]`` unless noted) plus, where useful, plain lists of the
-fields they do not turn into tensors. ``attention_mask`` is 1 on real tokens, 0 on padding.
+fields they do not turn into tensors. ``attention_mask`` is 1 on real tokens, 0 on padding. Examples with images
+add ``media``: one :class:`~rlhfkit.data.media.Media` (or None) per row of the batch, in row order.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def pad_sequences(
     return ids, mask
 
 
+def media_rows(examples: list[dict], repeat: int = 1) -> dict:
+    """``{"media": [...]}``: each example's images (None without), the list repeated ``repeat`` times (rows of
+    both sides of a pair); {} when no example has images."""
+    media = [e.get("media") for e in examples]
+    return {"media": media * repeat} if any(m is not None for m in media) else {}
+
+
 class SFTCollator:
     """``{"input_ids", "attention_mask", "labels"}`` (labels padded with -100), right-padded.
 
@@ -54,7 +62,7 @@ class SFTCollator:
         input_ids, attention_mask = pad_sequences([e["input_ids"] for e in examples], self.pad_id,
                                                   "right", self.pad_to_multiple_of)
         labels, _ = pad_sequences([e["labels"] for e in examples], IGNORE_INDEX, "right", self.pad_to_multiple_of)
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, **media_rows(examples)}
         if all("position_ids" in e for e in examples):
             batch["position_ids"], _ = pad_sequences([e["position_ids"] for e in examples], 0, "right",
                                                      self.pad_to_multiple_of)
@@ -116,7 +124,8 @@ class PreferenceCollator:
         input_ids, attention_mask = pad_sequences(seqs, self.pad_id, "right", self.pad_to_multiple_of)
         completion_mask, _ = pad_sequences(masks, 0, "right", self.pad_to_multiple_of)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask,
-                "prompt_lengths": torch.tensor([len(p) for p in prompts], dtype=torch.long)}
+                "prompt_lengths": torch.tensor([len(p) for p in prompts], dtype=torch.long),
+                **media_rows(examples, 2)}
 
 
 class PromptCollator:
@@ -131,7 +140,7 @@ class PromptCollator:
         input_ids, attention_mask = pad_sequences([e["prompt_ids"] for e in examples], self.pad_id, "left",
                                                   self.pad_to_multiple_of)
         batch: dict = {"input_ids": input_ids, "attention_mask": attention_mask}
-        keys = [k for k in examples[0] if k != "prompt_ids"]
+        keys = [k for k in dict.fromkeys(k for e in examples for k in e) if k != "prompt_ids"]  # every example's
         for k in keys:
             batch[k] = [e.get(k) for e in examples]
         return batch
@@ -161,6 +170,7 @@ class UnpairedCollator:
         prompts = [e["prompt_ids"] for e in examples]
         completions = [e["completion_ids"] for e in examples]
         batch = self._pad(prompts, completions, "")
+        batch.update(media_rows(examples))  # a mismatched pair keeps its prompt's images too (kl_ rows)
         batch["label"] = torch.tensor([bool(e["label"]) for e in examples], dtype=torch.bool)
         if self.kl_pairs:
             shifted = completions[-1:] + completions[:-1]

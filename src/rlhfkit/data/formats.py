@@ -31,9 +31,11 @@ Normalised records are :class:`Record` objects: plain dicts that also remember `
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from .images import IMAGE_COLUMNS, is_image_part, part_image, place_images, row_images
 
 KINDS = ("sft", "preference", "prompt", "unpaired")
 ROLES = ("system", "user", "assistant", "tool")  # tool: a tool's result in a multi-turn conversation
@@ -82,16 +84,38 @@ def _fix(kind: str, fields: dict[str, str] | None) -> str:
     return f"{_HINTS[kind]} (or map your columns with {example}){mapped}"
 
 
-def _content_text(content: Any, where: str, field: str, i: int) -> str:
-    """Message content as a string; OpenAI-style lists of text parts are joined."""
+def _content_text(content: Any, where: str, field: str, i: int) -> str | list[dict]:
+    """Message content as a string (OpenAI-style lists of text parts are joined), or, when it holds image parts, a
+    list of ``{"type": "text", "text": ...}`` and ``{"type": "image", "src": <the image given inline or None>}``
+    parts (:func:`~.images.place_images` moves the inline images into the record's image list)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text", "")) for p in content)
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        if all(p.get("type") == "text" for p in content):
+            return "".join(str(p.get("text", "")) for p in content)
+        if all(p.get("type") == "text" or is_image_part(p) for p in content):
+            return [{"type": "image", "src": part_image(p)} if is_image_part(p) else
+                    {"type": "text", "text": str(p.get("text", ""))} for p in content]
+        bad = next(p.get("type") for p in content if p.get("type") != "text" and not is_image_part(p))
+        raise DataError(f"'{field}[{i}].content' has a part of type {bad!r}", where=where,
+                        fix="use text and image parts only ({\"type\": \"text\"}, {\"type\": \"image\"})")
     raise DataError(
         f"'{field}[{i}].content' must be a string, got {type(content).__name__}",
         where=where, fix="give every message a text 'content'",
     )
+
+
+def message_text(content: Any) -> str:
+    """The text of a message's content: the string, or its text parts joined (image parts left out)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
+def has_image_parts(messages: Any) -> bool:
+    """Whether any message of ``messages`` holds an image part."""
+    return isinstance(messages, list) and any(isinstance(m, dict) and isinstance(m.get("content"), list) and any(
+        isinstance(p, dict) and p.get("type") == "image" for p in m["content"]) for m in messages)
 
 
 def to_messages(value: Any, default_role: str, *, where: str, field: str) -> list[dict[str, str]]:
@@ -134,7 +158,7 @@ def to_messages(value: Any, default_role: str, *, where: str, field: str) -> lis
             raise DataError(f"'{field}[{i}]' has no 'content'", where=where,
                             fix="give every message a non-empty 'content' string")
         text = _content_text(content, where, field, i)
-        if not text:
+        if not text or (isinstance(text, list) and not any(p["type"] == "image" or p["text"] for p in text)):
             raise DataError(f"'{field}[{i}].content' is empty", where=where,
                             fix="give every message a non-empty 'content' (or remove that message)")
         out.append({"role": role, "content": text})
@@ -246,11 +270,14 @@ def detect_kind(row: dict, fields: dict[str, str] | None = None, where: str = "r
     )
 
 
-def normalize_record(row: dict, kind: str, fields: dict[str, str] | None = None, where: str = "record") -> Record:
+def normalize_record(row: dict, kind: str, fields: dict[str, str] | None = None, where: str = "record",
+                     base: Path | None = None) -> Record:
     """Normalise one input row of ``kind`` (or ``"auto"``) into its canonical :class:`Record` (module docstring).
 
     ``fields`` maps canonical names to the row's column names. Raises :class:`DataError` naming ``where``, the
-    missing / malformed field and the fix.
+    missing / malformed field and the fix. Images (an ``images`` / ``image`` column, image content parts) are placed
+    in the conversation's user turns and listed in ``images`` (:func:`~.images.place_images`); ``base``: the
+    directory relative image paths are read from (the data file's).
     """
     if not isinstance(row, dict):
         raise DataError(f"expected a JSON object, got {type(row).__name__}", where=where,
@@ -261,7 +288,30 @@ def normalize_record(row: dict, kind: str, fields: dict[str, str] | None = None,
         raise DataError(f"unknown data format {kind!r}", where="data.format",
                         fix=f"use one of {', '.join(KINDS)} or auto")
     r = _apply_fields(row, fields, where=where)
-    return Record(_NORMALIZERS[kind](r, fields, where), where=where)
+    return Record(_with_images(_NORMALIZERS[kind](r, fields, where), r, base, where), where=where)
+
+
+def _with_images(out: dict, r: dict, base: Path | None, where: str) -> dict:
+    """``out`` with its images placed (see :func:`normalize_record`): in ``messages`` (SFT) or ``prompt``; a
+    completion with an image part, or a text record with images, is a :class:`DataError`."""
+    images = row_images(r, base=base, where=where)
+    for side in ("chosen", "rejected", "completion"):
+        if has_image_parts(out.get(side)):
+            raise DataError(f"'{side}' holds an image part: images in completions are not built", where=where,
+                            fix="put the images in the prompt")
+    key = "messages" if "messages" in out else "prompt" if "prompt" in out else None
+    if key is None:
+        if images:
+            raise DataError("a 'text' record takes no images", where=where,
+                            fix="give the images with 'prompt' + 'completion' or 'messages'")
+        return out
+    for column in IMAGE_COLUMNS:
+        out.pop(column, None)
+    if images or has_image_parts(out[key]):
+        out[key], out["images"] = place_images(out[key], images, base=base, where=where, field=key)
+        if r.get("image") is not None and r.get("images") is None:  # TRL's single-image column, as it was named
+            out["image"] = out["images"][0]
+    return out
 
 
 def _null(name: str, where: str) -> DataError:

@@ -43,6 +43,7 @@ from .. import files
 from ..config.splits import parse_split
 from ..errors import DataError, say
 from .formats import Record, detect_kind, drop_tied_pairs, normalize_record
+from .images import IMAGE_COLUMNS, check_images, image_ref, is_image_part, part_image
 
 FILE_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
@@ -247,7 +248,21 @@ def _load_hf(source: str, split: str | None, offline: bool) -> list[tuple[str, d
         how = "from the local cache (rlhfkit runs offline)" if offline else "from the Hub"
         raise DataError(f"cannot load dataset {source!r} {how}: {msg}", where="data", fix=fix) from None
     label = f"{source}[{split}]"
-    return [(f"{label}[{i}]", dict(row)) for i, row in enumerate(ds)]
+    return [(f"{label}[{i}]", dict(row)) for i, row in enumerate(_raw_images(ds))]
+
+
+def _raw_images(ds):
+    """``ds`` with its ``Image`` columns (one image or a list) left encoded (``{"bytes", "path"}``): records keep
+    image bytes, decoded when they are checked and processed, not all at once here."""
+    import datasets
+
+    for name, feature in ds.features.items():
+        inner = getattr(feature, "feature", None)
+        if isinstance(feature, datasets.Image):
+            ds = ds.cast_column(name, datasets.Image(decode=False))
+        elif isinstance(inner, datasets.Image):
+            ds = ds.cast_column(name, type(feature)(datasets.Image(decode=False)))
+    return ds
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -372,6 +387,7 @@ def dataset_file(data: Any, label: str, origin: str | None = None) -> str:
         if not isinstance(row, dict):
             raise DataError(f"row {i} is a {type(row).__name__}, not a mapping of columns", where=f"{origin}[{i}]",
                             fix='give rows as dicts, e.g. {"prompt": "...", "answer": "..."}')
+        row = _images_as_files(row, f"{label}[{i}]")
         try:
             lines.append(json.dumps(row, default=_jsonable, ensure_ascii=False, sort_keys=True))
         except (TypeError, ValueError) as exc:
@@ -388,6 +404,43 @@ def dataset_file(data: Any, label: str, origin: str | None = None) -> str:
     _WRITTEN_FROM[str(path.resolve())] = origin
     say(f"[data] the {label} data ({len(rows)} rows) is the file {path} (written once; the run's config names it)")
     return str(path)
+
+
+def _image_file(value: Any, where: str, field: str) -> str:
+    """An image of Python data as a path a data file can hold: a path made absolute (relative to the current
+    directory), or bytes / a PIL image / a ``datasets`` image written once under the cache
+    (``datasets/images/<sha256>.<format>``, named by content) and named by that absolute path."""
+    ref = image_ref(value, base=Path.cwd(), where=where, field=field)
+    if isinstance(ref, str):
+        return ref
+    digest = hashlib.sha256(ref).hexdigest()[:24]
+    kind = next((ext for sig, ext in _SIGNATURES if ref.startswith(sig)), "img")
+    path = files.cache_root() / "datasets" / "images" / f"{digest}.{kind}"
+    if not path.is_file():
+        files.make_dirs(path.parent)
+        files.write_atomic(path, ref, what="an image of the data", fix="free disk space, or set RLHFKIT_CACHE")
+    return str(path)
+
+
+_SIGNATURES = ((b"\x89PNG", "png"), (b"\xff\xd8", "jpg"), (b"GIF8", "gif"), (b"RIFF", "webp"), (b"BM", "bmp"))
+
+
+def _images_as_files(row: dict, where: str) -> dict:
+    """``row`` with every image (image columns, content parts) as a file path (:func:`_image_file`)."""
+    out = dict(row)
+    for column in IMAGE_COLUMNS:
+        value = out.get(column)
+        if isinstance(value, (list, tuple)):
+            out[column] = [_image_file(v, where, column) for v in value]
+        elif value is not None:
+            out[column] = _image_file(value, where, column)
+    for key, value in out.items():
+        if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
+            out[key] = [{**m, "content": [{**p, "image": _image_file(part_image(p), where, key)}
+                                          if is_image_part(p) and part_image(p) is not None else p
+                                          for p in m["content"]]} if isinstance(m["content"], list) else m
+                        for m in value]
+    return out
 
 
 def _json_ok(value: Any) -> bool:
@@ -456,6 +509,14 @@ def _conversational(row: dict, fields: dict[str, str] | None) -> bool:
     return any(isinstance(row.get(n), list) for n in names)
 
 
+def _prompt_completion(row: dict, fields: dict[str, str] | None) -> bool:
+    """The row is a prompt / completion pair (not a conversation or a text): TRL's rule for which tokens SFT trains
+    on by default (``data.completion_only_loss=null``)."""
+    fields = fields or {}
+    return row.get(fields.get("prompt", "prompt")) is not None and row.get(fields.get("completion",
+                                                                                    "completion")) is not None
+
+
 def is_conversational(records) -> bool:
     """The records' data was conversational (its first record's; see :func:`_conversational`)."""
     return bool(records) and bool(getattr(records[0], "conversational", False))
@@ -475,7 +536,7 @@ def _load_from_disk(path: Path, split_name: str | None) -> list[tuple[str, dict]
             raise DataError(f"no split {key!r} in the saved dataset (has {', '.join(ds)})", where=str(path),
                             fix=f"set data.split to one of {', '.join(ds)}")
         ds = ds[key]
-    return [(f"{path}[{i}]", dict(row)) for i, row in enumerate(ds)]
+    return [(f"{path}[{i}]", dict(row)) for i, row in enumerate(_raw_images(ds))]
 
 
 def load_dataset_records(
@@ -496,9 +557,16 @@ def load_dataset_records(
         rows = rows[: max(0, int(limit))]
     if kind == "auto" and rows:
         kind = detect_kind(rows[0][1], fields, rows[0][0])
-    records = [normalize_record(row, kind, fields, where) for where, row in rows]
+    path = Path(str(source)).expanduser()
+    base = path.parent if path.is_file() else path if path.is_dir() else None  # relative image paths start here
+    records = [normalize_record(row, kind, fields, where, base) for where, row in rows]
+    if any("images" in r for r in records):
+        checked = check_images(records)
+        say(f"[data] {source}: {checked} image{'s' if checked != 1 else ''} checked "
+            f"({sum(1 for r in records if r.get('images'))} of {len(records)} records have images)")
     for record, (_, row) in zip(records, rows):
         record.conversational = _conversational(row, fields)
+        record.prompt_completion = _prompt_completion(row, fields)
     records, tied = drop_tied_pairs(records, source)
     if tied:
         first = ", ".join(getattr(r, "where", "record") for r in tied[:3]) + (", ..." if len(tied) > 3 else "")

@@ -10,6 +10,12 @@ Outputs (lists of ints; the collators in :mod:`rlhfkit.data.collate` turn them i
 * prompt:     ``{"prompt_ids", "prompt", **other_fields}`` (``prompt`` = the messages, for reward functions);
 * unpaired:   ``{"prompt_ids", "completion_ids", "label"}``.
 
+A record with images (``images``: :mod:`rlhfkit.data.images`) is tokenised by the model's processor (each image's
+tokens in place of its placeholder, :mod:`rlhfkit.data.media`) and its example carries ``media`` (a
+:class:`~rlhfkit.data.media.Media`); the image tokens lie in the prompt, never in a label. A prompt with images is
+never cut (its image tokens would be cut from their features): over the prompt limit it is dropped (counted), or
+an error under ``data.overflow=error``.
+
 Length policy (:class:`LengthPolicy`), never silent — :func:`tokenize_dataset` returns counts the caller logs:
 
 * a prompt longer than the prompt limit is truncated **from the left** (the end of a prompt holds the question),
@@ -25,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import DataError
-from .chat import render_completion_ids, render_conversation, render_prompt_ids
+from .chat import render_completion_media, render_conversation_media, render_prompt_media
+from .media import image_token_ids, processor_of
 
 IGNORE_INDEX = -100
 OVERFLOW_MODES = ("truncate", "drop", "error")
@@ -82,11 +89,20 @@ def _overflow(policy: LengthPolicy, where: str, message: str, fix: str) -> None:
         raise _Overflow
 
 
-def _cut_prompt(ids: list[int], limit: int | None, policy: LengthPolicy, where: str) -> tuple[list[int], bool]:
+def _cut_prompt(ids: list[int], limit: int | None, policy: LengthPolicy, where: str,
+                media=None) -> tuple[list[int], bool]:
     if limit is None or len(ids) <= limit:
         return ids, False
     _overflow(policy, where, f"prompt has {len(ids)} tokens, more than the limit of {limit}", _PROMPT_FIX)
+    if media is not None:  # a prompt with images is never cut (see the module docstring): dropped
+        raise _Overflow
     return ids[len(ids) - limit:], True
+
+
+def _with_media(example: dict, media) -> dict:
+    if media is not None:
+        example["media"] = media
+    return example
 
 
 def _fit_completions(prompt_len: int, completions: list[list[int]], policy: LengthPolicy, where: str):
@@ -105,23 +121,28 @@ def _fit_completions(prompt_len: int, completions: list[list[int]], policy: Leng
 # one record each; the underscored versions return (example or None, status)
 
 
-def _sft(record, tok, policy: LengthPolicy, completion_only: bool, where: str):
+def _sft(record, tok, policy: LengthPolicy, completion_only: bool | None, where: str):
+    if completion_only is None:  # TRL's rule: a prompt / completion row trains its completion, anything else all
+        completion_only = bool(getattr(record, "prompt_completion", False))
     if "text" in record:
         ids = list(tok(record["text"], add_special_tokens=True)["input_ids"])
         if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
             ids.append(int(tok.eos_token_id))
-        labels, prompt_len = list(ids), 0
+        labels, prompt_len, media = list(ids), 0, None
     else:
-        ids, mask = render_conversation(tok, record["messages"], where=where)
+        ids, mask, media = render_conversation_media(tok, record["messages"], record.get("images"), where=where)
         if not any(mask):
             raise DataError("no assistant tokens to train on after rendering the chat template", where=where,
                             fix="check that the conversation has an assistant turn")
-        labels = [t if (m or not completion_only) else IGNORE_INDEX for t, m in zip(ids, mask)]
+        skip = image_token_ids(processor_of(tok)) if media is not None else ()  # never a label, in any mode
+        labels = [t if (m or not completion_only) and t not in skip else IGNORE_INDEX for t, m in zip(ids, mask)]
         prompt_len = mask.index(1)
     truncated = False
     limit = policy.prompt_limit("sft")
     if limit is not None and prompt_len > limit:
         _overflow(policy, where, f"prompt has {prompt_len} tokens, more than the limit of {limit}", _PROMPT_FIX)
+        if media is not None:
+            raise _Overflow
         cut = prompt_len - limit
         ids, labels, truncated = ids[cut:], labels[cut:], True
     if len(ids) > policy.max_length:
@@ -130,28 +151,31 @@ def _sft(record, tok, policy: LengthPolicy, completion_only: bool, where: str):
         ids, labels, truncated = ids[: policy.max_length], labels[: policy.max_length], True
     if all(lab == IGNORE_INDEX for lab in labels[1:]):  # position 0 is never predicted
         raise _Overflow
-    return {"input_ids": ids, "labels": labels}, truncated
+    return _with_media({"input_ids": ids, "labels": labels}, media), truncated
 
 
 def _preference(record, tok, policy: LengthPolicy, where: str):
-    prompt_ids, chosen = render_completion_ids(tok, record["prompt"], record["chosen"], where=where)
-    _, rejected = render_completion_ids(tok, record["prompt"], record["rejected"], where=where)
-    prompt_ids, t1 = _cut_prompt(prompt_ids, policy.prompt_limit("preference"), policy, where)
+    images = record.get("images")
+    prompt_ids, chosen, media = render_completion_media(tok, record["prompt"], record["chosen"], images, where=where)
+    _, rejected, _ = render_completion_media(tok, record["prompt"], record["rejected"], images, where=where)
+    prompt_ids, t1 = _cut_prompt(prompt_ids, policy.prompt_limit("preference"), policy, where, media)
     (chosen, rejected), t2 = _fit_completions(len(prompt_ids), [chosen, rejected], policy, where)
-    return {"prompt_ids": prompt_ids, "chosen_ids": chosen, "rejected_ids": rejected}, t1 or t2
+    return _with_media({"prompt_ids": prompt_ids, "chosen_ids": chosen, "rejected_ids": rejected}, media), t1 or t2
 
 
 def _unpaired(record, tok, policy: LengthPolicy, where: str):
-    prompt_ids, completion = render_completion_ids(tok, record["prompt"], record["completion"], where=where)
-    prompt_ids, t1 = _cut_prompt(prompt_ids, policy.prompt_limit("unpaired"), policy, where)
+    prompt_ids, completion, media = render_completion_media(tok, record["prompt"], record["completion"],
+                                                            record.get("images"), where=where)
+    prompt_ids, t1 = _cut_prompt(prompt_ids, policy.prompt_limit("unpaired"), policy, where, media)
     (completion,), t2 = _fit_completions(len(prompt_ids), [completion], policy, where)
-    return {"prompt_ids": prompt_ids, "completion_ids": completion, "label": bool(record["label"])}, t1 or t2
+    return _with_media({"prompt_ids": prompt_ids, "completion_ids": completion, "label": bool(record["label"])},
+                       media), t1 or t2
 
 
 def _prompt(record, tok, policy: LengthPolicy, where: str):
-    prompt_ids = render_prompt_ids(tok, record["prompt"], add_generation_prompt=True)
-    prompt_ids, truncated = _cut_prompt(prompt_ids, policy.prompt_limit("prompt"), policy, where)
-    return {**record, "prompt_ids": prompt_ids}, truncated
+    prompt_ids, media = render_prompt_media(tok, record["prompt"], record.get("images"), where=where)
+    prompt_ids, truncated = _cut_prompt(prompt_ids, policy.prompt_limit("prompt"), policy, where, media)
+    return _with_media({**record, "prompt_ids": prompt_ids}, media), truncated
 
 
 def _run(fn, record, *args):
@@ -167,7 +191,7 @@ def _where(record, default: str = "record") -> str:
     return getattr(record, "where", None) or default
 
 
-def tokenize_sft(record: dict, tok, max_length: LengthPolicy | int, completion_only: bool = True, *,
+def tokenize_sft(record: dict, tok, max_length: LengthPolicy | int, completion_only: bool | None = True, *,
                  where: str | None = None) -> dict | None:
     """``{"input_ids", "labels"}`` for an SFT record, or ``None`` when the length policy drops it."""
     return _run(_sft, record, tok, _policy(max_length), completion_only, where or _where(record))[0]
@@ -200,7 +224,7 @@ def tokenize_prompt_record(record: dict, tok, max_length: LengthPolicy | int, *,
 
 
 def tokenize_dataset(records: list[dict], kind: str, tok, policy: LengthPolicy, *,
-                     completion_only: bool = True) -> tuple[list[dict], dict[str, int]]:
+                     completion_only: bool | None = True) -> tuple[list[dict], dict[str, int]]:
     """Tokenise all ``records`` of ``kind``; returns ``(examples, {"kept", "truncated", "dropped"})``.
 
     ``kept`` counts the examples returned (``truncated`` of them were shortened); ``dropped`` were left out. The

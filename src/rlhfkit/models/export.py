@@ -7,9 +7,10 @@
   ``base_model_name_or_path``) gets the adapter applied, and the adapter is merged into its weights;
 * a **model / run directory** (``src/config.json``): the final model a stage wrote at the run's root.
 
-It then saves a full model directory (safetensors, config, tokenizer with its chat template, generation config)
-with :func:`~rlhfkit.models.loading.save_model`, RELOADS it with plain ``AutoModelForCausalLM`` (or
-``AutoModelForSequenceClassification`` for reward models, told apart by ``config.architectures``) and checks that
+It then saves a full model directory (safetensors, config, tokenizer with its chat template, generation config;
+a vision-language model's processor and vision tower with it) with :func:`~rlhfkit.models.loading.save_model`,
+RELOADS it with plain ``AutoModelForCausalLM`` (``AutoModelForImageTextToText`` for a VLM, whose probe then holds an
+image; ``AutoModelForSequenceClassification`` for reward models, told apart by ``config.architectures``) and checks that
 the logits on a probe conversation match the weights written (within the tolerance of their dtype; in the source's
 dtype they must match the source too: a LoRA merge is checked against the unmerged base + adapter), and that the
 reloaded tokenizer renders and tokenises the probe identically. How far the written dtype moved the logits from
@@ -205,22 +206,32 @@ def locate(src: str | Path, base: str | None = None) -> Located:
 def _load_tokenizer(loc: Located):
     from .loading import load_tokenizer_for
     from .tokenizer import load_tokenizer
+    from .vision import vlm_type
 
     if loc.tokenizer_dir is not None:
+        if vlm_type(str(loc.tokenizer_dir)):  # with its processor (the image probe, the export's files)
+            from ..config import ModelConfig
+
+            return load_tokenizer_for(ModelConfig(name=str(loc.tokenizer_dir)))
         return load_tokenizer(str(loc.tokenizer_dir))
     from ..config import ModelConfig
 
     return load_tokenizer_for(ModelConfig(name=loc.base, gguf_file=loc.base_gguf))
 
 
-def _load_full(model_dir: Path):
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+def _auto_class(config: dict):
+    """The transformers class a directory of ``config`` reloads with (reward model, VLM or causal LM)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
+    if is_sequence_classifier(config):
+        return AutoModelForSequenceClassification
+    return AutoModelForImageTextToText if isinstance(config.get("vision_config"), dict) else AutoModelForCausalLM
+
+
+def _load_full(model_dir: Path):
     from .loading import _from_pretrained
 
-    config = _read_json(model_dir / "config.json")
-    cls = AutoModelForSequenceClassification if is_sequence_classifier(config) else AutoModelForCausalLM
-    model = _from_pretrained(cls, str(model_dir), "auto")
+    model = _from_pretrained(_auto_class(_read_json(model_dir / "config.json")), str(model_dir), "auto")
     model.eval()
     return model
 
@@ -261,6 +272,28 @@ def probe_inputs(tok) -> tuple[str, dict]:
     text = render_chat(tok, PROBE, add_generation_prompt=False)
     enc = tok(text, return_tensors="pt", add_special_tokens=False)
     return text, {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def image_probe(tok) -> dict | None:
+    """A vision-language model's probe: the probe conversation with an image (a fixed 48 x 40 colour gradient) in
+    its user turn, through the processor (ids, pixels and the family's inputs); None for a text model."""
+    import numpy as np
+    from PIL import Image
+
+    from ..data.media import processor_of
+
+    processor = processor_of(tok)
+    if processor is None:
+        return None
+    from ..data.chat import render_chat
+
+    y, x = np.mgrid[0:40, 0:48]
+    image = Image.fromarray(np.stack([x * 5, y * 6, (x + y) * 3], -1).astype("uint8"))
+    user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROBE[1]["content"]}]}
+    messages = [PROBE[0], user, PROBE[2]]
+    out = processor(text=[render_chat(tok, messages, add_generation_prompt=False)], images=[[image]],
+                    return_tensors="pt", add_special_tokens=False)
+    return {k: v for k, v in out.items() if hasattr(v, "shape")}
 
 
 @torch.no_grad()
@@ -320,6 +353,8 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None, d
     # 1. the source model and its probe logits
     tok = _load_tokenizer(loc)
     text, inputs = probe_inputs(tok)
+    ids = inputs["input_ids"][0].tolist()  # the text probe's ids: the reloaded tokenizer must give them
+    inputs = image_probe(tok) or inputs  # a VLM: logits with an image, through its vision tower
     if loc.kind == "lora":
         source = _load_lora(loc, tok)
         say(f"[export] {src}: LoRA adapter {loc.adapter_dir} on base {loc.base}; merging")
@@ -332,6 +367,9 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None, d
     if gguf_out:
         from .gguf_write import check_writable
 
+        if image_probe(tok) is not None:
+            raise ConfigError("GGUF export of a vision-language model is not built (llama.cpp keeps the vision tower "
+                              "in a separate mmproj file)", where="--out", fix="export to a model directory")
         check_writable(merged, tok)  # before the cast and the write: one line for what GGUF cannot hold
     for param in merged.parameters():  # the parameters only: buffers (rotary inv_freq) stay as a reload makes them
         param.data = param.data.to(target)
@@ -352,9 +390,9 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None, d
     other = "" if dtype != "auto" or target == torch.float32 else "; --dtype float32 for full precision"
     dtype_text = f"{str(target).removeprefix('torch.')} ({why}{other})"
     if gguf_out:
-        _export_gguf(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note, same)
+        _export_gguf(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note, same, ids)
     else:
-        _export_dir(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note, same)
+        _export_dir(merged, tok, out, target, inputs, written_logits, text, say, dtype_text + note, same, ids)
     if loc.kind == "lora" and loc.model_dir is not None:
         saved = _load_full(loc.model_dir)
         again = compare(ref_logits, _logits(saved, inputs), src_dtype)
@@ -371,30 +409,32 @@ def export_model(src: str | Path, out: str | Path, *, base: str | None = None, d
     return out
 
 
-def _export_dir(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str, same: str) -> None:
+def _export_dir(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str, same: str,
+                ids: list[int]) -> None:
     """2-3 for a model directory: save, reload with plain transformers in ``dtype``, compare."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from .loading import save_model
 
     save_model(merged, tok, out)
     say(f"[export] wrote {out} in {dtype_text}, {sum(p.numel() for p in merged.parameters()) / 1e6:.2f}M parameters")
-    config = _read_json(out / "config.json")
-    cls = AutoModelForSequenceClassification if is_sequence_classifier(config) else AutoModelForCausalLM
+    cls = _auto_class(_read_json(out / "config.json"))
     reloaded = cls.from_pretrained(str(out), dtype=dtype, local_files_only=True)
     reloaded.eval()
     check = compare(logits, _logits(reloaded, inputs), dtype)
     tok2 = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     text2 = tok2.apply_chat_template(PROBE, tokenize=False)
     ids2 = tok2(text2, add_special_tokens=False)["input_ids"]
-    tok_ok = text2 == text and list(ids2) == inputs["input_ids"][0].tolist()
+    tok_ok = text2 == text and list(ids2) == ids
     _verdict(check, tok_ok, out)
-    say(f"[export] verified: reloaded with {cls.__name__}; logits on a {inputs['input_ids'].shape[1]}-token probe "
-        f"match the weights written (max |diff| {check['max_abs_diff']:.2e} <= {check['tolerance']:.1e}){same}; "
-        "tokenizer + chat template reproduce the same ids")
+    image = " (with an image, through the vision tower written with it)" if "pixel_values" in inputs else ""
+    say(f"[export] verified: reloaded with {cls.__name__}; logits on a {inputs['input_ids'].shape[1]}-token probe"
+        f"{image} match the weights written (max |diff| {check['max_abs_diff']:.2e} <= {check['tolerance']:.1e})"
+        f"{same}; tokenizer + chat template reproduce the same ids")
 
 
-def _export_gguf(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str, same: str) -> None:
+def _export_gguf(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype_text: str, same: str,
+                 ids: list[int]) -> None:
     """2-3 for a GGUF file: write it, convert it back with rlhfkit's GGUF loader into a temporary directory, load
     that (float32, as every GGUF run loads), compare with the weights written."""
     import tempfile
@@ -418,7 +458,7 @@ def _export_gguf(merged, tok, out: Path, dtype, inputs, logits, text, say, dtype
         check = compare(exact, _logits(reloaded, inputs), torch.float32)
         tok2 = AutoTokenizer.from_pretrained(str(back), local_files_only=True)
         ids2 = tok2(text, add_special_tokens=False)["input_ids"]
-        tok_ok = list(ids2) == inputs["input_ids"][0].tolist() and bool(getattr(tok2, "chat_template", None))
+        tok_ok = list(ids2) == ids and bool(getattr(tok2, "chat_template", None))
     _verdict(check, tok_ok, out)
     say(f"[export] verified: {out.name} reloaded with rlhfkit's GGUF loader (model.name={out}); logits on a "
         f"{inputs['input_ids'].shape[1]}-token probe match the weights written (max |diff| "

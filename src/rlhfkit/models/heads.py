@@ -30,7 +30,7 @@ def unwrap(model):
 def score_head(model) -> torch.nn.Module:
     """The linear head of a sequence-classification model (``score`` in Llama / Qwen / Mistral, …)."""
     base = unwrap(model)
-    for name in ("score", "classifier", "v_head"):
+    for name in (getattr(base, "rlhfkit_value_head", "score"), "score", "classifier", "v_head"):
         head = getattr(base, name, None)
         if isinstance(head, torch.nn.Module):
             return head

@@ -30,8 +30,10 @@ from ..config.checks import check_model_file
 from ..data.chat import check_chat_template
 from ..errors import ModelError
 from ..errors import say as _say
-from .tiny import tiny_config
-from .tokenizer import eos_token_ids, load_tokenizer
+from .tiny import VLM_ARCHS, parse_tiny_spec
+from .tiny import tiny_config as _text_tiny_config
+from .tokenizer import eos_token_ids, load_tokenizer, prepare_tokenizer
+from .vision import family_of, freeze_vision, load_processor, lora_target, vlm_type
 
 # LoRA target modules per architecture (``model_type``); anything else uses peft's "all-linear".
 LORA_TARGETS = {
@@ -46,6 +48,16 @@ LORA_TARGETS = {
     "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
 }
 
+
+def tiny_model_config(spec: str, tokenizer):
+    """The transformers config of a ``tiny:`` spec: a text model's (``tiny.tiny_config``) or a tiny VLM's
+    (``tiny_vlm.tiny_vlm``; dispatched here, as ``tiny_vlm`` imports ``tiny``)."""
+    s = parse_tiny_spec(spec)
+    if s["arch"] in VLM_ARCHS:
+        from .tiny_vlm import tiny_vlm
+
+        return tiny_vlm(s, tokenizer)[0]
+    return _text_tiny_config(spec, tokenizer)
 
 def resolve_dtype(name: str, device: torch.device | str | None = None, trainable: bool = False) -> torch.dtype:
     """``auto``: frozen models (reference, reward) in bf16 on CUDA; trained models keep fp32 master weights and
@@ -203,13 +215,19 @@ def _hub_kwargs() -> dict:
 
 
 def load_tokenizer_for(mcfg) -> object:
+    """The tokenizer of ``mcfg.name`` with its chat template (``model.chat_template`` when set), checked; a
+    vision-language model's comes from its processor, which it carries (``tok.rlhfkit_processor``, read by the data
+    code; :func:`~.vision.load_processor`)."""
     source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
-    tok = load_tokenizer(source)
+    processor = load_processor(source) if vlm_type(source) else None
+    tok = prepare_tokenizer(processor.tokenizer, name=mcfg.name) if processor is not None else load_tokenizer(source)
     if mcfg.chat_template:
         tpl = Path(mcfg.chat_template).expanduser()
         from_file = tpl.is_file()
         tok.chat_template = tpl.read_text() if from_file else mcfg.chat_template
         origin = str(tpl) if from_file else "model.chat_template"
+        if processor is not None:
+            processor.chat_template = tok.chat_template
     else:
         origin = _template_origin(source, mcfg.name)
     check_chat_template(tok, origin)  # a broken template is named here, not blamed on the first data line
@@ -274,20 +292,21 @@ def _from_pretrained(cls, source: str, dtype: torch.dtype, **kwargs):
 
 def load_causal_lm(mcfg, *, tokenizer=None, device=None, seed: int = 0, trainable: bool = True):
     """Load the policy (or a reference copy): dtype, gradient checkpointing and LoRA applied per ``mcfg``."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     tok = tokenizer or load_tokenizer_for(mcfg)
     dtype = resolve_dtype(mcfg.dtype, device, trainable and not mcfg.lora.enabled)
     source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
     quant = _quantization(mcfg) if trainable else {}
+    auto = AutoModelForImageTextToText if vlm_type(source) else AutoModelForCausalLM  # a VLM: its own class
     if is_tiny(source):
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(tiny_config(source, tok), dtype=dtype)
+            model = auto.from_config(tiny_model_config(source, tok), dtype=dtype)
     elif (Path(source) / "adapter_config.json").is_file():
         model = _load_adapter_dir(source, dtype)
     else:
-        model = _from_pretrained(AutoModelForCausalLM, source, dtype, **quant)
+        model = _from_pretrained(auto, source, dtype, **quant)
     _align_special_tokens(model, tok)
     if trainable:
         model = _prepare_trainable(model, mcfg)
@@ -307,8 +326,10 @@ def load_scalar_model(source_name: str, mcfg, *, tokenizer, device=None, seed: i
 
     dtype = resolve_dtype(mcfg.dtype, device, trainable and not mcfg.lora.enabled)
     source, _ = resolve_source(source_name, mcfg.gguf_file if source_name == mcfg.name else None)
-    if is_tiny(source):
-        cfg = tiny_config(source, tokenizer)
+    if vlm_type(source):
+        model = _vlm_value_model(source, tokenizer, dtype, seed)
+    elif is_tiny(source):
+        cfg = tiny_model_config(source, tokenizer)
         cfg.num_labels = 1
         with torch.random.fork_rng():
             torch.manual_seed(seed)
@@ -330,6 +351,30 @@ def load_scalar_model(source_name: str, mcfg, *, tokenizer, device=None, seed: i
     else:
         model.requires_grad_(False)
         model.eval()
+    return model
+
+
+def _vlm_value_model(source: str, tokenizer, dtype, seed: int):
+    """A vision-language model as a critic: the VLM whole (its towers see the images) with its LM head replaced by a
+    one-output linear head (small random values, untied from the embeddings), whose per-token output is the value
+    (``models.heads.token_values`` reads ``lm_head``: ``rlhfkit_value_head``). transformers has no
+    sequence-classification class for VLMs; a reward model of images is not built."""
+    from transformers import AutoModelForImageTextToText
+
+    with warnings.catch_warnings(), torch.random.fork_rng():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(seed)
+        if is_tiny(source):
+            model = AutoModelForImageTextToText.from_config(tiny_model_config(source, tokenizer), dtype=dtype)
+        else:
+            model = _from_pretrained(AutoModelForImageTextToText, source, dtype)
+        hidden = model.config.get_text_config().hidden_size
+        head = torch.nn.Linear(hidden, 1, bias=False, dtype=dtype, device=model.lm_head.weight.device)
+        torch.nn.init.normal_(head.weight, std=hidden ** -0.5 / 10)
+    model.config.tie_word_embeddings = False
+    model.config.get_text_config().tie_word_embeddings = False
+    model.lm_head = head
+    model.rlhfkit_value_head = "lm_head"
     return model
 
 
@@ -365,7 +410,13 @@ def _align_special_tokens(model, tok) -> None:
 
 def lora_targets(model, mcfg) -> list[str] | str:
     """What peft is told to adapt: ``model.lora.target_modules`` as the full names of the modules it matches
-    (:mod:`.lora`: names, or regular expressions as peft's string form), else the projections per architecture."""
+    (:mod:`.lora`: names, or regular expressions as peft's string form), else the projections per architecture
+    (:data:`LORA_TARGETS`, else every linear layer); for a vision-language model the language model's only
+    (:func:`~.vision.lora_target`: its module names, never the vision tower's)."""
+    if family_of(model) is not None:
+        names = list(mcfg.lora.target_modules) if mcfg.lora.target_modules else \
+            LORA_TARGETS.get(getattr(model.config.get_text_config(), "model_type", ""), "all-linear")
+        return lora_target(model, names)
     if mcfg.lora.target_modules:
         entries = list(mcfg.lora.target_modules)
         return [n for n in adaptable(model) if any(matches_target(e, n) for e in entries)] or entries
@@ -393,6 +444,10 @@ def adaptable(model: torch.nn.Module) -> list[str]:
 
 
 def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):
+    if family_of(model) is not None and not getattr(mcfg, "train_vision", False):
+        frozen = freeze_vision(model)  # LoRA (if any) goes on the language model only: lora_targets
+        _say(f"[model] {family_of(model).name}: the vision tower and projector are frozen ({frozen / 1e6:.2f}M "
+             "parameters; model.train_vision=true trains them)")
     if mcfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -406,7 +461,7 @@ def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):
         peft_cfg = LoraConfig(
             r=mcfg.lora.r, lora_alpha=mcfg.lora.alpha, lora_dropout=mcfg.lora.dropout,
             target_modules=lora_targets(model, mcfg), task_type=task_type,
-            modules_to_save=["score"] if task_type == "SEQ_CLS" else None,
+            modules_to_save=[getattr(model, "rlhfkit_value_head", "score")] if task_type == "SEQ_CLS" else None,
         )
         model = get_peft_model(model, peft_cfg)
     model.train()
@@ -435,14 +490,16 @@ def save_model(model, tokenizer, out_dir: str | Path, *, extra_files: dict[str, 
     with files.writing(out, need=need, cleanup=[tmp], what=f"the model to {out}",
                        fix="rerun (a run resumes from its newest checkpoint)"):
         files.fresh_dir(tmp)  # made here: save_pretrained writes nowhere else, so never through a planted link
+        # a vision-language model's processor holds its tokenizer, image processor and chat template
+        processor = getattr(tokenizer, "rlhfkit_processor", None) or tokenizer
         if is_peft(model):
             model.save_pretrained(tmp / "adapter")
-            tokenizer.save_pretrained(tmp / "adapter")
+            processor.save_pretrained(tmp / "adapter")
             merged = _merged_copy(model)
         else:
             merged = model
         merged.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        processor.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             with files.open_new(tmp / name) as f:
                 f.write(text)

@@ -43,12 +43,14 @@ from pathlib import Path
 
 from ..config.checks import refuse_pickle
 from ..errors import ModelError
+from .tower import Tower, read_tower, tower_bytes
 
 GiB = 1024**3
 MiB = 1024**2
 SOFTMAX_BLOCK_ELEMENTS = 2**26  # rlhfkit.algos.logprobs: float32 elements of one log-softmax block (from logits)
 HEAD_CHUNK_ELEMENTS = 2**25  # rlhfkit.algos.logprobs.LINEAR_CHUNK_ELEMENTS: one chunk of the fused LM head
 UNGATED_TYPES = frozenset({"gpt_neox", "gpt2", "gptj", "opt"})  # MLPs of two matrices, not gate / up / down
+QKV_BIAS_TYPES = frozenset({"qwen2", "qwen2_vl", "qwen2_5_vl"})  # q / k / v projections with biases (Qwen2)
 # models that change their logits after the LM head (soft-capping, scaling): rlhfkit computes their log-probs from
 # the whole logits (train/shared/forward.py notices it at the first call); every other model goes through the fused head
 PLAIN_HEAD_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma4", "vaultgemma", "cohere",
@@ -74,6 +76,7 @@ class Architecture:
     head_dim: int = 0  # 0: hidden // heads
     model_type: str = "llama"
     source: str = ""
+    tower: Tower | None = None  # a vision-language model's vision tower and projector (models/tower.py)
 
     @property
     def hd(self) -> int:
@@ -101,13 +104,15 @@ class Architecture:
         weights = sum(i * o for i, o in self.linears().values())
         if not self.gated:  # every linear has a bias; two LayerNorms of weight and bias
             return weights + sum(o for _, o in self.linears().values()) + 4 * self.hidden
-        return weights + 2 * self.hidden  # + two RMSNorm weights
+        bias = self.heads * self.hd + 2 * self.kv_dim if self.model_type in QKV_BIAS_TYPES else 0
+        return weights + bias + 2 * self.hidden  # + two RMSNorm weights
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden * (1 if self.tied else 2)
 
-    def params(self) -> int:  # + the final norm (a LayerNorm's weight and bias for GPT-NeoX)
-        return self.embedding_params() + self.layers * self.layer_params() + self.hidden * (1 if self.gated else 2)
+    def params(self) -> int:  # + the final norm (a LayerNorm's weight and bias for GPT-NeoX), + a VLM's tower
+        return self.embedding_params() + self.layers * self.layer_params() + self.hidden * (1 if self.gated else 2) \
+            + (self.tower.params if self.tower else 0)
 
     def lora_params(self, r: int, targets: list[str] | None = None) -> int:
         """Trainable LoRA parameters: r x (in + out) per adapted linear (default: all seven of a layer)."""
@@ -262,9 +267,12 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
 
     if name == "tiny" or name.startswith("tiny:"):
         s = parse_tiny_spec(name)
+        from .tiny_vlm import _TOKENS  # a tiny VLM's image tokens follow the characters
+
         return _checked(Architecture(
-            vocab=len(SPECIAL_TOKENS) + len(CHARS), hidden=s["hidden"], layers=s["layers"], heads=s["heads"],
-            kv_heads=s["kv_heads"], intermediate=s["intermediate"], tied=True, context=s["context"],
+            vocab=len(SPECIAL_TOKENS) + len(CHARS) + len(_TOKENS.get(s["arch"], ())), hidden=s["hidden"],
+            layers=s["layers"], heads=s["heads"], tower=read_tower(name), kv_heads=s["kv_heads"],
+            intermediate=s["intermediate"], tied=True, context=s["context"],
             model_type={"gemma3": "gemma3_text"}.get(s["arch"], s["arch"]), source=name),
             "the tiny model spec")
     path = Path(name).expanduser()
@@ -295,7 +303,12 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
     except (UnicodeDecodeError, OSError) as exc:
         raise ModelError(f"cannot read config.json ({type(exc).__name__})", where=str(cfg_path),
                          fix="give a model's config.json (UTF-8 JSON)") from None
-    return _arch_from_hf(cfg, str(cfg_path))
+    arch = _arch_from_hf(cfg, str(cfg_path))
+    if isinstance(cfg, dict) and isinstance(cfg.get("vision_config"), dict):  # a VLM: its tower too
+        import dataclasses
+
+        arch = dataclasses.replace(arch, tower=read_tower(str(cfg_path.parent)))
+    return arch
 
 
 # ───────────────────────────────────────────────── estimate ───────────────────────────────────────────────────
@@ -338,6 +351,8 @@ class Setup:
     offload_optimizer: bool = False  # memory.offload_optimizer: AdamW states in host memory outside the update
     release_engine_cache: bool = True  # memory.release_engine_cache: the engine's KV cache freed after the rollout
     entropy_grad: bool = False  # algo.entropy_coef > 0: the entropy's gradient through the LM head too
+    train_vision: bool = False  # model.train_vision: a VLM's tower trained (else frozen: weights only)
+    images: int = 0  # a VLM's images encoded by the rollout's prefill (0: one per prompt of the rollout batch)
 
 
 @dataclass
@@ -400,7 +415,9 @@ def model_states(role: ModelRole, setup: Setup) -> dict[str, tuple[float, str]]:
                                        (f" / {d}" if d > 1 else ""))
     if role.trainable == "frozen":
         return out
-    T = P if role.trainable == "full" else role.arch.lora_params(setup.lora_r, list(setup.lora_targets or []) or None)
+    frozen = role.arch.tower.params if role.arch.tower is not None and not setup.train_vision else 0  # a VLM's tower
+    T = P - frozen if role.trainable == "full" else role.arch.lora_params(setup.lora_r,
+                                                                          list(setup.lora_targets or []) or None)
     ds = _div(setup, SHARDS_STATES[setup.strategy])
     shard = f" / {ds}" if ds > 1 else ""
     offload_states = setup.offload and setup.strategy != "ddp"
@@ -589,6 +606,9 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
                                             head_trained=role.trainable == "full" and role.weight_bytes == 4)
                 for role in trainables}
         largest = max(acts, key=lambda name: sum(v for v, _ in acts[name].values()))
+        if policy.arch.tower is not None:  # a VLM: its images encoded (once per image set)
+            ph.extend(tower_bytes(policy.arch.tower, seqs, trained=setup.train_vision, c=c,
+                                  text_hidden=policy.arch.hidden, seq_len=setup.seq_len))
         for role in trainables:
             if role.name == largest:
                 ph.extend(acts[role.name], f"{role.name} ")
@@ -623,6 +643,9 @@ def estimate(roles: list[ModelRole], setup: Setup, family: str) -> list[Phase]:
             wb = 2 if setup.device == "cuda" else policy.weight_bytes
             ph.add("policy weights gathered for generation", P * wb, f"{_n(P)} x {wb:g} B, gathered once per rollout")
         ph.extend(rollout_cache(policy.arch, setup))
+        if policy.arch.tower is not None:  # the prefill's images, each prompt's once
+            ph.extend(tower_bytes(policy.arch.tower, setup.images or setup.rollout_batch, trained=False, c=c,
+                                  text_hidden=policy.arch.hidden, seq_len=setup.seq_len))
         phases.append(ph)
         ph = base("scoring and forward passes", False, update=False)
         big = max(roles, key=role_params)

@@ -5,7 +5,9 @@ Model spec: ``tiny`` or ``tiny:key=value,key=value`` with keys of :data:`TINY_DE
 ``tiny:hidden=128,layers=4``) and ``arch``, one of :data:`TINY_ARCHS`: ``llama`` (the default), ``qwen3`` (per-head
 q/k norms) or ``gemma3`` (Gemma 3's norms, scaled embeddings, gelu-tanh, local layers with a sliding window of
 ``window`` tokens and a global layer every sixth, or the last when fewer; ``tiny:arch=gemma3``), so a recipe can be
-run end to end on each family's code paths (the rollout engine's included).
+run end to end on each family's code paths (the rollout engine's included). The vision-language archs
+(``qwen2_5_vl``, ``gemma3_vl``, ``llava``: :mod:`.tiny_vlm`) add a small vision tower and their processor, images
+resized to ``image`` pixels a side.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ from pathlib import Path
 
 from ..errors import ModelError
 
+VLM_ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava")
+
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-tokenizer"
 
 SPECIAL_TOKENS = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
 CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
 
 TINY_DEFAULTS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 4, "intermediate": 256, "context": 256,
-                 "window": 16}
-TINY_ARCHS = ("llama", "qwen3", "gemma3")
+                 "window": 16, "image": 32}
+TINY_ARCHS = ("llama", "qwen3", "gemma3", "qwen2_5_vl", "gemma3_vl", "llava")
 
 
 def build_tiny_tokenizer(out_dir: str | Path) -> Path:
@@ -75,10 +79,13 @@ def parse_tiny_spec(spec: str) -> dict:
 
 def tiny_config(spec: str, tokenizer):
     """The transformers config of a tiny spec (its ``arch``: ``LlamaConfig``, ``Qwen3Config`` or
-    ``Gemma3TextConfig``), with the tokenizer's vocabulary and pad / EOS ids and tied embeddings."""
+    ``Gemma3TextConfig``; a VLM's: ``loading.tiny_model_config`` through :mod:`.tiny_vlm`, which imports this
+    module), with the tokenizer's vocabulary and pad / EOS ids and tied embeddings."""
     import transformers
 
     s = parse_tiny_spec(spec)
+    if s["arch"] in VLM_ARCHS:
+        raise ValueError(f"{spec} is a tiny VLM: its config comes from models.tiny_vlm (loading.tiny_model_config)")
     common = dict(vocab_size=len(tokenizer), hidden_size=s["hidden"], num_hidden_layers=s["layers"],
                   num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
                   intermediate_size=s["intermediate"], max_position_embeddings=s["context"],

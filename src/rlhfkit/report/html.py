@@ -34,7 +34,8 @@ from typing import Any
 
 from .. import files
 from ..track.health import HealthMonitor, read_warnings
-from ..track.metrics import read_metrics
+from ..track.metrics import read_run_metrics, run_recipe_of
+from ..track.names import public_name
 from ..track.samples import read_samples
 
 X_LABEL = "step (optimizer updates, as in metrics.jsonl)"
@@ -138,8 +139,9 @@ def _summary(run_dir: Path, stages: Sequence[Mapping[str, Any]] | None = None, o
         parts.append(_stages_table(stages, run_dir))
     else:
         parts.append(f"<p>{_where_model(run_dir)}</p>")
-        series = _series(read_metrics(run_dir))
-        parts.append(_key_metrics(series))
+        recipe = run_recipe_of(run_dir)
+        series = _series(read_run_metrics(run_dir, recipe))
+        parts.append(_key_metrics(series, recipe))
         parts.append(_warnings_table(read_warnings(run_dir), (run_dir / "warnings.jsonl").exists()))
     parts.append("</section>")
     return "\n".join(p for p in parts if p)
@@ -186,11 +188,21 @@ def movement(v0: float, v1: float) -> str:
     return f"{'&uarr; up' if v1 > v0 else '&darr; down'} {_num(abs(v1 - v0))}{rel}"
 
 
-def _key_metrics(series: Series) -> str:
+def _label(recipe: str | None, key: str) -> str:
+    """A metric as the run wrote it (TRL's name for the recipes TRL has; the report reads rlhfkit's)."""
+    return public_name(recipe or "", key) or key
+
+
+def _shown(recipe: str | None, series: Series) -> Series:
+    return {_label(recipe, k): v for k, v in series.items()}
+
+
+def _key_metrics(series: Series, recipe: str | None = None) -> str:
     rows = []
     for key in key_metric_names(series):
         finite = [(s, v) for s, v in zip(*series[key]) if math.isfinite(v)]
         (s0, v0), (s1, v1) = finite[0], finite[-1]
+        key = _label(recipe, key)
         if len(finite) == 1:  # one evaluation: shown once
             rows.append(f"<tr><td>{_e(key)}</td><td class='num' colspan='2'>{_num(v1)} at step {s1}</td>"
                         "<td class='muted'>one value</td></tr>")
@@ -244,12 +256,14 @@ def _config_block(run_dir: Path) -> str:
 
 
 def _metrics_block(run_dir: Path, heading: str = "h2") -> str:
-    series = _series(read_metrics(run_dir))
+    recipe = run_recipe_of(run_dir)
+    series = _series(read_run_metrics(run_dir, recipe))  # grouped by rlhfkit's names, shown by the run's
     if not series:
         return f"<{heading}>Metrics</{heading}><p>No metrics yet (metrics.jsonl is missing or empty).</p>"
-    constant = {k: v for k, v in series.items() if _constant(v)}
-    varying = {k: v for k, v in series.items() if k not in constant}
-    panels = _panels(varying)
+    constant = _shown(recipe, {k: v for k, v in series.items() if _constant(v)})
+    varying = {k: v for k, v in series.items() if not _constant(v)}
+    panels = [(_label(recipe, name) if other else name, _shown(recipe, group), other)
+              for name, group, other in _panels(varying)]
     near_zero = [(name, group) for name, group, other in panels if other and _near_zero(group)]
     others = [(name, group) for name, group, other in panels if other and not _near_zero(group)]
     figures = [_plot(name, group) for name, group, other in panels if not other]
@@ -268,7 +282,7 @@ def _metrics_block(run_dir: Path, heading: str = "h2") -> str:
     note = "".join(f"<p class='muted'>{n}</p>" for n in notes)
     return (f"<{heading}>Metrics</{heading}><p class='muted'>x-axis: {_e(X_LABEL)}; "
             f"points: sparse series (evaluations)</p><div class='grid'>{''.join(figures)}</div>{folded}{note}"
-            f"{_last_values(series)}")
+            f"{_last_values(_shown(recipe, series))}")
 
 
 def _panels(series: Series) -> list[tuple[str, Series, bool]]:

@@ -36,6 +36,9 @@ _NAMES = {
     "code_tests": "code",
     "RemoteJudge": "remote",
     "lint_rewards": "lint",
+    "accuracy_reward": "trl_rewards",  # TRL's trl.rewards, by the same names (a TRL script's import changed only)
+    "think_format_reward": "trl_rewards",
+    "get_soft_overlong_punishment": "trl_rewards",
 }
 
 __all__ = sorted(_NAMES)

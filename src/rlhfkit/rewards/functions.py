@@ -51,9 +51,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..data.formats import message_text
+from ..data.images import IMAGE_COLUMNS, as_pil
 from ..errors import RewardError, UserError, say
 from .loading import WHERE, RewardFunctionError, importable_name, is_in_process, load_reward_function
-from .trl_style import EXTRA, TrlStyle, is_trl_style, keyword_callable, named_params, wanted_extra
+from .trl_style import EXTRA, LOGGED, TrlStyle, is_trl_style, keyword_callable, named_params, wanted_extra
 from .workers import CallFailed, CallTimeout, WorkerPool, _alarm
 
 # ───────────────────────────────────────────── combining ─────────────────────────────────────────────
@@ -68,6 +70,7 @@ class RewardFunctionSpec:
     name: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     convention: str = "auto"  # rlhfkit | trl | auto (by the signature: rlhfkit.rewards.trl_style.is_trl_style)
+    lint: bool = True  # called on the lint's and the probe's synthetic completions (false: it has side effects)
 
 
 CONVENTIONS = ("auto", "rlhfkit", "trl")
@@ -87,6 +90,7 @@ def _as_spec(item: Any) -> RewardFunctionSpec:
             name=getattr(item, "name", None),
             kwargs=dict(getattr(item, "kwargs", None) or {}),
             convention=getattr(item, "convention", "auto"),
+            lint=getattr(item, "lint", True),
         )
     raise TypeError(f"cannot make a reward function spec from {item!r}")
 
@@ -115,6 +119,8 @@ class _Loaded:
     kwargs: dict = field(default_factory=dict)  # bound to a function per call; a class's constructor arguments
     trl: frozenset | None = None  # TRL's convention: the per-call data it reads (completion_ids, messages)
     local: bool = False  # no worker can import it: called in this process (under the time limit)
+    lint: bool = True  # called on synthetic completions (the lint, the probe)
+    synthetic: bool = False  # it names a ``synthetic`` parameter: told so on those calls
 
 
 def _to_float(value: Any, label: str, index: int, at: str = "") -> float | None:
@@ -141,18 +147,28 @@ def _at(step: int | None) -> str:
     return "" if step is None else f" at step {step}"
 
 
-class RewardScores(NamedTuple):
+class _Scores(NamedTuple):
     """What :class:`CombinedRewards` returns for a batch of B completions.
 
     total: [B] float32, the weighted sum (0 where not ``valid``); per_function: {name: [B] float32, NaN where the
-    function gave None}; metrics: ``rewards/<name>/mean`` (over valid samples with a value), ``rewards/none_frac``,
-    ``rewards/dropped`` (number of samples dropped); valid: [B] bool, False for the samples dropped from the step.
+    function gave None}; metrics: ``rewards/<name>/mean`` and ``/std`` (over valid samples with a value, TRL's
+    names), ``rewards/none_frac``,
+    ``rewards/dropped`` (number of samples dropped), and what TRL-style functions logged with ``log_metric`` (the
+    mean of the values, under the name given); valid: [B] bool, False for the samples dropped from the step;
+    extra: the ``log_extra`` columns.
     """
 
     total: torch.Tensor
     per_function: dict[str, torch.Tensor]
     metrics: dict[str, float]
     valid: torch.Tensor
+
+
+class RewardScores(_Scores):
+    """:class:`_Scores` (unpacked as the four it holds) with ``extra``: TRL's ``log_extra`` columns, one value per
+    completion (None where not logged)."""
+
+    extra: dict = {}
 
 
 class CombinedRewards:
@@ -221,6 +237,8 @@ class CombinedRewards:
                     kwargs={} if trl else kwargs,
                     trl=frozenset(wanted_extra(obj)) if trl else None,
                     local=local,
+                    lint=bool(spec.lint),
+                    synthetic=_names_parameter(call, "synthetic"),
                 )
             )
             if local:
@@ -269,14 +287,20 @@ class CombinedRewards:
     def __call__(
         self, prompts: Sequence[str], completions: Sequence[str], rows: Sequence[dict], *, step: int | None = None,
         allow_all_dropped: bool = False, messages: Sequence[list] | None = None, rollout: Any = None,
-        max_steps: int | None = None, skip: Collection[str] = (),
+        max_steps: int | None = None, trainer_state: tuple | None = None, group: int = 1, synthetic: bool = False,
+        skip: Collection[str] = (),
     ) -> RewardScores:
         """Score ``completions`` -> :class:`RewardScores` (total, per_function, metrics, valid).
 
         ``rows`` are the dataset records of the prompts (their columns become the functions' ``**fields``);
         ``step`` (optional) is named in errors. For functions of TRL's convention: ``messages`` (each prompt's
         messages), ``rollout`` (its ``response_ids`` / ``lengths`` give ``completion_ids``, computed only when a
-        function reads them) and ``max_steps`` (with ``step``: ``trainer_state``). Raises :class:`RewardError` /
+        function reads them), ``trainer_state`` (``(global_step, max_steps, epoch)`` as TRL counts them; without
+        it, ``step`` and ``max_steps``). ``group``: completions per prompt: a batch split over the workers is split
+        between groups, never inside one (a function of TRL's convention, or one run in this process, gets the
+        whole batch in one call, as TRL calls it). ``synthetic``: the completions are the lint's, not a policy's:
+        functions with ``lint`` false are not called (None), those naming ``synthetic`` get ``synthetic=True``.
+        Raises :class:`RewardError` /
         :class:`RewardFunctionError` as the module docstring says (``allow_all_dropped``: a batch without any valid
         sample is returned, not an error — for evaluation, whose batches may be a single prompt); never returns a
         non-finite total. ``skip``: names of functions not called this time (counted as timed out: the lint skips
@@ -286,7 +310,8 @@ class CombinedRewards:
         if len(prompts) != B or len(rows) != B:
             raise ValueError(f"got {len(prompts)} prompts, {B} completions and {len(rows)} rows")
         extra = {"messages": None if messages is None else list(messages), "rollout": rollout, "step": step,
-                 "max_steps": max_steps}
+                 "max_steps": max_steps, "trainer_state": trainer_state}
+        self._group, self._logged, self._synthetic = max(1, int(group)), ({}, {}), synthetic
         outputs, metrics = self._call_each(list(prompts), list(completions), list(rows), step, extra, skip)
         total = torch.zeros(B, dtype=torch.float32)
         covered = torch.zeros(B, dtype=torch.bool)
@@ -313,17 +338,23 @@ class CombinedRewards:
             kept = valid & ~torch.isnan(scores)
             if kept.any():
                 metrics[f"rewards/{f.name}/mean"] = float(scores[kept].mean())
+                metrics[f"rewards/{f.name}/std"] = float(scores[kept].std()) if int(kept.sum()) > 1 else 0.0
         metrics["rewards/none_frac"] = float((~covered).float().mean()) if B else 0.0
         metrics["rewards/dropped"] = float((~valid).sum())
-        return RewardScores(total, per_function, metrics, valid)
+        logged, columns = self._logged
+        metrics.update({name: sum(v) / len(v) for name, v in logged.items() if v})  # TRL's log_metric: the mean
+        out = RewardScores(total, per_function, metrics, valid)
+        out.extra = {k: v[:B] for k, v in columns.items()}
+        return out
 
     def of_rows(self, rows: Sequence[dict], completions: Sequence[str], rollout: Any = None, **kwargs) -> RewardScores:
         """Score the completions of the prompt records ``rows`` (``{"prompt": messages, **columns}``, one per
         completion): the prompts as their last message's text (rlhfkit's convention) and as messages (TRL's), the
         other columns as fields; ``rollout`` gives TRL's ``completion_ids``; ``kwargs`` as :meth:`__call__`."""
         messages = [row["prompt"] for row in rows]
-        fields = [{k: v for k, v in row.items() if k != "prompt"} for row in rows]
-        return self([m[-1]["content"] for m in messages], completions, fields, messages=messages, rollout=rollout,
+        fields = [{k: v for k, v in row.items() if k not in ("prompt", "media")} for row in rows]
+        return self([message_text(m[-1]["content"]) for m in messages], completions, fields, messages=messages,
+                    rollout=rollout,
                     **kwargs)
 
     @staticmethod
@@ -341,13 +372,18 @@ class CombinedRewards:
         completions = list(completions) if completions is not None else [""] * len(prompts)
         self.start()
         for f in self.functions:
-            [outcome] = self._pool(f).map(f.name, [((list(prompts), completions), self._fields(f, rows))])
+            if not f.lint:  # spared synthetic calls (side effects): the first rollout checks it
+                continue
+            fields = {**self._fields(f, rows), **({"synthetic": True} if f.synthetic else {})}
+            [outcome] = self._pool(f).map(f.name, [((list(prompts), completions), fields)])
             if isinstance(outcome.error, CallTimeout):
                 self.timed_out_on_probe.add(f.name)
             if isinstance(outcome.error, RewardError):
                 raise outcome.error
             if outcome.ok:
-                self._validate(f.label, outcome.value, len(completions), "on a probe with placeholder completions")
+                self._logged = ({}, {})  # what a probe logs is not the run's
+                value = self._take_logs(outcome.value, list(range(len(completions))), len(completions))
+                self._validate(f.label, value, len(completions), "on a probe with placeholder completions")
 
     @staticmethod
     def _fields(f: _Loaded, rows: Sequence[dict]) -> dict[str, list]:
@@ -355,13 +391,23 @@ class CombinedRewards:
         names: dict[str, None] = {}
         for row in rows:
             names.update(dict.fromkeys(row))
-        return {k: [row.get(k) for row in rows] for k in names
-                if k not in f.reserved and (f.accepts is None or k in f.accepts)}
+        # images arrive as PIL images (TRL's convention: the image / images column in **kwargs)
+        return {k: [as_pil(row.get(k)) if k in IMAGE_COLUMNS else row.get(k) for row in rows] for k in names
+                if k not in f.reserved and k != "media" and (f.accepts is None or k in f.accepts)}
 
-    def _chunks(self, B: int) -> list[list[int]]:
-        n = max(1, min(self.pool.n, B))
-        bounds = [round(i * B / n) for i in range(n + 1)]
-        return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
+    def _chunks(self, B: int, f: _Loaded | None = None) -> list[list[int]]:
+        """The calls a batch of ``B`` goes out in: one for a function run in this process or of TRL's convention
+        (the whole generation batch, as TRL calls it); else one per worker, each with whole groups: the batch is
+        completion-major (``k`` = ``group`` responses of ``P`` prompts: sample ``i + j P``), a call gets its
+        prompts' ``k`` responses each, completion-major too."""
+        if f is not None and (f.local or f.trl is not None or self.pool.n <= 1):
+            return [list(range(B))] if B else []
+        k = getattr(self, "_group", 1)
+        k = k if k > 0 and B % k == 0 else 1
+        prompts = B // k
+        n = max(1, min(self.pool.n, prompts))
+        bounds = [round(i * prompts / n) for i in range(n + 1)]
+        return [[i + j * prompts for j in range(k) for i in range(a, b)] for a, b in zip(bounds, bounds[1:])]
 
     def _call_each(self, prompts: list, completions: list, rows: list, step: int | None, extra: dict | None = None,
                    skip: Collection[str] = ()):
@@ -373,13 +419,17 @@ class CombinedRewards:
         outputs, metrics = [], {}
         ids = None
         for f in self.functions:
+            if getattr(self, "_synthetic", False) and not f.lint:  # spared the lint's calls: no value, no call
+                outputs.append([None] * len(completions))
+                continue
             t0 = time.perf_counter()
             if f.trl is not None and extra and ids is None and "completion_ids" in f.trl \
                     and extra.get("rollout") is not None:
                 ids = _completion_ids(extra["rollout"])
             trl = None if f.trl is None or not extra else {
                 "messages": extra.get("messages"), "completion_ids": ids if "completion_ids" in f.trl else None,
-                "step": extra.get("step"), "max_steps": extra.get("max_steps")}
+                "step": extra.get("step"), "max_steps": extra.get("max_steps"),
+                "trainer_state": extra.get("trainer_state")}
             if f.name in skip:  # not called (the lint, for a function whose probe ran out of time): timed out
                 values = [None] * len(completions)
                 failed = dict.fromkeys(range(len(completions)), CallTimeout("not called"))
@@ -426,13 +476,15 @@ class CombinedRewards:
 
         def job(idx: list[int]) -> tuple[tuple, dict]:
             kwargs = {k: [v[i] for i in idx] for k, v in fields.items()}
+            if f.synthetic and getattr(self, "_synthetic", False):
+                kwargs["synthetic"] = True
             if trl is not None:
                 kwargs[EXTRA] = {k: [v[i] for i in idx] if isinstance(v, list) else v for k, v in trl.items()}
             return ([prompts[i] for i in idx], [completions[i] for i in idx]), kwargs
 
         values: list[float | None] = [None] * len(completions)
         failed: dict[int, Exception] = {}
-        todo, alone = self._chunks(len(completions)), False
+        todo, alone = self._chunks(len(completions), f), False
         while todo:
             retry = []
             for idx, outcome in zip(todo, self._pool(f).map(f.name, [job(c) for c in todo], deadline=deadline)):
@@ -440,8 +492,9 @@ class CombinedRewards:
                     raise outcome.error
                 error = outcome.error
                 if error is None:
+                    value = self._take_logs(outcome.value, idx, len(completions))
                     try:
-                        got = self._validate(f.label, outcome.value, len(idx), _at(step).strip())
+                        got = self._validate(f.label, value, len(idx), _at(step).strip())
                     except RewardError as exc:
                         error = exc
                     else:
@@ -454,6 +507,22 @@ class CombinedRewards:
                     failed.update(dict.fromkeys(idx, error))
             todo, alone = retry, True
         return values, failed
+
+    def _take_logs(self, value: Any, idx: list[int], n: int) -> Any:
+        """A TRL-style call's scores, its ``log_metric`` values and ``log_extra`` columns kept for the batch
+        (:data:`~rlhfkit.rewards.trl_style.LOGGED`; a column of the call's length goes to its samples)."""
+        if not (isinstance(value, tuple) and len(value) == 4 and value[0] == LOGGED):
+            return value
+        _, scores, metrics, columns = value
+        logged, extra = getattr(self, "_logged", ({}, {}))
+        for name, values in (metrics.items() if isinstance(metrics, dict) else ()):
+            logged.setdefault(str(name), []).extend(float(v) for v in values if isinstance(v, (int, float)))
+        for column, values in (columns.items() if isinstance(columns, dict) else ()):
+            cells = extra.setdefault(str(column), [None] * n)
+            if isinstance(values, (list, tuple)) and len(values) == len(idx):
+                for i, v in zip(idx, values):
+                    cells[i] = v if isinstance(v, (str, int, float, bool)) or v is None else str(v)
+        return scores
 
     @staticmethod
     def _validate(label: str, out: Any, n: int, when: str = "") -> list[float | None]:
@@ -522,6 +591,14 @@ def _uses_trl_convention(label: str, obj: Callable, convention: str) -> bool:
                       "**kwargs), or set its convention to rlhfkit")
 
 
+def _names_parameter(fn: Callable, name: str) -> bool:
+    """``fn`` has a parameter called ``name`` (whatever else it takes)."""
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _check_positional(label: str, fn: Callable) -> None:
     """``fn`` must take (prompts, completions) positionally: a function written for one argument is answered when
     the run starts, not as a TypeError on the first rollout."""
@@ -578,7 +655,9 @@ def rewards_from_config(rc, records: Sequence[dict] = ()) -> CombinedRewards | N
     remote = getattr(rc, "remote", None)
     if remote is not None and remote.url:
         kwargs = {k: getattr(remote, k) for k in remote.__dataclass_fields__ if k not in ("weight", "name")}
-        specs.append(RewardFunctionSpec("remote_judge", weight=remote.weight, name=remote.name, kwargs=kwargs))
+        kwargs.pop("lint", None)
+        specs.append(RewardFunctionSpec("remote_judge", weight=remote.weight, name=remote.name, kwargs=kwargs,
+                                        lint=getattr(remote, "lint", False)))
     if not specs:
         return None
     from ..data.sources import is_conversational

@@ -24,9 +24,16 @@ policy is trained on) pays high: at least halfway from the low end (the lower qu
 highest mean it gave any kind. Two kinds are never warned about: ``reference_only`` and ``answer_repeated`` state
 the right answer and nothing else, and a verifier that pays for a right answer is right (they stay in the table).
 One function paying for a kind is not a warning either when the total does not (a format reward weighed 0.1 beside
-a verifier pays for ``format_only`` by design). Exit 2 (``LintReport.bugs``) is kept for what is certainly a bug: the
-empty (or whitespace-only) completion getting the highest total of all the kinds while some kind gets less — a
-policy trained on it learns to say nothing.
+a verifier pays for ``format_only`` by design). The empty (or whitespace-only) completion getting the highest total
+of all the kinds while some kind gets less is said the loudest (a policy trained on it learns to say nothing), but a
+reward may want it (a brevity reward): the lint never stops a run. Every warning names its off switch,
+``reward.lint=false``; what is certainly a bug (a function that returns the wrong number of values, or strings) is
+stopped by the probe before it (:meth:`~rlhfkit.rewards.functions.CombinedRewards.probe`), not by a judgment here.
+
+The lint's calls (and the probe's) are calls on synthetic completions. A reward with side effects (a paid judge API,
+a counter, a database write) is spared them with ``reward.functions[].lint=false`` (the remote judge is spared by
+default: ``reward.remote.lint``); a function can also tell them apart itself: one that names a ``synthetic``
+parameter gets ``synthetic=True`` on them (and never on a rollout's).
 
 When nothing could be scored (every call timed out or failed, every value None / NaN / inf) the lint says so and
 why, never that no completion scores high. Its time is bounded: each function's call is bounded by ``reward.timeout_s``
@@ -94,18 +101,18 @@ def adversarial_completions(prompt: str, reference: str | None) -> list[tuple[st
 @dataclass
 class LintReport:
     """Per reward (each function, and ``total``): the mean score of each kind; ``high``: (reward, kind, mean) that
-    score high; ``bugs``: lines describing what is certainly a bug; ``notes``: functions that failed on the lint's
-    completions (judged on the first rollout instead), or scored none of them, and why."""
+    score high; ``warnings``: other lines to say (an empty answer paid the most, scores beyond the clip);
+    ``notes``: functions that failed on the lint's completions (judged on the first rollout instead), scored none of
+    them, or were spared the lint's calls, and why. Nothing here stops a run."""
 
     means: dict[str, dict[str, float]] = field(default_factory=dict)
     high: list[tuple[str, str, float]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    bugs: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     scored: bool = False  # some completion got a finite total: the lint judged something
 
     def lines(self) -> list[str]:
-        """The report as lines to print: a table of mean scores, then what scores high, then the bugs."""
+        """The report as lines to print: a table of mean scores, then the warnings and notes."""
         kinds = [k for k in KINDS if any(k in m for m in self.means.values())]
         width = max([len(r) for r in self.means] + [6])
         out = ["reward lint: mean score of adversarial completions built from the run's prompts",
@@ -113,20 +120,16 @@ class LintReport:
         for reward, means in self.means.items():
             cells = " ".join(f"{_cell(means.get(k)):>10}" for k in kinds)
             out.append(f"{reward:<{width}}  {cells}")
+        out += [f"warning: {w}" for w in self.warnings]
         for reward, kind, mean in self.high:
             out.append(f"warning: {reward} pays for {kind} completions (mean {mean:.3g}): a policy can learn that")
-        out += [f"warning: {w}" for w in self.warnings]
         out += [f"note: {n}" for n in self.notes]
-        out += [f"error: {b}" for b in self.bugs]
-        if not self.high and not self.bugs and not self.warnings and self.scored:
+        if self.high or self.warnings:
+            out.append("note: warnings only, the run goes on; if the reward means it, reward.lint=false turns the lint "
+                       "off (reward.functions[].lint=false spares one function its calls)")
+        if not self.high and not self.warnings and self.scored:
             out.append("no adversarial completion scores high")
         return out
-
-    def raise_on_bug(self) -> None:
-        if self.bugs:
-            raise RewardError(f"reward lint: {self.bugs[0]}", where="reward.functions",
-                              fix="make the reward pay nothing for an empty answer (run `rlhfkit reward-lint CONFIG` "
-                                  "to see every case)")
 
 
 def _cell(value: float | None) -> str:
@@ -157,13 +160,19 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
     hung = sorted(getattr(combo, "timed_out_on_probe", ()))  # the lint's time: never waited for twice
     for name in hung:
         report.notes.append(f"{name} ran out of time on the probe (reward.timeout_s): not called again by the lint")
+    spared = [f for f in getattr(combo, "functions", ()) if not getattr(f, "lint", True)]
+    for f in spared:
+        report.notes.append(f"{f.name} is not called on the lint's completions (lint: false: a reward with side "
+                            "effects); the first rollout checks it")
     try:
-        scores = combo(batch_prompts, completions, [r for r, _ in batch_rows], allow_all_dropped=True, skip=hung)
+        scores = combo(batch_prompts, completions, [r for r, _ in batch_rows], allow_all_dropped=True, skip=hung,
+                       synthetic=True)
     except RewardFunctionError as exc:
         report.notes.append(f"{exc.message} (on the lint's completions; the first rollout will judge it)")
         return report
     totals = [t if v else math.nan for t, v in zip(scores.total.tolist(), scores.valid.tolist())]
-    columns = {name: values.tolist() for name, values in scores.per_function.items()}
+    columns = {name: values.tolist() for name, values in scores.per_function.items()
+               if name not in {f.name for f in spared}}
     for name, values in columns.items():  # a function that scored none of them: say so, and why
         if not any(math.isfinite(v) for v in values) and name not in hung:
             report.notes.append(f"{name} scored none of the {len(values)} lint completions ("
@@ -197,8 +206,10 @@ def lint_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, field: 
         top = max(finite.values())
         for kind in ("empty", "whitespace"):
             if kind in finite and finite[kind] >= top - 1e-9:
-                report.bugs.append(f"an {kind} completion gets the highest reward of all the lint's completions "
-                                   f"({finite[kind]:.3g}, {total_name}): a policy learns to answer nothing")
+                report.warnings.insert(0, f"an {kind} completion gets the highest reward of all the lint's completions "
+                                          f"({finite[kind]:.3g}, {total_name}): a policy trained on it learns to "
+                                          "answer nothing, unless that is the reward's intent (a brevity reward)")
+                report.high = [h for h in report.high if h[1] != kind]  # said once, above
                 break
     return report
 
@@ -234,6 +245,7 @@ def lint_config(cfg, max_prompts: int = 4) -> LintReport:
     ``data.train``, with the run's workers and limits; what ``rlhfkit reward-lint CONFIG`` prints. No weights load
     (a reward model, if any, is not linted: only functions)."""
     from ..data import load_dataset_records
+    from ..data.formats import message_text
     from .functions import rewards_from_config
 
     d = cfg.data
@@ -247,7 +259,7 @@ def lint_config(cfg, max_prompts: int = 4) -> LintReport:
         raise RewardError("no reward functions to lint", where="reward.functions",
                           fix="set reward.functions (a reward model is not linted)")
     with combo:
-        prompts, rows = [r["prompt"][-1]["content"] for r in records], [_fields(r) for r in records]
+        prompts, rows = [message_text(r["prompt"][-1]["content"]) for r in records], [_fields(r) for r in records]
         combo.probe(prompts, rows)
         return lint_rewards(combo, prompts, rows, max_prompts=max_prompts, clip=clip_of(cfg.reward))
 
@@ -259,16 +271,16 @@ def clip_of(reward_cfg) -> float | None:
 
 
 def _fields(record) -> dict:
-    return {k: v for k, v in record.items() if k != "prompt"}
+    return {k: v for k, v in record.items() if k not in ("prompt", "media")}
 
 
 def probe_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, lint: bool = True, say=print,
                   max_prompts: int = 2, clip: float | None = None) -> LintReport | None:
     """What a run does with its reward functions before any weights load: set them up in their workers and check
-    their output on placeholder completions (:meth:`~rlhfkit.rewards.functions.CombinedRewards.probe`), then (with
-    ``lint``) the reward lint on ``max_prompts`` prompts (``clip``: :func:`clip_of` the run's reward config): its
-    warnings are printed with ``say``, a certain bug raises
-    :class:`~rlhfkit.errors.RewardError`. The workers are stopped when this raises."""
+    their output on placeholder completions (:meth:`~rlhfkit.rewards.functions.CombinedRewards.probe`: a certain bug,
+    such as the wrong number of values, raises :class:`~rlhfkit.errors.RewardError`), then (with ``lint``) the reward
+    lint on ``max_prompts`` prompts (``clip``: :func:`clip_of` the run's reward config): its warnings are printed
+    with ``say``, never stopping the run. The workers are stopped when this raises."""
     try:
         combo.probe(list(prompts[:4]), list(rows[:4]))
         if not lint:
@@ -276,7 +288,6 @@ def probe_rewards(combo, prompts: Sequence[str], rows: Sequence[dict], *, lint: 
         report = lint_rewards(combo, prompts, rows, max_prompts=max_prompts, clip=clip)
         for line in report.lines()[2 + len(report.means):]:
             say(f"[reward lint] {line}")
-        report.raise_on_bug()
         return report
     except BaseException:
         combo.close()

@@ -14,7 +14,10 @@ TRL's. :class:`TrlStyle` wraps such a function into rlhfkit's convention, conver
 everything that calls reward functions (the workers, the probe, the lint, ``rlhfkit eval``) calls it unchanged. The
 per-call data TRL passes that rlhfkit's call does not carry (the prompt messages, the completion token ids, the
 trainer's step) arrives as one reserved keyword, :data:`EXTRA` (set by ``CombinedRewards``); without it (a probe,
-``rlhfkit eval``) the wrapper derives what it can: one user message per prompt, ``completion_ids`` absent.
+``rlhfkit eval``) the wrapper derives what it can: one user message per prompt, ``completion_ids`` absent. TRL's
+``log_metric(name, value)`` and ``log_extra(column, values)`` are given too: what a function logs comes back beside
+its scores (tagged :data:`LOGGED`), and the run logs the metric (the mean of the step's values, under ``name``) and
+adds the column to ``samples.jsonl``.
 
 ``async def`` functions (TRL accepts them) are run to completion with :func:`asyncio.run`.
 """
@@ -33,18 +36,19 @@ EXTRA = "_rlhfkit_trl"
 TRL_NAMES = ("completions", "completion_ids", "completions_ids", "trainer_state")
 
 
+#: the tag of what a TRL-style call returns when its function logged something (a tuple crosses the worker wire)
+LOGGED = "rlhfkit.trl_logs"
+
+
 @dataclass(frozen=True)
 class TrainerState:
-    """What TRL's ``trainer_state`` offers a reward function for curricula: the step reached and the run's length,
-    both counted in rollout steps here (TRL counts optimizer steps; the ratio is the same with one update per
-    rollout)."""
+    """What TRL's ``trainer_state`` offers a reward function for curricula, counted as TRL counts them: the optimizer
+    updates done before this rollout (``global_step``: 0 at the first), the run's updates (``max_steps``) and the
+    passes over the prompts so far (``epoch``)."""
 
     global_step: int
     max_steps: int | None = None
-
-    @property
-    def epoch(self) -> float | None:  # pragma: no cover - TRL's name, rarely read
-        return None
+    epoch: float | None = None
 
 
 def _params(fn: Callable) -> list[inspect.Parameter] | None:
@@ -148,12 +152,20 @@ class TrlStyle:
                 given["completions_ids"] = extra["completion_ids"]
         elif self._needs_ids:  # a probe or `rlhfkit eval` without token ids: no opinion rather than a TypeError
             return [None] * len(completions)
-        given["trainer_state"] = TrainerState(extra.get("step") or 0, extra.get("max_steps"))
+        state = extra.get("trainer_state")
+        given["trainer_state"] = TrainerState(*state) if state is not None else \
+            TrainerState(extra.get("step") or 0, extra.get("max_steps"))
+        metrics: dict[str, list[float]] = {}
+        columns: dict[str, list] = {}
+        given["log_metric"] = lambda name, value: metrics.setdefault(str(name), []).append(float(value))
+        given["log_extra"] = lambda column, values: columns.setdefault(str(column), []).extend(list(values))
         if self._accepts is not None:
             given = {k: v for k, v in given.items() if k in self._accepts}
         out = self._fn(**given)
         if inspect.iscoroutine(out):
             out = asyncio.run(out)
+        if metrics or columns:  # TRL's log_metric / log_extra: carried back beside the scores (functions.py)
+            return (LOGGED, out, metrics, columns)
         return out
 
 

@@ -134,7 +134,7 @@ class AutoEngine(Engine):
             self.engines[device] = ENGINES[name](tokenizer, **common, **kwargs)
         self.continuous = ContinuousEngine(tokenizer, **common, cache_tokens=cache_tokens)
 
-    def generate(self, model, prompt_ids, params, seed=None, on_rows=None):
+    def generate(self, model, prompt_ids, params, seed=None, on_rows=None, media=None, on_progress=None):
         """The whole rollout to the continuous engine when :func:`auto_choice` takes it (its slots are the rows
         at once), else :meth:`Engine.generate` over :meth:`_decode` (the static / hf engine, micro-batch by
         micro-batch)."""
@@ -145,8 +145,8 @@ class AutoEngine(Engine):
         if name == "continuous":
             self.say_once(f"[rollout] auto: continuous engine on {device}, rlhfkit's paged decoder for "
                           f"{architecture(bare)} ({why})")
-            return self.continuous.generate(model, prompt_ids, params, seed, on_rows)
-        return super().generate(model, prompt_ids, params, seed, on_rows)
+            return self.continuous.generate(model, prompt_ids, params, seed, on_rows, media=media)
+        return super().generate(model, prompt_ids, params, seed, on_rows, media=media, on_progress=on_progress)
 
     def pick(self, model) -> Engine:
         """The engine for this model's micro-batches when auto does not take the continuous engine (bare, or
@@ -174,11 +174,15 @@ class AutoEngine(Engine):
         self.say_once(line)
         return engine, kind
 
-    def _decode(self, model, ids, mask, params, seed):
+    def _decode(self, model, ids, mask, params, seed, media=None):
         engine, kind = self._pick(model)
-        if kind is not None:  # the static engine, on the path _pick chose
-            return engine.decode_path(kind, model, ids, mask, params, seed)
-        return engine._decode(model, ids, mask, params, seed)
+        engine.on_progress = self.on_progress  # the engine chosen reports the progress of this call
+        try:
+            if kind is not None:  # the static engine, on the path _pick chose
+                return engine.decode_path(kind, model, ids, mask, params, seed, media)
+            return engine._decode(model, ids, mask, params, seed, media=media)
+        finally:
+            engine.on_progress = None
 
     def _all(self) -> tuple[Engine, ...]:
         return (self.hf, *self.engines.values(), self.continuous)

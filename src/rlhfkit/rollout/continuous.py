@@ -55,6 +55,7 @@ from .engine import Engine, has_stop, register, stop_window
 from .paged import BlockPool, paged_forward
 from .sampling import SamplingParams, sample_tokens
 from .static import CudaGraphStep, StaticEngine, bucket_of
+from .vision import decoder_layout, media_prefill
 
 MAX_DEFAULT_SLOTS = 256
 _M64 = (1 << 64) - 1
@@ -94,15 +95,16 @@ def width_bucket(n: int, limit: int) -> int:
 
 
 def paged_step(w: Weights, caches: tuple[torch.Tensor, ...], tok: torch.Tensor, pos: torch.Tensor,
-               table: torch.Tensor, row: torch.Tensor, count: torch.Tensor, uniforms: torch.Tensor,
+               shift: torch.Tensor, table: torch.Tensor, row: torch.Tensor, count: torch.Tensor, uniforms: torch.Tensor,
                cos: torch.Tensor, sin: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
                top_p: torch.Tensor, banned: torch.Tensor, min_new: torch.Tensor, *, greedy: bool,
                filters: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step of n slots: ``(tokens [n], log-probs [n])``. Slot i feeds ``tok[i]`` at position ``pos[i]``
-    (its keys / values written there: running the step twice on the same inputs is harmless) and draws its response
+    (its keys / values written there: running the step twice on the same inputs is harmless; its rotary position
+    ``pos[i] + shift[i]``, M-RoPE's shift after a prompt's images) and draws its response
     token number ``count[i]`` with the number ``uniforms[row[i], count[i]]``; EOS (``banned``) is impossible while
     that number is below ``min_new``."""
-    logits = paged_forward(w, caches, tok[:, None], pos[:, None], table, torch.zeros_like(tok), cos, sin)
+    logits = paged_forward(w, caches, tok[:, None], pos[:, None], table, torch.zeros_like(tok), cos, sin, shift)
     ban = banned[None, :] & (count < min_new)[:, None]
     u = None if greedy else uniforms[row, count]
     return sample_tokens(logits, None, temperature=temperature, top_k=top_k, top_p=top_p, banned=ban,
@@ -130,6 +132,7 @@ class Prefill:
     group: int | None = None
     request: Request | None = None
     done: int = 0
+    shift: int = 0  # the rotary shift of its tokens (M-RoPE, after a prompt's images)
 
 
 @dataclass
@@ -138,14 +141,16 @@ class Group:
     pending: int  # members not yet admitted
     job: Prefill | None = None  # its prompt's prefill (blocks held while members may still come)
     logits: torch.Tensor | None = None  # [V] of the prompt's last position, once prefilled
+    media: object = None  # the prompt's images (a Media): prefilled through the model's forward (rollout/vision.py)
+    shift: int = 0  # the rotary shift of its decode (M-RoPE)
 
 
 class Scheduler:
     """One call of the continuous engine (see the module docstring): requests, slots, blocks, the loop."""
 
     def __init__(self, engine: ContinuousEngine, model, w: Weights, prompts: list[list[int]],
-                 params: SamplingParams, seed: int, device: torch.device):
-        self.e, self.w, self.params, self.device = engine, w, params, device
+                 params: SamplingParams, seed: int, device: torch.device, media: list | None = None):
+        self.e, self.w, self.params, self.device, self.model = engine, w, params, device, model
         self.R = R = params.max_new_tokens
         self.N = N = len(prompts)
         self.bs = bs = engine.block_size
@@ -176,6 +181,7 @@ class Scheduler:
         # slots: device state (what a step reads) and its host mirror
         z = dict(dtype=torch.long, device=device)
         self.tok, self.pos, self.count = torch.zeros(n, **z), torch.zeros(n, **z), torch.zeros(n, **z)
+        self.shift = torch.zeros(n, **z)
         self.row = torch.full((n,), N, **z)
         self.done = torch.ones(n, dtype=torch.bool, device=device)
         self.table = torch.zeros((n, self.max_blocks), **z)
@@ -197,10 +203,11 @@ class Scheduler:
         groups: dict[tuple, int] = {}
         order: list[Request] = []
         self.groups: list[Group] = []
-        for r, p in enumerate(prompts):
-            g = groups.setdefault(tuple(p), len(groups))
+        media = media or [None] * len(prompts)
+        for r, p in enumerate(prompts):  # a prompt with other images is another group
+            g = groups.setdefault((tuple(p), getattr(media[r], "key", None)), len(groups))
             if g == len(self.groups):
-                self.groups.append(Group(list(p), 0))
+                self.groups.append(Group(list(p), 0, media=media[r]))
             self.groups[g].pending += 1
             order.append(Request(r, list(p), g))
         arrival = engine.arrival(len(order)) if engine.arrival else None
@@ -299,7 +306,12 @@ class Scheduler:
                 blocks = self._reserve(self.pool.blocks_for(len(ids)), self._grow_room())
                 if blocks is None:
                     return
-                self.jobs.append(Prefill(ids, blocks, request=req))
+                job = Prefill(ids, blocks, request=req)
+                g = self.groups[req.group]
+                if g.media is not None:  # its prompt with its images first; its own tokens then, chunk by chunk
+                    self._media_prefill(g, blocks)
+                    job.done, job.shift = len(req.prompt), g.shift
+                self.jobs.append(job)
             else:
                 g = self.groups[req.group]
                 if g.logits is None and g.job is None:
@@ -307,13 +319,37 @@ class Scheduler:
                     if blocks is None:
                         return
                     g.job = Prefill(g.prompt, blocks, group=req.group)
-                    self.jobs.append(g.job)
+                    if g.media is not None:  # through the model's forward, whole (rollout/vision.py)
+                        g.logits = self._media_prefill(g, blocks)
+                    else:
+                        self.jobs.append(g.job)
                 g.pending -= 1
             self.queue.popleft()
             self.mode[i], self.req[i], self.age[i] = "wait", req, self.admitted
             self.admitted += 1
             if req.resume is None and self.groups[req.group].logits is not None:
                 self.start_group(req.group)
+            elif req.resume is not None and job.done == len(job.ids):  # nothing left after its prompt's prefill
+                self.jobs.remove(job)
+                self.start_resumed(job)
+
+    def _media_prefill(self, g: Group, blocks: list[int]) -> torch.Tensor:
+        """Prefill group ``g``'s prompt with its images into ``blocks`` (through a dense cache of one row: the model's
+        forward, ``rollout/vision.py``); sets its rotary shift, returns the logits [V] of its last position."""
+        P, bs = len(g.prompt), self.bs
+        dense = tuple(torch.zeros(1, self.w.kv_heads, P, self.w.head_dim, dtype=c.dtype, device=self.device)
+                      for c in self.pool.caches)
+        ids = torch.tensor([g.prompt], device=self.device)
+        logits, shift = media_prefill(self.model, decoder_layout(self.w, self.w.head.shape[0]), ids,
+                                      torch.ones_like(ids), [g.media], dense)
+        cols = torch.arange(P, device=self.device)
+        where = torch.tensor(blocks, device=self.device)[cols // bs]
+        for cache, rows in zip(self.pool.caches, dense):
+            cache[where, cols % bs] = rows[0].transpose(0, 1)
+        g.shift = int(shift[0])
+        self.counts["prefill_tokens"] += P
+        self.counts["prefill_forwards"] += 1
+        return logits[0]
 
     def grow(self, slots: list[int]) -> None:
         """Blocks for the next ``sync_every`` positions of each of ``slots`` (running), preempting the slot admitted
@@ -367,7 +403,7 @@ class Scheduler:
                                                                         if m == "free"]
         if order != list(range(self.n)):
             perm = torch.tensor(order, device=self.device)
-            for t in (self.tok, self.pos, self.count, self.row, self.done, self.table):
+            for t in (self.tok, self.pos, self.shift, self.count, self.row, self.done, self.table):
                 t.copy_(t[perm])
             for name in ("mode", "req", "blocks", "start", "start_step", "age"):
                 values = getattr(self, name)
@@ -398,9 +434,10 @@ class Scheduler:
             pos[j, :e - s] = torch.arange(s, e)
             table[j, :min(Wb, len(job.blocks))] = torch.tensor(job.blocks[:Wb])
         last = torch.tensor([e - s - 1 for _, s, e in segs])
+        shift = torch.tensor([job.shift for job, _, _ in segs])
         d = self.device
         logits = paged_forward(self.w, self.pool.caches, ids.to(d), pos.to(d), table.to(d), last.to(d),
-                               self.cos, self.sin)
+                               self.cos, self.sin, shift.to(d))
         self.counts["prefill_forwards"] += 1
         self.counts["prefill_tokens"] += sum(e - s for _, s, e in segs)
         for j, (job, _, e) in enumerate(segs):
@@ -444,7 +481,7 @@ class Scheduler:
                                       banned=ban, filters=self.params.filters, uniform=u)
             self.out_ids[rows, 0], self.out_lp[rows, 0] = first, lp
             done = torch.isin(first, self.eos) | (self.R <= 1)
-            self._run(slots, first, [P] * len(slots), [1] * len(slots), done)
+            self._run(slots, first, [P] * len(slots), [1] * len(slots), done, group.shift)
         if group.pending == 0 and group.job is not None:  # every member has its blocks: the group lets go
             self.pool.release(group.job.blocks)
             group.job, group.logits = None, None
@@ -454,13 +491,14 @@ class Scheduler:
         self.blocks[i] = job.blocks
         t = len(job.request.resume)
         tok = torch.tensor([job.request.resume[-1]], device=self.device)
-        self._run([i], tok, [len(job.ids)], [t], torch.zeros(1, dtype=torch.bool, device=self.device))
+        self._run([i], tok, [len(job.ids)], [t], torch.zeros(1, dtype=torch.bool, device=self.device), job.shift)
 
     def _run(self, slots: list[int], tok: torch.Tensor, pos: list[int], count: list[int],
-             done: torch.Tensor) -> None:
+             done: torch.Tensor, shift: int = 0) -> None:
         idx = torch.tensor(slots, device=self.device)
         self.tok[idx] = tok
         self.pos[idx] = torch.tensor(pos, device=self.device)
+        self.shift[idx] = shift
         self.count[idx] = torch.tensor(count, device=self.device)
         self.row[idx] = torch.tensor([self.req[i].row for i in slots], device=self.device)
         self.done[idx] = done
@@ -475,7 +513,8 @@ class Scheduler:
     # ── decode ───────────────────────────────────────────────────────────────────────────────────────────────
     def decode_step(self) -> None:
         nb, Wb = self.nb, self.width
-        args = (self.w, self.pool.caches, self.tok[:nb], self.pos[:nb], self.table[:nb, :Wb], self.row[:nb],
+        args = (self.w, self.pool.caches, self.tok[:nb], self.pos[:nb], self.shift[:nb], self.table[:nb, :Wb],
+                self.row[:nb],
                 self.count[:nb], self.uniforms if self.uniforms is not None else self.out_lp, self.cos, self.sin,
                 self.temperature, self.top_k, self.top_p, self.banned, self.min_new)
         flags = {"greedy": self.params.greedy, "filters": self.params.filters}
@@ -529,20 +568,21 @@ class ContinuousEngine(Engine):
         self.arrival = None  # tests: a function n -> the order requests enter the queue (default group-major)
         self.counts: dict = {}  # the last call's counts (decode steps, preemptions, ...), for benchmarks
 
-    def generate(self, model, prompt_ids, params, seed=None, on_rows=None):
-        """``Engine.generate``; ``on_rows(n)`` is told as requests finish (n at each check)."""
+    def generate(self, model, prompt_ids, params, seed=None, on_rows=None, media=None, on_progress=None):
+        """``Engine.generate``; ``on_rows(n)`` is told as requests finish (n at each check), which is this engine's
+        progress (``on_progress`` is not called: requests finish one by one)."""
         self.on_rows = on_rows
         try:
-            return super().generate(model, prompt_ids, params, seed)
+            return super().generate(model, prompt_ids, params, seed, media=media)
         finally:
             self.on_rows = None
 
-    def _decode(self, model, ids, mask, params, seed):
+    def _decode(self, model, ids, mask, params, seed, media=None):
         reason = coverage(model)
         if reason is not None:
             self.say_once(f"[rollout] continuous engine: {reason} is not covered by its paged decoder; generating "
                           "with the static engine")
-            out = self.fallback._decode(model, ids, mask, params, seed)
+            out = self.fallback._decode(model, ids, mask, params, seed, media=media)
             if self.on_rows is not None:
                 self.on_rows(len(ids))
             return out
@@ -550,7 +590,7 @@ class ContinuousEngine(Engine):
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         self.graphs = {}  # a call's step buffers are its own: its graphs are captured on them (see ``step``)
         with torch.autocast(ids.device.type, enabled=False):
-            sched = Scheduler(self, model, w, prompts, params, seed, ids.device)
+            sched = Scheduler(self, model, w, prompts, params, seed, ids.device, media)
             self._weights = tuple(t.data_ptr() for t in w.tensors())
             out = sched.run()
         self.counts = sched.counts

@@ -125,17 +125,29 @@ def causal_lm(model):
     return model.get_base_model() if hasattr(model, "peft_config") and hasattr(model, "get_base_model") else model
 
 
+# vision-language models whose text stack is a covered family's (their text decode is that family's arithmetic;
+# Gemma3ForConditionalGeneration is in DECODERS itself): the class -> the text family, by the text config's model_type
+VLM_TEXT = {"Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "Qwen2ForCausalLM"},
+            "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "Qwen2ForCausalLM"},
+            "LlavaForConditionalGeneration": {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                                              "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}}
+
+
 def architecture(model) -> str:
     """The class name of the causal LM (FSDP2's fully_shard swaps the class for a subclass named FSDP<name>: the
-    covered name among its bases, else its own)."""
+    covered name among its bases, else its own); for a vision-language model of :data:`VLM_TEXT`, its text stack's
+    family."""
     lm = causal_lm(model)
+    for c in type(lm).__mro__:
+        if c.__name__ in VLM_TEXT:
+            kind = getattr(lm.config.get_text_config(), "model_type", None)
+            return VLM_TEXT[c.__name__].get(kind, c.__name__)
     return next((c.__name__ for c in type(lm).__mro__ if c.__name__ in DECODERS), type(lm).__name__)
 
 
 def text_model(model):
     """The decoder stack (``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``) of the causal LM: ``lm.model``, or
-    its ``language_model`` in a multimodal wrapper (Gemma3ForConditionalGeneration, whose text-only forward is the
-    text model's)."""
+    its ``language_model`` in a multimodal wrapper (a VLM's text-only decode is its language model's)."""
     inner = causal_lm(model).model
     return getattr(inner, "language_model", inner)
 
@@ -379,23 +391,30 @@ def prefill(w: Weights, ids: torch.Tensor, mask: torch.Tensor, cache: tuple[torc
     return _prefill(w, ids, mask, cache, cos_tab, sin_tab)
 
 
-def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor,
+                  keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of ``ids`` / ``mask`` [B, P] that repeat (a GRPO group's prompt): ``(first [U], inverse [B])``, the
     index of one row of each distinct (ids, mask) pair and, per row, which of them it is (``ids[first][inverse]``
-    equals ``ids``). The static engine's prefill and the trainer's shared-prompt forward both run ``first`` only."""
+    equals ``ids``). The static engine's prefill and the trainer's shared-prompt forward both run ``first`` only.
+    ``keys`` [B] (long): a row's other inputs (its images: equal ids with other images are other prompts)."""
     B = ids.shape[0]
-    distinct, inverse = torch.unique(torch.cat([ids, mask.long()], 1), dim=0, return_inverse=True)
+    rows = [ids, mask.long()] + ([keys.to(ids.device).long()[:, None]] if keys is not None else [])
+    distinct, inverse = torch.unique(torch.cat(rows, 1), dim=0, return_inverse=True)
     first = torch.full((len(distinct),), B, dtype=torch.long, device=ids.device).scatter_reduce(
         0, inverse, torch.arange(B, device=ids.device), "amin")
     return first, inverse
 
 
-def prefill_masks(mask: torch.Tensor, windows) -> dict:
+def prefill_masks(mask: torch.Tensor, windows, blocks: torch.Tensor | None = None) -> dict:
     """window -> boolean mask [B, 1, P, P] of the prefill of left-padded prompts (``mask`` [B, P]): causal over the
-    real tokens, within the window (None: no window), every position attending at least to itself."""
+    real tokens, within the window (None: no window), every position attending at least to itself. ``blocks``
+    [B, P] (long, -1 outside): tokens of one block also attend to each other both ways (Gemma 3's image tokens),
+    within the window as transformers composes it: ``(causal | block) & window``."""
     P = mask.shape[1]
     cols = torch.arange(P, device=mask.device)
     causal = (cols[None, :] <= cols[:, None]) & mask.bool()[:, None, :]  # [B, P(query), P(key)]
+    if blocks is not None:
+        causal = causal | ((blocks[:, :, None] == blocks[:, None, :]) & (blocks >= 0)[:, :, None])
     eye = torch.eye(P, dtype=torch.bool, device=mask.device)
     return {window: ((causal if window is None else causal & (cols[None, :] > cols[:, None] - window)) | eye)
             .unsqueeze(1) for window in windows}

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
 from ..data.chat import encode_chat_prompts, stop_token_ids
 from ..errors import ConfigError, say
+from ..models.vision import image_token_ids
 from .lora import merged_lora
 from .sampling import SamplingParams
 from .types import Rollout
@@ -147,11 +149,14 @@ def finalize_responses(
     pad_token_id: int,
     stop_strings: Sequence[str] | None = None,
     tokenizer=None,
+    cut_ids: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Cut raw generated ids [B, R] at each row's end -> ``(ids, mask, ended, lengths)``.
 
     A row ends at its first EOS (kept, mask 1) or at the token completing a stop string before it (kept, mask 1);
     positions after the end get the pad id and mask 0. A row with neither is cut by the length limit (ended False).
+    ``cut_ids``: tokens a response may not hold (a VLM's image tokens: a forward would take them for an image's):
+    a row that sampled one is cut before it, as if cut by the length limit (ended False).
     """
     B, R = response_ids.shape
     device = response_ids.device
@@ -171,6 +176,11 @@ def finalize_responses(
             if cut is not None:
                 length[b] = cut
                 ended[b] = True
+    if cut_ids:
+        bad = torch.isin(response_ids, torch.as_tensor(list(cut_ids), dtype=response_ids.dtype, device=device))
+        first_bad = torch.where(bad.any(-1), bad.to(torch.long).argmax(-1), torch.full_like(length, R))
+        ended = ended & (length <= first_bad)
+        length = torch.minimum(length, first_bad)
     mask = torch.arange(R, device=device).unsqueeze(0) < length.unsqueeze(-1)
     ids = response_ids.masked_fill(~mask, pad_token_id)
     return ids, mask.to(torch.long), ended, length.to(torch.long)
@@ -178,13 +188,13 @@ def finalize_responses(
 
 def finish_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, raw_ids: torch.Tensor,
                    raw_logprobs: torch.Tensor, *, eos_token_ids: Sequence[int], pad_token_id: int,
-                   stop_strings: Sequence[str] = (), tokenizer=None) -> Rollout:
+                   stop_strings: Sequence[str] = (), tokenizer=None, cut_ids: Sequence[int] = ()) -> Rollout:
     """The steps every engine shares, on one micro-batch: raw ids [B, R] cut at each row's first EOS / stop string
-    (:func:`finalize_responses`), right-padded with the pad id, masks and lengths, and the sampling log-probs
-    [B, R] set to 0 after the end."""
+    (:func:`finalize_responses`; before a token of ``cut_ids``), right-padded with the pad id, masks and lengths,
+    and the sampling log-probs [B, R] set to 0 after the end."""
     r_ids, r_mask, ended, lengths = finalize_responses(raw_ids, eos_token_ids=eos_token_ids,
                                                        pad_token_id=pad_token_id, stop_strings=stop_strings,
-                                                       tokenizer=tokenizer)
+                                                       tokenizer=tokenizer, cut_ids=cut_ids)
     logprobs = torch.where(r_mask.bool(), raw_logprobs.float(), torch.zeros((), device=raw_logprobs.device))
     return Rollout(prompt_ids, prompt_mask, r_ids, r_mask, ended, lengths, logprobs=logprobs)
 
@@ -243,20 +253,35 @@ class Engine:
         return out
 
     def generate(self, model, prompt_ids: Sequence[Sequence[int]], params: SamplingParams,
-                 seed: int | None = None, on_rows: Callable[[int], None] | None = None) -> Rollout:
+                 seed: int | None = None, on_rows: Callable[[int], None] | None = None,
+                 media: Sequence | None = None,
+                 on_progress: Callable[[int, int, int | None], None] | None = None) -> Rollout:
         """One response per prompt (prompts: unpadded id lists) as a cut, masked :class:`Rollout`.
 
         ``seed`` makes sampling reproducible without touching the global RNG (None: a seed drawn from it); greedy
         decoding needs none. ``on_rows(n)`` is called after each micro-batch with its number of rows (a progress
-        display counts them). The model is put in eval mode and each submodule's training flag restored after;
-        a PEFT LoRA adapter is merged into the weights for the call and the weights restored bit for bit after.
+        display counts them); ``on_progress(t, max_new_tokens, ended)`` during a micro-batch's decoding, at the
+        engine's own host checks (no extra device sync): the tokens drawn so far and the rows already ended (None
+        when the engine does not know without a sync). The model is put in eval mode and each submodule's training
+        flag restored after; a PEFT LoRA adapter is merged into the weights for the call and the weights restored
+        bit for bit after. ``media``: a vision-language model's prompt images, one
+        :class:`~rlhfkit.data.media.Media` (or None) per prompt, handed to ``_decode`` as its ``media`` keyword (an
+        engine without it refuses images); a response is cut before an image token it samples
+        (:func:`finalize_responses`).
         """
+        self.on_progress = on_progress
         if not prompt_ids:
             raise ValueError("generate() got no prompts")
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("generate() got an empty prompt; every prompt needs at least one token")
         outer = strip_parallel_wrappers(model)
         device = model_device(outer)
+        if media is not None and not any(m is not None for m in media):
+            media = None
+        if media is not None and "media" not in inspect.signature(self._decode).parameters:
+            raise ConfigError(f"rollout engine {self.name!r} takes no images", where="generation.engine",
+                              fix="use generation.engine=auto, static, continuous or hf with a vision-language model")
+        cut = image_token_ids(outer)
         if seed is None and not params.greedy:
             seed = int(torch.randint(0, 2**62, (1,)).item())
         seeds = torch.Generator().manual_seed(seed or 0)
@@ -267,13 +292,22 @@ class Engine:
                 ids, mask = left_pad(prompt_ids[start: start + step], self.pad_token_id)
                 ids, mask = ids.to(device), mask.to(device)
                 chunk_seed = int(torch.randint(0, 2**62, (1,), generator=seeds).item())
-                raw_ids, raw_lp = self._decode(outer, ids, mask, params, chunk_seed)
+                extra = {} if media is None else {"media": list(media[start: start + step])}
+                raw_ids, raw_lp = self._decode(outer, ids, mask, params, chunk_seed, **extra)
                 parts.append(finish_rollout(ids, mask, raw_ids, raw_lp, eos_token_ids=self.eos_token_ids,
                                             pad_token_id=self.pad_token_id, stop_strings=self.stop_strings,
-                                            tokenizer=self.tokenizer))
+                                            tokenizer=self.tokenizer, cut_ids=cut))
                 if on_rows is not None:
                     on_rows(len(ids))
+        self.on_progress = None
         return drop_padding_columns(Rollout.concat(parts, self.pad_token_id))
+
+    on_progress: Callable[[int, int, int | None], None] | None = None  # generate()'s, while it runs
+
+    def tell_progress(self, t: int, max_new: int, ended: int | None) -> None:
+        """An engine's decode loop reports where it is (``generate``'s ``on_progress``), at its own host checks."""
+        if self.on_progress is not None:
+            self.on_progress(t, max_new, ended)
 
     def _decode(self, model, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
                 seed: int) -> tuple[torch.Tensor, torch.Tensor]:

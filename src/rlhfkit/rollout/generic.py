@@ -60,11 +60,12 @@ class _Call:
     shapes: list = field(default_factory=list)  # probe: (key shape, value shape) per layer, [Hkv, D]
     dtype: torch.dtype | None = None  # probe: the keys' dtype (the cache's)
     masks: dict = field(default_factory=dict)  # window -> the mask, built once per forward
+    blocks: torch.Tensor | None = None  # prefill: [B, P] tokens attending to each other both ways (Gemma 3's images)
 
     def allowed(self, window: int | None) -> torch.Tensor:
         if window not in self.masks:
             self.masks[window] = (decode_masks(self.valid, self.col, self.p0, [window]) if self.mode == "decode"
-                                  else prefill_masks(self.mask, [window]))[window]
+                                  else prefill_masks(self.mask, [window], self.blocks))[window]
         return self.masks[window]
 
 
@@ -175,9 +176,10 @@ class Modules:
         """Every parameter and buffer (a CUDA graph reads them at their addresses)."""
         return [*self.lm.parameters(), *self.lm.buffers()]
 
-    def logits(self, call: _Call, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The float32 logits [B, V] of the last position of ``ids`` [B, T] at RoPE ``positions`` [B, T]."""
-        kwargs = {"logits_to_keep": 1} if self.logits_to_keep else {}
+    def logits(self, call: _Call, ids: torch.Tensor, positions: torch.Tensor, **extra) -> torch.Tensor:
+        """The float32 logits [B, V] of the last position of ``ids`` [B, T] at RoPE ``positions`` [B, T] (M-RoPE:
+        [3, B, T]); ``extra``: more inputs of the forward (a VLM's image features, ``models.vision``)."""
+        kwargs = {"logits_to_keep": 1, **extra} if self.logits_to_keep else extra
         _ACTIVE.append(call)
         saved = [(c, c._attn_implementation_internal) for c in self.configs]
         try:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 
+from ..models.vision import generate_inputs
 from .engine import Engine, register, seeded
 from .sampling import SamplingParams
 
@@ -126,19 +127,38 @@ class HFEngine(Engine):
                 kwargs["disable_compile"] = True
         return GenerationConfig(**kwargs)
 
-    def _decode(self, model, ids, mask, params, seed):
+    def _decode(self, model, ids, mask, params, seed, media=None):
         from transformers import StoppingCriteriaList
 
         criteria = StoppingCriteriaList()
         if self.stop_strings:
             criteria.append(_stop_criterion(self.stop_strings, self.tokenizer, ids.shape[1]))
+        if self.on_progress is not None:
+            criteria.append(_ProgressReport(self, ids.shape[1], params.max_new_tokens))
         processors, recorder = _sampling_processors(params)
         graphs_before = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
+        images = {} if media is None else generate_inputs(model, ids, media)  # pixels: generate runs the tower
         with seeded(None if params.greedy else seed, ids.device):
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=self.generation_config(params),
-                                 stopping_criteria=criteria, logits_processor=processors)
+                                 stopping_criteria=criteria, logits_processor=processors, **images)
         if counters["stats"]["unique_graphs"] > graphs_before:  # torch.compile made a graph during this call
             self.compile_seconds += time.perf_counter() - t0  # (the call's generation is counted with it)
         raw = out[:, ids.shape[1]:]
         return raw, recorder.finish(raw)
+
+
+class _ProgressReport:
+    """A stopping criterion that never stops: it tells the engine's ``on_progress`` how many tokens were drawn, every
+    8 (the ids' width: no device sync; the rows ended are not known without one)."""
+
+    def __init__(self, engine, prompt_len: int, max_new: int, every: int = 8):
+        self.engine, self.prompt_len, self.max_new, self.every = engine, prompt_len, max_new, every
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        t = input_ids.shape[1] - self.prompt_len
+        if t % self.every == 0:
+            self.engine.tell_progress(t, self.max_new, None)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)

@@ -81,7 +81,7 @@ class BlockPool:
 
 def paged_forward(w: Weights, caches: tuple[torch.Tensor, ...], ids: torch.Tensor, pos: torch.Tensor,
                   table: torch.Tensor, last: torch.Tensor, cos_tab: torch.Tensor,
-                  sin_tab: torch.Tensor) -> torch.Tensor:
+                  sin_tab: torch.Tensor, shift: torch.Tensor | None = None) -> torch.Tensor:
     """Rows of tokens through the decoder over a paged cache -> the logits [n, V] (float32) at column ``last[i]`` of
     row i.
 
@@ -90,7 +90,8 @@ def paged_forward(w: Weights, caches: tuple[torch.Tensor, ...], ids: torch.Tenso
     values of every real token are written first, then each token attends to its sequence's positions 0..pos
     (read from the row's blocks, the current chunk included). A position whose block index is past the table
     writes to the scratch block. Every shape is fixed by the arguments, so a decode step (C = 1, fixed n and Wb)
-    can be captured as a CUDA graph."""
+    can be captured as a CUDA graph. ``shift`` [n]: each row's rotary shift (the rotary position is ``pos + shift``:
+    M-RoPE after a prompt's images, ``rollout/vision.py``; None: 0)."""
     n, C = ids.shape
     Wb = table.shape[1]
     bs = caches[0].shape[1]
@@ -101,7 +102,8 @@ def paged_forward(w: Weights, caches: tuple[torch.Tensor, ...], ids: torch.Tenso
     block = torch.where(real & (index < Wb), table.gather(1, index.clamp(max=Wb - 1)),
                         torch.full_like(index, SCRATCH))
     offset = p % bs
-    cos, sin = _tables(cos_tab, p)[:, :, None], _tables(sin_tab, p)[:, :, None]  # [K, n, 1, C, D]: K RoPE tables
+    rot = p if shift is None else (p + shift[:, None]).clamp(min=0)
+    cos, sin = _tables(cos_tab, rot)[:, :, None], _tables(sin_tab, rot)[:, :, None]  # [K, n, 1, C, D]: K RoPE tables
     rep = w.heads // w.kv_heads
     keys_at = torch.arange(W, device=ids.device)[None, None, :]
     allowed = {}  # window -> [n, 1, rep * C, W]: the query heads grouped per key / value head

@@ -51,6 +51,7 @@ from .generic import Layout, Modules, NotCovered, allocate_cache, check_model, m
 from .generic import coverage as generic_coverage
 from .hf import HFEngine
 from .sampling import SamplingParams, gumbel_noise, sample_next, sample_tokens
+from .vision import decoder_layout, media_prefill
 
 
 def decode_step(w: Weights, cache: tuple[torch.Tensor, ...], tok: torch.Tensor, pos: torch.Tensor, col: torch.Tensor,
@@ -146,13 +147,17 @@ class Slots:
         self.p0.fill_(P)
         self.col.fill_(P)
 
-    def start(self, first: torch.Tensor, mask: torch.Tensor, eos: torch.Tensor) -> None:
-        """Rows 0..B-1 in slots 0..B-1 after the prefill (``first``: their first response token); the rest filler."""
+    def start(self, first: torch.Tensor, mask: torch.Tensor, eos: torch.Tensor,
+              shift: torch.Tensor | None = None) -> None:
+        """Rows 0..B-1 in slots 0..B-1 after the prefill (``first``: their first response token; ``shift``: each
+        row's rotary shift, M-RoPE's, ``rollout/vision.py``); the rest filler."""
         B, P = mask.shape
         self.tok.fill_(0)
         self.tok[:B] = first
         self.pos.zero_()
         self.pos[:B] = mask.sum(-1)  # the first response token sits at position len(prompt)
+        if shift is not None:
+            self.pos[:B] += shift
         self.valid.zero_()
         self.valid[:B, :P] = mask.bool()
         self.done.fill_(True)
@@ -303,22 +308,23 @@ class StaticEngine(Engine):
         self.fallback.release()
 
     # ── the call ─────────────────────────────────────────────────────────────────────────────────────────────
-    def _decode(self, model, ids, mask, params, seed):
+    def _decode(self, model, ids, mask, params, seed, media=None):
         kind, why = self.path_of(model)
         if kind == "hf":
             self.say_once(f"[rollout] static engine: {why}; generating with hf")
-            return self.fallback._decode(model, ids, mask, params, seed)
+            return self.fallback._decode(model, ids, mask, params, seed, media=media)
         if kind == "modules":
             self.say_once(f"[rollout] static engine: {why}; decoding with the model's own modules over rlhfkit's "
                           "cache" + (" (compile applies to the decoder only)" if self.compile else ""))
-        return self.decode_path(kind, model, ids, mask, params, seed)
+        return self.decode_path(kind, model, ids, mask, params, seed, media)
 
     def decode_covered(self, model, ids, mask, params, seed):
         """``_decode`` of a model :func:`~.decoder.coverage` accepted (rlhfkit's decoder)."""
         return self.decode_path("decoder", model, ids, mask, params, seed)
 
-    def decode_path(self, kind: str, model, ids, mask, params, seed):
-        """``_decode`` on the path ``kind`` (``decoder`` or ``modules``) :meth:`path_of` chose."""
+    def decode_path(self, kind: str, model, ids, mask, params, seed, media=None):
+        """``_decode`` on the path ``kind`` (``decoder`` or ``modules``) :meth:`path_of` chose; prompts with
+        images (``media``) are prefilled through the model's own forward (``rollout/vision.py``)."""
         path = Path.decoder(model) if kind == "decoder" else Path.modules(model, self._modules(model))
         device, dtype = ids.device, path.dtype
         B, P = ids.shape
@@ -333,20 +339,26 @@ class StaticEngine(Engine):
             cos, sin = path.tables(model, S, device)
             slots = self._slots_for(path, bucket_of(B), S, device, dtype, tuple(cos.shape))
             slots.set_call(params, self.eos_token_ids, cos, sin, P)
-            # 1. prefill and the first token
-            logits = path.prefill(path.arg, ids, mask, slots.cache, cos, sin)
+            # 1. prefill (the vision encoder first, for prompts with images) and the first token
+            shift = None
+            if media is not None:
+                layout = decoder_layout(path.arg, path.arg.head.shape[0]) if kind == "decoder" else path.arg.layout
+                logits, shift = media_prefill(model, layout, ids, mask, media, slots.cache)
+            else:
+                logits = path.prefill(path.arg, ids, mask, slots.cache, cos, sin)
             noise = None if params.greedy else gumbel_noise((B, logits.shape[-1]), gen, device)
             first, lp = sample_tokens(logits, noise, temperature=slots.temperature, top_k=slots.top_k,
                                       top_p=slots.top_p, banned=slots.banned if params.min_new_tokens > 0 else None,
                                       filters=params.filters)
             out_ids[0, :B], out_lp[0, :B] = first, lp
             eos = torch.tensor(self.eos_token_ids, device=device)
-            slots.start(first, mask, eos)
+            slots.start(first, mask, eos, shift)
             # 2. one step per token; the host looks at the ended rows every sync_every tokens
             end = R
             for t in range(1, R):  # token t is drawn from the step fed with token t - 1
                 if (t - 1) % self.sync_every == 0:
                     slots = self._sync(path, slots, out_ids, t, B, S, device, dtype)
+                    self.tell_progress(t, R, B - self._live)  # the check just read which rows ended
                     if slots is None:
                         end = t
                         break
@@ -376,6 +388,7 @@ class StaticEngine(Engine):
                     done[slot] = True
             slots.done.copy_(done)
         live = ((rows < B) & ~done).nonzero().flatten()
+        self._live = len(live)  # (the progress display's rows ended: B - live)
         if len(live) == 0:
             return None
         b = bucket_of(len(live))

@@ -1,4 +1,5 @@
-"""Built-in offline tasks: deterministic data generators with a gold metric a program computes."""
+"""Built-in offline tasks: deterministic data generators with a gold metric a program computes (``shapes``: a
+visual one, for vision-language models: its files name the pictures it writes beside them)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from .arithmetic import TASK as ARITHMETIC
 from .base import EVAL_SEED_OFFSET, DataFile
 from .calculator import TASK as CALCULATOR
 from .quickstart import TASK as QUICKSTART
+from .shapes import TASK as SHAPES
 
-TASKS = {"quickstart": QUICKSTART, "calculator": CALCULATOR, "arithmetic": ARITHMETIC}
+TASKS = {"quickstart": QUICKSTART, "calculator": CALCULATOR, "arithmetic": ARITHMETIC, "shapes": SHAPES}
 
 
 def get_task(name: str):
@@ -35,7 +37,8 @@ def make_task_data(name: str, out_dir: str | Path, n: int = 2000, n_eval: int = 
     for fname, spec in task.FILES.items():
         count, file_seed = (n_eval, seed + EVAL_SEED_OFFSET) if spec.held_out else (n, seed)
         written[fname] = out / fname
-        write_jsonl(written[fname], getattr(task, spec.method)(count, seed=file_seed))
+        files_too = {"out": out} if getattr(task, "writes_files", False) else {}  # e.g. its images
+        write_jsonl(written[fname], getattr(task, spec.method)(count, seed=file_seed, **files_too))
     return written
 
 

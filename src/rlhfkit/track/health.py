@@ -559,7 +559,8 @@ class HealthMonitor(StagedFile):
                  max_response_len: int | None = None, length_frac: float = 0.85, hack_drop: float = 0.25,
                  tied_frac: float = 0.8, tied_steps: int = 10, vocab_size: int | None = None, kl_warn: float = 10.0,
                  loss_rise: float = 2.0, loss_rise_floor: float = 0.5, uniform_tol: float = 0.05,
-                 grad_factor: float = 10.0, grad_floor: float = 1.0, clipped_frac: float = 0.5, lr_max: float = 1.0):
+                 grad_factor: float = 10.0, grad_floor: float = 1.0, clipped_frac: float = 0.5, lr_max: float = 1.0,
+                 rename: Callable[[str], str] | None = None):
         self.window, self.repeat_every, self.batch_size = window, repeat_every, batch_size
         self.kl_max, self.kl_token_max, self.kl_factor, self.kl_floor = kl_max, kl_token_max, kl_factor, kl_floor
         self.kl_token_warn, self.length_growth = kl_token_warn, length_growth
@@ -570,6 +571,7 @@ class HealthMonitor(StagedFile):
         self.loss_rise, self.loss_rise_floor, self.grad_factor, self.grad_floor = (loss_rise, loss_rise_floor,
                                                                                    grad_factor, grad_floor)
         self.stop_on_critical, self.lr_max = stop_on_critical, lr_max
+        self.rename = rename  # a message's metric names as the run writes them (TRL's: rlhfkit.track.names)
         self.history: dict[str, list[float]] = {k: [] for k in (*TRACKED, "entropy/token", "scores/at_eval")}
         self._last_warned: dict[str, int] = {}
         self._writer: JsonlWriter | None = None
@@ -589,6 +591,7 @@ class HealthMonitor(StagedFile):
             last = self._last_warned.get(name)
             if message and (last is None or step - last >= self.repeat_every):
                 self._last_warned[name] = step
+                message = self.rename(message) if self.rename is not None else message
                 out.append(HealthWarning(int(step), name, rule.severity, rule.knob, _SPACE.sub(" ", message)))
         if "eval/scores" in m and math.isfinite(m["eval/scores"]):  # the training reward when each eval was taken
             train = _recent_score(m, self.history, self.window)

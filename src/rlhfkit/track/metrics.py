@@ -26,8 +26,31 @@ _RESERVED = ("step", "time")
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """Every record of ``run_dir/metrics.jsonl`` in file order (NaN / inf restored as floats; [] if none)."""
+    """Every record of ``run_dir/metrics.jsonl`` in file order (NaN / inf restored as floats; [] if none), under the
+    names the run wrote (TRL's for the recipes TRL has: :mod:`rlhfkit.track.names`)."""
     return read_jsonl(Path(run_dir) / "metrics.jsonl")
+
+
+def run_recipe_of(run_dir: str | Path) -> str | None:
+    """The recipe of the run in ``run_dir`` (its ``config.yaml``'s ``recipe:`` line), None when unknown."""
+    import re
+
+    try:
+        with open(Path(run_dir) / "config.yaml", encoding="utf-8", errors="replace") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    m = re.search(r"^recipe: *([\w-]+)", head, re.M)
+    return m.group(1) if m else None
+
+
+def read_run_metrics(run_dir: str | Path, recipe: str | None = None) -> list[dict]:
+    """:func:`read_metrics` under rlhfkit's names (:func:`rlhfkit.track.names.internal`, the recipe read from the
+    run's ``config.yaml`` unless given): what the report and the closing line read."""
+    from .names import internal
+
+    recipe = recipe or run_recipe_of(run_dir)
+    return [internal(recipe, row) for row in read_metrics(run_dir)]
 
 
 def _config_dict(config: Any) -> dict | None:
@@ -53,6 +76,7 @@ class MetricsSink(StagedFile):
         resume_step: int | None = None,
         staged: bool = False,
         on_first_line: Callable[[], None] | None = None,
+        wandb_rename: Callable[[Mapping], dict] | None = None,
     ):
         if is_main:  # unknown name or missing package: one line, before anything is written
             check_backends(backends)
@@ -62,6 +86,7 @@ class MetricsSink(StagedFile):
         self._tb = None
         self._wandb = None
         self._others: AccelerateTrackers | None = None
+        self._wandb_rename = wandb_rename  # TRL's recipes: transformers' train/ and eval/ prefixes (track/names.py)
         if not is_main:
             return
         files.make_dirs(self.run_dir)
@@ -93,7 +118,7 @@ class MetricsSink(StagedFile):
             for key, value in scalars.items():
                 self._tb.add_scalar(key, value, global_step=step)
         if self._wandb is not None:
-            self._wandb.log(scalars, step=step)
+            self._wandb.log(self._wandb_rename(scalars) if self._wandb_rename else scalars, step=step)
         if self._others is not None:
             self._others.log(scalars, step)
 

@@ -16,6 +16,7 @@ once others exist (compile, warm-up, the first evaluation), and the step in prog
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,7 @@ from rich.text import Text
 
 from .console import format_number, get_console
 from .health import read_warnings
-from .metrics import read_metrics
+from .metrics import read_metrics, read_run_metrics
 
 # short names of the metrics the bars show (TRL names are long); anything else: its last part, eval_ for eval/
 SHORT_NAMES = {
@@ -77,12 +78,18 @@ class Phases(Protocol):
 
     def advance(self, n: int = 1) -> None: ...
 
+    def detail(self, text: str) -> None:
+        """A word on where the phase is inside its current unit (``3 ended, token 64/512``)."""
+
 
 class _NoPhases:
     def phase(self, name: str, total: int | None = None, unit: str = "") -> None:
         pass
 
     def advance(self, n: int = 1) -> None:
+        pass
+
+    def detail(self, text: str) -> None:
         pass
 
 
@@ -105,8 +112,10 @@ class EtaEstimator:
 
     Pure bookkeeping on a clock passed in each call (tested on synthetic timings)."""
 
-    def __init__(self, total: int, initial: int = 0, start: float = 0.0, window: int = 4):
+    def __init__(self, total: int, initial: int = 0, start: float = 0.0, window: int = 4,
+                 earlier: float | None = None):
         self.total, self.n, self.window = total, initial, window
+        self.earlier = earlier  # seconds per unit before a resume (metrics.jsonl), until this process has its own
         self.ends = [start]  # when each unit this process did ended (ends[0]: the start)
         self.sizes: list[int] = []  # units counted by each end (update(n))
         self.phases: list[dict[str, float]] = []  # seconds per phase, per unit done
@@ -142,6 +151,9 @@ class EtaEstimator:
         """Seconds per unit over the recent units (None before the first ended). At ``now``, a unit in progress that
         already took longer than that counts as one more unit of at least its time so far, so a slow step raises
         the estimate while it runs."""
+        if len(self.sizes) < 2 and self.earlier is not None:  # a resumed run: the earlier units' pace, not "?"
+            running = None if now is None else now - self.ends[-1]
+            return max(self.earlier, running) if running is not None else self.earlier
         if not self.sizes:
             return None
         r = self._recent()
@@ -219,6 +231,7 @@ class Progress:
         key_metrics: int = 3,
         tick_s: float = 1.0,
         refresh_per_second: float = 4,
+        earlier: float | None = None,
     ):
         self.total, self.desc, self.unit = total, desc, unit
         self._show_all = show is None
@@ -238,8 +251,9 @@ class Progress:
         self._closed = False
         self._phase: tuple[str, int | None, str] | None = None  # (name, total, unit)
         self._phase_n = 0
+        self._detail = ""  # inside the phase's current unit (Phases.detail)
         self._tick_s, self._refresh = tick_s, refresh_per_second
-        self._eta = EtaEstimator(total, initial, self._start)
+        self._eta = EtaEstimator(total, initial, self._start, earlier=earlier)
         self._lock = threading.Lock()  # the ticker thread and the loop both print lines
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -268,9 +282,10 @@ class Progress:
         if self._phase is None:
             return ""
         name, total, unit = self._phase
+        detail = f" ({self._detail})" if self._detail else ""
         if total is None:
-            return name
-        return f"{name} {min(self._phase_n, total)}/{total}" + (f" {unit}" if unit else "")
+            return name + detail
+        return f"{name} {min(self._phase_n, total)}/{total}" + (f" {unit}" if unit else "") + detail
 
     def _stats(self) -> str:
         phase = self.phase_text()
@@ -333,11 +348,17 @@ class Progress:
     # -- phases (see Phases) ---------------------------------------------------------------------------------
     def phase(self, name: str, total: int | None = None, unit: str = "") -> None:
         """Enter phase ``name`` (with ``total`` units of its own, counted by :meth:`advance`)."""
-        self._phase, self._phase_n = (name, total, unit), 0
+        self._phase, self._phase_n, self._detail = (name, total, unit), 0, ""
         self._eta.phase(name, self._clock())
 
     def advance(self, n: int = 1) -> None:
         self._phase_n += n
+        self._detail = ""
+
+    def detail(self, text: str) -> None:
+        """Where the phase is inside its current unit (a rollout's tokens: ``3 ended, token 64/512``), shown beside
+        the phase's count until it advances."""
+        self._detail = text
 
     # -- updating ------------------------------------------------------------------------------------------
     def update(self, n: int = 1, metrics: Mapping[str, Any] | None = None) -> None:
@@ -415,6 +436,17 @@ class Progress:
         self.close()
 
 
+def earlier_pace(run_dir: str | Path, updates_per_unit: int = 1, last: int = 16) -> float | None:
+    """Seconds per unit (``updates_per_unit`` optimizer updates) of the run in ``run_dir`` before it was stopped,
+    from its ``metrics.jsonl`` (each line's time and step; the median of the last ``last`` intervals, so that an
+    evaluation or a save does not count): the ETA of a resumed run from its first step. None without two lines."""
+    rows = [r for r in read_metrics(run_dir)
+            if isinstance(r.get("time"), (int, float)) and isinstance(r.get("step"), int)]
+    paces = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])
+             if b["step"] > a["step"] > 0 and b["time"] >= a["time"]][-last:]
+    return statistics.median(paces) * updates_per_unit if paces else None
+
+
 def run_summary_line(name: str, run_dir: str | Path, seconds: float | None = None, max_metrics: int = 4,
                      since: float | None = None) -> str:
     """The one line a run ends with: its key metrics from start to end, its health warnings, and the report (or the
@@ -426,7 +458,7 @@ def run_summary_line(name: str, run_dir: str | Path, seconds: float | None = Non
     last: dict[str, Any] = {}
     count: dict[str, int] = {}
     moved: set[str] = set()  # metrics not 0 at every step (score 0 -> 0 in a run without a reward says nothing)
-    for row in read_metrics(run_dir):
+    for row in read_run_metrics(run_dir):  # rlhfkit's names: KEY_METRICS, short_name
         for k, v in row.items():
             if k in ("step", "time") or isinstance(v, bool) or not isinstance(v, (int, float)) \
                     or not math.isfinite(v):

@@ -85,11 +85,17 @@ class SampleLogger(StagedFile):
             self.sink.log_table("samples", keys, [[row[k] for k in keys] for row in rows], step)
         if self.max_rows > 0 and rows:
             console = self.console or get_console()
-            if console.is_terminal:
+            if console.is_terminal and console.width >= self.min_table_width(rows):
                 console.print(self._table(step, rows[: self.max_rows], len(rows)))
             else:
                 for line in self._lines(step, rows[: self.max_rows], len(rows)):
                     console.print(Text(line), soft_wrap=True)
+
+    def min_table_width(self, rows: list[dict]) -> int:
+        """The narrowest terminal the table is drawn on: the texts' columns 16 characters each, the others their
+        header's (at most 12), padding and rule; a narrower one gets the plain lines (they fold at any width)."""
+        keys = self._keys(rows)
+        return sum(16 if k in ("prompt", "response") else min(len(k), 12) for k in keys) + 3 * len(keys) + 2
 
     def _keys(self, rows: list[dict]) -> list[str]:
         return [k for k in rows[0] if k != "step" and not (k == "score" and rows[0][k] is None)]
@@ -100,9 +106,15 @@ class SampleLogger(StagedFile):
 
     def _table(self, step: int, rows: list[dict], n_total: int) -> Table:
         keys = self._keys(rows)
-        table = Table(title=self._title(step, len(rows), n_total), box=box.SIMPLE_HEAD, padding=(0, 1))
+        # every column at least its header's width (a header never breaks mid-word), the texts sharing the rest; the
+        # head's rule is the table's own width, in ASCII where the terminal cannot draw box characters (safe_box)
+        table = Table(title=self._title(step, len(rows), n_total), box=box.SIMPLE_HEAD, padding=(0, 1),
+                      safe_box=True, title_justify="left")
         for key in keys:
-            table.add_column(key, overflow="fold", justify="right" if key == "score" else "left")
+            text = key in ("prompt", "response")
+            table.add_column(key, overflow="fold", justify="right" if key == "score" else "left",
+                             min_width=min(len(key), 12), ratio=2 if key == "response" else 1 if text else None,
+                             no_wrap=key == "score")
         for row in rows:  # Text(...) so brackets in model output are never read as rich markup
             table.add_row(*(Text(shorten(_one_line(_cell(row[k])), self.max_chars)) for k in keys))
         return table

@@ -30,12 +30,15 @@ NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpoi
                      "train.eval_batch_size", "train.max_nonfinite_skips", "train.epochs", "train.max_steps",
                      "algo.total_episodes", "distributed.timeout_s",
                      "algo.async.reference",  # where the reference's log-probs are taken, not what they are
+                     "train.device",  # where it runs
                      "defaults")  # which defaults the values came from: the values themselves are fingerprinted
 #: the run length: a finished run rerun with the same length is finished; with another, it resumes
 LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
 #: keys added since a checkpoint may have been written, with the value that gives the behaviour of before: a
 #: fingerprint without one is read with it (a run of before resumes, unless the new run sets another value)
 ADDED_KEYS = {"algo.async.max_staleness": 0, "algo.async.producers": 1, "algo.objective": "policy"}
+#: the same for keys every recipe has (issue 40: TRL's semantics as settings)
+ADDED_KEYS_ALL = {"optim.warmup_from_zero": False, "data.plain_text": "template", "train.drop_last": True}
 #: values renamed since: key -> {old value: today's value that means the same}
 RENAMED_VALUES = {"algo.off_policy.correction": {"none": "auto"}}  # without async, auto is none
 #: keys renamed since a checkpoint may have been written: old key -> today's, so that its fingerprint still matches.
@@ -138,7 +141,7 @@ def _excluded(key: str) -> bool:
 
 #: settings added to the items of a list key after checkpoints were written, with their default: an item holding the
 #: default is fingerprinted without it, as before the setting existed (an older checkpoint still resumes)
-ITEM_DEFAULTS = {"reward.functions": {"convention": "auto"}}
+ITEM_DEFAULTS = {"reward.functions": {"convention": "auto", "lint": True}}
 
 
 def run_fingerprint(cfg) -> dict[str, Any]:
@@ -174,6 +177,9 @@ def upgrade_fingerprint(old: dict) -> dict:
     for key, value in old.items():
         new = RENAMED_KEYS.get(key)
         renamed[new.format(policy_loss=section) if new and section else key] = value
+    for key, value in ADDED_KEYS_ALL.items():
+        if "recipe" in renamed:
+            renamed.setdefault(key, value)
     if "algo.advantage" in renamed:  # an online run's: the online keys added since
         for key, value in ADDED_KEYS.items():
             renamed.setdefault(key, value)

@@ -45,13 +45,13 @@ def build_optimizer(params, optim, lr: float | None = None) -> torch.optim.Optim
 HF_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant_with_warmup"}
 
 
-def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+def lr_lambda(schedule: str, warmup: int, total: int, from_zero: bool = False) -> Callable[[int], float]:
     """Multiplier of the peak LR after ``step`` updates: linear warm-up, then linear / cosine decay or constant.
 
     The curves are ``transformers.get_scheduler``'s, read one update ahead during warm-up: transformers runs the
     first update at LR 0 (``step / warmup``); here it runs at ``1 / warmup`` of the peak and the warm-up's last
-    update at the peak, so no update is wasted. Past ``total`` the multiplier stays at its end value (cosine would
-    rise again).
+    update at the peak, so no update is wasted (``from_zero``: transformers' own reading, as TRL runs it,
+    ``optim.warmup_from_zero``). Past ``total`` the multiplier stays at its end value (cosine would rise again).
     """
     from transformers import get_scheduler
 
@@ -60,15 +60,27 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
                           num_training_steps=total).lr_lambdas[0]
 
     def fn(step: int) -> float:
-        return float(curve(step + 1) if step < warmup else curve(min(step, max(total, warmup))))
+        ahead = step + 1 if step < warmup and not from_zero else step
+        return float(curve(min(ahead, max(total, warmup))))
 
     return fn
 
 
 def build_scheduler(optimizer, optim, total_updates: int):
     """``LambdaLR`` over :func:`lr_lambda` (transformers' schedules), stepped once per optimizer update."""
-    warmup = optim.warmup_steps if optim.warmup_steps > 0 else int(optim.warmup_ratio * total_updates)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optim.schedule, warmup, total_updates))
+    import math
+
+    from_zero = getattr(optim, "warmup_from_zero", False)  # transformers' reading: its ratio rounded up too
+    ratio = math.ceil(optim.warmup_ratio * total_updates) if from_zero else int(optim.warmup_ratio * total_updates)
+    warmup = optim.warmup_steps if optim.warmup_steps > 0 else ratio
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optim.schedule, warmup, total_updates, from_zero))
+
+
+def lr_used(scheduler) -> float:
+    """The learning rate of the last update made (applied or skipped): the one a step's metrics report (TRL's
+    ``learning_rate``), not the next update's (``get_last_lr``); the initial one before any update."""
+    step = max(scheduler.last_epoch - 1, 0)
+    return float(scheduler.base_lrs[0] * scheduler.lr_lambdas[0](step))
 
 
 def clip_and_step(accelerator, model, optimizer, scheduler, max_grad_norm: float | None, *,

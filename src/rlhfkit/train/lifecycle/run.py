@@ -8,10 +8,14 @@ the online loop (``online.py``: PPO, GRPO, RLOO, REINFORCE++) makes its own data
 advantages) and updates a policy and, for PPO, a critic.
 
 Callbacks (the Python API's ``callbacks=``; :func:`with_callbacks` hands them to the runs started inside it) hear of
-each logged step, evaluation and checkpoint through :class:`Run` (``on_step`` / ``on_eval`` from :meth:`Run.log`,
-``on_save`` from :meth:`Trained.save`), on the main process; one that returns True, or raises ``KeyboardInterrupt``
-(Ctrl-C while it runs, or its own way to say stop), asks the run to stop at the next step boundary, as a SIGTERM
-does (``stop.StopControl.request``): a checkpoint, then ``Stopped`` and its one line.
+the run's events through :class:`Run` (:meth:`Run.tell`), on the main process: ``on_train_begin``, ``on_step_begin``
+and ``on_update`` around each optimizer update (both loops), ``on_step`` / ``on_eval`` from :meth:`Run.log` (each
+logged line, its evaluation part), ``on_save`` from :meth:`Trained.save`, ``on_train_end``; each an optional method
+``(step, payload)``. One that returns True (or raises ``KeyboardInterrupt``, as Ctrl-C) asks the run to stop at the
+next step boundary, as a SIGTERM does (``stop.StopControl.request``): a checkpoint, then ``Stopped``. One that
+returns a set of words asks the loop for that at the next boundary too (:data:`REQUESTS`: ``save`` a checkpoint,
+``evaluate``, ``log``; read with :meth:`Run.asked`). TRL's ``TrainerCallback`` objects are driven through this by
+:mod:`rlhfkit.callbacks`.
 """
 
 from __future__ import annotations
@@ -28,17 +32,22 @@ from typing import Any
 
 import torch
 
-from ...config import DistributedConfig
-from ...errors import RunError, Stopped
+from ...config import RECIPES, DistributedConfig
+from ...config.geometry import launched_world_size
+from ...config.startup import startup_block
+from ...errors import RunError, Stopped, say
 from ...track import MetricsSink
 from ...track.console import get_console
+from ...track.names import public
 from .distributed import die_with_launcher, get_strategy
 from .optim import build_optimizer, build_scheduler
 from .session import Session
-from .stop import StopControl
+from .stop import AGAIN_NEVER, StopControl
 
 #: the callbacks of the runs started in this context (:func:`with_callbacks`)
 _CALLBACKS: contextvars.ContextVar[tuple] = contextvars.ContextVar("rlhfkit_callbacks", default=())
+#: what a callback may ask a loop for at the next step boundary (besides a stop)
+REQUESTS = ("save", "evaluate", "log")
 
 
 @contextlib.contextmanager
@@ -64,6 +73,16 @@ class Run:
     session: Session | None = None  # the lifecycle of the run directory (train/lifecycle/session.py), made by start_run
     stop: StopControl = field(default_factory=StopControl)  # SIGTERM / SIGUSR1 / another rank's failure (stop.py)
     callbacks: tuple = field(default_factory=_CALLBACKS.get)  # the Python API's (with_callbacks)
+    trained: Any = None  # the trained models, optimizers and schedules (set_up_trained), for callbacks
+    tokenizer: Any = None  # the policy's tokenizer (the loops set it), for callbacks
+    requests: set = field(default_factory=set)  # what callbacks asked for at the next step boundary (REQUESTS)
+
+    def __post_init__(self) -> None:
+        if getattr(getattr(self.cfg, "train", None), "resume", None) == "never":  # a rerun starts over
+            self.stop.again = AGAIN_NEVER
+        for cb in self.callbacks:  # a callback that reads the run (rlhfkit.callbacks) is given it
+            if hasattr(cb, "bind"):
+                cb.bind(self)
 
     def __enter__(self) -> Run:
         return self
@@ -94,6 +113,9 @@ class Run:
             get_console().print(*args, markup=False, highlight=False)
 
     def log(self, metrics: dict, step: int) -> None:
+        """One line of metrics at ``step``, under the names the recipe writes (TRL's where TRL has the trainer:
+        :func:`rlhfkit.track.names.public`) to ``metrics.jsonl``, the trackers and the callbacks."""
+        metrics = public(getattr(self.cfg, "recipe", None), metrics)
         if self.sink is not None:
             extra = self.session.skip_metrics() if self.session is not None else {}
             try:
@@ -104,14 +126,15 @@ class Run:
                                                             "checkpoint)") from None
         if self.callbacks:
             self.tell("on_step", step, metrics)
-            evals = {k: v for k, v in metrics.items() if k.startswith("eval/")}
+            evals = {k: v for k, v in metrics.items() if k.startswith(("eval/", "eval_"))}
             if evals:
                 self.tell("on_eval", step, evals)
 
-    def tell(self, event: str, step: int, payload) -> None:
-        """Call each callback's ``event`` (main process); one returning True asks the run to stop at the next step
-        boundary (a plain function is an ``on_step`` callback)."""
-        if not self.is_main:
+    def tell(self, event: str, step: int, payload=None) -> None:
+        """Call each callback's ``event`` (main process); one returning True, or raising ``KeyboardInterrupt``,
+        asks the run to stop at the next step boundary; a set of :data:`REQUESTS` asks for those (a plain function is
+        an ``on_step`` callback)."""
+        if not self.is_main or not self.callbacks:
             return
         for cb in self.callbacks:
             fn = getattr(cb, event, None)
@@ -119,16 +142,25 @@ class Run:
                 fn = cb
             if fn is None:
                 continue
-            name = f"{type(cb).__name__ + '.' if fn is not cb else ''}{getattr(fn, '__name__', event)}"
+            who = (f"{type(cb).__name__ if fn is not cb else ''}{'.' if fn is not cb else ''}"
+                   f"{getattr(fn, '__name__', event)}")
             try:
-                stop = fn(step, payload) is True
+                out = fn(step, payload)
             except Stopped:
                 raise
-            except KeyboardInterrupt:  # raised by the callback itself (or Ctrl-C inside it): the stop it asks for
-                self.stop.request(f"a KeyboardInterrupt in a callback ({name})")
+            except KeyboardInterrupt:  # as Ctrl-C: stop at this boundary, with its checkpoint and one line
+                self.stop.request(f"a callback ({who}) raised KeyboardInterrupt")
                 continue
-            if stop:
-                self.stop.request(f"a callback ({name})")
+            if out is True:
+                self.stop.request(getattr(cb, "stop_reason", None) or f"a callback ({who})")
+            elif isinstance(out, (set, frozenset)):
+                self.requests |= set(out) & set(REQUESTS)
+
+    def asked(self, what: str) -> bool:
+        """Whether a callback asked for ``what`` (one of :data:`REQUESTS`) at this boundary (then forgotten)."""
+        found = what in self.requests
+        self.requests.discard(what)
+        return found
 
 
 def set_seed(seed: int) -> None:
@@ -143,10 +175,11 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def mixed_precision(name: str) -> str:
-    """accelerate's precision for ``train.mixed_precision`` (``auto``: bf16 where CUDA supports it, else none)."""
+def mixed_precision(name: str, cpu: bool = False) -> str:
+    """accelerate's precision for ``train.mixed_precision`` (``auto``: bf16 where CUDA supports it, else none;
+    ``cpu``: the run trains on the CPU, ``train.device=cpu``)."""
     if name == "auto":
-        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+        return "bf16" if not cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     return name
 
 
@@ -171,8 +204,9 @@ def start_run(cfg, *, resume_step: int | None = None) -> Run:
     AcceleratorState._reset_state()
     die_with_launcher()  # torchrun: a killed launcher takes its workers with it
     # cpu=True without CUDA: only then does accelerate set up DDP (gloo) for processes started by torchrun
-    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision),
-                              cpu=not torch.cuda.is_available(), kwargs_handlers=[collective_timeout(cfg)],
+    cpu = cfg.train.device == "cpu" or not torch.cuda.is_available()  # train.device=cpu: TRL's use_cpu=True
+    accelerator = Accelerator(mixed_precision=mixed_precision(cfg.train.mixed_precision, cpu),
+                              cpu=cpu, kwargs_handlers=[collective_timeout(cfg)],
                               **get_strategy(cfg).accelerator_kwargs(cfg))
     run_dir = Path(cfg.output_dir)
     created = not run_dir.exists()
@@ -209,6 +243,10 @@ def run_recipe(cfg, train: Callable[..., dict], *, prepare: Callable[[Any], Any]
     cfg.check_inputs()
     check_lora(cfg)
     prepared = prepare(cfg) if prepare is not None else None
+    if RECIPES[cfg.recipe].family != "online":  # the online recipes say theirs with the step's geometry
+        block = startup_block(cfg, launched_world_size())
+        if block:
+            say(block)
     with start_run(cfg) as run:
         done = run.session.begin()
         if done is not None:
@@ -269,7 +307,8 @@ def set_up_trained(run: Run, models: dict[str, Any], total_updates: int, *,
         keep_logits_dtype(run.accelerator, model)
     state = run.session.resume(models=models, optimizers=optimizers, schedulers=schedulers)
     run.session.open_sink()
-    return Trained(run.session, models, optimizers, schedulers, state)
+    run.trained = Trained(run.session, models, optimizers, schedulers, state)
+    return run.trained
 
 
 def keep_logits_dtype(accelerator, model) -> None:

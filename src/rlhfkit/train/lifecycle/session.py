@@ -53,8 +53,11 @@ from pathlib import Path
 from ... import files
 from ...config import save_config
 from ...errors import NoUpdateError, RunError, Stopped, UserError
-from ...track import HealthMonitor, MetricsSink, SampleLogger, read_metrics
+from ...track import HealthMonitor, MetricsSink, SampleLogger
 from ...track.console import get_console
+from ...track.metrics import read_run_metrics
+from ...track.names import TABLES as NAME_TABLES
+from ...track.names import rename_text, wandb_names
 from .checkpoint import (
     CHECKPOINT_NAME,
     Checkpointer,
@@ -203,6 +206,7 @@ class Session:
         self.health: HealthMonitor | None = None
         self._old_checkpoints: list[Path] = []
         self._guards: list = []
+        self.steps_seen = self.steps_without_reward = 0  # online steps; those in which every sample was dropped
         self._chosen, self._resume_path, self._diff = False, None, []
         self.protect = False  # starting over on an earlier run's files: commit only at a checkpoint with an update
 
@@ -248,7 +252,7 @@ class Session:
                     raise _mismatch(run.run_dir, f"the finished run in {run.run_dir}", diff)
                 if not diff and marker.get("length") == run_length(cfg):
                     last: dict = {}
-                    for line in read_metrics(run.run_dir):
+                    for line in read_run_metrics(run.run_dir, cfg.recipe):  # rlhfkit's names, as a run returns
                         last.update({k: v for k, v in line.items() if k not in ("step", "time")})
                     run.print(f"[{self.name}] {run.run_dir} is already finished (update {marker.get('step')}): "
                               "nothing to do (to train again: train.resume=never or a new output_dir)")
@@ -343,7 +347,8 @@ class Session:
         try:
             run.sink = MetricsSink(run.run_dir, backends=tuple(self.cfg.track.backends), is_main=run.is_main,
                                    config=self.cfg, resume_step=self.resume_step, staged=True,
-                                   on_first_line=None if self.protect else self.commit)
+                                   on_first_line=None if self.protect else self.commit,
+                                   wandb_rename=wandb_names if self.cfg.recipe in NAME_TABLES else None)
         except files.WRITE_ERRORS as err:
             raise files.write_failed(run.run_dir / "metrics.jsonl.new", err, what="the metrics file",
                                      fix="rerun") from None
@@ -355,10 +360,13 @@ class Session:
         return self.samples
 
     def open_health(self, **kwargs) -> HealthMonitor:
-        """The health monitor; its ``warnings.jsonl`` is staged like the metrics (``track.stop_on_critical``)."""
+        """The health monitor; its ``warnings.jsonl`` is staged like the metrics (``track.stop_on_critical``); its
+        messages name the metrics as the run writes them (TRL's names: ``track/names.py``)."""
+        recipe = self.cfg.recipe
         self.health = HealthMonitor(run_dir=self.run.run_dir if self.run.is_main else None,
                                     resume_step=self.resume_step, staged=True,
-                                    stop_on_critical=self.cfg.track.stop_on_critical, **kwargs)
+                                    stop_on_critical=self.cfg.track.stop_on_critical,
+                                    rename=lambda text: rename_text(recipe, text), **kwargs)
         return self.health
 
     def _files(self) -> list:
@@ -412,10 +420,22 @@ class Session:
                 "train/empty_updates": sum(g.empty for g in self._guards)}
 
     def check_applied(self) -> None:
-        """A run whose trained model (the first optimizer's: the policy) applied no update since it started stops
-        with one line instead of saving an unchanged model as a success."""
+        """A run whose trained model (the first optimizer's: the policy) applied no update since it started: when
+        updates were skipped for a non-finite loss or gradient, or every sample of every step was dropped (no finite
+        reward at all: a fault, never a success), one line and no model; when every update simply had no learning
+        signal (every group tied, every sample dropped: a weak
+        model on a hard task, as TRL would run it), it finishes and saves the model, saying plainly, in one line,
+        that no update changed the policy."""
         g = self._guards[0] if self._guards else None
         if g is None or g.applied or not (g.skipped or g.empty):
+            return
+        no_reward = getattr(self, "steps_seen", 0) > 0 and self.steps_without_reward >= self.steps_seen
+        if not g.skipped and not no_reward:  # ties, not faults: a finite reward was there, it did not vary
+            self.run.print(f"[{self.name}] no update changed the {g.name}: all {g.empty} updates of this run had no "
+                           "learning signal (every group tied, or every sample dropped: see frac_reward_zero_std / "
+                           "rewards/tied_groups_frac and rewards/dropped in metrics.jsonl); the model saved is the "
+                           "one the run started from. A harder reward needs a stronger start (SFT) or more samples "
+                           "per prompt (num_generations)")
             return
         raise NoUpdateError(
             f"no update of the {g.name} was applied in this run: {g.skipped} skipped for a non-finite loss or "
@@ -450,6 +470,8 @@ class Session:
         acc, run = self.run.accelerator, self.run
         acc.wait_for_everyone()
         self.check_applied()  # the guards count the same updates on every process (the skip is decided globally)
+        if self.cfg.train.max_steps == 0:
+            save_fn = None  # an evaluation (no update asked): the model is where it came from
         strategy = get_strategy(self.cfg)
         check_finite({"model": strategy.local_model(acc, model)}, "the final model")
         full = strategy.full_model(acc, model)  # every process: FSDP2 gathers the shards; the model on the main one

@@ -60,6 +60,10 @@ def one_line(err: BaseException) -> str:
     return " ".join(text.split())[:300]
 
 
+AGAIN = "rerun the same command to resume"
+AGAIN_NEVER = "rerun with train.resume=auto (TRL's resume_from_checkpoint=true) to resume"
+
+
 class Abandoned(Exception):
     """Raised inside a rollout when a stop was asked: the rollout is dropped (caught by the online loop)."""
 
@@ -74,6 +78,7 @@ class StopControl:
         self.armed = False
         self.stopping = False  # the run is ending (a stop, a failure): further signals are ignored
         self.where = "before the first update"  # for a stop outside the loop
+        self.again = AGAIN  # how to resume, in the stop's line (AGAIN_NEVER under train.resume=never)
         self._previous: dict = {}
 
     # ── the handler ──────────────────────────────────────────────────────────────────────────────────────────
@@ -188,7 +193,7 @@ class StopControl:
         elif save is not None and save() is False:  # the session wrote none: no update applied yet in this run
             saved = "nothing saved (no update applied yet in this run); rerun the same command to start"
         else:
-            saved = f"checkpoint-{update} saved; rerun the same command to resume"
+            saved = f"checkpoint-{update} saved; {self.again}"
         if self.error is not None:
             raise self.error
         failed = [w for w in why if w[2] is not None]

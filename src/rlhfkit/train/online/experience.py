@@ -70,6 +70,7 @@ class Experience:
     raw_scores: torch.Tensor | None = None  # [B] reward model + functions, before any shaping
     scores: torch.Tensor | None = None  # [B] scores used for learning (after penalty / normalisation / clipping)
     reward_metrics: dict = field(default_factory=dict)
+    reward_extra: dict = field(default_factory=dict)  # 3. TRL's log_extra columns, one value per response
     valid: torch.Tensor | None = None  # 3. [B] bool: the sample has a finite reward (keep-factor)
     old_logprobs: torch.Tensor | None = None  # 4.
     ref_logprobs: torch.Tensor | None = None
@@ -118,10 +119,16 @@ class Experience:
         self.is_weights = None if is_weights is None else is_weights * self.loss_mask
 
     def forward_rows(self, idx) -> dict:
-        """What a forward pass over rows ``idx`` (a slice or an index tensor) needs."""
+        """What a forward pass over rows ``idx`` (a slice or an index tensor) needs; rows with images add
+        ``media`` (one per row: their prompts' images)."""
         r = self.rollout
-        return {"input_ids": r.sequences[idx], "attention_mask": r.attention_mask[idx],
-                "position_ids": self.position_ids[idx], "response_ids": r.response_ids[idx]}
+        out = {"input_ids": r.sequences[idx], "attention_mask": r.attention_mask[idx],
+               "position_ids": self.position_ids[idx], "response_ids": r.response_ids[idx]}
+        media = [row.get("media") for row in self.rows]
+        if any(m is not None for m in media):
+            picked = range(len(media))[idx] if isinstance(idx, slice) else idx.tolist()
+            out["media"] = [media[i] for i in picked]
+        return out
 
     def token_batches(self, budget: int) -> list[tuple[torch.Tensor, dict]]:
         """The rows in forward batches of at most ``budget`` tokens (:func:`token_budget_batches`), each as (row
@@ -137,8 +144,9 @@ class Experience:
             P, width = r.prompt_length, max(r_len[i] for i in rows)
             start = P - max(p_len[i] for i in rows)
             batch = self.forward_rows(idx)
-            cut = {k: v[:, start: P + width] for k, v in batch.items() if k != "response_ids"}
-            out.append((idx, {**cut, "response_ids": batch["response_ids"][:, :width]}))
+            cut = {k: v[:, start: P + width] for k, v in batch.items() if isinstance(v, torch.Tensor)
+                   and k != "response_ids"}
+            out.append((idx, {**batch, **cut, "response_ids": batch["response_ids"][:, :width]}))
         return out
 
     def per_token(self, batches: list[tuple[torch.Tensor, dict]], parts: list[torch.Tensor]) -> torch.Tensor:

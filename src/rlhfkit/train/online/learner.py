@@ -62,6 +62,7 @@ class Learner:
         self.use_kl = algo.kl.coef > 0 or algo.kl.adaptive
         self.preference = algo.objective == "preference"  # online DPO: a pair loss instead of the policy loss
         self.needs_ref = needs_reference(cfg)
+        self.tokens_seen = 0.0  # prompt + response tokens of every rollout so far (TRL's num_tokens)
         self.ref_from_producer = on_producer(cfg)  # asynchronous: the producers send the reference log-probs
         placement = algo.kl.placement
         self.kl_in_reward = self.estimator.kl_in_reward_default if placement == "auto" else placement == "reward"
@@ -132,11 +133,13 @@ class Learner:
         if state is not None:
             self.kl_ctl.load_state_dict(state["kl_ctl"])
             self.moments.load_state_dict(state["moments"])
+            self.tokens_seen = float(state.get("tokens_seen", 0.0))
         return state
 
     def state_dict(self) -> dict:
         """The learner's loop state for a checkpoint (JSON-able)."""
-        return {"kl_ctl": self.kl_ctl.state_dict(), "moments": self.moments.state_dict()}
+        return {"kl_ctl": self.kl_ctl.state_dict(), "moments": self.moments.state_dict(),
+                "tokens_seen": self.tokens_seen}
 
     def learn(self, exp: Experience, step: int) -> dict:
         """Steps 4-6 on ``exp`` (scores shaped): the forwards, the advantages and the loss mask, the PPO epochs."""
@@ -342,6 +345,7 @@ class Learner:
         return {"loss/policy_avg": loss.detach(), "policy/entropy_avg": entropy.detach(),
                 "policy/clipfrac_avg": st["clipfrac"], "policy/approxkl_avg": st["approxkl"],
                 "val/ratio": st["ratio_mean"], "val/ratio_var": st["ratio_var"],
+                **{f"policy/{k}": st[k] for k in ("clip_low_frac", "clip_high_frac") if k in st},
                 **({"logprobs": old} if on_policy else {})}
 
     def fold_correction(self, batch: dict, old: torch.Tensor) -> None:
@@ -370,14 +374,17 @@ class Learner:
         n = len(exp.rollout)
         stats: list[dict] = []
         ratio = torch.zeros(1 + len(RATIO_KEYS), dtype=torch.float64, device=self.device)  # tokens, weighted sums
+        norms: list[float] = []  # the policy's gradient norm of each update (TRL's grad_norm: their mean)
         own = torch.zeros_like(exp.action) if exp.old_logprobs is None else None
         fold = own is not None and self.cfg.algo.correction != "none"  # the correction in each micro-batch
         g = torch.Generator().manual_seed(self.cfg.train.seed * 7919 + step)
         self.policy.train()
         self.phases.phase("update", total=algo.ppo_epochs * math.ceil(n / algo.mini_batch_size))
+        update = step * self.updates_per_step  # the run's optimizer updates before this step's (callbacks)
         for _ in range(algo.ppo_epochs):
             order = torch.randperm(n, generator=g).to(self.device)
             for m0 in range(0, n, algo.mini_batch_size):
+                self.run.tell("on_step_begin", update)
                 mini = order[m0: m0 + algo.mini_batch_size]
                 micro_n = math.ceil(len(mini) / mb)
                 for i, s in enumerate(range(0, len(mini), mb)):
@@ -397,14 +404,25 @@ class Learner:
                         with (contextlib.nullcontext() if last else self.acc.no_sync(self.critic)):
                             st.update(self.critic_micro_step(batch, 1.0 / micro_n))
                     stats.append(st)
-                clip_and_step(self.acc, self.policy, self.opt, self.sched, self.cfg.optim.max_grad_norm)
+                norm = clip_and_step(self.acc, self.policy, self.opt, self.sched, self.cfg.optim.max_grad_norm)
+                if norm is not None:
+                    norms.append(float(norm))
+                update += 1
+                if self.run.callbacks:  # what TRL's callbacks and TrainOutput read (one host copy, only then)
+                    losses = [x["loss/policy_avg"] for x in stats[-micro_n:]]
+                    self.run.tell("on_update", update, {"tokens": self.tokens_seen, "rows": len(mini),
+                                                        "prompts": len({id(exp.rows[i]) for i in mini.tolist()}),
+                                                        "loss": float(torch.stack(losses).mean())})
                 if self.critic is not None:
                     clip_and_step(self.acc, self.critic, self.critic_opt, self.critic_sched,
                                   self.cfg.optim.max_grad_norm)
                 self.phases.advance()
         if own is not None:
             exp.old_logprobs = own
-        return {**mean_stats(self.acc, stats), **self.ratio_stats(ratio)}
+        out = mean_stats(self.acc, stats)
+        if norms:
+            out["policy/grad_norm"] = sum(norms) / len(norms)  # the same on every process (after the all-reduce)
+        return {**out, **self.ratio_stats(ratio), **self.clip_extremes(stats)}
 
     def ratio_stats(self, sums: torch.Tensor) -> dict:
         """The importance ratio's stats of the step (:data:`RATIO_KEYS`), token means over every process's tokens in
@@ -413,4 +431,16 @@ class Learner:
         sums = self.acc.reduce(sums, "sum") if self.acc.num_processes > 1 else sums
         tokens, *weighted = sums.tolist()
         return {k: v / tokens for k, v in zip(RATIO_KEYS, weighted)} if tokens > 0 else {}
+
+    def clip_extremes(self, stats: list[dict]) -> dict:
+        """TRL's ``clip_ratio/low_min`` and ``high_max``: the lowest / highest of the processes' own clipped
+        fractions (each process's mean over its micro-batches); one gather with several processes."""
+        if not stats or "policy/clip_low_frac" not in stats[0]:
+            return {}
+        local = torch.stack([torch.stack([torch.as_tensor(s[k], dtype=torch.float32, device=self.device).mean()
+                                          for s in stats]).mean()
+                             for k in ("policy/clip_low_frac", "policy/clip_high_frac")])
+        every = self.acc.gather(local.unsqueeze(0)) if self.acc.num_processes > 1 else local.unsqueeze(0)
+        return {"policy/clip_low_frac_min": float(every[:, 0].min()),
+                "policy/clip_high_frac_max": float(every[:, 1].max())}
 

@@ -12,8 +12,11 @@ import time
 
 from ...config import OnlineConfig
 from ...config.geometry import step_geometry
+from ...data.formats import message_text
 from ...models.loading import save_model
 from ...track import PhaseTimer, Progress
+from ...track.progress import earlier_pace
+from ..lifecycle.optim import lr_used
 from ..lifecycle.run import Run
 from ..shared.batches import load_records, reduce_metrics
 from .experience import Experience
@@ -78,8 +81,9 @@ class OnlineRun:
                                               vocab_size=len(self.learner.tok))
         self.every = max(1, math.ceil(cfg.train.save_every / ups)) if cfg.train.save_every > 0 else 0
         self.t_start = time.time()
+        earlier = earlier_pace(run.run_dir, ups) if step > 0 and run.is_main else None  # a resume: its ETA at once
         progress = Progress(self.total_steps, desc=cfg.recipe, unit="rollout", show=SHOW,
-                            is_main=run.is_main and cfg.track.progress, initial=step)
+                            is_main=run.is_main and cfg.track.progress, initial=step, earlier=earlier)
         self.learner.phases = progress
         if self.producer is not None:
             self.producer.phases = progress
@@ -101,8 +105,14 @@ class OnlineRun:
         metrics.update(self.step_times(exp, seconds))
         metrics.update(extra or {})
         metrics = reduce_metrics(acc, metrics)  # one value per key on every process (KL controller too)
+        learner.tokens_seen += metrics.pop("tokens/step", 0.0)  # prompt + response tokens so far (TRL's num_tokens)
+        run.session.steps_seen += 1  # a run whose every step dropped every sample ends as a fault (Session)
+        every = self.samples_per_step * run.world_size
+        run.session.steps_without_reward += metrics.get("rewards/dropped", 0.0) >= every
+        metrics["tokens/seen"] = learner.tokens_seen
         learner.kl_ctl.update(metrics["objective/kl"], self.samples_per_step * run.world_size)
-        if step == self.total_steps or (cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0):
+        if step == self.total_steps or run.asked("evaluate") or (cfg.train.eval_every > 0
+                                                                  and step % cfg.train.eval_every == 0):
             with learner.timer.phase("eval"):
                 metrics.update(self.evaluate())
             metrics.update(reduce_metrics(acc, learner.timer.take()))
@@ -111,8 +121,8 @@ class OnlineRun:
         if run.is_main:  # steps of metrics.jsonl; a critical stop reaches every rank at the check below
             run.stop.local(acc, self.health.report, metrics, update, texts=exp.texts)
         if cfg.track.sample_every > 0 and (step % cfg.track.sample_every == 0 or step == 1):
-            self.samples.log(update, [r["prompt"][-1]["content"] for r in exp.rows], exp.texts,
-                             exp.raw_scores.tolist())
+            self.samples.log(update, [message_text(r["prompt"][-1]["content"]) for r in exp.rows], exp.texts,
+                             exp.raw_scores.tolist(), extra=exp.reward_extra)  # TRL's log_extra columns
         return metrics
 
     def finish(self, step: int) -> None:
@@ -139,7 +149,8 @@ class OnlineRun:
                               group_size=learner.k, group_based=learner.estimator.group_based,
                               clip=self.cfg.reward.clip),
             **self.engine_stats(),  # time/rollout_compile when it compiled
-            "lr": learner.sched.get_last_lr()[0], "episode": step * per_step,
+            "lr": lr_used(learner.sched), "episode": step * per_step,
+            "epoch": step / max(self.producer.per_epoch, 1) if self.producer is not None else 0.0,
             "eps": step * per_step / max(time.time() - self.t_start, 1e-6)}
 
     def engine_stats(self) -> dict:

@@ -48,9 +48,12 @@ def preference_update(learner, exp: Experience, step: int) -> dict:
     g = torch.Generator().manual_seed(cfg.train.seed * 7919 + step)
     learner.policy.train()
     learner.phases.phase("update", total=algo.ppo_epochs * updates)
+    norms = []  # each update's gradient norm (TRL's grad_norm: their mean)
+    update = step * learner.updates_per_step  # the run's optimizer updates before this step's (callbacks)
     for _ in range(algo.ppo_epochs):
         order = torch.randperm(n, generator=g).to(keep.device)
         for mini in torch.tensor_split(order, updates):
+            learner.run.tell("on_step_begin", update)
             kept_in_update = max(int(keep[mini].sum()), 1)
             starts = range(0, len(mini), per_micro)
             for i, s in enumerate(starts):
@@ -58,12 +61,20 @@ def preference_update(learner, exp: Experience, step: int) -> dict:
                 with (contextlib.nullcontext() if i == len(starts) - 1 else acc.no_sync(learner.policy)):
                     sums += _micro_step(learner, exp, spec, chosen[part], rejected[part], keep[part], mask,
                                         1.0 / kept_in_update)
-            clip_and_step(acc, learner.policy, learner.opt, learner.sched, cfg.optim.max_grad_norm)
+            norm = clip_and_step(acc, learner.policy, learner.opt, learner.sched, cfg.optim.max_grad_norm)
+            if norm is not None:
+                norms.append(float(norm))
+            update += 1
+            learner.run.tell("on_update", update, {"tokens": learner.tokens_seen, "rows": len(mini) * 2,
+                                                   "prompts": len(mini)})
             learner.phases.advance()
     total = acc.reduce(sums, "sum") if acc.num_processes > 1 else sums
     count = float(total[-1])
     metrics.update({k: float(v) / max(count, 1.0) for k, v in zip(STATS, total[:-1])})
     metrics["rollout/preference_pairs_frac"] = count / (algo.ppo_epochs * n * acc.num_processes)
+    metrics["preference/beta"] = algo.preference.beta  # TRL's OnlineDPOTrainer logs its beta
+    if norms:
+        metrics["policy/grad_norm"] = sum(norms) / len(norms)
     return metrics
 
 

@@ -21,7 +21,9 @@ import torch
 from ... import algos
 from ...config.geometry import step_geometry
 from ...data import PromptCollator
-from ...data.chat import stop_token_ids
+from ...data.chat import plain_view, stop_token_ids
+from ...data.formats import message_text
+from ...data.sources import is_conversational
 from ...errors import ConfigError, EnvError
 from ...models.loading import load_scalar_model, load_tokenizer_for
 from ...rewards import RewardModelScorer
@@ -68,8 +70,9 @@ class Producer:
         self.timer = timer or PhaseTimer(device)
         self.phases: Phases = NO_PHASES  # where the producer reports its phase (the progress display)
         self.k = cfg.algo.num_generations
-        # the run's length in rollout steps, as TRL-style reward functions read it (trainer_state.max_steps)
-        self.max_steps = step_geometry(cfg, shares, len(records[0])).steps
+        # the run's length, as TRL-style reward functions read it (trainer_state: optimizer updates, as TRL counts)
+        geometry = step_geometry(cfg, shares, len(records[0]))
+        self.max_steps, self.updates_per_step = geometry.steps, geometry.updates_per_step
         self.strategy = get_strategy(cfg)
         self.sampling = SamplingParams.from_config(cfg.generation)
         self.records = records
@@ -84,7 +87,7 @@ class Producer:
         if self.functions is not None:
             try:
                 head = records[0][:4]
-                probe_rewards(self.functions, [r["prompt"][-1]["content"] for r in head],
+                probe_rewards(self.functions, [message_text(r["prompt"][-1]["content"]) for r in head],
                               [{k: v for k, v in r.items() if k != "prompt"} for r in head], lint=cfg.reward.lint,
                               say=say, clip=clip_of(cfg.reward))
             except BaseException:
@@ -107,6 +110,8 @@ class Producer:
             rm_tok = load_tokenizer_for(rm_cfg)
             rm = load_scalar_model(cfg.reward.model, rm_cfg, tokenizer=rm_tok, device=self.device, trainable=False)
             rm.to("cpu" if cfg.memory.offload_reward else self.device)
+            if cfg.data.plain_text == "raw" and not is_conversational(self.records[0]):
+                rm_tok = plain_view(rm_tok)  # prompt + completion as text, as the prompts were tokenised
             self.scorer = RewardModelScorer(rm, rm_tok, tok, batch_size=cfg.reward.batch_size)
             if not self.scorer.same_tokenizer:
                 self.say(f"[{cfg.recipe}] reward model tokenizer differs from the policy's: responses are "
@@ -170,8 +175,13 @@ class Producer:
             if abandon:
                 self.stop.abandon_point()
 
+        def tokens(t: int, max_new: int, ended: int | None) -> None:  # inside a micro-batch: the live line moves
+            self.phases.detail((f"{ended} ended, " if ended else "") + f"token {t}/{max_new}")
+
+        media = prompts.get("media")  # the prompts' images (a vision-language model)
         with self.timer.phase("rollout"), self.strategy.gathered(policy), self.memory_phase():  # gathered once
-            rollout = self.engine.generate(policy, ids * k, self.sampling, seed=seed, on_rows=rows_done)
+            rollout = self.engine.generate(policy, ids * k, self.sampling, seed=seed, on_rows=rows_done,
+                                           media=None if media is None else media * k, on_progress=tokens)
         rows = [{k_: v[i] for k_, v in prompts.items() if isinstance(v, list)} for i in range(len(ids))] * k
         return Experience.of(rollout.to(self.device), rows)
 
@@ -212,13 +222,13 @@ class Producer:
         ds, seed = self.cfg.algo.dynamic_sampling, self.seed_of(step, share, piece)
         if not ds.enabled:
             exp = self.rollout(policy, self.prompt_batch(step, share, piece), seed, step=step + 1)
-            self.score(exp, step=step + 1, allow_all_dropped=False)
+            self.score(exp, step=step + 1, allow_all_dropped=False, at=step)
             return exp
 
         def draw(j: int):
             prompts = self.prompt_batch(step * ds.max_draws + j, share, piece)
             e = self.rollout(policy, prompts, seed + 1_000_003 * j, step=step + 1)
-            self.score(e, step=step + 1)
+            self.score(e, step=step + 1, at=step)
             return e, penalised_scores(self.cfg, e.raw_scores, e.rollout.ended, e.rollout.lengths), e.valid
 
         with self.strategy.gathered(policy):  # each process draws its own number of times
@@ -230,10 +240,12 @@ class Producer:
 
     # ── 3. score ─────────────────────────────────────────────────────────────────────────────────────────────
     @torch.no_grad()
-    def score(self, exp: Experience, step: int | None = None, allow_all_dropped: bool = True) -> None:
+    def score(self, exp: Experience, step: int | None = None, allow_all_dropped: bool = True,
+              at: int | None = None) -> None:
         """Decoded texts, raw scores (reward model + functions) and their metrics onto ``exp``. Samples without a
         finite reward (NaN / inf / None) are dropped (score 0, ``exp.valid`` False, ``rewards/dropped``; all
-        dropped: an error unless ``allow_all_dropped``)."""
+        dropped: an error unless ``allow_all_dropped``). ``at``: the rollout step (0-based) a training batch is made
+        for, which TRL-style functions read as ``trainer_state`` (optimizer updates done before it, the run's)."""
         with self.timer.phase("reward"):
             rollout, rows = exp.rollout, exp.rows
             self.phases.phase("reward", total=len(rows), unit="responses")
@@ -255,8 +267,13 @@ class Producer:
                 total += torch.where(valid, rm, 0.0)
                 metrics["rewards/model/mean"] = rm[valid].mean().item() if valid.any() else 0.0
             if self.functions is not None:
+                ups = getattr(self, "updates_per_step", 1)
+                state = None if at is None else (at * ups, None if self.max_steps is None else self.max_steps * ups,
+                                                 at / max(getattr(self, "per_epoch", 0) or 1, 1))
                 fn = self.functions.of_rows(rows, texts, rollout, step=step, max_steps=self.max_steps,
-                                            allow_all_dropped=allow_all_dropped)
+                                            allow_all_dropped=allow_all_dropped, trainer_state=state,
+                                            group=self.k if at is not None else 1)  # training: k per prompt
+                exp.reward_extra = fn.extra  # TRL's log_extra columns, for samples.jsonl
                 total += fn.total.to(self.device)
                 valid &= fn.valid.to(self.device)
                 metrics.update(fn.metrics)

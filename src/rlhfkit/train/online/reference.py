@@ -65,7 +65,7 @@ def autocast_of(cfg, device) -> contextlib.AbstractContextManager:
     process without an accelerator (a producer)."""
     from ..lifecycle.run import mixed_precision
 
-    mp = mixed_precision(cfg.train.mixed_precision)
+    mp = mixed_precision(cfg.train.mixed_precision, cfg.train.device == "cpu")
     if mp == "no":
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16 if mp == "bf16" else torch.float16)

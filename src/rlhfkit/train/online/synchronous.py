@@ -28,7 +28,8 @@ from __future__ import annotations
 import time
 
 from ...config import OnlineConfig
-from ...config.geometry import launched_world_size, step_block
+from ...config.geometry import launched_world_size
+from ...config.startup import startup_block
 from ...errors import ConfigError, say
 from ...models.tokenizer import tokenizer_difference
 from ..lifecycle.checkpoint import rng_state, set_rng_state
@@ -49,6 +50,8 @@ class OnlineTrainer(OnlineRun):
         self.producer.offloaded = tuple(learner.trained.optimizers.values())  # memory.offload_optimizer (memory.py)
         step = 0 if state is None else state["step_rollout"]
         last: dict = {}
+        run.tokenizer = learner.tok
+        run.tell("on_train_begin", step * ups, {"max_steps": self.total_steps * ups})
         with self.begin(step):
             saved = step  # the rollout step the newest checkpoint holds
 
@@ -58,6 +61,10 @@ class OnlineTrainer(OnlineRun):
                         set_rng_state(rng)
                     run.stop.stop(acc, step * ups, None if saved == step else lambda: self.save(step))
 
+            if self.total_steps == 0:  # train.max_steps=0: the model as it is, evaluated (the API's evaluate())
+                with learner.timer.phase("eval"):
+                    last = self.evaluate()
+                run.log(last, 0)
             run.stop.arm(True)
             while step < self.total_steps:
                 t_step = time.perf_counter()
@@ -75,11 +82,13 @@ class OnlineTrainer(OnlineRun):
                 metrics = learner.learn(exp, step)  # 4-6. forwards, advantages, PPO epochs
                 step += 1
                 last = self.end_step(exp, step, metrics, time.perf_counter() - t_step)  # 7.
-                if self.every and step % self.every == 0 and step != self.total_steps:
+                due = self.every and step % self.every == 0
+                if (due or run.asked("save")) and step != self.total_steps:  # a callback's should_save too
                     saved = step if self.save(step) is not False else saved
                 stop_if_asked(last=step == self.total_steps)  # a stop asked during the update: before the rollout
             run.stop.arm(False)
         self.finish(step)
+        run.tell("on_train_end", step * ups, learner.policy)
         return last
 
 def run_online(cfg: OnlineConfig) -> dict:
@@ -96,7 +105,7 @@ def _before_run(cfg: OnlineConfig) -> tuple[list, list]:
     """Before the run directory is looked at or weights load: the prompts, then the teacher's tokenizer (read: a
     teacher of another tokenizer is distilled across tokenizers, but not in multi-turn episodes; exit 2)."""
     records = load_records(cfg, "prompt")
-    say(step_block(cfg, launched_world_size(), len(records[0])))  # the step, and what differs from TRL's defaults
+    say(startup_block(cfg, launched_world_size(), len(records[0])))  # the defaults, the step, what differs from TRL
     if cfg.teacher.model:
         differs = tokenizer_difference(cfg.model.name, cfg.teacher.model, student_gguf=cfg.model.gguf_file)
         if differs and cfg.env.name:

@@ -10,6 +10,7 @@ import random
 import torch
 
 from ...data import LengthPolicy, load_dataset_records, tokenize_dataset
+from ...data.chat import plain_view
 from ...errors import ConfigError, DataError, say
 from ...track.progress import MIN_HELD_OUT
 from .forward import completion_stats
@@ -37,10 +38,41 @@ def load_records(cfg, kind: str) -> tuple[list[dict], list[dict]]:
         train = [r for i, r in enumerate(train) if i not in held]
     else:
         evals = []
+    check_images_fit(cfg, train + evals)
     if 0 < len(evals) < MIN_HELD_OUT:  # before any weights load: its accuracy would read 1.000 on one pair
         say(f"[data] the held-out split has {len(evals)} record{'s' if len(evals) > 1 else ''}: its metrics move in "
             f"steps of 1/{len(evals)} (hold out {MIN_HELD_OUT} or more: data.eval_fraction, data.eval)")
     return train, evals
+
+
+def check_images_fit(cfg, records: list[dict]) -> None:
+    """Records with images need a vision-language model (read from its ``config.json``, before any weights) and a
+    run that handles them: one line otherwise, naming the first such record and what is not built."""
+    first = next((r for r in records if r.get("images")), None)
+    if first is None:
+        return
+    from ...models.vision import processor_difference, vlm_type
+
+    where = getattr(first, "where", "data")
+    name = cfg.model.name
+    if name and vlm_type(str(name)) is None:
+        raise DataError(f"the record has {len(first['images'])} image(s) but {name} is a text model", where=where,
+                        fix="train a vision-language model (Qwen2.5-VL, Gemma 3, LLaVA, ...), or drop the images")
+    refused = [("data.packing", getattr(getattr(cfg, "data", None), "packing", False)),
+               ("env.name", getattr(getattr(cfg, "env", None), "name", None)),
+               ("algo.async.max_staleness", getattr(getattr(getattr(cfg, "algo", None), "async_", None),
+                                                    "max_staleness", 0))]
+    for key, value in refused:
+        if value:
+            raise ConfigError(f"{key}={value} with images is not built (the data has images: {where})", where=key,
+                              fix=f"unset {key}, or use data without images")
+    teacher = getattr(getattr(cfg, "teacher", None), "model", None)
+    if teacher:  # the teacher reads the student's image tokens: it must expand images as the student's processor
+        differs = processor_difference(str(name), str(teacher))
+        if differs:
+            raise ConfigError(f"the data has images and the teacher's processor differs from the student's "
+                              f"({differs}): distilling across processors is not built", where="teacher.model",
+                              fix="use a teacher of the student's family and image processor settings")
 
 
 def model_named(mcfg, name: str):
@@ -56,10 +88,14 @@ def length_policy(cfg) -> LengthPolicy:
     return LengthPolicy(max_length=d.max_length, max_prompt_length=d.max_prompt_length, on_overflow=d.overflow)
 
 
-def tokenize(run, records: list[dict], kind: str, tok, cfg, label: str, completion_only: bool = True) -> list[dict]:
-    """Tokenise and print the kept / truncated / dropped counts (never silent)."""
+def tokenize(run, records: list[dict], kind: str, tok, cfg, label: str,
+             completion_only: bool | None = True) -> list[dict]:
+    """Tokenise and print the kept / truncated / dropped counts (never silent). Plain-string records (TRL's standard
+    format) go through the chat template as user / assistant turns (``data.plain_text=template``, said once), or
+    as they are (``raw``: :func:`~rlhfkit.data.chat.plain_view`, as TRL tokenises them)."""
     if not records:
         return []
+    tok = text_tokenizer(run, records, kind, tok, cfg, label)
     examples, stats = tokenize_dataset(records, kind, tok, length_policy(cfg), completion_only=completion_only)
     msg = f"[data] {label}: {stats['kept']} records"
     if stats["truncated"] or stats["dropped"]:
@@ -77,28 +113,51 @@ def tokenize(run, records: list[dict], kind: str, tok, cfg, label: str, completi
     return examples
 
 
+def text_tokenizer(run, records: list[dict], kind: str, tok, cfg, label: str):
+    """The tokenizer ``records`` are rendered with: ``tok``, or for plain-string records with
+    ``data.plain_text=raw`` its :func:`~rlhfkit.data.chat.plain_view`; with ``template`` (rlhfkit's default) one
+    line says that plain strings are templated, at the first data of a run."""
+    # plain strings: records a source marked so (data.sources: the row gave text, not messages); unmarked: as they are
+    plain = bool(records) and getattr(records[0], "conversational", None) is False and \
+        not (kind == "sft" and "text" in records[0])
+    if not plain:
+        return tok
+    if getattr(cfg.data, "plain_text", "template") == "raw":
+        return plain_view(tok)
+    if label in ("train", "prompts"):
+        run.print(f"[data] {label}: plain strings, each a user / assistant turn of the chat template "
+                  "(data.plain_text=template; TRL feeds them raw: data.plain_text=raw)")
+    return tok
+
+
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     """The seeded permutation of ``n`` items for ``epoch`` (the same on every process and in a resumed run)."""
     g = torch.Generator().manual_seed(seed * 1000003 + epoch)
     return torch.randperm(n, generator=g).tolist()
 
 
-def plan_batches(n: int, micro_batch: int, world: int, seed: int, epoch: int, rank: int) -> list[list[int]]:
+def plan_batches(n: int, micro_batch: int, world: int, seed: int, epoch: int, rank: int,
+                 drop_last: bool = True) -> list[list[int]]:
     """This rank's micro-batches for one epoch: a seeded permutation cut into global batches of micro*world, each
-    split by rank. The tail that does not fill a global batch is dropped (every rank steps in lock-step)."""
+    split by rank. The tail that does not fill a global batch is dropped (``drop_last``), or kept: on one process as
+    a short batch, on several filled from the start of the order so every rank steps in lock-step with a batch of
+    the same size (accelerate's ``even_batches``, which TRL's dataloaders use)."""
     order = epoch_order(n, seed, epoch)
     global_batch = micro_batch * world
-    full = len(order) // global_batch
+    full = len(order) // global_batch if drop_last else -(-len(order) // global_batch)
+    if not drop_last and world > 1 and len(order) % global_batch:
+        order = order + order[: global_batch - len(order) % global_batch]
     return [order[b * global_batch + rank * micro_batch: b * global_batch + (rank + 1) * micro_batch]
             for b in range(full)]
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+                        position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+                        media: list | None = None) -> torch.Tensor:
     """Log-prob of each token given its prefix: [B, T-1] for tokens 1..T-1, from the hidden states through the LM
     head in chunks (no [B, T, V] logits: ``forward.completion_stats``); ``labels`` [B, T] (default ``input_ids``):
-    -100 where a token is not wanted (not computed; 0 there)."""
-    return completion_stats(model, input_ids, attention_mask, labels, position_ids=position_ids).logprobs
+    -100 where a token is not wanted (not computed; 0 there); ``media``: the rows' images (one Media or None each)."""
+    return completion_stats(model, input_ids, attention_mask, labels, position_ids=position_ids, media=media).logprobs
 
 
 def gather_rows(acc, rows: torch.Tensor) -> torch.Tensor:

@@ -31,9 +31,10 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from ...algos import TokenStats, linear_token_stats, token_stats_from_logits
-from ...algos.logprobs import LINEAR_CHUNK_ELEMENTS
+from ...algos.logprobs import LINEAR_CHUNK_ELEMENTS, linear_mean_logits
 from ...errors import say
 from ...models.heads import token_values
+from ...models.vision import family_of, forward_inputs, media_keys, mrope_positions
 from ...rollout.decoder import distinct_rows
 
 IGNORE = -100  # a position whose statistics are not wanted (not computed at all)
@@ -86,7 +87,8 @@ def liger_serves(x: torch.Tensor, lows, entropy: bool) -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def liger_stats(hidden, weight, bias, labels, temperature: float, argmax: bool) -> TokenStats:
+def liger_stats(hidden, weight, bias, labels, temperature: float, argmax: bool,
+                mean_logits: bool = False) -> TokenStats:
     """:class:`TokenStats` by ``liger_kernel``'s ``liger_fused_linear_cross_entropy(reduction="none")`` (its
     per-token loss is -log p; the temperature divides the hidden states and the bias, which divides the logits)."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
@@ -102,27 +104,32 @@ def liger_stats(hidden, weight, bias, labels, temperature: float, argmax: bool) 
     keep = labels.reshape(-1) != IGNORE
     lp = torch.where(keep, -loss.float(), 0.0).reshape(shape)
     top = torch.where(keep, out.predicted_tokens, -1).reshape(shape) if argmax else None
-    return TokenStats(lp, None, top)
+    ml = torch.where(keep.reshape(shape), linear_mean_logits(hidden, weight, bias, (), temperature), 0.0) \
+        if mean_logits else None
+    return TokenStats(lp, None, top, ml)
 
 
 def head_token_stats(head, forward, x: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
-                     entropy: bool = False, argmax: bool = False, chunk_size: int | None = None) -> TokenStats:
+                     entropy: bool | str = False, argmax: bool = False, mean_logits: bool = False,
+                     chunk_size: int | None = None) -> TokenStats:
     """:class:`TokenStats` [...] of ``softmax(head(x) / temperature)`` at ``labels`` [...] (``IGNORE``: skipped),
     ``x`` [..., H], never holding more than a chunk of logits. ``forward``: the head's own forward (the generic
-    path calls it)."""
+    path calls it). ``entropy="metric"``: computed unless Liger serves the call (a metric not worth its speed)."""
     parts = linear_parts(head, x)
     if parts is not None:
         weight, bias, lows = parts
-        if liger_serves(x, lows, entropy):
-            return liger_stats(x, weight, bias, labels, temperature, argmax)
+        if liger_serves(x, lows, entropy is True):
+            return liger_stats(x, weight, bias, labels, temperature, argmax, mean_logits)
         return linear_token_stats(x, weight, labels, bias=bias, low_rank=lows, temperature=temperature,
-                                  entropy=entropy, argmax=argmax, chunk_size=chunk_size, ignore_index=IGNORE)
-    return module_token_stats(forward, x, labels, temperature, entropy=entropy, argmax=argmax,
-                              vocab=getattr(getattr(head, "weight", None), "shape", (0,))[0], chunk_size=chunk_size)
+                                  entropy=bool(entropy), argmax=argmax, mean_logits=mean_logits, chunk_size=chunk_size,
+                                  ignore_index=IGNORE)
+    return module_token_stats(forward, x, labels, temperature, entropy=bool(entropy), argmax=argmax,
+                              mean_logits=mean_logits, chunk_size=chunk_size,
+                              vocab=getattr(getattr(head, "weight", None), "shape", (0,))[0])
 
 
 def module_token_stats(forward, x: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, *,
-                       entropy: bool = False, argmax: bool = False, vocab: int = 0,
+                       entropy: bool = False, argmax: bool = False, mean_logits: bool = False, vocab: int = 0,
                        chunk_size: int | None = None) -> TokenStats:
     """The generic path for a head that is not a plain linear map: its output over chunks of tokens, each chunk's
     statistics computed and its logits dropped; with gradients each chunk is recomputed in backward
@@ -137,14 +144,15 @@ def module_token_stats(forward, x: torch.Tensor, labels: torch.Tensor, temperatu
         logits = forward(xc)
         if temperature != 1.0:
             logits = logits / temperature
-        return tuple(token_stats_from_logits(logits, yc, entropy=entropy, argmax=argmax))
+        return tuple(token_stats_from_logits(logits, yc, entropy=entropy, argmax=argmax, mean_logits=mean_logits))
 
     parts = []
     for s in range(0, ys.shape[0], chunk):
         args = (xs[s:s + chunk], ys[s:s + chunk])
         parts.append(checkpoint(piece, *args, use_reentrant=False) if torch.is_grad_enabled() else piece(*args))
     if not parts:
-        return token_stats_from_logits(x.new_zeros(*shape, 1), labels, entropy=entropy, argmax=argmax)
+        return token_stats_from_logits(x.new_zeros(*shape, 1), labels, entropy=entropy, argmax=argmax,
+                                       mean_logits=mean_logits)
     return TokenStats(*(None if p[0] is None else torch.cat(p).reshape(shape) for p in zip(*parts)))
 
 
@@ -157,11 +165,11 @@ class HeadStats:
     (TokenStats [B, 1], the model's output, for its cache)."""
 
     def __init__(self, model, temperature: float = 1.0, *, entropy: bool = False, entropy_grad: bool = False,
-                 argmax: bool = False, chunk_size: int | None = None):
+                 argmax: bool = False, mean_logits: bool = False, chunk_size: int | None = None):
         self.model, self.lm = model, _unwrapped(model)
         self.entropy_grad = entropy_grad  # False: the entropy is a metric, its gradient never computed
         self.temperature = temperature if temperature > 0 else 1.0  # 0 = greedy sampling: the logits unscaled
-        self.entropy, self.argmax, self.chunk_size = entropy, argmax, chunk_size
+        self.entropy, self.argmax, self.mean_logits, self.chunk_size = entropy, argmax, mean_logits, chunk_size
         getter = getattr(self.lm, "get_output_embeddings", None)
         self.head = getter() if getter is not None else None
         if self.head is None:
@@ -179,13 +187,14 @@ class HeadStats:
     def stats(self, x: torch.Tensor, labels: torch.Tensor, forward=None) -> TokenStats:
         """The statistics of hidden states ``x`` [..., H] through the head, outside a model call."""
         return self._grads(head_token_stats(self.head, forward or self.head.forward, x, labels, self.temperature,
-                                            entropy=self.entropy, argmax=self.argmax, chunk_size=self.chunk_size))
+                                            entropy=self.entropy, argmax=self.argmax, mean_logits=self.mean_logits,
+                                            chunk_size=self.chunk_size))
 
     def from_logits(self, logits: torch.Tensor, labels: torch.Tensor) -> TokenStats:
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        return self._grads(token_stats_from_logits(logits, labels, entropy=self.entropy, argmax=self.argmax,
-                                                   chunk_size=self.chunk_size))
+        return self._grads(token_stats_from_logits(logits, labels, entropy=bool(self.entropy), argmax=self.argmax,
+                                                   mean_logits=self.mean_logits, chunk_size=self.chunk_size))
 
     def _grads(self, st: TokenStats) -> TokenStats:
         return st if st.entropy is None or self.entropy_grad else st._replace(entropy=st.entropy.detach())
@@ -211,15 +220,16 @@ class HeadStats:
                 if x.shape[:-1] != labels.shape:  # the model sliced otherwise than asked: let it have logits
                     return original(x)
                 st = self.stats(x, labels, original)
-                made["argmax"] = st.argmax
-                made["packed"] = torch.stack([st.logprobs] + ([st.entropy] if self.entropy else []), -1)
+                made["argmax"], made["mean_logits"], made["entropy"] = st.argmax, st.mean_logits, st.entropy is not None
+                made["packed"] = torch.stack([st.logprobs] + ([st.entropy] if made["entropy"] else []), -1)
                 return made["packed"]
 
             with self._patched(fused):
                 out = self.model(**kwargs)
             if "packed" in made and out.logits is made["packed"]:
                 p = out.logits
-                return TokenStats(p[..., 0], p[..., 1] if self.entropy else None, made["argmax"])
+                return self._grads(TokenStats(p[..., 0], p[..., 1] if made["entropy"] else None, made["argmax"],
+                                              made["mean_logits"]))  # a metric entropy unpacked: detached again
             self._plain("its logits are changed after the LM head (soft-capping, scaling) or sliced otherwise")
         return self.from_logits(self.model(**kwargs).logits, labels)
 
@@ -264,21 +274,35 @@ def response_stats(model, batch: dict, temperature: float, *, entropy: bool = Fa
             st_first, st_rest = shared
             return TokenStats(*(None if a is None else torch.cat([a, b[:, :-1]], 1)
                                 for a, b in zip(st_first, st_rest)))
-    st = head.run(F.pad(responses, (0, 1), value=IGNORE), input_ids=batch["input_ids"],
-                  attention_mask=batch["attention_mask"], position_ids=batch["position_ids"], use_cache=False,
+    st = head.run(F.pad(responses, (0, 1), value=IGNORE), **_whole(model, batch), use_cache=False,
                   logits_to_keep=R + 1)
     return st.map(lambda t: t[:, :-1])
 
 
+def _whole(model, batch: dict) -> dict:
+    """The inputs of a forward over whole rows of an online batch: ids, mask, positions and, with images
+    (``batch["media"]``: one Media or None per row), their features and the family's inputs (``models/vision``)."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": batch["position_ids"]}
+    media = batch.get("media")
+    return {**kwargs, **(forward_inputs(model, ids, mask, media) if media is not None else {})}
+
+
 def completion_stats(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor | None = None,
-                     *, start: int = 0, position_ids: torch.Tensor | None = None, entropy: bool = False) -> TokenStats:
+                     *, start: int = 0, position_ids: torch.Tensor | None = None, entropy: bool | str = False,
+                     argmax: bool = False, mean_logits: bool = False, media: list | None = None) -> TokenStats:
     """:class:`TokenStats` [B, T-1-start] of tokens ``start+1 .. T-1`` given their prefix (the next-token
     statistics of positions ``start .. T-2``); ``labels`` [B, T] (default ``input_ids``): the target of each position
-    shifted as ``input_ids``, ``IGNORE`` (-100) where not wanted (prompt, padding: not computed, 0)."""
+    shifted as ``input_ids``, ``IGNORE`` (-100) where not wanted (prompt, padding: not computed, 0); ``argmax``: the
+    most likely token of each position too (a token accuracy); ``entropy`` (detached; ``"metric"``: unless Liger
+    serves the call, :func:`head_token_stats`), ``mean_logits``: for TRL's metrics of those names. ``media``: the
+    rows' images (one Media or None per row; the labels of image tokens are ``IGNORE`` already)."""
     labels = input_ids if labels is None else labels
     T = input_ids.shape[1]
     kwargs = {"position_ids": position_ids} if position_ids is not None else {}
-    head = HeadStats(model, entropy=entropy)
+    if media is not None:  # images: their features (computed once per image set) and the family's inputs
+        kwargs.update(forward_inputs(model, input_ids, attention_mask, media))
+    head = HeadStats(model, entropy=entropy, argmax=argmax, mean_logits=mean_logits)
     st = head.run(F.pad(labels[:, start + 1:], (0, 1), value=IGNORE), input_ids=input_ids,
                   attention_mask=attention_mask, use_cache=False, logits_to_keep=T - start, **kwargs)
     return st.map(lambda t: t[:, :-1])
@@ -297,8 +321,7 @@ def response_logits(model, batch: dict, temperature: float, share_prompts: bool 
     R = batch["response_ids"].shape[1]
     logits = shared_prompt_logits(model, batch) if share_prompts and can_share_prompts(model) else None
     if logits is None:
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    position_ids=batch["position_ids"], use_cache=False, logits_to_keep=R + 1)
+        out = model(**_whole(model, batch), use_cache=False, logits_to_keep=R + 1)
         logits = out.logits[:, :-1]
     return logits / temperature if temperature > 0 and temperature != 1.0 else logits
 
@@ -312,9 +335,8 @@ def can_share_prompts(model) -> bool:
     if (lm is not model or isinstance(model, FSDPModule)) and torch.is_grad_enabled():
         return False
     cfg = getattr(lm, "config", None)
-    flag = next((n for n in ("is_activation_checkpointing", "is_gradient_checkpointing") if hasattr(type(lm), n)),
-                None)  # transformers 5.23 renamed it (the old name warns)
-    checkpointing = bool(flag and getattr(lm, flag))
+    # under any wrapper (a PEFT model, whose own class has no such flag): any module transformers set checkpointing on
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in lm.modules())
     if cfg is None or checkpointing:
         return False
     text = cfg.get_text_config()
@@ -350,19 +372,27 @@ def _shared_prompt_passes(model, batch: dict, first, rest):
     P = ids.shape[1] - R
     if P < 1 or R < 1:
         return None
-    rows, inverse = distinct_rows(ids[:, :P], mask[:, :P])  # a row of each distinct prompt
+    media = batch.get("media") or [None] * B  # images: a prompt is the same prompt only with the same images
+    rows, inverse = distinct_rows(ids[:, :P], mask[:, :P], media_keys(media))  # a row of each distinct prompt
     if len(rows) == B:
         return None
+    extra: dict = {}
+    if any(m is not None for m in media):  # the prompts' images: their features in the prompt pass
+        pos = mrope_positions(model, ids, mask, media) if family_of(model).mrope else pos
+        kept = rows.tolist()
+        extra = forward_inputs(model, ids[rows, :P], mask[rows, :P], [media[r] for r in kept], positions=False)
+    cols = (lambda t, r, c: t[:, r, c]) if pos.dim() == 3 else (lambda t, r, c: t[r, c])  # [3, B, T]: M-RoPE
     head, out = first(inverse, dict(input_ids=ids[rows, :P], attention_mask=mask[rows, :P],
-                                    position_ids=pos[rows, :P], use_cache=True, logits_to_keep=1))
+                                    position_ids=cols(pos, rows, slice(None, P)), use_cache=True, logits_to_keep=1,
+                                    **extra))
     if out.past_key_values is not None and any(type(layer) is not DynamicLayer for layer in out.past_key_values.layers):
         return None  # a cache of another kind (a model the config check let through): the whole batch, correct
     columns = 0 if out.past_key_values is None else out.past_key_values.get_seq_length()
     if columns == P:
         cache = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, inverse), layer.values.index_select(
             0, inverse)) for layer in out.past_key_values.layers])
-        tail = rest(dict(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], past_key_values=cache,
-                         use_cache=True, logits_to_keep=R))
+        tail = rest(dict(input_ids=ids[:, P:], attention_mask=mask, position_ids=cols(pos, slice(None), slice(P, None)),
+                         past_key_values=cache, use_cache=True, logits_to_keep=R))
         columns = cache.get_seq_length() - R
     if columns != P:  # the responses would not attend to their prompts: never a silent wrong result
         raise RuntimeError(f"shared-prompt forward: the model kept {columns} prompt columns in its cache, not {P}")
@@ -372,7 +402,8 @@ def _shared_prompt_passes(model, batch: dict, first, rest):
 def response_values(critic, batch: dict) -> torch.Tensor:
     """Critic values [B, R]: the value at the position *before* each response token (the state it is taken in)."""
     R = batch["response_ids"].shape[1]
-    values = token_values(critic, batch["input_ids"], batch["attention_mask"], position_ids=batch["position_ids"])
+    kwargs = _whole(critic, batch)
+    values = token_values(critic, kwargs.pop("input_ids"), kwargs.pop("attention_mask"), **kwargs)
     return values[:, -R - 1:-1].float()
 
 

@@ -62,17 +62,46 @@ def cache_path(run_dir: Path, key: str) -> Path:
 # ─────────────────────────────────────────────── sequence log-probs ───────────────────────────────────────────
 
 
-def sequence_logps(model, input_ids, attention_mask, completion_mask, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logps(model, input_ids, attention_mask, completion_mask, start: int,
+                   media: list | None = None, into: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs summed over each row's completion tokens [N] and the number of those tokens [N].
 
     ``start`` is the first position whose logits are needed (the last prompt token of the shortest prompt), so the
-    LM head never runs over the shared prompt prefix.
+    LM head never runs over the shared prompt prefix. ``media``: the rows' prompt images (one Media or None each).
+    ``into``: filled with per-row sums over the same tokens, no gradient, for TRL's metrics (:func:`token_metrics`):
+    ``mean_logits``, ``top1`` (tokens that are the model's most likely one), ``entropy`` (absent when Liger's kernel
+    computes the head).
     """
     # through the LM head in chunks, only the completion tokens (train/shared/forward.py): no [N, L, V] logits
     labels = torch.where(completion_mask.bool(), input_ids, IGNORE)
-    logps = completion_stats(model, input_ids, attention_mask, labels, start=start).logprobs
+    extra = into is not None
+    st = completion_stats(model, input_ids, attention_mask, labels, start=start, entropy="metric" if extra else False,
+                          argmax=extra, mean_logits=extra, media=media)
     mask = completion_mask[:, start + 1:]
-    return masked_sum(logps, mask, dim=-1), mask.sum(-1).to(logps.dtype)
+    if extra:
+        with torch.no_grad():
+            into["mean_logits"] = masked_sum(st.mean_logits, mask, dim=-1)
+            into["top1"] = masked_sum((st.argmax == input_ids[:, start + 1:]).float(), mask, dim=-1)
+            if st.entropy is not None:
+                into["entropy"] = masked_sum(st.entropy.detach(), mask, dim=-1)
+    return masked_sum(st.logprobs, mask, dim=-1), mask.sum(-1).to(st.logprobs.dtype)
+
+
+def token_metrics(rows: dict, tokens: torch.Tensor, chosen: torch.Tensor, accuracy: bool) -> dict:
+    """TRL 1.16's per-token metrics of a DPO / KTO batch from :func:`sequence_logps`'s per-row sums: ``entropy``
+    (over every completion token), ``logits/chosen`` / ``logits/rejected`` (the mean logit over the vocabulary,
+    averaged over the tokens of the chosen / rejected rows), ``mean_token_accuracy`` (``accuracy``: DPO's, over the
+    chosen completions' tokens). ``tokens`` [N]: each row's; ``chosen`` [N] bool."""
+    with torch.no_grad():
+        chosen = chosen.bool()
+        n_chosen, n_rejected = tokens[chosen].sum().clamp(min=1), tokens[~chosen].sum().clamp(min=1)
+        out = {"logits/chosen": rows["mean_logits"][chosen].sum() / n_chosen,
+               "logits/rejected": rows["mean_logits"][~chosen].sum() / n_rejected}
+        if "entropy" in rows:
+            out["entropy"] = rows["entropy"].sum() / tokens.sum().clamp(min=1)
+        if accuracy:
+            out["mean_token_accuracy"] = rows["top1"][chosen].sum() / n_chosen
+    return out
 
 
 # ─────────────────────────────────────────────────── batches ──────────────────────────────────────────────────
@@ -111,8 +140,11 @@ def unpair_items(pairs: list[dict]) -> list[dict]:
     """Tokenised pairs -> KTO examples: chosen (label True) and rejected (label False), both with the pair index."""
     out = []
     for k, p in enumerate(pairs):
-        out.append({"prompt_ids": p["prompt_ids"], "completion_ids": p["chosen_ids"], "label": True, "pair": k})
-        out.append({"prompt_ids": p["prompt_ids"], "completion_ids": p["rejected_ids"], "label": False, "pair": k})
+        media = {"media": p["media"]} if p.get("media") is not None else {}
+        out.append({"prompt_ids": p["prompt_ids"], "completion_ids": p["chosen_ids"], "label": True, "pair": k,
+                    **media})
+        out.append({"prompt_ids": p["prompt_ids"], "completion_ids": p["rejected_ids"], "label": False, "pair": k,
+                    **media})
     return out
 
 
@@ -171,23 +203,25 @@ class Reference:
     copy: Any = None
 
     @torch.no_grad()
-    def sequence(self, policy, input_ids, attention_mask, completion_mask, start: int) -> torch.Tensor:
+    def sequence(self, policy, input_ids, attention_mask, completion_mask, start: int,
+                 media: list | None = None) -> torch.Tensor:
         if self.copy is not None:
-            return sequence_logps(self.copy, input_ids, attention_mask, completion_mask, start)[0]
+            return sequence_logps(self.copy, input_ids, attention_mask, completion_mask, start, media)[0]
         base = self.accelerator.unwrap_model(policy)
         if not is_peft(base):
             raise RuntimeError("no reference log-probs in the batch and no reference model to compute them")
         with base.disable_adapter(), eval_mode(policy):
-            return sequence_logps(policy, input_ids, attention_mask, completion_mask, start)[0]
+            return sequence_logps(policy, input_ids, attention_mask, completion_mask, start, media)[0]
 
     def logps(self, policy, batch: dict) -> torch.Tensor:
         if "ref_logps" in batch:
             return batch["ref_logps"]
-        s = batch["start"]
-        main = self.sequence(policy, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s)
+        s, media = batch["start"], batch.get("media")
+        main = self.sequence(policy, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s,
+                             media)
         if "kl_input_ids" in batch:  # KTO: the labelled completions, then their mismatched pairs
             kl = self.sequence(policy, batch["kl_input_ids"], batch["kl_attention_mask"],
-                               batch["kl_completion_mask"], s)
+                               batch["kl_completion_mask"], s, media)
             return torch.stack([main, kl], dim=1)
         half = main.shape[0] // 2
         return torch.stack([main[:half], main[half:]], dim=1)
@@ -219,7 +253,8 @@ def reference_key(cfg, train: list[dict], evals: list[dict]) -> str:
         h.update(part.encode())
         for e in items:
             h.update(json.dumps([e["prompt_ids"], e.get("chosen_ids"), e.get("rejected_ids"),
-                                 e.get("completion_ids"), e.get("kl_completion_ids")]).encode())
+                                 e.get("completion_ids"), e.get("kl_completion_ids"),
+                                 getattr(e.get("media"), "key", None)]).encode())
     return h.hexdigest()
 
 
@@ -276,10 +311,11 @@ def paired_loss(algo, lp: dict) -> tuple[torch.Tensor, dict]:
     return PREFERENCE_LOSSES[algo.loss].from_logps(lp, algo)
 
 
-def pair_logps(model, batch: dict, reference: Reference | None) -> dict:
-    """One forward over the [2B, L] batch -> summed log-probs and token counts of both sides (+ reference)."""
+def pair_logps(model, batch: dict, reference: Reference | None, into: dict | None = None) -> dict:
+    """One forward over the [2B, L] batch -> summed log-probs and token counts of both sides (+ reference);
+    ``into``: :func:`sequence_logps`'s."""
     sums, counts = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"],
-                                  batch["start"])
+                                  batch["start"], batch.get("media"), into)
     half = sums.shape[0] // 2
     lp = {"chosen": sums[:half], "rejected": sums[half:], "chosen_tokens": counts[:half],
           "rejected_tokens": counts[half:]}
@@ -304,13 +340,17 @@ def kto_objective(algo, logps, ref, labels, kl_logps, kl_ref, gather=None) -> tu
     return loss, stats
 
 
-def kto_logps(model, batch: dict, reference: Reference) -> tuple[torch.Tensor, ...]:
-    """(logps [B] with grad, ref [B], kl logps [B] without grad, kl ref [B])."""
-    s = batch["start"]
-    logps, _ = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s)
+def kto_logps(model, batch: dict, reference: Reference, into: dict | None = None) -> tuple[torch.Tensor, ...]:
+    """(logps [B] with grad, ref [B], kl logps [B] without grad, kl ref [B]); ``into``: :func:`sequence_logps`'s,
+    with the rows' token counts (``tokens``)."""
+    s, media = batch["start"], batch.get("media")
+    logps, tokens = sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_mask"], s,
+                                   media, into)
+    if into is not None:
+        into["tokens"] = tokens
     with torch.no_grad():
         kl_logps, _ = sequence_logps(model, batch["kl_input_ids"], batch["kl_attention_mask"],
-                                     batch["kl_completion_mask"], s)
+                                     batch["kl_completion_mask"], s, media)
     ref = reference.logps(model, batch)
     return logps, ref[:, 0], kl_logps, ref[:, 1]
 
@@ -322,13 +362,20 @@ def make_forward(run, cfg, reference: Reference | None):
         gather = run.accelerator.gather if run.world_size > 1 else None
 
         def kto_forward(model, batch):
-            logps, ref, kl_logps, kl_ref = kto_logps(model, batch, reference)
-            return kto_objective(algo, logps, ref, batch["label"], kl_logps, kl_ref, gather)
+            rows: dict = {}
+            logps, ref, kl_logps, kl_ref = kto_logps(model, batch, reference, rows)
+            loss, stats = kto_objective(algo, logps, ref, batch["label"], kl_logps, kl_ref, gather)
+            return loss, {**stats, **token_metrics(rows, rows["tokens"], batch["label"], accuracy=False)}
 
         return kto_forward
 
     def paired_forward(model, batch):
-        return paired_loss(algo, pair_logps(model, batch, reference))
+        rows: dict = {}
+        lp = pair_logps(model, batch, reference, rows)
+        loss, stats = paired_loss(algo, lp)
+        tokens = torch.cat([lp["chosen_tokens"], lp["rejected_tokens"]])
+        chosen = torch.arange(tokens.shape[0], device=tokens.device) < lp["chosen_tokens"].shape[0]
+        return loss, {**stats, **token_metrics(rows, tokens, chosen, accuracy=True)}
 
     return paired_forward
 
@@ -352,29 +399,42 @@ def _paired_accuracy(rewards: torch.Tensor, labels: torch.Tensor, pair: torch.Te
 @torch.no_grad()
 def evaluate(run, cfg, reference: Reference | None, model, batches: list[dict]) -> dict:
     """Loss and metrics over the whole held-out set (every process's examples); accuracy = fraction of pairs
-    whose implicit reward of chosen beats rejected."""
+    whose implicit reward of chosen beats rejected; TRL's token metrics (:func:`token_metrics`) over every token."""
     algo, acc = cfg.algo, run.accelerator
     paired = PREFERENCE_LOSSES[algo.loss].paired
-    rows = []
+    rows, has_entropy = [], True
     with eval_mode(model):
         for batch in batches:
+            sums: dict = {}
             if not paired:
-                logps, ref, kl_logps, kl_ref = kto_logps(model, batch, reference)
-                rows.append(torch.stack([logps, ref, kl_logps, kl_ref, batch["label"].float(),
-                                         batch["pair"].float()], dim=1))
+                logps, ref, kl_logps, kl_ref = kto_logps(model, batch, reference, sums)
+                cols = [logps, ref, kl_logps, kl_ref, batch["label"].float(), batch["pair"].float(), sums["tokens"]]
             else:
-                lp = pair_logps(model, batch, reference)
-                rows.append(torch.stack([lp[k].float() for k in PAIR_COLUMNS], dim=1))
-    width = 6
+                lp = pair_logps(model, batch, reference, sums)
+                cols = [lp[k].float() for k in PAIR_COLUMNS]
+            has_entropy = has_entropy and "entropy" in sums
+            extra = [sums["mean_logits"], sums["top1"], sums.get("entropy", torch.zeros_like(sums["top1"]))]
+            if paired:  # [2B] per row -> [B] per pair: the chosen half, then the rejected half
+                extra = [half for t in extra for half in t.chunk(2)]
+            rows.append(torch.stack([*cols, *extra], dim=1).float())
+    width = (7 + 3) if not paired else len(PAIR_COLUMNS) + 6
     table = gather_rows(acc, torch.cat(rows) if rows else torch.zeros(0, width, device=acc.device))
     if not paired:
-        logps, ref, kl_logps, kl_ref, labels, pair = table.unbind(1)
+        logps, ref, kl_logps, kl_ref, labels, pair, tokens, ml, top1, ent = table.unbind(1)
         loss, stats = kto_objective(algo, logps, ref, labels.bool(), kl_logps, kl_ref)
         paired = _paired_accuracy(logps - ref, labels.bool(), pair.long())
         if paired is not None:
             stats["rewards/accuracies"] = paired
+        chosen, accuracy = labels.bool(), False
     else:
-        loss, stats = paired_loss(algo, dict(zip(PAIR_COLUMNS, table.unbind(1))))
+        lp = dict(zip(PAIR_COLUMNS, table[:, :len(PAIR_COLUMNS)].unbind(1)))
+        loss, stats = paired_loss(algo, lp)
+        ml_c, ml_r, top_c, top_r, ent_c, ent_r = table[:, len(PAIR_COLUMNS):].unbind(1)
+        ml, top1, ent = torch.cat([ml_c, ml_r]), torch.cat([top_c, top_r]), torch.cat([ent_c, ent_r])
+        tokens = torch.cat([lp["chosen_tokens"], lp["rejected_tokens"]])
+        chosen, accuracy = torch.arange(tokens.shape[0], device=tokens.device) < ml_c.shape[0], True
+    sums = {"mean_logits": ml, "top1": top1, **({"entropy": ent} if has_entropy else {})}
+    stats.update(token_metrics(sums, tokens, chosen, accuracy))
     return {"loss": loss.item(), **{k: float(v) for k, v in stats.items()}}
 
 

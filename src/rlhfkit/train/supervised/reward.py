@@ -31,7 +31,7 @@ def make_rm_forward(cfg):
     def rm_forward(model, batch: dict):
         chosen, rejected = pair_scores(model, batch)
         loss, stats = bradley_terry_loss(chosen, rejected, margin=batch.get("margin"), center_coef=cfg.rm.center_coef)
-        return loss, {"accuracy": stats["accuracy"]}
+        return loss, {"accuracy": stats["accuracy"], **reward_stats(chosen.detach(), rejected.detach())}
 
     return rm_forward
 
@@ -53,7 +53,15 @@ def rm_eval(accelerator, model, batches: list[dict]) -> dict:
     c, r = both[:, 0], both[:, 1]
     loss, stats = bradley_terry_loss(c, r)
     return {"loss": loss.item(), "accuracy": stats["accuracy"].item(), "chosen_mean": c.mean().item(),
-            "rejected_mean": r.mean().item(), "margin_mean": (c - r).mean().item()}
+            "rejected_mean": r.mean().item(), **{k: float(v) for k, v in reward_stats(c, r).items()}}
+
+
+def reward_stats(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, torch.Tensor]:
+    """TRL's RewardTrainer statistics of a batch of pairs: the mean chosen - rejected margin, and the mean, lowest
+    and highest score over both sides."""
+    both = torch.cat([chosen, rejected])
+    return {"margin_mean": (chosen - rejected).mean(), "mean_reward": both.mean(), "min_reward": both.min(),
+            "max_reward": both.max()}
 
 
 class MarginCollator(PreferenceCollator):

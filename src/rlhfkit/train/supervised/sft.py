@@ -11,38 +11,52 @@ from ...algos import sft_loss
 from ...data import IGNORE_INDEX, SFTCollator, pack_sequences
 from ...models.loading import describe, load_causal_lm, save_model
 from ..lifecycle.run import run_recipe
-from ..shared.batches import completion_logprobs, load_records, tokenize
+from ..shared.batches import load_records, tokenize
+from ..shared.forward import completion_stats
 from .loop import SupervisedJob, train_supervised
 
 
 def sft_forward(model, batch: dict) -> tuple[torch.Tensor, dict]:
-    """Mean NLL over the trained tokens of the micro-batch (labels != -100)."""
+    """Mean NLL over the trained tokens of the micro-batch (labels != -100), and the fraction of them that are the
+    model's most likely token (TRL's ``mean_token_accuracy``), and the mean entropy of the next-token distribution over
+    them (TRL's ``entropy``; not when Liger's kernel computes the head)."""
     labels = batch["labels"][:, 1:]
     mask = (labels != IGNORE_INDEX).long()
-    logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"),
-                                batch["labels"])  # the untrained tokens never reach the LM head
-    loss, stats = sft_loss(logps, mask)
-    return loss, {}
+    st = completion_stats(model, batch["input_ids"], batch["attention_mask"], batch["labels"],
+                          position_ids=batch.get("position_ids"), argmax=True, entropy="metric",
+                          media=batch.get("media"))  # untrained tokens: not computed
+    loss, _ = sft_loss(st.logprobs, mask)
+    tokens = mask.sum().clamp(min=1)
+    out = {"mean_token_accuracy": ((st.argmax == labels) & mask.bool()).sum().float() / tokens}
+    if st.entropy is not None:
+        out["entropy"] = (st.entropy * mask).sum() / tokens
+    return loss, out
 
 
 @torch.no_grad()
 def sft_eval(accelerator, model, batches: list[dict]) -> dict:
-    """Token-level mean loss over every eval token of every process, and its perplexity."""
+    """Token-level mean loss over every eval token of every process, its perplexity, and TRL's
+    ``mean_token_accuracy`` and ``entropy`` over the same tokens (the entropy not under Liger's kernel)."""
     was_training = model.training
     model.eval()
-    nll = torch.zeros((), device=accelerator.device)
-    count = torch.zeros((), device=accelerator.device)
+    sums = torch.zeros(4, device=accelerator.device)  # nll, tokens, top-1 hits, entropy
+    has_entropy = True
     for batch in batches:
         labels = batch["labels"][:, 1:]
         mask = (labels != IGNORE_INDEX).float()
-        logps = completion_logprobs(model, batch["input_ids"], batch["attention_mask"], batch.get("position_ids"),
-                                    batch["labels"])
-        nll += -(logps.float() * mask).sum()
-        count += mask.sum()
+        st = completion_stats(model, batch["input_ids"], batch["attention_mask"], batch["labels"],
+                              position_ids=batch.get("position_ids"), argmax=True, entropy="metric",
+                              media=batch.get("media"))
+        has_entropy = has_entropy and st.entropy is not None
+        ent = (st.entropy.float() * mask).sum() if st.entropy is not None else mask.new_zeros(())
+        sums += torch.stack([-(st.logprobs.float() * mask).sum(), mask.sum(), ((st.argmax == labels) * mask).sum(),
+                             ent])
     model.train(was_training)
-    nll, count = accelerator.reduce(nll, "sum"), accelerator.reduce(count, "sum")
-    loss = (nll / count.clamp(min=1)).item()
-    return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
+    nll, count, hits, ent = accelerator.reduce(sums, "sum").unbind(0)
+    count = count.clamp(min=1)
+    loss = (nll / count).item()
+    out = {"loss": loss, "ppl": math.exp(min(loss, 50.0)), "mean_token_accuracy": (hits / count).item()}
+    return {**out, "entropy": (ent / count).item()} if has_entropy else out
 
 
 def run_sft(cfg) -> dict:

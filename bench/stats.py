@@ -1,0 +1,67 @@
+"""Statistics of the learning benchmarks: Welch's unequal-variance t-test on two sets of per-seed results.
+
+Our own (pure Python) rather than scipy's ``ttest_ind(equal_var=False)``: scipy is in neither the project's
+dependencies nor the TRL venv the benchmarks run in, and these few lines are checked against values computed by
+hand and against the t distribution's closed forms (tests/unit/test_bench_stats.py; against scipy too where it is
+installed).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz's method; Abramowitz & Stegun 26.5.8)."""
+    tiny, eps = 1e-300, 3e-16
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), 0 <= x <= 1."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"x={x} is outside [0, 1]")
+    if x in (0.0, 1.0):
+        return x
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):  # the fraction converges fast on this side; the symmetry on the other
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with ``df`` (> 0, not necessarily whole) degrees of freedom."""
+    if df <= 0:
+        raise ValueError(f"df={df} must be > 0")
+    if math.isinf(t):
+        return 0.0
+    return betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Welch's t-test of mean(a) against mean(b): (t, Welch-Satterthwaite df, two-sided p). Needs two values in
+    each; equal values on both sides (no variance at all) give t = +-inf, p = 0 when the means differ, else
+    t = 0, p = 1."""
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError("Welch's test needs at least two values per side")
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:
+        return (0.0, math.nan, 1.0) if diff == 0 else (math.copysign(math.inf, diff), math.nan, 0.0)
+    t = diff / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return t, df, t_two_sided_p(t, df)

@@ -1,0 +1,174 @@
+"""rlhfkit against TRL 1.16's VLM GRPO at equal settings, in one run: seconds per step, peak memory, TRL / rlhfkit.
+
+    .venv/bin/python bench/vlm.py --trl-python .venv-trl/bin/python [--arch llava] [--steps 4] [--rounds 1]
+        [--device cpu|cuda] [--prompts 2] [--k 4] [--max-new 8] [--spec hidden=..,layers=..]
+
+The parent (rlhfkit's environment) writes one model directory (a tiny VLM of ``--arch`` built from config with random
+weights and its processor: ``tiny:arch=ARCH,SPEC`` saved with ``save_pretrained``) and the ``shapes`` task's pictures;
+each (framework, round) then runs in its own process (``--worker``), frameworks alternating, TRL's in the interpreter
+``--trl-python`` names (TRL is never a project dependency). Both workers run the same GRPO script, TRL's documented
+VLM form (a ``datasets.Dataset`` with an ``image`` column of PIL images, conversational prompts with an image part, a
+reward reading the ``answer`` column), differing only in the import line (``from trl`` / ``from rlhfkit``).
+
+Equal settings: ``prompts x k`` completions per step, one optimizer update per rollout (TRL:
+``steps_per_generation=1, num_iterations=1``), KL to the reference with beta 0.04, temperature 1, no gradient
+checkpointing, the whole language model trained and the vision tower and projector frozen (rlhfkit's default; TRL
+gets the model object with them frozen by the worker), float32 on CPU, bf16 on CUDA. A step's time is the interval
+between two step-end callbacks (the first ``--warmup`` left out); peak memory is the worker's peak RSS on CPU (both
+load the same weights; TRL's process also imports ``datasets`` / ``accelerate``) and ``max_memory_allocated`` on CUDA.
+
+``--arch llava`` by default: transformers' Qwen2.5-VL processor needs torchvision (its video processor), which TRL's
+environment need not have; ``--arch qwen2_5_vl`` / ``gemma3_vl`` where it does (rlhfkit itself needs no torchvision).
+Figures and their date / device go in ``bench/README.md`` and ``docs/vision-language.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+QUESTION = "Which square is larger, red or blue?"
+
+
+# ─────────────────────────────────────────── the worker (either framework) ───────────────────────────────────────────
+
+
+def worker(a: argparse.Namespace) -> None:
+    import resource
+
+    import torch
+    from datasets import Dataset
+    from PIL import Image
+
+    if a.framework == "trl":
+        from transformers import AutoModelForImageTextToText, TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    else:
+        from rlhfkit import GRPOConfig, GRPOTrainer
+        TrainerCallback = object
+
+    rows = json.loads((Path(a.workdir) / "rows.json").read_text())
+    dataset = Dataset.from_list([{"image": Image.open(Path(a.workdir) / r["image"]).convert("RGB"),
+                                  "prompt": [{"role": "user", "content": [{"type": "image"},
+                                                                          {"type": "text", "text": QUESTION}]}],
+                                  "answer": r["answer"]} for r in rows])
+
+    def accuracy_reward(completions, answer, **kwargs):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [1.0 if t.strip().startswith(want) else 0.0 for t, want in zip(texts, answer)]
+
+    ends: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, *args, **kwargs):  # TRL
+            ends.append(time.perf_counter())
+
+        def on_step(self, step, metrics):  # rlhfkit
+            ends.append(time.perf_counter())
+
+    cuda = a.device == "cuda"
+    args = GRPOConfig(output_dir=str(Path(a.workdir) / f"out-{a.framework}"), learning_rate=1e-5,
+                      per_device_train_batch_size=a.prompts * a.k, num_generations=a.k,
+                      max_completion_length=a.max_new, max_steps=a.steps, beta=0.04, temperature=1.0,
+                      steps_per_generation=1, num_iterations=1, gradient_checkpointing=False, logging_steps=1,
+                      report_to="none", save_strategy="no", bf16=cuda, seed=0,
+                      **({"use_cpu": not cuda} if a.framework == "trl" else {}))  # rlhfkit: CUDA when visible
+    model = str(Path(a.workdir) / "model")
+    if a.framework == "trl":  # the tower and projector frozen, as rlhfkit's default
+        model = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.bfloat16 if cuda else torch.float32)
+        inner = getattr(model, "model", model)
+        for name in ("visual", "vision_tower", "multi_modal_projector"):
+            for p in getattr(inner, name).parameters() if hasattr(inner, name) else ():
+                p.requires_grad_(False)
+    trainer = GRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=args, train_dataset=dataset,
+                          callbacks=[Clock()])
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    trainer.train()
+    steps = [b - e for e, b in zip([start, *ends], ends)][a.warmup:]
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print("RESULT " + json.dumps({"framework": a.framework, "steps": steps, "peak": peak}), flush=True)
+
+
+# ─────────────────────────────────────────── the parent ───────────────────────────────────────────
+
+
+def prepare(workdir: Path, arch: str, spec: str, n: int) -> None:
+    """The model directory (a tiny VLM with random weights and its processor) and ``n`` pictures of ``shapes``."""
+    from rlhfkit.config import ModelConfig
+    from rlhfkit.models.loading import load_causal_lm
+    from rlhfkit.tasks import make_task_data
+
+    model, tok = load_causal_lm(ModelConfig(name=f"tiny:arch={arch}" + (f",{spec}" if spec else "")),
+                                trainable=False)
+    model.save_pretrained(workdir / "model")
+    tok.rlhfkit_processor.save_pretrained(workdir / "model")
+    make_task_data("shapes", workdir, n=n, n_eval=1)
+    rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
+    (workdir / "rows.json").write_text(json.dumps([{"image": r["image"], "answer": r["answer"]} for r in rows]))
+
+
+def run_worker(python: str, a: argparse.Namespace, framework: str, workdir: Path) -> dict:
+    cmd = [python, __file__, "--worker", "--framework", framework, "--workdir", str(workdir), "--device", a.device,
+           "--steps", str(a.steps), "--warmup", str(a.warmup), "--prompts", str(a.prompts), "--k", str(a.k),
+           "--max-new", str(a.max_new)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")} \
+        if framework == "rlhfkit" else dict(os.environ)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"{framework} worker failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                     f"{proc.stderr[-3000:]}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--framework", choices=["trl", "rlhfkit"], help=argparse.SUPPRESS)
+    p.add_argument("--workdir", help=argparse.SUPPRESS)
+    p.add_argument("--trl-python", default=".venv-trl/bin/python", help="the interpreter with trl==1.16.0")
+    p.add_argument("--arch", default="llava", choices=["llava", "qwen2_5_vl", "gemma3_vl"])
+    p.add_argument("--spec", default="hidden=256,layers=4,heads=4,kv_heads=2,intermediate=688",
+                   help="the tiny VLM's sizes (tiny:arch=ARCH,SPEC)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--max-new", dest="max_new", type=int, default=8)
+    a = p.parse_args()
+    if a.worker:
+        return worker(a)
+    if a.steps <= a.warmup:
+        raise SystemExit("--steps must exceed --warmup")
+    with tempfile.TemporaryDirectory(prefix="rlhfkit-bench-vlm-") as tmp:
+        workdir = Path(tmp)
+        prepare(workdir, a.arch, a.spec, n=a.prompts * a.steps)
+        results: dict[str, list[dict]] = {"trl": [], "rlhfkit": []}
+        for _ in range(a.rounds):
+            for framework in ("trl", "rlhfkit"):
+                python = a.trl_python if framework == "trl" else sys.executable
+                results[framework].append(run_worker(python, a, framework, workdir))
+    print(f"GRPO on tiny:arch={a.arch},{a.spec}, {a.prompts} x {a.k} completions of <= {a.max_new} tokens, "
+          f"{a.device}, {a.steps} steps ({a.warmup} warm-up) x {a.rounds} round(s)")
+    med, peak = {}, {}
+    for framework, runs in results.items():
+        med[framework] = statistics.median(t for r in runs for t in r["steps"])
+        peak[framework] = max(r["peak"] for r in runs)
+        print(f"  {framework:8s} {med[framework]:8.3f} s/step   peak {peak[framework] / 2**20:8.1f} MiB")
+    print(f"RATIO step time TRL / rlhfkit: {med['trl'] / med['rlhfkit']:.2f} (> 1: rlhfkit faster)")
+    print(f"RATIO peak memory TRL / rlhfkit: {peak['trl'] / peak['rlhfkit']:.2f} (> 1: rlhfkit smaller)")
+
+
+if __name__ == "__main__":
+    main()

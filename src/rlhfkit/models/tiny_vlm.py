@@ -1,0 +1,131 @@
+"""Tiny vision-language models built from config (random weights) with their processors, offline: the character
+tokenizer of :mod:`.tiny` plus each family's image tokens, the family's own image processor (its PIL backend: no
+torchvision) at a small resolution, and a chat template that renders ``{"type": "image"}`` content parts as the
+family does. ``tiny:arch=qwen2_5_vl`` (Qwen2.5-VL: M-RoPE, 2x2 patch merging), ``tiny:arch=gemma3_vl`` (Gemma 3 with
+a SigLIP tower, bidirectional attention over each image's tokens, sliding-window text layers) and ``tiny:arch=llava``
+(LLaVA: a CLIP tower and a Llama language model), so every recipe and engine runs each family's code paths in tests
+and demos. Sizes are the text model's :data:`~.tiny.TINY_DEFAULTS` plus ``image`` (the side, in pixels, images are
+resized to; 32: Qwen2.5-VL 4 image tokens, Gemma 3 4, LLaVA 16)."""
+
+from __future__ import annotations
+
+from .tiny import CHARS, SPECIAL_TOKENS, VLM_ARCHS  # noqa: F401 - the names of the archs
+
+PATCH = 8  # vision patch side of every tiny tower
+
+# each family's image tokens: (token, the tokenizer attribute transformers' processor reads it from)
+_TOKENS = {
+    "qwen2_5_vl": [("<|vision_start|>", "vision_start_token"), ("<|vision_end|>", "vision_end_token"),
+                   ("<|image_pad|>", "image_token"), ("<|video_pad|>", "video_token")],
+    "gemma3_vl": [("<start_of_image>", "boi_token"), ("<end_of_image>", "eoi_token"),
+                  ("<image_soft_token>", "image_token")],
+    "llava": [("<image>", "image_token")],
+}
+# how each family's chat template writes an image part (what its processor expands into the image tokens)
+_IMAGE_PART = {"qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3_vl": "<start_of_image>",
+               "llava": "<image>\n"}
+
+
+def chat_template(arch: str) -> str:
+    """ChatML with ``{"type": "image"}`` / ``{"type": "text"}`` content parts, the image written as ``arch`` does."""
+    part = _IMAGE_PART[arch]
+    return ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+            "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+            "{% for item in message['content'] %}{% if item['type'] == 'image' %}" + part +
+            "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def tiny_vlm_tokenizer(arch: str):
+    """The character tokenizer (the same ids as :func:`~.tiny.build_tiny_tokenizer`'s) plus ``arch``'s image
+    tokens after them, as named special tokens (``tok.image_token``, ...), with the family's chat template."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    extra = [t for t, _ in _TOKENS[arch]]
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS + extra)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(SPECIAL_TOKENS + extra)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>",
+                                  additional_special_tokens=["<|im_start|>"],
+                                  extra_special_tokens={name: t for t, name in _TOKENS[arch]},
+                                  model_max_length=4096, clean_up_tokenization_spaces=False)
+    tok.chat_template = chat_template(arch)
+    return tok
+
+
+def tiny_vlm(s: dict, tok):
+    """``(config, processor)`` of a tiny VLM spec ``s`` (:func:`~.tiny.parse_tiny_spec`'s dict) over ``tok``."""
+    import transformers
+
+    arch, side = s["arch"], s["image"]
+    ids = {name: tok.convert_tokens_to_ids(t) for t, name in _TOKENS[arch]}
+    text = dict(vocab_size=len(tok), hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"], intermediate_size=s["intermediate"],
+                max_position_embeddings=s["context"], pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                bos_token_id=None, tie_word_embeddings=True)
+    head_dim = s["hidden"] // s["heads"]
+    vision = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, patch_size=PATCH, image_size=side)
+    template = chat_template(arch)
+    if arch == "qwen2_5_vl":
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        quarter = head_dim // 4  # M-RoPE sections (temporal, height, width) over the rotary half of a head
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
+                                   "mrope_section": [head_dim // 2 - 2 * quarter, quarter, quarter]}
+        cfg = transformers.Qwen2_5_VLConfig(
+            text_config=text, vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                                 patch_size=PATCH, spatial_merge_size=2, temporal_patch_size=2,
+                                                 out_hidden_size=s["hidden"], fullatt_block_indexes=[0],
+                                                 window_size=4 * PATCH),
+            image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+            vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"],
+            tie_word_embeddings=True)
+        ip = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=2, temporal_patch_size=2,
+                                      min_pixels=side * side, max_pixels=side * side)
+        processor = images_only(transformers.Qwen2_5_VLProcessor)(image_processor=ip, tokenizer=tok,
+                                                                   chat_template=template)
+    elif arch == "gemma3_vl":
+        from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+        every = min(6, s["layers"])
+        per_image = 4  # the tower's (side / PATCH)^2 patches average-pooled to 4 tokens
+        cfg = transformers.Gemma3Config(
+            text_config=transformers.Gemma3TextConfig(
+                **text, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=s["window"],
+                layer_types=["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                             for i in range(s["layers"])]),
+            vision_config=transformers.SiglipVisionConfig(**vision, num_hidden_layers=1, vision_use_head=False),
+            mm_tokens_per_image=per_image, boi_token_index=ids["boi_token"], eoi_token_index=ids["eoi_token"],
+            image_token_index=ids["image_token"], tie_word_embeddings=True)
+        ip = Gemma3ImageProcessorPil(size={"height": side, "width": side})
+        processor = transformers.Gemma3Processor(image_processor=ip, tokenizer=tok, chat_template=template,
+                                                 image_seq_length=per_image)
+    elif arch == "llava":
+        from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+        cfg = transformers.LlavaConfig(
+            text_config=transformers.LlamaConfig(**text), vision_config=transformers.CLIPVisionConfig(
+                **vision, num_hidden_layers=2, projection_dim=32),
+            image_token_index=ids["image_token"], image_seq_length=(side // PATCH) ** 2, vision_feature_layer=-1,
+            tie_word_embeddings=True)
+        ip = LlavaImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+        processor = transformers.LlavaProcessor(image_processor=ip, tokenizer=tok, chat_template=template,
+                                                patch_size=PATCH, vision_feature_select_strategy="default",
+                                                num_additional_image_tokens=1)
+    else:  # pragma: no cover - parse_tiny_spec checks the name
+        raise ValueError(arch)
+    cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    return cfg, processor
+
+
+def images_only(cls):
+    """``cls`` (a processor class taking ``image_processor, tokenizer, video_processor``) without its video
+    processor: transformers checks every declared sub-processor's class, and video processors need torchvision. Used
+    by the tiny VLMs and by ``vision.load_processor`` for a real model's processor when torchvision is missing."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        cls.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
