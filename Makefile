@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE = 1
 export HF_HUB_DISABLE_PROGRESS_BARS = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install quickstart test test-cluster test-fast bench bench-trl lint clean
+.PHONY: install quickstart test test-cluster test-fast docs docs-serve bench bench-trl lint clean
 
 $(STAMP):
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,15 @@ test: $(STAMP)
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster tests/e2e
 
+## The documentation site (docs/, Sphinx + MyST): built with every warning an error, then every code block run
+docs: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m docs tests/docs
+
+docs-serve: docs
+	$(BIN)/python -m http.server -d docs/_build/html 8000
+
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
@@ -46,4 +55,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples tools
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache docs/_build

@@ -1,8 +1,8 @@
 """Rewrite every recipe YAML in configs/ from the config classes: same values, the current set of keys, and each
 key's help string as its comment (the header comment lines of each file are kept). Run after adding or
 documenting a config key: `.venv/bin/python tools/sync_configs.py` (the pipeline YAML is hand-written). It also
-rewrites the README's tables of TRL names from ``config.trl.TRL_NAMES`` (between the ``trl-names`` markers) and
-docs/coming-from-trl.md's table of TRL 1.16's defaults from ``config.trl_defaults`` (between ``trl-defaults``)."""
+rewrites docs/coming-from-trl.md's tables of TRL names from ``config.trl.TRL_NAMES`` (between the ``trl-names``
+markers) and its table of TRL 1.16's defaults from ``config.trl_defaults`` (between ``trl-defaults``)."""
 
 from __future__ import annotations
 
@@ -35,22 +35,16 @@ def main() -> int:
             path.write_text(text)
             changed += 1
             print(f"rewrote {path.relative_to(ROOT)}")
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    begin, end = "<!-- trl-names:begin -->\n", "\n<!-- trl-names:end -->"
-    new = text[: text.index(begin) + len(begin)] + markdown_tables() + text[text.index(end):]
-    if new != text:
-        readme.write_text(new)
-        changed += 1
-        print("rewrote README.md's TRL tables")
     docs = ROOT / "docs" / "coming-from-trl.md"
-    text = docs.read_text()
-    begin, end = "<!-- trl-defaults:begin -->\n", "\n<!-- trl-defaults:end -->"
-    new = text[: text.index(begin) + len(begin)] + markdown_table() + text[text.index(end):]
-    if new != text:
-        docs.write_text(new)
-        changed += 1
-        print("rewrote docs/coming-from-trl.md's table of TRL defaults")
+    for marker, table, what in (("trl-names", markdown_tables(), "tables of TRL names"),
+                                ("trl-defaults", markdown_table(), "table of TRL defaults")):
+        text = docs.read_text()
+        begin, end = f"<!-- {marker}:begin -->\n", f"\n<!-- {marker}:end -->"
+        new = text[: text.index(begin) + len(begin)] + table + text[text.index(end):]
+        if new != text:
+            docs.write_text(new)
+            changed += 1
+            print(f"rewrote docs/coming-from-trl.md's {what}")
     print(f"{changed} file(s) changed")
     return 0
 

@@ -1,7 +1,7 @@
-"""The Python API end to end on the tiny model: the README's example as written, a TRL user's GRPO script ported by
-changing its imports, a callback that stops a run with a checkpoint (and train() again resumes it), a loaded model
-and tokenizer, TRL-convention reward functions on conversational data from Python and from YAML, reasoning-gym as
-data and verifier."""
+"""The Python API end to end on the tiny model: the docs' Python example (docs/python.md) as written, a TRL user's GRPO
+script ported by changing its imports, a callback that stops a run with a checkpoint (and train() again resumes it),
+a loaded model and tokenizer, TRL-convention reward functions on conversational data from Python and from YAML,
+reasoning-gym as data and verifier."""
 
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ def metrics_of(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    text = (ROOT / "docs" / "python.md").read_text()
     block = re.search(r"<!-- python-example:begin -->\n```python\n(.*?)```\n<!-- python-example:end -->", text, re.S)
     monkeypatch.chdir(tmp_path)
     scope: dict = {"__name__": "__main__"}
-    exec(compile(block.group(1), "README.md (Python)", "exec"), scope)  # noqa: S102 - the README's own code
+    exec(compile(block.group(1), "docs/python.md", "exec"), scope)  # noqa: S102 - the docs' own code
     summary = scope["summary"]
     out = capsys.readouterr().out
     assert summary.run_dir == Path("runs/python-grpo") and summary.stopped is None

@@ -3,18 +3,18 @@
 Every recipe reads one *kind* of record. Users bring them in several common shapes; :func:`normalize_record`
 turns each row into one canonical shape (all messages are lists of ``{"role": str, "content": str}``):
 
-=============  ==========================================================  ==========================================
-kind           accepted input rows                                          normalised record
-=============  ==========================================================  ==========================================
-``sft``        ``{"prompt", "completion"}`` (str or messages),              ``{"messages": [...]}`` or ``{"text": str}``
-               ``{"messages": [...]}``, ``{"text": str}``
-``preference`` ``{"prompt", "chosen", "rejected"}``; or chosen / rejected   ``{"prompt": [..., user], "chosen": [asst],
-               as full conversations (implicit prompt = common prefix)       "rejected": [asst]}``
-``prompt``     ``{"prompt"}`` or ``{"messages"}`` (a final assistant turn   ``{"prompt": [..., user], **other_fields}``
-               is dropped); every other field is kept for reward functions
-``unpaired``   ``{"prompt", "completion", "label"}`` (label: bool, 0/1,     ``{"prompt": [...], "completion": [asst],
-               "true"/"false"); or a full conversation + label               "label": bool}``
-=============  ==========================================================  ==========================================
+==============  ==========================================================  ==========================================
+kind            accepted input rows                                          normalised record
+==============  ==========================================================  ==========================================
+``sft``         ``{"prompt", "completion"}`` (str or messages),              ``{"messages": [...]}`` / ``{"text": str}``
+                ``{"messages": [...]}``, ``{"text": str}``
+``preference``  ``{"prompt", "chosen", "rejected"}``; or chosen / rejected   ``{"prompt": [..., user], "chosen": [asst],
+                as full conversations (implicit prompt = common prefix)       "rejected": [asst]}``
+``prompt``      ``{"prompt"}`` or ``{"messages"}`` (a final assistant turn   ``{"prompt": [..., user], **other_fields}``
+                is dropped); other fields are kept for rewards
+``unpaired``    ``{"prompt", "completion", "label"}`` (label: bool, 0/1,     ``{"prompt": [...], "completion": [asst],
+                "true"/"false"); or a full conversation + label               "label": bool}``
+==============  ==========================================================  ==========================================
 
 A plain string prompt becomes one user turn, a plain string completion one assistant turn. ShareGPT rows
 (``{"conversations": [{"from": "human", "value": ...}]}``) are accepted wherever ``messages`` is.

@@ -65,10 +65,11 @@ def encode_with_ends(tok, text: str) -> tuple[list[int], list[int]]:
 
 def align_response(student_tok, teacher_tok, response_ids: Sequence[int], *, student_stop: Sequence[int],
                    teacher_eos: int) -> tuple[list[int], list[Chunk]]:
-    """The teacher's ids of one student response and the chunks aligning them (:func:`~rlhfkit.algos.token_align.
-    align_spans`): the response's text (without a final stop token) re-tokenised by ``teacher_tok``; a final
-    student stop token (``student_stop``) is matched with ``teacher_eos`` as the last chunk. ``response_ids``: the
-    response's tokens only (no padding). Returns (teacher ids, chunks over the student's and the teacher's tokens)."""
+    """The teacher's ids of one student response and the chunks aligning them
+    (:func:`~rlhfkit.algos.token_align.align_spans`): the response's text (without a final stop token) re-tokenised
+    by ``teacher_tok``; a final student stop token (``student_stop``) is matched with ``teacher_eos`` as the last chunk.
+    ``response_ids``: the response's tokens only (no padding). Returns (teacher ids, chunks over the student's and
+    the teacher's tokens)."""
     ids = [int(i) for i in response_ids]
     stop = bool(ids) and ids[-1] in set(int(s) for s in student_stop)
     body = ids[:-1] if stop else ids

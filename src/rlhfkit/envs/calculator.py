@@ -8,7 +8,7 @@ The episode's first successful tool call earns ``tool_reward`` (a per-turn rewar
 so a policy cannot farm the reward by calling again and again until ``env.max_turns``). ``metrics()`` reports tool
 calls, their success, and correctness.
 
-Expressions are evaluated by walking Python's ``ast`` (numbers, + - * / // % **, parentheses, unary minus; no names
+Expressions are evaluated by walking Python's ``ast`` (numbers, ``+ - * / // % **``, parentheses, unary minus; no names
 and no calls), so nothing a model writes is executed.
 """
 

@@ -3,19 +3,19 @@ of them a reward pays for (a reward that pays for them can be hacked), before a 
 
 The completions, for each prompt (those marked * need the row's reference, ``answer`` by default):
 
-================== ================================================================================
-``empty``          the empty string
-``whitespace``     spaces, tabs and newlines only
-``prompt_echo``    the prompt, copied back
-``reference_only`` * the reference answer and nothing else
-``format_only``    the common answer forms with nothing in them: ``\\boxed{}``, ``####``, ``<answer></answer>``,
-                   an empty code block
-``repetition``     one short phrase repeated to about 4,000 characters
-``answer_repeated`` * the reference answer repeated (200 times, fewer for a long one)
-``two_answers``    * the reference, then a second, different answer in the same form (``\\boxed{ref}`` ...
-                   ``\\boxed{other}``, ``#### ref`` ... ``#### other``, "the answer is ref ... the answer is other")
-``truncated``      * a worked answer cut in the middle of its final answer (references of 2 characters or more)
-================== ================================================================================
+=================== ================================================================================
+``empty``           the empty string
+``whitespace``      spaces, tabs and newlines only
+``prompt_echo``     the prompt, copied back
+``reference_only``  \\* the reference answer and nothing else
+``format_only``     the common answer forms with nothing in them: ``\\boxed{}``, ``####``, ``<answer></answer>``,
+                    an empty code block
+``repetition``      one short phrase repeated to about 4,000 characters
+``answer_repeated`` \\* the reference answer repeated (200 times, fewer for a long one)
+``two_answers``     \\* the reference, then a second, different answer in the same form (``\\boxed{ref}`` ...
+                    ``\\boxed{other}``, ``#### ref`` ... ``#### other``, "the answer is ref ... the answer is other")
+``truncated``       \\* a worked answer cut in the middle of its final answer (references of 2 characters or more)
+=================== ================================================================================
 
 :func:`lint_rewards` scores them with the run's own :class:`~rlhfkit.rewards.functions.CombinedRewards` (the same
 workers, limits and kwargs: the verifiers run in their time-limited workers, never in this process) and reports, per

@@ -368,7 +368,7 @@ class WorkerPool:
         one :class:`Outcome` per job, in order, each call bounded by ``timeout_s`` from its own start and by
         ``deadline`` (a ``time.perf_counter()`` value: the whole of a caller's work, its retries included, ends
         there; a job not started by then is a :class:`CallTimeout` without running). A worker killed for a timeout
-        loses every object's state (its set-ups are replayed on its next use): compare :attr:`Worker.restarts`
+        loses every object's state (its set-ups are replayed on its next use): compare ``Worker.restarts``
         before and after to know."""
         if self.n == 0:
             return [self._local(j.key, j.method, j.args, j.kwargs, deadline) for j in jobs]

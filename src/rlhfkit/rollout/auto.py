@@ -76,6 +76,7 @@ from .engine import ENGINES, Engine, model_device, register, strip_parallel_wrap
 from .hf import HFEngine
 from .static import StaticEngine
 
+#: device type -> (engine name, its settings)
 TABLE: dict[str, tuple[str, dict]] = {
     "cpu": ("static", {"compile": False}),
     "cuda": ("static", {"compile": False, "cuda_graphs": True}),

@@ -364,7 +364,7 @@ def scores_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
 
 
 def _tables(tab: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """RoPE rows of ``index`` from a table [S, D] or [K, S, D] -> [K, *index.shape, D]."""
+    """RoPE rows of ``index`` from a table ``[S, D]`` or ``[K, S, D]`` -> ``[K, *index.shape, D]``."""
     return tab[index].unsqueeze(0) if tab.dim() == 2 else tab[:, index]
 
 

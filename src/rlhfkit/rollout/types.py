@@ -10,23 +10,23 @@ import torch
 
 @dataclass
 class Rollout:
-    """Prompts and generated responses of one batch; every tensor has the batch in dim 0.
+    """Prompts and generated responses of one batch; every tensor has the batch in dim 0::
 
-    prompt_ids     [B, P] long   prompt tokens, LEFT-padded (pad id, mask 0 on the left)
-    prompt_mask    [B, P] long   1 on real prompt tokens
-    response_ids   [B, R] long   generated tokens, RIGHT-padded with the pad id after the end
-    response_mask  [B, R] long   1 on every generated token up to AND including the first EOS (or the token that
-                                 completes a stop string), 0 after
-    ended          [B]    bool   True when the response ended with EOS / a stop string, False when it was cut at
-                                 ``max_new_tokens``
-    lengths        [B]    long   ``response_mask.sum(-1)``
-    logprobs       [B, R] float  log-probability of each response token under the distribution it was SAMPLED from
-                                 (after temperature / top-k / top-p), as the engine computed it; 0 after the end.
-                                 None when the engine does not report them. The trainer's own log-probs may differ
-                                 (other kernels, precision, top-p): the off-policy correction compares the two.
-    action_mask    [B, R] long   multi-turn episodes (``envs``): 1 on the model's own tokens, 0 on tool /
-                                 environment tokens (which ``response_mask`` covers: the model attends to them).
-                                 None for single-turn rollouts, where it equals ``response_mask``.
+        prompt_ids     [B, P] long   prompt tokens, LEFT-padded (pad id, mask 0 on the left)
+        prompt_mask    [B, P] long   1 on real prompt tokens
+        response_ids   [B, R] long   generated tokens, RIGHT-padded with the pad id after the end
+        response_mask  [B, R] long   1 on every generated token up to AND including the first EOS (or the token that
+                                     completes a stop string), 0 after
+        ended          [B]    bool   True when the response ended with EOS / a stop string, False when it was cut at
+                                     ``max_new_tokens``
+        lengths        [B]    long   ``response_mask.sum(-1)``
+        logprobs       [B, R] float  log-probability of each response token under the distribution it was SAMPLED from
+                                     (after temperature / top-k / top-p), as the engine computed it; 0 after the end.
+                                     None when the engine does not report them. The trainer's own log-probs may differ
+                                     (other kernels, precision, top-p): the off-policy correction compares the two.
+        action_mask    [B, R] long   multi-turn episodes (``envs``): 1 on the model's own tokens, 0 on tool /
+                                     environment tokens (which ``response_mask`` covers: the model attends to them).
+                                     None for single-turn rollouts, where it equals ``response_mask``.
 
     Padding is never found by comparing ids with the pad id (pad may equal EOS); use the masks.
     """

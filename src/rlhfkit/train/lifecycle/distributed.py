@@ -2,7 +2,7 @@
 
 The recipes do not know which one runs; they ask the strategy (:func:`get_strategy`) to
 
-- ``wrap`` a trained model before its optimizer is built (FSDP2 replaces the parameters by sharded ``DTensor``s),
+- ``wrap`` a trained model before its optimizer is built (FSDP2 replaces the parameters by sharded ``DTensor`` objects),
 - ``prepare`` model and optimizer with the accelerator (DDP wrapping, DeepSpeed engine),
 - give full weights for a phase of many forwards without gradients (``gathered``: generation, evaluation) —
   gathered **once** for the phase, not per decode step, then resharded,

@@ -14,7 +14,7 @@ A :class:`Session` (made by :func:`~rlhfkit.train.lifecycle.run.start_run`, held
 3. **the files** (:meth:`Session.open_sink`, :meth:`Session.open_samples`): new ``metrics.jsonl`` /
    ``samples.jsonl`` / ``warnings.jsonl`` are written beside the earlier run's (``.new``) and swapped in, together
    with ``config.yaml``, only when the run *commits*. A run that starts over where an earlier run left its files
-   (``train.resume=never``, or a directory with files but no checkpoint to resume: :attr:`Session.protect`) commits
+   (``train.resume=never``, or a directory with files but no checkpoint to resume: ``Session.protect``) commits
    at its first checkpoint that holds an applied update, or at its end; a checkpoint before any update was applied
    is not written (the weights are the start's), so no early failure — a NaN reward or environment, a hang, a
    refused prompt, a stop signal, no update ever applied — costs the earlier run anything. A run in a fresh
@@ -25,8 +25,8 @@ A :class:`Session` (made by :func:`~rlhfkit.train.lifecycle.run.start_run`, held
    (damaged ones, or the future an explicit ``train.resume=PATH`` rewrites). A run that fails before leaves every
    earlier file byte-identical, and a directory it created empty is removed.
 4. **checkpoints** (:meth:`Session.save`): never of non-finite weights; a full disk ends in one line.
-Every file is written through ``rlhfkit.files`` (never through a link planted in the directory; a write failure is
-one line with the space needed, its partial output removed).
+   Every file is written through ``rlhfkit.files`` (never through a link planted in the directory; a write failure is
+   one line with the space needed, its partial output removed).
 5. **the end** (:meth:`Session.finish`): the final model, ``finished.json`` (fingerprint, run length), the report.
 
 **The fingerprint** of a run (every config key that defines what is trained; what is left out and why:
@@ -342,7 +342,7 @@ class Session:
     # ── 3. the files ─────────────────────────────────────────────────────────────────────────────────────────
     def open_sink(self) -> MetricsSink:
         """The metrics sink, staged: the first line commits the run (see :meth:`commit`), unless it starts over on
-        an earlier run's files (:attr:`protect`: then its first checkpoint with an update, or its end)."""
+        an earlier run's files (``protect``: then its first checkpoint with an update, or its end)."""
         run = self.run
         try:
             run.sink = MetricsSink(run.run_dir, backends=tuple(self.cfg.track.backends), is_main=run.is_main,
@@ -374,7 +374,7 @@ class Session:
         return [f for f in (self.run.sink, self.samples, self.health) if f is not None]
 
     def commit(self) -> None:
-        """The run has produced its first line (or its first checkpoint with an update, :attr:`protect`): from here
+        """The run has produced its first line (or its first checkpoint with an update, ``protect``): from here
         it owns the directory. Writes
         ``config.yaml``, swaps in the new metrics / samples files, removes ``finished.json`` and, when starting
         over, the checkpoints an earlier run left. Main process only, no barrier."""

@@ -183,7 +183,7 @@ class Learner:
 
     @torch.no_grad()
     def forward_passes(self, exp: Experience, evaluation: bool = False) -> None:
-        """Old log-probs (not when :attr:`on_policy_update`), reference log-probs (with a KL), critic values (PPO),
+        """Old log-probs (not when ``on_policy_update``), reference log-probs (with a KL), critic values (PPO),
         the teacher's log-probs and greedy agreement onto ``exp``: each model a timed phase over the same batches of
         <= ``memory.forward_tokens`` tokens (an offloaded model moves once), gathered once when sharded (the number
         of batches differs between processes). ``evaluation``: the policy and the teacher only."""
@@ -369,7 +369,7 @@ class Learner:
         return {"loss/value_avg": loss.detach(), "val/clipfrac_avg": st["clipfrac"]}
 
     def ppo_update(self, exp: Experience, step: int) -> dict:
-        """Step 6; with :attr:`on_policy_update`, ``exp.old_logprobs`` is set from the update's own log-probs."""
+        """Step 6; with ``on_policy_update``, ``exp.old_logprobs`` is set from the update's own log-probs."""
         algo, mb = self.cfg.algo, self.cfg.train.batch_size
         n = len(exp.rollout)
         stats: list[dict] = []

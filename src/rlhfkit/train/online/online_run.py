@@ -2,7 +2,7 @@
 the order that answers a mistake before any weights load, and the end of a step (step 7 of ``online.py``: the
 step's metrics over every process, the KL controller, evaluation on held-out prompts, the log line, the progress,
 the health rules and the samples table), the checkpoints and the end of the run. The loops themselves are
-``online.OnlineTrainer.train`` (synchronous: producer then learner in each process) and
+:meth:`~rlhfkit.train.online.synchronous.OnlineTrainer.train` (synchronous: producer then learner in each process) and
 ``asynchronous.AsyncTrainer.train`` (producers and learners on separate processes)."""
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ SHOW = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean",
 
 class OnlineRun:
     """A producer and a learner, and what both modes of the online loop do around their steps; the loop itself
-    (``train()``) is the mode's: :class:`~.online.OnlineTrainer` (synchronous), ``asynchronous.AsyncTrainer``."""
+    (``train()``) is the mode's: :class:`~rlhfkit.train.online.synchronous.OnlineTrainer` (synchronous),
+    ``asynchronous.AsyncTrainer``."""
 
     def __init__(self, cfg: OnlineConfig, run: Run, records: tuple[list, list] | None = None):
         self.cfg, self.run, self.acc = cfg, run, run.accelerator

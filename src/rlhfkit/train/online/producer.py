@@ -5,7 +5,7 @@ It holds what makes data: the prompts and their order, the rollout engine (or th
 reward functions in their worker processes, the reward model. It never updates a model: it generates from the
 policy it is handed (the learner's own in the synchronous mode; a copy kept current by weight broadcasts in the
 asynchronous one, ``asynchronous.py``). What it makes for a step depends only on the step and those weights: the
-prompt batch is a function of the step (:func:`~.common.plan_batches`), the sampling seed too
+prompt batch is a function of the step (:func:`~rlhfkit.train.shared.batches.plan_batches`), the sampling seed too
 (:meth:`Producer.seed_of`). That is what lets the asynchronous mode checkpoint its queue and resume without repeating
 or skipping a prompt.
 

@@ -6,10 +6,10 @@ wrap / optimizer / schedule / prepare / resume / sink set-up), the update (``opt
 store (``checkpoint.py``) and the run's lifecycle (``session.py``); what is its own is the data plan and the step.
 
 Departures from ``transformers.Trainer`` on purpose: batches are planned from a seeded permutation per epoch and
-sharded by rank (``common.plan_batches``, so resuming is "skip to batch k" without replaying data, and every process
-sees the same order); the scheduler is stepped once per optimizer update (never ``num_processes`` times);
-checkpoints hold only trainable tensors, optimizer, scheduler, RNG and data position, and are written to a temporary
-directory then renamed, so a crash never leaves a half checkpoint.
+sharded by rank (:func:`~rlhfkit.train.shared.batches.plan_batches`, so resuming is "skip to batch k" without
+replaying data, and every process sees the same order); the scheduler is stepped once per optimizer update (never
+``num_processes`` times); checkpoints hold only trainable tensors, optimizer, scheduler, RNG and data position, and
+are written to a temporary directory then renamed, so a crash never leaves a half checkpoint.
 """
 
 from __future__ import annotations

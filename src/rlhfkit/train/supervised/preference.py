@@ -325,7 +325,7 @@ def pair_logps(model, batch: dict, reference: Reference | None, into: dict | Non
 
 
 def kto_objective(algo, logps, ref, labels, kl_logps, kl_ref, gather=None) -> tuple[torch.Tensor, dict]:
-    """KTO loss and stats; z0 from the mismatched pairs (``gather``ed over processes when given)."""
+    """KTO loss and stats; z0 from the mismatched pairs (summed over processes with ``gather`` when given)."""
     if gather is not None:
         kl_logps, kl_ref = gather(kl_logps.detach()), gather(kl_ref)
     z0 = kto_kl_estimate(kl_logps, kl_ref)
