@@ -99,4 +99,7 @@ def write_api_pages(app=None) -> None:
 
 
 def setup(app):
+    from pygments.lexers import JsonLexer
+
+    app.add_lexer("jsonl", JsonLexer)  # JSON lines: one JSON value a line (the pages' data files)
     app.connect("builder-inited", write_api_pages)

@@ -20,7 +20,7 @@ What each argument may be:
   imported here).
 * ``model``: a name as ``model.name`` takes (directory, cached hub name, GGUF file, ``tiny:...``), or a loaded model
   with its tokenizer (``processing_class=`` or ``tokenizer=``): written once to rlhfkit's cache, named by its
-  weights' digest (:func:`_model_dir`), so the run's ``config.yaml`` names a real directory.
+  weights' digest (:func:`~rlhfkit.api_inputs.model_dir`), so the run's ``config.yaml`` names a real directory.
 * ``train_dataset`` / ``eval_dataset``: what ``data.train`` takes (a file, a directory, a ``datasets`` name,
   ``reasoning_gym:NAME?...``), a ``datasets.Dataset``, a ``DatasetDict`` (its ``train`` split, and ``test`` /
   ``validation`` for evaluation), or a list of dicts: Python objects are written once as JSON lines to the cache,

@@ -5,8 +5,8 @@ or the Python ``args``, a TRL-named trainer without ``args``) is built on :func:
 it gets TRL 1.16's value for every setting TRL defines; rlhfkit's own keys keep rlhfkit's defaults. What no setting
 makes equal is :data:`TRL_DIFFERENCES`, each row with the test of whether it applies to a given run (the start-up block,
 :mod:`.startup`, prints only those); :data:`PRACTICES` are rlhfkit's recommendations beside TRL's defaults, printed in
-one line, never switched on. ``docs/coming-from-trl.md`` is rendered from these tables (:func:`markdown_table`;
-``tools/sync_configs.py`` writes it, a test checks it).
+one line, never switched on. ``docs/coming-from-trl.md`` is rendered from these tables
+(:func:`~rlhfkit.config.startup.markdown_table`; ``tools/sync_configs.py`` writes it, a test checks it).
 
 Read from TRL 1.16.0's config classes (``GRPOConfig``, ``RLOOConfig``, ``DPOConfig``, ``KTOConfig``, ``SFTConfig``,
 ``RewardConfig``, ``trl.experimental``'s ``OnlineDPOConfig``, ``CPOConfig``, ``ORPOConfig``, on top of

@@ -8,12 +8,12 @@ kind            accepted input rows                                          nor
 ==============  ==========================================================  ==========================================
 ``sft``         ``{"prompt", "completion"}`` (str or messages),              ``{"messages": [...]}`` / ``{"text": str}``
                 ``{"messages": [...]}``, ``{"text": str}``
-``preference``  ``{"prompt", "chosen", "rejected"}``; or chosen / rejected   ``{"prompt": [..., user], "chosen": [asst],
-                as full conversations (implicit prompt = common prefix)       "rejected": [asst]}``
+``preference``  ``{"prompt", "chosen", "rejected"}``; or chosen / rejected   ``{"prompt": [..., user],``
+                as full conversations (implicit prompt = common prefix)       ``"chosen": [asst], "rejected": [asst]}``
 ``prompt``      ``{"prompt"}`` or ``{"messages"}`` (a final assistant turn   ``{"prompt": [..., user], **other_fields}``
                 is dropped); other fields are kept for rewards
-``unpaired``    ``{"prompt", "completion", "label"}`` (label: bool, 0/1,     ``{"prompt": [...], "completion": [asst],
-                "true"/"false"); or a full conversation + label               "label": bool}``
+``unpaired``    ``{"prompt", "completion", "label"}`` (label: bool, 0/1,     ``{"prompt": [...], "completion": [asst],``
+                "true"/"false"); or a full conversation + label               ``"label": bool}``
 ==============  ==========================================================  ==========================================
 
 A plain string prompt becomes one user turn, a plain string completion one assistant turn. ShareGPT rows

@@ -410,8 +410,8 @@ def _align_special_tokens(model, tok) -> None:
 
 def lora_targets(model, mcfg) -> list[str] | str:
     """What peft is told to adapt: ``model.lora.target_modules`` as the full names of the modules it matches
-    (:mod:`.lora`: names, or regular expressions as peft's string form), else the projections per architecture
-    (:data:`LORA_TARGETS`, else every linear layer); for a vision-language model the language model's only
+    (:mod:`rlhfkit.models.lora`: names, or regular expressions as peft's string form), else the projections per
+    architecture (:data:`LORA_TARGETS`, else every linear layer); for a vision-language model the language model's only
     (:func:`~.vision.lora_target`: its module names, never the vision tower's)."""
     if family_of(model) is not None:
         names = list(mcfg.lora.target_modules) if mcfg.lora.target_modules else \

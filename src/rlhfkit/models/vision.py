@@ -6,7 +6,7 @@ them at the image tokens before its text stack runs. Everything after that is a 
 decodes the text stack as it does any other (its decoder, the fused LM head, LoRA, the engines), and handles images
 in three places only:
 
-* **Loading** (:func:`load_processor`, :func:`is_vlm`): ``AutoModelForImageTextToText`` with the family's
+* **Loading** (:func:`load_processor`, :func:`vlm_type`): ``AutoModelForImageTextToText`` with the family's
   ``AutoProcessor``; the processor's chat template is the tokenizer's, so SFT, DPO and the online recipes render
   prompts alike. Without torchvision (its PyPI wheels do not import beside some torch builds) transformers cannot
   build a processor that declares a video processor (Qwen2-VL's, Qwen2.5-VL's): :func:`~.tiny_vlm.images_only` builds it

@@ -57,7 +57,8 @@ from . import wire
 BOOT = "from rlhfkit.rewards.workers import _child_main; _child_main({r}, {w})"
 SETUP_TIMEOUT_S = 300.0  # loading a model in a stateful reward's constructor may take minutes
 OUTPUT_LIMIT = 64 << 10  # bytes of stdout (and of stderr) user code may print per call; the rest is cut
-FRAME_S = 2.0  # a reply whose first bytes arrived is complete within the call's time left, and at least this long
+#: seconds: a reply whose first bytes arrived is complete within the call's time left, and at least this long
+FRAME_S = 2.0
 
 
 class CallTimeout(Exception):
