@@ -199,7 +199,7 @@ def test_a_keyboard_interrupt_from_a_callback_stops_with_a_checkpoint_and_ctrl_c
                      num_train_epochs=1, **{"data.eval_fraction": 0, "train.save_every": 0,
                                             "track.report": False})
     first = SFTTrainer(model=TINY, args=args, train_dataset=rows, callbacks=[Interrupting()]).train()
-    assert first.stopped == ("stopped by a KeyboardInterrupt in a callback (Interrupting.on_step) at step 2; "
+    assert first.stopped == ("stopped by a KeyboardInterrupt raised in a callback (Interrupting.on_step) at step 2; "
                              "checkpoint-2 saved; train() again resumes it")
     assert (tmp_path / "runs/sft/checkpoint-2").is_dir() and not (tmp_path / "runs/sft/finished.json").exists()
 

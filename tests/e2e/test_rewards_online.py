@@ -121,25 +121,24 @@ def test_hanging_reward_is_cut_counted_and_the_run_finishes(data, tmp_path):
                     "algo.total_episodes=64", "generation.max_new_tokens=6"))
     rows = [r for r in metrics_of(out) if "rewards/h/timeouts" in r]
     assert len(rows) == 4 and (out / "finished.json").exists()
-    # one chunk of four hung at every step (the probe was call 0): cut at 1 s, then called again sample by sample,
-    # where one of the four calls hangs again: that one sample is counted and dropped, the other three are scored
-    assert [r["rewards/h/timeouts"] for r in rows] == [1.0] * 4
-    assert [r["rewards/dropped"] for r in rows] == [1.0] * 4
-    assert all(2.0 <= r["rewards/h/time_s"] < 60 for r in rows)
+    # one chunk of four hung at every step (the probe was call 0): reward.timeout_s bounds the function's whole call
+    # on the batch (issue 45), so the hanging chunk is cut at 1 s with its four samples, counted and dropped; the
+    # other chunks are scored, and the step costs the limit once, never once per retry
+    assert [r["rewards/h/timeouts"] for r in rows] == [4.0] * 4
+    assert [r["rewards/dropped"] for r in rows] == [4.0] * 4
+    assert all(1.0 <= r["rewards/h/time_s"] < 5 for r in rows)
 
 
-def test_lint_stops_a_reward_that_pays_for_silence_before_any_weights_load(data, tmp_path):
+def test_lint_warns_about_a_reward_that_pays_for_silence_before_any_weights_load(data, tmp_path):
+    # the lint warns (issue 40: warnings only, as a TRL user's reward may mean it); what is certainly a bug (a wrong
+    # number of values) is refused by the probe, tests/unit/test_reward_lint.py
     (tmp_path / "hangs.py").write_text(HANGS)
-    out = tmp_path / "silence"
     spec = f"reward.functions=[{{fn: '{tmp_path / 'hangs.py'}:pays_for_silence'}}]"
-    with pytest.raises(RewardError, match="reward lint: an empty completion gets the highest reward"):
-        run_online(grpo(data, "tiny:hidden=32,layers=1", out, spec))
-    assert not out.exists()  # stopped before the run directory was made
     res = subprocess.run([sys.executable, "-m", "rlhfkit", "reward-lint", f"data.train={data / 'prompts.jsonl'}",
                           spec], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2, res.stderr
-    assert "pays_for_silence" in res.stdout and "empty" in res.stdout
-    assert res.stderr.strip().count("\n") == 0 and "reward lint" in res.stderr
+    assert res.returncode == 0, res.stderr
+    assert "pays_for_silence" in res.stdout and "an empty completion gets the highest reward" in res.stdout
+    assert "warning" in res.stdout and "reward.lint=false" in res.stdout
     ok = subprocess.run([sys.executable, "-m", "rlhfkit", "reward-lint", f"data.train={data / 'prompts.jsonl'}",
                          "reward.functions=[{fn: math_answer}]"], capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr

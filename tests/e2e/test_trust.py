@@ -130,8 +130,10 @@ def test_a_changed_setting_is_refused_by_name_and_forced_on_request(root, capsys
     assert "resumed from" in capsys.readouterr().out
     lines = {x["step"]: x for x in read_metrics(out)}
     assert sorted(lines) == [1, 2, 3, 4, 5, 6]
-    assert lines[5]["lr"] == pytest.approx(5e-3 * (1 - 5 / 6))  # linear decay of the new peak, at update 5
-    assert lines[4]["lr"] == pytest.approx(1e-3 * (1 - 4 / 6))  # the kept lines of the first run
+    # the LR each update used (TRL's learning_rate: before the scheduler steps): linear decay of the new peak from
+    # update 5, and the kept lines of the first run
+    assert lines[5]["lr"] == pytest.approx(5e-3 * (1 - 4 / 6))
+    assert lines[4]["lr"] == pytest.approx(1e-3 * (1 - 3 / 6))
     assert "lr: 0.005" in (out / "config.yaml").read_text()
 
 

@@ -101,7 +101,10 @@ def coin_dir(colours, tmp_path_factory) -> Path:
 
 
 def metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    """The run's metrics.jsonl under rlhfkit's names (it writes TRL's for the recipes TRL has)."""
+    from rlhfkit.track.metrics import read_run_metrics
+
+    return read_run_metrics(run)
 
 
 def answers(model_dir, colours: Path, temperature: float = 0.0) -> list[tuple[str, str]]:

@@ -59,6 +59,7 @@ def tiny_model_config(spec: str, tokenizer):
         return tiny_vlm(s, tokenizer)[0]
     return _text_tiny_config(spec, tokenizer)
 
+
 def resolve_dtype(name: str, device: torch.device | str | None = None, trainable: bool = False) -> torch.dtype:
     """``auto``: frozen models (reference, reward) in bf16 on CUDA; trained models keep fp32 master weights and
     train under bf16 autocast (``train.mixed_precision=auto``); everything fp32 on CPU."""

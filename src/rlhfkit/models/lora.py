@@ -17,8 +17,16 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .loading import _hub_kwargs, adaptable, is_pattern, is_tiny, load_tokenizer_for, matches_target, resolve_source
-from .tiny import tiny_config
+from .loading import (
+    _hub_kwargs,
+    adaptable,
+    is_pattern,
+    is_tiny,
+    load_tokenizer_for,
+    matches_target,
+    resolve_source,
+    tiny_model_config,
+)
 
 
 def unmatched(model: torch.nn.Module, entries: list[str]) -> tuple[list[str], list[str]]:
@@ -40,12 +48,13 @@ def _compiles(entry: str) -> bool:
 
 def skeleton(mcfg) -> torch.nn.Module | None:
     """The policy's modules from its config on the ``meta`` device (no weights are read), or None where its config
-    cannot be read here (an adapter directory, a hub name that is not cached: the loader says so itself)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    cannot be read here (an adapter directory, a hub name that is not cached: the loader says so itself). A
+    vision-language model's whole (its language model's modules among them)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     source, _ = resolve_source(mcfg.name, mcfg.gguf_file)
     if is_tiny(source):
-        config = tiny_config(source, load_tokenizer_for(mcfg))
+        config = tiny_model_config(source, load_tokenizer_for(mcfg))
     elif (Path(source) / "adapter_config.json").is_file():
         return None
     else:
@@ -54,7 +63,12 @@ def skeleton(mcfg) -> torch.nn.Module | None:
         except (OSError, ValueError):
             return None
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        for auto in (AutoModelForCausalLM, AutoModelForImageTextToText):
+            try:
+                return auto.from_config(config)
+            except ValueError:  # a config class this auto class does not map (a VLM: the next one)
+                continue
+    return None
 
 
 def check_targets(mcfg, where: str = "model.lora.target_modules") -> None:

@@ -149,7 +149,7 @@ class Run:
             except Stopped:
                 raise
             except KeyboardInterrupt:  # as Ctrl-C: stop at this boundary, with its checkpoint and one line
-                self.stop.request(f"a callback ({who}) raised KeyboardInterrupt")
+                self.stop.request(f"a KeyboardInterrupt raised in a callback ({who})")
                 continue
             if out is True:
                 self.stop.request(getattr(cb, "stop_reason", None) or f"a callback ({who})")
