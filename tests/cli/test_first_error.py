@@ -322,6 +322,7 @@ def test_say_prints_on_rank_0_only(capsys, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # two processes under torchrun: make test-cluster (CI)
 def test_under_torchrun_the_start_and_closing_lines_are_printed_once(root):
     """Two processes (DDP over gloo on CPU): one start line, one closing line, one TRL renaming note."""
     import subprocess

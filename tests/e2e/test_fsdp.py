@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 from rlhfkit.config import RECIPES, build_config
 from rlhfkit.track.metrics import read_run_metrics as read_metrics  # rlhfkit's names (the run writes TRL's)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]  # two processes with FSDP2: make test-cluster (CI)
 
 SCRIPT = Path(__file__).with_name("fsdp_script.py")
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
