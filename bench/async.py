@@ -66,7 +66,9 @@ def run(mode: str, model: Path, data: dict, s: dict, seed: int, work: Path) -> d
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
         print(f"  {mode} seed {seed}: FAILED ({proc.returncode}; log {work}/{mode}_{seed}.log): " + " | ".join(tail))
         return None
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    from rlhfkit.track.metrics import read_run_metrics  # rlhfkit's names (a grpo run writes TRL's)
+
+    rows = read_run_metrics(out)
     steps = [r for r in rows if "episode" in r and "time" in r]
     a, b = steps[s["warmup"]], steps[-1]
     eps = (b["episode"] - a["episode"]) / max(b["time"] - a["time"], 1e-9)

@@ -296,8 +296,9 @@ def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> d
 def rlhfkit_curve(run_dir: Path) -> dict:
     """rlhfkit's ``metrics.jsonl`` (and the health warnings' names) as a curve (see above)."""
     curve: dict = {k: [] for k in ("reward", "length", "ended", "entropy", "kl")}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
+    from rlhfkit.track.metrics import read_run_metrics  # rlhfkit's names (a grpo run writes TRL's)
+
+    for m in read_run_metrics(run_dir):
         if "rewards/reward/mean" not in m:
             continue
         length = m.get("response/length_mean") or 0.0

@@ -401,7 +401,7 @@ def run_trl(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: 
 def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_dir: Path,
                 engine: str | None = None) -> dict:
     from rlhfkit.config import RECIPES, build_config
-    from rlhfkit.track.metrics import read_metrics
+    from rlhfkit.track.metrics import read_run_metrics  # rlhfkit's names (the runs write TRL's for grpo / rloo)
 
     limits = [f"train.max_steps={steps}", "train.log_every=1"]
     common = rlhfkit_common(model, out_dir) + limits
@@ -433,7 +433,7 @@ def run_rlhfkit(recipe: str, model: Path, data: dict, s: dict, steps: int, out_d
     start = time.time()
     RECIPES[recipe].run(cfg)
     rss = rss_peak_mib(base)
-    rows = [r for r in read_metrics(out_dir) if "time" in r]
+    rows = [r for r in read_run_metrics(out_dir, recipe) if "time" in r]
     by_step: dict[int, dict] = {}
     for r in rows:
         by_step.setdefault(int(r["step"]), {}).update(r)
