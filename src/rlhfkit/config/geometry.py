@@ -89,7 +89,7 @@ def step_geometry(cfg, world: int = 1, n_prompts: int | None = None) -> Geometry
     if algo.total_episodes is not None:
         steps = max(1, algo.total_episodes // (g.samples * world))
         return _with(g, steps, f"algo.total_episodes={algo.total_episodes} samples")
-    text = f"train.epochs={_show(cfg.train.epochs)} over the prompts"
+    text = f"train.epochs={show_value(cfg.train.epochs)} over the prompts"
     if n_prompts is None:
         return _with(g, None, text)
     per_epoch = n_prompts // (g.prompts * world)
@@ -209,13 +209,16 @@ def trl_batch(per_device: int, k: int, world: int, *, grad_accum: int | None = N
 # ───────────────────────────────────────────────── the step's lines ───────────────────────────────────────────
 
 
-def _show(value) -> str:
+def show_value(value) -> str:
+    """A setting's value as the config spells it (null, true, 3 for 3.0, [a, b]): the start-up block's lines."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e6:
         return str(int(value))
+    if isinstance(value, list):
+        return "[" + ", ".join(show_value(v) for v in value) + "]"
     return str(value)
 
 
@@ -234,7 +237,8 @@ def step_lines(cfg, world: int = 1, n_prompts: int | None = None) -> list[str]:
              f"{g.micro}, {g.micro_per_update} per update) x {g.epochs} PPO epoch{'s' if g.epochs > 1 else ''} = "
              f"{g.updates_per_step} update{'s' if g.updates_per_step > 1 else ''} per step"]
     if g.steps is not None:
-        unread = (f"; train.epochs={_show(cfg.train.epochs)} is not read (it counts only with algo.total_episodes=null)"
+        unread = (f"; train.epochs={show_value(cfg.train.epochs)} is not read (it counts only with "
+                  "algo.total_episodes=null)"
                   if cfg.algo.total_episodes is not None and cfg.train.max_steps <= 0 and cfg.train.epochs != 1
                   else "")
         lines.append(f"{name} run: {_count(g.steps, 'step')} = {_count(g.updates, 'update')}, from {g.length}{unread}")

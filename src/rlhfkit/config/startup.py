@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 
 from .aliases import origin_of
+from .geometry import show_value as _show
 from .geometry import step_lines
 from .parse import build_config
 from .recipes import RECIPES
@@ -19,7 +20,6 @@ from .trl_defaults import (
     TRL_DIFFERENCES,
     _get,
     _same,
-    _show,
     trl_defaults,
     trl_unmatched,
 )

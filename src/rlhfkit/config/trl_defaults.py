@@ -277,18 +277,6 @@ def _get(cfg, key: str) -> Any:
     return obj
 
 
-def _show(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e6:
-        return str(int(value))
-    if isinstance(value, list):
-        return "[" + ", ".join(_show(v) for v in value) + "]"
-    return str(value)
-
-
 def _same(a, b) -> bool:
     import math
 
