@@ -152,12 +152,11 @@ def plan_batches(n: int, micro_batch: int, world: int, seed: int, epoch: int, ra
 
 
 def completion_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                        position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                        media: list | None = None) -> torch.Tensor:
+                        position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
     """Log-prob of each token given its prefix: [B, T-1] for tokens 1..T-1, from the hidden states through the LM
     head in chunks (no [B, T, V] logits: ``forward.completion_stats``); ``labels`` [B, T] (default ``input_ids``):
-    -100 where a token is not wanted (not computed; 0 there); ``media``: the rows' images (one Media or None each)."""
-    return completion_stats(model, input_ids, attention_mask, labels, position_ids=position_ids, media=media).logprobs
+    -100 where a token is not wanted (not computed; 0 there)."""
+    return completion_stats(model, input_ids, attention_mask, labels, position_ids=position_ids).logprobs
 
 
 def gather_rows(acc, rows: torch.Tensor) -> torch.Tensor:
