@@ -20,7 +20,7 @@ from rlhfkit.rollout import SamplingParams, finalize_responses, make_engine
 from rlhfkit.train.online.experience import position_ids_of
 from rlhfkit.train.shared.forward import completion_stats, response_stats
 
-ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava")
+ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava", "idefics3", "smolvlm")
 
 
 def picture(seed: int, size=(32, 32)) -> Image.Image:
@@ -59,9 +59,12 @@ def examples(tok) -> list[dict]:
     return out
 
 
+SEEDS = {"idefics3": 4, "smolvlm": 4}  # (seed 0: both pictures' rows end at once, which proves nothing)
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def vlm(request):
-    model, tok = family(request.param)
+    model, tok = family(request.param, SEEDS.get(request.param, 0))
     return request.param, model, tok, examples(tok)
 
 
@@ -121,18 +124,23 @@ def test_the_trainers_forward_equals_the_model_from_its_pixels(vlm):
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
 
 
-def test_the_vision_tower_runs_once_per_distinct_image_set(monkeypatch):
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "idefics3"])
+def test_the_vision_tower_runs_once_per_distinct_image_set(monkeypatch, arch):
     from rlhfkit.models.vision import base_of
 
-    model, tok = family("qwen2_5_vl", seed=3)
+    model, tok = family(arch, seed=3)
     ex = examples(tok)
     base = base_of(model)
     calls: list[int] = []
     original = base.get_image_features
 
-    def counted(pixel_values, image_grid_thw, **kwargs):
-        calls.append(int(image_grid_thw.shape[0]))  # images in this call
-        return original(pixel_values, image_grid_thw, **kwargs)
+    def counted(pixel_values, image_grid_thw=None, **kwargs):
+        if arch == "qwen2_5_vl":
+            calls.append(int(image_grid_thw.shape[0]))  # images in this call
+            return original(pixel_values, image_grid_thw, **kwargs)
+        # [sequences, tiles, ...], padded with all-zero tiles; an image is 2 x 2 tiles + the whole (at 32 px)
+        calls.append(int(pixel_values.flatten(2).abs().sum(-1).gt(0).sum()) // 5)
+        return original(pixel_values, **kwargs)
 
     monkeypatch.setattr(base, "get_image_features", counted)
     ids, media = _inputs(ex, 4)  # 5 prompts, 5 image sets (6 images), 4 samples each
@@ -146,13 +154,14 @@ def test_the_vision_tower_runs_once_per_distinct_image_set(monkeypatch):
 
 
 def test_lora_adapts_the_language_model_only_and_the_tower_is_frozen():
-    from rlhfkit.models.vision import vision_modules
+    from rlhfkit.models.vision import family_of, vision_modules
 
     for arch in ARCHS:
         mcfg = ModelConfig(name=f"tiny:arch={arch},hidden=32,layers=1", lora=LoraConfig(enabled=True, r=2))
         model, _ = load_causal_lm(mcfg)
         adapted = [n for n, _ in model.named_modules() if n.endswith("lora_A")]
-        assert adapted and all(".language_model." in n for n in adapted), (arch, adapted[:3])
+        text = f".{family_of(model).text}."  # the language model (Idefics3 / SmolVLM: ``text_model``)
+        assert adapted and all(text in n for n in adapted), (arch, adapted[:3])
         assert not any(p.requires_grad for m in vision_modules(model) for p in m.parameters())
     model, _ = load_causal_lm(ModelConfig(name="tiny:arch=qwen2_5_vl,hidden=32,layers=1", train_vision=True))
     assert all(p.requires_grad for m in vision_modules(model) for p in m.parameters())

@@ -105,7 +105,7 @@ def image_token_ids(processor) -> set[int]:
     it: ``<start_of_image>``, ``<|vision_start|>``, ...): none of them is ever a trained or sampled token."""
     tok = processor.tokenizer
     names = ("image_token", "boi_token", "eoi_token", "vision_start_token", "vision_end_token", "video_token",
-             "image_start_token", "image_end_token", "fake_image_token", "global_image_token")
+             "image_start_token", "image_end_token", "fake_image_token", "global_image_token", "global_image_tag")
     ids = set()
     for name in names:
         for holder in (processor, tok):
@@ -118,6 +118,8 @@ def image_token_ids(processor) -> set[int]:
         value = getattr(holder, "image_token_id", None)
         if isinstance(value, int):
             ids.add(value)
+    tiles = getattr(processor, "row_col_ids", None) or ()  # Idefics3 / SmolVLM: <row_r_col_c> before each tile
+    ids.update(t for t in tiles if isinstance(t, int) and t != tok.unk_token_id)
     return ids
 
 

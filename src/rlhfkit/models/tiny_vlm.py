@@ -3,9 +3,11 @@ tokenizer of :mod:`.tiny` plus each family's image tokens, the family's own imag
 torchvision) at a small resolution, and a chat template that renders ``{"type": "image"}`` content parts as the
 family does. ``tiny:arch=qwen2_5_vl`` (Qwen2.5-VL: M-RoPE, 2x2 patch merging), ``tiny:arch=gemma3_vl`` (Gemma 3 with
 a SigLIP tower, bidirectional attention over each image's tokens, sliding-window text layers) and ``tiny:arch=llava``
-(LLaVA: a CLIP tower and a Llama language model), so every recipe and engine runs each family's code paths in tests
-and demos. Sizes are the text model's :data:`~.tiny.TINY_DEFAULTS` plus ``image`` (the side, in pixels, images are
-resized to; 32: Qwen2.5-VL 4 image tokens, Gemma 3 4, LLaVA 16)."""
+(LLaVA: a CLIP tower and a Llama language model), ``tiny:arch=idefics3`` / ``tiny:arch=smolvlm`` (SmolVLM v1 / v2:
+a SigLIP-style tower, a pixel-shuffle connector, a Llama language model, images split into tiles), so every recipe
+and engine runs each family's code paths in tests and demos. Sizes are the text model's :data:`~.tiny.TINY_DEFAULTS`
+plus ``image`` (the side, in pixels, images are resized to; 32: Qwen2.5-VL 4 image tokens, Gemma 3 4, LLaVA 16,
+Idefics3 / SmolVLM 4 per tile, 5 tiles for a square picture)."""
 
 from __future__ import annotations
 
@@ -20,10 +22,16 @@ _TOKENS = {
     "gemma3_vl": [("<start_of_image>", "boi_token"), ("<end_of_image>", "eoi_token"),
                   ("<image_soft_token>", "image_token")],
     "llava": [("<image>", "image_token")],
+    "idefics3": [("<fake_token_around_image>", "fake_image_token"), ("<image>", "image_token"),
+                 ("<global-img>", "global_image_token"), ("<end_of_utterance>", "end_of_utterance_token")],
 }
+_TOKENS["smolvlm"] = _TOKENS["idefics3"]
+# unnamed special tokens of a family (Idefics3 / SmolVLM: the tile markers its processor writes for a split image)
+_MORE = {"idefics3": [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]}
+_MORE["smolvlm"] = _MORE["idefics3"]
 # how each family's chat template writes an image part (what its processor expands into the image tokens)
 _IMAGE_PART = {"qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3_vl": "<start_of_image>",
-               "llava": "<image>\n"}
+               "llava": "<image>\n", "idefics3": "<image>", "smolvlm": "<image>"}
 
 
 def chat_template(arch: str) -> str:
@@ -42,7 +50,7 @@ def tiny_vlm_tokenizer(arch: str):
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    extra = [t for t, _ in _TOKENS[arch]]
+    extra = [t for t, _ in _TOKENS[arch]] + _MORE.get(arch, [])
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS + extra)}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     core.decoder = decoders.Fuse()
@@ -114,10 +122,41 @@ def tiny_vlm(s: dict, tok):
         processor = transformers.LlavaProcessor(image_processor=ip, tokenizer=tok, chat_template=template,
                                                 patch_size=PATCH, vision_feature_select_strategy="default",
                                                 num_additional_image_tokens=1)
+    elif arch in ("idefics3", "smolvlm"):
+        processor, cfg = _idefics3(arch, side, text, vision, ids, tok, template)
     else:  # pragma: no cover - parse_tiny_spec checks the name
         raise ValueError(arch)
-    cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    if arch not in ("idefics3", "smolvlm"):  # (theirs is given to the constructor: its setter warns, deprecated)
+        cfg.pad_token_id = tok.pad_token_id
+    cfg.eos_token_id = tok.eos_token_id
     return cfg, processor
+
+
+def _idefics3(arch: str, side: int, text: dict, vision: dict, ids: dict, tok, template: str):
+    """``(processor, config)`` of a tiny Idefics3 (SmolVLM v1's class) or SmolVLM (SmolVLM2's): a SigLIP-style
+    tower, the pixel-shuffle connector (``scale_factor`` 2: (side / PATCH)^2 / 4 tokens per tile), a Llama text
+    model. Images are split as the real processors split them: the longest edge resized to ``2 * side``, cut into
+    ``side`` x ``side`` tiles (``<row_r_col_c>`` before each) plus the whole image at ``side`` (``<global-img>``), so
+    a square picture is 2 x 2 tiles + 1. Both use ``Idefics3Processor`` (the same expansion, token for token, as
+    ``SmolVLMProcessor``, which needs ``num2words`` and a video processor, i.e. torchvision)."""
+    import transformers
+
+    per_tile = (side // PATCH) ** 2 // 4
+    if arch == "idefics3":
+        from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil as Pil
+
+        config_cls, vision_cls = transformers.Idefics3Config, transformers.Idefics3VisionConfig
+    else:
+        from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil as Pil
+
+        config_cls, vision_cls = transformers.SmolVLMConfig, transformers.SmolVLMVisionConfig
+    cfg = config_cls(text_config=transformers.LlamaConfig(**text), vision_config=vision_cls(**vision,
+                     num_hidden_layers=1), scale_factor=2, image_token_id=ids["image_token"], tie_word_embeddings=True,
+                     pad_token_id=tok.pad_token_id)
+    ip = Pil(size={"longest_edge": 2 * side}, max_image_size={"longest_edge": side}, do_image_splitting=True)
+    processor = transformers.Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=per_tile,
+                                               chat_template=template)
+    return processor, cfg
 
 
 def images_only(cls):

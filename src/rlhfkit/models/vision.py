@@ -44,7 +44,8 @@ class Family:
     language model; ``vision``: those of the vision tower and its projector (frozen by default); ``mrope``: 3-D
     rotary positions (``get_rope_index``); ``token_types``: the keyword of the per-token image mask its forward
     reads (None: none); ``tuple_features``: the forward concatenates a sequence of feature tensors (else it takes
-    one tensor)."""
+    one tensor); ``image_rows``: the pixel tensors are ``[sequences, images, ...]`` (Idefics3 / SmolVLM: a split
+    image's tiles are images), padded with all-zero images to a batch's most (else ``[images, ...]``)."""
 
     name: str
     text: str
@@ -52,6 +53,7 @@ class Family:
     mrope: bool = False
     token_types: str | None = None
     tuple_features: bool = True
+    image_rows: bool = False
 
 
 FAMILIES = {
@@ -60,8 +62,11 @@ FAMILIES = {
     "gemma3": Family("Gemma 3", "language_model", ("vision_tower", "multi_modal_projector"),
                      token_types="token_type_ids", tuple_features=False),
     "llava": Family("LLaVA", "language_model", ("vision_tower", "multi_modal_projector")),
+    "idefics3": Family("Idefics3 / SmolVLM", "text_model", ("vision_model", "connector"), image_rows=True),
+    "smolvlm": Family("SmolVLM2", "text_model", ("vision_model", "connector"), image_rows=True),
 }
-TINY_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "gemma3_vl": "gemma3", "llava": "llava"}  # tiny arch -> model_type
+TINY_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "gemma3_vl": "gemma3", "llava": "llava",  # tiny arch -> model_type
+              "idefics3": "idefics3", "smolvlm": "smolvlm"}
 
 
 # ─────────────────────────────────────────────── which models ───────────────────────────────────────────────
@@ -275,11 +280,21 @@ def _saved_template(source: str) -> str | None:
 # ─────────────────────────────────────────── the vision tower ───────────────────────────────────────────────
 
 
-def batch_pixels(medias: list) -> dict:
-    """The processor's image tensors of several sequences as one batch (concatenated along their first axis, in
-    order, as the processor makes them for a batch)."""
+def batch_pixels(medias: list, rows: bool = False) -> dict:
+    """The processor's image tensors of several sequences as one batch, as the processor makes them for a batch:
+    concatenated along their first axis, in order; ``rows`` (:attr:`Family.image_rows`, tensors ``[1, images, ...]``
+    per sequence): each padded with zeros to the batch's most images (and largest size) first, which the model
+    reads as no image."""
     parts = [m.pixels() for m in medias]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    if not rows:
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    out = {}
+    for k in parts[0]:
+        shape = [max(p[k].shape[d] for p in parts) for d in range(parts[0][k].dim())]
+        padded = [torch.nn.functional.pad(p[k], [x for d in reversed(range(1, len(shape)))
+                                                 for x in (0, shape[d] - p[k].shape[d])]) for p in parts]
+        out[k] = torch.cat(padded)
+    return out
 
 
 def _cache(model) -> OrderedDict:
@@ -294,7 +309,7 @@ def _encode(model, medias: list) -> list[torch.Tensor]:
     """Features [tokens_i, H] of each sequence's images: one call of the family's ``get_image_features``."""
     base = base_of(model)
     device = next(base.parameters()).device
-    pixels = batch_pixels(medias)
+    pixels = batch_pixels(medias, family_of(model).image_rows)
     accepts = inspect.signature(base.get_image_features).parameters
     every = any(p.kind is p.VAR_KEYWORD for p in accepts.values())
     kwargs = {k: v.to(device) for k, v in pixels.items() if every or k in accepts}
@@ -425,7 +440,7 @@ def generate_inputs(model, input_ids: torch.Tensor, media: list) -> dict:
     engines are tested against)."""
     fam, rows = family_of(model), [m for m in media if m is not None]
     device = input_ids.device
-    out = {k: v.to(device) for k, v in batch_pixels(rows).items()} if rows else {}
+    out = {k: v.to(device) for k, v in batch_pixels(rows, fam.image_rows).items()} if rows else {}
     if fam is not None and fam.token_types is not None:
         out[fam.token_types] = (input_ids == feature_id(model)).long()
     return out

@@ -130,7 +130,9 @@ def causal_lm(model):
 VLM_TEXT = {"Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "Qwen2ForCausalLM"},
             "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "Qwen2ForCausalLM"},
             "LlavaForConditionalGeneration": {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                                              "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}}
+                                              "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"},
+            "Idefics3ForConditionalGeneration": {"llama": "LlamaForCausalLM"},
+            "SmolVLMForConditionalGeneration": {"llama": "LlamaForCausalLM"}}
 
 
 def architecture(model) -> str:
@@ -147,9 +149,10 @@ def architecture(model) -> str:
 
 def text_model(model):
     """The decoder stack (``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``) of the causal LM: ``lm.model``, or
-    its ``language_model`` in a multimodal wrapper (a VLM's text-only decode is its language model's)."""
+    its ``language_model`` (``text_model``: Idefics3 / SmolVLM) in a multimodal wrapper (a VLM's text-only decode is
+    its language model's)."""
     inner = causal_lm(model).model
-    return getattr(inner, "language_model", inner)
+    return getattr(inner, "language_model", None) or getattr(inner, "text_model", inner)
 
 
 def layer_windows(arch: str, cfg) -> tuple[int | None, ...]:
