@@ -179,6 +179,32 @@ def test_the_processor_expands_images_and_no_image_token_is_ever_a_label(qwen_to
         [[1, 4, 4]]
 
 
+@pytest.mark.parametrize("size, grid", [((64, 32), (1, 2)), ((40, 48), (2, 2)), ((32, 32), (2, 2))])
+def test_idefics3_splits_an_image_into_tiles_and_no_tile_marker_is_ever_a_label(size, grid):
+    """Idefics3 / SmolVLM: the longest edge resized to 64 px, cut into 32 px tiles (``<row_r_col_c>`` before each)
+    plus the whole image (``<global-img>``), 4 image tokens each; none of the markers is trained."""
+    from rlhfkit.data.media import image_token_ids, processor_of
+    from rlhfkit.models.vision import load_processor
+
+    tok = load_processor("tiny:arch=idefics3").tokenizer
+    image_ids = image_token_ids(processor_of(tok))
+    rows, cols = grid
+    sft = normalize_record({"prompt": "Describe.", "completion": "A red square.", "image": png(size=size)},
+                           "sft", where="r:1")
+    for completion_only in (True, False):
+        [ex], _ = tokenize_dataset([sft], "sft", tok, LengthPolicy(256), completion_only=completion_only)
+        labelled = [t for t, lab in zip(ex["input_ids"], ex["labels"]) if lab != -100]
+        assert not set(labelled) & image_ids
+        if completion_only:
+            assert tok.decode(labelled) == "A red square.<|im_end|>"
+    text = tok.decode(ex["input_ids"])
+    markers = [f"<row_{r}_col_{c}>" for r in range(1, rows + 1) for c in range(1, cols + 1)]
+    assert [m for m in markers if m in text] == markers and f"<row_{rows + 1}_col_1>" not in text
+    assert text.count("<global-img>") == 1 and text.count("<fake_token_around_image>") == rows * cols + 2
+    assert ex["media"].tokens == text.count("<image>") == (rows * cols + 1) * 4
+    assert {tok.convert_tokens_to_ids(m) for m in ("<global-img>", "<fake_token_around_image>", *markers)} <= image_ids
+
+
 def test_a_prompt_with_images_is_never_cut(qwen_tok):
     rec = normalize_record({"prompt": "x" * 80, "image": png()}, "prompt", where="r:1")
     text = normalize_record({"prompt": "x" * 80}, "prompt", where="r:2")

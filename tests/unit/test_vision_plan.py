@@ -35,7 +35,7 @@ def test_qwen25_vl_3b_tower_and_text_model_counted_by_hand():
     assert (arch.tower.layers, arch.tower.hidden, arch.tower.intermediate) == (32, 1280, 3420)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "gemma3_vl", "llava"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "gemma3_vl", "llava", "idefics3"])
 def test_tiny_towers_equal_the_built_models_and_their_processors_largest_image(arch):
     from rlhfkit.data import LengthPolicy, normalize_record, tokenize_dataset
     from rlhfkit.models.loading import load_causal_lm
@@ -92,3 +92,17 @@ def test_plan_encodes_the_rollouts_images_cut_to_the_sequence_and_a_micro_batchs
 def test_a_text_model_has_no_tower():
     assert read_architecture("tiny").tower is None
     assert "vision tower" not in _plan("tiny").render()
+
+
+def test_smolvlm_image_tokens_of_its_largest_image_by_hand():
+    from transformers import Idefics3Config
+
+    from rlhfkit.models.tower import _tiles
+
+    # SmolVLM-256M's shape: 512 px tiles of 16 px patches, pixel shuffle by 4 -> (512 / 16)^2 / 16 = 64 tokens a tile;
+    # its processor's largest image, 2048 px a side, is 4 x 4 tiles + the whole image
+    cfg = Idefics3Config(vision_config={"image_size": 512, "patch_size": 16}, scale_factor=4)
+    settings = {"size": {"longest_edge": 2048}, "max_image_size": {"longest_edge": 512}, "do_image_splitting": True}
+    assert _tiles(cfg, settings)[:2] == (17 * 64, 17 * 32 * 32)
+    assert _tiles(cfg, {**settings, "do_image_splitting": False})[:2] == (64, 32 * 32)
+    assert _tiles(cfg, {**settings, "size": {"longest_edge": 1536}})[0] == 10 * 64  # 3 x 3 + 1

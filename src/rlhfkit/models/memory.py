@@ -267,10 +267,10 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
 
     if name == "tiny" or name.startswith("tiny:"):
         s = parse_tiny_spec(name)
-        from .tiny_vlm import _TOKENS  # a tiny VLM's image tokens follow the characters
+        from .tiny_vlm import extra_tokens  # a tiny VLM's image tokens follow the characters
 
         return _checked(Architecture(
-            vocab=len(SPECIAL_TOKENS) + len(CHARS) + len(_TOKENS.get(s["arch"], ())), hidden=s["hidden"],
+            vocab=len(SPECIAL_TOKENS) + len(CHARS) + len(extra_tokens(s["arch"])), hidden=s["hidden"],
             layers=s["layers"], heads=s["heads"], tower=read_tower(name), kv_heads=s["kv_heads"],
             intermediate=s["intermediate"], tied=True, context=s["context"],
             model_type={"gemma3": "gemma3_text"}.get(s["arch"], s["arch"]), source=name),

@@ -44,13 +44,18 @@ def chat_template(arch: str) -> str:
             "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+def extra_tokens(arch: str) -> list[str]:
+    """The tokens of ``arch``'s tokenizer after the characters (its image tokens), in id order."""
+    return [t for t, _ in _TOKENS.get(arch, ())] + _MORE.get(arch, [])
+
+
 def tiny_vlm_tokenizer(arch: str):
     """The character tokenizer (the same ids as :func:`~.tiny.build_tiny_tokenizer`'s) plus ``arch``'s image
     tokens after them, as named special tokens (``tok.image_token``, ...), with the family's chat template."""
     from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    extra = [t for t, _ in _TOKENS[arch]] + _MORE.get(arch, [])
+    extra = extra_tokens(arch)
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS + extra)}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     core.decoder = decoders.Fuse()

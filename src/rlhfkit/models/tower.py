@@ -6,8 +6,9 @@ the processor's resolution, and the memory encoding images adds (``models/memory
   only, no gradient or AdamW state.
 * **Image tokens per image** at the processor's resolution (its ``preprocessor_config.json``): Qwen2-VL's largest
   image (``max_pixels``) in ``(patch x merge)^2`` tiles; Gemma 3's ``mm_tokens_per_image``; LLaVA's
-  ``image_seq_length`` (a CLIP tower's patches). They are part of every sequence's tokens (``data.max_length`` must
-  hold them): the plan counts one image per sequence, of at most the sequence's length (:func:`image_tokens`).
+  ``image_seq_length`` (a CLIP tower's patches); Idefics3's / SmolVLM's largest image in tiles (:func:`_tiles`).
+  They are part of every sequence's tokens (``data.max_length`` must hold them): the plan counts one image per
+  sequence, of at most the sequence's length (:func:`image_tokens`).
 * **Encoding**: the tower's forward over one batch's images (no gradient when frozen: two layers' activations
   live; trained: every layer's, kept for backward), and the features kept between uses (each distinct image set's,
   at most ``models.vision.FEATURE_CACHE_BYTES``).
@@ -69,6 +70,8 @@ def tower_of(config, directory: Path | None = None, processor: dict | None = Non
         pixels = int(settings.get("max_pixels") or (settings.get("size") or {}).get("longest_edge") or 12845056)
         tokens, patches = pixels // (patch * merge) ** 2, pixels // patch ** 2
         note = f"an image of max_pixels={pixels:,} in {patch * merge} x {patch * merge} tiles"
+    elif kind in ("idefics3", "smolvlm"):
+        tokens, patches, note = _tiles(config, settings)
     elif kind == "gemma3":
         tokens, patches = config.mm_tokens_per_image, (v.image_size // v.patch_size) ** 2
         note = f"mm_tokens_per_image (SigLIP at {v.image_size} px)"
@@ -79,6 +82,23 @@ def tower_of(config, directory: Path | None = None, processor: dict | None = Non
     return Tower(params=_vision_params(config), tokens=int(tokens), patches=int(patches), layers=int(layers),
                  hidden=int(v.hidden_size), intermediate=int(getattr(v, "intermediate_size", 4 * v.hidden_size)),
                  note=note)
+
+
+def _tiles(config, settings: dict) -> tuple[int, int, str]:
+    """(image tokens, tower patches, note) of Idefics3's / SmolVLM's largest image: a square at the processor's
+    ``size.longest_edge`` cut into n x n tiles of ``max_image_size`` plus the whole image at that size (one tile
+    without ``do_image_splitting``), each tile ``(image_size / patch)^2 / scale_factor^2`` tokens."""
+    from transformers.models.idefics3.image_processing_pil_idefics3 import MAX_IMAGE_SIZE
+
+    v = config.vision_config
+    grid = (v.image_size // v.patch_size) ** 2
+    per_tile = grid // config.scale_factor ** 2
+    tile = int((settings.get("max_image_size") or {}).get("longest_edge") or v.image_size)
+    longest = min(int((settings.get("size") or {}).get("longest_edge") or 4 * tile), MAX_IMAGE_SIZE)
+    n = -(-longest // tile)
+    tiles = n * n + 1 if settings.get("do_image_splitting", True) and n > 1 else 1
+    split = f"{n} x {n} tiles + the whole image" if tiles > 1 else "one tile"
+    return tiles * per_tile, tiles * grid, f"an image of {longest} px as {split} of {tile} px, {per_tile} tokens each"
 
 
 def read_tower(name: str) -> Tower | None:

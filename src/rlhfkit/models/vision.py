@@ -251,6 +251,9 @@ def _auto_processor(source: str):
         from .tiny_vlm import images_only  # (there: tiny.py imports tiny_vlm, which must not import this module)
 
         return images_only(cls)(image_processor=image, tokenizer=tok, chat_template=template)
+    except ImportError as exc:  # SmolVLM2's processor needs num2words (transformers' own check)
+        raise ModelError(f"cannot load the processor of {source}: {' '.join(str(exc).split())[:200]}",
+                         where="model.name", fix="install the package it names") from None
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"cannot load the processor of {source}: {' '.join(str(exc).split())[:200]}",
                          where="model.name", fix="check the model directory's processor files") from None
