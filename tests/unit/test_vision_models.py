@@ -172,3 +172,29 @@ def test_a_sampled_image_token_ends_the_response_before_it():
     out, mask, ended, lengths = finalize_responses(ids, eos_token_ids=[2], pad_token_id=0, cut_ids=[101])
     assert lengths.tolist() == [2, 2, 0] and ended.tolist() == [False, True, False]
     assert out.tolist() == [[5, 6, 0, 0, 0], [5, 2, 0, 0, 0], [0, 0, 0, 0, 0]]
+
+
+def test_smolvlm2s_own_processor_expands_images_as_the_tiny_ones_and_needs_num2words(tmp_path, monkeypatch):
+    """A SmolVLM2 directory names ``SmolVLMProcessor``: without ``num2words`` its loading is one line naming it; with
+    it (stubbed here: only videos use it), built without its video processor (no torchvision) and with the directory's
+    ``image_seq_len``, it expands a picture into the same ids as ``tiny:arch=smolvlm``'s ``Idefics3Processor``."""
+    import json
+
+    import transformers.models.smolvlm.processing_smolvlm as smolvlm
+
+    from rlhfkit.errors import ModelError
+    from rlhfkit.models.vision import load_processor
+
+    tiny = load_processor("tiny:arch=smolvlm")
+    tiny.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "processor_config.json").read_text())
+    (tmp_path / "processor_config.json").write_text(json.dumps({**cfg, "processor_class": "SmolVLMProcessor"}))
+    monkeypatch.setattr(smolvlm, "num2words", None)
+    with pytest.raises(ModelError, match="num2words"):
+        load_processor(str(tmp_path))
+    monkeypatch.setattr(smolvlm, "num2words", str)
+    own = load_processor(str(tmp_path))
+    assert type(own).__name__ == "SmolVLMProcessor" and own.image_seq_len == tiny.image_seq_len == 4
+    text = "<|im_start|>user\n<image>What?<|im_end|>\n"
+    a, b = (p(text=[text], images=[[picture(5, (64, 32))]], return_tensors="pt") for p in (own, tiny))
+    assert a["input_ids"].tolist() == b["input_ids"].tolist() and torch.equal(a["pixel_values"], b["pixel_values"])

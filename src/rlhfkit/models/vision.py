@@ -250,13 +250,26 @@ def _auto_processor(source: str):
         template = getattr(tok, "chat_template", None) or _saved_template(source)
         from .tiny_vlm import images_only  # (there: tiny.py imports tiny_vlm, which must not import this module)
 
-        return images_only(cls)(image_processor=image, tokenizer=tok, chat_template=template)
+        return images_only(cls)(image_processor=image, tokenizer=tok, chat_template=template,
+                                **_processor_kwargs(source, cls))
     except ImportError as exc:  # SmolVLM2's processor needs num2words (transformers' own check)
         raise ModelError(f"cannot load the processor of {source}: {' '.join(str(exc).split())[:200]}",
                          where="model.name", fix="install the package it names") from None
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"cannot load the processor of {source}: {' '.join(str(exc).split())[:200]}",
                          where="model.name", fix="check the model directory's processor files") from None
+
+
+def _processor_kwargs(source: str, cls) -> dict:
+    """The processor's own settings in its ``processor_config.json`` that ``cls`` takes (SmolVLM2's
+    ``image_seq_len``: without it, 169 image tokens a tile whatever the model's)."""
+    try:
+        data = json.loads((Path(source) / "processor_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    takes = inspect.signature(cls.__init__).parameters
+    parts = ("self", "image_processor", "tokenizer", "video_processor", "chat_template")
+    return {k: v for k, v in data.items() if k in takes and k not in parts} if isinstance(data, dict) else {}
 
 
 def _processor_class(source: str) -> str | None:
