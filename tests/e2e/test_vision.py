@@ -149,12 +149,14 @@ def test_sft_learns_to_name_the_pictures_colour(sft_dir, colours):
 
 def test_sft_on_idefics3_learns_to_name_the_pictures_colour(colours, tmp_path):
     """SmolVLM's family (tiny Idefics3: a square picture is 2 x 2 tiles + the whole, 20 image tokens and 13 markers;
-    tower and connector frozen): the same learning as on Qwen2.5-VL."""
+    tower and connector frozen): the same learning as on Qwen2.5-VL; the export reloads in transformers and
+    generates the same tokens."""
     sft(colours, tmp_path, epochs=5, model=VLM.replace("qwen2_5_vl", "idefics3"), length=96)
     rows = [r for r in metrics(tmp_path) if "eval/loss" in r]
     assert rows[-1]["eval/loss"] < 0.5 * rows[0]["eval/loss"], rows
     got = answers(tmp_path, colours)
     assert sum(w == a for w, a in got) >= 0.75 * len(got), got
+    assert_export_generates_the_same_tokens(tmp_path, colours, tmp_path / "export", length=96)
 
 
 def test_dpo_learns_to_prefer_the_pictures_colour(colours, tmp_path):
@@ -200,6 +202,10 @@ def test_online_recipe_moves_the_policy_as_rewarded(recipe, colours, coin_dir, t
 
 
 def test_export_keeps_processor_and_tower_and_generates_the_same_tokens(sft_dir, colours, tmp_path):
+    assert_export_generates_the_same_tokens(sft_dir, colours, tmp_path)
+
+
+def assert_export_generates_the_same_tokens(sft_dir: Path, colours: Path, tmp_path: Path, length: int = 64):
     from transformers import AutoModelForImageTextToText
 
     from rlhfkit.config import ModelConfig
@@ -215,7 +221,7 @@ def test_export_keeps_processor_and_tower_and_generates_the_same_tokens(sft_dir,
     processor = load_processor(str(out))  # AutoProcessor, or without its video processor when torchvision is missing
     source, tok = load_causal_lm(ModelConfig(name=str(sft_dir)), trainable=False)
     ex, _ = tokenize_dataset(load_dataset_records(str(colours / "eval_prompts.jsonl"), "prompt"), "prompt",
-                             processor.tokenizer, LengthPolicy(64))
+                             processor.tokenizer, LengthPolicy(length))
     params = SamplingParams(max_new_tokens=6, greedy=True)
     ids, media = [e["prompt_ids"] for e in ex], [e["media"] for e in ex]
     a = make_engine("hf", processor.tokenizer, reloaded).generate(reloaded, ids, params, media=media)

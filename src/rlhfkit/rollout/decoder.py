@@ -152,7 +152,10 @@ def text_model(model):
     its ``language_model`` (``text_model``: Idefics3 / SmolVLM) in a multimodal wrapper (a VLM's text-only decode is
     its language model's)."""
     inner = causal_lm(model).model
-    return getattr(inner, "language_model", None) or getattr(inner, "text_model", inner)
+    for name in ("language_model", "text_model"):
+        if isinstance(getattr(inner, name, None), torch.nn.Module):
+            return getattr(inner, name)
+    return inner
 
 
 def layer_windows(arch: str, cfg) -> tuple[int | None, ...]:
