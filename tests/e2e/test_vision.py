@@ -8,7 +8,9 @@ each asserting it learned something measurable, on pictures made here: a red or 
   ``red``; distillation from a teacher VLM that always answers ``red``: each raises the policy's probability of
   ``red`` on held-out pictures;
 * export writes processor and vision tower, reloads with transformers and generates the same tokens;
-* ``rlhfkit eval`` / ``generate`` with images; a TRL VLM GRPO script with only its imports changed.
+* ``rlhfkit eval`` / ``generate`` with images; a TRL VLM GRPO script with only its imports changed;
+* SmolVLM's family (tiny Idefics3, images split into tiles): SFT follows the picture and its export generates the
+  same tokens; GRPO (cluster-marked) raises the rewarded answer's probability.
 
 The visual task that needs the picture to be answered (``shapes``: which square is larger) is learned by GRPO in
 ``test_grpo_learns_the_visual_task`` (cluster-marked: minutes).
@@ -30,6 +32,7 @@ from PIL import Image
 pytestmark = pytest.mark.slow  # every test here trains a tiny VLM (seconds to about a minute each on 2 quiet cores)
 ROOT = Path(__file__).resolve().parents[2]
 VLM = "tiny:arch=qwen2_5_vl,hidden=64,layers=2,kv_heads=2,intermediate=128"
+IDEFICS3 = VLM.replace("qwen2_5_vl", "idefics3")  # SmolVLM's family: a square picture is 2 x 2 tiles + the whole
 COLOURS = {"red": (230, 40, 40), "blue": (40, 70, 240)}
 REWARD = '''
 def says_red(prompts, completions, image, **kwargs):
@@ -117,7 +120,7 @@ def answers(model_dir, colours: Path, temperature: float = 0.0) -> list[tuple[st
     return [(r["answer"], s["response"].strip()) for r, s in zip(rows, result["samples"])]
 
 
-def logp_of(model_dir, colours: Path) -> float:
+def logp_of(model_dir, colours: Path, length: int = 64) -> float:
     """Mean log-probability (its tokens and the end) of answering ``red`` on the held-out pictures."""
     from rlhfkit.config import ModelConfig
     from rlhfkit.data import LengthPolicy, load_dataset_records, tokenize_dataset
@@ -126,7 +129,7 @@ def logp_of(model_dir, colours: Path) -> float:
 
     model, tok = load_causal_lm(ModelConfig(name=str(model_dir)), trainable=False)
     records = load_dataset_records(str(colours / "eval_prompts.jsonl"), "prompt")
-    ex, _ = tokenize_dataset(records, "prompt", tok, LengthPolicy(64))
+    ex, _ = tokenize_dataset(records, "prompt", tok, LengthPolicy(length))
     total = 0.0
     with torch.no_grad():
         answer = tok("red", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -151,7 +154,7 @@ def test_sft_on_idefics3_learns_to_name_the_pictures_colour(colours, tmp_path):
     """SmolVLM's family (tiny Idefics3: a square picture is 2 x 2 tiles + the whole, 20 image tokens and 13 markers;
     tower and connector frozen): the same learning as on Qwen2.5-VL; the export reloads in transformers and
     generates the same tokens."""
-    sft(colours, tmp_path, epochs=5, model=VLM.replace("qwen2_5_vl", "idefics3"), length=96)
+    sft(colours, tmp_path, epochs=5, model=IDEFICS3, length=96)
     rows = [r for r in metrics(tmp_path) if "eval/loss" in r]
     assert rows[-1]["eval/loss"] < 0.5 * rows[0]["eval/loss"], rows
     got = answers(tmp_path, colours)
@@ -179,22 +182,39 @@ ONLINE = {"grpo": [], "rloo": [], "reinforce": [], "online-dpo": [],
 
 @pytest.mark.parametrize("recipe", [*ONLINE, "distill"])
 def test_online_recipe_moves_the_policy_as_rewarded(recipe, colours, coin_dir, tmp_path, tmp_path_factory):
-    from rlhfkit.config import build_config
-    from rlhfkit.train.online.synchronous import run_online
-
     if recipe == "distill":  # a teacher VLM that answers red, whatever the picture
         teacher = tmp_path_factory.mktemp("red-teacher")
         sft(colours, teacher, "red.jsonl")
         extra = [f"teacher.model={teacher}"]
     else:
         extra = [f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]", *ONLINE[recipe]]
-    before = logp_of(coin_dir, colours)
+    before, after = moved(recipe, coin_dir, colours, tmp_path, extra)
+    assert after > before + 0.05, (before, after)
+
+
+def moved(recipe: str, start: Path, colours: Path, out: Path, extra: list[str], length: int = 64):
+    """(before, after): the mean log-probability of answering ``red`` on the held-out pictures before and after 6
+    steps of ``recipe`` from the model ``start``."""
+    from rlhfkit.config import build_config
+    from rlhfkit.train.online.synchronous import run_online
+
+    before = logp_of(start, colours, length)
     run_online(build_config(recipe, {}, [
-        f"model.name={coin_dir}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path}",
+        f"model.name={start}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={out}",
         "algo.rollout_batch_size=8", "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32",
         "train.max_steps=6", "generation.max_new_tokens=6", "optim.lr=1e-3", "track.report=false",
         "track.progress=false", "data.eval_fraction=0", *extra]))
-    after = logp_of(tmp_path, colours)
+    return before, logp_of(out, colours, length)
+
+
+@pytest.mark.cluster  # a second tiny VLM trained twice (about a minute on 2 CPU cores): make test is near its budget
+def test_grpo_on_idefics3_moves_the_policy_as_rewarded(colours, tmp_path):
+    """GRPO on SmolVLM's family (tiny Idefics3, tiles): rollouts prefilled with the tiles' features on rlhfkit's
+    engine, the trainer's forwards sharing them; from answers drawn red or blue whatever the picture, the reward
+    for ``red`` raises its probability on held-out pictures."""
+    sft(colours, tmp_path / "coin", "coin.jsonl", model=IDEFICS3, length=96)
+    before, after = moved("grpo", tmp_path / "coin", colours, tmp_path / "grpo",
+                          [f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]"], length=96)
     assert after > before + 0.05, (before, after)
 
 
