@@ -81,7 +81,7 @@ def sft(colours: Path, out: Path, data: str = "sft.jsonl", epochs: int = 8) -> d
     return run_sft(build_config("sft", {}, [
         f"model.name={VLM}", f"data.train={colours / data}", f"data.eval={colours / 'eval_sft.jsonl'}",
         f"output_dir={out}", "train.batch_size=16", f"train.epochs={epochs}", "optim.lr=5e-3", "track.report=false",
-        "track.progress=false", "data.max_length=64"]))
+        "track.progress=false", "data.max_length=64", "model.lora.enabled=false"]))  # every weight: a tiny model
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,26 @@ def test_online_recipe_moves_the_policy_as_rewarded(recipe, colours, coin_dir, t
         f"model.name={coin_dir}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path}",
         "algo.rollout_batch_size=8", "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32",
         "train.max_steps=6", "generation.max_new_tokens=6", "optim.lr=1e-3", "track.report=false",
-        "track.progress=false", "data.eval_fraction=0", *extra]))
+        "track.progress=false", "data.eval_fraction=0", "model.lora.enabled=false", *extra]))
+    after = logp_of(tmp_path, colours)
+    assert after > before + 0.05, (before, after)
+
+
+def test_grpo_trains_lora_on_the_language_model_by_default(colours, coin_dir, tmp_path, capsys):
+    """No LoRA setting: rlhfkit's default for a VLM, said in one line; the adapters alone learn what is rewarded."""
+    from rlhfkit.config import build_config
+    from rlhfkit.train.online.synchronous import run_online
+
+    before = logp_of(coin_dir, colours)
+    run_online(build_config("grpo", {}, [
+        f"model.name={coin_dir}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path}",
+        f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]", "algo.rollout_batch_size=8",
+        "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32", "train.max_steps=6",
+        "generation.max_new_tokens=6", "optim.lr=3e-3", "track.report=false", "track.progress=false",
+        "data.eval_fraction=0"]))
+    said = capsys.readouterr().out
+    assert "LoRA (r=16) on the language model, rlhfkit's default for a vision-language model" in said
+    assert "vision tower and projector are frozen" in said
     after = logp_of(tmp_path, colours)
     assert after > before + 0.05, (before, after)
 

@@ -61,7 +61,10 @@ def _plan(name: str, *overrides: str, recipe: str = "grpo"):
 def test_plan_counts_the_tower_frozen_by_default_and_trained_when_asked():
     name = "tiny:arch=qwen2_5_vl,hidden=64,layers=2,kv_heads=2"
     arch = read_architecture(name)
-    frozen, trained = _plan(name), _plan(name, "model.train_vision=true")
+    frozen, trained = _plan(name, "model.lora.enabled=false"), _plan(name, "model.train_vision=true")
+    default = {p.name: p for p in _plan(name).phases}["train step"]  # LoRA on the language model, as the run does
+    assert default.items["policy weights"] == arch.params() * 2  # every weight frozen under the adapters (bf16)
+    assert 0 < default.items["policy gradients"] == default.items["policy LoRA adapters"]
     step = {p.name: p for p in frozen.phases}["train step"]
     assert step.items["policy weights"] == arch.params() * 4  # the tower's weights are held
     assert step.items["policy gradients"] == (arch.params() - arch.tower.params) * 4  # not its gradients

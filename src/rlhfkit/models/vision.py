@@ -13,7 +13,7 @@ in three places only:
   without one (images only), and image processors are taken with their PIL backend.
 * **The vision tower once per image** (:func:`image_features`): features are computed for the distinct image sets
   of a batch, under no gradient when the tower is frozen (the default, ``model.train_vision=false``: LoRA then
-  adapts the language model only, :func:`lora_target`), and kept in a cache of :data:`FEATURE_CACHE_BYTES` per
+  adapts the language model only, :func:`language_model_name`), and kept in a cache of :data:`FEATURE_CACHE_BYTES` per
   model: a frozen tower gives an image the same features all run, so the rollout's prefill, the old, reference
   and update forwards of a step (and the next epochs) all reuse them; the G samples of a prompt share them.
 * **The family's extra inputs** (:func:`forward_inputs`): the features (``mm_encoder_outputs``, the precomputed
@@ -183,18 +183,12 @@ def vision_frozen(model) -> bool:
     return not any(p.requires_grad for m in vision_modules(model) for p in m.parameters())
 
 
-def lora_target(model, names: list[str] | str) -> str:
-    """A PEFT target (a regular expression over module names) for the language model's modules ``names`` only
-    (``"all-linear"``: its every linear layer): LoRA adapts the text stack, never the vision tower (whose blocks
-    may share the names: Qwen2.5-VL's vision MLP has ``gate_proj`` / ``up_proj`` / ``down_proj`` too)."""
-    fam = family_of(model)
-    prefix = next(n for n, m in hf_model(model).named_modules() if m is getattr(base_of(model), fam.text))
-    if names == "all-linear":
-        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in getattr(base_of(model), fam.text).named_modules()
-                         if isinstance(m, torch.nn.Linear)})
-    else:
-        leaves = list(names)
-    return rf"(.*\.)?{prefix.replace('.', chr(92) + '.')}\..*\.({'|'.join(leaves)})"
+def language_model_name(model) -> str:
+    """The full module name of the language model inside the VLM ``model`` (``model.language_model``): LoRA adapts
+    modules under it only, never the vision tower's, whose blocks may share their names (Qwen2.5-VL's vision MLP
+    has ``gate_proj`` / ``up_proj`` / ``down_proj`` too; :func:`~.loading.lora_targets`)."""
+    text = getattr(base_of(model), family_of(model).text)
+    return next(n for n, m in hf_model(model).named_modules() if m is text)
 
 
 # ─────────────────────────────────────────────── processors ─────────────────────────────────────────────────
