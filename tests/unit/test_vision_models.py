@@ -1,5 +1,7 @@
-"""Vision-language models in the engines and the trainer's forwards, per family (tiny Qwen2.5-VL, Gemma 3 and LLaVA
-built from config with their processors, offline; weights drawn large so that greedy tokens depend on the image):
+"""Vision-language models in the engines and the trainer's forwards, per family (tiny Qwen2.5-VL, Gemma 3, LLaVA and
+Qwen3-VL built from config with their processors, offline; weights drawn large so that greedy tokens depend on the
+image; Qwen3-VL's with DeepStack and interleaved M-RoPE: the engine tests fail when its DeepStack features or its
+3-D positions are dropped):
 greedy tokens of the static and continuous engines equal transformers' ``generate``'s; sampled log-probs equal the
 trainer's recomputed ones; the trainer's forward with each image's features computed once equals the model's own
 forward from the pixels; the vision tower runs once per distinct image set; LoRA adapts the language model only."""
@@ -20,7 +22,7 @@ from rlhfkit.rollout import SamplingParams, finalize_responses, make_engine
 from rlhfkit.train.online.experience import position_ids_of
 from rlhfkit.train.shared.forward import completion_stats, response_stats
 
-ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava")
+ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava", "qwen3_vl")
 
 
 def picture(seed: int, size=(32, 32)) -> Image.Image:
@@ -113,7 +115,7 @@ def test_the_trainers_forward_equals_the_model_from_its_pixels(vlm):
     with torch.no_grad():
         got = completion_stats(model, x, mask, media=media).logprobs
         extra = generate_inputs(model, x, media)  # the pixels; the model's own positions (M-RoPE: from the ids)
-        if arch == "qwen2_5_vl":
+        if arch in ("qwen2_5_vl", "qwen3_vl"):
             extra = {"mm_token_type_ids": extra.pop("mm_token_type_ids"), **extra}
         logits = model(input_ids=x, attention_mask=mask, **extra).logits
     want = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, x[:, 1:, None])[..., 0]
@@ -121,10 +123,11 @@ def test_the_trainers_forward_equals_the_model_from_its_pixels(vlm):
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
 
 
-def test_the_vision_tower_runs_once_per_distinct_image_set(monkeypatch):
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_the_vision_tower_runs_once_per_distinct_image_set(monkeypatch, arch):
     from rlhfkit.models.vision import base_of
 
-    model, tok = family("qwen2_5_vl", seed=3)
+    model, tok = family(arch, seed=3)
     ex = examples(tok)
     base = base_of(model)
     calls: list[int] = []
@@ -154,6 +157,9 @@ def test_lora_adapts_the_language_model_only_and_the_tower_is_frozen():
         adapted = [n for n, _ in model.named_modules() if n.endswith("lora_A")]
         assert adapted and all(".language_model." in n for n in adapted), (arch, adapted[:3])
         assert not any(p.requires_grad for m in vision_modules(model) for p in m.parameters())
+        if arch == "qwen3_vl":  # its DeepStack mergers are the tower's too: frozen, not adapted
+            deep = [p for n, p in model.named_parameters() if "deepstack_merger" in n]
+            assert deep and not any(p.requires_grad for p in deep)
     model, _ = load_causal_lm(ModelConfig(name="tiny:arch=qwen2_5_vl,hidden=32,layers=1", train_vision=True))
     assert all(p.requires_grad for m in vision_modules(model) for p in m.parameters())
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import ModelError
 
-VLM_ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava")
+VLM_ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava", "qwen3_vl")
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-tokenizer"
 
@@ -25,7 +25,7 @@ CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
 
 TINY_DEFAULTS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 4, "intermediate": 256, "context": 256,
                  "window": 16, "image": 32}
-TINY_ARCHS = ("llama", "qwen3", "gemma3", "qwen2_5_vl", "gemma3_vl", "llava")
+TINY_ARCHS = ("llama", "qwen3", "gemma3", "qwen2_5_vl", "gemma3_vl", "llava", "qwen3_vl")
 
 
 def build_tiny_tokenizer(out_dir: str | Path) -> Path:

@@ -17,13 +17,15 @@ PATCH = 8  # vision patch side of every tiny tower
 _TOKENS = {
     "qwen2_5_vl": [("<|vision_start|>", "vision_start_token"), ("<|vision_end|>", "vision_end_token"),
                    ("<|image_pad|>", "image_token"), ("<|video_pad|>", "video_token")],
+    "qwen3_vl": [("<|vision_start|>", "vision_start_token"), ("<|vision_end|>", "vision_end_token"),
+                 ("<|image_pad|>", "image_token"), ("<|video_pad|>", "video_token")],
     "gemma3_vl": [("<start_of_image>", "boi_token"), ("<end_of_image>", "eoi_token"),
                   ("<image_soft_token>", "image_token")],
     "llava": [("<image>", "image_token")],
 }
 # how each family's chat template writes an image part (what its processor expands into the image tokens)
 _IMAGE_PART = {"qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3_vl": "<start_of_image>",
-               "llava": "<image>\n"}
+               "llava": "<image>\n", "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
 
 
 def chat_template(arch: str) -> str:
@@ -86,6 +88,8 @@ def tiny_vlm(s: dict, tok):
                                       min_pixels=side * side, max_pixels=side * side)
         processor = images_only(transformers.Qwen2_5_VLProcessor)(image_processor=ip, tokenizer=tok,
                                                                    chat_template=template)
+    elif arch == "qwen3_vl":
+        cfg, processor = _qwen3_vl(s, tok, ids, text, head_dim, template)
     elif arch == "gemma3_vl":
         from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -117,6 +121,31 @@ def tiny_vlm(s: dict, tok):
     else:  # pragma: no cover - parse_tiny_spec checks the name
         raise ValueError(arch)
     cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    return cfg, processor
+
+
+def _qwen3_vl(s: dict, tok, ids: dict, text: dict, head_dim: int, template: str):
+    """Qwen3-VL: a Qwen3 text stack (q / k norms) with interleaved M-RoPE (the rotary frequencies dealt to
+    temporal, row and column in turn, ``mrope_section`` of each), a tower with a learned position grid, and DeepStack:
+    the first two tower blocks' features, each through its own merger, added to the hidden states of the first two
+    text layers at the image tokens (layers=1: the first only)."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    side, third = s["image"], head_dim // 2 // 3
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_interleaved": True,
+                               "mrope_section": [head_dim // 2 - 2 * third, third, third]}
+    cfg = transformers.Qwen3VLConfig(
+        text_config={**text, "head_dim": head_dim},
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=PATCH,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=s["hidden"],
+                           num_position_embeddings=16, deepstack_visual_indexes=[0, 1]),
+        image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+        vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"],
+        tie_word_embeddings=True)
+    ip = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=2, temporal_patch_size=2, min_pixels=side * side,
+                                  max_pixels=side * side)
+    processor = images_only(transformers.Qwen3VLProcessor)(image_processor=ip, tokenizer=tok, chat_template=template)
     return cfg, processor
 
 
