@@ -190,13 +190,15 @@ def test_online_recipe_moves_the_policy_as_rewarded(recipe, colours, coin_dir, t
 
 def test_qwen3_vl_learns_the_pictures_colour_by_sft_and_moves_as_rewarded_by_grpo(colours, tmp_path):
     """Qwen3-VL's code paths (DeepStack, interleaved M-RoPE, a Qwen3 text stack; its rollouts on the default
-    engine): SFT's greedy answers follow the picture; GRPO from a model answering at random raises ``red``."""
+    engine): SFT's greedy answers follow the picture, and its export reloads in transformers and generates the same
+    tokens; GRPO from a model answering at random raises ``red``."""
     from rlhfkit.config import build_config
     from rlhfkit.train.online.synchronous import run_online
 
     sft(colours, tmp_path / "sft", model=VLM3)
     got = answers(tmp_path / "sft", colours)
     assert sum(w == a for w, a in got) >= 0.75 * len(got), got
+    assert_export_generates_the_same(tmp_path / "sft", colours, tmp_path)
     sft(colours, tmp_path / "coin", "coin.jsonl", model=VLM3)
     before = logp_of(tmp_path / "coin", colours)
     run_online(build_config("grpo", {}, [
@@ -212,6 +214,10 @@ def test_qwen3_vl_learns_the_pictures_colour_by_sft_and_moves_as_rewarded_by_grp
 
 
 def test_export_keeps_processor_and_tower_and_generates_the_same_tokens(sft_dir, colours, tmp_path):
+    assert_export_generates_the_same(sft_dir, colours, tmp_path)
+
+
+def assert_export_generates_the_same(sft_dir: Path, colours: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForImageTextToText
 
     from rlhfkit.config import ModelConfig

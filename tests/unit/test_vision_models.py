@@ -169,3 +169,19 @@ def test_a_sampled_image_token_ends_the_response_before_it():
     out, mask, ended, lengths = finalize_responses(ids, eos_token_ids=[2], pad_token_id=0, cut_ids=[101])
     assert lengths.tolist() == [2, 2, 0] and ended.tolist() == [False, True, False]
     assert out.tolist() == [[5, 6, 0, 0, 0], [5, 2, 0, 0, 0], [0, 0, 0, 0, 0]]
+
+
+def test_qwen3_vl_is_a_covered_family_and_its_moe_variant_is_refused_in_one_line(tmp_path):
+    import json
+
+    from rlhfkit.errors import ModelError
+    from rlhfkit.models.vision import vlm_type
+
+    for kind in ("qwen3_vl", "qwen3_vl_moe"):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "config.json").write_text(json.dumps({"model_type": kind, "vision_config": {},
+                                                                 "text_config": {}}))
+    assert vlm_type(str(tmp_path / "qwen3_vl")) == "qwen3_vl"
+    with pytest.raises(ModelError, match=r"of type 'qwen3_vl_moe', which rlhfkit's VLM path does not cover \(it "
+                                         r"covers .*Qwen3-VL"):
+        vlm_type(str(tmp_path / "qwen3_vl_moe"))
