@@ -2,10 +2,11 @@
 tokenizer of :mod:`.tiny` plus each family's image tokens, the family's own image processor (its PIL backend: no
 torchvision) at a small resolution, and a chat template that renders ``{"type": "image"}`` content parts as the
 family does. ``tiny:arch=qwen2_5_vl`` (Qwen2.5-VL: M-RoPE, 2x2 patch merging), ``tiny:arch=gemma3_vl`` (Gemma 3 with
-a SigLIP tower, bidirectional attention over each image's tokens, sliding-window text layers) and ``tiny:arch=llava``
-(LLaVA: a CLIP tower and a Llama language model), so every recipe and engine runs each family's code paths in tests
+a SigLIP tower, bidirectional attention over each image's tokens, sliding-window text layers), ``tiny:arch=llava``
+(LLaVA: a CLIP tower and a Llama language model) and ``tiny:arch=qwen3_vl`` (Qwen3-VL: interleaved M-RoPE,
+DeepStack, a Qwen3 text stack), so every recipe and engine runs each family's code paths in tests
 and demos. Sizes are the text model's :data:`~.tiny.TINY_DEFAULTS` plus ``image`` (the side, in pixels, images are
-resized to; 32: Qwen2.5-VL 4 image tokens, Gemma 3 4, LLaVA 16)."""
+resized to; 32: Qwen2.5-VL and Qwen3-VL 4 image tokens, Gemma 3 4, LLaVA 16)."""
 
 from __future__ import annotations
 

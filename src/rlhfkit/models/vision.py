@@ -16,6 +16,8 @@ in three places only:
   adapts the language model only, :func:`lora_target`), and kept in a cache of :data:`FEATURE_CACHE_BYTES` per
   model: a frozen tower gives an image the same features all run, so the rollout's prefill, the old, reference
   and update forwards of a step (and the next epochs) all reuse them; the G samples of a prompt share them.
+  Qwen3-VL's DeepStack features (several tower layers', added to the first text layers' hidden states at the image
+  tokens) are kept with them and handed back the same way (:func:`encoder_outputs`).
 * **The family's extra inputs** (:func:`forward_inputs`): the features (``mm_encoder_outputs``, the precomputed
   encoder outputs transformers' VLMs accept), Qwen2-VL's 3-D M-RoPE positions (``get_rope_index``), Gemma 3's
   ``token_type_ids`` (its image tokens attend to each other both ways).
