@@ -33,11 +33,12 @@ def picture(seed: int, size=(32, 32)) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def family(arch: str, seed: int = 0):
+def family(arch: str, seed: int = 0, image: int = 32):
     """(model, tokenizer) of a tiny VLM in eval mode, every weight matrix drawn with std 0.3 (the language model's
     and the tower's: tokens then depend on the picture), its LM head untied and drawn too, the EOS row raised so that
     rows end at different steps (tied, Gemma 3's greedy tokens repeat one token whatever the picture)."""
-    model, tok = load_causal_lm(ModelConfig(name=f"tiny:arch={arch},hidden=64,layers=2,kv_heads=2"), trainable=False)
+    name = f"tiny:arch={arch},hidden=64,layers=2,kv_heads=2,image={image}"
+    model, tok = load_causal_lm(ModelConfig(name=name), trainable=False)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -86,6 +87,24 @@ def test_greedy_tokens_equal_generates(name, vlm):
     assert len(set(ref.lengths.tolist())) > 1  # rows end at different steps
     assert not torch.equal(ref.response_ids[0], ref.response_ids[1])  # the same text, another picture: other tokens
     assert_same_rollout(ref, engine(name, tok, model).generate(model, ids, params, media=media), lp_atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_m_rope_of_images_wider_or_taller_than_square_decodes_as_generate(arch):
+    """Grids of 6 x 12, 12 x 6, 4 x 16 and 16 x 4 patches: an image's rows and columns take other positions, and the
+    text after it goes on from their larger side (Qwen3-VL: ``max(h, w)``), which the decode's rotary shift follows."""
+    model, tok = family(arch, image=64)
+    rows = [{"prompt": "Wide?", "image": picture(0, (64, 32))}, {"prompt": "Tall?", "image": picture(1, (32, 64))},
+            {"prompt": "Both", "images": [picture(2, (64, 16)), picture(3, (16, 64))]}, {"prompt": "none"}]
+    ex, _ = tokenize_dataset([normalize_record(r, "prompt", where=f"r:{i}") for i, r in enumerate(rows)], "prompt",
+                             tok, LengthPolicy(256))
+    grids = [e["media"].extras["image_grid_thw"][:, 1:].tolist() for e in ex[:3]]
+    assert grids == [[[6, 12]], [[12, 6]], [[4, 16], [16, 4]]]
+    ids, media = _inputs(ex)
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    ref = engine("hf", tok, model).generate(model, ids, params, media=media)
+    for name in ("static", "continuous"):
+        assert_same_rollout(ref, engine(name, tok, model).generate(model, ids, params, media=media), lp_atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["hf", "static", "continuous"])
