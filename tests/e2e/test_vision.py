@@ -191,7 +191,7 @@ def test_online_recipe_moves_the_policy_as_rewarded(recipe, colours, coin_dir, t
 def test_qwen3_vl_learns_the_pictures_colour_by_sft_and_moves_as_rewarded_by_grpo(colours, tmp_path):
     """Qwen3-VL's code paths (DeepStack, interleaved M-RoPE, a Qwen3 text stack; its rollouts on the default
     engine): SFT's greedy answers follow the picture, and its export reloads in transformers and generates the same
-    tokens; GRPO from a model answering at random raises ``red``."""
+    tokens; GRPO from that model, paid for ``red``, raises ``red`` on the held-out pictures (half of them blue)."""
     from rlhfkit.config import build_config
     from rlhfkit.train.online.synchronous import run_online
 
@@ -199,10 +199,9 @@ def test_qwen3_vl_learns_the_pictures_colour_by_sft_and_moves_as_rewarded_by_grp
     got = answers(tmp_path / "sft", colours)
     assert sum(w == a for w, a in got) >= 0.75 * len(got), got
     assert_export_generates_the_same(tmp_path / "sft", colours, tmp_path)
-    sft(colours, tmp_path / "coin", "coin.jsonl", model=VLM3)
-    before = logp_of(tmp_path / "coin", colours)
+    before = logp_of(tmp_path / "sft", colours)  # (the SFT model's samples hold both answers: one SFT, not two)
     run_online(build_config("grpo", {}, [
-        f"model.name={tmp_path / 'coin'}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path / 'rl'}",
+        f"model.name={tmp_path / 'sft'}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path / 'rl'}",
         "algo.rollout_batch_size=8", "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32",
         "train.max_steps=6", "generation.max_new_tokens=6", "optim.lr=1e-3", "track.report=false",
         "track.progress=false", "data.eval_fraction=0", f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]"]))
