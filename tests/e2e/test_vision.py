@@ -7,6 +7,7 @@ each asserting it learned something measurable, on pictures made here: a red or 
   that reads the picture (TRL's convention: the ``image`` column arrives as a PIL image) and pays for answering
   ``red``; distillation from a teacher VLM that always answers ``red``: each raises the policy's probability of
   ``red`` on held-out pictures;
+* Qwen3-VL (DeepStack, interleaved M-RoPE): SFT's greedy answers follow the picture, GRPO raises ``red``;
 * export writes processor and vision tower, reloads with transformers and generates the same tokens;
 * ``rlhfkit eval`` / ``generate`` with images; a TRL VLM GRPO script with only its imports changed.
 
@@ -30,6 +31,7 @@ from PIL import Image
 pytestmark = pytest.mark.slow  # every test here trains a tiny VLM (seconds to about a minute each on 2 quiet cores)
 ROOT = Path(__file__).resolve().parents[2]
 VLM = "tiny:arch=qwen2_5_vl,hidden=64,layers=2,kv_heads=2,intermediate=128"
+VLM3 = "tiny:arch=qwen3_vl,hidden=64,layers=2,kv_heads=2,intermediate=128"  # Qwen3-VL: DeepStack, interleaved M-RoPE
 COLOURS = {"red": (230, 40, 40), "blue": (40, 70, 240)}
 REWARD = '''
 def says_red(prompts, completions, image, **kwargs):
@@ -74,12 +76,12 @@ def colours(tmp_path_factory) -> Path:
     return root
 
 
-def sft(colours: Path, out: Path, data: str = "sft.jsonl", epochs: int = 8) -> dict:
+def sft(colours: Path, out: Path, data: str = "sft.jsonl", epochs: int = 8, model: str = VLM) -> dict:
     from rlhfkit.config import build_config
     from rlhfkit.train.supervised.sft import run_sft
 
     return run_sft(build_config("sft", {}, [
-        f"model.name={VLM}", f"data.train={colours / data}", f"data.eval={colours / 'eval_sft.jsonl'}",
+        f"model.name={model}", f"data.train={colours / data}", f"data.eval={colours / 'eval_sft.jsonl'}",
         f"output_dir={out}", "train.batch_size=16", f"train.epochs={epochs}", "optim.lr=5e-3", "track.report=false",
         "track.progress=false", "data.max_length=64", "model.lora.enabled=false"]))  # every weight: a tiny model
 
@@ -205,10 +207,35 @@ def test_grpo_trains_lora_on_the_language_model_by_default(colours, coin_dir, tm
     assert after > before + 0.05, (before, after)
 
 
+def test_qwen3_vl_learns_the_pictures_colour_by_sft_and_moves_as_rewarded_by_grpo(colours, tmp_path):
+    """Qwen3-VL's code paths (DeepStack, interleaved M-RoPE, a Qwen3 text stack; its rollouts on the default
+    engine): SFT's greedy answers follow the picture, and its export reloads in transformers and generates the same
+    tokens; GRPO from that model, paid for ``red``, raises ``red`` on the held-out pictures (half of them blue)."""
+    from rlhfkit.config import build_config
+    from rlhfkit.train.online.synchronous import run_online
+
+    sft(colours, tmp_path / "sft", model=VLM3)
+    got = answers(tmp_path / "sft", colours)
+    assert sum(w == a for w, a in got) >= 0.75 * len(got), got
+    assert_export_generates_the_same(tmp_path / "sft", colours, tmp_path)
+    before = logp_of(tmp_path / "sft", colours)  # (the SFT model's samples hold both answers: one SFT, not two)
+    run_online(build_config("grpo", {}, [
+        f"model.name={tmp_path / 'sft'}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path / 'rl'}",
+        "algo.rollout_batch_size=8", "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32",
+        "train.max_steps=6", "generation.max_new_tokens=6", "optim.lr=1e-3", "track.report=false",
+        "track.progress=false", "data.eval_fraction=0", f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]"]))
+    after = logp_of(tmp_path / "rl", colours)
+    assert after > before + 0.05, (before, after)
+
+
 # ─────────────────────────────────────────── export, eval, generate, the API ───────────────────────────────
 
 
 def test_export_keeps_processor_and_tower_and_generates_the_same_tokens(sft_dir, colours, tmp_path):
+    assert_export_generates_the_same(sft_dir, colours, tmp_path)
+
+
+def assert_export_generates_the_same(sft_dir: Path, colours: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForImageTextToText
 
     from rlhfkit.config import ModelConfig

@@ -2,10 +2,11 @@
 tokenizer of :mod:`.tiny` plus each family's image tokens, the family's own image processor (its PIL backend: no
 torchvision) at a small resolution, and a chat template that renders ``{"type": "image"}`` content parts as the
 family does. ``tiny:arch=qwen2_5_vl`` (Qwen2.5-VL: M-RoPE, 2x2 patch merging), ``tiny:arch=gemma3_vl`` (Gemma 3 with
-a SigLIP tower, bidirectional attention over each image's tokens, sliding-window text layers) and ``tiny:arch=llava``
-(LLaVA: a CLIP tower and a Llama language model), so every recipe and engine runs each family's code paths in tests
+a SigLIP tower, bidirectional attention over each image's tokens, sliding-window text layers), ``tiny:arch=llava``
+(LLaVA: a CLIP tower and a Llama language model) and ``tiny:arch=qwen3_vl`` (Qwen3-VL: interleaved M-RoPE,
+DeepStack, a Qwen3 text stack), so every recipe and engine runs each family's code paths in tests
 and demos. Sizes are the text model's :data:`~.tiny.TINY_DEFAULTS` plus ``image`` (the side, in pixels, images are
-resized to; 32: Qwen2.5-VL 4 image tokens, Gemma 3 4, LLaVA 16)."""
+resized to; 32: Qwen2.5-VL and Qwen3-VL 4 image tokens, Gemma 3 4, LLaVA 16)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ PATCH = 8  # vision patch side of every tiny tower
 _TOKENS = {
     "qwen2_5_vl": [("<|vision_start|>", "vision_start_token"), ("<|vision_end|>", "vision_end_token"),
                    ("<|image_pad|>", "image_token"), ("<|video_pad|>", "video_token")],
+    "qwen3_vl": [("<|vision_start|>", "vision_start_token"), ("<|vision_end|>", "vision_end_token"),
+                 ("<|image_pad|>", "image_token"), ("<|video_pad|>", "video_token")],
     "gemma3_vl": [("<start_of_image>", "boi_token"), ("<end_of_image>", "eoi_token"),
                   ("<image_soft_token>", "image_token")],
     "llava": [("<image>", "image_token")],
 }
 # how each family's chat template writes an image part (what its processor expands into the image tokens)
 _IMAGE_PART = {"qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3_vl": "<start_of_image>",
-               "llava": "<image>\n"}
+               "llava": "<image>\n", "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>"}
 
 
 def chat_template(arch: str) -> str:
@@ -86,6 +89,8 @@ def tiny_vlm(s: dict, tok):
                                       min_pixels=side * side, max_pixels=side * side)
         processor = images_only(transformers.Qwen2_5_VLProcessor)(image_processor=ip, tokenizer=tok,
                                                                    chat_template=template)
+    elif arch == "qwen3_vl":
+        cfg, processor = _qwen3_vl(s, tok, ids, text, head_dim, template)
     elif arch == "gemma3_vl":
         from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -117,6 +122,31 @@ def tiny_vlm(s: dict, tok):
     else:  # pragma: no cover - parse_tiny_spec checks the name
         raise ValueError(arch)
     cfg.pad_token_id, cfg.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    return cfg, processor
+
+
+def _qwen3_vl(s: dict, tok, ids: dict, text: dict, head_dim: int, template: str):
+    """Qwen3-VL: a Qwen3 text stack (q / k norms) with interleaved M-RoPE (the rotary frequencies dealt to
+    temporal, row and column in turn, ``mrope_section`` of each), a tower with a learned position grid, and DeepStack:
+    the first two tower blocks' features, each through its own merger, added to the hidden states of the first two
+    text layers at the image tokens (layers=1: the first only)."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    side, third = s["image"], head_dim // 2 // 3
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_interleaved": True,
+                               "mrope_section": [head_dim // 2 - 2 * third, third, third]}
+    cfg = transformers.Qwen3VLConfig(
+        text_config={**text, "head_dim": head_dim},
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=PATCH,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=s["hidden"],
+                           num_position_embeddings=16, deepstack_visual_indexes=[0, 1]),
+        image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+        vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"],
+        tie_word_embeddings=True)
+    ip = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=2, temporal_patch_size=2, min_pixels=side * side,
+                                  max_pixels=side * side)
+    processor = images_only(transformers.Qwen3VLProcessor)(image_processor=ip, tokenizer=tok, chat_template=template)
     return cfg, processor
 
 
