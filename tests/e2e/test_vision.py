@@ -223,7 +223,8 @@ def test_qwen3_vl_learns_the_pictures_colour_by_sft_and_moves_as_rewarded_by_grp
         f"model.name={tmp_path / 'sft'}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path / 'rl'}",
         "algo.rollout_batch_size=8", "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32",
         "train.max_steps=6", "generation.max_new_tokens=6", "optim.lr=1e-3", "track.report=false",
-        "track.progress=false", "data.eval_fraction=0", f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]"]))
+        "track.progress=false", "data.eval_fraction=0", f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]",
+        "model.lora.enabled=false"]))
     after = logp_of(tmp_path / "rl", colours)
     assert after > before + 0.05, (before, after)
 
