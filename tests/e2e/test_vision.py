@@ -207,6 +207,7 @@ def test_grpo_trains_lora_on_the_language_model_by_default(colours, coin_dir, tm
     assert after > before + 0.05, (before, after)
 
 
+@pytest.mark.cluster  # about a minute on 2 CPU cores (its own SFT): in make test-cluster's group, make test's budget
 def test_qwen3_vl_learns_the_pictures_colour_by_sft_and_moves_as_rewarded_by_grpo(colours, tmp_path):
     """Qwen3-VL's code paths (DeepStack, interleaved M-RoPE, a Qwen3 text stack; its rollouts on the default
     engine): SFT's greedy answers follow the picture, and its export reloads in transformers and generates the same
