@@ -21,7 +21,10 @@ Rows (``ROWS``, most important first; one function per row, so a row is added by
 5. ``families``: each family's static and continuous decode against ``generate`` (greedy teacher-forced check,
    tok/s; ``bench/families.py``);
 6. ``fused_head``: the fused LM head's bytes and speed at V = 151,936 against the plain logits paths
-   (``bench/logprobs.py --head``).
+   (``bench/logprobs.py --head``);
+7. ``vlm_3b``: GRPO on a Qwen2.5-VL-3B-shaped vision-language model (the real tower and language model, random
+   weights), 8 prompts x 8 completions with one 448 x 448 picture each (256 image tokens), LoRA on the language model,
+   the tower frozen: each phase's peak against ``plan``, s/step (``bench/big_models.py`` case 5; the least urgent).
 
 How a call goes: each row runs in its own process (its own CUDA context: a row that fails or runs out of memory
 leaves the next ones a clean device), started only when its expected time (``Row.seconds``: an H100 / H200
@@ -32,11 +35,11 @@ row writes its parts as it measures them (rows 1-2: after every framework's proc
 and after each row the suite rewrites ``results.json``, ``table.md`` and ``suite.log`` (every process's output) in
 ``--out``: three files, whatever the number of rows (the device machine sends back at most 8). A row cut by the
 budget keeps its finished parts; a row not started says so, with the ``--rows`` that runs the rest in a next call.
-The rows add up to ~25 minutes of estimates: one call measures row 1 (and row 6 in what is left), the next calls
+The rows add up to ~27 minutes of estimates: one call measures row 1 (and row 6 in what is left), the next calls
 take the ``--rows`` the table's last line gives. ``table.md`` begins with the summary table in
 docs/performance.md's format (:data:`SUMMARY_HEADER`: status, date, device, commit per row), ready to paste there.
 Needs no network: TRL, datasets, dill and multiprocess travel as wheels (``bench/gpu_wheels.py``), everything else
-is the image's (torch 2.11, transformers 5.17, peft).
+is the image's (torch 2.11, transformers 5.17, peft, pillow for row 7's pictures).
 
 ``--dry-run``: the same rows on CPU at tiny sizes (tiny shapes of the same families, a few tokens, two steps; TRL's
 rows only where TRL is importable), every code path but CUDA graphs; ``tests/e2e/test_gpu_suite.py`` runs it.
@@ -158,7 +161,7 @@ def long_answers_lines(parts: dict) -> list[str]:
     return out
 
 
-# ─────────────────────────────────────── rows 2-3: big models against plan ──────────────────────────────────────
+# ─────────────────────────────────────── rows 3-4: big models against plan ──────────────────────────────────────
 
 
 def big_cases(cases: list[int]) -> Callable[[Ctx], None]:
@@ -231,6 +234,14 @@ def fused_head_lines(parts: dict) -> list[str]:
     return out + [""]
 
 
+# ─────────────────────────────────────── row 7: a vision-language model against plan ──────────────────────────
+
+
+def vlm_lines(parts: dict) -> list[str]:
+    about = [p["result"].get("about") for k, p in sorted(parts.items()) if k.startswith("case_")]
+    return [*(a for a in about if a), "", *big_lines(parts)]
+
+
 ROWS: list[Row] = [
     Row("long_qwen3", "GRPO long answers vs TRL, Qwen3-0.6B shape", long_answers("qwen3-0.6b"), long_answers_lines,
         seconds=360, dry_seconds=70),
@@ -244,6 +255,8 @@ ROWS: list[Row] = [
         dry_seconds=25),
     Row("fused_head", "fused LM head at V = 151,936: bytes and speed", fused_head, fused_head_lines, seconds=60,
         dry_seconds=10),
+    Row("vlm_3b", "GRPO Qwen2.5-VL-3B LoRA, tower frozen, 448 x 448 pictures: plan vs peak", big_cases([5]),
+        vlm_lines, seconds=120, dry_seconds=20),
 ]
 
 

@@ -1,9 +1,9 @@
 """The wheels ``bench/gpu_suite.py`` needs on the GPU machine, made here, and the exact ``run`` call that uses them.
 
 The GPU machine has no network; its image holds torch 2.11, transformers 5.17, accelerate, peft, pandas, pyarrow,
-xxhash, fsspec, psutil (``/work/.library/device/KINDS.md``'s package list) but not TRL nor what TRL needs beside
-them. So they travel as wheels in ``.whl/`` at the repository's root (ignored by git: ``.gitignore`` lists it; never
-committed), within the device tool's 64 MiB for the whole working tree:
+xxhash, fsspec, psutil, pillow (row 7's pictures; ``/work/.library/device/KINDS.md``'s package list) but not TRL nor
+what TRL needs beside them. So they travel as wheels in ``.whl/`` at the repository's root (ignored by git:
+``.gitignore`` lists it; never committed), within the device tool's 64 MiB for the whole working tree:
 
 - ``trl==1.16.0`` (the peer: pure Python), ``datasets==5.2.0`` (TRL's and rlhfkit's), and datasets' two needs the
   image lacks, ``dill==0.4.1`` and ``multiprocess==0.70.19`` (its CPython 3.12 wheel); about 2.5 MB;

@@ -16,6 +16,11 @@ checkpointing, the whole language model trained and the vision tower and project
 gets the model object with them frozen by the worker), float32 on CPU, bf16 on CUDA. A step's time is the interval
 between two step-end callbacks (the first ``--warmup`` left out); peak memory is the worker's peak RSS on CPU (both
 load the same weights; TRL's process also imports ``datasets`` / ``accelerate``) and ``max_memory_allocated`` on CUDA.
+Equal work, as in ``bench/vs_trl.py``: the learning rate is 0 by default (``--lr``; throughput rows: the update does
+all of its compute, but the weights, hence the answers' length distribution, stay the same in every step of both
+frameworks), each worker counts the tokens of every measured completion (the reward's ``completion_ids``, which both
+pass), the speed ratio is refused when the means differ by more than 10 %, and its headline is generated tokens per
+second, the time per step beside it.
 
 ``--arch llava`` by default: transformers' Qwen2.5-VL processor needs torchvision (its video processor), which TRL's
 environment need not have; ``--arch qwen2_5_vl`` / ``gemma3_vl`` where it does (rlhfkit itself needs no torchvision).
@@ -35,6 +40,7 @@ import time
 from pathlib import Path
 
 QUESTION = "Which square is larger, red or blue?"
+EQUAL_WORK = 0.10  # the step-time ratio is printed only when mean tokens per completion differ by at most this
 
 
 # ─────────────────────────────────────────── the worker (either framework) ───────────────────────────────────────────
@@ -60,7 +66,10 @@ def worker(a: argparse.Namespace) -> None:
                                                                           {"type": "text", "text": QUESTION}]}],
                                   "answer": r["answer"]} for r in rows])
 
-    def accuracy_reward(completions, answer, **kwargs):
+    lengths: list[list[int]] = []  # tokens per completion, one list per scoring call (a step's completions)
+
+    def accuracy_reward(completions, answer, completion_ids=None, **kwargs):
+        lengths.append([len(ids) for ids in completion_ids or []])
         texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
         return [1.0 if t.strip().startswith(want) else 0.0 for t, want in zip(texts, answer)]
 
@@ -74,11 +83,11 @@ def worker(a: argparse.Namespace) -> None:
             ends.append(time.perf_counter())
 
     cuda = a.device == "cuda"
-    args = GRPOConfig(output_dir=str(Path(a.workdir) / f"out-{a.framework}"), learning_rate=1e-5,
+    args = GRPOConfig(output_dir=str(Path(a.workdir) / f"out-{a.framework}"), learning_rate=a.lr,
                       per_device_train_batch_size=a.prompts * a.k, num_generations=a.k,
                       max_completion_length=a.max_new, max_steps=a.steps, beta=0.04, temperature=1.0,
                       steps_per_generation=1, num_iterations=1, gradient_checkpointing=False, logging_steps=1,
-                      report_to="none", save_strategy="no", bf16=cuda, seed=0,
+                      report_to="none", save_strategy="no", bf16=cuda, seed=a.seed,
                       **({"use_cpu": not cuda} if a.framework == "trl" else {}))  # rlhfkit: CUDA when visible
     model = str(Path(a.workdir) / "model")
     if a.framework == "trl":  # the tower and projector frozen, as rlhfkit's default
@@ -95,14 +104,22 @@ def worker(a: argparse.Namespace) -> None:
     trainer.train()
     steps = [b - e for e, b in zip([start, *ends], ends)][a.warmup:]
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print("RESULT " + json.dumps({"framework": a.framework, "steps": steps, "peak": peak}), flush=True)
+    tokens = [n for step in lengths[a.warmup:] for n in step]  # the measured steps' completions
+    print("RESULT " + json.dumps({"framework": a.framework, "steps": steps, "peak": peak, "tokens": tokens}),
+          flush=True)
 
 
 # ─────────────────────────────────────────── the parent ───────────────────────────────────────────
 
 
 def prepare(workdir: Path, arch: str, spec: str, n: int) -> None:
-    """The model directory (a tiny VLM with random weights and its processor) and ``n`` pictures of ``shapes``."""
+    """The model directory (a tiny VLM with random weights and its processor) and ``n`` pictures: one picture of
+    ``shapes``, each row's copy with one pixel of its own changed. Every row is then a distinct image (no framework
+    reuses an encoding across rows), yet the random model sees nearly the same input in every row, so the answers'
+    lengths come from one distribution whichever rows a framework's shuffle puts in its measured steps (with distinct
+    scenes, a 13 % gap in mean tokens per completion between the frameworks came from the rows alone)."""
+    from PIL import Image
+
     from rlhfkit.config import ModelConfig
     from rlhfkit.models.loading import load_causal_lm
     from rlhfkit.tasks import make_task_data
@@ -112,14 +129,21 @@ def prepare(workdir: Path, arch: str, spec: str, n: int) -> None:
     model.save_pretrained(workdir / "model")
     tok.rlhfkit_processor.save_pretrained(workdir / "model")
     make_task_data("shapes", workdir, n=n, n_eval=1)
-    rows = [json.loads(line) for line in (workdir / "prompts.jsonl").read_text().splitlines()]
-    (workdir / "rows.json").write_text(json.dumps([{"image": r["image"], "answer": r["answer"]} for r in rows]))
+    first = json.loads((workdir / "prompts.jsonl").read_text().splitlines()[0])
+    picture = Image.open(workdir / first["image"]).convert("RGB")
+    rows = []
+    for i in range(n):
+        copy = picture.copy()
+        copy.putpixel((i % copy.width, i // copy.width % copy.height), (i * 37 % 256, i * 91 % 256, i * 13 % 256))
+        copy.save(workdir / f"row-{i}.png")
+        rows.append({"image": f"row-{i}.png", "answer": first["answer"]})
+    (workdir / "rows.json").write_text(json.dumps(rows))
 
 
-def run_worker(python: str, a: argparse.Namespace, framework: str, workdir: Path) -> dict:
+def run_worker(python: str, a: argparse.Namespace, framework: str, workdir: Path, seed: int) -> dict:
     cmd = [python, __file__, "--worker", "--framework", framework, "--workdir", str(workdir), "--device", a.device,
            "--steps", str(a.steps), "--warmup", str(a.warmup), "--prompts", str(a.prompts), "--k", str(a.k),
-           "--max-new", str(a.max_new)]
+           "--max-new", str(a.max_new), "--lr", str(a.lr), "--seed", str(seed)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")} \
         if framework == "rlhfkit" else dict(os.environ)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -146,6 +170,9 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--max-new", dest="max_new", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--lr", type=float, default=0.0, help="0 (default): throughput rows, the update's full compute "
+                   "with the weights kept, so both frameworks sample from one length distribution every step")
     a = p.parse_args()
     if a.worker:
         return worker(a)
@@ -155,18 +182,29 @@ def main() -> None:
         workdir = Path(tmp)
         prepare(workdir, a.arch, a.spec, n=a.prompts * a.steps)
         results: dict[str, list[dict]] = {"trl": [], "rlhfkit": []}
-        for _ in range(a.rounds):
+        for seed in range(a.rounds):  # a seed per round (both frameworks): more draws of the same lengths
             for framework in ("trl", "rlhfkit"):
                 python = a.trl_python if framework == "trl" else sys.executable
-                results[framework].append(run_worker(python, a, framework, workdir))
+                results[framework].append(run_worker(python, a, framework, workdir, seed))
     print(f"GRPO on tiny:arch={a.arch},{a.spec}, {a.prompts} x {a.k} completions of <= {a.max_new} tokens, "
           f"{a.device}, {a.steps} steps ({a.warmup} warm-up) x {a.rounds} round(s)")
-    med, peak = {}, {}
+    med, peak, mean_len, rate = {}, {}, {}, {}
     for framework, runs in results.items():
         med[framework] = statistics.median(t for r in runs for t in r["steps"])
         peak[framework] = max(r["peak"] for r in runs)
-        print(f"  {framework:8s} {med[framework]:8.3f} s/step   peak {peak[framework] / 2**20:8.1f} MiB")
-    print(f"RATIO step time TRL / rlhfkit: {med['trl'] / med['rlhfkit']:.2f} (> 1: rlhfkit faster)")
+        tokens = [n for r in runs for n in r["tokens"]]
+        mean_len[framework] = statistics.fmean(tokens) if tokens else float("nan")
+        rate[framework] = sum(tokens) / sum(t for r in runs for t in r["steps"])
+        print(f"  {framework:8s} {med[framework]:8.3f} s/step  {rate[framework]:8.1f} generated tok/s   peak "
+              f"{peak[framework] / 2**20:8.1f} MiB   tokens per completion mean {mean_len[framework]:6.1f} "
+              f"max {max(tokens, default=0)}")
+    gap = abs(mean_len["trl"] - mean_len["rlhfkit"]) / max(mean_len["trl"], mean_len["rlhfkit"])
+    if not gap <= EQUAL_WORK:  # NaN (no counts) refuses too
+        print(f"UNEQUAL work: mean tokens per completion differ by {gap:.0%} > {EQUAL_WORK:.0%}: no speed ratio "
+              "(rerun with more --steps / --rounds, or --lr 0 if a learning rate was given)")
+    else:
+        print(f"RATIO generated tok/s rlhfkit / TRL: {rate['rlhfkit'] / rate['trl']:.2f} (> 1: rlhfkit faster; "
+              f"per step, TRL / rlhfkit: {med['trl'] / med['rlhfkit']:.2f})")
     print(f"RATIO peak memory TRL / rlhfkit: {peak['trl'] / peak['rlhfkit']:.2f} (> 1: rlhfkit smaller)")
 
 

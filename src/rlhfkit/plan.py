@@ -619,6 +619,9 @@ def preflight(cfg, arch: Architecture, world: int) -> list[Check]:
 def plan(cfg, *, world: int | None = None, gpu_memory: float | None = None, device: str = "cuda",
          checks: bool = True, command: str = "") -> Plan:
     """The plan of ``cfg`` (see the module docstring); nothing is loaded but config.json / tokenizer / data."""
+    from .models.lora import lora_by_default
+
+    cfg = lora_by_default(cfg)  # as the run would: LoRA for a vision-language policy unless set
     world = world or int(os.environ.get("WORLD_SIZE", "1"))
     notes: list[Check] = []
     roles, setup, phases = _estimate(cfg, world, device, notes)

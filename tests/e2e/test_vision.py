@@ -7,10 +7,11 @@ each asserting it learned something measurable, on pictures made here: a red or 
   that reads the picture (TRL's convention: the ``image`` column arrives as a PIL image) and pays for answering
   ``red``; distillation from a teacher VLM that always answers ``red``: each raises the policy's probability of
   ``red`` on held-out pictures;
+* Qwen3-VL (DeepStack, interleaved M-RoPE): SFT's greedy answers follow the picture, GRPO raises ``red``;
 * export writes processor and vision tower, reloads with transformers and generates the same tokens;
 * ``rlhfkit eval`` / ``generate`` with images; a TRL VLM GRPO script with only its imports changed;
-* SmolVLM's family (tiny Idefics3, images split into tiles): SFT follows the picture and its export generates the
-  same tokens; GRPO (cluster-marked) raises the rewarded answer's probability.
+* SmolVLM's family (tiny Idefics3, images split into tiles): SFT's greedy answers follow the picture, its export
+  generates the same tokens, GRPO raises ``red``.
 
 The visual task that needs the picture to be answered (``shapes``: which square is larger) is learned by GRPO in
 ``test_grpo_learns_the_visual_task`` (cluster-marked: minutes).
@@ -32,6 +33,7 @@ from PIL import Image
 pytestmark = pytest.mark.slow  # every test here trains a tiny VLM (seconds to about a minute each on 2 quiet cores)
 ROOT = Path(__file__).resolve().parents[2]
 VLM = "tiny:arch=qwen2_5_vl,hidden=64,layers=2,kv_heads=2,intermediate=128"
+VLM3 = "tiny:arch=qwen3_vl,hidden=64,layers=2,kv_heads=2,intermediate=128"  # Qwen3-VL: DeepStack, interleaved M-RoPE
 IDEFICS3 = VLM.replace("qwen2_5_vl", "idefics3")  # SmolVLM's family: a square picture is 2 x 2 tiles + the whole
 COLOURS = {"red": (230, 40, 40), "blue": (40, 70, 240)}
 REWARD = '''
@@ -84,7 +86,7 @@ def sft(colours: Path, out: Path, data: str = "sft.jsonl", epochs: int = 8, mode
     return run_sft(build_config("sft", {}, [
         f"model.name={model}", f"data.train={colours / data}", f"data.eval={colours / 'eval_sft.jsonl'}",
         f"output_dir={out}", "train.batch_size=16", f"train.epochs={epochs}", "optim.lr=5e-3", "track.report=false",
-        "track.progress=false", f"data.max_length={length}"]))
+        "track.progress=false", f"data.max_length={length}", "model.lora.enabled=false"]))  # every weight: tiny
 
 
 @pytest.fixture(scope="module")
@@ -150,18 +152,6 @@ def test_sft_learns_to_name_the_pictures_colour(sft_dir, colours):
     assert sum(w == a for w, a in got) >= 0.75 * len(got), got  # greedy answers follow the picture
 
 
-def test_sft_on_idefics3_learns_to_name_the_pictures_colour(colours, tmp_path):
-    """SmolVLM's family (tiny Idefics3: a square picture is 2 x 2 tiles + the whole, 20 image tokens and 13 markers;
-    tower and connector frozen): the same learning as on Qwen2.5-VL; the export reloads in transformers and
-    generates the same tokens."""
-    sft(colours, tmp_path, epochs=5, model=IDEFICS3, length=96)
-    rows = [r for r in metrics(tmp_path) if "eval/loss" in r]
-    assert rows[-1]["eval/loss"] < 0.5 * rows[0]["eval/loss"], rows
-    got = answers(tmp_path, colours)
-    assert sum(w == a for w, a in got) >= 0.75 * len(got), got
-    assert_export_generates_the_same_tokens(tmp_path, colours, tmp_path / "export", length=96)
-
-
 def test_dpo_learns_to_prefer_the_pictures_colour(colours, tmp_path):
     from rlhfkit.config import build_config
     from rlhfkit.train.supervised.preference import run_preference
@@ -182,50 +172,92 @@ ONLINE = {"grpo": [], "rloo": [], "reinforce": [], "online-dpo": [],
 
 @pytest.mark.parametrize("recipe", [*ONLINE, "distill"])
 def test_online_recipe_moves_the_policy_as_rewarded(recipe, colours, coin_dir, tmp_path, tmp_path_factory):
+    from rlhfkit.config import build_config
+    from rlhfkit.train.online.synchronous import run_online
+
     if recipe == "distill":  # a teacher VLM that answers red, whatever the picture
         teacher = tmp_path_factory.mktemp("red-teacher")
         sft(colours, teacher, "red.jsonl")
         extra = [f"teacher.model={teacher}"]
     else:
         extra = [f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]", *ONLINE[recipe]]
-    before, after = moved(recipe, coin_dir, colours, tmp_path, extra)
+    before = logp_of(coin_dir, colours)
+    run_online(build_config(recipe, {}, [
+        f"model.name={coin_dir}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path}",
+        "algo.rollout_batch_size=8", "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32",
+        "train.max_steps=6", "generation.max_new_tokens=6", "optim.lr=1e-3", "track.report=false",
+        "track.progress=false", "data.eval_fraction=0", "model.lora.enabled=false", *extra]))
+    after = logp_of(tmp_path, colours)
     assert after > before + 0.05, (before, after)
 
 
-def moved(recipe: str, start: Path, colours: Path, out: Path, extra: list[str], length: int = 64):
-    """(before, after): the mean log-probability of answering ``red`` on the held-out pictures before and after 6
-    steps of ``recipe`` from the model ``start``."""
+def test_grpo_trains_lora_on_the_language_model_by_default(colours, coin_dir, tmp_path, capsys):
+    """No LoRA setting: rlhfkit's default for a VLM, said in one line; the adapters alone learn what is rewarded."""
+    from rlhfkit.config import build_config
+    from rlhfkit.train.online.synchronous import run_online
+
+    before = logp_of(coin_dir, colours)
+    run_online(build_config("grpo", {}, [
+        f"model.name={coin_dir}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path}",
+        f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]", "algo.rollout_batch_size=8",
+        "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32", "train.max_steps=6",
+        "generation.max_new_tokens=6", "optim.lr=3e-3", "track.report=false", "track.progress=false",
+        "data.eval_fraction=0"]))
+    said = capsys.readouterr().out
+    assert "LoRA (r=16) on the language model, rlhfkit's default for a vision-language model" in said
+    assert "vision tower and projector are frozen" in said
+    after = logp_of(tmp_path, colours)
+    assert after > before + 0.05, (before, after)
+
+
+# model, SFT epochs, data.max_length, GRPO from a model SFT-trained on coin-flip answers (else from the SFT model: its
+# samples hold both answers); tiny Idefics3's SFT model answers the picture's colour too surely for GRPO to move it
+FAMILIES = {"qwen3_vl": (VLM3, 8, 64, False), "idefics3": (IDEFICS3, 5, 96, True)}
+
+
+@pytest.mark.cluster  # about a minute on 2 CPU cores each (its own SFT): in make test-cluster's group (budget)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_another_family_learns_the_pictures_colour_by_sft_and_moves_as_rewarded_by_grpo(family, colours, tmp_path):
+    """Qwen3-VL's code paths (DeepStack, interleaved M-RoPE, a Qwen3 text stack) and SmolVLM's (tiny Idefics3: a
+    square picture is 2 x 2 tiles + the whole, 20 image tokens and 13 markers, hence ``data.max_length`` 96), their
+    rollouts on the default engine: SFT's greedy answers follow the picture, and its export reloads in transformers
+    and generates the same tokens; GRPO from that model, paid for ``red``, raises ``red`` on the held-out pictures
+    (half of them blue)."""
+    model, epochs, length, coin = FAMILIES[family]
+    sft(colours, tmp_path / "sft", epochs=epochs, model=model, length=length)
+    got = answers(tmp_path / "sft", colours)
+    assert sum(w == a for w, a in got) >= 0.75 * len(got), got
+    assert_export_generates_the_same(tmp_path / "sft", colours, tmp_path, length)
+    if coin:
+        sft(colours, tmp_path / "coin", "coin.jsonl", model=model, length=length)
+    before, after = grpo_for_red(tmp_path / ("coin" if coin else "sft"), colours, tmp_path / "rl", length)
+    assert after > before + 0.05, (before, after)
+
+
+def grpo_for_red(start: Path, colours: Path, out: Path, length: int = 64) -> tuple[float, float]:
+    """(before, after): the mean log-probability of ``red`` on the held-out pictures before and after 6 GRPO steps
+    from ``start`` (every weight trained) paid for answering ``red``."""
     from rlhfkit.config import build_config
     from rlhfkit.train.online.synchronous import run_online
 
     before = logp_of(start, colours, length)
-    run_online(build_config(recipe, {}, [
+    run_online(build_config("grpo", {}, [
         f"model.name={start}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={out}",
         "algo.rollout_batch_size=8", "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32",
         "train.max_steps=6", "generation.max_new_tokens=6", "optim.lr=1e-3", "track.report=false",
-        "track.progress=false", "data.eval_fraction=0", *extra]))
+        "track.progress=false", "data.eval_fraction=0", f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]",
+        "model.lora.enabled=false"]))
     return before, logp_of(out, colours, length)
-
-
-@pytest.mark.cluster  # a second tiny VLM trained twice (about a minute on 2 CPU cores): make test is near its budget
-def test_grpo_on_idefics3_moves_the_policy_as_rewarded(colours, tmp_path):
-    """GRPO on SmolVLM's family (tiny Idefics3, tiles): rollouts prefilled with the tiles' features on rlhfkit's
-    engine, the trainer's forwards sharing them; from answers drawn red or blue whatever the picture, the reward
-    for ``red`` raises its probability on held-out pictures."""
-    sft(colours, tmp_path / "coin", "coin.jsonl", model=IDEFICS3, length=96)
-    before, after = moved("grpo", tmp_path / "coin", colours, tmp_path / "grpo",
-                          [f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]"], length=96)
-    assert after > before + 0.05, (before, after)
 
 
 # ─────────────────────────────────────────── export, eval, generate, the API ───────────────────────────────
 
 
 def test_export_keeps_processor_and_tower_and_generates_the_same_tokens(sft_dir, colours, tmp_path):
-    assert_export_generates_the_same_tokens(sft_dir, colours, tmp_path)
+    assert_export_generates_the_same(sft_dir, colours, tmp_path)
 
 
-def assert_export_generates_the_same_tokens(sft_dir: Path, colours: Path, tmp_path: Path, length: int = 64):
+def assert_export_generates_the_same(sft_dir: Path, colours: Path, tmp_path: Path, length: int = 64) -> None:
     from transformers import AutoModelForImageTextToText
 
     from rlhfkit.config import ModelConfig

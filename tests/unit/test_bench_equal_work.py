@@ -128,7 +128,7 @@ def test_an_update_at_learning_rate_zero_computes_and_leaves_every_weight(tmp_pa
 
 def test_the_suite_table_names_what_was_not_measured_and_the_next_command():
     suite = import_bench("gpu_suite")
-    assert len({r.key for r in suite.ROWS}) == len(suite.ROWS) == 6
+    assert len({r.key for r in suite.ROWS}) == len(suite.ROWS) == 7
     report = {"meta": {"dry": False, "device_name": "NVIDIA H200", "date": "2026-12-01 10:00", "commit": "abc1234",
                        "torch": "t", "transformers": "tf", "trl": "1.16.0"},
               "rows": {"long_qwen3": {"status": "ok", "seconds": 300, "cpu_seconds": 310, "parts": {}},
@@ -142,7 +142,7 @@ def test_the_suite_table_names_what_was_not_measured_and_the_next_command():
     assert "| 3 | PPO Llama-2-7B + Pythia-1.4B: plan vs peak (LoRA; full, FSDP2 CPU offload) | not reached" in text
     assert "| 6 | fused LM head at V = 151,936: bytes and speed | not asked in this call |" in text
     assert "| 4 | GRPO Qwen3-8B LoRA (QLoRA when carried): plan vs peak | pending (not run when" in text
-    assert "`python3 bench/gpu_suite.py --out $OUT --rows 2,3,4`" in text  # 5-6 were not asked for here
+    assert "`python3 bench/gpu_suite.py --out $OUT --rows 2,3,4`" in text  # 5-7 were not asked for here
 
 
 def test_the_docs_hold_the_suite_summary_in_its_format_and_one_call_fits_nine_minutes():

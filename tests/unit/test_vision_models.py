@@ -1,5 +1,7 @@
-"""Vision-language models in the engines and the trainer's forwards, per family (tiny Qwen2.5-VL, Gemma 3 and LLaVA
-built from config with their processors, offline; weights drawn large so that greedy tokens depend on the image):
+"""Vision-language models in the engines and the trainer's forwards, per family (tiny Qwen2.5-VL, Gemma 3, LLaVA and
+Qwen3-VL built from config with their processors, offline; weights drawn large so that greedy tokens depend on the
+image; Qwen3-VL's with DeepStack and interleaved M-RoPE: the engine tests fail when its DeepStack features or its
+3-D positions are dropped):
 greedy tokens of the static and continuous engines equal transformers' ``generate``'s; sampled log-probs equal the
 trainer's recomputed ones; the trainer's forward with each image's features computed once equals the model's own
 forward from the pixels; the vision tower runs once per distinct image set; LoRA adapts the language model only."""
@@ -20,7 +22,7 @@ from rlhfkit.rollout import SamplingParams, finalize_responses, make_engine
 from rlhfkit.train.online.experience import position_ids_of
 from rlhfkit.train.shared.forward import completion_stats, response_stats
 
-ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava", "idefics3", "smolvlm")
+ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava", "qwen3_vl", "idefics3", "smolvlm")
 
 
 def picture(seed: int, size=(32, 32)) -> Image.Image:
@@ -31,11 +33,12 @@ def picture(seed: int, size=(32, 32)) -> Image.Image:
     return Image.fromarray(pixels)
 
 
-def family(arch: str, seed: int = 0):
+def family(arch: str, seed: int = 0, image: int = 32):
     """(model, tokenizer) of a tiny VLM in eval mode, every weight matrix drawn with std 0.3 (the language model's
     and the tower's: tokens then depend on the picture), its LM head untied and drawn too, the EOS row raised so that
     rows end at different steps (tied, Gemma 3's greedy tokens repeat one token whatever the picture)."""
-    model, tok = load_causal_lm(ModelConfig(name=f"tiny:arch={arch},hidden=64,layers=2,kv_heads=2"), trainable=False)
+    name = f"tiny:arch={arch},hidden=64,layers=2,kv_heads=2,image={image}"
+    model, tok = load_causal_lm(ModelConfig(name=name), trainable=False)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -89,6 +92,24 @@ def test_greedy_tokens_equal_generates(name, vlm):
     assert_same_rollout(ref, engine(name, tok, model).generate(model, ids, params, media=media), lp_atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl"])
+def test_m_rope_of_images_wider_or_taller_than_square_decodes_as_generate(arch):
+    """Grids of 6 x 12, 12 x 6, 4 x 16 and 16 x 4 patches: an image's rows and columns take other positions, and the
+    text after it goes on from their larger side (Qwen3-VL: ``max(h, w)``), which the decode's rotary shift follows."""
+    model, tok = family(arch, image=64)
+    rows = [{"prompt": "Wide?", "image": picture(0, (64, 32))}, {"prompt": "Tall?", "image": picture(1, (32, 64))},
+            {"prompt": "Both", "images": [picture(2, (64, 16)), picture(3, (16, 64))]}, {"prompt": "none"}]
+    ex, _ = tokenize_dataset([normalize_record(r, "prompt", where=f"r:{i}") for i, r in enumerate(rows)], "prompt",
+                             tok, LengthPolicy(256))
+    grids = [e["media"].extras["image_grid_thw"][:, 1:].tolist() for e in ex[:3]]
+    assert grids == [[[6, 12]], [[12, 6]], [[4, 16], [16, 4]]]
+    ids, media = _inputs(ex)
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    ref = engine("hf", tok, model).generate(model, ids, params, media=media)
+    for name in ("static", "continuous"):
+        assert_same_rollout(ref, engine(name, tok, model).generate(model, ids, params, media=media), lp_atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["hf", "static", "continuous"])
 def test_sampled_logprobs_equal_the_trainers(name, vlm):
     arch, model, tok, ex = vlm
@@ -116,7 +137,7 @@ def test_the_trainers_forward_equals_the_model_from_its_pixels(vlm):
     with torch.no_grad():
         got = completion_stats(model, x, mask, media=media).logprobs
         extra = generate_inputs(model, x, media)  # the pixels; the model's own positions (M-RoPE: from the ids)
-        if arch == "qwen2_5_vl":
+        if arch in ("qwen2_5_vl", "qwen3_vl"):
             extra = {"mm_token_type_ids": extra.pop("mm_token_type_ids"), **extra}
         logits = model(input_ids=x, attention_mask=mask, **extra).logits
     want = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, x[:, 1:, None])[..., 0]
@@ -124,7 +145,7 @@ def test_the_trainers_forward_equals_the_model_from_its_pixels(vlm):
     torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "idefics3"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "idefics3"])
 def test_the_vision_tower_runs_once_per_distinct_image_set(monkeypatch, arch):
     from rlhfkit.models.vision import base_of
 
@@ -135,7 +156,7 @@ def test_the_vision_tower_runs_once_per_distinct_image_set(monkeypatch, arch):
     original = base.get_image_features
 
     def counted(pixel_values, image_grid_thw=None, **kwargs):
-        if arch == "qwen2_5_vl":
+        if image_grid_thw is not None:  # Qwen2.5-VL, Qwen3-VL
             calls.append(int(image_grid_thw.shape[0]))  # images in this call
             return original(pixel_values, image_grid_thw, **kwargs)
         # [sequences, tiles, ...], padded with all-zero tiles; an image is 2 x 2 tiles + the whole (at 32 px)
@@ -163,6 +184,9 @@ def test_lora_adapts_the_language_model_only_and_the_tower_is_frozen():
         text = f".{family_of(model).text}."  # the language model (Idefics3 / SmolVLM: ``text_model``)
         assert adapted and all(text in n for n in adapted), (arch, adapted[:3])
         assert not any(p.requires_grad for m in vision_modules(model) for p in m.parameters())
+        if arch == "qwen3_vl":  # its DeepStack mergers are the tower's too: frozen, not adapted
+            deep = [p for n, p in model.named_parameters() if "deepstack_merger" in n]
+            assert deep and not any(p.requires_grad for p in deep)
     model, _ = load_causal_lm(ModelConfig(name="tiny:arch=qwen2_5_vl,hidden=32,layers=1", train_vision=True))
     assert all(p.requires_grad for m in vision_modules(model) for p in m.parameters())
 
@@ -172,6 +196,22 @@ def test_a_sampled_image_token_ends_the_response_before_it():
     out, mask, ended, lengths = finalize_responses(ids, eos_token_ids=[2], pad_token_id=0, cut_ids=[101])
     assert lengths.tolist() == [2, 2, 0] and ended.tolist() == [False, True, False]
     assert out.tolist() == [[5, 6, 0, 0, 0], [5, 2, 0, 0, 0], [0, 0, 0, 0, 0]]
+
+
+def test_qwen3_vl_is_a_covered_family_and_its_moe_variant_is_refused_in_one_line(tmp_path):
+    import json
+
+    from rlhfkit.errors import ModelError
+    from rlhfkit.models.vision import vlm_type
+
+    for kind in ("qwen3_vl", "qwen3_vl_moe"):
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "config.json").write_text(json.dumps({"model_type": kind, "vision_config": {},
+                                                                 "text_config": {}}))
+    assert vlm_type(str(tmp_path / "qwen3_vl")) == "qwen3_vl"
+    with pytest.raises(ModelError, match=r"of type 'qwen3_vl_moe', which rlhfkit's VLM path does not cover \(it "
+                                         r"covers .*Qwen3-VL"):
+        vlm_type(str(tmp_path / "qwen3_vl_moe"))
 
 
 def test_smolvlm2s_own_processor_expands_images_as_the_tiny_ones_and_needs_num2words(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """``rlhfkit plan`` on vision-language models (models/tower.py): the vision tower's parameters (checked by hand for
 Qwen2.5-VL-3B's shape, and against the built model for each tiny family), the image tokens of the processor's
 largest image (against what the processor makes of one), frozen vs trained towers in the states, and the memory of
-encoding images in the rollout and the train step (by hand)."""
+encoding images in the rollout and the train step (by hand), Qwen3-VL's DeepStack features kept beside the last
+layer's."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_qwen25_vl_3b_tower_and_text_model_counted_by_hand():
     assert (arch.tower.layers, arch.tower.hidden, arch.tower.intermediate) == (32, 1280, 3420)
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "gemma3_vl", "llava", "idefics3"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "gemma3_vl", "llava", "qwen3_vl", "idefics3"])
 def test_tiny_towers_equal_the_built_models_and_their_processors_largest_image(arch):
     from rlhfkit.data import LengthPolicy, normalize_record, tokenize_dataset
     from rlhfkit.models.loading import load_causal_lm
@@ -46,8 +47,11 @@ def test_tiny_towers_equal_the_built_models_and_their_processors_largest_image(a
     sizes = read_architecture(name)
     tower = sizes.tower
     assert tower.params == sum(p.numel() for m in vision_modules(model) for p in m.parameters())
+    built = sum(p.numel() for p in model.parameters())
+    if arch == "qwen3_vl":  # (the text estimate leaves Qwen3's q / k norms out, as for Qwen3: 2 x head_dim a layer)
+        built -= 2 * 2 * (64 // 4)
     if arch != "gemma3_vl":  # (Gemma 3's text layers' extra norms are not counted by the text estimate)
-        assert sizes.params() == sum(p.numel() for p in model.parameters())  # the text model's q / k / v biases too
+        assert sizes.params() == built  # the text model's q / k / v biases too
     big = Image.fromarray(np.random.RandomState(0).randint(0, 255, (96, 96, 3), dtype=np.uint8))
     (ex,), _ = tokenize_dataset([normalize_record({"prompt": "Which?", "image": big}, "prompt", where="r:0")],
                                 "prompt", tok, LengthPolicy(256))
@@ -61,7 +65,10 @@ def _plan(name: str, *overrides: str, recipe: str = "grpo"):
 def test_plan_counts_the_tower_frozen_by_default_and_trained_when_asked():
     name = "tiny:arch=qwen2_5_vl,hidden=64,layers=2,kv_heads=2"
     arch = read_architecture(name)
-    frozen, trained = _plan(name), _plan(name, "model.train_vision=true")
+    frozen, trained = _plan(name, "model.lora.enabled=false"), _plan(name, "model.train_vision=true")
+    default = {p.name: p for p in _plan(name).phases}["train step"]  # LoRA on the language model, as the run does
+    assert default.items["policy weights"] == arch.params() * 2  # every weight frozen under the adapters (bf16)
+    assert 0 < default.items["policy gradients"] == default.items["policy LoRA adapters"]
     step = {p.name: p for p in frozen.phases}["train step"]
     assert step.items["policy weights"] == arch.params() * 4  # the tower's weights are held
     assert step.items["policy gradients"] == (arch.params() - arch.tower.params) * 4  # not its gradients
@@ -92,6 +99,14 @@ def test_plan_encodes_the_rollouts_images_cut_to_the_sequence_and_a_micro_batchs
 def test_a_text_model_has_no_tower():
     assert read_architecture("tiny").tower is None
     assert "vision tower" not in _plan("tiny").render()
+
+
+def test_plan_keeps_qwen3_vls_deepstack_features_beside_the_last_layers():
+    name = "tiny:arch=qwen3_vl,hidden=64,layers=2,kv_heads=2"
+    tower = read_architecture(name).tower
+    assert tower.stacks == 3  # the last layer's features and DeepStack's two layers' (deepstack_visual_indexes)
+    rollout = {p.name: p for p in _plan(name, "algo.rollout_batch_size=4").phases}["rollout (generation)"]
+    assert rollout.items["image features (kept per image set)"] == 4 * tower.tokens * 3 * 64 * 2  # bf16
 
 
 def test_smolvlm_image_tokens_of_its_largest_image_by_hand():

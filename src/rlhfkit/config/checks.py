@@ -59,6 +59,10 @@ def _check_common(cfg) -> None:
         if not torch.cuda.is_available():
             raise ConfigError("train.mixed_precision=fp16 needs a CUDA GPU", where="train.mixed_precision",
                               fix="use auto, no or bf16 on CPU")
+    if cfg.model.train_vision and (cfg.model.lora.enabled or cfg.model.lora.qlora):
+        raise ConfigError("model.train_vision=true trains the vision tower's every weight, and LoRA trains adapters "
+                          "only (peft would freeze the tower): the two together are not built",
+                          where="model.train_vision", fix="drop model.train_vision, or set model.lora.enabled=false")
     if cfg.model.lora.qlora and not cfg.model.lora.enabled:
         raise ConfigError("model.lora.qlora trains LoRA adapters on a 4-bit base", where="model.lora.qlora",
                           fix="also set model.lora.enabled=true")

@@ -210,6 +210,9 @@ TRL_DIFFERENCES: tuple[TrlDifference, ...] = (
                   "always disable it (old and new log-probs must agree)", _has_dropout),
     TrlDifference(("rm", "dpo", "ipo", "kto", "simpo", "orpo"), "TRL disables the model's dropout "
                   "(disable_dropout=True); rlhfkit's supervised recipes keep it", _has_dropout),
+    TrlDifference(_ALL, "TRL trains a vision-language model's vision tower and projector with its language model "
+                  "(unless frozen by hand or left out of a peft_config); rlhfkit freezes them (model.train_vision=true "
+                  "trains them)"),
     TrlDifference(_ALL, "TRL's bf16=True autocasts in bf16 on a CPU too; rlhfkit trains in float32 on a CPU "
                   "(train.mixed_precision=auto; bf16=True asks for the autocast)", _on_cpu),
     TrlDifference(_ALL, "TRL keeps every checkpoint (save_total_limit=None); rlhfkit keeps train.save_total_limit "

@@ -33,7 +33,7 @@ from ..errors import say as _say
 from .tiny import VLM_ARCHS, parse_tiny_spec
 from .tiny import tiny_config as _text_tiny_config
 from .tokenizer import eos_token_ids, load_tokenizer, prepare_tokenizer
-from .vision import family_of, freeze_vision, load_processor, lora_target, vlm_type
+from .vision import family_of, freeze_vision, language_model_name, load_processor, vlm_type
 
 # LoRA target modules per architecture (``model_type``); anything else uses peft's "all-linear".
 LORA_TARGETS = {
@@ -412,16 +412,30 @@ def _align_special_tokens(model, tok) -> None:
 def lora_targets(model, mcfg) -> list[str] | str:
     """What peft is told to adapt: ``model.lora.target_modules`` as the full names of the modules it matches
     (:mod:`rlhfkit.models.lora`: names, or regular expressions as peft's string form), else the projections per
-    architecture (:data:`LORA_TARGETS`, else every linear layer); for a vision-language model the language model's only
-    (:func:`~.vision.lora_target`: its module names, never the vision tower's)."""
+    architecture (:data:`LORA_TARGETS`, else every linear layer); for a vision-language model always full names,
+    of its language model's modules only (:func:`lora_candidates`), so that neither a name the vision tower shares
+    nor a pattern reaching into it adapts the tower."""
+    entries = list(mcfg.lora.target_modules or [])
     if family_of(model) is not None:
-        names = list(mcfg.lora.target_modules) if mcfg.lora.target_modules else \
-            LORA_TARGETS.get(getattr(model.config.get_text_config(), "model_type", ""), "all-linear")
-        return lora_target(model, names)
-    if mcfg.lora.target_modules:
-        entries = list(mcfg.lora.target_modules)
+        inside = lora_candidates(model)
+        if entries:
+            return [n for n in inside if any(matches_target(e, n) for e in entries)]  # check_targets: not empty
+        default = LORA_TARGETS.get(getattr(model.config.get_text_config(), "model_type", ""))
+        modules = dict(model.named_modules())
+        return [n for n in inside if (n.rsplit(".", 1)[-1] in default if default else
+                                      isinstance(modules[n], torch.nn.Linear))]
+    if entries:
         return [n for n in adaptable(model) if any(matches_target(e, n) for e in entries)] or entries
     return LORA_TARGETS.get(getattr(model.config, "model_type", ""), "all-linear")
+
+
+def lora_candidates(model) -> list[str]:
+    """The full names of the modules LoRA may adapt: :func:`adaptable`'s, of a VLM's language model only."""
+    names = adaptable(model)
+    if family_of(model) is None:
+        return names
+    prefix = language_model_name(model) + "."
+    return [n for n in names if n.startswith(prefix)]
 
 
 _REGEX_CHARS = set(".*[]()|^$+?\\")
@@ -448,7 +462,7 @@ def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):
     if family_of(model) is not None and not getattr(mcfg, "train_vision", False):
         frozen = freeze_vision(model)  # LoRA (if any) goes on the language model only: lora_targets
         _say(f"[model] {family_of(model).name}: the vision tower and projector are frozen ({frozen / 1e6:.2f}M "
-             "parameters; model.train_vision=true trains them)")
+             "parameters; TRL would train them; model.train_vision=true trains them)")
     if mcfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False

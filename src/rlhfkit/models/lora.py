@@ -19,19 +19,21 @@ import torch
 from ..errors import ConfigError
 from .loading import (
     _hub_kwargs,
-    adaptable,
     is_pattern,
     is_tiny,
     load_tokenizer_for,
+    lora_candidates,
     matches_target,
     resolve_source,
     tiny_model_config,
 )
+from .vision import family_of
 
 
 def unmatched(model: torch.nn.Module, entries: list[str]) -> tuple[list[str], list[str]]:
-    """(the entries that match none of ``model``'s adaptable modules, those modules' distinct last names)."""
-    names = adaptable(model)
+    """(the entries that match none of ``model``'s adaptable modules, those modules' distinct last names); a
+    vision-language model's modules are its language model's (:func:`~.loading.lora_candidates`)."""
+    names = lora_candidates(model)
     missing = [e for e in entries if not any(matches_target(e, n) for n in names)]
     return missing, sorted({n.rsplit(".", 1)[-1] for n in names})
 
@@ -88,8 +90,42 @@ def check_targets(mcfg, where: str = "model.lora.target_modules") -> None:
         return
     missing, names = unmatched(model, entries)
     if missing:
+        vlm = family_of(model) is not None  # LoRA never adapts a VLM's tower: its language model's modules only
+        of, its = (f"{mcfg.name}'s language model", "its language model's") if vlm else (mcfg.name, "its")
         raise ConfigError(f"LoRA target{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
-                          f"match{'' if len(missing) > 1 else 'es'} no module of {mcfg.name} "
-                          f"({type(model).__name__}: its adaptable modules are {', '.join(names)})", where=where,
+                          f"match{'' if len(missing) > 1 else 'es'} no module of {of} "
+                          f"({type(model).__name__}: {its} adaptable modules are {', '.join(names)})", where=where,
                           fix="name modules the model has, or leave target_modules unset (rlhfkit picks the "
                               "attention and MLP projections per architecture)")
+
+
+def lora_by_default(cfg, quiet: bool = False):
+    """``cfg`` with LoRA on when rlhfkit's default for a vision-language model applies: the policy is a VLM, the run
+    uses rlhfkit's defaults (TRL's interface keeps TRL's: every weight trained), and neither ``model.lora.enabled``
+    nor ``model.train_vision`` was set. A VLM's language model is then adapted by LoRA (its tower frozen, the reference
+    the adapter disabled): the usual way to post-train one, at a fraction of full fine-tuning's memory. Said in one
+    line (unless ``quiet``); ``model.lora.enabled=false`` trains every weight of the language model instead.
+    Decided from the model's ``config.json`` before any weights load, when the run starts (a pipeline's later stage
+    reads the directory its previous stage wrote)."""
+    from ..config.parse import replace
+    from ..errors import ModelError, say
+    from .vision import FAMILIES, vlm_type
+
+    mcfg = getattr(cfg, "model", None)
+    if mcfg is None or getattr(mcfg, "lora", None) is None or mcfg.lora.enabled or mcfg.train_vision:
+        return cfg
+    origin = getattr(cfg, "_rlhfkit_origin", None)  # a config not built from settings: take it as it is
+    if origin is None or origin.defaults != "rlhfkit" or "model.lora.enabled" in origin.given:
+        return cfg
+    try:
+        kind = vlm_type(mcfg.name)
+    except ModelError:  # a family rlhfkit does not cover: refused in one line where the model loads
+        return cfg
+    if kind is None:
+        return cfg
+    out = replace(cfg, model={"lora": {"enabled": True}})
+    object.__setattr__(out, "_rlhfkit_origin", origin)
+    if not quiet:
+        say(f"[model] {FAMILIES[kind].name}: LoRA (r={mcfg.lora.r}) on the language model, rlhfkit's default for a "
+            "vision-language model (model.lora.enabled=false trains all of its weights)")
+    return out

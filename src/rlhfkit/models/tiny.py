@@ -6,8 +6,8 @@ Model spec: ``tiny`` or ``tiny:key=value,key=value`` with keys of :data:`TINY_DE
 q/k norms) or ``gemma3`` (Gemma 3's norms, scaled embeddings, gelu-tanh, local layers with a sliding window of
 ``window`` tokens and a global layer every sixth, or the last when fewer; ``tiny:arch=gemma3``), so a recipe can be
 run end to end on each family's code paths (the rollout engine's included). The vision-language archs
-(``qwen2_5_vl``, ``gemma3_vl``, ``llava``, ``idefics3``, ``smolvlm``: :mod:`.tiny_vlm`) add a small vision tower and
-their processor, images resized to ``image`` pixels a side.
+(``qwen2_5_vl``, ``gemma3_vl``, ``llava``, ``qwen3_vl``, ``idefics3``, ``smolvlm``: :mod:`.tiny_vlm`) add a small
+vision tower and their processor, images resized to ``image`` pixels a side.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import ModelError
 
-VLM_ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava", "idefics3", "smolvlm")
+VLM_ARCHS = ("qwen2_5_vl", "gemma3_vl", "llava", "qwen3_vl", "idefics3", "smolvlm")
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "tiny-tokenizer"
 
@@ -25,7 +25,8 @@ CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
 
 TINY_DEFAULTS = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 4, "intermediate": 256, "context": 256,
                  "window": 16, "image": 32}
-TINY_ARCHS = ("llama", "qwen3", "gemma3", "qwen2_5_vl", "gemma3_vl", "llava", "idefics3", "smolvlm")
+TINY_ARCHS = ("llama", "qwen3", "gemma3", "qwen2_5_vl", "gemma3_vl", "llava", "qwen3_vl", "idefics3",
+              "smolvlm")
 
 
 def build_tiny_tokenizer(out_dir: str | Path) -> Path:

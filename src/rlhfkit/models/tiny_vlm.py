@@ -2,12 +2,13 @@
 tokenizer of :mod:`.tiny` plus each family's image tokens, the family's own image processor (its PIL backend: no
 torchvision) at a small resolution, and a chat template that renders ``{"type": "image"}`` content parts as the
 family does. ``tiny:arch=qwen2_5_vl`` (Qwen2.5-VL: M-RoPE, 2x2 patch merging), ``tiny:arch=gemma3_vl`` (Gemma 3 with
-a SigLIP tower, bidirectional attention over each image's tokens, sliding-window text layers) and ``tiny:arch=llava``
-(LLaVA: a CLIP tower and a Llama language model), ``tiny:arch=idefics3`` / ``tiny:arch=smolvlm`` (SmolVLM v1 / v2:
-a SigLIP-style tower, a pixel-shuffle connector, a Llama language model, images split into tiles), so every recipe
-and engine runs each family's code paths in tests and demos. Sizes are the text model's :data:`~.tiny.TINY_DEFAULTS`
-plus ``image`` (the side, in pixels, images are resized to; 32: Qwen2.5-VL 4 image tokens, Gemma 3 4, LLaVA 16,
-Idefics3 / SmolVLM 4 per tile, 5 tiles for a square picture)."""
+a SigLIP tower, bidirectional attention over each image's tokens, sliding-window text layers), ``tiny:arch=llava``
+(LLaVA: a CLIP tower and a Llama language model), ``tiny:arch=qwen3_vl`` (Qwen3-VL: interleaved M-RoPE, DeepStack,
+a Qwen3 text stack) and ``tiny:arch=idefics3`` / ``tiny:arch=smolvlm`` (SmolVLM v1 / v2: a SigLIP-style tower, a
+pixel-shuffle connector, a Llama language model, images split into tiles), so every recipe and engine runs each
+family's code paths in tests and demos. Sizes are the text model's :data:`~.tiny.TINY_DEFAULTS` plus ``image`` (the
+side, in pixels, images are resized to; 32: Qwen2.5-VL and Qwen3-VL 4 image tokens, Gemma 3 4, LLaVA 16, Idefics3 /
+SmolVLM 4 per tile, 5 tiles for a square picture)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ PATCH = 8  # vision patch side of every tiny tower
 _TOKENS = {
     "qwen2_5_vl": [("<|vision_start|>", "vision_start_token"), ("<|vision_end|>", "vision_end_token"),
                    ("<|image_pad|>", "image_token"), ("<|video_pad|>", "video_token")],
+    "qwen3_vl": [("<|vision_start|>", "vision_start_token"), ("<|vision_end|>", "vision_end_token"),
+                 ("<|image_pad|>", "image_token"), ("<|video_pad|>", "video_token")],
     "gemma3_vl": [("<start_of_image>", "boi_token"), ("<end_of_image>", "eoi_token"),
                   ("<image_soft_token>", "image_token")],
     "llava": [("<image>", "image_token")],
@@ -31,7 +34,8 @@ _MORE = {"idefics3": [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1
 _MORE["smolvlm"] = _MORE["idefics3"]
 # how each family's chat template writes an image part (what its processor expands into the image tokens)
 _IMAGE_PART = {"qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>", "gemma3_vl": "<start_of_image>",
-               "llava": "<image>\n", "idefics3": "<image>", "smolvlm": "<image>"}
+               "llava": "<image>\n", "qwen3_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+               "idefics3": "<image>", "smolvlm": "<image>"}
 
 
 def chat_template(arch: str) -> str:
@@ -99,6 +103,8 @@ def tiny_vlm(s: dict, tok):
                                       min_pixels=side * side, max_pixels=side * side)
         processor = images_only(transformers.Qwen2_5_VLProcessor)(image_processor=ip, tokenizer=tok,
                                                                    chat_template=template)
+    elif arch == "qwen3_vl":
+        cfg, processor = _qwen3_vl(s, tok, ids, text, head_dim, template)
     elif arch == "gemma3_vl":
         from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
@@ -128,7 +134,7 @@ def tiny_vlm(s: dict, tok):
                                                 patch_size=PATCH, vision_feature_select_strategy="default",
                                                 num_additional_image_tokens=1)
     elif arch in ("idefics3", "smolvlm"):
-        processor, cfg = _idefics3(arch, side, text, vision, ids, tok, template)
+        cfg, processor = _idefics3(arch, side, text, vision, ids, tok, template)
     else:  # pragma: no cover - parse_tiny_spec checks the name
         raise ValueError(arch)
     if arch not in ("idefics3", "smolvlm"):  # (theirs is given to the constructor: its setter warns, deprecated)
@@ -137,8 +143,33 @@ def tiny_vlm(s: dict, tok):
     return cfg, processor
 
 
+def _qwen3_vl(s: dict, tok, ids: dict, text: dict, head_dim: int, template: str):
+    """Qwen3-VL: a Qwen3 text stack (q / k norms) with interleaved M-RoPE (the rotary frequencies dealt to
+    temporal, row and column in turn, ``mrope_section`` of each), a tower with a learned position grid, and DeepStack:
+    the first two tower blocks' features, each through its own merger, added to the hidden states of the first two
+    text layers at the image tokens (layers=1: the first only)."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    side, third = s["image"], head_dim // 2 // 3
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_interleaved": True,
+                               "mrope_section": [head_dim // 2 - 2 * third, third, third]}
+    cfg = transformers.Qwen3VLConfig(
+        text_config={**text, "head_dim": head_dim},
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=PATCH,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=s["hidden"],
+                           num_position_embeddings=16, deepstack_visual_indexes=[0, 1]),
+        image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+        vision_start_token_id=ids["vision_start_token"], vision_end_token_id=ids["vision_end_token"],
+        tie_word_embeddings=True)
+    ip = Qwen2VLImageProcessorPil(patch_size=PATCH, merge_size=2, temporal_patch_size=2, min_pixels=side * side,
+                                  max_pixels=side * side)
+    processor = images_only(transformers.Qwen3VLProcessor)(image_processor=ip, tokenizer=tok, chat_template=template)
+    return cfg, processor
+
+
 def _idefics3(arch: str, side: int, text: dict, vision: dict, ids: dict, tok, template: str):
-    """``(processor, config)`` of a tiny Idefics3 (SmolVLM v1's class) or SmolVLM (SmolVLM2's): a SigLIP-style
+    """``(config, processor)`` of a tiny Idefics3 (SmolVLM v1's class) or SmolVLM (SmolVLM2's): a SigLIP-style
     tower, the pixel-shuffle connector (``scale_factor`` 2: (side / PATCH)^2 / 4 tokens per tile), a Llama text
     model. Images are split as the real processors split them: the longest edge resized to ``2 * side``, cut into
     ``side`` x ``side`` tiles (``<row_r_col_c>`` before each) plus the whole image at ``side`` (``<global-img>``), so
@@ -161,7 +192,7 @@ def _idefics3(arch: str, side: int, text: dict, vision: dict, ids: dict, tok, te
     ip = Pil(size={"longest_edge": 2 * side}, max_image_size={"longest_edge": side}, do_image_splitting=True)
     processor = transformers.Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=per_tile,
                                                chat_template=template)
-    return processor, cfg
+    return cfg, processor
 
 
 def images_only(cls):

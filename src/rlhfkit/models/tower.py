@@ -4,14 +4,15 @@ the processor's resolution, and the memory encoding images adds (``models/memory
 * **Parameters**: the tower and its projector, counted exactly by building the model from its ``config.json`` on
   PyTorch's ``meta`` device (no memory, no weights read). Frozen by default (``model.train_vision=false``): weights
   only, no gradient or AdamW state.
-* **Image tokens per image** at the processor's resolution (its ``preprocessor_config.json``): Qwen2-VL's largest
-  image (``max_pixels``) in ``(patch x merge)^2`` tiles; Gemma 3's ``mm_tokens_per_image``; LLaVA's
+* **Image tokens per image** at the processor's resolution (its ``preprocessor_config.json``): Qwen2-VL's and
+  Qwen3-VL's largest image (``max_pixels``) in ``(patch x merge)^2`` tiles; Gemma 3's ``mm_tokens_per_image``; LLaVA's
   ``image_seq_length`` (a CLIP tower's patches); Idefics3's / SmolVLM's largest image in tiles (:func:`_tiles`).
   They are part of every sequence's tokens (``data.max_length`` must hold them): the plan counts one image per
   sequence, of at most the sequence's length (:func:`image_tokens`).
 * **Encoding**: the tower's forward over one batch's images (no gradient when frozen: two layers' activations
   live; trained: every layer's, kept for backward), and the features kept between uses (each distinct image set's,
-  at most ``models.vision.FEATURE_CACHE_BYTES``).
+  at most ``models.vision.FEATURE_CACHE_BYTES``; Qwen3-VL's DeepStack keeps its listed tower layers' features beside
+  the last's).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Tower:
     hidden: int
     intermediate: int
     note: str  # where ``tokens`` comes from
+    stacks: int = 1  # feature tensors per image token (DeepStack: the last layer's and each listed layer's)
 
 
 def _vision_params(config) -> int:
@@ -65,7 +67,7 @@ def tower_of(config, directory: Path | None = None, processor: dict | None = Non
     v, kind = config.vision_config, config.model_type
     settings = processor if processor is not None else _processor_settings(directory)
     layers = getattr(v, "depth", None) or getattr(v, "num_hidden_layers", 0)
-    if kind in ("qwen2_vl", "qwen2_5_vl"):
+    if kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         merge, patch = v.spatial_merge_size, v.patch_size
         pixels = int(settings.get("max_pixels") or (settings.get("size") or {}).get("longest_edge") or 12845056)
         tokens, patches = pixels // (patch * merge) ** 2, pixels // patch ** 2
@@ -81,7 +83,7 @@ def tower_of(config, directory: Path | None = None, processor: dict | None = Non
         note = f"{v.image_size} px in {v.patch_size} px patches"
     return Tower(params=_vision_params(config), tokens=int(tokens), patches=int(patches), layers=int(layers),
                  hidden=int(v.hidden_size), intermediate=int(getattr(v, "intermediate_size", 4 * v.hidden_size)),
-                 note=note)
+                 note=note, stacks=1 + len(getattr(v, "deepstack_visual_indexes", None) or ()))
 
 
 def _tiles(config, settings: dict) -> tuple[int, int, str]:
@@ -140,9 +142,10 @@ def tower_bytes(tower: Tower, images: int, *, trained: bool, c: int, text_hidden
     cut = "" if tokens == tower.tokens else f" (cut to the {seq_len}-token sequence)"
     per = patches * (6 * tower.hidden + 2 * tower.intermediate) * c
     layers = tower.layers if trained else 2
-    feats = min(FEATURE_CACHE_BYTES, images * tokens * text_hidden * c)
+    feats = min(FEATURE_CACHE_BYTES, images * tokens * tower.stacks * text_hidden * c)
+    stacks = f" x {tower.stacks} (DeepStack)" if tower.stacks > 1 else ""
     return {"vision tower forward" + ("" if trained else " (no grad, frozen)"): (
                 images * per * layers, f"{images} images x {patches:,} patches{cut} x {layers} layers x "
                                        f"(6 x {tower.hidden} + 2 x {tower.intermediate}) x {c} B"),
-            "image features (kept per image set)": (feats, f"{images} images x {tokens} tokens x {text_hidden} "
+            "image features (kept per image set)": (feats, f"{images} images x {tokens} tokens{stacks} x {text_hidden} "
                                                            f"x {c} B (at most {FEATURE_CACHE_BYTES / 2**20:.0f} MiB)")}

@@ -13,9 +13,11 @@ in three places only:
   without one (images only), and image processors are taken with their PIL backend.
 * **The vision tower once per image** (:func:`image_features`): features are computed for the distinct image sets
   of a batch, under no gradient when the tower is frozen (the default, ``model.train_vision=false``: LoRA then
-  adapts the language model only, :func:`lora_target`), and kept in a cache of :data:`FEATURE_CACHE_BYTES` per
+  adapts the language model only, :func:`language_model_name`), and kept in a cache of :data:`FEATURE_CACHE_BYTES` per
   model: a frozen tower gives an image the same features all run, so the rollout's prefill, the old, reference
   and update forwards of a step (and the next epochs) all reuse them; the G samples of a prompt share them.
+  Qwen3-VL's DeepStack features (several tower layers', added to the first text layers' hidden states at the image
+  tokens) are kept with them and handed back the same way (:func:`encoder_outputs`).
 * **The family's extra inputs** (:func:`forward_inputs`): the features (``mm_encoder_outputs``, the precomputed
   encoder outputs transformers' VLMs accept), Qwen2-VL's 3-D M-RoPE positions (``get_rope_index``), Gemma 3's
   ``token_type_ids`` (its image tokens attend to each other both ways).
@@ -62,11 +64,12 @@ FAMILIES = {
     "gemma3": Family("Gemma 3", "language_model", ("vision_tower", "multi_modal_projector"),
                      token_types="token_type_ids", tuple_features=False),
     "llava": Family("LLaVA", "language_model", ("vision_tower", "multi_modal_projector")),
+    "qwen3_vl": Family("Qwen3-VL", "language_model", ("visual",), mrope=True, token_types="mm_token_type_ids"),
     "idefics3": Family("Idefics3 / SmolVLM", "text_model", ("vision_model", "connector"), image_rows=True),
     "smolvlm": Family("SmolVLM2", "text_model", ("vision_model", "connector"), image_rows=True),
 }
 TINY_TYPES = {"qwen2_5_vl": "qwen2_5_vl", "gemma3_vl": "gemma3", "llava": "llava",  # tiny arch -> model_type
-              "idefics3": "idefics3", "smolvlm": "smolvlm"}
+              "qwen3_vl": "qwen3_vl", "idefics3": "idefics3", "smolvlm": "smolvlm"}
 
 
 # ─────────────────────────────────────────────── which models ───────────────────────────────────────────────
@@ -188,18 +191,12 @@ def vision_frozen(model) -> bool:
     return not any(p.requires_grad for m in vision_modules(model) for p in m.parameters())
 
 
-def lora_target(model, names: list[str] | str) -> str:
-    """A PEFT target (a regular expression over module names) for the language model's modules ``names`` only
-    (``"all-linear"``: its every linear layer): LoRA adapts the text stack, never the vision tower (whose blocks
-    may share the names: Qwen2.5-VL's vision MLP has ``gate_proj`` / ``up_proj`` / ``down_proj`` too)."""
-    fam = family_of(model)
-    prefix = next(n for n, m in hf_model(model).named_modules() if m is getattr(base_of(model), fam.text))
-    if names == "all-linear":
-        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in getattr(base_of(model), fam.text).named_modules()
-                         if isinstance(m, torch.nn.Linear)})
-    else:
-        leaves = list(names)
-    return rf"(.*\.)?{prefix.replace('.', chr(92) + '.')}\..*\.({'|'.join(leaves)})"
+def language_model_name(model) -> str:
+    """The full module name of the language model inside the VLM ``model`` (``model.language_model``): LoRA adapts
+    modules under it only, never the vision tower's, whose blocks may share their names (Qwen2.5-VL's vision MLP
+    has ``gate_proj`` / ``up_proj`` / ``down_proj`` too; :func:`~.loading.lora_targets`)."""
+    text = getattr(base_of(model), family_of(model).text)
+    return next(n for n, m in hf_model(model).named_modules() if m is text)
 
 
 # ─────────────────────────────────────────────── processors ─────────────────────────────────────────────────
@@ -330,17 +327,26 @@ def _encode(model, medias: list) -> list[torch.Tensor]:
     every = any(p.kind is p.VAR_KEYWORD for p in accepts.values())
     kwargs = {k: v.to(device) for k, v in pixels.items() if every or k in accepts}
     out = base.get_image_features(**kwargs, return_dict=True)
-    pooled = out.pooler_output
-    flat = torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled]) if isinstance(pooled, (list, tuple)) \
-        else pooled.reshape(-1, pooled.shape[-1])
+    flat = _flat(out.pooler_output)
+    deep = getattr(out, "deepstack_features", None)
+    if deep:  # DeepStack (Qwen3-VL): the listed tower layers' features too, kept with them: [tokens, 1 + layers, H]
+        flat = torch.stack([flat, *map(_flat, deep)], 1)
     counts = [m.tokens for m in medias]
     if flat.shape[0] != sum(counts):
         raise RuntimeError(f"the vision tower gave {flat.shape[0]} features for {sum(counts)} image tokens")
     return list(torch.split(flat, counts))
 
 
+def _flat(pooled) -> torch.Tensor:
+    """[tokens, H] of the tower's features of a batch (one tensor, or one per image)."""
+    if isinstance(pooled, (list, tuple)):
+        return torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled])
+    return pooled.reshape(-1, pooled.shape[-1])
+
+
 def image_features(model, medias: list, *, grad: bool | None = None) -> list[torch.Tensor]:
-    """Features of each sequence's images (one tensor [image tokens, hidden] per item of ``medias``). A frozen
+    """Features of each sequence's images (one tensor [image tokens, hidden] per item of ``medias``; with DeepStack
+    [image tokens, 1 + its layers, hidden], the last layer's first). A frozen
     tower (``grad`` None: as the tower is) computes each distinct image set once and keeps it (see the module
     docstring); a trained one computes all of them, with gradients."""
     grad = (not vision_frozen(model)) if grad is None else grad
@@ -380,10 +386,16 @@ def forget_features(model) -> None:
 
 
 def encoder_outputs(model, features: list[torch.Tensor]) -> dict:
-    """``mm_encoder_outputs`` of features in row order, in the family's format."""
+    """``mm_encoder_outputs`` of features in row order, in the family's format (DeepStack's: the features of the
+    tower's listed layers beside the last's, which the model adds to its first text layers' hidden states)."""
     from transformers.modeling_outputs import BaseModelOutputWithPooling
 
     flat = torch.cat(features) if features else None
+    if flat is not None and flat.dim() == 3:
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+        return {"image": BaseModelOutputWithDeepstackFeatures(
+            pooler_output=(flat[:, 0],), deepstack_features=[(flat[:, i],) for i in range(1, flat.shape[1])])}
     pooled = (flat,) if family_of(model).tuple_features else flat
     return {"image": BaseModelOutputWithPooling(pooler_output=pooled)}
 

@@ -129,6 +129,7 @@ def causal_lm(model):
 # Gemma3ForConditionalGeneration is in DECODERS itself): the class -> the text family, by the text config's model_type
 VLM_TEXT = {"Qwen2_5_VLForConditionalGeneration": {"qwen2_5_vl_text": "Qwen2ForCausalLM"},
             "Qwen2VLForConditionalGeneration": {"qwen2_vl_text": "Qwen2ForCausalLM"},
+            "Qwen3VLForConditionalGeneration": {"qwen3_vl_text": "Qwen3ForCausalLM"},
             "LlavaForConditionalGeneration": {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                                               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"},
             "Idefics3ForConditionalGeneration": {"llama": "LlamaForCausalLM"},

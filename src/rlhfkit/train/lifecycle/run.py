@@ -239,7 +239,11 @@ def check_lora(cfg) -> None:
 def run_recipe(cfg, train: Callable[..., dict], *, prepare: Callable[[Any], Any] | None = None) -> dict:
     """What every runner does around its training: check the inputs, ``prepare(cfg)`` (what can be read before the
     run directory is locked, e.g. data records; passed on to ``train``), lock and start the run, answer a finished
-    one, then ``train(cfg, run[, prepared])`` inside the run's Session. Returns the final metrics."""
+    one, then ``train(cfg, run[, prepared])`` inside the run's Session. Returns the final metrics. A vision-language
+    policy gets LoRA by default first (:func:`~rlhfkit.models.lora.lora_by_default`)."""
+    from ...models.lora import lora_by_default
+
+    cfg = lora_by_default(cfg)
     cfg.check_inputs()
     check_lora(cfg)
     prepared = prepare(cfg) if prepare is not None else None
