@@ -16,11 +16,14 @@ checkpointing, the whole language model trained and the vision tower and project
 gets the model object with them frozen by the worker), float32 on CPU, bf16 on CUDA. A step's time is the interval
 between two step-end callbacks (the first ``--warmup`` left out); peak memory is the worker's peak RSS on CPU (both
 load the same weights; TRL's process also imports ``datasets`` / ``accelerate``) and ``max_memory_allocated`` on CUDA.
-Equal work, as in ``bench/vs_trl.py``: the learning rate is 0 by default (``--lr``; throughput rows: the update does
-all of its compute, but the weights, hence the answers' length distribution, stay the same in every step of both
-frameworks), each worker counts the tokens of every measured completion (the reward's ``completion_ids``, which both
-pass), the speed ratio is refused when the means differ by more than 10 %, and its headline is generated tokens per
-second, the time per step beside it.
+Equal work, imposed and checked: every answer is ``--max-new`` tokens long in both frameworks by default
+(``--min-new``: TRL's ``generation_kwargs={"min_new_tokens": N}``, which rlhfkit's TRL interface takes too; with answers
+ending where the random model ends them, rlhfkit's came out 19 % shorter than TRL's, 24.0 against 29.7 tokens of at
+most 32, on 2 seeds: the ratio would measure that), the learning rate is 0 by default (``--lr``; throughput rows as in
+``bench/vs_trl.py``: the update does all of its compute but the weights stay the same), each worker counts the
+tokens of every measured completion (the reward's ``completion_ids``, which both pass), the speed ratio is refused
+when the means differ by more than 10 %, and its headline is generated tokens per second, the time per step beside
+it.
 
 ``--arch llava`` by default: transformers' Qwen2.5-VL processor needs torchvision (its video processor), which TRL's
 environment need not have; ``--arch qwen2_5_vl`` / ``gemma3_vl`` where it does (rlhfkit itself needs no torchvision).
@@ -88,6 +91,7 @@ def worker(a: argparse.Namespace) -> None:
                       max_completion_length=a.max_new, max_steps=a.steps, beta=0.04, temperature=1.0,
                       steps_per_generation=1, num_iterations=1, gradient_checkpointing=False, logging_steps=1,
                       report_to="none", save_strategy="no", bf16=cuda, seed=a.seed,
+                      generation_kwargs={"min_new_tokens": a.min_new} if a.min_new else None,
                       **({"use_cpu": not cuda} if a.framework == "trl" else {}))  # rlhfkit: CUDA when visible
     model = str(Path(a.workdir) / "model")
     if a.framework == "trl":  # the tower and projector frozen, as rlhfkit's default
@@ -104,7 +108,8 @@ def worker(a: argparse.Namespace) -> None:
     trainer.train()
     steps = [b - e for e, b in zip([start, *ends], ends)][a.warmup:]
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    tokens = [n for step in lengths[a.warmup:] for n in step]  # the measured steps' completions
+    scored = [step for step in lengths if step]  # a step's scoring (rlhfkit's reward lint calls it without ids first)
+    tokens = [n for step in scored[a.warmup:] for n in step]  # the measured steps' completions
     print("RESULT " + json.dumps({"framework": a.framework, "steps": steps, "peak": peak, "tokens": tokens}),
           flush=True)
 
@@ -112,7 +117,7 @@ def worker(a: argparse.Namespace) -> None:
 # ─────────────────────────────────────────── the parent ───────────────────────────────────────────
 
 
-def prepare(workdir: Path, arch: str, spec: str, n: int) -> None:
+def prepare(workdir: Path, arch: str, spec: str, n: int, vocab: int = 0) -> None:
     """The model directory (a tiny VLM with random weights and its processor) and ``n`` pictures: one picture of
     ``shapes``, each row's copy with one pixel of its own changed. Every row is then a distinct image (no framework
     reuses an encoding across rows), yet the random model sees nearly the same input in every row, so the answers'
@@ -126,6 +131,10 @@ def prepare(workdir: Path, arch: str, spec: str, n: int) -> None:
 
     model, tok = load_causal_lm(ModelConfig(name=f"tiny:arch={arch}" + (f",{spec}" if spec else "")),
                                 trainable=False)
+    if vocab > len(tok):  # filler words: a real-sized vocabulary (see main's --vocab)
+        tok.add_tokens([f"<w{i}>" for i in range(vocab - len(tok))])
+        model.resize_token_embeddings(len(tok))
+        model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(workdir / "model")
     tok.rlhfkit_processor.save_pretrained(workdir / "model")
     make_task_data("shapes", workdir, n=n, n_eval=1)
@@ -143,7 +152,7 @@ def prepare(workdir: Path, arch: str, spec: str, n: int) -> None:
 def run_worker(python: str, a: argparse.Namespace, framework: str, workdir: Path, seed: int) -> dict:
     cmd = [python, __file__, "--worker", "--framework", framework, "--workdir", str(workdir), "--device", a.device,
            "--steps", str(a.steps), "--warmup", str(a.warmup), "--prompts", str(a.prompts), "--k", str(a.k),
-           "--max-new", str(a.max_new), "--lr", str(a.lr), "--seed", str(seed)]
+           "--max-new", str(a.max_new), "--min-new", str(a.min_new), "--lr", str(a.lr), "--seed", str(seed)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")} \
         if framework == "rlhfkit" else dict(os.environ)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -171,16 +180,24 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--max-new", dest="max_new", type=int, default=8)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--vocab", type=int, default=32000, help="the tiny VLM's vocabulary, filled up with words to this "
+                   "size: a random model then samples its EOS or image token about once in --vocab tokens (with the "
+                   "tiny tokenizer's ~100 ids, 1 %% a token: rlhfkit ends a response at a sampled image token, TRL "
+                   "does not, and the frameworks' answers differed in length by 19-21 %%)")
+    p.add_argument("--min-new", dest="min_new", type=int, default=None, help="answers at least this long in both "
+                   "frameworks (generation_kwargs min_new_tokens; default --max-new: every answer --max-new tokens, "
+                   "equal work imposed; 0: answers end where the model ends them)")
     p.add_argument("--lr", type=float, default=0.0, help="0 (default): throughput rows, the update's full compute "
                    "with the weights kept, so both frameworks sample from one length distribution every step")
     a = p.parse_args()
+    a.min_new = a.max_new if a.min_new is None else a.min_new
     if a.worker:
         return worker(a)
     if a.steps <= a.warmup:
         raise SystemExit("--steps must exceed --warmup")
     with tempfile.TemporaryDirectory(prefix="rlhfkit-bench-vlm-") as tmp:
         workdir = Path(tmp)
-        prepare(workdir, a.arch, a.spec, n=a.prompts * a.steps)
+        prepare(workdir, a.arch, a.spec, n=a.prompts * a.steps, vocab=a.vocab)
         results: dict[str, list[dict]] = {"trl": [], "rlhfkit": []}
         for seed in range(a.rounds):  # a seed per round (both frameworks): more draws of the same lengths
             for framework in ("trl", "rlhfkit"):
