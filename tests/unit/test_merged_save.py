@@ -57,3 +57,18 @@ def test_merged_save_equals_merge_and_unload_bit_for_bit(spec, tmp_path):
         json.loads((tmp_path / "old" / "config.json").read_text())
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())  # the trained model untouched
+
+
+def test_a_save_removes_the_other_layout_a_former_save_left(tmp_path):
+    """Shards (and their index) from a former save beside a new single file would be read instead of it, or the
+    other way round: the new save leaves only its own weight files; the run's other files stay."""
+    model, tok = load_causal_lm(ModelConfig(name="tiny"))
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("model-00001-of-00002.safetensors", "model.safetensors.index.json", "metrics.jsonl"):
+        (out / name).write_text("former")
+    save_model(model, tok, out)
+    assert sorted(p.name for p in out.glob("model*")) == ["model.safetensors"]
+    assert (out / "metrics.jsonl").read_text() == "former"
+    saved = _weights(out)
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items() if k in saved)

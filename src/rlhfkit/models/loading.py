@@ -493,6 +493,9 @@ def trainable_state_dict(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in names}
 
 
+SHARD = "1GB"  # safetensors builds a whole shard's bytes in memory before writing it: the save's extra is one shard
+
+
 def save_model(model, tokenizer, out_dir: str | Path, *, extra_files: dict[str, str] | None = None) -> Path:
     """Save a full, merged model directory atomically (write to a temp dir, then swap files in).
 
@@ -510,15 +513,18 @@ def save_model(model, tokenizer, out_dir: str | Path, *, extra_files: dict[str, 
         if is_peft(model):
             model.save_pretrained(tmp / "adapter")
             processor.save_pretrained(tmp / "adapter")
-            model.get_base_model().save_pretrained(tmp, state_dict=merged_state_dict(model), safe_serialization=True)
+            model.get_base_model().save_pretrained(tmp, state_dict=merged_state_dict(model), max_shard_size=SHARD)
         else:
-            model.save_pretrained(tmp, safe_serialization=True)
+            model.save_pretrained(tmp, max_shard_size=SHARD)
         processor.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             with files.open_new(tmp / name) as f:
                 f.write(text)
         for item in sorted(tmp.iterdir()):
             files.refuse_link(out / item.name)  # every destination checked before the first is replaced
+        for old in out.glob("model*.safetensors*"):  # a former save's other layout (one file / shards) would be read
+            if not (tmp / old.name).exists() and old.is_file() and not old.is_symlink():
+                old.unlink()
         for item in sorted(tmp.iterdir()):
             files.replace(item, out / item.name)
         os.rmdir(tmp)
