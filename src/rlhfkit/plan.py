@@ -274,7 +274,24 @@ def continuous_cache(cfg, requests: int, length: int, device: str = "cuda") -> d
 def _estimate(cfg, world: int, device: str, notes: list[Check]) -> tuple[list[ModelRole], Setup, list[Phase]]:
     roles = roles_of(cfg, device, notes)
     setup = setup_of(cfg, world, device)
-    return roles, setup, estimate(roles, setup, RECIPES[cfg.recipe].family)
+    phases = estimate(roles, setup, RECIPES[cfg.recipe].family)
+    return roles, setup, phases + ([final_save(roles[0], setup, phases[-1])] if device == "cpu" else [])
+
+
+def final_save(policy: ModelRole, setup: Setup, last: Phase) -> Phase:
+    """The end of a run on a CPU, where host memory is the device's: the models and optimizer states still held and,
+    under LoRA, the merged weights of the adapted layers
+    (``models.loading.merged_state_dict``: host memory, so on a GPU no device phase). Measured on the Qwen3-1.7B
+    shape (LoRA, bench/real_shapes.py): this phase, not the train step, was the run's peak."""
+    ph = Phase("final save")
+    for key, value in last.items.items():
+        if key.endswith(("weights", "LoRA adapters", "optimizer (AdamW)", "(kept)")):
+            ph.add(key, value, last.how[key])
+    merged = policy.arch.layers * policy.arch.layer_params() if policy.trainable == "lora" else 0
+    if merged:
+        ph.add("policy merged weights (adapted layers)", merged * policy.weight_bytes,
+               f"{merged / 1e9:.2f}B x {policy.weight_bytes:g} B (LoRA merged into a copy, host memory)")
+    return ph  # (safetensors writes from the tensors' memory: no copy of a shard)
 
 
 def _peak(cfg, world: int, device: str) -> float:

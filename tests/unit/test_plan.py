@@ -85,9 +85,28 @@ def test_smollm2_grpo_plan_on_cpu(tmp_path):
     (d / "config.json").write_text(json.dumps(SMOLLM2_135M))
     cfg = build_config("grpo", {}, [f"model.name={d}"])
     p = plan(cfg, world=2, device="cpu", checks=False)
-    assert [ph.name for ph in p.phases] == ["rollout (generation)", "scoring and forward passes", "train step"]
+    assert [ph.name for ph in p.phases] == ["rollout (generation)", "scoring and forward passes", "train step",
+                                            "final save"]
     assert p.roles[1].name == "reference" and p.roles[1].weight_bytes == 4  # CPU: fp32 everywhere
     assert p.phases[0].items["KV cache"] == 2 * 30 * (16 * 4) * (512 + 64) * 192 * 4
+    assert "policy merged weights (adapted layers)" not in p.phases[-1].items  # every weight trained: no copy
+
+
+def test_a_lora_runs_final_save_on_cpu_holds_the_merged_adapted_layers(tmp_path):
+    """The merged weights of the adapted layers (30 layers of SmolLM2-135M's projections, by hand) beside the
+    weights, adapters and optimizer states still held; on a GPU the copy is in host memory: no device phase."""
+    d = tmp_path / "smollm2"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    cfg = build_config("grpo", {}, [f"model.name={d}", "model.lora.enabled=true"])
+    p = plan(cfg, world=1, device="cpu", checks=False)
+    save = p.phases[-1]
+    H, I, kv = 576, 1536, 3 * 64
+    per_layer = H * H * 2 + H * kv * 2 + H * I * 3 + 2 * H  # q, o; k, v; gate, up, down; two RMSNorms
+    assert save.name == "final save" and save.items["policy merged weights (adapted layers)"] == 30 * per_layer * 4
+    held = {k for k in save.items if k != "policy merged weights (adapted layers)"}
+    assert held == {"policy weights", "policy LoRA adapters", "policy optimizer (AdamW)"}  # reference: adapter off
+    assert "final save" not in [ph.name for ph in plan(cfg, world=1, device="cuda", checks=False).phases]
 
 
 def test_preflight_passes_on_the_tiny_model_and_builtin_data(task_data):

@@ -493,9 +493,6 @@ def trainable_state_dict(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k in names}
 
 
-SHARD = "1GB"  # safetensors builds a whole shard's bytes in memory before writing it: the save's extra is one shard
-
-
 def save_model(model, tokenizer, out_dir: str | Path, *, extra_files: dict[str, str] | None = None) -> Path:
     """Save a full, merged model directory atomically (write to a temp dir, then swap files in).
 
@@ -513,9 +510,9 @@ def save_model(model, tokenizer, out_dir: str | Path, *, extra_files: dict[str, 
         if is_peft(model):
             model.save_pretrained(tmp / "adapter")
             processor.save_pretrained(tmp / "adapter")
-            model.get_base_model().save_pretrained(tmp, state_dict=merged_state_dict(model), max_shard_size=SHARD)
+            model.get_base_model().save_pretrained(tmp, state_dict=merged_state_dict(model))
         else:
-            model.save_pretrained(tmp, max_shard_size=SHARD)
+            model.save_pretrained(tmp)
         processor.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             with files.open_new(tmp / name) as f:

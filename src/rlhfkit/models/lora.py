@@ -112,7 +112,7 @@ def lora_by_default(cfg, quiet: bool = False):
     from .vision import FAMILIES, vlm_type
 
     mcfg = getattr(cfg, "model", None)
-    if mcfg is None or getattr(mcfg, "lora", None) is None or mcfg.lora.enabled or mcfg.train_vision:
+    if mcfg is None or not mcfg.name or getattr(mcfg, "lora", None) is None or mcfg.lora.enabled or mcfg.train_vision:
         return cfg
     origin = getattr(cfg, "_rlhfkit_origin", None)  # a config not built from settings: take it as it is
     if origin is None or origin.defaults != "rlhfkit" or "model.lora.enabled" in origin.given:
