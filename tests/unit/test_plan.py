@@ -101,8 +101,8 @@ def test_a_lora_runs_final_save_on_cpu_holds_the_merged_adapted_layers(tmp_path)
     cfg = build_config("grpo", {}, [f"model.name={d}", "model.lora.enabled=true"])
     p = plan(cfg, world=1, device="cpu", checks=False)
     save = p.phases[-1]
-    H, I, kv = 576, 1536, 3 * 64
-    per_layer = H * H * 2 + H * kv * 2 + H * I * 3 + 2 * H  # q, o; k, v; gate, up, down; two RMSNorms
+    H, inter, kv = 576, 1536, 3 * 64
+    per_layer = H * H * 2 + H * kv * 2 + H * inter * 3 + 2 * H  # q, o; k, v; gate, up, down; two RMSNorms
     assert save.name == "final save" and save.items["policy merged weights (adapted layers)"] == 30 * per_layer * 4
     held = {k for k in save.items if k != "policy merged weights (adapted layers)"}
     assert held == {"policy weights", "policy LoRA adapters", "policy optimizer (AdamW)"}  # reference: adapter off
