@@ -213,6 +213,9 @@ TRL_DIFFERENCES: tuple[TrlDifference, ...] = (
     TrlDifference(_ALL, "TRL trains a vision-language model's vision tower and projector with its language model "
                   "(unless frozen by hand or left out of a peft_config); rlhfkit freezes them (model.train_vision=true "
                   "trains them)"),
+    TrlDifference(_ONLINE, "TRL keeps an image-placeholder token a vision-language model samples in its completion "
+                  "(the next forward then finds an image token without an image); rlhfkit ends the response before "
+                  "it"),
     TrlDifference(_ALL, "TRL's bf16=True autocasts in bf16 on a CPU too; rlhfkit trains in float32 on a CPU "
                   "(train.mixed_precision=auto; bf16=True asks for the autocast)", _on_cpu),
     TrlDifference(_ALL, "TRL keeps every checkpoint (save_total_limit=None); rlhfkit keeps train.save_total_limit "
