@@ -17,13 +17,13 @@ gets the model object with them frozen by the worker), float32 on CPU, bf16 on C
 between two step-end callbacks (the first ``--warmup`` left out); peak memory is the worker's peak RSS on CPU (both
 load the same weights; TRL's process also imports ``datasets`` / ``accelerate``) and ``max_memory_allocated`` on CUDA.
 Equal work, imposed and checked: every answer is ``--max-new`` tokens long in both frameworks by default
-(``--min-new``: TRL's ``generation_kwargs={"min_new_tokens": N}``, which rlhfkit's TRL interface takes too; with answers
-ending where the random model ends them, rlhfkit's came out 19 % shorter than TRL's, 24.0 against 29.7 tokens of at
-most 32, on 2 seeds: the ratio would measure that), the learning rate is 0 by default (``--lr``; throughput rows as in
-``bench/vs_trl.py``: the update does all of its compute but the weights stay the same), each worker counts the
-tokens of every measured completion (the reward's ``completion_ids``, which both pass), the speed ratio is refused
-when the means differ by more than 10 %, and its headline is generated tokens per second, the time per step beside
-it.
+(``--min-new``: TRL's ``generation_kwargs={"min_new_tokens": N}``, which rlhfkit's TRL interface takes too) over a
+32k vocabulary (``--vocab``: with the tiny tokenizer's ~100 ids the random model samples its image token ~1 % a token,
+rlhfkit ends a response there and TRL does not, and rlhfkit's answers came out 19-21 % shorter); the learning rate
+is 0 by default (``--lr``; throughput rows as in ``bench/vs_trl.py``: the update does all of its compute but the
+weights stay the same); each worker counts the tokens of every measured completion (the reward's
+``completion_ids``, which both pass), and ``bench/_report.py``'s ``compare`` (vs_trl's) refuses the speed ratio when
+the means differ by more than 10 %, its headline generated tokens per second, the time per step beside it.
 
 ``--arch llava`` by default: transformers' Qwen2.5-VL processor needs torchvision (its video processor), which TRL's
 environment need not have; ``--arch qwen2_5_vl`` / ``gemma3_vl`` where it does (rlhfkit itself needs no torchvision).
@@ -43,7 +43,6 @@ import time
 from pathlib import Path
 
 QUESTION = "Which square is larger, red or blue?"
-EQUAL_WORK = 0.10  # the step-time ratio is printed only when mean tokens per completion differ by at most this
 
 
 # ─────────────────────────────────────────── the worker (either framework) ───────────────────────────────────────────
@@ -205,23 +204,25 @@ def main() -> None:
                 results[framework].append(run_worker(python, a, framework, workdir, seed))
     print(f"GRPO on tiny:arch={a.arch},{a.spec}, {a.prompts} x {a.k} completions of <= {a.max_new} tokens, "
           f"{a.device}, {a.steps} steps ({a.warmup} warm-up) x {a.rounds} round(s)")
-    med, peak, mean_len, rate = {}, {}, {}, {}
+    from _report import EQUAL_TOL, compare  # vs_trl.py's equal-work rule and ratios
+
+    rows, peak = {}, {}
     for framework, runs in results.items():
-        med[framework] = statistics.median(t for r in runs for t in r["steps"])
-        peak[framework] = max(r["peak"] for r in runs)
         tokens = [n for r in runs for n in r["tokens"]]
-        mean_len[framework] = statistics.fmean(tokens) if tokens else float("nan")
-        rate[framework] = sum(tokens) / sum(t for r in runs for t in r["steps"])
-        print(f"  {framework:8s} {med[framework]:8.3f} s/step  {rate[framework]:8.1f} generated tok/s   peak "
-              f"{peak[framework] / 2**20:8.1f} MiB   tokens per completion mean {mean_len[framework]:6.1f} "
-              f"max {max(tokens, default=0)}")
-    gap = abs(mean_len["trl"] - mean_len["rlhfkit"]) / max(mean_len["trl"], mean_len["rlhfkit"])
-    if not gap <= EQUAL_WORK:  # NaN (no counts) refuses too
-        print(f"UNEQUAL work: mean tokens per completion differ by {gap:.0%} > {EQUAL_WORK:.0%}: no speed ratio "
-              "(rerun with more --steps / --rounds, or --lr 0 if a learning rate was given)")
+        rows[framework] = {"step_s": statistics.median(t for r in runs for t in r["steps"]),
+                           "tok_mean": statistics.fmean(tokens) if tokens else float("nan"),  # none: refused below
+                           "tok_s": sum(tokens) / sum(t for r in runs for t in r["steps"])}
+        peak[framework] = max(r["peak"] for r in runs)
+        print(f"  {framework:8s} {rows[framework]['step_s']:8.3f} s/step  {rows[framework]['tok_s']:8.1f} generated "
+              f"tok/s   peak {peak[framework] / 2**20:8.1f} MiB   tokens per completion mean "
+              f"{rows[framework]['tok_mean']:6.1f} max {max(tokens, default=0)}")
+    c = compare(rows["rlhfkit"], rows["trl"])
+    if not c["equal"]:
+        print(f"UNEQUAL work ({c['work']}, more than {EQUAL_TOL:.0%} apart): no speed ratio (rerun with more --steps "
+              "/ --rounds, or --lr 0 if a learning rate was given)")
     else:
-        print(f"RATIO generated tok/s rlhfkit / TRL: {rate['rlhfkit'] / rate['trl']:.2f} (> 1: rlhfkit faster; "
-              f"per step, TRL / rlhfkit: {med['trl'] / med['rlhfkit']:.2f})")
+        print(f"RATIO generated tok/s rlhfkit / TRL: {c['per_token']:.2f} (> 1: rlhfkit faster; per step, TRL / "
+              f"rlhfkit: {c['per_step']:.2f})")
     print(f"RATIO peak memory TRL / rlhfkit: {peak['trl'] / peak['rlhfkit']:.2f} (> 1: rlhfkit smaller)")
 
 

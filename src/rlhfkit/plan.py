@@ -36,6 +36,7 @@ from .models.memory import (
     estimate,
     fmt_bytes,
     host_bytes,
+    model_states,
     read_architecture,
     role_params,
     weight_bytes_of,
@@ -275,23 +276,29 @@ def _estimate(cfg, world: int, device: str, notes: list[Check]) -> tuple[list[Mo
     roles = roles_of(cfg, device, notes)
     setup = setup_of(cfg, world, device)
     phases = estimate(roles, setup, RECIPES[cfg.recipe].family)
-    return roles, setup, phases + ([final_save(roles[0], setup, phases[-1])] if device == "cpu" else [])
+    return roles, setup, phases + ([final_save(roles, setup, phases[-1])] if device == "cpu" else [])
 
 
-def final_save(policy: ModelRole, setup: Setup, last: Phase) -> Phase:
-    """The end of a run on a CPU, where host memory is the device's: the models and optimizer states still held and,
-    under LoRA, the merged weights of the adapted layers
-    (``models.loading.merged_state_dict``: host memory, so on a GPU no device phase). Measured on the Qwen3-1.7B
+def final_save(roles: list[ModelRole], setup: Setup, last: Phase) -> Phase:
+    """The end of a run on a CPU, where host memory is the device's: every model's weights and states but its
+    gradients (:func:`~rlhfkit.models.memory.model_states`, as between phases), a kept engine cache and, under
+    LoRA, the merged weights of the adapted layers (``models.loading.merged_state_dict``: host memory, so on a GPU
+    no device phase; safetensors writes from the tensors' memory, no copy of a shard). Measured on the Qwen3-1.7B
     shape (LoRA, bench/real_shapes.py): this phase, not the train step, was the run's peak."""
     ph = Phase("final save")
-    for key, value in last.items.items():
-        if key.endswith(("weights", "LoRA adapters", "optimizer (AdamW)", "(kept)")):
-            ph.add(key, value, last.how[key])
-    merged = policy.arch.layers * policy.arch.layer_params() if policy.trainable == "lora" else 0
-    if merged:
+    for role in roles:
+        for key, (value, how) in model_states(role, setup).items():
+            if not key.endswith("gradients"):
+                ph.add(key, value, how)
+    kept = "rollout engine's KV cache (kept)"
+    if kept in last.items:
+        ph.add(kept, last.items[kept], last.how[kept])
+    policy = roles[0]
+    if policy.trainable == "lora":
+        merged = policy.arch.layers * policy.arch.layer_params()
         ph.add("policy merged weights (adapted layers)", merged * policy.weight_bytes,
                f"{merged / 1e9:.2f}B x {policy.weight_bytes:g} B (LoRA merged into a copy, host memory)")
-    return ph  # (safetensors writes from the tensors' memory: no copy of a shard)
+    return ph
 
 
 def _peak(cfg, world: int, device: str) -> float:

@@ -193,20 +193,10 @@ def test_online_recipe_moves_the_policy_as_rewarded(recipe, colours, coin_dir, t
 
 def test_grpo_trains_lora_on_the_language_model_by_default(colours, coin_dir, tmp_path, capsys):
     """No LoRA setting: rlhfkit's default for a VLM, said in one line; the adapters alone learn what is rewarded."""
-    from rlhfkit.config import build_config
-    from rlhfkit.train.online.synchronous import run_online
-
-    before = logp_of(coin_dir, colours)
-    run_online(build_config("grpo", {}, [
-        f"model.name={coin_dir}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={tmp_path}",
-        f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]", "algo.rollout_batch_size=8",
-        "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32", "train.max_steps=6",
-        "generation.max_new_tokens=6", "optim.lr=3e-3", "track.report=false", "track.progress=false",
-        "data.eval_fraction=0"]))
+    before, after = grpo_for_red(coin_dir, colours, tmp_path, lr="3e-3", every_weight=False)
     said = capsys.readouterr().out
     assert "LoRA (r=16) on the language model, rlhfkit's default for a vision-language model" in said
     assert "vision tower and projector are frozen" in said
-    after = logp_of(tmp_path, colours)
     assert after > before + 0.05, (before, after)
 
 
@@ -234,9 +224,11 @@ def test_another_family_learns_the_pictures_colour_by_sft_and_moves_as_rewarded_
     assert after > before + 0.05, (before, after)
 
 
-def grpo_for_red(start: Path, colours: Path, out: Path, length: int = 64) -> tuple[float, float]:
+def grpo_for_red(start: Path, colours: Path, out: Path, length: int = 64, *, lr: str = "1e-3",
+                 every_weight: bool = True) -> tuple[float, float]:
     """(before, after): the mean log-probability of ``red`` on the held-out pictures before and after 6 GRPO steps
-    from ``start`` (every weight trained) paid for answering ``red``."""
+    from ``start`` paid for answering ``red``: every weight trained, or (``every_weight=False``) no LoRA setting
+    given, rlhfkit's default for a VLM."""
     from rlhfkit.config import build_config
     from rlhfkit.train.online.synchronous import run_online
 
@@ -244,9 +236,9 @@ def grpo_for_red(start: Path, colours: Path, out: Path, length: int = 64) -> tup
     run_online(build_config("grpo", {}, [
         f"model.name={start}", f"data.train={colours / 'prompts.jsonl'}", f"output_dir={out}",
         "algo.rollout_batch_size=8", "algo.num_generations=4", "train.batch_size=16", "algo.mini_batch_size=32",
-        "train.max_steps=6", "generation.max_new_tokens=6", "optim.lr=1e-3", "track.report=false",
+        "train.max_steps=6", "generation.max_new_tokens=6", f"optim.lr={lr}", "track.report=false",
         "track.progress=false", "data.eval_fraction=0", f"reward.functions=[{{fn: {colours / 'rw.py'}:says_red}}]",
-        "model.lora.enabled=false"]))
+        *(["model.lora.enabled=false"] if every_weight else [])]))
     return before, logp_of(out, colours, length)
 
 

@@ -70,5 +70,5 @@ def test_a_save_removes_the_other_layout_a_former_save_left(tmp_path):
     save_model(model, tok, out)
     assert sorted(p.name for p in out.glob("model*")) == ["model.safetensors"]
     assert (out / "metrics.jsonl").read_text() == "former"
-    saved = _weights(out)
-    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items() if k in saved)
+    saved, state = _weights(out), model.state_dict()
+    assert saved and all(torch.equal(v, state[k]) for k, v in saved.items())  # the new weights, every one of them

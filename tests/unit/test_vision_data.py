@@ -159,18 +159,26 @@ def test_python_data_with_pil_images_becomes_a_data_file_with_image_files(tmp_pa
 # ─────────────────────────────────────────── tokenisation ───────────────────────────────────────────
 
 
-def test_the_processor_expands_images_and_no_image_token_is_ever_a_label(qwen_tok):
+def assert_no_image_token_is_a_label(tok, image) -> dict:
+    """An SFT record with ``image``, tokenised with and without ``completion_only``: no image token (nor a marker
+    around one) is ever a label, and the completion alone is when asked; returns the example of the whole text."""
     from rlhfkit.data.media import image_token_ids, processor_of
 
-    image_ids = image_token_ids(processor_of(qwen_tok))
-    sft = normalize_record({"prompt": "Describe.", "completion": "A red square.", "image": png(size=(48, 40))},
-                           "sft", where="r:1")
+    image_ids = image_token_ids(processor_of(tok))
+    sft = normalize_record({"prompt": "Describe.", "completion": "A red square.", "image": image}, "sft", where="r:1")
     for completion_only in (True, False):
-        [ex], _ = tokenize_dataset([sft], "sft", qwen_tok, LengthPolicy(256), completion_only=completion_only)
+        [ex], _ = tokenize_dataset([sft], "sft", tok, LengthPolicy(256), completion_only=completion_only)
         labelled = [t for t, lab in zip(ex["input_ids"], ex["labels"]) if lab != -100]
         assert not set(labelled) & image_ids
         if completion_only:
-            assert qwen_tok.decode(labelled) == "A red square.<|im_end|>"
+            assert tok.decode(labelled) == "A red square.<|im_end|>"
+    return ex
+
+
+def test_the_processor_expands_images_and_no_image_token_is_ever_a_label(qwen_tok):
+    from rlhfkit.data.media import processor_of
+
+    ex = assert_no_image_token_is_a_label(qwen_tok, png(size=(48, 40)))
     pad = processor_of(qwen_tok).image_token_id
     assert ex["input_ids"].count(pad) == ex["media"].tokens == 2  # 48 x 40 resized to 32 x 32: 2 x 2 patches
     [p], _ = tokenize_dataset([normalize_record({"prompt": "Q?", "image": png()}, "prompt", where="r:2")], "prompt",
@@ -189,14 +197,7 @@ def test_idefics3_splits_an_image_into_tiles_and_no_tile_marker_is_ever_a_label(
     tok = load_processor("tiny:arch=idefics3").tokenizer
     image_ids = image_token_ids(processor_of(tok))
     rows, cols = grid
-    sft = normalize_record({"prompt": "Describe.", "completion": "A red square.", "image": png(size=size)},
-                           "sft", where="r:1")
-    for completion_only in (True, False):
-        [ex], _ = tokenize_dataset([sft], "sft", tok, LengthPolicy(256), completion_only=completion_only)
-        labelled = [t for t, lab in zip(ex["input_ids"], ex["labels"]) if lab != -100]
-        assert not set(labelled) & image_ids
-        if completion_only:
-            assert tok.decode(labelled) == "A red square.<|im_end|>"
+    ex = assert_no_image_token_is_a_label(tok, png(size=size))
     text = tok.decode(ex["input_ids"])
     markers = [f"<row_{r}_col_{c}>" for r in range(1, rows + 1) for c in range(1, cols + 1)]
     assert [m for m in markers if m in text] == markers and f"<row_{rows + 1}_col_1>" not in text

@@ -99,12 +99,12 @@ def check_targets(mcfg, where: str = "model.lora.target_modules") -> None:
                               "attention and MLP projections per architecture)")
 
 
-def lora_by_default(cfg, quiet: bool = False):
+def lora_by_default(cfg):
     """``cfg`` with LoRA on when rlhfkit's default for a vision-language model applies: the policy is a VLM, the run
     uses rlhfkit's defaults (TRL's interface keeps TRL's: every weight trained), and neither ``model.lora.enabled``
     nor ``model.train_vision`` was set. A VLM's language model is then adapted by LoRA (its tower frozen, the reference
     the adapter disabled): the usual way to post-train one, at a fraction of full fine-tuning's memory. Said in one
-    line (unless ``quiet``); ``model.lora.enabled=false`` trains every weight of the language model instead.
+    line; ``model.lora.enabled=false`` trains every weight of the language model instead.
     Decided from the model's ``config.json`` before any weights load, when the run starts (a pipeline's later stage
     reads the directory its previous stage wrote)."""
     from ..config.parse import replace
@@ -125,7 +125,6 @@ def lora_by_default(cfg, quiet: bool = False):
         return cfg
     out = replace(cfg, model={"lora": {"enabled": True}})
     object.__setattr__(out, "_rlhfkit_origin", origin)
-    if not quiet:
-        say(f"[model] {FAMILIES[kind].name}: LoRA (r={mcfg.lora.r}) on the language model, rlhfkit's default for a "
-            "vision-language model (model.lora.enabled=false trains all of its weights)")
+    say(f"[model] {FAMILIES[kind].name}: LoRA (r={mcfg.lora.r}) on the language model, rlhfkit's default for a "
+        "vision-language model (model.lora.enabled=false trains all of its weights)")
     return out

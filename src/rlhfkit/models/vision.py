@@ -249,12 +249,11 @@ def _auto_processor(source: str):
 
         return images_only(cls)(image_processor=image, tokenizer=tok, chat_template=template,
                                 **_processor_kwargs(source, cls))
-    except ImportError as exc:  # SmolVLM2's processor needs num2words (transformers' own check)
+    except (ImportError, OSError, ValueError, TypeError) as exc:  # ImportError: SmolVLM2's needs num2words
+        fix = "install the package it names" if isinstance(exc, ImportError) else \
+            "check the model directory's processor files"
         raise ModelError(f"cannot load the processor of {source}: {' '.join(str(exc).split())[:200]}",
-                         where="model.name", fix="install the package it names") from None
-    except (OSError, ValueError, TypeError) as exc:
-        raise ModelError(f"cannot load the processor of {source}: {' '.join(str(exc).split())[:200]}",
-                         where="model.name", fix="check the model directory's processor files") from None
+                         where="model.name", fix=fix) from None
 
 
 def _processor_kwargs(source: str, cls) -> dict:
