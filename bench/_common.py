@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import statistics
 import time
 import traceback
@@ -150,6 +151,78 @@ def rig_lengths(model, mean_len: float, eos_id: int, keep: tuple[int, ...] = (),
             if getattr(head, "bias", None) is not None:
                 head.bias.zero_()
     return n
+
+
+def chain_lengths(prompts: int, mean_len: float, max_new: int) -> list[int]:
+    """Answer lengths (tokens, EOS included) for ``prompts`` prompts under :func:`rig_chain`: the quantiles
+    ``(i + 1/2) / prompts`` of the exponential distribution of mean ``mean_len``, each in [1, ``max_new``]. A long
+    tail (the longest of 32 ~4.2 x the mean) that every framework generates exactly: equal work by construction."""
+    return [min(max_new, max(1, round(-mean_len * math.log(1 - (i + 0.5) / prompts)))) for i in range(prompts)]
+
+
+def rig_chain(model, levels: int, eos_ids: tuple[int, ...], keep: tuple[int, ...] = (), per_level: int = 64,
+              seed: int = 0, strength: float = 40.0) -> list[list[int]]:
+    """Make a Llama-family model answer a prompt whose last token is at *level* r with exactly r more tokens and
+    then EOS, whatever the sampling (temperature 1, top-k, top-p): the answer's length is set by the prompt, so
+    every framework generates the same number of tokens for the same prompts (:func:`rig_lengths` draws lengths at
+    random instead, which needs hundreds of answers per row before two rows agree within 10 %). Returns the token
+    ids of each level (``levels`` of them, ``per_level`` each, fewer when the vocabulary is small).
+
+    As in :func:`rig_lengths` the layers' output projections are zeroed, so the last hidden state is the current
+    token's embedding after the final RMSNorm (weight 1): level r's tokens have the embedding of one unit vector
+    d_r (orthonormal across levels while ``levels`` <= the hidden size), level r-1's tokens the head row
+    ``strength`` d_r / sqrt(H), EOS (every id in ``eos_ids`` but the first left at 0) the row of d_0, and every
+    other head row is 0. After a level-r token, level r-1's tokens have logit ``strength`` and every other token 0:
+    the next token is one of level r-1's (uniformly: the answers' words differ, their lengths do not) with
+    probability 1 - V e^-strength. The head is untied from the embeddings (a tied head cannot point from level r to
+    r-1 rather than to r itself): under LoRA both frameworks freeze it, so the step's compute is the tied model's,
+    and its memory one V x H matrix more. The transitions are checked with the model's own forward."""
+    emb = model.get_input_embeddings().weight
+    V, H = emb.shape
+    g = torch.Generator().manual_seed(seed)
+    reserved = set(eos_ids) | set(keep)
+    candidates = torch.tensor([i for i in range(V) if i not in reserved])
+    per_level = min(per_level, len(candidates) // levels)
+    if per_level < 1:
+        raise ValueError(f"rig_chain: {levels} levels do not fit a vocabulary of {V}")
+    chosen = candidates[torch.randperm(len(candidates), generator=g)[: levels * per_level]].view(levels, per_level)
+    basis = torch.randn(H, max(levels, 1), generator=g, dtype=torch.float64)
+    if levels <= H:
+        basis, _ = torch.linalg.qr(basis)  # orthonormal columns: no level's logits leak into another's
+    dirs = (basis / basis.norm(dim=0, keepdim=True)).T  # (levels, H), unit rows
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.norm.weight.fill_(1.0)
+        head = model.get_output_embeddings()
+        if head.weight is emb or head.weight.data_ptr() == emb.data_ptr():
+            head.weight = torch.nn.Parameter(emb.detach().clone())
+        model.config.tie_word_embeddings = False
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        text.tie_word_embeddings = False
+        E = emb.detach().to(torch.float64).clone()
+        W = torch.zeros(V, H, dtype=torch.float64)
+        scale = float(E.norm(dim=1).mean())
+        for r in range(levels):
+            E[chosen[r]] = dirs[r] * scale
+            if r + 1 < levels:
+                W[chosen[r]] = dirs[r + 1] * strength / H ** 0.5
+        W[eos_ids[0]] = dirs[0] * strength / H ** 0.5
+        emb.copy_(E.to(emb.dtype))
+        head.weight.copy_(W.to(head.weight.dtype))
+        if getattr(head, "bias", None) is not None:
+            head.bias.zero_()
+        # the check, with the model's forward: each level's first token, one position each
+        ids = chosen[:, :1]
+        probs = torch.cat([model(input_ids=ids[i:i + 64]).logits[:, -1].float().softmax(-1)
+                           for i in range(0, levels, 64)])
+        for r in range(levels):
+            target = chosen[r - 1] if r else torch.tensor([eos_ids[0]])
+            if float(probs[r, target].sum()) < 1 - 1e-4:
+                raise RuntimeError(f"rig_chain: level {r} goes on the chain with probability "
+                                   f"{float(probs[r, target].sum()):.6f} only")
+    return chosen.tolist()
 
 
 ROWS: list[tuple[str, str, str]] = []  # (check, status, result) rows of gpu_check's table

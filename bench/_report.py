@@ -9,9 +9,11 @@ When they are within it, the headline is generated tokens per second (rlhfkit / 
 is left), the time per step beside it. SFT / DPO rows read the same data rows in both frameworks: equal by
 construction, their ratio is the time per step.
 
-The lengths are random in every framework (each samples its own tokens), so even equal distributions differ run to
-run: with answers ~ Geometric(1/mean) the mean over n completions has a standard error of about mean / sqrt(n), and
-the difference of two rows about 1.4 x that: n = 384 completions a row (16 x 8 x 3 measured steps) gives ~7 %, and a
+Long-answer rows now have their lengths set by the prompts (``vs_trl.py --lengths chain``, the default since
+2026-11-29): equal by construction, the check a formality there. Elsewhere the lengths are random in every framework
+(each samples its own tokens), so even equal distributions differ run to run: with answers ~ Geometric(1/mean)
+the mean over n completions has a standard error of about mean / sqrt(n), and the difference of two rows about 1.4 x
+that: n = 384 completions a row (16 x 8 x 3 measured steps) gives ~7 %, and a
 ~15 % chance that two rows of one distribution are refused. A refusal says "measure more completions", not "slower".
 """
 

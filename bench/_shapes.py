@@ -39,10 +39,14 @@ def tiny_config(config: dict, generation: dict | None) -> tuple[dict, dict | Non
     return out, gen
 
 
-def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: bool = False) -> Path:
+def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: bool = False,
+                 chain: int | None = None) -> Path:
     """A model directory with ``shape``'s config and tokenizer files (or a synthetic tokenizer) and random weights
-    (seed 0), rigged to answer at lengths ~ Geometric(1 / ``mean_len``) when given; ``tiny``: shrunk first. Made once
-    per (shape, mean, size) in ``workdir`` (reused by a later run given the same ``--work``)."""
+    (seed 0), rigged to answer at lengths ~ Geometric(1 / ``mean_len``) when given; ``chain`` (a number of levels,
+    the longest answer): rigged instead by ``_common.rig_chain``, so that a prompt sets its answer's length (the
+    levels' token ids in ``levels.json``; the synthetic tokenizer's chat template then ends the prompt with the last
+    word of the last message, see :func:`synthetic_tokenizer`); ``tiny``: shrunk first. Made once per (shape, rig,
+    size) in ``workdir`` (reused by a later run given the same ``--work``)."""
     import shutil
 
     import torch
@@ -50,7 +54,8 @@ def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: 
 
     if not (shape / "config.json").is_file():
         raise SystemExit(f"vs_trl: --shape {shape}: no config.json there (it needs config.json and the tokenizer)")
-    out = workdir / f"{shape.name}-random{f'-mean{mean_len}' if mean_len else ''}{'-tiny' if tiny else ''}"
+    rig = f"-chain{chain}" if chain else f"-mean{mean_len}" if mean_len else ""
+    out = workdir / f"{shape.name}-random{rig}{'-tiny' if tiny else ''}"
     if (out / "config.json").is_file():
         return out
     if tiny:  # the shrunk config and generation config, written where AutoConfig reads them
@@ -66,9 +71,23 @@ def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(shape)
     model = AutoModelForCausalLM.from_config(config)
+    if chain and (shape / "tokenizer_config.json").is_file():
+        raise SystemExit(f"vs_trl: --shape {shape}: lengths set by the prompt need the synthetic tokenizer (this "
+                         "shape has its own): use --lengths random")
     tok = AutoTokenizer.from_pretrained(shape) if (shape / "tokenizer_config.json").is_file() else \
-        synthetic_tokenizer(config)
-    if mean_len:
+        synthetic_tokenizer(config, echo_last=bool(chain))
+    levels = None
+    if chain:
+        from _common import rig_chain
+
+        eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+        gen_path = shape / "generation_config.json"
+        gen_eos = json.loads(gen_path.read_text()).get("eos_token_id") if gen_path.is_file() else None
+        eos += [i for i in (gen_eos if isinstance(gen_eos, list) else [gen_eos]) if i is not None and i not in eos]
+        keep = tuple(i for i in (*tok.all_special_ids, config.bos_token_id, getattr(config, "pad_token_id", None))
+                     if i is not None)
+        levels = rig_chain(model, chain, tuple(eos), keep=keep)
+    elif mean_len:
         from _common import rig_lengths
 
         eos = config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0]
@@ -77,6 +96,8 @@ def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: 
     partial = out.with_name(out.name + ".partial")  # a run stopped while saving leaves no half model to reuse
     model.save_pretrained(partial)
     tok.save_pretrained(partial)
+    if levels is not None:
+        (partial / "levels.json").write_text(json.dumps(levels))
     for name in ("generation_config.json", "chat_template.jinja"):  # the model's own, where the shape has them
         if (shape / name).is_file():
             shutil.copy(shape / name, partial / name)
@@ -85,10 +106,12 @@ def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: 
     return out
 
 
-def synthetic_tokenizer(config):
+def synthetic_tokenizer(config, echo_last: bool = False):
     """A word-level tokenizer with the config's vocabulary size (``t<i>`` for id i), its EOS / BOS / pad at the
     config's ids, a turn marker and a chat template (``<start> role content <eos>``): random weights need no real
-    tokenizer, only the vocabulary size and the special ids, and both frameworks read the same files."""
+    tokenizer, only the vocabulary size and the special ids, and both frameworks read the same files. ``echo_last``:
+    the generation prompt (``<start> assistant``) is followed by the last word of the last message, so that the
+    prompt's last token is one the data chose (``rig_chain``'s level: the answer's length)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -107,5 +130,6 @@ def synthetic_tokenizer(config):
                                   pad_token=names.get(pad, "<pad>") if pad is not None else "<pad>",
                                   additional_special_tokens=["<start>"])
     tok.chat_template = ("{% for m in messages %}<start> {{ m['role'] }} {{ m['content'] }} <eos> {% endfor %}"
-                         "{% if add_generation_prompt %}<start> assistant {% endif %}")
+                         "{% if add_generation_prompt %}<start> assistant "
+                         + ("{{ messages[-1]['content'].split()[-1] }} " if echo_last else "") + "{% endif %}")
     return tok

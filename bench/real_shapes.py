@@ -4,14 +4,17 @@ plan --device cpu`` against the measured peak resident memory.
 Random weights in the published shapes (``bench/shapes/``: head sizes, GQA ratios, vocabularies of 128-152k, RoPE
 bases of 5e5-1e6, tied embeddings, positions past 1k), nothing downloaded.
 
-1. **Speed** (``--part speed``): per shape one ``bench/vs_trl.py`` run, answers rigged long-tailed (mean
-   ``--mean-len``, at most ``--max-new``; throughput rows at learning rate 0, equal work checked), LoRA r=16 in both
+1. **Speed** (``--part speed``): per shape one ``bench/vs_trl.py`` run, answers rigged long-tailed with their
+   lengths set by the prompts (``vs_trl.py --lengths chain``: ``--prompts`` lengths, the quantiles of the exponential
+   distribution of mean ``--mean-len``, at most ``--max-new``; at the defaults 8 prompts of 8-355 tokens, mean 123;
+   every framework generates the same tokens: equal work by construction, and checked; throughput rows at learning
+   rate 0), LoRA r=16 in both
    frameworks (a full fine-tune of these shapes does not fit beside TRL's float32 logits in this machine's memory;
    the table says so), ``--micro-batch`` sequences per forward: TRL default, TRL + continuous batching, rlhfkit
    ``auto`` (which takes ``continuous`` for answers of 512 tokens and more: ``rollout/auto.py``) and rlhfkit
    ``static`` uncompiled (the engine auto takes below that), with each framework's phases (where its step goes).
-   Each row's tokens per completion are random draws; ``_report``'s docstring gives the odds that two rows of one
-   distribution differ by more than 10 % (then no ratio): raise ``--steps`` or ``--prompts`` for more completions.
+   Equal work by construction, one measured step after the warm-up is a figure (``--steps 2``); ``--lengths random``
+   (vs_trl's former rig) needs hundreds of completions a row before two rows agree within 10 %.
 2. **Memory** (``--part memory``): rlhfkit alone, GRPO, a full fine-tune of the Qwen3-0.6B shape and LoRA (r=16) on
    the Qwen3-1.7B shape, two steps each (the second holds AdamW's states beside the activations: the peak), every
    prompt exactly ``--prompt-len`` tokens and every answer exactly ``--mem-new`` tokens (random weights without the
@@ -171,10 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="qwen3-0.6b,llama-3.2-1b", help="speed: the shapes (bench/shapes/)")
     p.add_argument("--mean-len", type=int, default=128)
     p.add_argument("--max-new", type=int, default=512)
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--k", type=int, default=4)
     p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=3, help="speed: steps per process, the first a warm-up")
+    p.add_argument("--steps", type=int, default=2, help="speed: steps per process, the first a warm-up")
     p.add_argument("--no-trl", action="store_true", help="speed: rlhfkit's rows only")
     p.add_argument("--prompt-len", type=int, default=64, help="memory: prompt tokens (every prompt cut to it)")
     p.add_argument("--mem-new", type=int, default=192, help="memory: answer tokens (every answer this long)")

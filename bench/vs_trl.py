@@ -26,8 +26,19 @@ means are within 10 % (``--equal-tol``); otherwise the comparison reads ``UNEQUA
 (``bench/_report.py``). The headline of a comparison is generated tokens per second (rlhfkit / peer), the time per
 step beside it. Why the lengths can drift apart, and what keeps them equal:
 
-- *Long answers* (``--shape`` with ``--mean-len``): the random weights are rigged so each sampled token ends the answer
-  with probability 1 / N (below). Any update moves those weights, and each framework's update (and the benchmark's
+- *Long answers* (``--shape`` with ``--mean-len``): the random weights are rigged so that **each prompt sets its
+  answers' length** (``--lengths chain``, the default since 2026-11-29, ``_common.rig_chain``): the prompt's last
+  token is at a *level* n - 1, and after a level-r token the next one is one of level r - 1's (which one is random,
+  so the words and rewards differ within a group), after level 0 EOS; the data hold exactly ``--prompts`` prompts
+  whose lengths are the quantiles of the long-tailed (exponential) distribution of mean N, cut at ``--max-new``, so
+  every step of every framework generates the same tokens, equal work by construction, whatever the number of
+  answers (the check below still runs). The head is untied for it (a tied head cannot point from level r to r - 1):
+  under LoRA (``--lora``, ``real_shapes.py``'s rows) the head is frozen in both frameworks, so the step's compute is
+  the tied model's and memory holds one V x H matrix more in both; a full fine-tune (the GPU suite's rows) trains
+  that matrix too, in both alike. ``--lengths random`` is the rig
+  before it: every sampled token ends the answer with probability 1 / N, lengths drawn per answer, equal only on
+  average (two rows of 64 answers each differ by more than 10 % about half the time; the GPU rows' 512, ~7 %).
+  Any update moves the rigged weights, and each framework's update (and the benchmark's
   length-shaped reward) moves them its own way: measured on 2 CPU cores at the Qwen3-0.6B shape, mean 64, the
   answers of the steps after the first were 2 / 256 tokens long in TRL, 1 / 1.4 in TRL + continuous batching, 1 / 1
   in rlhfkit. Hence **throughput rows**: the learning rate is 0 in both frameworks (``--throughput``, always on with
@@ -37,8 +48,8 @@ step beside it. Why the lengths can drift apart, and what keeps them equal:
   frameworks (a logits processor that bans EOS until a drawn length, then forces it), is not possible in TRL +
   continuous batching: transformers' continuous batching drops the length processors
   (``MinNewTokensLengthLogitsProcessor.supports_continuous_batching = False``), and it would add per-token host work
-  to some rows only. The lengths stay random draws of one distribution, so the check is needed still (``_report``'s
-  docstring gives the odds).
+  to some rows only. Under ``--lengths random`` the lengths stay random draws of one distribution, so the check is
+  needed (``_report``'s docstring gives the odds); ``chain`` makes it a formality.
 - *The real model* (SmolLM2-135M-Instruct, answers ending at its own EOS): ``--throughput`` holds its weights too;
   without it (lr 1e-6) rows are learning runs, and their lengths may drift apart (one run of ``--recipes grpo,rloo
   --steps 4 --rounds 2`` generated ~158 tokens a step in rlhfkit against ~206 in TRL): the check refuses those.
@@ -68,9 +79,9 @@ it on, which made TRL's update about a forward pass slower), AdamW fused in both
 Long answers at the scale users train (issue 31): ``--shape bench/shapes/NAME`` (config.json and generation_config.json
 as published, for Qwen3-0.6B, Llama-3.2-1B and Qwen3-1.7B; a shape without tokenizer files gets a synthetic word-level
 tokenizer of the config's vocabulary size, its special tokens at the config's ids) and ``--mean-len N``: the random
-weights are rigged (``_common.rig_lengths``) so that every sampled token ends the answer with probability 1/N, in
-every framework alike (no hook: the weights do it), cut at ``--max-new``: long-tailed lengths (Geometric, the longest
-of 64 answers ~4.7 N), the same distribution for both. Rows: TRL default (``generate``), TRL with
+weights are rigged so that each prompt sets its answers' length (``--lengths chain``, above: the quantiles of the
+exponential distribution of mean N, cut at ``--max-new``; the longest of 32 prompts ~4.2 N), in every framework alike
+(no hook: the weights do it). Rows: TRL default (``generate``), TRL with
 ``use_transformers_continuous_batching=True`` (``--trl-cb``; the GRPOConfig / RLOOConfig field of TRL 1.16.0,
 ``trl/trainer/grpo_config.py``, transformers' paged continuous batching with TRL's default
 ``transformers_continuous_batching_config`` on CUDA; on CPU its cache sized as rlhfkit's, since TRL's default takes
@@ -136,7 +147,7 @@ def reward(prompts, completions, **_):
 
 def settings(device: str, max_new: int | None, shape: str | None = None, prompts: int | None = None,
              k: int | None = None, mean_len: int | None = None, *, throughput: bool = False,
-             micro: int | None = None, lora: int | None = None) -> dict:
+             micro: int | None = None, lora: int | None = None, lengths: str = "chain") -> dict:
     """The run's sizes. Random weights never say EOS: generation is forced to ``max_new`` tokens, unless
     ``mean_len`` rigs the weights to end answers at long-tailed lengths (then nothing is forced, and the learning
     rate is 0 in both frameworks so that the rig stays: throughput rows, see the module docstring)."""
@@ -148,7 +159,7 @@ def settings(device: str, max_new: int | None, shape: str | None = None, prompts
              "force_length": shape is not None, "rows": 8, "max_length": 128}
     s.update({key: v for key, v in (("prompts", prompts), ("k", k)) if v})
     if mean_len:
-        s.update(force_length=False, mean_len=mean_len)
+        s.update(force_length=False, mean_len=mean_len, lengths=lengths)
     s["lr"] = 0.0 if throughput or mean_len else 1e-6
     batch = s["prompts"] * s["k"]
     s["micro"] = micro or batch
@@ -161,13 +172,22 @@ def settings(device: str, max_new: int | None, shape: str | None = None, prompts
 # ---------------------------------------------------------------------------------------------- data and model
 
 
-def write_data(dirpath: Path, s: dict) -> dict[str, Path]:
-    """Conversational JSONL that both frameworks read as is: prompts, SFT prompt/completion, DPO pairs."""
+def write_data(dirpath: Path, s: dict, levels: list[list[int]] | None = None) -> dict[str, Path]:
+    """Conversational JSONL that both frameworks read as is: prompts, SFT prompt/completion, DPO pairs. ``levels``
+    (a model rigged by ``_common.rig_chain``): exactly ``s["prompts"]`` prompts, so that every step of every
+    framework takes all of them, prompt i ending with a word of the level that makes its answers
+    ``chain_lengths(...)[i]`` tokens long (EOS included)."""
     pad = " ".join(["Please think carefully."] * (s["prompt_words"] // 3))
     qs = [(a, b) for a in range(1, 10) for b in range(1, 10)]
+    ends = [""] * len(qs)
+    if levels is not None:
+        from _common import chain_lengths
+
+        lengths = chain_lengths(s["prompts"], s["mean_len"], s["max_new"])
+        qs, ends = qs[: len(lengths)], [f" t{levels[n - 1][i % len(levels[n - 1])]}" for i, n in enumerate(lengths)]
     prompts, sft, dpo = [], [], []
-    for a, b in qs:
-        q = f"{pad} What is {a}+{b}? Answer in one short sentence.".strip()
+    for (a, b), end in zip(qs, ends):
+        q = f"{pad} What is {a}+{b}? Answer in one short sentence.{end}".strip()
         user = [{"role": "user", "content": q}]
         good = [{"role": "assistant", "content": f"{a} plus {b} is {a + b}."}]
         bad = [{"role": "assistant", "content": f"I think it might be {a + b + 1}, but I am not sure at all."}]
@@ -183,13 +203,13 @@ def write_data(dirpath: Path, s: dict) -> dict[str, Path]:
 
 
 def model_dir(device: str, workdir: Path, shape: str | None = None, mean_len: int | None = None,
-              tiny: bool = False) -> Path:
+              tiny: bool = False, chain: int | None = None) -> Path:
     """CPU: the real SmolLM2-135M-Instruct, converted once from its GGUF file by rlhfkit (cached).
     CUDA, or ``shape`` given: the same architecture and tokenizer with random weights (fixed-length timing), the
     shape read from ``shape`` (a directory with config.json and the tokenizer files; no GGUF, no rlhfkit import)
     or from the converted GGUF; ``tiny``: the shape shrunk (:func:`tiny_config`)."""
     if shape is not None:
-        return random_model(Path(shape), workdir, mean_len, tiny)
+        return random_model(Path(shape), workdir, mean_len, tiny, chain=chain)
     sys.path.insert(0, str(ROOT / "examples"))
     from smollm2 import find_smollm2_gguf, search_report
 
@@ -461,7 +481,7 @@ def plan_of(cfg) -> dict | None:
 
 def worker(args) -> None:
     s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len,
-                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora)
+                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora, lengths=args.lengths)
     data = {k: Path(v) for k, v in json.loads(args.data).items()}
     out_dir = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.worker}_{args.recipe}_"))
     if args.worker == "trl":
@@ -496,6 +516,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mean-len", type=int, default=None, help="GRPO / RLOO with --shape: answers end at long-tailed "
                    "lengths of this mean (weights rigged, the same in every framework), cut at --max-new; implies "
                    "--throughput")
+    p.add_argument("--lengths", choices=("chain", "random"), default="chain", help="with --mean-len: 'chain' "
+                   "(default) rigs the weights so that each prompt sets its answers' length (quantiles of the "
+                   "long-tailed distribution, every framework the same tokens: equal work by construction); "
+                   "'random': every token ends the answer with probability 1/mean (equal only on average: hundreds "
+                   "of answers a row)")
     p.add_argument("--throughput", action="store_true", help="learning rate 0 in both frameworks: every step does "
                    "an update's full compute and the weights (so the answers' length distribution) stay")
     p.add_argument("--prompts", type=int, default=None, help="prompts per step (GRPO / RLOO; default CPU 2, CUDA 8)")
@@ -546,13 +571,16 @@ def main(argv: list[str] | None = None) -> int:
     if (args.mean_len or args.tiny) and not args.shape:
         raise SystemExit("vs_trl: --mean-len and --tiny apply to random weights: give --shape too")
     s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len,
-                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora)
+                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora, lengths=args.lengths)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="vs_trl_"))
     work.mkdir(parents=True, exist_ok=True)
-    data = write_data(work, s)
-    model = model_dir(args.device, work, args.shape, args.mean_len, args.tiny)
+    chain = s["max_new"] if s.get("lengths") == "chain" else None
+    model = model_dir(args.device, work, args.shape, args.mean_len, args.tiny, chain=chain)
+    data = write_data(work, s, json.loads((model / "levels.json").read_text()) if chain else None)
     where = args.device + (f", {Path(args.shape).name}{' (tiny)' if args.tiny else ''}" if args.shape else "") + (
-        f", answers mean {args.mean_len} max {s['max_new']}" if args.mean_len else "") + (
+        f", answers mean {args.mean_len} max {s['max_new']}"
+        + (" (set by the prompts: equal work by construction)" if chain else " (drawn at random)")
+        if args.mean_len else "") + (
         f", LoRA r={args.lora}" if args.lora else "") + (", lr 0 (throughput rows)" if s["lr"] == 0 else "")
     print(f"vs_trl: TRL {trl_version}, torch {torch.__version__}, device {args.device}, model {model}, "
           f"{args.steps} steps ({args.warmup} warm-up) x {args.rounds} rounds; {where}", flush=True)
@@ -595,6 +623,7 @@ def run_worker(args, fw: str, recipe: str, rnd: int, model: Path, data: dict, wo
         if value:
             cmd += [flag, str(value)]
     cmd += ["--throughput"] if args.throughput else []
+    cmd += ["--lengths", args.lengths]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:

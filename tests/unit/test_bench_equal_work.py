@@ -93,6 +93,40 @@ def test_a_tiny_shape_keeps_its_family_with_its_special_ids_in_the_small_vocabul
     assert qwen["head_dim"] == 16 and gen["eos_token_id"] == [qwen["eos_token_id"], qwen["bos_token_id"]]
 
 
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "llama-3.2-1b"])
+def test_chain_rig_answers_at_the_length_the_prompt_sets_whatever_the_sampling(tmp_path, name):
+    """The long-answer rows' equal work by construction: a prompt whose data chose level n - 1 gets answers of
+    exactly n tokens (EOS included) in every sample, the words differing (so a reward still differs within a
+    group); the head is untied on disk (a tied head cannot chain); the data write one prompt per length."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shapes, common, vs_trl = import_bench("_shapes"), import_bench("_common"), import_bench("vs_trl")
+    root = shapes.Path(__file__).resolve().parents[2] / "bench" / "shapes"
+    model_dir = shapes.random_model(root / name, tmp_path, 8, tiny=True, chain=24)
+    levels = json.loads((model_dir / "levels.json").read_text())
+    model, tok = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    assert not model.config.tie_word_embeddings
+    assert model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+    s = vs_trl.settings("cpu", 24, "shape", prompts=5, k=4, mean_len=8)
+    lengths = common.chain_lengths(5, 8, 24)
+    assert lengths == sorted(lengths) and lengths[-1] > 2 * sum(lengths) / 5  # a long tail
+    data = vs_trl.write_data(tmp_path, s, levels)
+    rows = [json.loads(line) for line in data["prompts"].read_text().splitlines()]
+    assert len(rows) == 5  # every step of every framework takes them all
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    torch.manual_seed(0)
+    for row, n in zip(rows, lengths):
+        ids = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, return_tensors="pt",
+                                      return_dict=True)["input_ids"]
+        out = model.generate(ids.repeat(6, 1), do_sample=True, temperature=1.0, top_k=0, max_new_tokens=24,
+                             pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]
+        got = [next((j + 1 for j, t in enumerate(r.tolist()) if t in eos), len(r)) for r in out]
+        assert got == [n] * 6
+        if n > 2:
+            assert len({tuple(r[: n - 1].tolist()) for r in out}) > 1  # the words differ, the lengths do not
+
+
 def test_an_update_at_learning_rate_zero_computes_and_leaves_every_weight(tmp_path):
     """The throughput rows' premise, with rlhfkit's own optimizer (fused AdamW): the update runs its forward,
     backward and optimizer step (AdamW's moments move), and not one weight changes."""
