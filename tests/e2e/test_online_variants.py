@@ -189,6 +189,7 @@ def held_out_tool_success(model_dir, rows: list[dict], seed: int = 0) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # 50 s: one of the longest learning checks, run by make test-cluster (CI runs it)
 def test_calculator_tool_use_is_learned(tmp_path):
     """The issue's test: the calculator environment's tool-call success rate rises over training. SFT on the
     calculator task's demonstrations (30 % call the tool) teaches the call format; GRPO with the environment then

@@ -11,35 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from conftest import free_port
 
-
-def _worker(rank: int, port: int, counts: list[int], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(len(counts)))
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
-
-    from rlhfkit.train.shared.batches import gather_rows
-
-    AcceleratorState._reset_state()
-    acc = Accelerator(cpu=True)
-    n = counts[rank]
-    rows = torch.arange(n * 2, dtype=torch.float32).reshape(n, 2) + 100 * rank
-    got = gather_rows(acc, rows)
-    if rank == 0:
-        torch.save(got, out)
-    acc.wait_for_everyone()
-    torch.distributed.destroy_process_group()
-
-
-@pytest.mark.parametrize("counts", [[3, 1], [0, 2], [2, 0]])
-def test_gather_rows_takes_uneven_and_empty_shares(tmp_path, counts):
-    out = str(tmp_path / "rows.pt")
-    mp.spawn(_worker, args=(free_port(), counts, out), nprocs=2, join=True)
-    expected = torch.cat([torch.arange(n * 2, dtype=torch.float32).reshape(n, 2) + 100 * r
-                          for r, n in enumerate(counts)])
-    assert torch.equal(torch.load(out), expected)
-
-
+COUNTS = [[3, 1], [0, 2], [2, 0]]
 METRICS = [  # rank 0, rank 1: a mean, a count, a max, a min, a key only rank 1 has, a value already the same,
     # a phase time (the slowest process's) and a throughput (the processes' sum)
     {"objective/kl": 1.0, "rewards/dropped": 2.0, "rollout/logprob_diff_max": 0.5, "x_min": -1.0, "same": 7.0,
@@ -49,29 +21,49 @@ METRICS = [  # rank 0, rank 1: a mean, a count, a max, a min, a key only rank 1 
 ]
 
 
-def _reduce_worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, port: int, out: str) -> None:
+    """Every case in one process group (a group's start costs seconds): each of COUNTS through gather_rows, then
+    reduce_metrics on METRICS."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2")
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from rlhfkit.train.shared.batches import reduce_metrics
+    from rlhfkit.train.shared.batches import gather_rows, reduce_metrics
 
     AcceleratorState._reset_state()
     acc = Accelerator(cpu=True)
-    got = reduce_metrics(acc, METRICS[rank])
-    torch.save(got, f"{out}.{rank}")
+    gathered = []
+    for counts in COUNTS:
+        n = counts[rank]
+        rows = torch.arange(n * 2, dtype=torch.float32).reshape(n, 2) + 100 * rank
+        gathered.append(gather_rows(acc, rows))
+    torch.save({"gathered": gathered, "metrics": reduce_metrics(acc, METRICS[rank])}, f"{out}.{rank}")
     acc.wait_for_everyone()
     torch.distributed.destroy_process_group()
 
 
-def test_reduce_metrics_gives_every_process_the_global_values(tmp_path):
-    out = str(tmp_path / "metrics")
-    mp.spawn(_reduce_worker, args=(free_port(), out), nprocs=2, join=True)
-    r0, r1 = torch.load(f"{out}.0"), torch.load(f"{out}.1")
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("gather") / "result")
+    mp.spawn(_worker, args=(free_port(), out), nprocs=2, join=True)
+    return torch.load(f"{out}.0"), torch.load(f"{out}.1")
+
+
+@pytest.mark.parametrize("case", range(len(COUNTS)), ids=[str(c) for c in COUNTS])
+def test_gather_rows_takes_uneven_and_empty_shares(two_processes, case):
+    counts = COUNTS[case]
+    expected = torch.cat([torch.arange(n * 2, dtype=torch.float32).reshape(n, 2) + 100 * r
+                          for r, n in enumerate(counts)])
+    for rank in (0, 1):  # every process gets every row, in rank order
+        assert torch.equal(two_processes[rank]["gathered"][case], expected)
+
+
+def test_reduce_metrics_gives_every_process_the_global_values(two_processes):
     want = {"objective/kl": 2.5, "rewards/dropped": 5.0, "rollout/logprob_diff_max": 0.5, "x_min": -3.0, "same": 7.0,
             "env/only_here": 9.0, "time/rollout": 3.5, "throughput/tokens_per_s": 16.0}
-    for got, text in ((r0, "kept as is"), (r1, "other")):
+    for result, text in ((two_processes[0], "kept as is"), (two_processes[1], "other")):
+        got = result["metrics"]
         assert {k: v for k, v in got.items() if k != "text"} == want
         assert got["text"] == text  # not a number: left to the process
 
