@@ -23,12 +23,13 @@ install: $(STAMP)
 quickstart: $(STAMP)
 	$(BIN)/rlhfkit quickstart --out runs/quickstart
 
-## The test suite (unit, end-to-end on tiny models, CLI, 2-process DDP); the other several-process tests: test-cluster
+## The test suite (unit, end-to-end on tiny models, CLI, 2-process DDP); the other several-process tests and the longest
+## checks: test-cluster
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-cluster: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster tests/e2e tests/cli
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster tests/unit tests/e2e tests/cli
 
 ## The documentation site (docs/, Sphinx + MyST): built with every warning an error, then every code block run
 docs: $(STAMP)
