@@ -34,6 +34,7 @@ def metrics_of(run_dir) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # one of the longest checks (~10 s): make test-cluster, which CI runs
 def test_ppo_with_reward_model_raises_gold_with_bounded_kl(task_data, sft_dir, rm_dir, gold_of, tmp_path):
     out = tmp_path / "ppo"
     cfg = build_config("ppo", {}, online_overrides(

@@ -47,6 +47,7 @@ def test_a_stage_needing_a_file_the_task_does_not_write_is_refused_at_plan(tmp_p
     assert plan_stages(cfg)[1][2].data.train == str(pairs)
 
 
+@pytest.mark.cluster  # one of the longest checks (~10 s): make test-cluster, which CI runs
 def test_small_pipeline_runs_reports_and_skips_finished_stages(tmp_path, capsys):
     tree = {
         "output_dir": str(tmp_path / "pipe"), "task": "quickstart", "task_size": 256, "eval_prompts": 32,

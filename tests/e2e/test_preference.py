@@ -39,6 +39,7 @@ def sft_gold(gold_of, sft_dir) -> float:
     return gold_of(sft_dir)  # measured 0.375
 
 
+@pytest.mark.cluster  # one of the longest checks (~10 s): make test-cluster, which CI runs
 def test_dpo_raises_heldout_accuracy_and_gold(task_data, sft_dir, gold_of, sft_gold, tmp_path):
     out = tmp_path / "dpo"
     metrics, lines = _train("dpo", _overrides(task_data, sft_dir, out, "preference.jsonl", "optim.lr=1e-3",

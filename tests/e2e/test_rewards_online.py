@@ -93,6 +93,7 @@ def grpo(data, model, out, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.cluster  # one of the longest checks (~10 s): make test-cluster, which CI runs
 def test_grpo_with_the_maths_verifier_raises_held_out_accuracy(data, sft, tmp_path):
     out = tmp_path / "grpo"
     last = run_online(grpo(data, sft, out, "reward.functions=[{fn: math_answer}]", "reward.workers=2",
