@@ -113,6 +113,16 @@ def llama(device: torch.device, quick: bool, dtype: torch.dtype | None = None, s
         return cls.from_config(cfg, dtype=dtype)
 
 
+def _embedding_only(model) -> None:
+    """Zero every layer's output projections (``o_proj``, ``down_proj``) and set the final RMSNorm's weight to 1: the
+    last hidden state is then the current token's embedding, RMS-normalised (the rigs below build on it; dense
+    matmuls cost the same with zeros, so the compute is the model's)."""
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    model.model.norm.weight.fill_(1.0)
+
+
 def rig_lengths(model, mean_len: float, eos_id: int, keep: tuple[int, ...] = (), seed: int = 0) -> int:
     """Make a Llama-family model (any shape, tied or untied head) answer with lengths drawn from Geometric(1 /
     ``mean_len``) when sampled at temperature 1, in any framework (no hook: the weights do it). Returns the number
@@ -130,10 +140,7 @@ def rig_lengths(model, mean_len: float, eos_id: int, keep: tuple[int, ...] = (),
     V, H = emb.shape
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.norm.weight.fill_(1.0)
+        _embedding_only(model)
         u = torch.randn(H, generator=g, dtype=torch.float64)
         u /= u.norm()
         E = torch.randn(V, H, generator=g, dtype=torch.float64)
@@ -186,21 +193,16 @@ def rig_chain(model, levels: int, eos_ids: tuple[int, ...], keep: tuple[int, ...
     if per_level < 1:
         raise ValueError(f"rig_chain: {levels} levels do not fit a vocabulary of {V}")
     chosen = candidates[torch.randperm(len(candidates), generator=g)[: levels * per_level]].view(levels, per_level)
-    basis = torch.randn(H, max(levels, 1), generator=g, dtype=torch.float64)
+    basis = torch.randn(H, levels, generator=g, dtype=torch.float64)
     if levels <= H:
         basis, _ = torch.linalg.qr(basis)  # orthonormal columns: no level's logits leak into another's
     dirs = (basis / basis.norm(dim=0, keepdim=True)).T  # (levels, H), unit rows
     with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.norm.weight.fill_(1.0)
+        _embedding_only(model)
         head = model.get_output_embeddings()
-        if head.weight is emb or head.weight.data_ptr() == emb.data_ptr():
+        if head.weight.data_ptr() == emb.data_ptr():
             head.weight = torch.nn.Parameter(emb.detach().clone())
-        model.config.tie_word_embeddings = False
-        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        text.tie_word_embeddings = False
+        model.config.get_text_config().tie_word_embeddings = False  # the model's own config for a causal LM
         E = emb.detach().to(torch.float64).clone()
         W = torch.zeros(V, H, dtype=torch.float64)
         scale = float(E.norm(dim=1).mean())

@@ -54,6 +54,9 @@ def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: 
 
     if not (shape / "config.json").is_file():
         raise SystemExit(f"vs_trl: --shape {shape}: no config.json there (it needs config.json and the tokenizer)")
+    if chain and (shape / "tokenizer_config.json").is_file():
+        raise SystemExit(f"vs_trl: --shape {shape}: lengths set by the prompt need the synthetic tokenizer (this "
+                         "shape has its own): use --lengths random")
     rig = f"-chain{chain}" if chain else f"-mean{mean_len}" if mean_len else ""
     out = workdir / f"{shape.name}-random{rig}{'-tiny' if tiny else ''}"
     if (out / "config.json").is_file():
@@ -71,16 +74,13 @@ def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(shape)
     model = AutoModelForCausalLM.from_config(config)
-    if chain and (shape / "tokenizer_config.json").is_file():
-        raise SystemExit(f"vs_trl: --shape {shape}: lengths set by the prompt need the synthetic tokenizer (this "
-                         "shape has its own): use --lengths random")
     tok = AutoTokenizer.from_pretrained(shape) if (shape / "tokenizer_config.json").is_file() else \
         synthetic_tokenizer(config, echo_last=bool(chain))
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]  # the first: <eos>
     levels = None
     if chain:
         from _common import rig_chain
 
-        eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
         gen_path = shape / "generation_config.json"
         gen_eos = json.loads(gen_path.read_text()).get("eos_token_id") if gen_path.is_file() else None
         eos += [i for i in (gen_eos if isinstance(gen_eos, list) else [gen_eos]) if i is not None and i not in eos]
@@ -90,9 +90,8 @@ def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: 
     elif mean_len:
         from _common import rig_lengths
 
-        eos = config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0]
         keep = tuple(i for i in (tok.pad_token_id, tok.bos_token_id, config.bos_token_id) if i is not None)
-        rig_lengths(model, mean_len, eos, keep=keep)
+        rig_lengths(model, mean_len, eos[0], keep=keep)
     partial = out.with_name(out.name + ".partial")  # a run stopped while saving leaves no half model to reuse
     model.save_pretrained(partial)
     tok.save_pretrained(partial)

@@ -11,9 +11,10 @@ Rows (``ROWS``, most important first; one function per row, so a row is added by
 1. ``long_qwen3``, 2. ``long_llama``: GRPO at the Qwen3-0.6B, then the Llama-3.2-1B shape, with long-tailed answers
    (32 prompts of 4 to 1,024 tokens, mean 252, each prompt setting its answers' length: equal work by construction,
    and checked; ``bench/vs_trl.py --shape --mean-len --trl-cb``, throughput rows at learning rate 0 so the weights
-   stay the rig's; the head untied for the rig, trained in both frameworks alike): TRL default, TRL + continuous batching, rlhfkit
-   ``static`` and ``continuous`` (``auto`` is one of them: the row names which, from ``rollout/auto.py``'s rule):
-   s/step, generated tok/s, tokens per completion, peak memory, the phases of each framework's step;
+   stay the rig's; the head untied for the rig, trained in both frameworks alike): TRL default, TRL + continuous
+   batching, rlhfkit ``static`` and ``continuous`` (``auto`` is one of them: the row names which, from
+   ``rollout/auto.py``'s rule): s/step, generated tok/s, tokens per completion, peak memory, the phases of each
+   framework's step;
 3. ``seeds_ppo``: the seeds' case, PPO with a Llama-2-7B-shaped policy and Pythia-1.4B-shaped reward model and
    critic, LoRA then every weight trained (FSDP2 CPU offload): each phase's peak against ``rlhfkit plan``, s/step
    (``bench/big_models.py`` cases 1-2);

@@ -481,7 +481,7 @@ def plan_of(cfg) -> dict | None:
 
 def worker(args) -> None:
     s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len,
-                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora, lengths=args.lengths)
+                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora)  # the data were written by main
     data = {k: Path(v) for k, v in json.loads(args.data).items()}
     out_dir = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.worker}_{args.recipe}_"))
     if args.worker == "trl":
@@ -623,7 +623,6 @@ def run_worker(args, fw: str, recipe: str, rnd: int, model: Path, data: dict, wo
         if value:
             cmd += [flag, str(value)]
     cmd += ["--throughput"] if args.throughput else []
-    cmd += ["--lengths", args.lengths]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
