@@ -76,7 +76,8 @@ def random_model(shape: Path, workdir: Path, mean_len: int | None = None, tiny: 
     model = AutoModelForCausalLM.from_config(config)
     tok = AutoTokenizer.from_pretrained(shape) if (shape / "tokenizer_config.json").is_file() else \
         synthetic_tokenizer(config, echo_last=bool(chain))
-    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]  # the first: <eos>
+    eos = list(config.eos_token_id) if isinstance(config.eos_token_id, list) else [config.eos_token_id]  # a copy:
+    # the chain rig adds the generation config's ids to it, which must not change the config saved beside the weights
     levels = None
     if chain:
         from _common import rig_chain

@@ -147,7 +147,7 @@ def reward(prompts, completions, **_):
 
 def settings(device: str, max_new: int | None, shape: str | None = None, prompts: int | None = None,
              k: int | None = None, mean_len: int | None = None, *, throughput: bool = False,
-             micro: int | None = None, lora: int | None = None, lengths: str = "chain") -> dict:
+             micro: int | None = None, lora: int | None = None) -> dict:
     """The run's sizes. Random weights never say EOS: generation is forced to ``max_new`` tokens, unless
     ``mean_len`` rigs the weights to end answers at long-tailed lengths (then nothing is forced, and the learning
     rate is 0 in both frameworks so that the rig stays: throughput rows, see the module docstring)."""
@@ -159,7 +159,7 @@ def settings(device: str, max_new: int | None, shape: str | None = None, prompts
              "force_length": shape is not None, "rows": 8, "max_length": 128}
     s.update({key: v for key, v in (("prompts", prompts), ("k", k)) if v})
     if mean_len:
-        s.update(force_length=False, mean_len=mean_len, lengths=lengths)
+        s.update(force_length=False, mean_len=mean_len)
     s["lr"] = 0.0 if throughput or mean_len else 1e-6
     batch = s["prompts"] * s["k"]
     s["micro"] = micro or batch
@@ -481,7 +481,7 @@ def plan_of(cfg) -> dict | None:
 
 def worker(args) -> None:
     s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len,
-                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora)  # the data were written by main
+                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora)
     data = {k: Path(v) for k, v in json.loads(args.data).items()}
     out_dir = Path(tempfile.mkdtemp(prefix=f"vs_trl_{args.worker}_{args.recipe}_"))
     if args.worker == "trl":
@@ -571,10 +571,10 @@ def main(argv: list[str] | None = None) -> int:
     if (args.mean_len or args.tiny) and not args.shape:
         raise SystemExit("vs_trl: --mean-len and --tiny apply to random weights: give --shape too")
     s = settings(args.device, args.max_new, args.shape, args.prompts, args.k, args.mean_len,
-                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora, lengths=args.lengths)
+                 throughput=args.throughput, micro=args.micro_batch, lora=args.lora)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="vs_trl_"))
     work.mkdir(parents=True, exist_ok=True)
-    chain = s["max_new"] if s.get("lengths") == "chain" else None
+    chain = s["max_new"] if args.mean_len and args.lengths == "chain" else None  # the levels: the longest answer
     model = model_dir(args.device, work, args.shape, args.mean_len, args.tiny, chain=chain)
     data = write_data(work, s, json.loads((model / "levels.json").read_text()) if chain else None)
     where = args.device + (f", {Path(args.shape).name}{' (tiny)' if args.tiny else ''}" if args.shape else "") + (
