@@ -515,12 +515,29 @@ def merge(paths: list[str]) -> int:
     return 0
 
 
+def _seeds(text: str) -> int | list[int]:
+    """``--seeds``: a count N >= 1 (seeds 0..N-1) or a comma list of seeds ("2,3"; one seed: "0,"), refused in one
+    line otherwise (``--seeds 0`` read as a count would run nothing and print an empty table)."""
+    try:
+        if "," in text:
+            seeds = [int(x) for x in text.split(",") if x.strip()]
+            if seeds and all(s >= 0 for s in seeds) and len(set(seeds)) == len(seeds):
+                return seeds
+        elif int(text) >= 1:
+            return int(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r}: a count of seeds >= 1 (3: seeds 0, 1, 2) or distinct seeds >= 0 "
+                                     "separated by commas (2,3; one seed: 0,)")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--method", choices=("grpo", "online_dpo"), default="grpo",
                    help="grpo (GRPOTrainer / rlhfkit grpo) or online_dpo (OnlineDPOTrainer / rlhfkit online-dpo)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
-    p.add_argument("--seeds", default="3", help="how many training seeds (N: 0..N-1), or which (e.g. 2,3)")
+    p.add_argument("--seeds", default="3", type=_seeds, help="how many training seeds (N: 0..N-1), or which "
+                   "(e.g. 2,3; one seed: 0,)")
     p.add_argument("--mode", choices=("equal", "defaults"), default="equal",
                    help="equal: both frameworks at the equal settings of this file's docstring (--lr, --beta); "
                    "defaults (GRPO): each at its own defaults but the task's settings (--lr / --beta unused)")
@@ -578,8 +595,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="learning_"))
     data = write_data(work, s)
     model = smollm2_dir("cpu", work)  # the real SmolLM2-135M-Instruct on every device (learning needs its weights)
-    seeds = ([int(x) for x in args.seeds.split(",")] if "," in args.seeds
-             else list(range(1 if args.quick else int(args.seeds))))
+    seeds = [0] if args.quick and isinstance(args.seeds, int) else (
+        args.seeds if isinstance(args.seeds, list) else list(range(args.seeds)))
     parallel = max(1, args.parallel)
     threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 else None
     print(f"learning: TRL {trl_version}, torch {torch.__version__}, device {args.device}, model {model}, "

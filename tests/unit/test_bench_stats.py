@@ -3,6 +3,7 @@ scipy where it is installed; bench/learning.py's table and settings helpers that
 
 from __future__ import annotations
 
+import argparse
 import math
 from argparse import Namespace
 
@@ -173,3 +174,15 @@ def test_a_worst_seed_equal_to_trls_mean_counts_as_reaching_it(learning):
     assert "greedy t" in text and "worst seed 0.083 >= trl's mean 0.083" in text and " < " not in text
     runs["rlhfkit"][0]["greedy"] = 4 / 60  # one problem fewer: below, and said so
     assert "worst seed 0.067 < trl's mean 0.083" in "\n".join(learning.welch_lines(runs))
+
+
+@pytest.mark.parametrize("text, seeds", [("3", 3), ("1", 1), ("2,3,4", [2, 3, 4]), ("0,", [0]), ("5, 7", [5, 7])])
+def test_seeds_are_a_count_or_a_list(learning, text, seeds):
+    assert learning._seeds(text) == seeds
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "a", "1,1", "-1,", ","])
+def test_seeds_that_would_run_nothing_or_twice_are_refused(learning, text):
+    # "--seeds 0" read as a count ran no seed and printed an empty table
+    with pytest.raises(argparse.ArgumentTypeError, match="one seed: 0,"):
+        learning._seeds(text)
