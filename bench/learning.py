@@ -302,9 +302,12 @@ def rlhfkit_curve(run_dir: Path) -> dict:
         if "rewards/reward/mean" not in m:
             continue
         length = m.get("response/length_mean") or 0.0
-        for key, value in (("reward", m["rewards/reward/mean"]), ("length", length),
-                           ("ended", m.get("val/eos_frac")), ("entropy", m.get("policy/entropy_avg")),
-                           ("kl", m["objective/kl"] / length if length and "objective/kl" in m else None)):
+        # ended: val/eos_frac in runs before rlhfkit wrote TRL's names (then 1 - completions/clipped_ratio); kl:
+        # objective/kl_per_token (TRL's kl) where the run has it, else the per-answer objective/kl over the length
+        ended = m.get("val/eos_frac", 1.0 - m["response/clipped_frac"] if "response/clipped_frac" in m else None)
+        kl = m.get("objective/kl_per_token", m["objective/kl"] / length if length and "objective/kl" in m else None)
+        for key, value in (("reward", m["rewards/reward/mean"]), ("length", length), ("ended", ended),
+                           ("entropy", m.get("policy/entropy_avg")), ("kl", kl)):
             curve[key].append(value)
     warned = run_dir / "warnings.jsonl"
     curve["warnings"] = [json.loads(line)["name"] for line in warned.read_text().splitlines()] \

@@ -130,6 +130,26 @@ def test_a_trl_grpo_script_runs_trls_step_and_schedule(tmp_path, monkeypatch):
     assert "objective/scores" not in names  # TRL's names, not rlhfkit's, in the file
 
 
+def test_a_trl_grpo_scripts_kl_is_per_token_as_trls(tmp_path, monkeypatch):
+    # TRL 1.16 logs kl as the mean over every completion token (sum / count); rlhfkit's objective/kl (the sum over an
+    # answer, averaged over answers) keeps its own name beside it. Once the policy has moved (lr 1e-3), the two differ
+    # by the mean length of the answers.
+    from rlhfkit import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("RLHFKIT_CACHE", str(tmp_path / "cache"))
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, max_steps=3, logging_steps=1, report_to="none", use_cpu=True,
+                      beta=0.1, learning_rate=1e-3)
+    rows = [{"prompt": f"Say {i} things."} for i in range(6)]
+    GRPOTrainer(model=TINY, reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions], args=args,
+                train_dataset=rows).train()
+    logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    moved = [m for m in logged if m.get("kl", 0) > 0]
+    assert moved, logged
+    for m in moved:
+        assert m["kl"] * m["completions/mean_length"] == pytest.approx(m["objective/kl"], rel=1e-4)
+
+
 def test_a_trl_sft_script_keeps_the_short_last_batch_and_trls_schedule(tmp_path, monkeypatch):
     # TRL 1.16's SFTConfig: 8 rows a batch, 3 epochs, the short last batch trained on (dataloader_drop_last=False):
     # 10 rows -> 2 updates an epoch (8 + 2 rows), 6 updates; learning_rate 2e-5 linear over the 6

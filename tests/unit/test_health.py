@@ -184,7 +184,7 @@ def test_grpo_run_stops_on_a_critical_warning_with_one_line_and_a_report(tmp_pat
     from rlhfkit.track import health
 
     def always(m, prev, mon):  # a critical rule that fires on the first step: the wiring, not the threshold
-        return "objective/kl=99 nats is above 20 nats: test; lower optim.lr"
+        return "objective/kl=99 nats is above 20 nats at objective/scores=0.5: test; lower optim.lr"
 
     monkeypatch.setitem(health.RULES, "kl_blowup", health.Rule(always, health.CRITICAL, "optim.lr"))
     prompts = tmp_path / "prompts.jsonl"
@@ -196,8 +196,10 @@ def test_grpo_run_stops_on_a_critical_warning_with_one_line_and_a_report(tmp_pat
                  "generation.max_new_tokens=4", "track.sample_every=0", "track.stop_on_critical=true"])
     err = capsys.readouterr().err.strip().splitlines()
     # step 2 of metrics.jsonl: the first rollout makes ppo_epochs (2) x 4 / 4 = 2 optimizer updates; the message
-    # names the metric as GRPO's metrics.jsonl does (TRL's kl), the knob untouched (optim.lr)
-    assert code == 2 and err[-1].startswith("error: step 2: stopped on a critical health warning: kl=99")
+    # names each metric as GRPO's metrics.jsonl does (TRL's reward; objective/kl, per answer, keeps rlhfkit's name
+    # since TRL's kl is per token), the knob untouched (optim.lr)
+    assert code == 2 and err[-1].startswith("error: step 2: stopped on a critical health warning: objective/kl=99 "
+                                            "nats is above 20 nats at reward=0.5")
     assert "lower optim.lr (fix: turn optim.lr" in err[-1]
     assert "kl_blowup" in [r["name"] for r in read_warnings(out)]  # (4 new tokens: all truncated too)
     assert "1 critical)" in (out / "report.html").read_text()

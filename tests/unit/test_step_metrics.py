@@ -97,3 +97,25 @@ def test_clipped_fraction_counts_kept_scores_at_the_clip():
     e.valid = None  # an experience before any sample was dropped
     assert rollout_metrics(acc, e, kl_coef=0.0, kl_in_reward=False, group_size=1, group_based=False,
                            clip=10.0)["rewards/clipped_frac"] == pytest.approx(5 / 8)
+
+
+def test_kl_per_token_is_the_token_weighted_mean_over_every_process():
+    # TRL 1.16's kl: sum of the per-token KL over every response token of the step / their count. Two processes of
+    # two answers each, with masks of different sizes: the per-process per-token means (1.0 / 4, 0.6 / 7) would
+    # average to 0.168; the global figure is 1.6 / 11 = 0.145.
+    from rlhfkit.train.shared.batches import kl_per_token
+
+    kl = [torch.tensor([[0.1, 0.2, 0.0, 0.0], [0.4, 0.3, 0.0, 0.0]]),
+          torch.tensor([[0.1, 0.1, 0.1, 0.0], [0.1, 0.1, 0.0, 0.1]])]
+    mask = [torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]]), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])]
+    per = [{"objective/kl": float((k * m).sum(-1).mean()), "objective/kl_tokens": float(m.sum(-1).float().mean())}
+           for k, m in zip(kl, mask)]  # what Learner.kl_metrics gives on each process
+    reduced = {key: (per[0][key] + per[1][key]) / 2 for key in per[0]}  # reduce_metrics: the mean of processes
+    got = kl_per_token(dict(reduced))
+    want = float(sum((k * m).sum() for k, m in zip(kl, mask)) / sum(m.sum() for m in mask))
+    assert want == pytest.approx(1.6 / 11)
+    assert got["objective/kl_per_token"] == pytest.approx(want, rel=1e-6)
+    assert got["objective/kl"] == reduced["objective/kl"] and "objective/kl_tokens" not in got
+    empty = kl_per_token({"objective/kl": 0.0, "objective/kl_tokens": 0.0})  # every answer masked out
+    assert empty == {"objective/kl": 0.0, "objective/kl_per_token": 0.0}
+    assert kl_per_token({"loss": 1.0}) == {"loss": 1.0}  # a step without a KL (no reference) gets none

@@ -35,7 +35,7 @@ _GROUP = {  # GRPOTrainer / RLOOTrainer (trl/trainer/grpo_trainer.py, rloo_train
     "objective/scores": "reward",
     "objective/scores_std": "reward_std",
     "rewards/tied_groups_frac": "frac_reward_zero_std",
-    "objective/kl": "kl",
+    "objective/kl_per_token": "kl",  # TRL's kl is per token; objective/kl (per answer) keeps its name
     "policy/entropy_avg": "entropy",
     "policy/clip_low_frac": "clip_ratio/low_mean",
     "policy/clip_low_frac_min": "clip_ratio/low_min",
@@ -143,7 +143,7 @@ def _inverse(recipe: str) -> dict[str, str]:
 
 def rename_text(recipe: str | None, text: str) -> str:
     """``text`` (a health warning, a closing line) with each rlhfkit metric name it quotes under the name the run
-    writes (``objective/kl`` -> ``kl`` for GRPO); the longest names first, whole names only."""
+    writes (``objective/scores`` -> ``reward`` for GRPO); the longest names first, whole names only."""
     import re
 
     table = TABLES.get(recipe or "")

@@ -283,7 +283,9 @@ class Learner:
             exp.kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
                                       log_ratio_clip=algo.kl.log_ratio_clip)
         kl = exp.kl.sum(-1).mean().item()  # exp.kl is 0 outside the mask; the non-score reward is -coef x KL in it
-        return {"objective/kl": kl, "objective/non_score_reward": -self.kl_ctl.value * kl if self.kl_in_reward else 0.0}
+        # the mask's tokens per answer, so that end_step gives the KL per token over every process (kl_per_token)
+        return {"objective/kl": kl, "objective/kl_tokens": mask.sum(-1).float().mean().item(),
+                "objective/non_score_reward": -self.kl_ctl.value * kl if self.kl_in_reward else 0.0}
 
     def after_on_policy_update(self, exp: Experience) -> dict:
         """On-policy: step 5's KL and rollout / trainer mismatch metrics, from the update's own log-probs; with a

@@ -18,7 +18,7 @@ from ...track import PhaseTimer, Progress
 from ...track.progress import earlier_pace
 from ..lifecycle.optim import lr_used
 from ..lifecycle.run import Run
-from ..shared.batches import load_records, reduce_metrics
+from ..shared.batches import kl_per_token, load_records, reduce_metrics
 from .experience import Experience
 from .learner import Learner
 from .producer import Producer
@@ -104,7 +104,7 @@ class OnlineRun:
         metrics.update(self.step_metrics(exp, step))
         metrics.update(self.step_times(exp, seconds))
         metrics.update(extra or {})
-        metrics = reduce_metrics(acc, metrics)  # one value per key on every process (KL controller too)
+        metrics = kl_per_token(reduce_metrics(acc, metrics))  # one value per key on every process (KL controller too)
         learner.tokens_seen += metrics.pop("tokens/step", 0.0)  # prompt + response tokens so far (TRL's num_tokens)
         run.session.steps_seen += 1  # a run whose every step dropped every sample ends as a fault (Session)
         every = self.samples_per_step * run.world_size

@@ -201,6 +201,17 @@ def reduce_metrics(acc, metrics: dict) -> dict:
     return out
 
 
+def kl_per_token(metrics: dict) -> dict:
+    """``metrics`` (reduced over the processes) with ``objective/kl_per_token``, the KL to the reference averaged
+    over every response token of the step (TRL 1.16's ``kl``: sum over tokens / count), from ``objective/kl`` (per
+    answer) and the ``objective/kl_tokens`` it is divided by, which leaves. Each process holds as many answers, so
+    the ratio of the two process means is the ratio of the global sums."""
+    tokens = metrics.pop("objective/kl_tokens", None)
+    if tokens is not None and "objective/kl" in metrics:
+        metrics["objective/kl_per_token"] = metrics["objective/kl"] / tokens if tokens > 0 else 0.0
+    return metrics
+
+
 def mean_stats(accelerator, stats: list[dict]) -> dict[str, float]:
     """Each stat averaged over the micro-batches of one update, then over processes (one all-reduce; every process
     must call it, with the same keys)."""
