@@ -270,7 +270,12 @@ def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> dict:
     trainer.train()
     trainer.save_model(str(out_dir / "final"))
     trainer.processing_class.save_pretrained(str(out_dir / "final"))
-    return trl_curve(trainer.state.log_history)
+    a = trainer.args
+    schedule = getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)
+    as_run = {"lr": a.learning_rate, "schedule": str(schedule), "beta": getattr(a, "beta", None),
+              "epochs": getattr(a, "num_iterations", 1), "loss": getattr(a, "loss_type", None),
+              "eos_penalty": getattr(a, "missing_eos_penalty", None)}
+    return {**trl_curve(trainer.state.log_history), "as_run": as_run}
 
 
 def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> dict:
@@ -284,8 +289,12 @@ def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> d
         recipe, over = "grpo", rlhfkit_online("grpo", model, out_dir / "final", data["train"], prompts=s["prompts"],
                                               k=s["k"], max_new=s["max_new"], lr=s["lr"], beta=s["beta"],
                                               reward_fn="bench/learning.py:reward", steps=s["steps"], seed=seed)
-    RECIPES[recipe].run(build_config(recipe, {}, over + s.get("rk_set", []), source="learning"))
-    return rlhfkit_curve(out_dir / "final")
+    cfg = build_config(recipe, {}, over + s.get("rk_set", []), source="learning")
+    RECIPES[recipe].run(cfg)
+    as_run = {"lr": cfg.optim.lr, "schedule": cfg.optim.schedule, "beta": cfg.algo.kl.coef,
+              "epochs": cfg.algo.ppo_epochs, "loss": cfg.algo.loss_aggregation,
+              "eos_penalty": cfg.reward.missing_eos_penalty}
+    return {**rlhfkit_curve(out_dir / "final"), "as_run": as_run}
 
 
 # The training curves of both frameworks under one set of names (a value a rollout step), for the investigation:
@@ -455,6 +464,23 @@ def welch_lines(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def as_run_lines(results: dict[str, list[dict]]) -> list[str]:
+    """Per row, the learning settings each framework actually ran (read back from its config, not the settings this
+    script meant: a row once said "defaults" while both frameworks ran lr 5e-6), and a warning when a row's seeds ran
+    different ones (files of other versions merged)."""
+    lines = []
+    for fw, runs in results.items():
+        seen = [json.dumps((r.get("curve") or {}).get("as_run")) for r in runs]
+        if not runs or seen == ["null"] * len(runs):
+            continue
+        kinds = sorted(set(seen))
+        said = "; ".join(", ".join(f"{k} {v}" for k, v in json.loads(k).items()) if k != "null" else "not recorded"
+                         for k in kinds)
+        lines.append(f"{fw} as run: {said}" + (f"  ** WARNING: its {len(runs)} seeds ran {len(kinds)} different "
+                                               "settings; not one row **" if len(kinds) > 1 else ""))
+    return lines
+
+
 def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: str) -> list[str]:
     """Per framework: mean ± standard deviation over seeds, the worst seed, the final KL to the base model per token;
     then Welch's t-test against TRL, each seed, and the training curves' first and last steps."""
@@ -474,6 +500,7 @@ def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: st
                      f"{min(r['sampled'] for r in runs):.3f} | {_kl(runs)} | "
                      f"{statistics.mean(r['train_s'] for r in runs):.0f} |")
     lines += welch_lines(results)
+    lines += as_run_lines(results)
     for fw, runs in results.items():
         kl = lambda r: f"{r['kl_k3']:.3f}" if r.get("kl_k3") is not None else "-"  # noqa: E731
         lines.append(f"{fw} per seed (seed: greedy / sampled / KL per token): " + ", ".join(

@@ -186,3 +186,16 @@ def test_seeds_that_would_run_nothing_or_twice_are_refused(learning, text):
     # "--seeds 0" read as a count ran no seed and printed an empty table
     with pytest.raises(argparse.ArgumentTypeError, match="one seed: 0,"):
         learning._seeds(text)
+
+
+def test_the_table_says_what_each_row_ran_and_flags_a_row_of_mixed_settings(learning):
+    # a row is labelled by what the script meant; the settings each framework read back are printed beside it, and
+    # seeds that ran different ones (files of two versions merged under one label) are flagged
+    one = {"lr": 1e-6, "schedule": "constant", "beta": 0.04, "epochs": 2}
+    run = lambda seed, as_run: {"seed": seed, "greedy": 0.3, "sampled": 0.1, "train_s": 1.0,  # noqa: E731
+                                "curve": {"as_run": as_run}}
+    same = learning.as_run_lines({"rlhfkit": [run(0, one), run(1, one)], "trl": [run(0, None)]})
+    assert same == ["rlhfkit as run: lr 1e-06, schedule constant, beta 0.04, epochs 2"]
+    (mixed,) = learning.as_run_lines({"rlhfkit": [run(0, {**one, "lr": 5e-6}), run(1, one), run(2, None)]})
+    assert "lr 1e-06" in mixed and "lr 5e-06" in mixed and "not recorded" in mixed
+    assert mixed.endswith("** WARNING: its 3 seeds ran 3 different settings; not one row **")
