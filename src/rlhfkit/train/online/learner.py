@@ -282,9 +282,10 @@ class Learner:
         if exp.ref_logprobs is not None:
             exp.kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
                                       log_ratio_clip=algo.kl.log_ratio_clip)
-        kl = exp.kl.sum(-1).mean().item()  # exp.kl is 0 outside the mask; the non-score reward is -coef x KL in it
-        # the mask's tokens per answer, so that end_step gives the KL per token over every process (kl_per_token)
-        return {"objective/kl": kl, "objective/kl_tokens": mask.sum(-1).float().mean().item(),
+        # exp.kl is 0 outside the mask; the non-score reward is -coef x KL in it. With the mask's tokens per answer
+        # (end_step makes the KL per token over every process of them: kl_per_token), in one device sync
+        kl, tokens = torch.stack([exp.kl.sum(-1).mean().float(), mask.sum(-1).float().mean()]).tolist()
+        return {"objective/kl": kl, "objective/kl_tokens": tokens,
                 "objective/non_score_reward": -self.kl_ctl.value * kl if self.kl_in_reward else 0.0}
 
     def after_on_policy_update(self, exp: Experience) -> dict:
