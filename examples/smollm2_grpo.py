@@ -107,6 +107,7 @@ def main() -> int:
         f"algo.rollout_batch_size={prompts_per_step}", f"algo.mini_batch_size={k * prompts_per_step}",
         "train.batch_size=4", f"algo.total_episodes={k * prompts_per_step * args.steps}", f"optim.lr={args.lr}",
         "track.sample_every=1", "track.report=false", "train.resume=never",
+        "algo.ppo_epochs=2",  # two passes per rollout, as the runs docs/real-models.md shows (grpo's default: one)
     ], source="examples/smollm2_grpo.py")
 
     def check(trainer):

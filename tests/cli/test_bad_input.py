@@ -473,7 +473,8 @@ def test_reward_function_raising_mid_run_is_one_line_naming_the_step(tmp_path, m
     rc, stderr, stdout = _in_process([*_GRPO, "output_dir=flaky_run", _fn("flaky.py:flaky"),
                                       "model.name=tiny:hidden=32,layers=1", "generation.max_new_tokens=4",
                                       "algo.total_episodes=40", "track.progress=false", "track.sample_every=0",
-                                      "train.save_every=32", "reward.workers=0", "reward.lint=false"])
+                                      "train.save_every=32", "reward.workers=0", "reward.lint=false",
+                                      "algo.ppo_epochs=2"])
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert rc == 2 and len(lines) == 1, stderr
     assert "reward function flaky.py:flaky raised RuntimeError: judge server down at step 3" in lines[0]

@@ -53,7 +53,8 @@ def grpo_args(data: Path, out: Path, *extra) -> list[str]:
             "train.batch_size=8", "generation.max_new_tokens=8", "track.report=false", "data.max_length=64",
             "track.sample_every=0", "reward.functions=[{fn: 'rlhfkit.tasks.quickstart:reward'}]",
             "algo.rollout_batch_size=4", "algo.num_generations=4", "algo.mini_batch_size=16",
-            "algo.total_episodes=96", "data.limit=200", "train.resume=never", *extra]
+            "algo.total_episodes=96", "data.limit=200", "train.resume=never",
+            "algo.ppo_epochs=2", *extra]  # 2 passes: each step then runs the old-policy pass these tests count
 
 
 def launch(jobs: list[dict], tmp: Path, env=None, wait=True):

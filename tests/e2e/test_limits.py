@@ -62,7 +62,7 @@ def test_a_run_without_any_finite_reward_is_not_a_success(root, capsys):
 
 def test_a_run_whose_every_group_ties_finishes_and_says_no_update_changed_the_policy(root, capsys):
     extra = (f"reward.functions=[{{fn: '{FNS}:contains_yes'}}]", "algo.filter_tied_groups=true", "reward.workers=0",
-             "reward.missing_eos_penalty=null")
+             "reward.missing_eos_penalty=null", "algo.ppo_epochs=2")  # 2 passes: 2 updates a step
     assert main(grpo(root, "all_tied", *extra)) == 0
     said = capsys.readouterr()
     assert "no update changed the policy: all 4 updates of this run had no learning signal" in said.out

@@ -63,7 +63,7 @@ def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sf
     """On CPU in float32 the engine's sampling log-probs are the trainer's: tiny mismatch, weights 1, nothing
     dropped; a mismatch injected into the rollout log-probs shows in the metrics and in the weights / mask."""
     online = _trainer(task_data, sft_dir, tmp_path, "grpo", f"algo.off_policy.correction={correction}",
-                      "algo.off_policy.cap=1.5")
+                      "algo.off_policy.cap=1.5", "algo.ppo_epochs=2")  # 2 passes: old log-probs are taken
     trainer = online.learner
     exp = rollout_of(online)
     score_of(online, exp)

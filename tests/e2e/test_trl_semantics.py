@@ -43,7 +43,7 @@ def test_trl_names_and_defaults_run_trls_step(task_data, tmp_path, capsys):
 def test_max_steps_counts_updates_in_rlhfkits_geometry(task_data, tmp_path, capsys):
     out = tmp_path / "grpo"
     argv = ["grpo", f"model.name={TINY}", f"data.train={task_data / 'prompts.jsonl'}", f"output_dir={out}",
-            f"reward.functions=[{{fn: '{FN}'}}]", "algo.rollout_batch_size=2",
+            f"reward.functions=[{{fn: '{FN}'}}]", "algo.rollout_batch_size=2", "algo.ppo_epochs=2",
             "algo.mini_batch_size=4", "train.batch_size=4", "max_steps=3", "generation.max_new_tokens=8",
             "data.max_length=64", "track.report=false", "track.sample_every=0", "data.eval_fraction=0"]
     assert main(argv) == 0  # 2 prompts x 4 = 8 samples: 2 updates of 4, 2 epochs -> 4 updates a step

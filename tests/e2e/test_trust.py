@@ -281,6 +281,7 @@ def test_an_online_run_failing_in_its_first_step_keeps_the_earlier_run(root, cap
                 "algo.mini_batch_size=4", "train.batch_size=4", "algo.total_episodes=8", "train.save_every=2",
                 "generation.max_new_tokens=4", "data.eval_fraction=0", "track.report=false", "track.sample_every=1",
                 "algo.entropy_coef=0.01",  # the random tiny model may tie in every group: keep each update non-zero
+                "algo.ppo_epochs=2",  # 2 updates a step: checkpoint-2 after the first
                 *extra]
 
     assert main(grpo("contains_yes")) == 0

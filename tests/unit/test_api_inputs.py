@@ -301,7 +301,7 @@ def test_the_interface_decides_whose_defaults(tmp_path):
     assert grpo(args=GRPOConfig(learning_rate=1e-5)).defaults == "trl"
     assert grpo(args={"learning_rate": 1e-5, "algo": {"num_generations": 4}}).defaults == "trl"  # TRL names win
     own = grpo(args=GRPOConfig(optim={"lr": 1e-5}))
-    assert own.defaults == "rlhfkit" and own.algo.ppo_epochs == 2 and own.data.plain_text == "template"
+    assert own.defaults == "rlhfkit" and own.algo.kl.coef == 0.04 and own.data.plain_text == "template"
     assert own.train.resume == "auto"
     assert grpo(args=GRPOConfig(defaults="rlhfkit", learning_rate=1e-5)).defaults == "rlhfkit"
     assert Trainer("grpo", model=TINY, train_dataset="p.jsonl", reward_funcs="exact_match").config.defaults == \
@@ -311,7 +311,7 @@ def test_the_interface_decides_whose_defaults(tmp_path):
     own_yaml.write_text("optim: {lr: 1.0e-5}\n")
     assert grpo(args=str(trl_yaml)).defaults == "trl" and grpo(args=str(own_yaml)).defaults == "rlhfkit"
     cli = build_config("grpo", {}, [f"model.name={TINY}", "learning_rate=1e-5"])  # the CLI's own recipe
-    assert cli.defaults == "rlhfkit" and cli.algo.ppo_epochs == 2
+    assert cli.defaults == "rlhfkit" and cli.algo.kl.coef == 0.04  # TRL: beta=0
     # every TRL-mirrored recipe: TRL's learning rate, 3 epochs, the short last batch kept
     for cls, lr in ((SFTTrainer, 2e-5), (DPOTrainer, 1e-6), (KTOTrainer, 1e-6), (RewardTrainer, 1e-4),
                     (OnlineDPOTrainer, 5e-7)):

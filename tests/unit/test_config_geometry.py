@@ -137,9 +137,10 @@ def test_the_command_line_wins_over_the_file_whichever_names(tmp_path):
 
 
 def test_the_runs_length():
-    cfg = build_config("grpo", {}, [M])  # 16 prompts x 4, 4 updates of 16, 2 epochs: 8 updates a step
+    cfg = build_config("grpo", {}, [M, "algo.ppo_epochs=2"])  # 16 prompts x 4, 4 updates of 16, 2 epochs: 8 a step
     assert (step_geometry(cfg).steps, step_geometry(cfg).updates) == (16, 128)  # 1024 samples
-    cfg = build_config("grpo", {}, [M, "max_steps=20"])  # TRL's max_steps: optimizer updates, whole steps
+    assert step_geometry(build_config("grpo", {}, [M])).updates == 64  # grpo's default: one pass
+    cfg = build_config("grpo", {}, [M, "algo.ppo_epochs=2", "max_steps=20"])  # TRL's max_steps: updates, whole steps
     assert (step_geometry(cfg).steps, step_geometry(cfg).updates) == (3, 24)
     cfg = build_config("grpo", {}, [M, "num_train_epochs=2"])
     assert cfg.algo.total_episodes is None and step_geometry(cfg).steps is None  # counted from the prompts
@@ -183,12 +184,12 @@ def test_the_block_an_online_run_starts_with(monkeypatch):
     lines, flat = text.splitlines(), text.replace("\n    ", " ")
     assert lines[0].startswith("[grpo] rlhfkit's defaults where TRL 1.16's GRPOConfig differs (defaults=trl for TRL's)")
     assert "[grpo] step: 16 prompts x 4 generations = 64 samples (1 process) -> 4 updates of 16" in flat
-    assert "x 2 PPO epochs = 8 updates per step" in flat
-    assert "[grpo] run: 16 steps = 128 updates, from algo.total_episodes=1024 samples" in flat
-    for item in ("algo.ppo_epochs=2 [num_iterations=1]", "algo.kl.coef=0.04 [beta=0]",
-                 "algo.loss_aggregation=seq_mean_token_mean [loss_type=dapo]"):
+    assert "x 1 PPO epoch = 4 updates per step" in flat
+    assert "[grpo] run: 16 steps = 64 updates, from algo.total_episodes=1024 samples" in flat
+    for item in ("algo.kl.coef=0.04 [beta=0]", "algo.loss_aggregation=seq_mean_token_mean [loss_type=dapo]"):
         assert item in flat
-    for own in ("algo.num_generations=", "train.batch_size="):  # the user's values (TRL names on the command line)
+    for own in ("algo.num_generations=", "train.batch_size=", "algo.ppo_epochs="):  # the user's values (TRL names
+        # on the command line), and a default that is TRL's (grpo's one pass over each rollout)
         assert own not in flat
     assert max(len(line) for line in lines) <= 120
     trl = startup_block(build_config("grpo", {}, [M, "defaults=trl"]), 1, 100).replace("\n    ", " ")

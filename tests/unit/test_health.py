@@ -193,7 +193,8 @@ def test_grpo_run_stops_on_a_critical_warning_with_one_line_and_a_report(tmp_pat
     code = main(["grpo", f"output_dir={out}", "model.name=tiny:hidden=32,layers=1", f"data.train={prompts}",
                  "reward.functions=[{fn: exact_match}]", "algo.rollout_batch_size=2", "algo.num_generations=2",
                  "algo.mini_batch_size=4", "train.batch_size=4", "algo.total_episodes=16",
-                 "generation.max_new_tokens=4", "track.sample_every=0", "track.stop_on_critical=true"])
+                 "generation.max_new_tokens=4", "track.sample_every=0", "track.stop_on_critical=true",
+                 "algo.ppo_epochs=2"])
     err = capsys.readouterr().err.strip().splitlines()
     # step 2 of metrics.jsonl: the first rollout makes ppo_epochs (2) x 4 / 4 = 2 optimizer updates; the message
     # names each metric as GRPO's metrics.jsonl does (TRL's reward; objective/kl, per answer, keeps rlhfkit's name
