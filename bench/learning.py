@@ -34,7 +34,9 @@ bookkeeping (no checkpoints, reports, progress bars, held-out split) and, for eq
 checkpointing off (the same gradients). Everything else is each framework's default: TRL 1.16 lr 1e-6 decaying
 linearly to 0, beta 0 (no reference), ``loss_type="dapo"``, one pass, updates of ``per_device_train_batch_size=8``
 samples (so ``prompts x k / 8`` updates per generation), bf16 autocast (on a CPU too); rlhfkit's grpo recipe as
-``rlhfkit config show grpo`` prints it. ``--lr`` and ``--beta`` are not used.
+``rlhfkit config show grpo`` prints it (updates of ``algo.mini_batch_size=16`` answers: on the same answers a run,
+half TRL's optimizer updates where ``prompts x k`` is 16; the "as run" lines count each run's). ``--lr`` and
+``--beta`` are not used.
 
 Equal settings (``settings``, built by ``vs_trl.trl_online`` / ``vs_trl.rlhfkit_online``, which vs_trl.py's GRPO
 rows use too): the same SmolLM2-135M-Instruct files (converted once from the GGUF by rlhfkit, float32), the same
@@ -274,7 +276,8 @@ def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> dict:
     schedule = getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type)
     as_run = {"lr": a.learning_rate, "schedule": str(schedule), "beta": getattr(a, "beta", None),
               "epochs": getattr(a, "num_iterations", 1), "loss": getattr(a, "loss_type", None),
-              "eos_penalty": getattr(a, "missing_eos_penalty", None)}
+              "eos_penalty": getattr(a, "missing_eos_penalty", None), "updates": trainer.state.global_step,
+              "answers/update": a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size}
     return {**trl_curve(trainer.state.log_history), "as_run": as_run}
 
 
@@ -294,7 +297,11 @@ def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> d
     as_run = {"lr": cfg.optim.lr, "schedule": cfg.optim.schedule, "beta": cfg.algo.kl.coef,
               "epochs": cfg.algo.ppo_epochs, "loss": cfg.algo.loss_aggregation,
               "eos_penalty": cfg.reward.missing_eos_penalty}
-    return {**rlhfkit_curve(out_dir / "final"), "as_run": as_run}
+    curve = rlhfkit_curve(out_dir / "final")
+    # the optimizer updates the run made (its metrics' last step) and their size: equal answers a run in both
+    # frameworks is not equal updates (TRL's default updates take 8 answers, rlhfkit's grpo updates 16)
+    as_run.update({"updates": curve.pop("updates"), "answers/update": cfg.algo.mini_batch_size})
+    return {**curve, "as_run": as_run}
 
 
 # The training curves of both frameworks under one set of names (a value a rollout step), for the investigation:
@@ -305,9 +312,11 @@ def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> d
 def rlhfkit_curve(run_dir: Path) -> dict:
     """rlhfkit's ``metrics.jsonl`` (and the health warnings' names) as a curve (see above)."""
     curve: dict = {k: [] for k in ("reward", "length", "ended", "entropy", "kl")}
+    curve["updates"] = 0  # optimizer updates: metrics.jsonl's step counts them
     from rlhfkit.track.metrics import read_run_metrics  # rlhfkit's names (a grpo run writes TRL's)
 
     for m in read_run_metrics(run_dir):
+        curve["updates"] = max(curve["updates"], int(m.get("step") or 0))
         if "rewards/reward/mean" not in m:
             continue
         length = m.get("response/length_mean") or 0.0

@@ -199,3 +199,17 @@ def test_the_table_says_what_each_row_ran_and_flags_a_row_of_mixed_settings(lear
     (mixed,) = learning.as_run_lines({"rlhfkit": [run(0, {**one, "lr": 5e-6}), run(1, one), run(2, None)]})
     assert "lr 1e-06" in mixed and "lr 5e-06" in mixed and "not recorded" in mixed
     assert mixed.endswith("** WARNING: its 3 seeds ran 3 different settings; not one row **")
+
+
+def test_rlhfkit_curve_counts_the_optimizer_updates_not_the_rollout_steps(learning, tmp_path):
+    # equal answers a run is not equal updates (TRL's default updates take 8 answers, rlhfkit's grpo 16): the "as
+    # run" line says how many each made, read from metrics.jsonl's step (optimizer updates), here 2 a rollout step
+    import json
+
+    (tmp_path / "config.yaml").write_text("recipe: grpo\n")
+    rows = [{"step": 2 * i, "rewards/reward/mean": 0.1 * i, "completions/mean_length": 30.0,
+             "completions/clipped_ratio": 0.5, "entropy": 1.9, "kl": 0.001} for i in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curve = learning.rlhfkit_curve(tmp_path)
+    assert curve["updates"] == 6
+    assert curve["reward"] == pytest.approx([0.1, 0.2, 0.3]) and curve["ended"] == [0.5, 0.5, 0.5]
