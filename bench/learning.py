@@ -294,14 +294,20 @@ def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> d
                                               reward_fn="bench/learning.py:reward", steps=s["steps"], seed=seed)
     cfg = build_config(recipe, {}, over + s.get("rk_set", []), source="learning")
     RECIPES[recipe].run(cfg)
-    as_run = {"lr": cfg.optim.lr, "schedule": cfg.optim.schedule, "beta": cfg.algo.kl.coef,
-              "epochs": cfg.algo.ppo_epochs, "loss": cfg.algo.loss_aggregation,
-              "eos_penalty": cfg.reward.missing_eos_penalty}
-    curve = rlhfkit_curve(out_dir / "final")
-    # the optimizer updates the run made (its metrics' last step) and their size: equal answers a run in both
-    # frameworks is not equal updates (TRL's default updates take 8 answers, rlhfkit's grpo updates 16)
-    as_run.update({"updates": curve.pop("updates"), "answers/update": cfg.algo.mini_batch_size})
-    return {**curve, "as_run": as_run}
+    return {**rlhfkit_curve(out_dir / "final"), "as_run": rlhfkit_as_run(cfg)}
+
+
+def rlhfkit_as_run(cfg) -> dict:
+    """The learning settings a (one-process) rlhfkit run of ``cfg`` ran, for the "as run" lines, with its optimizer
+    updates and their size from the step's geometry (:func:`rlhfkit.config.geometry.step_geometry`, what the run's
+    start-up block prints): equal answers a run is not equal updates (TRL's default updates take 8 answers, rlhfkit's
+    grpo updates 16)."""
+    from rlhfkit.config.geometry import step_geometry
+
+    geo = step_geometry(cfg)
+    return {"lr": cfg.optim.lr, "schedule": cfg.optim.schedule, "beta": cfg.algo.kl.coef,
+            "epochs": cfg.algo.ppo_epochs, "loss": cfg.algo.loss_aggregation,
+            "eos_penalty": cfg.reward.missing_eos_penalty, "updates": geo.updates, "answers/update": geo.mini}
 
 
 # The training curves of both frameworks under one set of names (a value a rollout step), for the investigation:
@@ -312,11 +318,9 @@ def run_rlhfkit(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> d
 def rlhfkit_curve(run_dir: Path) -> dict:
     """rlhfkit's ``metrics.jsonl`` (and the health warnings' names) as a curve (see above)."""
     curve: dict = {k: [] for k in ("reward", "length", "ended", "entropy", "kl")}
-    curve["updates"] = 0  # optimizer updates: metrics.jsonl's step counts them
     from rlhfkit.track.metrics import read_run_metrics  # rlhfkit's names (a grpo run writes TRL's)
 
     for m in read_run_metrics(run_dir):
-        curve["updates"] = max(curve["updates"], int(m.get("step") or 0))
         if "rewards/reward/mean" not in m:
             continue
         length = m.get("response/length_mean") or 0.0

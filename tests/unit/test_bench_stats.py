@@ -201,9 +201,21 @@ def test_the_table_says_what_each_row_ran_and_flags_a_row_of_mixed_settings(lear
     assert mixed.endswith("** WARNING: its 3 seeds ran 3 different settings; not one row **")
 
 
-def test_rlhfkit_curve_counts_the_optimizer_updates_not_the_rollout_steps(learning, tmp_path):
+
+def test_the_as_run_line_counts_rlhfkit_s_optimizer_updates_not_its_rollout_steps(learning, tmp_path):
     # equal answers a run is not equal updates (TRL's default updates take 8 answers, rlhfkit's grpo 16): the "as
-    # run" line says how many each made, read from metrics.jsonl's step (optimizer updates), here 2 a rollout step
+    # run" line says how many each made; the issue's reduced form, 20 steps x 4 prompts x 4 answers
+    from rlhfkit.config import build_config
+
+    s = {"k": 4, "prompts": 4, "max_new": 64, "steps": 20}
+    over = learning.rlhfkit_defaults(tmp_path / "model", tmp_path / "out", tmp_path / "train.jsonl", s, seed=0)
+    one_pass = learning.rlhfkit_as_run(build_config("grpo", {}, over))
+    assert (one_pass["epochs"], one_pass["updates"], one_pass["answers/update"]) == (1, 20, 16)
+    two_passes = learning.rlhfkit_as_run(build_config("grpo", {}, over + ["algo.ppo_epochs=2"]))
+    assert (two_passes["updates"], two_passes["answers/update"]) == (40, 16)
+
+
+def test_rlhfkit_curve_reads_the_run_s_metrics_under_rlhfkit_s_names(learning, tmp_path):
     import json
 
     (tmp_path / "config.yaml").write_text("recipe: grpo\n")
@@ -211,5 +223,4 @@ def test_rlhfkit_curve_counts_the_optimizer_updates_not_the_rollout_steps(learni
              "completions/clipped_ratio": 0.5, "entropy": 1.9, "kl": 0.001} for i in (1, 2, 3)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     curve = learning.rlhfkit_curve(tmp_path)
-    assert curve["updates"] == 6
     assert curve["reward"] == pytest.approx([0.1, 0.2, 0.3]) and curve["ended"] == [0.5, 0.5, 0.5]
