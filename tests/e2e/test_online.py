@@ -168,3 +168,23 @@ def test_ppo_resume_gives_the_same_parameters(task_data, sft_dir, rm_dir, tmp_pa
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=1e-4, msg=k)
     steps = [r["step"] for r in metrics_of(resumed)]
     assert len(steps) == len(set(steps))
+
+
+def test_grpo_progress_line_shows_trl_s_per_token_kl_as_kl_and_the_answer_s_sum_as_seq_kl(
+        task_data, sft_dir, tmp_path, capsys):
+    """The progress line (off a terminal: one plain line a step here) shows under ``kl`` what ``metrics.jsonl``
+    writes as ``kl`` (TRL's per-token figure) and the KL summed over an answer as ``seq_kl``; it showed that sum as
+    ``kl``."""
+    from rlhfkit.track.console import format_number
+    from rlhfkit.track.metrics import read_metrics
+
+    out = tmp_path / "grpo"
+    run_online(build_config("grpo", {}, online_overrides(
+        task_data, sft_dir, out, REWARD_FN, "data.eval=null", "algo.rollout_batch_size=4", "algo.num_generations=4",
+        "algo.mini_batch_size=16", "train.batch_size=16", "algo.total_episodes=48", "optim.lr=1e-3",
+        "track.progress=true")))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[grpo] 3/3")]
+    last = read_metrics(out)[-1]  # as written: TRL's names
+    assert lines and last["objective/kl"] > last["kl"] > 0  # answers longer than one token: the sum is larger
+    assert f" kl={format_number(last['kl'])}" in lines[-1], lines[-1]
+    assert f" seq_kl={format_number(last['objective/kl'])}" in lines[-1], lines[-1]

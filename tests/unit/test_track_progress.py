@@ -96,7 +96,17 @@ def test_short_names():
     assert [short_name(k) for k in ("objective/scores", "objective/kl", "val/ratio", "response/length_mean",
                                     "train/loss", "eval/loss", "lr", "eval/rewards/accuracies", "train/mae",
                                     "eval/scores")] == \
-        ["score", "kl", "ratio", "len", "loss", "eval_loss", "lr", "eval_acc", "mae", "eval_scores"]
+        ["score", "seq_kl", "ratio", "len", "loss", "eval_loss", "lr", "eval_acc", "mae", "eval_scores"]
+
+
+def test_the_bar_s_kl_is_the_per_token_kl_of_trl_and_of_the_metrics_file_and_no_two_metrics_share_a_name():
+    """A grpo run's metrics.jsonl writes TRL's per-token ``kl``; the bar showed the KL summed over an answer
+    (``objective/kl``, 12 where the file said 0.2) under that same name."""
+    from rlhfkit.track.names import public_name
+    from rlhfkit.track.progress import SHORT_NAMES
+    assert short_name("objective/kl_per_token") == public_name("grpo", "objective/kl_per_token") == "kl"
+    assert short_name("objective/kl") == "seq_kl"
+    assert len(set(SHORT_NAMES.values())) == len(SHORT_NAMES)
 
 
 def _live_text(console) -> list[str]:
@@ -122,7 +132,7 @@ def test_live_line_keeps_counter_eta_phase_and_key_metrics(width):
     text = bar.live_line(width - 1)
     bar.close()
     assert len(text) <= width - 1 and "3/1000" in text and "0:33:14" in text and "rollout 24/64" in text
-    assert "score=0.1235" in text and "kl=12.35" in text  # the recipe's key metrics (the first of `show`)
+    assert "score=0.1235" in text and "seq_kl=12.35" in text  # the recipe's key metrics (the first of `show`)
     if width >= 100:
         assert "ratio=0.9987" in text and "0:00:06<0:33:14" in text and "sequences" in text
         assert "…" not in text  # whole pieces dropped (rate, other metrics), nothing cut in half
@@ -238,7 +248,7 @@ def test_run_summary_line(tmp_path):
         sink.log({"eval/scores": 0.5}, 3)  # one evaluation: shown once, not as 0.5 -> 0.5
     (tmp_path / "warnings.jsonl").write_text('{"step": 2, "name": "kl_blowup", "severity": "critical"}\n')
     line = run_summary_line("grpo", tmp_path, 23.4)
-    assert line == (f"[grpo] finished in 0:00:23: score 0.1 -> 0.6, eval_scores 0.5, kl 0 -> 3.2; 1 health warning "
+    assert line == (f"[grpo] finished in 0:00:23: score 0.1 -> 0.6, eval_scores 0.5, seq_kl 0 -> 3.2; 1 health warning "
                     f"(1 critical, warnings.jsonl); run directory {tmp_path.resolve()}")
     (tmp_path / "report.html").write_text("x")
     assert run_summary_line("grpo", tmp_path).endswith(f"; report {(tmp_path / 'report.html').resolve()}")

@@ -5,8 +5,9 @@ wrapped, no ``\r``): ``[sft] 120/400 (30%) elapsed 0:00:30 eta 0:01:10 4.00 step
 During a long step a ticker thread prints one at least every 30 s, with the phase the loop reports
 (``[rollout 24/64 sequences]``). On a terminal rich redraws the line on its own thread (the clock ticks between
 updates) and drops the least important pieces (other metrics, rate, bar) before the counter, the ETA, the phase and
-the recipe's key metrics. Metrics are shown under short names (:func:`short_name`: ``objective/kl`` ->
-``kl``, ``eval/loss`` -> ``eval_loss``), so an eval value is never shown under a train name.
+the recipe's key metrics. Metrics are shown under short names (:func:`short_name`: ``objective/kl``, the KL summed
+over an answer, -> ``seq_kl``, so that ``kl`` is per token as in TRL and in a grpo run's ``metrics.jsonl``;
+``eval/loss`` -> ``eval_loss``), so an eval value is never shown under a train name.
 Rate and ETA count only the steps done by this process, so a resumed run (``initial=k``) is not credited
 with the steps it skipped, and come from :class:`EtaEstimator`: the recent steps' mean time (not the whole run's
 average: on a machine that slows down, the average made the quickstart's ETAs 4x too low), the first step left out
@@ -35,7 +36,8 @@ from .metrics import read_metrics, read_run_metrics
 
 # short names of the metrics the bars show (TRL names are long); anything else: its last part, eval_ for eval/
 SHORT_NAMES = {
-    "objective/scores": "score", "objective/kl": "kl", "objective/entropy": "seq_ent",
+    "objective/scores": "score", "objective/kl": "seq_kl", "objective/kl_per_token": "kl",
+    "objective/entropy": "seq_ent",
     "objective/rlhf_reward": "rlhf_reward", "val/ratio": "ratio", "response/length_mean": "len",
     "policy/entropy_avg": "ent", "policy/approxkl_avg": "approxkl", "policy/clipfrac_avg": "clipfrac",
     "loss/policy_avg": "pg_loss", "loss/value_avg": "vf_loss", "val/eos_frac": "eos",
@@ -450,7 +452,7 @@ def earlier_pace(run_dir: str | Path, updates_per_unit: int = 1, last: int = 16)
 def run_summary_line(name: str, run_dir: str | Path, seconds: float | None = None, max_metrics: int = 4,
                      since: float | None = None) -> str:
     """The one line a run ends with: its key metrics from start to end, its health warnings, and the report (or the
-    run directory when there is no report), e.g. ``[grpo] finished in 23 s: score 0.1 -> 0.6, kl 0 -> 3.2;
+    run directory when there is no report), e.g. ``[grpo] finished in 23 s: score 0.1 -> 0.6, seq_kl 0 -> 3.2;
     1 health warning (0 critical); report /runs/grpo/report.html``. A report older than ``since`` (a time stamp)
     is a previous run's and not named."""
     run_dir = Path(run_dir)

@@ -24,8 +24,8 @@ from .learner import Learner
 from .producer import Producer
 from .step_metrics import rollout_metrics
 
-SHOW = ("objective/scores", "objective/kl", "val/ratio", "response/length_mean", "time/step", "time/rollout",
-        "time/update", "throughput/tokens_per_s")
+SHOW = ("objective/scores", "objective/kl_per_token", "objective/kl", "val/ratio", "response/length_mean",
+        "time/step", "time/rollout", "time/update", "throughput/tokens_per_s")
 
 
 class OnlineRun:
