@@ -170,11 +170,13 @@ def test_ppo_resume_gives_the_same_parameters(task_data, sft_dir, rm_dir, tmp_pa
     assert len(steps) == len(set(steps))
 
 
+@pytest.mark.parametrize("coef", [0.04, 0.0])
 def test_grpo_progress_line_shows_trl_s_per_token_kl_as_kl_and_the_answer_s_sum_as_seq_kl(
-        task_data, sft_dir, tmp_path, capsys):
+        coef, task_data, sft_dir, tmp_path, capsys):
     """The progress line (off a terminal: one plain line a step here) shows under ``kl`` what ``metrics.jsonl``
     writes as ``kl`` (TRL's per-token figure) and the KL summed over an answer as ``seq_kl``; it showed that sum as
-    ``kl``."""
+    ``kl``. Without a KL term (coef 0: no reference) no KL is measured, and none is written or shown (as TRL at
+    beta 0); it was written as 0, a policy that had not moved."""
     from rlhfkit.track.console import format_number
     from rlhfkit.track.metrics import read_metrics
 
@@ -182,9 +184,15 @@ def test_grpo_progress_line_shows_trl_s_per_token_kl_as_kl_and_the_answer_s_sum_
     run_online(build_config("grpo", {}, online_overrides(
         task_data, sft_dir, out, REWARD_FN, "data.eval=null", "algo.rollout_batch_size=4", "algo.num_generations=4",
         "algo.mini_batch_size=16", "train.batch_size=16", "algo.total_episodes=48", "optim.lr=1e-3",
-        "track.progress=true")))
+        f"algo.kl.coef={coef}", "track.progress=true")))
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[grpo] 3/3")]
-    last = read_metrics(out)[-1]  # as written: TRL's names
-    assert lines and last["objective/kl"] > last["kl"] > 0  # answers longer than one token: the sum is larger
+    rows = read_metrics(out)  # as written: TRL's names
+    last = rows[-1]
+    assert lines and len(rows) == 3
+    if coef == 0:
+        assert not any({"kl", "objective/kl", "objective/kl_per_token"} & set(r) for r in rows), last
+        assert " kl=" not in lines[-1] and "seq_kl=" not in lines[-1], lines[-1]
+        return
+    assert last["objective/kl"] > last["kl"] > 0  # answers longer than one token: the sum is larger
     assert f" kl={format_number(last['kl'])}" in lines[-1], lines[-1]
     assert f" seq_kl={format_number(last['objective/kl'])}" in lines[-1], lines[-1]

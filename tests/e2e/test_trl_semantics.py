@@ -121,8 +121,9 @@ def test_a_trl_grpo_script_runs_trls_step_and_schedule(tmp_path, monkeypatch):
     assert lrs == pytest.approx([1e-6, 1e-6 * 2 / 3, 1e-6 / 3])  # the rate each update used (TRL's linear)
     assert (out.global_step, trainer.state.global_step, trainer.state.max_steps) == (3, 3, 3)
     logged = [c for c in calls if c[0] == "log"]
-    assert len(logged) == 3 and {"reward", "reward_std", "kl", "entropy", "completions/mean_length",
+    assert len(logged) == 3 and {"reward", "reward_std", "entropy", "completions/mean_length",
                                  "clip_ratio/region_mean", "learning_rate", "loss"} <= set(logged[0][2])
+    assert not {"kl", "objective/kl"} & set(logged[0][2])  # TRL's beta 0: no reference, no KL measured or logged
     assert [c[0] for c in calls[:5]] == ["init_end", "train_begin", "epoch_begin", "step_begin", "step_end"]
     assert calls[-1][0] == "train_end"
     names = set(json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0]))

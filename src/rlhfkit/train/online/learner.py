@@ -276,12 +276,15 @@ class Learner:
         return metrics
 
     def kl_metrics(self, exp: Experience) -> dict:
-        """``exp.kl`` (old policy to reference, per token over the sample mask; 0 without one) and its metrics."""
+        """``exp.kl`` (old policy to reference, per token over the sample mask; 0 without one) and its metrics.
+        Without a reference (no KL term: ``algo.kl.coef=0``) no KL is measured and none is logged, as TRL logs no
+        ``kl`` at beta 0: a KL of 0 in the metrics would say the policy had not moved."""
         algo, mask = self.cfg.algo, exp.sample_mask
         exp.kl = torch.zeros_like(mask)
-        if exp.ref_logprobs is not None:
-            exp.kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
-                                      log_ratio_clip=algo.kl.log_ratio_clip)
+        if exp.ref_logprobs is None:
+            return {"objective/non_score_reward": 0.0}
+        exp.kl = algos.kl_penalty(exp.old_logprobs, exp.ref_logprobs, algo.kl.estimator, mask=mask,
+                                  log_ratio_clip=algo.kl.log_ratio_clip)
         # exp.kl is 0 outside the mask; the non-score reward is -coef x KL in it. With the mask's tokens per answer
         # (end_step makes the KL per token over every process of them: kl_per_token), in one device sync
         kl, tokens = torch.stack([exp.kl.sum(-1).mean().float(), mask.sum(-1).float().mean()]).tolist()

@@ -110,7 +110,8 @@ class OnlineRun:
         every = self.samples_per_step * run.world_size
         run.session.steps_without_reward += metrics.get("rewards/dropped", 0.0) >= every
         metrics["tokens/seen"] = learner.tokens_seen
-        learner.kl_ctl.update(metrics["objective/kl"], self.samples_per_step * run.world_size)
+        if "objective/kl" in metrics:  # none without a reference (no KL term): nothing for the controller
+            learner.kl_ctl.update(metrics["objective/kl"], self.samples_per_step * run.world_size)
         if step == self.total_steps or run.asked("evaluate") or (cfg.train.eval_every > 0
                                                                   and step % cfg.train.eval_every == 0):
             with learner.timer.phase("eval"):
