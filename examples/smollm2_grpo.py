@@ -126,7 +126,7 @@ def main() -> int:
     print_steps("grpo", rows, trainer.steps, [
         ("objective/scores", "reward"), ("rewards/correct/mean", "correct"),
         ("rewards/number_only/mean", "number_only"), ("rewards/length/mean", "length_rule"),
-        ("objective/kl", "kl"), ("val/ratio", "ratio"),
+        ("objective/kl", "seq_kl"), ("val/ratio", "ratio"),
         ("policy/approxkl_avg", "approxkl"), ("loss/policy_avg", "loss"), ("response/length_mean", "len"),
         ("val/num_eos_tokens", "eos")])
     ended, n, lengths = check_eos_stops(trainer, trainer.eos_ids)

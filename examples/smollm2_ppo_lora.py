@@ -256,7 +256,7 @@ def main() -> int:
     rows = read_metrics(ppo_dir)
     print("[smollm2] PPO per step (lengths in tokens incl. <|im_end|>; * = cut at max_new_tokens, no EOS):")
     print_steps("ppo", rows, trainer.rollouts, [
-        ("objective/scores", "score"), ("rewards/model/mean", "rm"), ("objective/kl", "kl"),
+        ("objective/scores", "score"), ("rewards/model/mean", "rm"), ("objective/kl", "seq_kl"),
         ("objective/rlhf_reward", "rlhf_reward"), ("val/ratio", "ratio"), ("policy/approxkl_avg", "approxkl"),
         ("loss/policy_avg", "pg_loss"), ("loss/value_avg", "vf_loss"), ("response/length_mean", "len"),
         ("response/length_std", "len_std"), ("val/num_eos_tokens", "eos")])
