@@ -10,7 +10,8 @@ same held-out prompts scored by the same evaluator. docs/learning.md has the res
         [--seeds 3] [--steps 60] [--prompts 8] [--k 8] [--max-new 128] [--eval-n 200] [--quick] [--parallel N]
         [--frameworks rlhfkit,trl] [--no-base] [--json FILE] [--rk-set KEY=VALUE ...] [--trl-set KEY=VALUE ...]
         [--task arithmetic | reasoning_gym:NAME[?settings][&answer=final]]
-    python bench/learning.py --merge A.json B.json ...   # one table from runs made apart (e.g. one call per framework)
+    python bench/learning.py --merge A.json B.json ... [--against ROW]  # one table from runs made apart (e.g. one
+        # call per framework); --against 'rlhfkit': every row also tested against that row (a candidate's default)
 
 TRL is installed only in ``.venv-trl``; without it (``.venv/bin/python bench/learning.py --quick``) the script runs
 rlhfkit alone and says so. Each (framework, seed) trains in its own process, frameworks alternating; then every
@@ -460,8 +461,15 @@ def _curve_mean(runs: list[dict], key: str, part: slice) -> str:
     return f"{statistics.mean(values):.3f}" if values else "-"
 
 
-def welch_lines(results: dict[str, list[dict]]) -> list[str]:
-    """Welch's t-test of each framework's per-seed means against TRL's (the first TRL row), greedy and sampled."""
+def _kl_mean(runs: list[dict]) -> float | None:
+    values = [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
+    return statistics.mean(values) if values else None
+
+
+def welch_lines(results: dict[str, list[dict]], against: str | None = None) -> list[str]:
+    """Welch's t-test of each framework's per-seed means against TRL's (the first TRL row), greedy and sampled, with
+    the worst seed against TRL's mean and the ratio of the mean KLs (issue 43's three criteria); with ``against`` (a
+    row's name: a candidate's default row), each other row against that row too, on greedy, sampled and the KL."""
     ref = next((fw for fw in results if fw.startswith("trl") and len(results[fw]) > 1), None)
     lines = []
     for fw, runs in results.items():
@@ -473,7 +481,24 @@ def welch_lines(results: dict[str, list[dict]]) -> list[str]:
             worst, mean = min(r[mode] for r in runs), statistics.mean(r[mode] for r in results[ref])
             parts.append(f"{mode} t = {t:.2f} (df {df:.1f}), p = {p:.3g}; worst seed {worst:.3f} "
                          f"{'>=' if worst >= mean - 1e-9 else '<'} {ref}'s mean {mean:.3f}")
+        kl, kl_ref = _kl_mean(runs), _kl_mean(results[ref])
+        if kl is not None and kl_ref:
+            parts.append(f"KL {kl / kl_ref:.1f}x {ref}'s")
         lines.append(f"Welch, {fw} against {ref} (two-sided): " + "; ".join(parts))
+    if against is not None and len(results.get(against, [])) > 1:
+        for fw, runs in results.items():
+            if fw in (against, ref) or len(runs) < 2:
+                continue
+            parts = []
+            for mode, name in (("greedy", "greedy"), ("sampled", "sampled"), ("kl_k3", "KL")):
+                mine = [r[mode] for r in runs if r.get(mode) is not None]
+                theirs = [r[mode] for r in results[against] if r.get(mode) is not None]
+                if len(mine) < 2 or len(theirs) < 2:
+                    continue
+                t, df, p = welch(mine, theirs)
+                parts.append(f"{name} {statistics.mean(mine):.4g} against {statistics.mean(theirs):.4g}, "
+                             f"t = {t:.2f} (df {df:.1f}), p = {p:.3g}")
+            lines.append(f"Welch, {fw} against {against} (two-sided): " + "; ".join(parts))
     return lines
 
 
@@ -494,9 +519,11 @@ def as_run_lines(results: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
-def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: str) -> list[str]:
+def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: str,
+          against: str | None = None) -> list[str]:
     """Per framework: mean ± standard deviation over seeds, the worst seed, the final KL to the base model per token;
-    then Welch's t-test against TRL, each seed, and the training curves' first and last steps."""
+    then Welch's t-test against TRL (and against the row ``against``, if named), each seed, and the training curves'
+    first and last steps."""
     lines = [f"| framework | seeds | held-out greedy (mean ± sd) | worst seed | held-out sampled (mean ± sd) | "
              f"worst seed | KL to base / token (k3) | train s / run |  ({s.get('method', 'grpo')}, "
              f"{s.get('mode', 'equal')} settings, {s.get('task', 'arithmetic')}, {device}, {s['steps']} steps x "
@@ -512,7 +539,7 @@ def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: st
                      f"{min(r['greedy'] for r in runs):.3f} | {_mean_sd([r['sampled'] for r in runs])} | "
                      f"{min(r['sampled'] for r in runs):.3f} | {_kl(runs)} | "
                      f"{statistics.mean(r['train_s'] for r in runs):.0f} |")
-    lines += welch_lines(results)
+    lines += welch_lines(results, against)
     lines += as_run_lines(results)
     for fw, runs in results.items():
         kl = lambda r: f"{r['kl_k3']:.3f}" if r.get("kl_k3") is not None else "-"  # noqa: E731
@@ -538,9 +565,10 @@ def _comparable(s: dict) -> dict:
     return {**{"mode": "equal"}, **{k: v for k, v in s.items() if k not in ("rk_set", "trl_set")}}
 
 
-def merge(paths: list[str]) -> int:
+def merge(paths: list[str], against: str | None = None) -> int:
     """One table from ``--json`` files of separate runs (rows of other ``--rk-set`` / ``--trl-set`` side by side);
-    refused when their other settings differ."""
+    refused when their other settings differ. ``against``: a row every other row is also tested against (a
+    candidate's default)."""
     docs = [json.loads(Path(p).read_text()) for p in paths]
     s = docs[0]["settings"]
     for path, doc in zip(paths[1:], docs[1:]):
@@ -554,7 +582,11 @@ def merge(paths: list[str]) -> int:
     for doc in docs:
         for fw, runs in doc["results"].items():
             results.setdefault(fw, []).extend(runs)
-    print("\n".join(table(base, results, s, s["device"])))
+    if against is not None and against not in results:
+        print(f"learning: --against {against!r}: no such row in {', '.join(paths)}; the rows: "
+              f"{', '.join(repr(fw) for fw in results)}")
+        return 2
+    print("\n".join(table(base, results, s, s["device"], against)))
     return 0
 
 
@@ -610,13 +642,17 @@ def main() -> int:
     p.add_argument("--no-base", action="store_true", help="skip the base model's evaluation")
     p.add_argument("--json", help="also write the settings and every result to this file (for --merge)")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="print one table from --json files, run nothing")
+    p.add_argument("--against", metavar="ROW", help="with --merge: also test every row against this one (e.g. "
+                   "'rlhfkit', a candidate's default), on greedy, sampled and the KL")
     p.add_argument("--worker", choices=("trl", "rlhfkit", "eval"), help=argparse.SUPPRESS)
     for hidden in ("--model", "--data", "--settings", "--result", "--out", "--ref"):
         p.add_argument(hidden, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.against and not args.merge:
+        p.error("--against compares the rows of --merge's files: give it with --merge")
     if args.merge:
-        return merge(args.merge)
+        return merge(args.merge, args.against)
     if args.worker:
         worker(args)
         return 0
