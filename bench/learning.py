@@ -451,7 +451,12 @@ def _mean_sd(values: list[float]) -> str:
 def _kl(runs: list[dict]) -> str:
     """The final models' KL to the base per token (k3, the evaluator's): mean over seeds, and the largest."""
     values = [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
-    return f"{statistics.mean(values):.3f} (max {max(values):.3f})" if values else "-"
+    return f"{_kl_mean(runs):.3f} (max {max(values):.3f})" if values else "-"
+
+
+def _kl_mean(runs: list[dict]) -> float | None:
+    values = [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
+    return statistics.mean(values) if values else None
 
 
 def _curve_mean(runs: list[dict], key: str, part: slice) -> str:
@@ -459,11 +464,6 @@ def _curve_mean(runs: list[dict], key: str, part: slice) -> str:
     values = [statistics.mean(v) for r in runs
               if (v := [x for x in (r.get("curve") or {}).get(key, [])[part] if x is not None])]
     return f"{statistics.mean(values):.3f}" if values else "-"
-
-
-def _kl_mean(runs: list[dict]) -> float | None:
-    values = [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
-    return statistics.mean(values) if values else None
 
 
 def welch_lines(results: dict[str, list[dict]], against: str | None = None) -> list[str]:
@@ -485,7 +485,10 @@ def welch_lines(results: dict[str, list[dict]], against: str | None = None) -> l
         if kl is not None and kl_ref:
             parts.append(f"KL {kl / kl_ref:.1f}x {ref}'s")
         lines.append(f"Welch, {fw} against {ref} (two-sided): " + "; ".join(parts))
-    if against is not None and len(results.get(against, [])) > 1:
+    if against is not None and len(results.get(against, [])) < 2:
+        lines.append(f"Welch against {against}: not tested, that row has {len(results.get(against, []))} seed(s); "
+                     "a test needs 2 or more in each row")
+    elif against is not None:
         for fw, runs in results.items():
             if fw in (against, ref) or len(runs) < 2:
                 continue

@@ -210,6 +210,8 @@ def test_merge_against_a_row_tests_every_other_row_against_it_and_refuses_an_unk
     assert "KL 20.0x trl's" in out and "KL 5.7x trl's" in out
     assert learning.merge([str(one), str(two)]) == 0
     assert " against rlhfkit " not in capsys.readouterr().out  # without --against, TRL's lines only
+    lone = {"rlhfkit": rows((0.30,), (0.008,)), "trl": rows((0.35, 0.33), (0.0004, 0.0005))}
+    assert "not tested, that row has 1 seed(s)" in "\n".join(learning.welch_lines(lone, against="rlhfkit"))
     assert learning.merge([str(one), str(two)], against="rlhfkit [linear]") == 2
     refused = capsys.readouterr().out
     assert "--against 'rlhfkit [linear]': no such row" in refused and f"'{cand}'" in refused  # names the rows
