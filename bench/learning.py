@@ -582,8 +582,15 @@ def merge(paths: list[str], against: str | None = None) -> int:
             return 2
     base = next((d["base"] for d in docs if d.get("base")), None)
     results: dict[str, list[dict]] = {}
-    for doc in docs:
+    where: dict[tuple[str, int], str] = {}
+    for path, doc in zip(paths, docs):
         for fw, runs in doc["results"].items():
+            for r in runs:  # one seed of a row in two files (runs split by seeds that overlap) would count twice
+                if (fw, r["seed"]) in where:
+                    print(f"learning: --merge: {fw!r} seed {r['seed']} is in both {where[fw, r['seed']]} and {path}; "
+                          "merge each seed once")
+                    return 2
+                where[fw, r["seed"]] = path
             results.setdefault(fw, []).extend(runs)
     if against is not None and against not in results:
         print(f"learning: --against {against!r}: no such row in {', '.join(paths)}; the rows: "

@@ -215,6 +215,9 @@ def test_merge_against_a_row_tests_every_other_row_against_it_and_refuses_an_unk
     assert learning.merge([str(one), str(two)], against="rlhfkit [linear]") == 2
     refused = capsys.readouterr().out
     assert "--against 'rlhfkit [linear]': no such row" in refused and f"'{cand}'" in refused  # names the rows
+    # a seed of one row in two files (runs split by seeds that overlap) is refused, not counted twice
+    assert learning.merge([str(one), str(two), str(two)], against="rlhfkit") == 2
+    assert f"'{cand}' seed 0 is in both {two} and {two}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text, seeds", [("3", 3), ("1", 1), ("2,3,4", [2, 3, 4]), ("0,", [0]), ("5, 7", [5, 7])])
