@@ -448,15 +448,15 @@ def _mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {sd:.3f}"
 
 
+def _kl_values(runs: list[dict]) -> list[float]:
+    """The final models' KL to the base per token (k3, the evaluator's), one per seed that has it."""
+    return [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
+
+
 def _kl(runs: list[dict]) -> str:
-    """The final models' KL to the base per token (k3, the evaluator's): mean over seeds, and the largest."""
-    values = [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
-    return f"{_kl_mean(runs):.3f} (max {max(values):.3f})" if values else "-"
-
-
-def _kl_mean(runs: list[dict]) -> float | None:
-    values = [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
-    return statistics.mean(values) if values else None
+    """The KL column: mean over seeds, and the largest."""
+    values = _kl_values(runs)
+    return f"{statistics.mean(values):.3f} (max {max(values):.3f})" if values else "-"
 
 
 def _curve_mean(runs: list[dict], key: str, part: slice) -> str:
@@ -481,9 +481,9 @@ def welch_lines(results: dict[str, list[dict]], against: str | None = None) -> l
             worst, mean = min(r[mode] for r in runs), statistics.mean(r[mode] for r in results[ref])
             parts.append(f"{mode} t = {t:.2f} (df {df:.1f}), p = {p:.3g}; worst seed {worst:.3f} "
                          f"{'>=' if worst >= mean - 1e-9 else '<'} {ref}'s mean {mean:.3f}")
-        kl, kl_ref = _kl_mean(runs), _kl_mean(results[ref])
-        if kl is not None and kl_ref:
-            parts.append(f"KL {kl / kl_ref:.1f}x {ref}'s")
+        kl, kl_ref = _kl_values(runs), _kl_values(results[ref])
+        if kl and kl_ref and statistics.mean(kl_ref):
+            parts.append(f"KL {statistics.mean(kl) / statistics.mean(kl_ref):.1f}x {ref}'s")
         lines.append(f"Welch, {fw} against {ref} (two-sided): " + "; ".join(parts))
     if against is not None and len(results.get(against, [])) < 2:
         lines.append(f"Welch against {against}: not tested, that row has {len(results.get(against, []))} seed(s); "

@@ -176,7 +176,6 @@ def test_a_worst_seed_equal_to_trls_mean_counts_as_reaching_it(learning):
     assert "worst seed 0.067 < trl's mean 0.083" in "\n".join(learning.welch_lines(runs))
 
 
-
 def test_merge_against_a_row_tests_every_other_row_against_it_and_refuses_an_unknown_row(learning, stats, tmp_path,
                                                                                          capsys):
     """A candidate's rows against the default's, on greedy, sampled and the KL (the investigation's table), and each
