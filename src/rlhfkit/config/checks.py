@@ -278,6 +278,10 @@ def _check_online(cfg) -> None:
         raise ConfigError(f"dynamic sampling keeps groups whose rewards differ; {algo.advantage} has no groups",
                           where="algo.dynamic_sampling.enabled",
                           fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or disable it")
+    if cfg.reward.missing_eos_scope == "varied" and not est.group_based:
+        raise ConfigError(f"reward.missing_eos_scope=varied looks at each prompt's group of answers; {algo.advantage} "
+                          "has no groups", where="reward.missing_eos_scope",
+                          fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or missing_eos_scope=all")
     if algo.objective == "preference" and algo.num_generations < 2:
         raise ConfigError("online preference learning pairs completions of a prompt and needs num_generations >= 2",
                           where="algo.num_generations", fix="set algo.num_generations=2 (TRL's online DPO)")

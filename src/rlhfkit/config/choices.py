@@ -23,6 +23,7 @@ STATIC_CHOICES: dict[str, tuple[str, ...]] = {
     "algo.objective": ("policy", "preference"),
     "distributed.strategy": ("ddp", "fsdp2", "deepspeed"),
     "reward.remote.kind": ("chat", "json"),
+    "reward.missing_eos_scope": ("all", "varied"),
     "reward.sandbox.isolation": ("auto", "namespaces", "unshare", "process"),
 }
 

@@ -249,6 +249,10 @@ class RewardConfig:
     model: str | None = f(None, "reward-model directory (from `rlhfkit rm`); null = functions only")
     functions: list[RewardFunction] = f([], "rule / user reward functions combined by weight")
     missing_eos_penalty: float | None = f(1.0, "subtracted from the score of responses that never ended", ge=0)
+    missing_eos_scope: str = f("all", "where the missing-EOS penalty applies: all (every response that never ended) | "
+                                      "varied (only in groups whose scores before it differ: a group of equal "
+                                      "scores, e.g. all wrong, would otherwise learn to end at the full advantage the "
+                                      "group std gives a penalty alone; group estimators only)")
     clip: float | None = f(10.0, "clip scores to [-clip, clip] after the penalty; null = off", gt=0)
     normalize: bool = f(True, "normalise scores by running mean / std (keeps critic targets bounded)")
     batch_size: int = f(16, "reward-model scoring micro-batch", ge=1)

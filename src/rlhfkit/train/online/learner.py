@@ -160,8 +160,8 @@ class Learner:
         """Missing-EOS and overlong penalties, then running normalisation (over valid samples of every learner: one
         gather), then clipping (each as configured); dropped samples (``valid`` False) stay at 0."""
         rc = self.cfg.reward
-        scores = penalised_scores(self.cfg, raw, ended, lengths)
         valid = torch.ones_like(ended, dtype=torch.bool) if valid is None else valid
+        scores = penalised_scores(self.cfg, raw, ended, lengths, valid)
         if rc.normalize:
             kept = self.acc.gather(valid)
             if kept.any():

@@ -38,12 +38,21 @@ from ..shared.forward import on_device
 from .experience import Experience, merge_groups
 
 
-def penalised_scores(cfg, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """Raw scores with the missing-EOS penalty and DAPO's soft overlong penalty (no running state)."""
+def penalised_scores(cfg, raw: torch.Tensor, ended: torch.Tensor, lengths: torch.Tensor | None = None,
+                     valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Raw scores with the missing-EOS penalty and DAPO's soft overlong penalty (no running state).
+
+    With ``reward.missing_eos_scope=varied`` the penalty applies only in groups (``algo.num_generations`` answers of
+    a prompt, completion-major) whose raw scores differ among their ``valid`` members: in a group of equal scores
+    (all wrong, say) the penalty would be the group's only signal, and the group's std scaling gives it the full
+    advantage a right answer gets elsewhere (docs/learning.md)."""
     rc, ov = cfg.reward, cfg.algo.overlong
     scores = raw.clone()
     if rc.missing_eos_penalty:
-        scores = scores - rc.missing_eos_penalty * (~ended).float()
+        unended = (~ended).float()
+        if rc.missing_eos_scope == "varied":
+            unended = unended * (~algos.group_all_tied(raw, cfg.algo.num_generations, valid=valid)).float()
+        scores = scores - rc.missing_eos_penalty * unended
     if ov.cache_len and lengths is not None:
         scores = scores + algos.overlong_penalty(lengths, cfg.generation.max_new_tokens, ov.cache_len,
                                                  ov.penalty).to(scores.device)
@@ -229,7 +238,7 @@ class Producer:
             prompts = self.prompt_batch(step * ds.max_draws + j, share, piece)
             e = self.rollout(policy, prompts, seed + 1_000_003 * j, step=step + 1)
             self.score(e, step=step + 1, at=step)
-            return e, penalised_scores(self.cfg, e.raw_scores, e.rollout.ended, e.rollout.lengths), e.valid
+            return e, penalised_scores(self.cfg, e.raw_scores, e.rollout.ended, e.rollout.lengths, e.valid), e.valid
 
         with self.strategy.gathered(policy):  # each process draws its own number of times
             pick = algos.dynamic_sample(draw, self.cfg.algo.rollout_batch_size // self.pieces, self.k, ds.max_draws)
