@@ -11,6 +11,7 @@ import torch
 
 from rlhfkit.algos.advantages import grpo_advantages
 from rlhfkit.config import build_config
+from rlhfkit.config.startup import startup_lines
 from rlhfkit.errors import ConfigError
 from rlhfkit.train.online.producer import penalised_scores
 
@@ -70,10 +71,22 @@ def test_the_amplification_varied_removes():
     assert adv[0] > adv[1] > adv[2] == adv[3]
 
 
+def test_grpo_defaults_to_varied_and_says_so_where_trl_differs():
+    # grpo's default since 2026-11-30 (docs/learning.md); rloo keeps all; TRL's defaults have no penalty
+    grpo = build_config("grpo", {}, ["model.name=tiny"])
+    assert grpo.reward.missing_eos_scope == "varied" and grpo.reward.missing_eos_penalty == 1.0
+    assert build_config("rloo", {}, ["model.name=tiny"]).reward.missing_eos_scope == "all"
+    assert "reward.missing_eos_scope=varied [missing_eos_penalty, when set, on every unended answer]" in \
+        " ".join(startup_lines(grpo))
+    quiet = build_config("grpo", {}, ["model.name=tiny", "reward.missing_eos_penalty=null"])
+    assert "missing_eos_scope" not in " ".join(startup_lines(quiet))  # no penalty: where it applies does not matter
+    trl = build_config("grpo", {}, ["model.name=tiny", "defaults=trl"])
+    assert trl.reward.missing_eos_penalty is None and trl.reward.missing_eos_scope == "all"
+
+
 def test_the_config_takes_varied_for_group_estimators_and_refuses_it_without_groups():
-    cfg = build_config("grpo", {}, ["model.name=tiny", "reward.missing_eos_scope=varied"])
-    assert cfg.reward.missing_eos_scope == "varied" and build_config("grpo", {}, ["model.name=tiny"]).reward \
-        .missing_eos_scope == "all"
+    cfg = build_config("rloo", {}, ["model.name=tiny", "reward.missing_eos_scope=varied"])
+    assert cfg.reward.missing_eos_scope == "varied"
     with pytest.raises(ConfigError) as info:
         build_config("ppo", {}, ["model.name=tiny", "reward.missing_eos_scope=varied"])
     assert "reward.missing_eos_scope" in info.value.one_line() and "gae has no groups" in info.value.one_line()

@@ -41,6 +41,8 @@ def _irrelevant(cfg) -> set[str]:
             skip.add("train.epochs")
     elif cfg.train.max_steps > 0:
         skip.add("train.epochs")
+    if not getattr(getattr(cfg, "reward", None), "missing_eos_penalty", None):
+        skip.add("reward.missing_eos_scope")  # no penalty: where it would apply does not matter
     if cfg.optim.warmup_steps > 0:
         skip.add("optim.warmup_ratio")
     return skip

@@ -102,6 +102,7 @@ def _online(lr: float, k: int, beta: float, max_new: int, temperature: float, *,
         _d("generation.top_p", 1.0, "top_p=1.0"),
         _d("generation.top_k", 0, "top_k=0"),
         _d("reward.missing_eos_penalty", None, "missing_eos_penalty=None"),
+        _d("reward.missing_eos_scope", "all", "missing_eos_penalty, when set, on every unended answer"),
         _d("reward.clip", None, "no reward clip"),
         _d("reward.normalize", False, "no running reward normalisation"),
     )
