@@ -308,7 +308,8 @@ def rlhfkit_as_run(cfg) -> dict:
     geo = step_geometry(cfg)
     return {"lr": cfg.optim.lr, "schedule": cfg.optim.schedule, "beta": cfg.algo.kl.coef,
             "epochs": cfg.algo.ppo_epochs, "loss": cfg.algo.loss_aggregation,
-            "eos_penalty": cfg.reward.missing_eos_penalty, "updates": geo.updates, "answers/update": geo.mini}
+            "eos_penalty": cfg.reward.missing_eos_penalty, "eos_scope": cfg.reward.missing_eos_scope,
+            "updates": geo.updates, "answers/update": geo.mini}
 
 
 # The training curves of both frameworks under one set of names (a value a rollout step), for the investigation:

@@ -108,6 +108,7 @@ def main() -> int:
         "train.batch_size=4", f"algo.total_episodes={k * prompts_per_step * args.steps}", f"optim.lr={args.lr}",
         "track.sample_every=1", "track.report=false", "train.resume=never",
         "algo.ppo_epochs=2",  # two passes per rollout, as the runs docs/real-models.md shows (grpo's default: one)
+        "reward.missing_eos_scope=all",  # as those runs: the penalty on every unended answer (grpo's default: varied)
     ], source="examples/smollm2_grpo.py")
 
     def check(trainer):

@@ -91,11 +91,13 @@ def test_defaults_mode_leaves_every_learning_setting_at_each_frameworks_default(
     over = learning.rlhfkit_defaults(tmp_path / "model", tmp_path / "out", tmp_path / "train.jsonl", s, seed=3)
     keys = {o.split("=", 1)[0] for o in over}
     assert not keys & {"optim.lr", "optim.schedule", "algo.kl.coef", "algo.ppo_epochs", "algo.mini_batch_size",
-                       "reward.missing_eos_penalty", "algo.loss_aggregation", "train.batch_size"}
+                       "reward.missing_eos_penalty", "reward.missing_eos_scope", "algo.loss_aggregation",
+                       "train.batch_size"}
     cfg = build_config("grpo", {}, over, source="test")
     default = build_config("grpo", {}, [f"model.name={tmp_path / 'model'}"], source="test")
     assert cfg.optim == default.optim and cfg.algo.kl == default.algo.kl and cfg.reward.missing_eos_penalty == \
         default.reward.missing_eos_penalty and cfg.algo.ppo_epochs == default.algo.ppo_epochs
+    assert cfg.reward.missing_eos_scope == default.reward.missing_eos_scope == "varied"
     assert (cfg.algo.num_generations, cfg.algo.rollout_batch_size, cfg.generation.max_new_tokens,
             cfg.algo.total_episodes) == (4, 4, 48, 20 * 16)
     kw = learning.trl_defaults(tmp_path / "out", s, seed=3)
@@ -254,6 +256,7 @@ def test_the_as_run_line_counts_rlhfkit_s_optimizer_updates_not_its_rollout_step
     over = learning.rlhfkit_defaults(tmp_path / "model", tmp_path / "out", tmp_path / "train.jsonl", s, seed=0)
     one_pass = learning.rlhfkit_as_run(build_config("grpo", {}, over))
     assert (one_pass["epochs"], one_pass["updates"], one_pass["answers/update"]) == (1, 20, 16)
+    assert (one_pass["eos_penalty"], one_pass["eos_scope"]) == (1.0, "varied")  # where the penalty applied, said
     two_passes = learning.rlhfkit_as_run(build_config("grpo", {}, over + ["algo.ppo_epochs=2"]))
     assert (two_passes["updates"], two_passes["answers/update"]) == (40, 16)
 
