@@ -274,14 +274,14 @@ def _check_online(cfg) -> None:
         raise ConfigError(f"algo.overlong.cache_len={algo.overlong.cache_len} exceeds generation.max_new_tokens="
                           f"{cfg.generation.max_new_tokens}", where="algo.overlong.cache_len",
                           fix="choose a cache_len below max_new_tokens (DAPO: 4096 of 20480)")
-    if algo.dynamic_sampling.enabled and not est.group_based:
-        raise ConfigError(f"dynamic sampling keeps groups whose rewards differ; {algo.advantage} has no groups",
-                          where="algo.dynamic_sampling.enabled",
-                          fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or disable it")
-    if cfg.reward.missing_eos_scope == "varied" and not est.group_based:
-        raise ConfigError(f"reward.missing_eos_scope=varied looks at each prompt's group of answers; {algo.advantage} "
-                          "has no groups", where="reward.missing_eos_scope",
-                          fix="use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or missing_eos_scope=all")
+    for on, what, where, off in (  # settings that read each prompt's group of answers
+            (algo.dynamic_sampling.enabled, "dynamic sampling keeps groups whose rewards differ",
+             "algo.dynamic_sampling.enabled", "disable it"),
+            (cfg.reward.missing_eos_scope == "varied", "reward.missing_eos_scope=varied looks at each prompt's group "
+             "of answers", "reward.missing_eos_scope", "missing_eos_scope=all")):
+        if on and not est.group_based:
+            raise ConfigError(f"{what}; {algo.advantage} has no groups", where=where,
+                              fix=f"use a group estimator (algo.advantage=grpo, dr_grpo or rloo) or {off}")
     if algo.objective == "preference" and algo.num_generations < 2:
         raise ConfigError("online preference learning pairs completions of a prompt and needs num_generations >= 2",
                           where="algo.num_generations", fix="set algo.num_generations=2 (TRL's online DPO)")

@@ -35,14 +35,14 @@ def _irrelevant(cfg) -> set[str]:
             skip.add("algo.kl.estimator")
         if algo.policy_loss != "ppo":
             skip |= {"algo.ppo.clip_low", "algo.ppo.clip_high"}
+        if not cfg.reward.missing_eos_penalty:
+            skip.add("reward.missing_eos_scope")  # no penalty: where it would apply does not matter
         if cfg.train.max_steps > 0:
             skip |= {"train.epochs", "algo.total_episodes"}
         elif algo.total_episodes is not None:
             skip.add("train.epochs")
     elif cfg.train.max_steps > 0:
         skip.add("train.epochs")
-    if not getattr(getattr(cfg, "reward", None), "missing_eos_penalty", None):
-        skip.add("reward.missing_eos_scope")  # no penalty: where it would apply does not matter
     if cfg.optim.warmup_steps > 0:
         skip.add("optim.warmup_ratio")
     return skip
