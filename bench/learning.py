@@ -278,7 +278,8 @@ def run_trl(model: Path, data: dict, s: dict, seed: int, out_dir: Path) -> dict:
     as_run = {"lr": a.learning_rate, "schedule": str(schedule), "beta": getattr(a, "beta", None),
               "epochs": getattr(a, "num_iterations", 1), "loss": getattr(a, "loss_type", None),
               "eos_penalty": getattr(a, "missing_eos_penalty", None), "updates": trainer.state.global_step,
-              "answers/update": a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size}
+              "answers/update": a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size,
+              "temperature": a.temperature}
     return {**trl_curve(trainer.state.log_history), "as_run": as_run}
 
 
@@ -309,7 +310,7 @@ def rlhfkit_as_run(cfg) -> dict:
     return {"lr": cfg.optim.lr, "schedule": cfg.optim.schedule, "beta": cfg.algo.kl.coef,
             "epochs": cfg.algo.ppo_epochs, "loss": cfg.algo.loss_aggregation,
             "eos_penalty": cfg.reward.missing_eos_penalty, "eos_scope": cfg.reward.missing_eos_scope,
-            "updates": geo.updates, "answers/update": geo.mini}
+            "updates": geo.updates, "answers/update": geo.mini, "temperature": cfg.generation.temperature}
 
 
 # The training curves of both frameworks under one set of names (a value a rollout step), for the investigation:
