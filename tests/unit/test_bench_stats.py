@@ -260,7 +260,8 @@ def test_the_as_run_line_counts_rlhfkit_s_optimizer_updates_not_its_rollout_step
     two_passes = learning.rlhfkit_as_run(build_config("grpo", {}, over + ["algo.ppo_epochs=2"]))
     assert (two_passes["updates"], two_passes["answers/update"]) == (40, 16)
     assert one_pass["temperature"] == 1.0  # the training answers' temperature, said beside the rest
-    assert learning.rlhfkit_as_run(build_config("grpo", {}, over + ["generation.temperature=0.7"]))["temperature"] == 0.7
+    cooler = learning.rlhfkit_as_run(build_config("grpo", {}, over + ["generation.temperature=0.7"]))
+    assert cooler["temperature"] == 0.7
 
 
 def test_rlhfkit_curve_reads_the_run_s_metrics_under_rlhfkit_s_names(learning, tmp_path):
