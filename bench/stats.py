@@ -58,10 +58,29 @@ def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
     t = 0, p = 1."""
     if len(a) < 2 or len(b) < 2:
         raise ValueError("Welch's test needs at least two values per side")
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    diff = statistics.fmean(a) - statistics.fmean(b)
+    return welch_summary(statistics.fmean(a), statistics.stdev(a), len(a),
+                         statistics.fmean(b), statistics.stdev(b), len(b))
+
+
+def welch_summary(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int
+                  ) -> tuple[float, float, float]:
+    """:func:`welch` from each side's mean, sample standard deviation and count, for a row whose per-seed values are
+    no longer at hand (a table's mean ± sd)."""
+    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
+    diff = mean_a - mean_b
     if va + vb == 0:
         return (0.0, math.nan, 1.0) if diff == 0 else (math.copysign(math.inf, diff), math.nan, 0.0)
     t = diff / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
     return t, df, t_two_sided_p(t, df)
+
+
+def sds_from_welch(mean_a: float, mean_b: float, t: float, df: float, n: int) -> tuple[float, float]:
+    """The two sample standard deviations, larger first, behind a printed Welch line of two sides of ``n`` values each
+    (its means, t and df): the line fixes the sum of the two variances (through t) and the sum of their squares
+    (through df), so the pair, not which side has which; another line that tests one of the two sides against a
+    third row tells them apart."""
+    total = n * ((mean_a - mean_b) / t) ** 2  # x + y, the two variances
+    squares = (n - 1) * total ** 2 / df  # x^2 + y^2
+    spread = math.sqrt(max(2 * squares - total ** 2, 0.0))  # x - y
+    return math.sqrt((total + spread) / 2), math.sqrt(max((total - spread) / 2, 0.0))

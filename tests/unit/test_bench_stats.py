@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from argparse import Namespace
 
 import pytest
@@ -38,6 +39,15 @@ def test_t_tail_matches_the_closed_forms_of_one_and_two_degrees_of_freedom(stats
                                    (2.0422724563012373, 30), (1.959963984540054, 1e6)])
 def test_t_tail_at_the_tables_5_percent_quantiles(stats, t, df):
     assert stats.t_two_sided_p(t, df) == pytest.approx(0.05, abs=1e-6)
+
+
+def test_welch_from_a_summary_is_welch_and_a_printed_line_gives_back_its_deviations(stats):
+    a, b = [0.00025, 0.00033, 0.00049, 0.00012, 0.00078], [0.002, 0.0021, 0.0004, 0.0011, 0.0023]
+    t, df, p = stats.welch(a, b)
+    sa, sb = statistics.stdev(a), statistics.stdev(b)
+    assert stats.welch_summary(statistics.fmean(a), sa, 5, statistics.fmean(b), sb, 5) == pytest.approx((t, df, p))
+    assert stats.sds_from_welch(statistics.fmean(a), statistics.fmean(b), t, df, 5) == pytest.approx((sb, sa))
+    assert stats.welch_summary(0.5, 0.0, 3, 0.5, 0.0, 4)[2] == 1.0  # no variance, equal means: as welch
 
 
 def test_welch_edge_cases(stats):
