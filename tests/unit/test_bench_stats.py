@@ -93,6 +93,17 @@ def test_the_table_shows_worst_seed_kl_and_welch_against_trl(learning, stats):
     assert "0.020 (max 0.030)" in text  # the evaluator's KL: mean over seeds and the largest
 
 
+def test_small_kls_print_two_significant_digits_not_zero(learning):
+    s = learning.settings(_args())
+    kls = (0.00031, 0.00011, 0.0000123)
+    runs = {"rlhfkit": [{"seed": i, "greedy": 0.2, "sampled": 0.1, "train_s": 1.0, "kl_k3": kl}
+                        for i, kl in enumerate(kls)]}
+    text = "\n".join(learning.table(None, runs, s, "cpu"))
+    assert "| 0.00014 (max 0.00031) |" in text  # mean 0.000144; three decimals printed 0.000 (max 0.000)
+    assert "0: 0.200 / 0.100 / 0.00031, 1: 0.200 / 0.100 / 0.00011, 2: 0.200 / 0.100 / 1.2e-05" in text
+    assert [learning._kl_fmt(x) for x in (0.0, 0.0123, 0.00999)] == ["0", "0.012", "0.01"]
+
+
 def test_defaults_mode_leaves_every_learning_setting_at_each_frameworks_default(learning, tmp_path):
     from rlhfkit.config import build_config
 
