@@ -455,10 +455,12 @@ def _kl_values(runs: list[dict]) -> list[float]:
     return [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
 
 
-def _kl_fmt(x: float) -> str:
+def _kl_fmt(x: float | None) -> str:
     """A KL per token, to at least two significant digits: three decimals from 0.01 up, as the accuracies, and two
     significant digits below (at lr 1e-6 the final KLs are 1e-4 to 1e-3 a token, which three decimals printed as
-    0.000 for every row and seed)."""
+    0.000 for every row and seed); "-" where a run has none."""
+    if x is None:
+        return "-"
     return f"{x:.3f}" if abs(x) >= 0.01 else f"{x:.2g}"
 
 
@@ -554,9 +556,8 @@ def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: st
     lines += welch_lines(results, against)
     lines += as_run_lines(results)
     for fw, runs in results.items():
-        kl = lambda r: _kl_fmt(r["kl_k3"]) if r.get("kl_k3") is not None else "-"  # noqa: E731
         lines.append(f"{fw} per seed (seed: greedy / sampled / KL per token): " + ", ".join(
-            f"{r['seed']}: {r['greedy']:.3f} / {r['sampled']:.3f} / {kl(r)}"
+            f"{r['seed']}: {r['greedy']:.3f} / {r['sampled']:.3f} / {_kl_fmt(r.get('kl_k3'))}"
             for r in sorted(runs, key=lambda r: r["seed"])))
     for fw, runs in results.items():
         warned = sorted({w for r in runs for w in (r.get("curve") or {}).get("warnings", [])})
