@@ -98,7 +98,9 @@ def test_small_kls_print_two_significant_digits_not_zero(learning):
     kls = (0.00031, 0.00011, 0.0000123)
     runs = {"rlhfkit": [{"seed": i, "greedy": 0.2, "sampled": 0.1, "train_s": 1.0, "kl_k3": kl}
                         for i, kl in enumerate(kls)]}
+    runs["rlhfkit"][0]["curve"] = {"kl": [0.0002] * 5, "reward": [0.1] * 5}  # the run's own KL log, as the evaluator's
     text = "\n".join(learning.table(None, runs, s, "cpu"))
+    assert "reward 0.100 -> 0.100" in text and "KL / token (its own log) -> 0.0002" in text
     assert "| 0.00014 (max 0.00031) |" in text  # mean 0.000144; three decimals printed 0.000 (max 0.000)
     assert "0: 0.200 / 0.100 / 0.00031, 1: 0.200 / 0.100 / 0.00011, 2: 0.200 / 0.100 / 1.2e-05" in text
     assert [learning._kl_fmt(x) for x in (0.0, 0.0123, 0.00999)] == ["0", "0.012", "0.01"]
@@ -230,6 +232,8 @@ def test_merge_against_a_row_tests_every_other_row_against_it_and_refuses_an_unk
     assert "Welch, trl against rlhfkit" not in out  # TRL's row is tested against TRL's criteria only
     # the mean KLs over TRL's 0.0004: the default's 0.008 (20x), the candidate's 0.0068 / 3 (5.7x)
     assert "KL 20.0x trl's" in out and "KL 5.7x trl's" in out
+    t, df, p = stats.welch([0.008, 0.009, 0.007], [0.0004, 0.0005, 0.0003])  # and the test of the per-seed KLs
+    assert f"KL 20.0x trl's (0.008 against 0.0004, t = {t:.2f} (df {df:.1f}), p = {p:.3g})" in out
     assert learning.merge([str(one), str(two)]) == 0
     assert " against rlhfkit " not in capsys.readouterr().out  # without --against, TRL's lines only
     lone = {"rlhfkit": rows((0.30,), (0.008,)), "trl": rows((0.35, 0.33), (0.0004, 0.0005))}
