@@ -29,7 +29,16 @@ class Judge(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def _leave(self):
+        """Stop counting this request as active (once): before its reply is sent, since the client may send its next
+        request as soon as it has read a reply, before this handler thread gets past the write."""
+        if self.active:
+            with self.lock:
+                self.state["active"] -= 1
+            self.active = False
+
     def _reply(self, code: int, body: bytes, headers: dict | None = None):
+        self._leave()
         self.send_response(code)
         for k, v in (headers or {}).items():
             self.send_header(k, v)
@@ -42,7 +51,7 @@ class Judge(BaseHTTPRequestHandler):
 
     def do_POST(self):
         st = self.state
-        counted = True
+        self.active = True
         with self.lock:
             st["active"] += 1
             st["peak"] = max(st["peak"], st["active"])
@@ -65,9 +74,7 @@ class Judge(BaseHTTPRequestHandler):
                 # the client gives up after timeout_s (0.5 s) and may retry while this handler still sleeps: it stops
                 # counting as active before then, so the peak counts the client's requests in flight, not abandoned ones
                 time.sleep(0.2)
-                with self.lock:
-                    st["active"] -= 1
-                counted = False
+                self._leave()
                 time.sleep(2.8)
             if completion == "flaky" and n == 1:
                 return self._reply(503, b"busy", {"Retry-After": "0"})
@@ -76,9 +83,7 @@ class Judge(BaseHTTPRequestHandler):
             text = "Looks fine to me." if completion == "mumble" else f"Reasoning...\nGRADE: {len(completion)}"
             self._reply(200, json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode())
         finally:
-            if counted:
-                with self.lock:
-                    st["active"] -= 1
+            self._leave()
 
 
 @pytest.fixture
