@@ -310,7 +310,8 @@ def rlhfkit_as_run(cfg) -> dict:
     return {"lr": cfg.optim.lr, "schedule": cfg.optim.schedule, "beta": cfg.algo.kl.coef,
             "epochs": cfg.algo.ppo_epochs, "loss": cfg.algo.loss_aggregation,
             "eos_penalty": cfg.reward.missing_eos_penalty, "eos_scope": cfg.reward.missing_eos_scope,
-            "updates": geo.updates, "answers/update": geo.mini, "temperature": cfg.generation.temperature}
+            "updates": geo.updates, "answers/update": geo.mini, "temperature": cfg.generation.temperature,
+            **({} if cfg.model.train_embeddings else {"embeddings": "frozen"})}
 
 
 # The training curves of both frameworks under one set of names (a value a rollout step), for the investigation:

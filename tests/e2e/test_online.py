@@ -196,3 +196,19 @@ def test_grpo_progress_line_shows_trl_s_per_token_kl_as_kl_and_the_answer_s_sum_
     assert last["objective/kl"] > last["kl"] > 0  # answers longer than one token: the sum is larger
     assert f" kl={format_number(last['kl'])}" in lines[-1], lines[-1]
     assert f" seq_kl={format_number(last['objective/kl'])}" in lines[-1], lines[-1]
+
+
+def test_grpo_with_frozen_embeddings_saves_them_as_loaded_and_trains_the_rest(task_data, sft_dir, tmp_path):
+    # model.train_embeddings=false through a whole run (rollout, the fused LM head's backward, AdamW, the save)
+    from safetensors.torch import load_file
+
+    out = tmp_path / "frozen"
+    run_online(build_config("grpo", {}, online_overrides(
+        task_data, sft_dir, out, REWARD_FN, "algo.rollout_batch_size=4", "algo.num_generations=2",
+        "algo.mini_batch_size=8", "train.batch_size=4", "algo.total_episodes=16", "optim.lr=1e-3",
+        "model.train_embeddings=false")))
+    before, after = load_file(sft_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    emb = next(k for k in before if "embed_tokens" in k)
+    assert torch.equal(before[emb], after[emb])
+    moved = [k for k in before if k != emb and not torch.equal(before[k], after[k])]
+    assert len(moved) >= len(before) // 2, moved

@@ -287,6 +287,9 @@ def test_the_as_run_line_counts_rlhfkit_s_optimizer_updates_not_its_rollout_step
     assert one_pass["temperature"] == 1.0  # the training answers' temperature, said beside the rest
     cooler = learning.rlhfkit_as_run(build_config("grpo", {}, over + ["generation.temperature=0.7"]))
     assert cooler["temperature"] == 0.7
+    assert "embeddings" not in one_pass  # said only where they were frozen, so earlier rows' lines stay as printed
+    frozen = learning.rlhfkit_as_run(build_config("grpo", {}, over + ["model.train_embeddings=false"]))
+    assert frozen["embeddings"] == "frozen"
 
 
 def test_rlhfkit_curve_reads_the_run_s_metrics_under_rlhfkit_s_names(learning, tmp_path):

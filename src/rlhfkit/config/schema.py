@@ -58,6 +58,8 @@ class ModelConfig:
     lora: LoraConfig = f(LoraConfig(), "LoRA / QLoRA settings")
     train_vision: bool = f(False, "vision-language models: train the vision tower and its projector too (false: "
                                   "frozen, LoRA on the language model only, each image's features computed once)")
+    train_embeddings: bool = f(True, "train the token embeddings and the LM head (false: both frozen, tied or not; "
+                                     "every other weight trained; no effect under LoRA, which leaves them frozen)")
 
 
 @dataclass(frozen=True)

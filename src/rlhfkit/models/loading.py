@@ -458,11 +458,27 @@ def adaptable(model: torch.nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if n and type(m).__name__ in _ADAPTABLE]
 
 
+def freeze_embeddings(model) -> int:
+    """No gradient for the input embeddings and the output projection (one tensor when tied); returns the number
+    of parameters frozen (a tied tensor counted once)."""
+    seen: dict[int, torch.nn.Parameter] = {}
+    for mod in (model.get_input_embeddings(), model.get_output_embeddings()):
+        for p in (mod.parameters() if mod is not None else ()):
+            seen[id(p)] = p
+    for p in seen.values():
+        p.requires_grad_(False)
+    return sum(p.numel() for p in seen.values())
+
+
 def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):
     if family_of(model) is not None and not getattr(mcfg, "train_vision", False):
         frozen = freeze_vision(model)  # LoRA (if any) goes on the language model only: lora_targets
         _say(f"[model] {family_of(model).name}: the vision tower and projector are frozen ({frozen / 1e6:.2f}M "
              "parameters; TRL would train them; model.train_vision=true trains them)")
+    if not getattr(mcfg, "train_embeddings", True) and not (mcfg.lora.enabled or mcfg.lora.qlora):
+        frozen = freeze_embeddings(model)
+        _say(f"[model] the token embeddings and the LM head are frozen ({frozen / 1e6:.2f}M parameters; "
+             "model.train_embeddings=false)")
     if mcfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
