@@ -235,7 +235,7 @@ def setup_of(cfg, world: int, device: str) -> Setup:
     if family == "online":  # a VLM's images: each prompt's encoded once
         kw["images"] = cfg.algo.rollout_batch_size
     return Setup(strategy=_strategy(cfg), world=world, device=device, autocast=autocast,
-                 train_vision=cfg.model.train_vision,
+                 train_vision=cfg.model.train_vision, train_embeddings=cfg.model.train_embeddings,
                  gradient_checkpointing=cfg.model.gradient_checkpointing, offload=cfg.distributed.cpu_offload,
                  lora_r=lora.r, lora_targets=tuple(lora.target_modules) if lora.target_modules else None,
                  micro_batch=cfg.train.batch_size, **kw)

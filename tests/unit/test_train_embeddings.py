@@ -72,3 +72,22 @@ def test_under_lora_only_adapters_train_either_way():
     names = {n for n, p in on.named_parameters() if p.requires_grad}
     assert names == {n for n, p in off.named_parameters() if p.requires_grad}
     assert names and all("lora_" in n for n in names)
+
+
+def test_plan_counts_them_held_but_not_trained():
+    from rlhfkit.models.memory import read_architecture
+    from rlhfkit.plan import plan
+
+    arch = read_architecture("tiny")
+
+    def step(recipe, *over):
+        p = plan(build_config(recipe, {}, ["model.name=tiny", *over]), world=1, checks=False)
+        return {ph.name: ph for ph in p.phases}["train step"].items
+
+    on, off = step("grpo"), step("grpo", "model.train_embeddings=false")
+    assert on["policy weights"] == off["policy weights"] == arch.params() * 4
+    assert on["policy gradients"] - off["policy gradients"] == arch.embedding_params() * 4
+    assert on["policy optimizer (AdamW)"] - off["policy optimizer (AdamW)"] == arch.embedding_params() * 2 * 4
+    on, off = step("ppo"), step("ppo", "model.train_embeddings=false")  # the critic: no LM head, its embeddings
+    critic = next(k for k in on if k.endswith("gradients") and not k.startswith("policy"))
+    assert on[critic] - off[critic] == arch.vocab * arch.hidden * 4

@@ -477,7 +477,8 @@ def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):
              "parameters; TRL would train them; model.train_vision=true trains them)")
     if not getattr(mcfg, "train_embeddings", True) and not (mcfg.lora.enabled or mcfg.lora.qlora):
         frozen = freeze_embeddings(model)
-        _say(f"[model] the token embeddings and the LM head are frozen ({frozen / 1e6:.2f}M parameters; "
+        head = " and the LM head" if model.get_output_embeddings() is not None else ""
+        _say(f"[model] the token embeddings{head} are frozen ({frozen / 1e6:.2f}M parameters; "
              "model.train_embeddings=false)")
     if mcfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

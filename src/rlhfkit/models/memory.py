@@ -352,6 +352,7 @@ class Setup:
     release_engine_cache: bool = True  # memory.release_engine_cache: the engine's KV cache freed after the rollout
     entropy_grad: bool = False  # algo.entropy_coef > 0: the entropy's gradient through the LM head too
     train_vision: bool = False  # model.train_vision: a VLM's tower trained (else frozen: weights only)
+    train_embeddings: bool = True  # model.train_embeddings=false: token embeddings and LM head frozen (weights only)
     images: int = 0  # a VLM's images encoded by the rollout's prefill (0: one per prompt of the rollout batch)
 
 
@@ -416,6 +417,8 @@ def model_states(role: ModelRole, setup: Setup) -> dict[str, tuple[float, str]]:
     if role.trainable == "frozen":
         return out
     frozen = role.arch.tower.params if role.arch.tower is not None and not setup.train_vision else 0  # a VLM's tower
+    if not setup.train_embeddings:  # a scalar head's model has no LM head: its token embeddings only
+        frozen += role.arch.vocab * role.arch.hidden if role.head == "scalar" else role.arch.embedding_params()
     T = P - frozen if role.trainable == "full" else role.arch.lora_params(setup.lora_r,
                                                                           list(setup.lora_targets or []) or None)
     ds = _div(setup, SHARDS_STATES[setup.strategy])
