@@ -196,6 +196,14 @@ def test_the_block_an_online_run_starts_with(monkeypatch):
     assert "differs" not in trl and "[grpo] defaults: TRL 1.16's GRPOConfig (defaults=trl)" in trl
     assert "unlike TRL 1.16 here:" in trl and "TRL logs every logging_steps" in trl
     assert "rlhfkit's practice, not switched on: missing_eos_penalty=1.0" in trl
+    assert "reward.missing_eos_scope=varied (the penalty only where a group's scores differ" in trl  # grpo's scope
+    said = {ov: startup_block(build_config("grpo", {}, [M, "defaults=trl", ov]), 1, 100).replace("\n    ", " ")
+            for ov in ("missing_eos_penalty=null", "missing_eos_penalty=1.0", "reward.missing_eos_scope=all")}
+    assert "missing_eos_scope" not in said["missing_eos_penalty=null"]  # no penalty asked for: no scope to advise
+    assert "reward.missing_eos_scope=varied" in said["missing_eos_penalty=1.0"]  # TRL's penalty: on every answer
+    assert "missing_eos_scope=varied" not in said["reward.missing_eos_scope=all"]  # the user's decision
+    rloo = startup_block(build_config("rloo", {}, [M, "defaults=trl"]), 1, 100)
+    assert "missing_eos_scope" not in rloo  # measured on grpo only
     assert "TRL" not in startup_block(build_config("ppo", {}, [M]), 1, 100)  # no TRL trainer to compare with
     epochs = startup_block(build_config("grpo", {}, [M, "train.epochs=2"]), 1, 100).replace("\n    ", " ")
     assert "train.epochs=2 is not read" in epochs  # the run's length comes from algo.total_episodes

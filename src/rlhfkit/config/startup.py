@@ -77,8 +77,9 @@ def unmatched(cfg, world: int = 1) -> list[str]:
 def practices(cfg) -> list[str]:
     """rlhfkit's practices for this recipe that the run does not follow and the user did not decide on."""
     origin = origin_of(cfg)
-    return [f"{p.trl} ({p.why})" for p in PRACTICES
-            if cfg.recipe in p.recipes and not origin.set_by_user(p.key) and not _same(_get(cfg, p.key), p.value)]
+    return [f"{p.say or p.trl} ({p.why})" for p in PRACTICES
+            if cfg.recipe in p.recipes and not origin.set_by_user(p.key) and not _same(_get(cfg, p.key), p.value)
+            and (p.applies is None or p.applies(cfg, origin))]
 
 
 def startup_lines(cfg, world: int = 1, n_records: int | None = None) -> list[str]:

@@ -52,6 +52,8 @@ class Practice:
     value: Any
     trl: str
     why: str
+    say: str | None = None  # what the run's line recommends, where ``trl`` names no TRL setting (else ``trl``)
+    applies: Callable[[Any, Any], bool] | None = None  # (cfg, origin) -> whether it is worth saying to this run
 
 
 def _d(key: str, value: Any, trl: str) -> TrlDefault:
@@ -249,6 +251,11 @@ TRL_DIFFERENCES: tuple[TrlDifference, ...] = (
 PRACTICES: tuple[Practice, ...] = (
     Practice(_ONLINE, "reward.missing_eos_penalty", 1.0, "missing_eos_penalty=1.0",
              "an answer cut at the length limit scores 1 less"),
+    Practice(("grpo",), "reward.missing_eos_scope", "varied", "none: the penalty on every unended answer",
+             "the penalty only where a group's scores differ; on every unended answer it drifted 2.5-5x further from "
+             "the base, docs/learning.md", say="reward.missing_eos_scope=varied",
+             applies=lambda cfg, origin: not (origin.set_by_user("reward.missing_eos_penalty")
+                                              and cfg.reward.missing_eos_penalty is None)),
     Practice(("grpo", "rloo"), "algo.ppo.clip_high", 0.28, "epsilon_high=0.28", "DAPO's clip-higher keeps exploring"),
 )
 
