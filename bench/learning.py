@@ -456,6 +456,12 @@ def _kl_values(runs: list[dict]) -> list[float]:
     return [r["kl_k3"] for r in runs if r.get("kl_k3") is not None]
 
 
+def seed_line(name: str, seed: int, scores: dict, train_s: float, total_s: float) -> str:
+    """The line printed as each seed's run is scored (its KL as the tables print it)."""
+    return (f"  {name:8s} seed {seed}: greedy {scores['greedy']:.3f}, sampled {scores['sampled']:.3f}, "
+            f"KL to base {_kl_fmt(scores.get('kl_k3'))} / token (train {train_s:.0f} s, total {total_s:.0f} s)")
+
+
 def _kl_fmt(x: float | None) -> str:
     """A KL per token, to at least two significant digits: three decimals from 0.01 up, as the accuracies, and two
     significant digits below (at lr 1e-6 the final KLs are 1e-4 to 1e-3 a token, which three decimals printed as
@@ -732,9 +738,7 @@ def main() -> int:
                 weights.unlink()
         if scores is None:
             return fw, None
-        print(f"  {label(fw, s):8s} seed {seed}: greedy {scores['greedy']:.3f}, sampled {scores['sampled']:.3f}, "
-              f"KL to base {scores.get('kl_k3', 0):.3f} / token (train {trained['train_s']:.0f} s, total "
-              f"{time.perf_counter() - t0:.0f} s)", flush=True)
+        print(seed_line(label(fw, s), seed, scores, trained["train_s"], time.perf_counter() - t0), flush=True)
         return fw, {**scores, "seed": seed, "train_s": trained["train_s"], "curve": trained.get("curve")}
 
     # frameworks alternate seed by seed, so a sequential run on a busy machine slows both alike

@@ -104,6 +104,9 @@ def test_small_kls_print_two_significant_digits_not_zero(learning):
     assert "| 0.00014 (max 0.00031) |" in text  # mean 0.000144; three decimals printed 0.000 (max 0.000)
     assert "0: 0.200 / 0.100 / 0.00031, 1: 0.200 / 0.100 / 0.00011, 2: 0.200 / 0.100 / 1.2e-05" in text
     assert [learning._kl_fmt(x) for x in (0.0, 0.0123, 0.00999)] == ["0", "0.012", "0.01"]
+    line = learning.seed_line("trl", 3, {"greedy": 0.35, "sampled": 0.042, "kl_k3": 0.00029}, 1501.2, 2202.4)
+    assert line == ("  trl      seed 3: greedy 0.350, sampled 0.042, KL to base 0.00029 / token "
+                    "(train 1501 s, total 2202 s)")  # printed 0.000 as each seed's run ended
 
 
 def test_defaults_mode_leaves_every_learning_setting_at_each_frameworks_default(learning, tmp_path):
