@@ -22,12 +22,11 @@ same size exists during backward, plus one float32 softmax block (rlhfkit's chun
 elements; never a float32 copy of the whole logits). With checkpointing, backward frees the logits before it
 recomputes a layer, so the larger of the two counts.
 
-Model states per device (P parameters, T trainable; ``shard`` = world size for what the strategy shards, else 1):
-weights P x bytes / shard(fsdp2, zero3); gradients T x 4 / shard(fsdp2, zero2, zero3); AdamW states T x 8 /
-shard(same). fp32 master weights for trained models (``model.dtype=auto``), bf16 for frozen ones and a LoRA base,
-about 0.52 bytes per parameter for a 4-bit QLoRA base (NF4 + double-quantised scales; embeddings stay bf16).
-Offload removes what the strategy offloads from the device. AdamW's foreach step needs about one extra copy of the
-trainable gradients as temporaries.
+Model states per device (P parameters, T trained: P less what is frozen, a VLM's tower or the embeddings; ``shard`` =
+world size where the strategy shards, else 1): weights P x bytes / shard(fsdp2, zero3); gradients T x 4 / shard(fsdp2,
+zero2, zero3); AdamW states T x 8 / shard(same). fp32 master weights for trained models (``model.dtype=auto``), bf16 for
+frozen ones and a LoRA base, about 0.52 B a parameter for a 4-bit QLoRA base (NF4 + double-quantised scales; embeddings
+stay bf16). Offload removes what it offloads; AdamW's foreach step needs a temporary copy of the trained gradients.
 
 Validated on CPU against process RSS peaks (tests/unit/test_memory.py, table ``MEASURED``); the CUDA-only terms
 (autocast copies, QLoRA, offload) follow the same arithmetic and are not measured here.
@@ -107,8 +106,8 @@ class Architecture:
         bias = self.heads * self.hd + 2 * self.kv_dim if self.model_type in QKV_BIAS_TYPES else 0
         return weights + bias + 2 * self.hidden  # + two RMSNorm weights
 
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tied else 2)
+    def embedding_params(self, lm_head: bool = True) -> int:  # a scalar head's model: its token embeddings only
+        return self.vocab * self.hidden * (2 if lm_head and not self.tied else 1)
 
     def params(self) -> int:  # + the final norm (a LayerNorm's weight and bias for GPT-NeoX), + a VLM's tower
         return self.embedding_params() + self.layers * self.layer_params() + self.hidden * (1 if self.gated else 2) \
@@ -273,8 +272,7 @@ def read_architecture(name: str, gguf_file: str | None = None) -> Architecture:
             vocab=len(SPECIAL_TOKENS) + len(CHARS) + len(extra_tokens(s["arch"])), hidden=s["hidden"],
             layers=s["layers"], heads=s["heads"], tower=read_tower(name), kv_heads=s["kv_heads"],
             intermediate=s["intermediate"], tied=True, context=s["context"],
-            model_type={"gemma3": "gemma3_text"}.get(s["arch"], s["arch"]), source=name),
-            "the tiny model spec")
+            model_type={"gemma3": "gemma3_text"}.get(s["arch"], s["arch"]), source=name), "the tiny model spec")
     path = Path(name).expanduser()
     if gguf_file:
         path = path / gguf_file
@@ -417,8 +415,7 @@ def model_states(role: ModelRole, setup: Setup) -> dict[str, tuple[float, str]]:
     if role.trainable == "frozen":
         return out
     frozen = role.arch.tower.params if role.arch.tower is not None and not setup.train_vision else 0  # a VLM's tower
-    if not setup.train_embeddings:  # a scalar head's model has no LM head: its token embeddings only
-        frozen += role.arch.vocab * role.arch.hidden if role.head == "scalar" else role.arch.embedding_params()
+    frozen += 0 if setup.train_embeddings else role.arch.embedding_params(lm_head=role.head != "scalar")
     T = P - frozen if role.trainable == "full" else role.arch.lora_params(setup.lora_r,
                                                                           list(setup.lora_targets or []) or None)
     ds = _div(setup, SHARDS_STATES[setup.strategy])
