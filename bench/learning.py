@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -429,16 +430,34 @@ def worker(args) -> None:
 # ------------------------------------------------------------------------------------------------------- parent
 
 
+# the workers running now: a `kill` of this process (SIGTERM) stops them too, as a Ctrl-C does (same process group);
+# without this a killed bench left its worker training for the rest of its run
+_CHILDREN: set[subprocess.Popen] = set()
+
+
+def _stop_workers(signum: int | None = None, frame=None) -> None:
+    """Kill every running worker; as the SIGTERM handler, then exit (128 + the signal, as the shell reports it)."""
+    for proc in list(_CHILDREN):
+        proc.kill()
+    if signum is not None:
+        raise SystemExit(128 + signum)
+
+
 def _spawn(kind: str, python: str, extra: list[str], work: Path, tag: str, threads: int | None) -> dict | None:
     res = work / f"{tag}.json"
     cmd = [python, str(HERE), "--worker", kind, "--result", str(res), *extra]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-    (work / f"{tag}.log").write_text(proc.stdout + proc.stderr)
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as proc:
+        _CHILDREN.add(proc)
+        try:
+            out, err = proc.communicate()
+        finally:
+            _CHILDREN.discard(proc)
+    (work / f"{tag}.log").write_text(out + err)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
+        tail = (err or out).strip().splitlines()[-6:]
         print(f"  {tag}: FAILED ({proc.returncode}; log {work / tag}.log): " + " | ".join(tail), flush=True)
         return None
     return json.loads(res.read_text())
@@ -708,6 +727,7 @@ def main() -> int:
             frameworks.remove("trl")
             print("learning: TRL is not installed in this Python; rlhfkit only (run it with .venv-trl/bin/python, "
                   "built by `make bench-trl`, for the comparison)")
+    signal.signal(signal.SIGTERM, _stop_workers)
     work = Path(tempfile.mkdtemp(prefix="learning_"))
     data = write_data(work, s)
     model = smollm2_dir("cpu", work)  # the real SmolLM2-135M-Instruct on every device (learning needs its weights)

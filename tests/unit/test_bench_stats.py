@@ -304,3 +304,31 @@ def test_rlhfkit_curve_reads_the_run_s_metrics_under_rlhfkit_s_names(learning, t
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     curve = learning.rlhfkit_curve(tmp_path)
     assert curve["reward"] == pytest.approx([0.1, 0.2, 0.3]) and curve["ended"] == [0.5, 0.5, 0.5]
+
+
+def test_a_killed_bench_stops_its_running_workers(learning, tmp_path, monkeypatch):
+    # a `kill` (SIGTERM) of bench/learning.py left its worker training for the rest of its run: now the handler kills
+    # every running worker (here one that would sleep for two minutes) and the bench exits 143
+    import signal
+    import sys
+    import threading
+    import time
+
+    script = tmp_path / "worker.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    monkeypatch.setattr(learning, "HERE", script)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(r=learning._spawn("trl", sys.executable, [], tmp_path,
+                                                                             "w", None)))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not learning._CHILDREN and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (proc,) = tuple(learning._CHILDREN)
+    learning._stop_workers()
+    thread.join(60)
+    assert not thread.is_alive() and result["r"] is None  # the spawn returned: its worker FAILED (killed)
+    assert proc.returncode == -signal.SIGKILL and not learning._CHILDREN
+    with pytest.raises(SystemExit) as stop:
+        learning._stop_workers(signal.SIGTERM)
+    assert stop.value.code == 143
