@@ -91,3 +91,15 @@ def test_plan_counts_them_held_but_not_trained():
     on, off = step("ppo"), step("ppo", "model.train_embeddings=false")  # the critic: no LM head, its embeddings
     critic = next(k for k in on if k.endswith("gradients") and not k.startswith("policy"))
     assert on[critic] - off[critic] == arch.vocab * arch.hidden * 4
+
+
+def test_a_critic_or_reward_model_keeps_its_token_embeddings_and_trains_its_score_head():
+    # the scalar models load through the same path (rm, and ppo's critic from model_named(cfg.model, ...)): no LM head,
+    # so only the token embeddings are frozen
+    from rlhfkit.models.loading import load_scalar_model, load_tokenizer_for
+
+    mcfg = ModelConfig(name="tiny", train_embeddings=False)
+    model = load_scalar_model("tiny", mcfg, tokenizer=load_tokenizer_for(mcfg))
+    assert model.get_output_embeddings() is None and not model.get_input_embeddings().weight.requires_grad
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert "score.weight" in trained and not any("embed" in n for n in trained)

@@ -461,13 +461,11 @@ def adaptable(model: torch.nn.Module) -> list[str]:
 def freeze_embeddings(model) -> int:
     """No gradient for the input embeddings and the output projection (one tensor when tied); returns the number
     of parameters frozen (a tied tensor counted once)."""
-    seen: dict[int, torch.nn.Parameter] = {}
-    for mod in (model.get_input_embeddings(), model.get_output_embeddings()):
-        for p in (mod.parameters() if mod is not None else ()):
-            seen[id(p)] = p
-    for p in seen.values():
+    params = {id(p): p for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+              for p in m.parameters()}
+    for p in params.values():
         p.requires_grad_(False)
-    return sum(p.numel() for p in seen.values())
+    return sum(p.numel() for p in params.values())
 
 
 def _prepare_trainable(model, mcfg, task_type: str = "CAUSAL_LM"):
