@@ -75,6 +75,26 @@ def welch_summary(mean_a: float, sd_a: float, n_a: int, mean_b: float, sd_b: flo
     return t, df, t_two_sided_p(t, df)
 
 
+def smallest_mean_ahead(sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: int, alpha: float = 0.05) -> float:
+    """The smallest mean of side a, at its sample standard deviation and count, that Welch's two-sided test puts
+    above ``mean_b`` with p < ``alpha`` (the bound itself has p = ``alpha``): how far a row is from being ahead beyond
+    noise at the spreads its seeds showed. The standard error and the df do not depend on the means, so this inverts
+    the t tail alone (bisection on :func:`t_two_sided_p`)."""
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha={alpha} is outside (0, 1)")
+    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
+    if va + vb == 0:
+        return mean_b  # no spread on either side: any larger mean is ahead (p = 0)
+    df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    lo, hi = 0.0, 1.0
+    while t_two_sided_p(hi, df) > alpha:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > alpha else (lo, mid)
+    return mean_b + hi * math.sqrt(va + vb)
+
+
 def sds_from_welch(mean_a: float, mean_b: float, t: float, df: float, n: int) -> tuple[float, float]:
     """The two sample standard deviations, larger first, behind a printed Welch line of two sides of ``n`` values each
     (its means, t and df): the line fixes the sum of the two variances (through t) and the sum of their squares

@@ -68,6 +68,21 @@ def test_welch_agrees_with_scipy(stats):
     assert (t, p) == pytest.approx((ref.statistic, ref.pvalue), rel=1e-9)
 
 
+def test_the_smallest_mean_ahead_is_the_tables_quantile_from_the_other_mean(stats):
+    # equal spreads and counts: df = 2n - 2 = 8, so the bound is mean_b + t(0.975, 8) x sqrt(2 sd^2 / n), the table's
+    # t(0.975, 8) = 2.306004135
+    bound = stats.smallest_mean_ahead(0.03, 5, 0.353, 0.03, 5)
+    assert bound == pytest.approx(0.353 + 2.306004135 * math.sqrt(2 * 0.03 ** 2 / 5), rel=1e-8)
+    assert stats.welch_summary(bound, 0.03, 5, 0.353, 0.03, 5)[2] == pytest.approx(0.05, abs=1e-9)
+    assert stats.welch_summary(bound - 1e-6, 0.03, 5, 0.353, 0.03, 5)[2] > 0.05  # just below the bound: not ahead
+    assert stats.welch_summary(bound + 1e-6, 0.03, 5, 0.353, 0.03, 5)[2] < 0.05
+    uneven = stats.smallest_mean_ahead(0.022, 5, 0.353, 0.030, 5, alpha=0.01)  # unequal spreads: Welch's df
+    assert stats.welch_summary(uneven, 0.022, 5, 0.353, 0.030, 5)[2] == pytest.approx(0.01, abs=1e-9)
+    assert stats.smallest_mean_ahead(0.0, 3, 0.5, 0.0, 3) == 0.5  # no spread: any larger mean is ahead
+    with pytest.raises(ValueError):
+        stats.smallest_mean_ahead(0.03, 5, 0.353, 0.03, 5, alpha=0.0)
+
+
 @pytest.fixture(scope="module")
 def learning():
     return import_bench("learning")
@@ -91,6 +106,11 @@ def test_the_table_shows_worst_seed_kl_and_welch_against_trl(learning, stats):
     assert f"greedy t = {t:.2f} (df {df:.1f}), p = {p:.3g}; worst seed 0.580 >= trl's mean 0.500" in text
     assert "| rlhfkit | 3 | 0.600 ± 0.020 | 0.580 |" in text
     assert "0.020 (max 0.030)" in text  # the evaluator's KL: mean over seeds and the largest
+    need = stats.smallest_mean_ahead(0.02, 3, 0.5, 0.05, 3)  # issue 43's bar at these spreads
+    assert need > 0.600  # p = 0.0587 above: not ahead, so the bound lies above its mean
+    assert (f"Bar, rlhfkit ahead of trl (p under 0.05) at these seeds' spreads: greedy mean >= {need:.3f} (has 0.600), "
+            f"sampled mean >= {stats.smallest_mean_ahead(0.01, 3, 0.25, 0.025, 3):.3f} (has 0.300), "
+            "KL at most 2x (has 1.0x)") in text
 
 
 def test_small_kls_print_two_significant_digits_not_zero(learning):
