@@ -21,7 +21,8 @@ sampled (temperature 1, ``--samples`` answers per problem), scored by the maths 
 (:func:`rlhfkit.rewards.maths.math_answer`), and the KL of each final model to the base model per token on its own
 sampled answers (k3 and k1: one measure for both frameworks, whichever KL each logs, if any). The table shows per
 framework the mean and standard deviation over seeds, the worst seed, the KL, Welch's t-test of the means against
-TRL's (``bench/stats.py``), every seed, and the training curves (reward, response length, the fraction of answers
+TRL's (``bench/stats.py``) with the means that would be ahead of TRL's with p < 0.05 at the seeds' spreads (the
+"Bar" line), every seed, and the training curves (reward, response length, the fraction of answers
 that ended, entropy, the framework's own KL log, rlhfkit's health warnings: ``rlhfkit_curve`` / ``trl_curve``).
 ``--parallel N`` runs N (framework, seed) workers at once (a GPU has room for several 135M runs; each worker's
 threads are the cores divided by N); the learning is unchanged, but ``train s / run`` then times shared hardware.
