@@ -514,22 +514,6 @@ def _welch_means(mine: list[float], theirs: list[float]) -> str:
             f"t = {t:.2f} (df {df:.1f}), p = {p:.3g}")
 
 
-def _bar_line(fw: str, runs: list[dict], ref: str, ref_runs: list[dict]) -> str:
-    """How far a row is from issue 43's bar against TRL: the mean that Welch's test would put ahead with p < 0.05 at
-    the spreads the two rows' seeds showed (greedy, sampled; ``bench/stats.py``'s ``smallest_mean_ahead``), beside the
-    row's own mean, and the KL within 2x TRL's."""
-    parts = []
-    for mode in ("greedy", "sampled"):
-        mine, theirs = [r[mode] for r in runs], [r[mode] for r in ref_runs]
-        need = smallest_mean_ahead(statistics.stdev(mine), len(mine), statistics.mean(theirs),
-                                   statistics.stdev(theirs), len(theirs))
-        parts.append(f"{mode} mean >= {need:.3f} (has {statistics.mean(mine):.3f})")
-    kl, kl_ref = _kl_values(runs), _kl_values(ref_runs)
-    if kl and kl_ref and statistics.mean(kl_ref):
-        parts.append(f"KL at most 2x (has {statistics.mean(kl) / statistics.mean(kl_ref):.1f}x)")
-    return f"Bar, {fw} ahead of {ref} (p under 0.05) at these seeds' spreads: " + ", ".join(parts)
-
-
 def welch_lines(results: dict[str, list[dict]], against: str | None = None) -> list[str]:
     """Welch's t-test of each framework's per-seed means against TRL's (the first TRL row), greedy and sampled, with
     the worst seed against TRL's mean, and the ratio of the mean KLs with the test of the per-seed KLs (issue 43's
@@ -540,18 +524,23 @@ def welch_lines(results: dict[str, list[dict]], against: str | None = None) -> l
     for fw, runs in results.items():
         if ref is None or fw == ref or len(runs) < 2:
             continue
-        parts = []
+        parts, bar = [], []  # bar: issue 43's, the means Welch's test would put ahead with p < 0.05 at these spreads
         for mode in ("greedy", "sampled"):
-            t, df, p = welch([r[mode] for r in runs], [r[mode] for r in results[ref]])
-            worst, mean = min(r[mode] for r in runs), statistics.mean(r[mode] for r in results[ref])
+            mine, theirs = [r[mode] for r in runs], [r[mode] for r in results[ref]]
+            t, df, p = welch(mine, theirs)
+            worst, mean = min(mine), statistics.mean(theirs)
             parts.append(f"{mode} t = {t:.2f} (df {df:.1f}), p = {p:.3g}; worst seed {worst:.3f} "
                          f"{'>=' if worst >= mean - 1e-9 else '<'} {ref}'s mean {mean:.3f}")
+            need = smallest_mean_ahead(statistics.stdev(mine), len(mine), mean, statistics.stdev(theirs), len(theirs))
+            bar.append(f"{mode} mean >= {need:.3f} (has {statistics.mean(mine):.3f})")
         kl, kl_ref = _kl_values(runs), _kl_values(results[ref])
         if kl and kl_ref and statistics.mean(kl_ref):
+            ratio = statistics.mean(kl) / statistics.mean(kl_ref)
             tested = f" ({_welch_means(kl, kl_ref)})" if len(kl) > 1 and len(kl_ref) > 1 else ""
-            parts.append(f"KL {statistics.mean(kl) / statistics.mean(kl_ref):.1f}x {ref}'s{tested}")
+            parts.append(f"KL {ratio:.1f}x {ref}'s{tested}")
+            bar.append(f"KL at most 2x (has {ratio:.1f}x)")
         lines.append(f"Welch, {fw} against {ref} (two-sided): " + "; ".join(parts))
-        lines.append(_bar_line(fw, runs, ref, results[ref]))
+        lines.append(f"Bar, {fw} ahead of {ref} (p under 0.05) at these seeds' spreads: " + ", ".join(bar))
     if against is not None and len(results.get(against, [])) < 2:
         lines.append(f"Welch against {against}: not tested, that row has {len(results.get(against, []))} seed(s); "
                      "a test needs 2 or more in each row")

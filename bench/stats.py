@@ -82,17 +82,16 @@ def smallest_mean_ahead(sd_a: float, n_a: int, mean_b: float, sd_b: float, n_b: 
     the t tail alone (bisection on :func:`t_two_sided_p`)."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha={alpha} is outside (0, 1)")
-    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
-    if va + vb == 0:
+    if sd_a == sd_b == 0:
         return mean_b  # no spread on either side: any larger mean is ahead (p = 0)
-    df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    _, df, _ = welch_summary(mean_b, sd_a, n_a, mean_b, sd_b, n_b)  # Welch's df, whatever the means
     lo, hi = 0.0, 1.0
     while t_two_sided_p(hi, df) > alpha:
         hi *= 2.0
     for _ in range(200):
         mid = (lo + hi) / 2.0
         lo, hi = (mid, hi) if t_two_sided_p(mid, df) > alpha else (lo, mid)
-    return mean_b + hi * math.sqrt(va + vb)
+    return mean_b + hi * math.sqrt(sd_a ** 2 / n_a + sd_b ** 2 / n_b)
 
 
 def sds_from_welch(mean_a: float, mean_b: float, t: float, df: float, n: int) -> tuple[float, float]:
