@@ -181,10 +181,9 @@ class _CorrectJudge:
             def do_POST(self):
                 content = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"][0]["content"]
                 ref, _, completion = content.partition("\n")
-                got = extract_answer(completion)  # timeout_s=None: the check in this thread, not in a child forked
-                # from it (a fork from a server thread of a process with torch's threads died in the full suite, a
-                # segfault read as a time-out: a right answer graded 0; the lint's completions hold no SymPy bomb)
-                grade = 10 if got is not None and answers_equal(got, ref, timeout_s=None) else 0
+                got = extract_answer(completion)  # the verifier from a server thread, with its time limit: its
+                # helper forks the check (a fork of this process from here died in the full suite: rewards/symcheck.py)
+                grade = 10 if got is not None and answers_equal(got, ref) else 0
                 body = json.dumps({"choices": [{"message": {"content": f"GRADE: {grade}"}}]}).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))

@@ -26,8 +26,9 @@ its sentence; ``last_number`` the last number of the text. The reference is read
    what it does better than a hand-written parser (LaTeX grammar, SymPy simplification, sets and intervals), and do
    the extraction ourselves (its own extraction picks the *first* match where a final answer is the *last*).
    SymPy can hang on adversarial input, inside C code that no signal interrupts (``10**10**10`` is a big-integer
-   power): the check runs in a forked child process killed at ``timeout_s`` (and under a memory cap), and a check
-   that times out scores ``None``; a pair is checked once per process (its verdict is cached).
+   power): the check runs in a child process killed at ``timeout_s`` (and under a memory cap), forked by a
+   single-threaded helper (:mod:`.symcheck`: safe from any thread of any caller); a check that times out scores
+   ``None``, one that crashes 0.0; a pair is checked once per process (its verdict is cached).
 
 **Limits** (so that no answer can stall or crash the verifier, and one bad sample costs that sample alone): finding
 the answer is linear in the completion's length (a megabyte of unclosed ``\\boxed{`` takes milliseconds); an answer
@@ -48,16 +49,14 @@ import functools
 import logging
 import os
 import re
-import select
-import signal
-import warnings
 from collections.abc import Sequence
 from decimal import Decimal
+
+from rlhfkit.rewards import symcheck
 
 EXTRACTORS = ("boxed", "hashes", "answer_is", "last_number")
 MAX_ANSWER_CHARS = 10_000  # an extracted answer (or reference) longer than this is compared as text only
 MAX_SYMBOLIC_CHARS = 1_000  # nothing longer reaches SymPy (such an answer is not equal)
-SYMBOLIC_MEMORY = 1 << 30  # bytes of address space the child of a symbolic check may add to its parent's
 # exact comparisons, and 60 significant digits for the tolerance checks of fractions (1/3 against 0.3333333)
 _CONTEXT = decimal.Context(prec=60, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN, traps=[decimal.InvalidOperation])
 
@@ -69,10 +68,6 @@ _HASHES_RE = re.compile(r"####\s*([^\n]*)")
 _ANSWER_IS_RE = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|answer\s*:)\s*:?\s*", re.IGNORECASE)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"[{}]")
-
-
-class _CheckTimeout(BaseException):  # BaseException: SymPy code that catches Exception cannot swallow it
-    pass
 
 
 # ─────────────────────────────────────────────── extraction ───────────────────────────────────────────────
@@ -251,8 +246,8 @@ def numbers_equal(pred: tuple[Decimal, bool], ref: tuple[Decimal, bool], rel_tol
 @functools.cache
 def _math_verify():
     """math-verify, imported and used once on a trivial pair outside any time limit: importing it (SymPy, the ANTLR
-    LaTeX parser) takes seconds on a loaded machine, which must not count against the first real check's limit (a
-    forked check inherits it imported)."""
+    LaTeX parser) takes seconds on a loaded machine, which must not count against the first real check's limit (the
+    check helper imports it before it answers "ready"; its forked checks inherit it imported)."""
     import math_verify
 
     for name in ("math_verify", "latex2sympy2_extended"):  # "timeout disabled" on every call: ours is around it
@@ -275,80 +270,14 @@ def _symbolic_equal(pred: str, ref: str) -> bool:
     return bool(verify(gold, got, timeout_seconds=None))
 
 
-def _under_limit(fn, timeout_s: float | None):
-    """``fn()`` (a bool) bounded by ``timeout_s`` of wall time: raises :class:`_CheckTimeout` past it.
-
-    Where ``fork`` exists, ``fn`` runs in a forked child that is killed at the limit (SIGKILL: SymPy's big-integer
-    arithmetic is C code that no signal handler interrupts) and whose address space is capped
-    (:data:`SYMBOLIC_MEMORY` above its parent's); a child that fails (an exception, the memory cap) answers False.
-    Without ``fork`` (Windows, which has no SIGALRM either) there is no bound."""
-    if not timeout_s or not hasattr(os, "fork"):
-        return fn()
-    return _in_child(fn, timeout_s)
-
-
-def _in_child(fn, timeout_s: float) -> bool:
-    read_fd, write_fd = os.pipe()
-    with warnings.catch_warnings():  # Python 3.12+ warns about fork in a process with threads: the child only
-        warnings.simplefilter("ignore", DeprecationWarning)  # computes and exits; a lock it needs and lacks ends in
-        pid = os.fork()  # the time limit, as any hang does
-    if pid == 0:  # the child: compute, answer one byte, exit without running any of the parent's exit handlers
-        code = b"e"
-        try:
-            os.close(read_fd)
-            _cap_memory(SYMBOLIC_MEMORY)
-            code = b"1" if fn() else b"0"
-        except BaseException:  # noqa: BLE001 - any failure of the check is "not equal"
-            pass
-        finally:
-            try:
-                os.write(write_fd, code)
-            finally:
-                os._exit(0)
-    os.close(write_fd)
-    try:
-        ready, _, _ = select.select([read_fd], [], [], timeout_s)
-        answer = os.read(read_fd, 1) if ready else b""
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
-    finally:
-        os.close(read_fd)
-        _reap(pid)
-    if not answer:
-        raise _CheckTimeout()
-    return answer == b"1"
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
-
-
-def _cap_memory(extra: int) -> None:
-    """Limit this process's address space to what it uses now plus ``extra`` bytes (Linux; elsewhere nothing)."""
-    try:
-        import resource
-
-        with open("/proc/self/statm") as f:
-            used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = used + extra if hard == resource.RLIM_INFINITY else min(hard, used + extra)
-        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    except (OSError, ValueError, ImportError):
-        pass
-
-
 @functools.lru_cache(maxsize=4096)
 def _symbolic_verdict(pred: str, ref: str, timeout_s: float | None) -> bool | None:
     """True / False, or None past ``timeout_s``; cached: the answers of a group repeat, and a pathological pair must
-    not cost its time limit twice."""
-    _math_verify()  # imported (once) before the clock starts
+    not cost its time limit twice. Without a limit (or without ``fork``: Windows) the check runs here, unbounded."""
+    if timeout_s and hasattr(os, "fork"):
+        return symcheck.check(pred, ref, timeout_s)
     try:
-        return _under_limit(lambda: _symbolic_equal(pred, ref), timeout_s)
-    except _CheckTimeout:
-        return None
+        return _symbolic_equal(pred, ref)
     except Exception:  # a parse the library could not finish: not equal
         return False
 

@@ -1,0 +1,207 @@
+"""The maths verifier's symbolic checks, each bounded in time and memory, safe from any thread of any process.
+
+SymPy can hang inside C code that no signal interrupts (``10**10**10`` is a big-integer power), so a check must run
+in a process that can be killed at its limit. Forking the *caller* for each check, as :mod:`.maths` did before, is
+unsafe once the caller has threads, and a training process always has them (torch's, the progress ticker's, a
+user's HTTP judge): the child gets copies of the locks other threads held at the fork, can deadlock or crash, and a
+crashed check read as a time-out, so a right answer scored "no verdict" (seen as segmentation faults in the test
+suite, where an HTTP server thread called the verifier).
+
+Here one helper process a calling process, started from a fresh interpreter (no threads, nothing of the caller's
+state), forks a child for each check (a fork from a single-threaded process is safe), kills it at the limit
+(SIGKILL), caps its address space and answers one line. Callers share it under a lock; a helper that dies or stops
+answering is replaced and the check retried once; it exits when its caller does (end of its stdin). A child that dies
+without an answer (a crash, the memory cap) is "not equal", as a check that raises; only the limit is "no verdict".
+
+Why our own: :mod:`multiprocessing`'s forkserver forks from a clean process too, but it re-imports the caller's
+``__main__`` in each worker, so a user's training script without a ``__main__`` guard would run again; and a
+:class:`concurrent.futures.ProcessPoolExecutor` cannot kill one hung task. The helper is ~100 lines.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+MEMORY = 1 << 30  # bytes of address space a check's child may add to the helper's
+START_S = 120.0  # seconds the helper may take to start (importing SymPy on a loaded machine), outside any check's limit
+GRACE_S = 10.0  # seconds past a check's limit before the helper itself counts as hung
+
+
+class CheckTimeout(BaseException):  # BaseException: SymPy code that catches Exception cannot swallow it
+    pass
+
+
+# ─────────────────────────────────────────── the child of one check ───────────────────────────────────────────
+
+
+def in_child(fn, timeout_s: float) -> bool:
+    """``fn()`` (a bool) in a forked child killed at ``timeout_s`` (raises :class:`CheckTimeout`), its address space
+    capped at :data:`MEMORY` above this process's. A child that raises or dies without answering gives False. Call
+    it from a single-threaded process (the helper); elsewhere a fork can copy another thread's held lock."""
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12+ warns about fork in a process with threads (the tests call this
+        warnings.simplefilter("ignore", DeprecationWarning)  # directly, from pytest's process)
+        pid = os.fork()
+    if pid == 0:  # the child: compute, answer one byte, exit without running any of the parent's exit handlers
+        code = b"e"
+        try:
+            os.close(read_fd)
+            cap_memory(MEMORY)
+            code = b"1" if fn() else b"0"
+        except BaseException:  # noqa: BLE001 - any failure of the check is "not equal"
+            pass
+        finally:
+            try:
+                os.write(write_fd, code)
+            finally:
+                os._exit(0)
+    os.close(write_fd)
+    try:
+        ready, _, _ = select.select([read_fd], [], [], timeout_s)
+        answer = os.read(read_fd, 1) if ready else None
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(read_fd)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    if answer is None:
+        raise CheckTimeout()
+    return answer == b"1"  # b"" (died without a word) and b"e" (raised) are "not equal"
+
+
+def cap_memory(extra: int) -> None:
+    """Limit this process's address space to what it uses now plus ``extra`` bytes (Linux; elsewhere nothing)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = used + extra if hard == resource.RLIM_INFINITY else min(hard, used + extra)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (OSError, ValueError, ImportError):
+        pass
+
+
+# ─────────────────────────────────────────── the helper process ───────────────────────────────────────────
+
+
+def serve(inp=None, out=None) -> None:
+    """The helper's loop: one JSON request a line ``{"pred", "ref", "timeout"}`` -> one line ``1`` / ``0`` / ``t``
+    (past the limit); ``ready`` first, once SymPy is imported; returns at the end of its input."""
+    from rlhfkit.rewards.maths import _math_verify, _symbolic_equal
+
+    inp, out = inp or sys.stdin.buffer, out or sys.stdout.buffer
+    _math_verify()  # imported (once) before any check's clock starts; each child inherits it
+    out.write(b"ready\n")
+    out.flush()
+    for line in inp:
+        req = json.loads(line)
+        pair = functools.partial(_symbolic_equal, req["pred"], req["ref"])
+        try:
+            verdict = b"1" if in_child(pair, req["timeout"]) else b"0"
+        except CheckTimeout:
+            verdict = b"t"
+        out.write(verdict + b"\n")
+        out.flush()
+
+
+class _Helper:
+    """This process's helper, started on first use; shared by its threads under a lock."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+        self.owner = 0  # the pid that started it: a forked child of this process starts its own
+        self.buf = b""
+
+    def check(self, pred: str, ref: str, timeout_s: float) -> bool | None:
+        request = (json.dumps({"pred": pred, "ref": ref, "timeout": timeout_s}) + "\n").encode()
+        with self.lock:
+            for _ in range(2):  # a helper that died or hung is replaced once
+                proc = self._running()
+                try:
+                    proc.stdin.write(request)
+                    proc.stdin.flush()
+                    line = self._line(time.monotonic() + timeout_s + GRACE_S)
+                except (OSError, ValueError):
+                    line = None
+                if line in (b"1", b"0"):
+                    return line == b"1"
+                if line == b"t":
+                    return None
+                self.stop()
+            return None
+
+    def _running(self) -> subprocess.Popen:
+        if self.proc is not None and self.owner == os.getpid() and self.proc.poll() is None:
+            return self.proc
+        if self.owner != os.getpid():  # inherited through a fork: the parent's helper, its pipes shared; not ours
+            self.proc, self.buf = None, b""
+        root = str(Path(__file__).resolve().parents[2])  # the directory that holds the rlhfkit package
+        code = f"import sys; sys.path.insert(0, {root!r}); from rlhfkit.rewards.symcheck import serve; serve()"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     start_new_session=True)  # its stderr is ours: a failed start says why
+        self.owner, self.buf = os.getpid(), b""
+        if self._line(time.monotonic() + START_S) != b"ready":
+            self.stop()
+            raise RuntimeError(f"the maths verifier's check process ({sys.executable}) did not start within "
+                               f"{START_S:.0f} s (its error, if any, is above); is math-verify installed?")
+        return self.proc
+
+    def _line(self, deadline: float) -> bytes | None:
+        """The helper's next line, or None at its end of output or past ``deadline``."""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line
+
+    def stop(self) -> None:
+        proc, self.proc, self.buf = self.proc, None, b""
+        if proc is None or self.owner != os.getpid():
+            return
+        for close in (proc.stdin.close, proc.stdout.close):
+            try:
+                close()
+            except OSError:
+                pass
+        proc.kill()
+        proc.wait()
+
+
+_HELPER = _Helper()
+atexit.register(_HELPER.stop)
+
+
+def check(pred: str, ref: str, timeout_s: float) -> bool | None:
+    """Whether ``pred`` and ``ref`` are equal by math-verify, within ``timeout_s`` of wall time: True / False, or
+    None past the limit (or when the helper died or hung twice: no verdict rather than a wrong one). RuntimeError
+    when no helper starts."""
+    return _HELPER.check(pred, ref, timeout_s)
+
+
+def helper_pid() -> int | None:
+    """The pid of this process's helper, if one runs (tests)."""
+    proc = _HELPER.proc
+    return proc.pid if proc is not None and _HELPER.owner == os.getpid() and proc.poll() is None else None

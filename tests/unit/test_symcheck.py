@@ -1,0 +1,107 @@
+"""The maths verifier's bounded symbolic check (rewards/symcheck.py): right from many threads at once, a time-out
+is "no verdict" and a crash "not equal", a helper that dies is replaced, a forked caller gets its own helper, and a
+helper never outlives its caller."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.rewards import symcheck
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the bounded check forks (POSIX only)")
+SRC = str(Path(symcheck.__file__).resolve().parents[2])
+TOWER = "10^{10^{10}}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_checks_from_many_threads_at_once_are_each_right():
+    pairs = [(f"{n}\\sqrt{{2}}", f"\\sqrt{{{2 * n * n + 1}}}", False) for n in range(2, 6)]
+    pairs += [(f"\\sqrt{{{2 * n * n}}}", f"{n}\\sqrt{{2}}", True) for n in range(2, 6)]
+    got, spin = {}, threading.Event()
+
+    def busy():  # other threads of the caller running, as torch's and a progress ticker's do
+        while not spin.is_set():
+            sum(range(1000))
+
+    def one(i, pred, ref):
+        got[i] = symcheck.check(pred, ref, 20.0)
+
+    spinners = [threading.Thread(target=busy) for _ in range(2)]
+    workers = [threading.Thread(target=one, args=(i, p, r)) for i, (p, r, _) in enumerate(pairs)]
+    for t in spinners + workers:
+        t.start()
+    for t in workers:
+        t.join()
+    spin.set()
+    assert got == {i: want for i, (_, _, want) in enumerate(pairs)}
+
+
+def test_a_time_out_is_no_verdict_and_the_helper_goes_on():
+    assert symcheck.check("x+1", "1+x", 20.0) is True
+    pid = symcheck.helper_pid()
+    t0 = time.perf_counter()
+    assert symcheck.check(TOWER, "7", 1.0) is None
+    assert time.perf_counter() - t0 < symcheck.GRACE_S  # the helper's own limit ended it, not the caller's grace
+    assert symcheck.helper_pid() == pid and symcheck.check("2x", "x+x", 20.0) is True
+
+
+def test_a_check_that_crashes_or_raises_is_not_equal_and_not_a_time_out():
+    t0 = time.perf_counter()
+    assert symcheck.in_child(lambda: os.kill(os.getpid(), signal.SIGSEGV), 30.0) is False
+    assert symcheck.in_child(lambda: 1 / 0, 30.0) is False
+    assert symcheck.in_child(lambda: True, 30.0) is True
+    assert time.perf_counter() - t0 < 25  # answered when the child died, not at the limit
+    with pytest.raises(symcheck.CheckTimeout):
+        symcheck.in_child(lambda: time.sleep(30), 0.5)
+
+
+def test_a_helper_that_died_is_replaced_and_the_check_answered():
+    assert symcheck.check("x*2", "2*x", 20.0) is True
+    pid = symcheck.helper_pid()
+    os.kill(pid, signal.SIGKILL)  # our own child process
+    assert symcheck.check("x*3", "3*x", 20.0) is True
+    assert symcheck.helper_pid() not in (None, pid)
+
+
+def _in_fork(queue):
+    queue.put((symcheck.check("y+y", "2*y", 20.0), symcheck.helper_pid()))
+
+
+def test_a_forked_caller_starts_its_own_helper():
+    assert symcheck.check("z+z", "2*z", 20.0) is True
+    parent = symcheck.helper_pid()
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_in_fork, args=(queue,))
+    child.start()
+    answer, child_helper = queue.get(timeout=120)
+    child.join(30)
+    assert answer is True and child_helper not in (None, parent)
+    assert symcheck.helper_pid() == parent and symcheck.check("z*z", "z^2", 20.0) is True
+
+
+def test_the_helper_exits_with_its_caller():
+    code = (f"import os, sys; sys.path.insert(0, {SRC!r}); from rlhfkit.rewards import symcheck; "
+            "assert symcheck.check('a+a', '2*a', 60.0) is True; print(symcheck.helper_pid(), flush=True); os._exit(0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, check=True)
+    pid = int(out.stdout.split()[-1])  # the caller ended without its exit handlers (as a killed process does)
+    deadline = time.monotonic() + 30
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
