@@ -105,3 +105,14 @@ def test_the_helper_exits_with_its_caller():
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(pid)
+
+
+def test_what_a_check_prints_or_reads_does_not_mix_with_the_verdicts():
+    code = (f"import sys; sys.path.insert(0, {SRC!r}); from rlhfkit.rewards import maths, symcheck\n"
+            "def noisy(pred, ref):\n"
+            "    print('0'); sys.stdout.flush(); sys.stdin.read(); return pred == ref\n"  # a library that talks
+            "maths._symbolic_equal = noisy\n"
+            "symcheck.serve()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=180,
+                          input=b'{"pred": "a", "ref": "a", "timeout": 20}\n{"pred": "a", "ref": "b", "timeout": 20}\n')
+    assert proc.returncode == 0 and proc.stdout.split() == [b"ready", b"1", b"0"]

@@ -100,12 +100,17 @@ def cap_memory(extra: int) -> None:
 # ─────────────────────────────────────────── the helper process ───────────────────────────────────────────
 
 
-def serve(inp=None, out=None) -> None:
-    """The helper's loop: one JSON request a line ``{"pred", "ref", "timeout"}`` -> one line ``1`` / ``0`` / ``t``
-    (past the limit); ``ready`` first, once SymPy is imported; returns at the end of its input."""
+def serve() -> None:
+    """The helper's loop: one JSON request a line ``{"pred", "ref", "timeout"}`` on stdin -> one line ``1`` / ``0`` /
+    ``t`` (past the limit) on stdout; ``ready`` first, once SymPy is imported; returns at the end of its input. The
+    protocol runs on private copies of fds 0 and 1, which become /dev/null and stderr: nothing a library prints or
+    reads, here or in a check's child, can mix with a verdict."""
+    inp, out = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from rlhfkit.rewards.maths import _math_verify, _symbolic_equal
 
-    inp, out = inp or sys.stdin.buffer, out or sys.stdout.buffer
     _math_verify()  # imported (once) before any check's clock starts; each child inherits it
     out.write(b"ready\n")
     out.flush()
