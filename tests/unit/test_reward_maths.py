@@ -138,7 +138,7 @@ def test_format_reward_is_separate():
         math_format([""], ["7"], form="last_number")
 
 
-def test_symbolic_check_is_bounded_in_time(monkeypatch):
+def test_symbolic_check_is_bounded_in_time():
     # a huge power tower: SymPy would evaluate it for a very long time
     hard = "\\boxed{" + "9^{" * 6 + "9" + "}" * 6 + "}"
     t0 = time.perf_counter()
@@ -146,10 +146,8 @@ def test_symbolic_check_is_bounded_in_time(monkeypatch):
     assert time.perf_counter() - t0 < 10
     assert got in ([None], [0.0])
     assert answers_equal("x", "x", timeout_s=0.5) is True
-    # a check that hangs (SymPy on adversarial input) is cut at the limit and scores None (no opinion)
-    from rlhfkit.rewards import maths
-
-    monkeypatch.setattr(maths, "_symbolic_equal", lambda p, r: time.sleep(30))
+    # a check that hangs (SymPy on a 10-billion-digit power, in C code no signal stops) is cut at the limit and
+    # scores None (no opinion)
     t0 = time.perf_counter()
-    assert math_answer([""], ["\\boxed{y^2}"], answer=["x+1"], timeout_s=0.3) == [None]
+    assert math_answer([""], ["\\boxed{10^{10^{10}}}"], answer=["x+1"], timeout_s=0.3) == [None]
     assert time.perf_counter() - t0 < 5

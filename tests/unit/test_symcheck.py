@@ -108,10 +108,10 @@ def test_the_helper_exits_with_its_caller():
 
 
 def test_what_a_check_prints_or_reads_does_not_mix_with_the_verdicts():
-    code = (f"import sys; sys.path.insert(0, {SRC!r}); from rlhfkit.rewards import maths, symcheck\n"
+    code = (f"import sys; sys.path.insert(0, {SRC!r}); from rlhfkit.rewards import symcheck\n"
             "def noisy(pred, ref):\n"
             "    print('0'); sys.stdout.flush(); sys.stdin.read(); return pred == ref\n"  # a library that talks
-            "maths._symbolic_equal = noisy\n"
+            "symcheck.symbolic_equal = noisy\n"
             "symcheck.serve()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=180,
                           input=b'{"pred": "a", "ref": "a", "timeout": 20}\n{"pred": "a", "ref": "b", "timeout": 20}\n')

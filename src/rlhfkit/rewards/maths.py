@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import decimal
 import functools
-import logging
 import os
 import re
 from collections.abc import Sequence
@@ -243,33 +242,6 @@ def numbers_equal(pred: tuple[Decimal, bool], ref: tuple[Decimal, bool], rel_tol
     return any(_close(a, b, rel_tol) for a, b in candidates)
 
 
-@functools.cache
-def _math_verify():
-    """math-verify, imported and used once on a trivial pair outside any time limit: importing it (SymPy, the ANTLR
-    LaTeX parser) takes seconds on a loaded machine, which must not count against the first real check's limit (the
-    check helper imports it before it answers "ready"; its forked checks inherit it imported)."""
-    import math_verify
-
-    for name in ("math_verify", "latex2sympy2_extended"):  # "timeout disabled" on every call: ours is around it
-        logging.getLogger(name).setLevel(logging.ERROR)
-    configs = [math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()]
-    math_verify.verify(math_verify.parse("$x/2$", extraction_config=configs, parsing_timeout=None),
-                       math_verify.parse("$0.5 x$", extraction_config=configs, parsing_timeout=None),
-                       timeout_seconds=None)
-    return math_verify
-
-
-def _symbolic_equal(pred: str, ref: str) -> bool:
-    mv = _math_verify()
-    parse, verify = mv.parse, mv.verify
-    configs = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
-    gold = parse(f"${ref}$", extraction_config=configs, parsing_timeout=None)
-    got = parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)
-    if not gold or not got:
-        return False
-    return bool(verify(gold, got, timeout_seconds=None))
-
-
 @functools.lru_cache(maxsize=4096)
 def _symbolic_verdict(pred: str, ref: str, timeout_s: float | None) -> bool | None:
     """True / False, or None past ``timeout_s``; cached: the answers of a group repeat, and a pathological pair must
@@ -277,7 +249,7 @@ def _symbolic_verdict(pred: str, ref: str, timeout_s: float | None) -> bool | No
     if timeout_s and hasattr(os, "fork"):
         return symcheck.check(pred, ref, timeout_s)
     try:
-        return _symbolic_equal(pred, ref)
+        return symcheck.symbolic_equal(pred, ref)
     except Exception:  # a parse the library could not finish: not equal
         return False
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import logging
 import os
 import select
 import signal
@@ -40,6 +41,37 @@ GRACE_S = 10.0  # seconds past a check's limit before the helper itself counts a
 
 class CheckTimeout(BaseException):  # BaseException: SymPy code that catches Exception cannot swallow it
     pass
+
+
+# ─────────────────────────────────────────── the check itself ───────────────────────────────────────────
+
+
+@functools.cache
+def verifier():
+    """math-verify, imported and used once on a trivial pair outside any time limit: importing it (SymPy, the ANTLR
+    LaTeX parser) takes seconds on a loaded machine, which must not count against the first real check's limit (the
+    check helper imports it before it answers "ready"; its forked checks inherit it imported)."""
+    import math_verify
+
+    for name in ("math_verify", "latex2sympy2_extended"):  # "timeout disabled" on every call: ours is around it
+        logging.getLogger(name).setLevel(logging.ERROR)
+    configs = [math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig()]
+    math_verify.verify(math_verify.parse("$x/2$", extraction_config=configs, parsing_timeout=None),
+                       math_verify.parse("$0.5 x$", extraction_config=configs, parsing_timeout=None),
+                       timeout_seconds=None)
+    return math_verify
+
+
+def symbolic_equal(pred: str, ref: str) -> bool:
+    """Whether math-verify parses both answers and finds them equal; unbounded (:func:`check` bounds it)."""
+    mv = verifier()
+    parse, verify = mv.parse, mv.verify
+    configs = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
+    gold = parse(f"${ref}$", extraction_config=configs, parsing_timeout=None)
+    got = parse(f"${pred}$", extraction_config=configs, parsing_timeout=None)
+    if not gold or not got:
+        return False
+    return bool(verify(gold, got, timeout_seconds=None))
 
 
 # ─────────────────────────────────────────── the child of one check ───────────────────────────────────────────
@@ -109,14 +141,12 @@ def serve() -> None:
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    from rlhfkit.rewards.maths import _math_verify, _symbolic_equal
-
-    _math_verify()  # imported (once) before any check's clock starts; each child inherits it
+    verifier()  # imported (once) before any check's clock starts; each child inherits it
     out.write(b"ready\n")
     out.flush()
     for line in inp:
         req = json.loads(line)
-        pair = functools.partial(_symbolic_equal, req["pred"], req["ref"])
+        pair = functools.partial(symbolic_equal, req["pred"], req["ref"])
         try:
             verdict = b"1" if in_child(pair, req["timeout"]) else b"0"
         except CheckTimeout:
