@@ -116,3 +116,23 @@ def test_what_a_check_prints_or_reads_does_not_mix_with_the_verdicts():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=180,
                           input=b'{"pred": "a", "ref": "a", "timeout": 20}\n{"pred": "a", "ref": "b", "timeout": 20}\n')
     assert proc.returncode == 0 and proc.stdout.split() == [b"ready", b"1", b"0"]
+
+
+def test_a_check_cut_by_the_callers_own_limit_leaves_no_stale_answer_for_the_next():
+    class Cut(BaseException):
+        pass
+
+    def alarm(signum, frame):
+        raise Cut()
+
+    assert symcheck.check("q+q", "2*q", 20.0) is True
+    old = signal.signal(signal.SIGALRM, alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)  # the caller's limit, as workers.py's in-process calls have
+        with pytest.raises(Cut):
+            symcheck.check(TOWER, "x+1", 3.0)  # the helper answers "t" at 3 s, after the caller gave up
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    time.sleep(3.5)  # past the cut check's limit: a kept helper would have its "t" waiting now
+    assert symcheck.check("q*q", "q^2", 20.0) is True and symcheck.check("q+1", "q", 20.0) is False

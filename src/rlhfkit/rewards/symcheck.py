@@ -175,6 +175,9 @@ class _Helper:
                     line = self._line(time.monotonic() + timeout_s + GRACE_S)
                 except (OSError, ValueError):
                     line = None
+                except BaseException:  # the caller's own time limit (a timer signal) cut the exchange: the answer
+                    self.stop()  # still on its way would be read as the next check's, so this helper goes
+                    raise
                 if line in (b"1", b"0"):
                     return line == b"1"
                 if line == b"t":
@@ -192,7 +195,12 @@ class _Helper:
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      start_new_session=True)  # its stderr is ours: a failed start says why
         self.owner, self.buf = os.getpid(), b""
-        if self._line(time.monotonic() + START_S) != b"ready":
+        try:
+            ready = self._line(time.monotonic() + START_S)
+        except BaseException:  # cut by the caller's own limit while starting: no half-started helper is kept
+            self.stop()
+            raise
+        if ready != b"ready":
             self.stop()
             raise RuntimeError(f"the maths verifier's check process ({sys.executable}) did not start within "
                                f"{START_S:.0f} s (its error, if any, is above); is math-verify installed?")
