@@ -136,3 +136,22 @@ def test_a_check_cut_by_the_callers_own_limit_leaves_no_stale_answer_for_the_nex
         signal.signal(signal.SIGALRM, old)
     time.sleep(3.5)  # past the cut check's limit: a kept helper would have its "t" waiting now
     assert symcheck.check("q*q", "q^2", 20.0) is True and symcheck.check("q+1", "q", 20.0) is False
+
+
+def test_a_fork_while_another_thread_checks_does_not_inherit_its_lock():
+    assert symcheck.check("w+w", "2*w", 20.0) is True
+    busy = threading.Thread(target=symcheck.check, args=(TOWER, "x+1", 2.0))  # holds the lock for ~2 s
+    busy.start()
+    time.sleep(0.3)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_in_fork, args=(queue,))
+    child.start()  # forked while the lock is held
+    try:
+        answer, child_helper = queue.get(timeout=30)
+    finally:
+        child.join(30)
+        if child.is_alive():  # a child stuck on the inherited lock: ours to end
+            child.kill()
+        busy.join()
+    assert answer is True and child_helper is not None

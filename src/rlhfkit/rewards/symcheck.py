@@ -188,8 +188,6 @@ class _Helper:
     def _running(self) -> subprocess.Popen:
         if self.proc is not None and self.owner == os.getpid() and self.proc.poll() is None:
             return self.proc
-        if self.owner != os.getpid():  # inherited through a fork: the parent's helper, its pipes shared; not ours
-            self.proc, self.buf = None, b""
         root = str(Path(__file__).resolve().parents[2])  # the directory that holds the rlhfkit package
         code = f"import sys; sys.path.insert(0, {root!r}); from rlhfkit.rewards.symcheck import serve; serve()"
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -233,8 +231,16 @@ class _Helper:
         proc.wait()
 
 
+    def forget(self) -> None:
+        """In a forked child: the parent's helper and lock are not this process's (the lock may have been held by
+        another thread at the fork); start afresh."""
+        self.lock, self.proc, self.owner, self.buf = threading.Lock(), None, 0, b""
+
+
 _HELPER = _Helper()
 atexit.register(_HELPER.stop)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_HELPER.forget)
 
 
 def check(pred: str, ref: str, timeout_s: float) -> bool | None:
