@@ -63,7 +63,7 @@ def test_a_time_out_is_no_verdict_and_the_helper_goes_on():
 
 def test_a_check_that_crashes_or_raises_is_not_equal_and_not_a_time_out():
     t0 = time.perf_counter()
-    assert symcheck.in_child(lambda: os.kill(os.getpid(), signal.SIGSEGV), 30.0) is False
+    assert symcheck.in_child(lambda: os.kill(os.getpid(), signal.SIGKILL), 30.0) is False  # dies without a word
     assert symcheck.in_child(lambda: 1 / 0, 30.0) is False
     assert symcheck.in_child(lambda: True, 30.0) is True
     assert time.perf_counter() - t0 < 25  # answered when the child died, not at the limit
@@ -155,3 +155,43 @@ def test_a_fork_while_another_thread_checks_does_not_inherit_its_lock():
             child.kill()
         busy.join()
     assert answer is True and child_helper is not None
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table in /proc")
+@pytest.mark.parametrize("how", ["stop", "killed"])
+def test_a_check_running_when_its_helper_ends_ends_with_it(how):
+    assert symcheck.check("v+v", "2*v", 20.0) is True
+    helper = symcheck.helper_pid()
+    pending = threading.Thread(target=symcheck.check, args=(TOWER, "x+1", 5.0))
+    pending.start()
+    deadline = time.monotonic() + 20
+    while not (kids := _children(helper)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kids, "the helper forked no check"
+    try:
+        if how == "stop":  # the caller gives up on it (its own limit, the end of the process)
+            symcheck._HELPER.stop()
+        else:  # the helper killed by something else (the OOM killer)
+            os.kill(helper, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(k) for k in kids), "the check computes on as an orphan"
+    finally:
+        for k in kids:  # our own grandchildren: ended whatever the verdict
+            try:
+                os.kill(k, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pending.join(90)

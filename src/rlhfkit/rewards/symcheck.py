@@ -82,6 +82,7 @@ def in_child(fn, timeout_s: float) -> bool:
     capped at :data:`MEMORY` above this process's. A child that raises or dies without answering gives False. Call
     it from a single-threaded process (the helper); elsewhere a fork can copy another thread's held lock."""
     read_fd, write_fd = os.pipe()
+    parent = os.getpid()
     with warnings.catch_warnings():  # Python 3.12+ warns about fork in a process with threads (the tests call this
         warnings.simplefilter("ignore", DeprecationWarning)  # directly, from pytest's process)
         pid = os.fork()
@@ -89,6 +90,7 @@ def in_child(fn, timeout_s: float) -> bool:
         code = b"e"
         try:
             os.close(read_fd)
+            die_with(parent)
             cap_memory(MEMORY)
             code = b"1" if fn() else b"0"
         except BaseException:  # noqa: BLE001 - any failure of the check is "not equal"
@@ -113,6 +115,19 @@ def in_child(fn, timeout_s: float) -> bool:
     if answer is None:
         raise CheckTimeout()
     return answer == b"1"  # b"" (died without a word) and b"e" (raised) are "not equal"
+
+
+def die_with(parent: int) -> None:
+    """Linux: this process is killed when its parent ends (``PR_SET_PDEATHSIG``), so a check still computing when its
+    helper is killed does not compute on for ever as an orphan; a parent already gone ends it now."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the helper's stop() kills its process group instead
+        pass
+    if os.getppid() != parent:
+        os._exit(0)
 
 
 def cap_memory(extra: int) -> None:
@@ -227,7 +242,10 @@ class _Helper:
                 close()
             except OSError:
                 pass
-        proc.kill()
+        try:  # the helper leads its own process group (start_new_session): it and a check it is running
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
         proc.wait()
 
 
