@@ -15,7 +15,7 @@ without an answer (a crash, the memory cap) is "not equal", as a check that rais
 
 Why our own: :mod:`multiprocessing`'s forkserver forks from a clean process too, but it re-imports the caller's
 ``__main__`` in each worker, so a user's training script without a ``__main__`` guard would run again; and a
-:class:`concurrent.futures.ProcessPoolExecutor` cannot kill one hung task. The helper is ~100 lines.
+:class:`concurrent.futures.ProcessPoolExecutor` cannot kill one hung task.
 """
 
 from __future__ import annotations
@@ -171,12 +171,12 @@ def serve() -> None:
 
 
 class _Helper:
-    """This process's helper, started on first use; shared by its threads under a lock."""
+    """This process's helper, started on first use; shared by its threads under a lock; a forked child forgets it
+    (:meth:`forget`, registered with ``os.register_at_fork``) and starts its own."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.proc: subprocess.Popen | None = None
-        self.owner = 0  # the pid that started it: a forked child of this process starts its own
         self.buf = b""
 
     def check(self, pred: str, ref: str, timeout_s: float) -> bool | None:
@@ -201,13 +201,13 @@ class _Helper:
             return None
 
     def _running(self) -> subprocess.Popen:
-        if self.proc is not None and self.owner == os.getpid() and self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             return self.proc
         root = str(Path(__file__).resolve().parents[2])  # the directory that holds the rlhfkit package
         code = f"import sys; sys.path.insert(0, {root!r}); from rlhfkit.rewards.symcheck import serve; serve()"
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      start_new_session=True)  # its stderr is ours: a failed start says why
-        self.owner, self.buf = os.getpid(), b""
+        self.buf = b""
         try:
             ready = self._line(time.monotonic() + START_S)
         except BaseException:  # cut by the caller's own limit while starting: no half-started helper is kept
@@ -235,7 +235,7 @@ class _Helper:
 
     def stop(self) -> None:
         proc, self.proc, self.buf = self.proc, None, b""
-        if proc is None or self.owner != os.getpid():
+        if proc is None:
             return
         for close in (proc.stdin.close, proc.stdout.close):
             try:
@@ -248,11 +248,10 @@ class _Helper:
             proc.kill()
         proc.wait()
 
-
     def forget(self) -> None:
         """In a forked child: the parent's helper and lock are not this process's (the lock may have been held by
         another thread at the fork); start afresh."""
-        self.lock, self.proc, self.owner, self.buf = threading.Lock(), None, 0, b""
+        self.lock, self.proc, self.buf = threading.Lock(), None, b""
 
 
 _HELPER = _Helper()
@@ -271,4 +270,4 @@ def check(pred: str, ref: str, timeout_s: float) -> bool | None:
 def helper_pid() -> int | None:
     """The pid of this process's helper, if one runs (tests)."""
     proc = _HELPER.proc
-    return proc.pid if proc is not None and _HELPER.owner == os.getpid() and proc.poll() is None else None
+    return proc.pid if proc is not None and proc.poll() is None else None
