@@ -91,6 +91,44 @@ def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sf
     assert torch.isfinite(stats["loss/policy_avg"])
 
 
+def test_top_entropy_quantile_in_the_loop_is_the_loss_on_the_high_entropy_tokens(task_data, sft_dir, tmp_path):
+    """algo.top_entropy_quantile=0.2 (TRL's top_entropy_quantile): a micro-step's gradient is that of the full loss
+    with the advantages zeroed on every token below TRL's threshold (torch.quantile of the mask's entropies at 0.8),
+    KL term included, and it differs from the gradient on every token."""
+    from rlhfkit.config import replace
+    from rlhfkit.train.shared.forward import response_stats
+
+    online = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.top_entropy_quantile=0.2")
+    learner = online.learner
+    exp = rollout_of(online)
+    score_of(online, exp)
+    learner.forward_passes(exp)
+    learner.advantages(exp)
+    idx = torch.arange(len(exp.rollout))
+    adv = torch.linspace(-1.5, 2.0, len(idx))  # by hand: a tiny model's groups may all tie
+    mask = exp.rows_of(idx)["mask"].bool()
+    with torch.no_grad():
+        ent = response_stats(learner.policy, exp.rows_of(idx), online.cfg.generation.temperature, entropy=True).entropy
+    keep = mask & (ent >= torch.quantile(ent[mask].float(), 0.8))
+    assert 0 < keep.sum() < mask.sum()
+
+    def grads(cfg, advantages):
+        learner.cfg = cfg
+        learner.policy.zero_grad(set_to_none=True)
+        batch = {**exp.rows_of(idx), "advantages": advantages}
+        st = learner.policy_micro_step(batch, 1.0)
+        return torch.cat([p.grad.flatten() for p in learner.policy.parameters() if p.grad is not None]), st
+
+    g_top, st = grads(online.cfg, adv)
+    assert float(st["policy/high_entropy_frac"]) == pytest.approx(float(keep.sum() / mask.sum()))
+    every = replace(online.cfg, algo={"top_entropy_quantile": 1.0})
+    g_zeroed, st_every = grads(every, adv[:, None] * keep)
+    assert "policy/high_entropy_frac" not in st_every
+    torch.testing.assert_close(g_top, g_zeroed, rtol=1e-5, atol=1e-8)
+    g_all, _ = grads(every, adv)
+    assert (g_all - g_top).abs().max() > 1e-3 * g_all.abs().max()
+
+
 def test_dynamic_sampling_in_the_loop_keeps_only_informative_groups(task_data, sft_dir, tmp_path):
     trainer = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.dynamic_sampling.enabled=true",
                        "algo.dynamic_sampling.max_draws=6", "algo.num_generations=4", "algo.mini_batch_size=16",

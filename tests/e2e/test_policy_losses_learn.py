@@ -54,3 +54,22 @@ def test_icepop_learns_under_a_real_rollout_mismatch(task_data, sft_dir, gold_of
     print(f"[icepop] gold {sft:.3f} (sft) -> {new:.3f}; masked {sum(masked) / len(masked):.3f} of tokens a step")
     assert any(f > 0 for f in masked) and all(f < 1 for f in masked) and all(w < 1 for w in weights)
     assert new > sft + 0.15, ("icepop", sft, new)
+
+
+@pytest.mark.slow
+def test_high_entropy_tokens_alone_raise_gold(task_data, sft_dir, gold_of, tmp_path):
+    """algo.top_entropy_quantile=0.2 (Wang et al. 2025; TRL's top_entropy_quantile): the policy loss on each
+    micro-batch's 20% most uncertain tokens only still raises the gold metric in the same run, and the logged share of
+    tokens that learned is about the fifth asked for (ties at the threshold may add a few)."""
+    from test_online_variants import metrics_of
+
+    out = tmp_path / "top_entropy"
+    cfg = build_config("grpo", {}, overrides(
+        task_data, sft_dir, out, "algo.top_entropy_quantile=0.2", "algo.rollout_batch_size=8",
+        "algo.num_generations=4", "algo.mini_batch_size=16", "train.batch_size=16", "algo.total_episodes=1024"))
+    run_online(cfg)
+    share = [m["policy/high_entropy_frac"] for m in metrics_of(out) if "policy/high_entropy_frac" in m]
+    sft, new = gold_of(sft_dir), gold_of(out)
+    print(f"[top_entropy_quantile=0.2] gold {sft:.3f} (sft) -> {new:.3f}; share {min(share):.3f}-{max(share):.3f}")
+    assert share and all(0.15 <= s <= 0.35 for s in share)
+    assert new > sft + 0.15, ("top_entropy_quantile", sft, new)

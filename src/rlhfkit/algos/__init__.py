@@ -37,7 +37,7 @@ from rlhfkit.algos.losses import (
     sft_loss,
     value_loss,
 )
-from rlhfkit.algos.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rlhfkit.algos.masked import masked_mean, masked_quantile, masked_sum, masked_var, masked_whiten
 from rlhfkit.algos.policy_losses import (
     BINARY_DIVERGENCES,
     POLICY_LOSSES,
@@ -45,6 +45,7 @@ from rlhfkit.algos.policy_losses import (
     dppo_loss,
     gspo_loss,
     gspo_token_loss,
+    high_entropy_mask,
     luspo_loss,
     ppo_policy_loss,
     sequence_log_ratio,
@@ -96,6 +97,7 @@ __all__ = [
     "gae",
     "gspo_loss",
     "gspo_token_loss",
+    "high_entropy_mask",
     "group_all_tied",
     "grpo_advantages",
     "icepop",
@@ -107,6 +109,7 @@ __all__ = [
     "luspo_loss",
     "masked_is",
     "masked_mean",
+    "masked_quantile",
     "masked_sum",
     "masked_var",
     "masked_whiten",

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algos.losses import aggregate_loss
-from rlhfkit.algos.masked import masked_count, masked_mean, masked_sum, masked_var, zero_outside
+from rlhfkit.algos.masked import masked_count, masked_mean, masked_quantile, masked_sum, masked_var, zero_outside
 
 Stats = dict[str, torch.Tensor]
 _MAX_LOG = 20.0  # the clamp of a log-ratio when log_ratio_clip is None and an exp must still stay finite
@@ -116,6 +116,36 @@ def token_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
 def weighted(per_token: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """``per_token`` times the off-policy weights (no gradient through them); ``None`` leaves it unchanged."""
     return per_token if weights is None else per_token * weights.detach()
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_quantile: float,
+                      pool: torch.Tensor | None = None) -> torch.Tensor:
+    """The tokens whose policy loss counts under "Beyond the 80/20 rule" (Wang et al. 2025, arXiv 2506.01939; TRL's
+    ``top_entropy_quantile``): those in ``mask`` whose entropy is at least the (1 - ``top_quantile``)-quantile of
+    ``pool``, the entropies the threshold is taken over (default: ``entropy`` over ``mask``; a run of several
+    processes passes every process's, as TRL gathers them). ``top_quantile=0.2`` keeps the 20% most uncertain
+    tokens, the "forking" ones; 1 keeps every token of ``mask``; 0 only the highest-entropy one(s). Tied entropies
+    at the threshold are all kept, so more than the fraction can pass. The quantile interpolates linearly
+    (:func:`~rlhfkit.algos.masked.masked_quantile`, as ``torch.quantile`` in TRL).
+
+    entropy, mask: [B, T] -> bool [B, T] (False outside ``mask``, and everywhere for an empty pool); no gradient.
+    The caller multiplies the per-token policy loss by it before the loss is reduced over ``mask``, as TRL does:
+    masked tokens still count in the normaliser, and the KL term is not masked.
+    """
+    if not 0.0 <= top_quantile <= 1.0:
+        raise ValueError(f"top_quantile={top_quantile} outside [0, 1]")
+    valid = mask.bool()
+    if top_quantile >= 1.0:
+        return valid.clone()
+    with torch.no_grad():
+        if pool is None:
+            pool, pool_mask = entropy, valid
+        else:
+            pool_mask = torch.ones_like(pool, dtype=torch.bool)
+        threshold = masked_quantile(pool, pool_mask, 1.0 - top_quantile)
+        if torch.isnan(threshold):
+            return torch.zeros_like(valid)
+        return valid & (zero_outside(entropy.detach(), valid).float() >= threshold)
 
 
 # ───────────────────────────────────────────────────── the losses ─────────────────────────────────────────────────────

@@ -428,6 +428,9 @@ class OnlineAlgoConfig:
     value_clip: float | None = f(0.2, "value clipping range; null = off", gt=0)
     vf_coef: float = f(0.5, "value-loss weight (critic has its own optimizer; scales its loss)", ge=0)
     entropy_coef: float = f(0.0, "entropy bonus coefficient")
+    top_entropy_quantile: float = f(1.0, "the policy loss only on this top fraction of each micro-batch's tokens "
+                                         "by entropy (Wang et al. 2025, Beyond the 80/20 rule; TRL's "
+                                         "top_entropy_quantile; the paper: 0.2); 1 = every token", ge=0, le=1)
     gamma: float = f(1.0, "discount (GAE, REINFORCE++, distill)", ge=0, le=1)
     lam: float = f(0.95, "GAE lambda", ge=0, le=1)
     whiten_advantages: bool = f(True, "normalise advantages over the batch")

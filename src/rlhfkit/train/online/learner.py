@@ -28,7 +28,7 @@ from ...track import NO_PHASES, Phases, PhaseTimer
 from ..lifecycle.distributed import get_strategy
 from ..lifecycle.optim import clip_and_step
 from ..lifecycle.run import Run, set_up_trained
-from ..shared.batches import mean_stats, model_named
+from ..shared.batches import gather_rows, mean_stats, model_named
 from ..shared.forward import disable_dropout, on_device, response_stats, response_values
 from .experience import Experience, distill_metrics
 from .preference import preference_update
@@ -336,12 +336,17 @@ class Learner:
             old = logprobs.detach() if on_policy else batch["old_logprobs"]
             if "rollout_logprobs" in batch:  # on-policy with a correction: its weights and mask from them, row by row
                 self.fold_correction(batch, old)
+            weights, learning = batch.get("is_weights"), batch["mask"]
+            if algo.top_entropy_quantile < 1:  # the policy loss on the high-entropy tokens only (TRL's, with weights)
+                learning = self.high_entropy_tokens(per_token.entropy, batch["mask"])
+                weights = learning.float() if weights is None else weights * learning
             loss, st = self.policy_loss(logprobs, old, batch["advantages"], batch["mask"],
                                         getattr(algo, self.policy_loss.section),  # the loss's own settings
                                         aggregation=algo.loss_aggregation, max_len=self.max_response_len,
-                                        weights=batch.get("is_weights"))
+                                        weights=weights)
             entropy = algos.masked_mean(per_token.entropy, batch["mask"])
-            total = loss - algo.entropy_coef * entropy
+            bonus = entropy if learning is batch["mask"] else algos.masked_mean(per_token.entropy, learning)
+            total = loss - algo.entropy_coef * bonus  # the bonus on the tokens that learn, as TRL's
             if not self.kl_in_reward and "ref_logprobs" in batch:
                 kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
                                         aggregation=algo.loss_aggregation, max_len=self.max_response_len,
@@ -352,7 +357,18 @@ class Learner:
                 "policy/clipfrac_avg": st["clipfrac"], "policy/approxkl_avg": st["approxkl"],
                 "val/ratio": st["ratio_mean"], "val/ratio_var": st["ratio_var"],
                 **{f"policy/{k}": st[k] for k in ("clip_low_frac", "clip_high_frac") if k in st},
+                **({"policy/high_entropy_frac": algos.masked_mean(learning.float(), batch["mask"])}
+                   if learning is not batch["mask"] else {}),
                 **({"logprobs": old} if on_policy else {})}
+
+    def high_entropy_tokens(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``algos.high_entropy_mask`` with ``algo.top_entropy_quantile``; the threshold is taken over every
+        process's tokens of this micro-batch, one threshold for all (TRL gathers them as well)."""
+        entropy = entropy.detach()
+        pool = None
+        if self.acc.num_processes > 1:
+            pool = gather_rows(self.acc, entropy[mask.bool()].float().unsqueeze(-1)).squeeze(-1)
+        return algos.high_entropy_mask(entropy, mask, self.cfg.algo.top_entropy_quantile, pool=pool)
 
     def fold_correction(self, batch: dict, old: torch.Tensor) -> None:
         """The off-policy correction of an on-policy micro-batch (see :meth:`plan`), into ``batch``: its weights
