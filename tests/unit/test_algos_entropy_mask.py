@@ -162,3 +162,25 @@ def test_the_learner_takes_one_threshold_over_every_process():
     assert got.tolist() == [[False, False, False, False, True]]
     alone = algos.high_entropy_mask(ent, mask, 0.5)
     assert alone.sum() == 3  # rank 0's own tokens alone: 1.5, 2, 2.5
+
+
+def test_the_mask_is_trls_own():
+    """Against TRL 1.16's GRPOTrainer.get_high_entropy_mask itself (one process: its gather is the identity), on
+    random batches with ties, padding and every fraction; runs where TRL is installed (the bench's .venv-trl)."""
+    from unittest.mock import Mock
+
+    trl = pytest.importorskip("trl", reason="TRL is not a dependency (bench/learning.py's .venv-trl has it)")
+    trainer = Mock(spec=trl.GRPOTrainer)
+    trainer.accelerator = Mock()
+    trainer.accelerator.pad_across_processes = lambda x, dim=0, pad_index=0: x
+    trainer.accelerator.gather = lambda x: x
+    for seed in range(60):
+        g = torch.Generator().manual_seed(seed)
+        b, t = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 40, (1,), generator=g))
+        ent = torch.rand(b, t, generator=g) * 4
+        if seed % 3 == 0:
+            ent = (ent * 4).round() / 4  # ties
+        mask = (torch.rand(b, t, generator=g) < 0.8).long()
+        for top in (0.0, 0.05, 0.2, 0.5, 0.99):
+            want = trl.GRPOTrainer.get_high_entropy_mask(trainer, ent, mask, 1 - top)
+            assert torch.equal(algos.high_entropy_mask(ent, mask, top), want), (seed, top)
