@@ -91,14 +91,18 @@ def test_off_policy_metrics_and_correction_in_the_loop(correction, task_data, sf
     assert torch.isfinite(stats["loss/policy_avg"])
 
 
-def test_top_entropy_quantile_in_the_loop_is_the_loss_on_the_high_entropy_tokens(task_data, sft_dir, tmp_path):
+@pytest.mark.parametrize("loss", ["ppo", "vespo"])
+def test_top_entropy_quantile_in_the_loop_is_the_loss_on_the_high_entropy_tokens(loss, task_data, sft_dir, tmp_path):
     """algo.top_entropy_quantile=0.2 (TRL's top_entropy_quantile): a micro-step's gradient is that of the full loss
     with the advantages zeroed on every token below TRL's threshold (torch.quantile of the mask's entropies at 0.8),
-    KL term included, and it differs from the gradient on every token."""
+    KL term included, and it differs from the gradient on every token. For vespo the selection goes apart from its
+    weights (``token_keep``: its kernel still sees every token); with one advantage a row, zeroing the others'
+    advantages leaves each row's kernel as it was, so the same equality holds."""
     from rlhfkit.config import replace
     from rlhfkit.train.shared.forward import response_stats
 
-    online = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.top_entropy_quantile=0.2")
+    online = _trainer(task_data, sft_dir, tmp_path, "grpo", "algo.top_entropy_quantile=0.2",
+                      f"algo.policy_loss={loss}")
     learner = online.learner
     exp = rollout_of(online)
     score_of(online, exp)

@@ -184,3 +184,28 @@ def test_the_mask_is_trls_own():
         for top in (0.0, 0.05, 0.2, 0.5, 0.99):
             want = trl.GRPOTrainer.get_high_entropy_mask(trainer, ent, mask, 1 - top)
             assert torch.equal(algos.high_entropy_mask(ent, mask, top), want), (seed, top)
+
+
+def test_vespo_keeps_its_kernel_on_every_token_and_learns_on_the_kept_ones():
+    """vespo_loss(token_keep=...): the kernel phi(W) is taken over every token (detached), so the gradient is the
+    all-token gradient times the selection, token for token; selecting through ``weights`` instead would fold the
+    0/1 factors into W and change the kernel (TRL multiplies its per-token loss after the kernel)."""
+    g = torch.Generator().manual_seed(3)
+    mask = torch.rand(4, 7, generator=g) < 0.85
+    mask[:, 0] = True
+    old = -torch.rand(4, 7, generator=g) * 2
+    new = old + 0.3 * torch.randn(4, 7, generator=g)
+    adv = torch.tensor([1.0, -2.0, 0.5, -0.7])
+    keep = algos.high_entropy_mask(torch.rand(4, 7, generator=g), mask, 0.4)
+
+    def grad(**kw):
+        lp = new.clone().requires_grad_(True)
+        loss, _ = algos.vespo_loss(lp, old, adv, mask, **kw)
+        loss.backward()
+        return loss, lp.grad
+
+    loss_all, g_all = grad()
+    loss_keep, g_keep = grad(token_keep=keep)
+    torch.testing.assert_close(g_keep, g_all * keep)
+    _, g_weights = grad(weights=keep.float())  # the wrong channel: the kernel changes
+    assert not torch.allclose(g_weights[keep], g_keep[keep])

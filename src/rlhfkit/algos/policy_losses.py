@@ -471,6 +471,7 @@ def vespo_loss(
     max_len: int | None = None,
     log_ratio_clip: float | None = 20.0,
     weights: torch.Tensor | None = None,
+    token_keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """VESPO: -sg(phi(W_i)) A_t log pi(y_t) per token, W_i = prod_t pi / pi_old over the row (the sequence IS ratio),
     phi(W) = W^k exp(lambda (1 - W)) (= 1 at W = 1), k, lambda = k_pos, lambda_pos for a sequence advantage >= 0 and
@@ -486,6 +487,9 @@ def vespo_loss(
     multiply the loss again. They must be token ratios: a sequence-level correction (its row ratio on every token)
     is refused when the config is built (``PolicyLoss.sequence_weights``), as TRL refuses its sequence modes. A token
     of weight 0 (``icepop`` outside its band) enters neither W nor the loss.
+    ``token_keep`` (optional [B, T] 0/1, no gradient): the tokens whose loss counts once W is taken (the high-entropy
+    tokens of ``algo.top_entropy_quantile``): the others still enter W and the normaliser, as TRL multiplies its
+    per-token loss by the entropy mask after the kernel. (``weights`` cannot carry it: they are folded into W.)
     ``advantages`` [B, T] keep their per-token values; the kernel's sign is the row's (masked mean). TRL reduces with
     a token mean over the batch (``aggregation="token_mean"``).
     stats: clipfrac = token mean of max(0, 1 - phi) (how much the kernel damps; it clips nothing), approxkl,
@@ -503,6 +507,8 @@ def vespo_loss(
     lam = torch.where(nonneg, log_w.new_tensor(lambda_pos), log_w.new_tensor(lambda_neg))
     phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).detach()  # [B], 0 (not NaN) far from W = 1
     per_token = -phi.unsqueeze(-1) * advantages_tok * zero_outside(logprobs, keep)
+    if token_keep is not None:
+        per_token = per_token * token_keep.detach().to(per_token.dtype)
     loss = aggregate_loss(per_token, mask, aggregation, max_len)
     damped = (1.0 - phi).clamp_min(0.0).unsqueeze(-1).expand_as(log_ratio)
     return loss, ratio_stats(torch.exp(log_ratio), log_ratio, damped, mask)
@@ -553,7 +559,9 @@ class PolicyLoss:
     name: str
     fn: PolicyLossFn
     section: str
-    sequence_weights: bool = True  # False: ``weights`` are read as token ratios (a sequence-level correction refused)
+    # False: ``weights`` are read as token ratios folded into the loss's own sequence ratio (a sequence-level correction
+    # refused), so a 0/1 token selection goes as ``token_keep`` instead
+    sequence_weights: bool = True
 
     def __call__(
         self,

@@ -293,10 +293,6 @@ def _check_online(cfg) -> None:
     if algo.top_entropy_quantile < 1 and algo.objective == "preference":
         raise ConfigError("algo.top_entropy_quantile selects tokens of the policy loss; online preference learning "
                           "(algo.objective=preference) has none", where="algo.top_entropy_quantile", fix="remove it")
-    if algo.top_entropy_quantile < 1 and not algos.POLICY_LOSSES[algo.policy_loss].sequence_weights:
-        raise ConfigError(f"{algo.policy_loss} folds its token factors into its own sequence ratio, so masking "
-                          "low-entropy tokens would change that ratio, not only which tokens learn (not built)",
-                          where="algo.top_entropy_quantile", fix="remove it, or choose another algo.policy_loss")
     if algo.kl.adaptive and algo.kl.coef == 0:
         raise ConfigError("the adaptive KL controller cannot move a coefficient of 0", where="algo.kl.coef",
                           fix="give an initial algo.kl.coef > 0")

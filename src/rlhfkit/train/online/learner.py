@@ -336,14 +336,17 @@ class Learner:
             old = logprobs.detach() if on_policy else batch["old_logprobs"]
             if "rollout_logprobs" in batch:  # on-policy with a correction: its weights and mask from them, row by row
                 self.fold_correction(batch, old)
-            weights, learning = batch.get("is_weights"), batch["mask"]
-            if algo.top_entropy_quantile < 1:  # the policy loss on the high-entropy tokens only (TRL's, with weights)
+            weights, learning, keep = batch.get("is_weights"), batch["mask"], {}
+            if algo.top_entropy_quantile < 1:  # the policy loss on the high-entropy tokens only (TRL's placement)
                 learning = self.high_entropy_tokens(per_token.entropy, batch["mask"])
-                weights = learning.float() if weights is None else weights * learning
+                if self.policy_loss.sequence_weights:  # a factor on the per-token loss, as the correction's
+                    weights = learning.float() if weights is None else weights * learning
+                else:  # its weights are ratios folded into its sequence ratio: the selection goes apart
+                    keep = {"token_keep": learning}
             loss, st = self.policy_loss(logprobs, old, batch["advantages"], batch["mask"],
                                         getattr(algo, self.policy_loss.section),  # the loss's own settings
                                         aggregation=algo.loss_aggregation, max_len=self.max_response_len,
-                                        weights=weights)
+                                        weights=weights, **keep)
             entropy = algos.masked_mean(per_token.entropy, batch["mask"])
             bonus = entropy if learning is batch["mask"] else algos.masked_mean(per_token.entropy, learning)
             total = loss - algo.entropy_coef * bonus  # the bonus on the tokens that learn, as TRL's
