@@ -135,7 +135,7 @@ def test_policy_loss_on_the_high_entropy_tokens_gradient(aggregation):
 
 def test_the_learner_takes_one_threshold_over_every_process():
     """Learner.high_entropy_tokens on "rank 0" of two: the other rank's tokens (here all more uncertain) enter the
-    threshold through the gather, as TRL's accelerator.gather does, so rank 0 keeps fewer than its own fifth."""
+    threshold through the gather, as TRL's accelerator.gather does, so rank 0 keeps fewer than its own half."""
     from types import SimpleNamespace
 
     from rlhfkit.train.online.learner import Learner
@@ -150,9 +150,8 @@ def test_the_learner_takes_one_threshold_over_every_process():
             return torch.cat([t, t.new_zeros(n - t.shape[0], *t.shape[1:])])
 
         def gather(self, t):  # rank 0's padded rows, then rank 1's (valid flag 1 as gather_rows appends)
-            mine = t
             theirs = self.pad_across_processes(torch.cat([other, torch.ones_like(other)], 1))
-            return torch.cat([mine, theirs])
+            return torch.cat([t, theirs])
 
     ent = torch.tensor([[0.5, 1.0, 1.5, 2.0, 2.5]])
     mask = torch.ones_like(ent, dtype=torch.bool)

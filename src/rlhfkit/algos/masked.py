@@ -93,20 +93,22 @@ def masked_whiten(
     return zero_outside(whitened, mask)
 
 
-def masked_quantile(x: torch.Tensor, mask: torch.Tensor, q: float) -> torch.Tensor:
+def masked_quantile(x: torch.Tensor, mask: torch.Tensor | None, q: float) -> torch.Tensor:
     """The ``q``-quantile (0 <= q <= 1) of ``x`` over the masked positions of the whole tensor, by linear
     interpolation between the two nearest order statistics: with the n masked values sorted, v_0 <= ... <= v_{n-1},
     position q (n - 1) (``torch.quantile`` / ``numpy.quantile``'s default ``linear``). Never above v_ceil (the
     interpolation's rounding cannot pass the upper value, so ``x >= quantile`` keeps what it should).
 
-    x: [...]; mask: broadcastable to x -> scalar, float32 for a bf16 / fp16 x, NaN for an empty mask; no gradient.
+    x: [...]; mask: broadcastable to x (None: every value) -> scalar, float32 for a bf16 / fp16 x, NaN for an empty
+    mask; no gradient.
     A sort rather than ``torch.quantile``, which refuses more than 2^24 values (a batch of long answers gathered
     from many processes passes that).
     """
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"quantile q={q} outside [0, 1]")
     with torch.no_grad():
-        values = torch.sort(_acc(x.detach()[torch.broadcast_to(mask.bool(), x.shape)]).flatten()).values
+        kept = x.detach() if mask is None else x.detach()[torch.broadcast_to(mask.bool(), x.shape)]
+        values = torch.sort(_acc(kept).flatten()).values
         n = values.numel()
         if n == 0:
             return torch.full((), float("nan"), dtype=values.dtype, device=x.device)

@@ -138,14 +138,11 @@ def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, top_quantile: f
     if top_quantile >= 1.0:
         return valid.clone()
     with torch.no_grad():
-        if pool is None:
-            pool, pool_mask = entropy, valid
-        else:
-            pool_mask = torch.ones_like(pool, dtype=torch.bool)
-        threshold = masked_quantile(pool, pool_mask, 1.0 - top_quantile)
+        threshold = masked_quantile(entropy, valid, 1.0 - top_quantile) if pool is None \
+            else masked_quantile(pool, None, 1.0 - top_quantile)
         if torch.isnan(threshold):
             return torch.zeros_like(valid)
-        return valid & (zero_outside(entropy.detach(), valid).float() >= threshold)
+        return valid & (entropy.float() >= threshold)  # padding (NaN / inf there too) is out by ``valid``
 
 
 # ───────────────────────────────────────────────────── the losses ─────────────────────────────────────────────────────

@@ -336,7 +336,7 @@ class Learner:
             old = logprobs.detach() if on_policy else batch["old_logprobs"]
             if "rollout_logprobs" in batch:  # on-policy with a correction: its weights and mask from them, row by row
                 self.fold_correction(batch, old)
-            weights, learning, keep = batch.get("is_weights"), batch["mask"], {}
+            weights, learning, keep = batch.get("is_weights"), None, {}  # learning: the selected tokens, if any
             if algo.top_entropy_quantile < 1:  # the policy loss on the high-entropy tokens only (TRL's placement)
                 learning = self.high_entropy_tokens(per_token.entropy, batch["mask"])
                 if self.policy_loss.sequence_weights:  # a factor on the per-token loss, as the correction's
@@ -348,7 +348,7 @@ class Learner:
                                         aggregation=algo.loss_aggregation, max_len=self.max_response_len,
                                         weights=weights, **keep)
             entropy = algos.masked_mean(per_token.entropy, batch["mask"])
-            bonus = entropy if learning is batch["mask"] else algos.masked_mean(per_token.entropy, learning)
+            bonus = entropy if learning is None else algos.masked_mean(per_token.entropy, learning)
             total = loss - algo.entropy_coef * bonus  # the bonus on the tokens that learn, as TRL's
             if not self.kl_in_reward and "ref_logprobs" in batch:
                 kl_l, _ = algos.kl_loss(logprobs, batch["ref_logprobs"], batch["mask"], estimator=algo.kl.estimator,
@@ -361,7 +361,7 @@ class Learner:
                 "val/ratio": st["ratio_mean"], "val/ratio_var": st["ratio_var"],
                 **{f"policy/{k}": st[k] for k in ("clip_low_frac", "clip_high_frac") if k in st},
                 **({"policy/high_entropy_frac": algos.masked_mean(learning.float(), batch["mask"])}
-                   if learning is not batch["mask"] else {}),
+                   if learning is not None else {}),
                 **({"logprobs": old} if on_policy else {})}
 
     def high_entropy_tokens(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
