@@ -102,10 +102,21 @@ def test_mismatch_stats_hand_values_and_tail():
     assert st["logprob_diff_mean"].item() == pytest.approx((math.log(3.0) + math.log(4.0)) / 100)
     assert st["is_ratio_outside_frac"].item() == pytest.approx(2 / 100)
     ratios = torch.sort(torch.tensor([3.0, 0.25] + [1.0] * 98)).values
-    assert st["is_ratio_p99"].item() == pytest.approx(torch.quantile(ratios, 0.99).item())
+    # position 0.99 x 99 = 98.01 between 1.0 and 3.0: 1.02 (torch.quantile's float32 position gives 1.0200043)
+    assert st["is_ratio_p99"].item() == pytest.approx(1.02)
+    assert st["is_ratio_p99"].item() == pytest.approx(torch.quantile(ratios, 0.99).item(), rel=1e-5)
     assert st["is_ratio_p99"].item() > 1.0  # the tail shows where the mean (about 1.02) hides it
     empty = mismatch_stats(old, old, torch.zeros(1, 101))
     assert empty["logprob_diff_max"].item() == 0.0 and empty["is_ratio_p99"].item() == 1.0
+
+
+def test_mismatch_stats_past_torch_quantiles_size_limit():
+    """A step of more than 2^24 tokens (every process's, gathered): torch.quantile refused it; the p99 is taken."""
+    n = 2**24 + 5
+    old = torch.zeros(1, n)
+    old[0, :1000] = math.log(2.0)  # the top 1000 tokens: rho 2, far inside the top 1 %
+    st = mismatch_stats(old, torch.zeros(1, n), torch.ones(1, n, dtype=torch.bool))
+    assert st["is_ratio_p99"].item() == 1.0 and st["logprob_diff_max"].item() == pytest.approx(math.log(2.0))
 
 
 def test_config_off_policy_choices_and_bounds():

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from rlhfkit.algos.masked import masked_quantile
+
 _MAX_LOG = 20.0  # log-ratios are clamped to +-20 before exp (a row's sum can be large; e^20 is far past any cap)
 
 
@@ -123,7 +125,8 @@ def mismatch_stats(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, m
 
     logprob_diff_mean / _max: mean / max of |log pi_old - log pi_rollout| over masked tokens; is_ratio_mean,
     is_ratio_p99: mean and 99th percentile of the token ratio rho; is_ratio_outside_frac: fraction of tokens with
-    rho outside [low, high]. An empty mask gives zeros (ratio stats 1).
+    rho outside [low, high]. An empty mask gives zeros (ratio stats 1). The percentile is ``masked_quantile``'s
+    (``torch.quantile``'s linear rule, without its 2^24-value limit: a step's tokens of every process pass it).
     """
     with torch.no_grad():
         m = mask.bool()
@@ -134,7 +137,7 @@ def mismatch_stats(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, m
                     "is_ratio_outside_frac": zero}
         rho = torch.exp(diff.clamp(-_MAX_LOG, _MAX_LOG))
         return {"logprob_diff_mean": diff.abs().mean(), "logprob_diff_max": diff.abs().max(),
-                "is_ratio_mean": rho.mean(), "is_ratio_p99": torch.quantile(rho, 0.99),
+                "is_ratio_mean": rho.mean(), "is_ratio_p99": masked_quantile(rho, None, 0.99),
                 "is_ratio_outside_frac": ((rho < low) | (rho > high)).float().mean()}
 
 
