@@ -79,6 +79,19 @@ def test_reinforce_pp_raises_reward(task_data, sft_dir, tmp_path):
     assert last["eval/scores"] > first["objective/scores"] + 0.1
 
 
+@pytest.mark.slow
+def test_w_reinforce_raises_gold(task_data, sft_dir, gold_of, tmp_path):
+    """W-REINFORCE (no baseline, right answers weighted 0.1) on the grpo recipe: the gold metric rises, and the
+    estimator's own section reaches it (a lambda of 0.1 gives right answers a tenth of a wrong answer's push)."""
+    out = tmp_path / "w_reinforce"
+    cfg = build_config("grpo", {}, online_overrides(
+        task_data, sft_dir, out, REWARD_FN, "algo.advantage=w_reinforce", "reward.missing_eos_scope=all",
+        "algo.rollout_batch_size=8", "algo.num_generations=4", "algo.mini_batch_size=32", "algo.total_episodes=1024"))
+    run_online(cfg)
+    sft, new = gold_of(sft_dir), gold_of(out)
+    assert new > sft + 0.1, (sft, new)
+
+
 def _trainer(task_data, sft_dir, tmp_path, recipe="grpo", *extra):
     cfg = build_config(recipe, {}, online_overrides(
         task_data, sft_dir, tmp_path / "t", REWARD_FN, "algo.rollout_batch_size=4", "algo.num_generations=2",

@@ -160,7 +160,7 @@ def test_reinforce_pp_advantages_whitened_over_batch():
 
 
 def test_registry():
-    assert set(ADVANTAGE_ESTIMATORS) == {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "distill"}
+    assert set(ADVANTAGE_ESTIMATORS) == {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "w_reinforce", "distill"}
     assert ADVANTAGE_ESTIMATORS["gae"].needs_critic
     assert not any(ADVANTAGE_ESTIMATORS[n].needs_critic for n in ("grpo", "dr_grpo", "rloo", "reinforce_pp", "distill"))
     assert {n for n, e in ADVANTAGE_ESTIMATORS.items() if e.group_based} == {"grpo", "dr_grpo", "rloo"}

@@ -13,6 +13,7 @@ from rlhfkit.algos import (
     reinforce_pp_returns,
     rloo_advantages,
     shaped_token_rewards,
+    w_reinforce_advantages,
 )
 
 
@@ -58,6 +59,7 @@ def test_every_estimator_equals_its_direct_formula(kl_in_reward):
         "rloo": rloo_advantages(seq, k).unsqueeze(-1) * mask,
         "reinforce_pp": reinforce_pp_advantages(rewards, mask, 1.0),
         "distill": reinforce_pp_returns(rewards, mask, 1.0),  # the teacher's rewards are added to ``rewards``
+        "w_reinforce": w_reinforce_advantages(seq).unsqueeze(-1) * mask,  # its function's defaults (no settings)
     }
     assert set(expected) == set(ADVANTAGE_ESTIMATORS)
     for name, est in ADVANTAGE_ESTIMATORS.items():

@@ -11,6 +11,7 @@ from rlhfkit.algos.advantages import (
     rloo_advantages,
     shaped_token_rewards,
     teacher_token_rewards,
+    w_reinforce_advantages,
 )
 from rlhfkit.algos.corrections import (
     OFF_POLICY_CORRECTIONS,
@@ -121,6 +122,7 @@ __all__ = [
     "preference_pairs",
     "reinforce_pp_advantages",
     "reinforce_pp_returns",
+    "w_reinforce_advantages",
     "rloo_advantages",
     "sequence_log_ratio",
     "sft_loss",

@@ -1,5 +1,6 @@
-"""Advantage estimators: GAE (with a critic), group baselines (GRPO, Dr. GRPO, RLOO), REINFORCE++, and on-policy
-distillation (the teacher's per-token reward, :func:`teacher_token_rewards`, under the ``distill`` estimator).
+"""Advantage estimators: GAE (with a critic), group baselines (GRPO, Dr. GRPO, RLOO), REINFORCE++, W-REINFORCE (no
+baseline, right answers down-weighted), and on-policy distillation (the teacher's per-token reward,
+:func:`teacher_token_rewards`, under the ``distill`` estimator).
 
 Token-level estimators take [B, T] tensors with a response ``mask`` (1 from the first response token up to and
 including EOS, 0 after). Positions where the mask is 0 are *skipped*: the reverse scan links each valid token to
@@ -14,9 +15,11 @@ over dim 0.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -154,6 +157,24 @@ def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, gamma: fl
     return masked_whiten(reinforce_pp_returns(rewards, mask, gamma), mask)
 
 
+def w_reinforce_advantages(
+    scores: torch.Tensor, positive_weight: float = 0.1, center: float = 0.0, valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """W-REINFORCE advantages (Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
+    Reasoning", arXiv 2506.01347): the objective lambda * L_PSR + L_NSR, REINFORCE with no baseline in which
+    a positive sample's reward counts ``positive_weight`` (lambda; the paper: 0.1) times and a negative's in full.
+
+    r = score - ``center``; advantage = lambda * r where r > 0, r elsewhere (r = 0: 0). The paper's rewards are +1 /
+    -1 with ``center`` 0, giving +lambda / -1; a 0 / 1 verifier with ``center`` 0.5 gives +lambda / 2 and -1 / 2 (the
+    same direction, half the scale), and a score below the verifier's 0 (a penalty) a larger push down.
+    scores: [N] one score per sample -> [N]. ``valid`` [N] bool (optional): invalid samples get 0. No groups: every
+    sample is measured against the fixed ``center``, so the answers of a prompt that all fail are each pushed down.
+    """
+    r = scores - center
+    adv = torch.where(r > 0, positive_weight * r, r)
+    return adv if valid is None else torch.where(valid.bool(), adv, torch.zeros_like(adv))
+
+
 def shaped_token_rewards(
     scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float, kl_in_reward: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,6 +246,12 @@ def _reinforce_pp_estimator(token_rewards, mask, *, values=None, group_size=1, g
     return reinforce_pp_advantages(token_rewards, mask, gamma), None
 
 
+def _w_reinforce_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0,
+                           positive_weight=0.1, center=0.0):
+    seq = zero_outside(token_rewards, mask.bool()).sum(-1)
+    return w_reinforce_advantages(seq, positive_weight, center, valid=mask.bool().any(-1)).unsqueeze(-1) * mask, None
+
+
 def _distill_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
     """On-policy distillation: the advantage of a token is the discounted return of the per-token rewards from it on,
     neither baselined nor whitened (``gamma=0``, the distill recipe's default: each token's own reward, i.e. its
@@ -241,7 +268,8 @@ class AdvantageEstimator:
     group_based: needs k >= 2 completions per prompt (completion-major layout); kl_in_reward_default: where
     ``algo.kl.placement=auto`` puts the KL penalty — in the per-token reward (True) or in the loss (False, GRPO's
     beta term); needs_teacher: its advantages are meaningful only with the teacher's per-token rewards
-    (``teacher.model`` set; the config refuses it otherwise).
+    (``teacher.model`` set; the config refuses it otherwise); section: ``algo.<section>`` of the online config holds
+    the estimator's own settings, passed to ``fn`` as keywords (:meth:`settings`); None = it has none.
     """
 
     name: str
@@ -250,6 +278,14 @@ class AdvantageEstimator:
     group_based: bool
     kl_in_reward_default: bool
     needs_teacher: bool = False
+    section: str | None = None
+
+    def settings(self, algo: Any) -> dict[str, Any]:
+        """The keywords ``algo.<section>`` (a frozen dataclass) gives ``fn``; {} without a section."""
+        if self.section is None:
+            return {}
+        return {fl.name: getattr(getattr(algo, self.section), fl.name)
+                for fl in dataclasses.fields(getattr(algo, self.section))}
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
@@ -264,6 +300,8 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
                            kl_in_reward_default=True),
         AdvantageEstimator("reinforce_pp", _reinforce_pp_estimator, needs_critic=False, group_based=False,
                            kl_in_reward_default=True),
+        AdvantageEstimator("w_reinforce", _w_reinforce_estimator, needs_critic=False, group_based=False,
+                           kl_in_reward_default=False, section="w_reinforce"),
         AdvantageEstimator("distill", _distill_estimator, needs_critic=False, group_based=False,
                            kl_in_reward_default=True, needs_teacher=True),
     )

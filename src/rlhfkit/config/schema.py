@@ -418,8 +418,17 @@ class OnlinePreferenceConfig:
 
 
 @dataclass(frozen=True)
+class WReinforceConfig:
+    positive_weight: float = f(0.1, "lambda: a positive sample's advantage is lambda x (score - center), a negative's "
+                                    "score - center (Zhu et al. 2025: 0.1)", ge=0)
+    center: float = f(0.5, "the score that splits positive from negative samples: 0.5 for a 0 / 1 verifier (the "
+                           "paper's +1 / -1 rewards: 0)")
+
+
+@dataclass(frozen=True)
 class OnlineAlgoConfig:
-    advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp | distill (needs teacher.model)")
+    advantage: str = f("gae", "gae (PPO) | grpo | dr_grpo | rloo | reinforce_pp | w_reinforce (no baseline, positive "
+                              "samples down-weighted: algo.w_reinforce) | distill (needs teacher.model)")
     num_generations: int = f(1, "completions per prompt (k); group estimators need k >= 2", ge=1)
     rollout_batch_size: int = f(16, "prompts per rollout step (times num_generations responses)", ge=1)
     ppo_epochs: int = f(2, "passes over each rollout batch", ge=1)
@@ -459,6 +468,9 @@ class OnlineAlgoConfig:
                                "smooth Gamma kernel, detached, times log pi (VESPO)")
     luspo: LUSPOLossConfig = f(LUSPOLossConfig(), "settings of policy_loss=luspo: GSPO's clipped sequence loss "
                                "scaled by the sequence's length (LUSPO)")
+    w_reinforce: WReinforceConfig = f(WReinforceConfig(), "settings of advantage=w_reinforce: REINFORCE without a "
+                                      "baseline, each sample's score less a fixed center, the positive ones weighted "
+                                      "lambda (W-REINFORCE, Zhu et al. 2025)")
     filter_tied_groups: bool = f(False, "drop groups whose rewards all tie (no learning signal)")
     kl: KLConfig = f(KLConfig(), "KL control to the reference model")
     overlong: OverlongConfig = f(OverlongConfig(), "DAPO overlong reward shaping and filtering")

@@ -6,10 +6,10 @@ in it (:data:`NOT_FINGERPRINTED`): where it is written and how it is watched (``
 ``max_nonfinite_skips`` keys of ``train``), memory savers (``memory.*``, ``model.gradient_checkpointing``), and the
 run length (``train.epochs``, ``train.max_steps``, ``algo.total_episodes``): a resumed run may be made longer or
 shorter; the LR schedule is then recomputed for the new length from the update reached. Nor are the sections of
-policy losses the run does not use (``algo.gspo.*`` in a ``ppo`` run). A checkpoint's fingerprint is read in
-today's key names (:data:`RENAMED_KEYS`: ``algo.clip_low`` of an earlier version is ``algo.<its loss's
-section>.clip_low``). Every manifest holds it (:func:`checkpoint_fingerprint`), and so does ``finished.json``;
-``train/lifecycle/session.py`` compares them.
+policy losses and advantage estimators the run does not use (``algo.gspo.*`` in a ``ppo`` run). A checkpoint's
+fingerprint is read in today's key names (:data:`RENAMED_KEYS`: ``algo.clip_low`` of an earlier version is
+``algo.<its loss's section>.clip_low``). Every manifest holds it (:func:`checkpoint_fingerprint`), and so does
+``finished.json``; ``train/lifecycle/session.py`` compares them.
 """
 
 from __future__ import annotations
@@ -160,11 +160,15 @@ def _policy_section(fingerprint: dict) -> str | None:
 
 
 def _without_unused_policy_sections(fingerprint: dict) -> dict:
-    """The settings of policy losses and off-policy corrections the run does not use (``algo.<section>.*``,
-    ``algo.off_policy.<section>.*`` of the others) do not define it: a variant added later never blocks a resume."""
+    """The settings of policy losses, advantage estimators and off-policy corrections the run does not use
+    (``algo.<section>.*``, ``algo.off_policy.<section>.*`` of the others) do not define it: a variant added later
+    never blocks a resume."""
     used, corr = _policy_section(fingerprint), fingerprint.get("algo.off_policy.correction")
     unused = tuple(f"algo.{p.section}." for p in algos.POLICY_LOSSES.values() if used and p.section != used) + tuple(
         f"algo.off_policy.{c.section}." for c in algos.OFF_POLICY_CORRECTIONS.values() if c.section and c.name != corr)
+    if "algo.advantage" in fingerprint:
+        unused += tuple(f"algo.{e.section}." for e in algos.ADVANTAGE_ESTIMATORS.values()
+                        if e.section and e.name != fingerprint["algo.advantage"])
     if fingerprint.get("algo.objective", "policy") != "preference":  # online DPO's settings
         unused += ("algo.preference.",)
     return {k: v for k, v in fingerprint.items() if not k.startswith(unused)}

@@ -260,7 +260,7 @@ class Learner:
             scale = 1.0 / math.sqrt(max(self.moments.var, 1e-8)) if self.cfg.reward.normalize else 1.0
             token_rewards = token_rewards + scale * algos.turn_reward_shift(exp.turn_rewards, mask)
         adv, exp.returns = self.estimator.fn(token_rewards, mask, values=exp.values, group_size=self.k,
-                                             gamma=algo.gamma, lam=algo.lam)
+                                             gamma=algo.gamma, lam=algo.lam, **self.estimator.settings(algo))
         if algo.whiten_advantages:
             adv = algos.masked_whiten(adv, mask)
         if algo.filter_tied_groups and self.estimator.group_based:  # groups without signal leave every loss
