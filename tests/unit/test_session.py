@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -480,3 +481,21 @@ def test_a_reward_function_setting_added_later_keeps_old_fingerprints():
     assert old == [{"fn": "exact_match", "weight": 1.0, "name": None, "kwargs": {}}]
     trl = run_fingerprint(build_config("grpo", {}, ["reward.functions=[{fn: exact_match, convention: trl}]"]))
     assert trl["reward.functions"][0]["convention"] == "trl"
+
+
+#: default changes made on purpose since a kept fingerprint: (file, recipe) -> the diff lines a resume then shows
+#: (the run's first lines name them; setting the earlier value resumes the run)
+_DELIBERATE = {("2026-11-28_fd5f10b", "grpo"): ["algo.ppo_epochs: 2 -> 1", "reward.missing_eos_scope: all -> varied"]}
+
+
+@pytest.mark.parametrize("kept", sorted(p.stem for p in (Path(__file__).parent / "fingerprints").glob("*.json")))
+def test_checkpoints_of_earlier_versions_still_resume(kept):
+    """Every recipe's default fingerprint as an earlier version wrote it (tests/unit/fingerprints/, dumped from that
+    commit's code) matches today's: a config key added since is read at the value that gives the earlier behaviour
+    (ADDED_KEYS / ADDED_KEYS_ALL), never '(unset)', which would refuse every such checkpoint with no setting to
+    give. Only the defaults changed on purpose differ, by value."""
+    old = json.loads((Path(__file__).parent / "fingerprints" / f"{kept}.json").read_text())
+    for recipe, fingerprint in old.items():
+        now = {k: v for k, v in run_fingerprint(build_config(recipe, {}, ["model.name=x"])).items()
+               if not k.startswith(("data.train", "data.eval"))}  # data files: fingerprinted by content
+        assert fingerprint_diff(fingerprint, now) == _DELIBERATE.get((kept, recipe), []), (kept, recipe)

@@ -36,9 +36,13 @@ NOT_FINGERPRINTED = ("output_dir", "track.", "memory.", "model.gradient_checkpoi
 LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
 #: keys added since a checkpoint may have been written, with the value that gives the behaviour of before: a
 #: fingerprint without one is read with it (a run of before resumes, unless the new run sets another value)
-ADDED_KEYS = {"algo.async.max_staleness": 0, "algo.async.producers": 1, "algo.objective": "policy"}
+ADDED_KEYS = {"algo.async.max_staleness": 0, "algo.async.producers": 1, "algo.objective": "policy",
+              "reward.missing_eos_scope": "all", "algo.top_entropy_quantile": 1.0}
 #: the same for keys every recipe has (issue 40: TRL's semantics as settings)
-ADDED_KEYS_ALL = {"optim.warmup_from_zero": False, "data.plain_text": "template", "train.drop_last": True}
+ADDED_KEYS_ALL = {"optim.warmup_from_zero": False, "data.plain_text": "template", "train.drop_last": True,
+                  "model.train_embeddings": True}
+#: a key added to the config without an entry here makes every checkpoint written before it unresumable ("(unset) ->
+#: value"): tests/unit/test_session.py reads the fingerprints of earlier versions kept in tests/unit/fingerprints/
 #: values renamed since: key -> {old value: today's value that means the same}
 RENAMED_VALUES = {"algo.off_policy.correction": {"none": "auto"}}  # without async, auto is none
 #: keys renamed since a checkpoint may have been written: old key -> today's, so that its fingerprint still matches.
