@@ -490,12 +490,13 @@ _DELIBERATE = {("2026-11-28_fd5f10b", "grpo"): ["algo.ppo_epochs: 2 -> 1", "rewa
 
 @pytest.mark.parametrize("kept", sorted(p.stem for p in (Path(__file__).parent / "fingerprints").glob("*.json")))
 def test_checkpoints_of_earlier_versions_still_resume(kept):
-    """Every recipe's default fingerprint as an earlier version wrote it (tests/unit/fingerprints/, dumped from that
-    commit's code) matches today's: a config key added since is read at the value that gives the earlier behaviour
-    (ADDED_KEYS / ADDED_KEYS_ALL), never '(unset)', which would refuse every such checkpoint with no setting to
-    give. Only the defaults changed on purpose differ, by value."""
+    """Every recipe's default fingerprint as an earlier version wrote it (tests/unit/fingerprints/, written by
+    tools/fingerprint_snapshot.py from that commit's code) matches today's: a config key added since is read at the
+    value that gives the earlier behaviour (ADDED_KEYS / ADDED_KEYS_ALL), never '(unset)', which would refuse every
+    such checkpoint with no setting to give. Only the defaults changed on purpose differ, by value."""
     old = json.loads((Path(__file__).parent / "fingerprints" / f"{kept}.json").read_text())
-    for recipe, fingerprint in old.items():
-        now = {k: v for k, v in run_fingerprint(build_config(recipe, {}, ["model.name=x"])).items()
+    for name, fingerprint in old.items():  # "recipe" or "recipe key=value" (a list key's items, ITEM_DEFAULTS)
+        recipe, *overrides = name.split(" ", 1)
+        now = {k: v for k, v in run_fingerprint(build_config(recipe, {}, ["model.name=x", *overrides])).items()
                if not k.startswith(("data.train", "data.eval"))}  # data files: fingerprinted by content
-        assert fingerprint_diff(fingerprint, now) == _DELIBERATE.get((kept, recipe), []), (kept, recipe)
+        assert fingerprint_diff(fingerprint, now) == _DELIBERATE.get((kept, recipe), []), (kept, name)
