@@ -122,7 +122,6 @@ __all__ = [
     "preference_pairs",
     "reinforce_pp_advantages",
     "reinforce_pp_returns",
-    "w_reinforce_advantages",
     "rloo_advantages",
     "sequence_log_ratio",
     "sft_loss",
@@ -137,4 +136,5 @@ __all__ = [
     "turn_reward_shift",
     "value_loss",
     "vespo_loss",
+    "w_reinforce_advantages",
 ]

@@ -290,7 +290,7 @@ def _check_online(cfg) -> None:
         raise ConfigError(f"{algo.policy_loss} folds the correction's token ratios into its own sequence ratio; a "
                           "sequence-level correction would count each row's ratio once per token",
                           where="algo.off_policy.level", fix="set algo.off_policy.level=token")
-    if est.section == "w_reinforce" and algo.whiten_advantages:
+    if algo.advantage == "w_reinforce" and algo.whiten_advantages:
         raise ConfigError("algo.whiten_advantages subtracts the batch's mean advantage, a baseline w_reinforce has "
                           "none of by design (its answers are pushed by their own score against a fixed center)",
                           where="algo.whiten_advantages", fix="set algo.whiten_advantages=false")
