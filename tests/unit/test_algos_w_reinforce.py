@@ -20,11 +20,11 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.train.lifecycle.fingerprint import fingerprint_diff, run_fingerprint
 
 
-def _slow(scores, positive_weight, center):
+def _slow(scores, positive_weight, center, negative_weight=1.0):
     out = []
     for s in scores.tolist():
         r = s - center
-        out.append(positive_weight * r if r > 0 else r)
+        out.append(positive_weight * r if r > 0 else negative_weight * r)
     return torch.tensor(out, dtype=scores.dtype)
 
 
@@ -34,6 +34,9 @@ def test_the_papers_rewards_give_plus_lambda_and_minus_one():
     # lambda = 1: plain REINFORCE on the raw reward; lambda = 0: negative samples only (the paper's NSR)
     torch.testing.assert_close(w_reinforce_advantages(scores, 1.0, 0.0), scores)
     torch.testing.assert_close(w_reinforce_advantages(scores, 0.0, 0.0), torch.tensor([0.0, -1.0, -1.0, 0.0]))
+    # negative_weight = 0: positive samples only (the paper's PSR)
+    torch.testing.assert_close(w_reinforce_advantages(scores, 1.0, 0.0, negative_weight=0.0),
+                               torch.tensor([1.0, 0.0, 0.0, 1.0]))
 
 
 def test_a_zero_one_verifier_with_the_default_center():
@@ -47,10 +50,10 @@ def test_a_zero_one_verifier_with_the_default_center():
 def test_matches_a_slow_loop(dtype):
     g = torch.Generator().manual_seed(0)
     scores = (torch.randn(257, generator=g) * 3).to(dtype)
-    for lam, center in ((0.1, 0.5), (0.3, -1.0), (1.0, 0.0), (0.0, 2.0)):
-        got = w_reinforce_advantages(scores, lam, center)
+    for lam, center, neg in ((0.1, 0.5, 1.0), (0.3, -1.0, 1.0), (1.0, 0.0, 0.0), (0.0, 2.0, 0.5)):
+        got = w_reinforce_advantages(scores, lam, center, negative_weight=neg)
         assert got.dtype == dtype
-        torch.testing.assert_close(got, _slow(scores, lam, center))
+        torch.testing.assert_close(got, _slow(scores, lam, center, neg))
 
 
 def test_extreme_scores_stay_finite_and_ordered():
@@ -75,13 +78,14 @@ def test_pure():
     assert torch.equal(scores, before)
 
 
+@pytest.mark.parametrize("lam, neg", [(0.1, 1.0), (1.0, 0.0)])  # W-REINFORCE; PSR (right answers only)
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
-def test_the_policy_gradient_is_the_papers_objective(aggregation):
+def test_the_policy_gradient_is_the_papers_objective(aggregation, lam, neg):
     """On-policy (ratio 1, no clip active), the PPO surrogate with these advantages has the gradient of
     -(lambda * sum over right answers of log pi - sum over wrong answers of log pi), normalised as the aggregation
     normalises: the paper's lambda * L_PSR + L_NSR, here for the 0 / 1 verifier at center 0.5 (half the scale)."""
     g = torch.Generator().manual_seed(1)
-    B, T, lam = 4, 5, 0.1
+    B, T = 4, 5
     logits = torch.randn(B, T, 7, generator=g, requires_grad=True)
     tokens = torch.randint(0, 7, (B, T), generator=g)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.float32)
@@ -90,12 +94,12 @@ def test_the_policy_gradient_is_the_papers_objective(aggregation):
     def logp():
         return torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
-    adv = w_reinforce_advantages(scores, lam, 0.5).unsqueeze(-1) * mask
+    adv = w_reinforce_advantages(scores, lam, 0.5, negative_weight=neg).unsqueeze(-1) * mask
     loss, _ = ppo_policy_loss(logp(), logp().detach(), adv, mask, aggregation=aggregation)
     (got,) = torch.autograd.grad(loss, logits)
 
     lp = logp() * mask
-    sign = torch.where(scores > 0.5, lam * 0.5, -0.5)  # +lambda / 2 on right answers, -1 / 2 on wrong ones
+    sign = torch.where(scores > 0.5, lam * 0.5, -0.5 * neg)  # +lambda / 2 on right answers, -neg / 2 on wrong ones
     if aggregation == "token_mean":
         objective = (sign.unsqueeze(-1) * lp).sum() / mask.sum()
     else:
@@ -113,7 +117,7 @@ def test_the_registry_reads_its_section_and_the_kl_in_the_reward():
     assert not est.needs_critic and not est.group_based and not est.kl_in_reward_default
     cfg = build_config("grpo", {}, ["model.name=x", "data.train=x", "algo.advantage=w_reinforce",
                                     "algo.w_reinforce.positive_weight=0.25", "reward.missing_eos_scope=all"])
-    assert est.settings(cfg.algo) == {"positive_weight": 0.25, "center": 0.5}
+    assert est.settings(cfg.algo) == {"positive_weight": 0.25, "center": 0.5, "negative_weight": 1.0}
     assert ADVANTAGE_ESTIMATORS["grpo"].settings(cfg.algo) == {}
     scores = torch.tensor([1.0, 0.0, 0.6])
     kl = torch.tensor([[0.5, 0.5], [0.1, 0.0], [1.0, 0.0]])
@@ -145,3 +149,5 @@ def test_its_section_never_blocks_another_estimators_resume():
     a = run_fingerprint(build_config("grpo", {}, mine))
     b = run_fingerprint(build_config("grpo", {}, [*mine, "algo.w_reinforce.positive_weight=0.5"]))
     assert fingerprint_diff(a, b) == ["algo.w_reinforce.positive_weight: 0.1 -> 0.5"]
+    # a w_reinforce run of before negative_weight existed resumes (it weighed negatives 1)
+    assert fingerprint_diff({k: v for k, v in a.items() if k != "algo.w_reinforce.negative_weight"}, a) == []

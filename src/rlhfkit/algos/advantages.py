@@ -158,20 +158,24 @@ def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, gamma: fl
 
 
 def w_reinforce_advantages(
-    scores: torch.Tensor, positive_weight: float = 0.1, center: float = 0.0, valid: torch.Tensor | None = None
+    scores: torch.Tensor, positive_weight: float = 0.1, center: float = 0.0, valid: torch.Tensor | None = None,
+    negative_weight: float = 1.0,
 ) -> torch.Tensor:
     """W-REINFORCE advantages (Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
     Reasoning", arXiv 2506.01347): the objective lambda * L_PSR + L_NSR, REINFORCE with no baseline in which
-    a positive sample's reward counts ``positive_weight`` (lambda; the paper: 0.1) times and a negative's in full.
+    a positive sample's reward counts ``positive_weight`` (lambda; the paper: 0.1) times and a negative's
+    ``negative_weight`` times (the paper: 1). The paper's decomposition: ``negative_weight=0`` is PSR (right answers
+    only, an on-policy rejection-sampling fine-tune), ``positive_weight=0`` NSR (wrong answers only).
 
-    r = score - ``center``; advantage = lambda * r where r > 0, r elsewhere (r = 0: 0). The paper's rewards are +1 /
-    -1 with ``center`` 0, giving +lambda / -1; a 0 / 1 verifier with ``center`` 0.5 gives +lambda / 2 and -1 / 2 (the
-    same direction, half the scale), and a score below the verifier's 0 (a penalty) a larger push down.
-    scores: [N] one score per sample -> [N]. ``valid`` [N] bool (optional): invalid samples get 0. No groups: every
-    sample is measured against the fixed ``center``, so the answers of a prompt that all fail are each pushed down.
+    r = score - ``center``; advantage = lambda * r where r > 0, negative_weight * r elsewhere (r = 0: 0). The
+    paper's rewards are +1 / -1 with ``center`` 0, giving +lambda / -1; a 0 / 1 verifier with ``center`` 0.5 gives
+    +lambda / 2 and -1 / 2 (the same direction, half the scale), and a score below the verifier's 0 (a penalty) a
+    larger push down. scores: [N] one score per sample -> [N]. ``valid`` [N] bool (optional): invalid samples get 0.
+    No groups: every sample is measured against the fixed ``center``, so the answers of a prompt that all fail are
+    each pushed down.
     """
     r = scores - center
-    adv = torch.where(r > 0, positive_weight * r, r)
+    adv = torch.where(r > 0, positive_weight * r, negative_weight * r)
     return adv if valid is None else torch.where(valid.bool(), adv, torch.zeros_like(adv))
 
 
@@ -247,9 +251,11 @@ def _reinforce_pp_estimator(token_rewards, mask, *, values=None, group_size=1, g
 
 
 def _w_reinforce_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0,
-                           positive_weight=0.1, center=0.0):
+                           positive_weight=0.1, center=0.0, negative_weight=1.0):
     seq = zero_outside(token_rewards, mask.bool()).sum(-1)
-    return w_reinforce_advantages(seq, positive_weight, center, valid=mask.bool().any(-1)).unsqueeze(-1) * mask, None
+    adv = w_reinforce_advantages(seq, positive_weight, center, valid=mask.bool().any(-1),
+                                 negative_weight=negative_weight)
+    return adv.unsqueeze(-1) * mask, None
 
 
 def _distill_estimator(token_rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):

@@ -423,6 +423,8 @@ class WReinforceConfig:
                                     "score - center (Zhu et al. 2025: 0.1)", ge=0)
     center: float = f(0.5, "the score that splits positive from negative samples: 0.5 for a 0 / 1 verifier (the "
                            "paper's +1 / -1 rewards: 0)")
+    negative_weight: float = f(1.0, "a negative sample's advantage is negative_weight x (score - center) (Zhu et "
+                                    "al. 2025: 1; 0 = right answers only, their PSR)", ge=0)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ LENGTH_KEYS = ("train.epochs", "train.max_steps", "algo.total_episodes")
 #: keys added since a checkpoint may have been written, with the value that gives the behaviour of before: a
 #: fingerprint without one is read with it (a run of before resumes, unless the new run sets another value)
 ADDED_KEYS = {"algo.async.max_staleness": 0, "algo.async.producers": 1, "algo.objective": "policy",
-              "reward.missing_eos_scope": "all", "algo.top_entropy_quantile": 1.0}
+              "reward.missing_eos_scope": "all", "algo.top_entropy_quantile": 1.0,
+              "algo.w_reinforce.negative_weight": 1.0}
 #: the same for keys every recipe has (issue 40: TRL's semantics as settings)
 ADDED_KEYS_ALL = {"optim.warmup_from_zero": False, "data.plain_text": "template", "train.drop_last": True,
                   "model.train_embeddings": True}
