@@ -130,12 +130,17 @@ def test_the_registry_reads_its_section_and_the_kl_in_the_reward():
     torch.testing.assert_close(adv, seq.unsqueeze(-1) * mask)
 
 
-def test_whitening_is_refused_in_one_line():
+def test_a_baseline_is_refused_in_one_line():
+    """Whitening and the running score normalisation both subtract a mean: the baseline W-REINFORCE leaves out."""
+    base = ["model.name=x", "data.train=x", "algo.advantage=w_reinforce"]
     with pytest.raises(ConfigError, match="whiten_advantages") as err:
-        build_config("ppo", {}, ["model.name=x", "data.train=x", "algo.advantage=w_reinforce"])
+        build_config("ppo", {}, [*base, "reward.normalize=false"])
     assert err.value.where == "algo.whiten_advantages"
-    build_config("ppo", {}, ["model.name=x", "data.train=x", "algo.advantage=w_reinforce",
-                             "algo.whiten_advantages=false"])
+    with pytest.raises(ConfigError, match="running mean") as err:
+        build_config("ppo", {}, [*base, "algo.whiten_advantages=false"])
+    assert err.value.where == "reward.normalize"
+    build_config("ppo", {}, [*base, "algo.whiten_advantages=false", "reward.normalize=false"])
+    build_config("grpo", {}, [*base, "reward.missing_eos_scope=all"])  # grpo's recipe has neither
 
 
 def test_its_section_never_blocks_another_estimators_resume():

@@ -96,7 +96,8 @@ def test_choices_come_from_the_registries(tmp_path):
 
     for name in algos.ADVANTAGE_ESTIMATORS:
         k = 2 if algos.ADVANTAGE_ESTIMATORS[name].group_based else 1
-        plain = ["algo.whiten_advantages=false"] if name == "w_reinforce" else []  # no baseline to whiten away
+        # w_reinforce has no baseline: neither whitening nor the running normalisation (each subtracts a mean)
+        plain = ["algo.whiten_advantages=false", "reward.normalize=false"] if name == "w_reinforce" else []
         cfg = build_config("ppo", {"output_dir": str(tmp_path)}, [f"algo.advantage={name}",
                                                                    f"algo.num_generations={k}", *plain])
         assert cfg.algo.advantage == name

@@ -290,10 +290,14 @@ def _check_online(cfg) -> None:
         raise ConfigError(f"{algo.policy_loss} folds the correction's token ratios into its own sequence ratio; a "
                           "sequence-level correction would count each row's ratio once per token",
                           where="algo.off_policy.level", fix="set algo.off_policy.level=token")
-    if algo.advantage == "w_reinforce" and algo.whiten_advantages:
-        raise ConfigError("algo.whiten_advantages subtracts the batch's mean advantage, a baseline w_reinforce has "
-                          "none of by design (its answers are pushed by their own score against a fixed center)",
-                          where="algo.whiten_advantages", fix="set algo.whiten_advantages=false")
+    for on, what, where in ((algo.whiten_advantages, "algo.whiten_advantages subtracts the batch's mean advantage",
+                             "algo.whiten_advantages"),
+                            (cfg.reward.normalize, "reward.normalize subtracts the scores' running mean (and the "
+                             "fixed center no longer splits right from wrong)", "reward.normalize")):
+        if algo.advantage == "w_reinforce" and on:
+            raise ConfigError(f"{what}: a baseline, which w_reinforce has none of by design (each answer is pushed by "
+                              "its own score against a fixed center, algo.w_reinforce.center)", where=where,
+                              fix=f"set {where}=false")
     if algo.top_entropy_quantile < 1 and algo.objective == "preference":
         raise ConfigError("algo.top_entropy_quantile selects tokens of the policy loss; online preference learning "
                           "(algo.objective=preference) has none", where="algo.top_entropy_quantile", fix="remove it")
