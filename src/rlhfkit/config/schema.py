@@ -419,8 +419,8 @@ class OnlinePreferenceConfig:
 
 @dataclass(frozen=True)
 class WReinforceConfig:
-    positive_weight: float = f(0.1, "lambda: a positive sample's advantage is lambda x (score - center), a negative's "
-                                    "score - center (Zhu et al. 2025: 0.1)", ge=0)
+    positive_weight: float = f(0.1, "lambda: a positive sample's advantage is lambda x (score - center) (Zhu et al. "
+                                    "2025: 0.1; 0 = wrong answers only, their NSR)", ge=0)
     center: float = f(0.5, "the score that splits positive from negative samples: 0.5 for a 0 / 1 verifier (the "
                            "paper's +1 / -1 rewards: 0)")
     negative_weight: float = f(1.0, "a negative sample's advantage is negative_weight x (score - center) (Zhu et "
