@@ -15,7 +15,6 @@ over dim 0.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from rlhfkit.algos.masked import masked_whiten, zero_outside
+from rlhfkit.algos.policy_losses import settings_kwargs
 
 
 def gae(
@@ -288,10 +288,7 @@ class AdvantageEstimator:
 
     def settings(self, algo: Any) -> dict[str, Any]:
         """The keywords ``algo.<section>`` (a frozen dataclass) gives ``fn``; {} without a section."""
-        if self.section is None:
-            return {}
-        return {fl.name: getattr(getattr(algo, self.section), fl.name)
-                for fl in dataclasses.fields(getattr(algo, self.section))}
+        return settings_kwargs(None if self.section is None else getattr(algo, self.section))
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {

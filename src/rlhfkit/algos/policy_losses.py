@@ -572,11 +572,12 @@ class PolicyLoss:
         """``fn`` with ``settings`` (the config section, a dataclass; or a mapping of some of its fields; None = the
         function's defaults) as its own keywords, and ``shared`` (aggregation, max_len, log_ratio_clip, weights: the
         keywords every loss takes; those not given keep the function's defaults). Shapes as in the module doc."""
-        return self.fn(logprobs, old_logprobs, advantages, mask, **_settings_kwargs(settings), **shared)
+        return self.fn(logprobs, old_logprobs, advantages, mask, **settings_kwargs(settings), **shared)
 
 
-def _settings_kwargs(settings: Any) -> dict[str, Any]:
-    """The keywords a section gives its loss: a dataclass's fields, a mapping's items, nothing for None."""
+def settings_kwargs(settings: Any) -> dict[str, Any]:
+    """The keywords a config section gives its function (a loss's here, an advantage estimator's in
+    ``advantages.py``): a dataclass's fields, a mapping's items, nothing for None."""
     if settings is None:
         return {}
     if isinstance(settings, Mapping):
