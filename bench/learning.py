@@ -313,12 +313,15 @@ def rlhfkit_as_run(cfg) -> dict:
             "epochs": cfg.algo.ppo_epochs, "loss": cfg.algo.loss_aggregation,
             "eos_penalty": cfg.reward.missing_eos_penalty, "eos_scope": cfg.reward.missing_eos_scope,
             "updates": geo.updates, "answers/update": geo.mini, "temperature": cfg.generation.temperature,
-            **({} if cfg.model.train_embeddings else {"embeddings": "frozen"})}
+            **({} if cfg.model.train_embeddings else {"embeddings": "frozen"}),
+            **({"dynamic_sampling": f"up to {cfg.algo.dynamic_sampling.max_draws} draws a step"}
+               if cfg.algo.dynamic_sampling.enabled else {})}
 
 
 # The training curves of both frameworks under one set of names (a value a rollout step), for the investigation:
 # reward (the raw reward's mean), length (mean response tokens), ended (the fraction that ended before the limit),
-# entropy (per token), kl (per token to the reference: k3, logged only where the run has a KL term), updates.
+# entropy (per token), kl (per token to the reference: k3, logged only where the run has a KL term), updates;
+# rlhfkit's runs with dynamic sampling add draws (prompt batches generated a step: its generation cost).
 
 
 def rlhfkit_curve(run_dir: Path) -> dict:
@@ -337,6 +340,8 @@ def rlhfkit_curve(run_dir: Path) -> dict:
         for key, value in (("reward", m["rewards/reward/mean"]), ("length", length), ("ended", ended),
                            ("entropy", m.get("policy/entropy_avg")), ("kl", kl)):
             curve[key].append(value)
+        if "rollout/dynamic_draws" in m:
+            curve.setdefault("draws", []).append(m["rollout/dynamic_draws"])
     warned = run_dir / "warnings.jsonl"
     curve["warnings"] = [json.loads(line)["name"] for line in warned.read_text().splitlines()] \
         if warned.is_file() else []
@@ -611,6 +616,10 @@ def table(base: dict | None, results: dict[str, list[dict]], s: dict, device: st
                      f" -> {_curve_mean(runs, 'ended', slice(-5, None))}, entropy "
                      f"{_curve_mean(runs, 'entropy', slice(0, 5))} -> {_curve_mean(runs, 'entropy', slice(-5, None))}"
                      f", KL / token (its own log) -> {_curve_mean(runs, 'kl', slice(-5, None))}"
+                     + (f", prompt batches drawn a step {_curve_mean(runs, 'draws', slice(0, 5))} -> "
+                        f"{_curve_mean(runs, 'draws', slice(-5, None))} (all steps "
+                        f"{_curve_mean(runs, 'draws', slice(None))})"
+                        if any((r.get("curve") or {}).get("draws") for r in runs) else "")
                      + (f"; health warnings: {', '.join(warned)}" if warned else ""))
     return lines
 

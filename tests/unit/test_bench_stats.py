@@ -121,6 +121,10 @@ def test_small_kls_print_two_significant_digits_not_zero(learning):
     runs["rlhfkit"][0]["curve"] = {"kl": [0.0002] * 5, "reward": [0.1] * 5}  # the run's own KL log, as the evaluator's
     text = "\n".join(learning.table(None, runs, s, "cpu"))
     assert "reward 0.100 -> 0.100" in text and "KL / token (its own log) -> 0.0002" in text
+    assert "prompt batches drawn" not in text  # only a run with dynamic sampling logs its draws
+    runs["rlhfkit"][1]["curve"] = {"draws": [4.0] * 5 + [2.0] * 5 + [1.0] * 5}  # a dynamic-sampling run's cost
+    text = "\n".join(learning.table(None, runs, s, "cpu"))
+    assert "prompt batches drawn a step 4.000 -> 1.000 (all steps 2.333)" in text
     assert "| 0.00014 (max 0.00031) |" in text  # mean 0.000144; three decimals printed 0.000 (max 0.000)
     assert "0: 0.200 / 0.100 / 0.00031, 1: 0.200 / 0.100 / 0.00011, 2: 0.200 / 0.100 / 1.2e-05" in text
     assert [learning._kl_fmt(x) for x in (0.0, 0.0123, 0.00999)] == ["0", "0.012", "0.01"]
@@ -313,6 +317,9 @@ def test_the_as_run_line_counts_rlhfkit_s_optimizer_updates_not_its_rollout_step
     assert "embeddings" not in one_pass  # said only where they were frozen, so earlier rows' lines stay as printed
     frozen = learning.rlhfkit_as_run(build_config("grpo", {}, over + ["model.train_embeddings=false"]))
     assert frozen["embeddings"] == "frozen"
+    assert "dynamic_sampling" not in one_pass  # said only where it was on: its draws are generation the row paid for
+    drawn = learning.rlhfkit_as_run(build_config("grpo", {}, over + ["algo.dynamic_sampling.enabled=true"]))
+    assert drawn["dynamic_sampling"] == "up to 4 draws a step" and drawn["updates"] == 20
 
 
 def test_rlhfkit_curve_reads_the_run_s_metrics_under_rlhfkit_s_names(learning, tmp_path):
@@ -324,6 +331,11 @@ def test_rlhfkit_curve_reads_the_run_s_metrics_under_rlhfkit_s_names(learning, t
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     curve = learning.rlhfkit_curve(tmp_path)
     assert curve["reward"] == pytest.approx([0.1, 0.2, 0.3]) and curve["ended"] == [0.5, 0.5, 0.5]
+    assert "draws" not in curve
+    for r, draws in zip(rows, (4.0, 3.0, 1.0)):  # dynamic sampling logs how many prompt batches a step generated
+        r["rollout/dynamic_draws"] = draws
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert learning.rlhfkit_curve(tmp_path)["draws"] == [4.0, 3.0, 1.0]
 
 
 def test_a_killed_bench_stops_its_running_workers(learning, tmp_path, monkeypatch):
