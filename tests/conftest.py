@@ -19,17 +19,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 TINY = "tiny:hidden=64,layers=2,intermediate=128"
 
 
-def import_bench(name: str):
-    """A script of ``bench/`` imported as a module (they import each other by bare name)."""
+def import_script(folder: str, name: str):
+    """A script of the repository's ``folder`` (``bench``, ``tools``) imported as a module (bench's scripts import
+    each other by bare name)."""
     import importlib
     import sys
 
-    bench = str(Path(__file__).resolve().parents[1] / "bench")
-    sys.path.insert(0, bench)
+    where = str(Path(__file__).resolve().parents[1] / folder)
+    sys.path.insert(0, where)
     try:
         return importlib.import_module(name)
     finally:
-        sys.path.remove(bench)
+        sys.path.remove(where)
+
+
+def import_bench(name: str):
+    """A script of ``bench/`` imported as a module."""
+    return import_script("bench", name)
 
 
 # What a hostile program does first in the sandbox tests: the guard's audit hook keeps its on-switch in a closure list,

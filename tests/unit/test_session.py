@@ -6,7 +6,6 @@ The whole recipes under these faults are in tests/e2e/test_trust.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import import_script
 
 from rlhfkit.config import build_config
 from rlhfkit.errors import NonFiniteError, RunError
@@ -496,14 +496,7 @@ def test_checkpoints_of_earlier_versions_still_resume(kept):
     value that gives the earlier behaviour (ADDED_KEYS / ADDED_KEYS_ALL), never '(unset)', which would refuse every
     such checkpoint with no setting to give. Only the defaults changed on purpose differ, by value."""
     old = json.loads((Path(__file__).parent / "fingerprints" / f"{kept}.json").read_text())
-    now = _snapshot_tool().snapshot()  # today's, made as the kept ones were
+    now = import_script("tools", "fingerprint_snapshot").snapshot()  # today's, made as the kept ones were
     for name, fingerprint in old.items():  # "recipe" or "recipe key=value" (a list key's items, ITEM_DEFAULTS)
         assert fingerprint_diff(fingerprint, now[name]) == _DELIBERATE.get((kept, name.split()[0]), []), (kept, name)
 
-
-def _snapshot_tool():
-    path = Path(__file__).parents[2] / "tools" / "fingerprint_snapshot.py"
-    spec = importlib.util.spec_from_file_location("fingerprint_snapshot", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
