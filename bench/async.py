@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning import evaluate, write_data  # noqa: E402  (importing vs_trl through it sets the offline environment)
 from vs_trl import model_dir as smollm2_dir  # noqa: E402
-from vs_trl import rlhfkit_online  # noqa: E402
+from vs_trl import rlhfkit_online, worker_ended  # noqa: E402
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
@@ -64,7 +64,8 @@ def run(mode: str, model: Path, data: dict, s: dict, seed: int, work: Path) -> d
     (work / f"{mode}_{seed}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]
-        print(f"  {mode} seed {seed}: FAILED ({proc.returncode}; log {work}/{mode}_{seed}.log): " + " | ".join(tail))
+        how = worker_ended(proc.returncode)
+        print(f"  {mode} seed {seed}: FAILED ({how}; log {work}/{mode}_{seed}.log): " + " | ".join(tail))
         return None
     from rlhfkit.track.metrics import read_run_metrics  # rlhfkit's names (a grpo run writes TRL's)
 

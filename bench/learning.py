@@ -78,7 +78,14 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from stats import smallest_mean_ahead, welch
-from vs_trl import _text, rlhfkit_common, rlhfkit_online, trl_common, trl_online  # (vs_trl: the offline environment)
+from vs_trl import (  # (vs_trl: the offline environment)
+    _text,
+    rlhfkit_common,
+    rlhfkit_online,
+    trl_common,
+    trl_online,
+    worker_ended,
+)
 from vs_trl import model_dir as smollm2_dir
 
 HERE = Path(__file__).resolve()
@@ -439,11 +446,13 @@ def worker(args) -> None:
 # the workers running now: a `kill` of this process (SIGTERM) stops them too, as a Ctrl-C does (same process group);
 # without this a killed bench left its worker training for the rest of its run
 _CHILDREN: set[subprocess.Popen] = set()
+_STOPPED: set[subprocess.Popen] = set()  # workers this bench killed itself (their FAILED line says so, not "OOM")
 
 
 def _stop_workers(signum: int | None = None, frame=None) -> None:
     """Kill every running worker; as the SIGTERM handler, then exit (128 + the signal, as the shell reports it)."""
     for proc in list(_CHILDREN):
+        _STOPPED.add(proc)
         proc.kill()
     if signum is not None:
         raise SystemExit(128 + signum)
@@ -464,7 +473,9 @@ def _spawn(kind: str, python: str, extra: list[str], work: Path, tag: str, threa
     (work / f"{tag}.log").write_text(out + err)
     if proc.returncode != 0:
         tail = (err or out).strip().splitlines()[-6:]
-        print(f"  {tag}: FAILED ({proc.returncode}; log {work / tag}.log): " + " | ".join(tail), flush=True)
+        how = worker_ended(proc.returncode, stopped=proc in _STOPPED)
+        _STOPPED.discard(proc)
+        print(f"  {tag}: FAILED ({how}; log {work / tag}.log): " + " | ".join(tail), flush=True)
         return None
     return json.loads(res.read_text())
 

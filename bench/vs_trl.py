@@ -102,6 +102,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,24 @@ RECIPES = ("grpo", "rloo", "sft", "dpo")
 
 # Both frameworks call this file's `reward` (rlhfkit as ``bench/vs_trl.py:reward``).
 TARGET_CHARS = 40
+
+
+def worker_ended(code: int, stopped: bool = False) -> str:
+    """How a worker process ended, for a FAILED line: its exit status, or the signal that killed it by name. A
+    SIGKILL that the bench did not send itself (``stopped``) is most often the kernel's out-of-memory killer, whose
+    victim's log ends wherever it was, so the line says where to look and what to change instead of only ``-9``."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    if -code == signal.SIGKILL:
+        if stopped:
+            return f"killed by {name}: the bench stopped it"
+        return (f"killed by {name}, most often the kernel's out-of-memory killer (`dmesg | grep -i oom` says): "
+                "run fewer at once")
+    return f"killed by {name}"
 
 
 def _text(completion) -> str:
@@ -627,7 +646,7 @@ def run_worker(args, fw: str, recipe: str, rnd: int, model: Path, data: dict, wo
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-        print(f"  {recipe} {fw} round {rnd}: FAILED ({proc.returncode}): " + " | ".join(tail), flush=True)
+        print(f"  {recipe} {fw} round {rnd}: FAILED ({worker_ended(proc.returncode)}): " + " | ".join(tail), flush=True)
         return None
     result = json.loads(res_path.read_text())
     summary = summarize(result, args.warmup, completions)

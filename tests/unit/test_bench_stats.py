@@ -338,7 +338,7 @@ def test_rlhfkit_curve_reads_the_run_s_metrics_under_rlhfkit_s_names(learning, t
     assert learning.rlhfkit_curve(tmp_path)["draws"] == [4.0, 3.0, 1.0]
 
 
-def test_a_killed_bench_stops_its_running_workers(learning, tmp_path, monkeypatch):
+def test_a_killed_bench_stops_its_running_workers(learning, tmp_path, monkeypatch, capsys):
     # a `kill` (SIGTERM) of bench/learning.py left its worker training for the rest of its run: now the handler kills
     # every running worker (here one that would sleep for two minutes) and the bench exits 143
     import signal
@@ -360,7 +360,22 @@ def test_a_killed_bench_stops_its_running_workers(learning, tmp_path, monkeypatc
     learning._stop_workers()
     thread.join(60)
     assert not thread.is_alive() and result["r"] is None  # the spawn returned: its worker FAILED (killed)
+    assert "FAILED (killed by SIGKILL: the bench stopped it;" in capsys.readouterr().out  # not "out-of-memory"
     assert proc.returncode == -signal.SIGKILL and not learning._CHILDREN
     with pytest.raises(SystemExit) as stop:
         learning._stop_workers(signal.SIGTERM)
     assert stop.value.code == 143
+
+
+def test_a_failed_worker_line_names_how_it_ended():
+    # six learning runs at once on 24 GiB: the kernel's OOM killer took one, and the bench printed "FAILED (-9; ...)"
+    # with its log's last lines (a transformers warning): the line now names the signal and the likely cause
+    import signal
+
+    vs_trl = import_bench("vs_trl")
+    assert vs_trl.worker_ended(0) == "exit 0" and vs_trl.worker_ended(2) == "exit 2"
+    oom = vs_trl.worker_ended(-signal.SIGKILL)
+    assert oom.startswith("killed by SIGKILL") and "out-of-memory" in oom and "fewer at once" in oom
+    assert vs_trl.worker_ended(-signal.SIGKILL, stopped=True) == "killed by SIGKILL: the bench stopped it"
+    assert vs_trl.worker_ended(-signal.SIGSEGV) == "killed by SIGSEGV"
+    assert vs_trl.worker_ended(-200) == "killed by signal 200"
