@@ -26,6 +26,7 @@ quickstart: $(STAMP)
 ## The test suite (unit, end-to-end on tiny models, CLI, 2-process DDP); the other several-process tests and the longest
 ## checks: test-cluster
 test: $(STAMP)
+	bash tools/system_deps.sh
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-cluster: $(STAMP)
