@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The system packages the test suite needs, installed when missing (make test and .ci/run call this): the code
+# The system packages the test suite needs, installed when missing (make test calls this; .ci/run through it): the code
 # sandbox's boundary (rewards/sandbox.py) needs bubblewrap and libseccomp, so that the escape tests run. Only as root
 # with apt-get; anywhere else (or when the install fails) nothing changes and it says what to install by hand.
 if ! command -v bwrap >/dev/null 2>&1 || ! ldconfig -p 2>/dev/null | grep -q libseccomp.so.2; then
