@@ -41,7 +41,7 @@ def test_fraction_of_assert_tests_and_stdio_pairs():
     assert score([fenced(program)], {"inputs": ["2 3"], "outputs": ["5"]}) == [1.0]
     assert score([fenced(program)], '[{"input": "2 3", "output": "5"}]') == [1.0]  # JSON string
     assert score([fenced(good)], "assert add(1, 2) == 3\nassert add(1, 1) == 3\n") == [0.5]  # one string, 2 tests
-    assert code_tests([""], ["x"], tests=[None]) == [None]
+    assert code_tests([""], ["x"], tests=[None], isolation=LEVEL) == [None]
 
 
 def test_extraction_and_parsing():
@@ -53,7 +53,7 @@ def test_extraction_and_parsing():
     with pytest.raises(ValueError):
         parse_tests([1, 2])
     with pytest.raises(RewardError, match="row 0"):
-        code_tests([""], ["x"], tests=[[1, 2]], **LIMITS)
+        code_tests([""], ["x"], tests=[[1, 2]], isolation=LEVEL, **LIMITS)
 
 
 HOSTILE = {
@@ -137,7 +137,8 @@ def test_code_tests_in_worker_processes_go_on_after_hostile_programs():
     rows = [{"tests": ADD_TESTS}] * 4
     completions = [fenced(HOSTILE["fork bomb"]), fenced("def add(a, b):\n    return a + b"),
                    fenced(HOSTILE["allocates without limit"]), fenced("def add(a, b):\n    return a * b")]
-    with CombinedRewards([{"fn": "code_tests", "kwargs": LIMITS}], workers=2, timeout_s=60) as combo:
+    with CombinedRewards([{"fn": "code_tests", "kwargs": {**LIMITS, "isolation": LEVEL}}], workers=2,
+                         timeout_s=60) as combo:
         combo.probe(["p"] * 4, rows)
         out = combo(["p"] * 4, completions, rows)
     assert out.total.tolist() == pytest.approx([0.0, 1.0, 0.0, 1 / 3])
