@@ -78,6 +78,12 @@ def machine_lacks(level: str) -> str:
     return ""
 
 
+def verdict_level() -> str:
+    """The isolation for tests of a verifier's verdicts (not of the sandbox): the boundary (``auto``) where this machine
+    can give it, else ``process``, so that those tests run, and pass, on a machine without bubblewrap."""
+    return "process" if machine_lacks("namespaces") else "auto"
+
+
 def sandbox_at(level: str, limits=None, python: str | None = None):
     """A probed sandbox at ``level``; the test is skipped (with the reason) only where :func:`machine_lacks` says the
     machine cannot give it, and fails where it can and rlhfkit did not set it up."""

@@ -10,7 +10,7 @@ import signal
 import time
 
 import pytest
-from conftest import machine_lacks, sandbox_at
+from conftest import machine_lacks, sandbox_at, verdict_level
 
 from rlhfkit.errors import RewardError
 from rlhfkit.rewards import CombinedRewards
@@ -18,7 +18,7 @@ from rlhfkit.rewards.code import code_tests, extract_code, parse_tests
 from rlhfkit.rewards.sandbox import Limits, Sandbox, SandboxError
 
 LIMITS = dict(wall_s=3.0, cpu_s=2.0, memory_mb=256, output_bytes=20_000)
-LEVEL = "process" if machine_lacks("namespaces") else "auto"  # the verifier's scoring, at the level this machine has
+LEVEL = verdict_level()  # the verifier's scoring, at the level this machine has
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
 
 

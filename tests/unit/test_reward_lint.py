@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import machine_lacks
+from conftest import verdict_level
 
 from rlhfkit.errors import RewardError
 from rlhfkit.rewards import CombinedRewards
@@ -195,15 +195,13 @@ class _CorrectJudge:
 
 
 def _built_in_verifiers(judge_url: str) -> dict[str, list]:
-    level = "process" if machine_lacks("namespaces") else "auto"
     return {
         "exact_match": ["exact_match"],
         "regex_match": ["regex_match"],
         "math_answer": ["math_answer"],
         "math_format": ["math_format"],
         "math_answer + math_format": ["math_answer", {"fn": "math_format", "weight": 0.1}],
-        # the boundary where this machine has it, else process: the verdict is tested here, not the isolation
-        "code_tests": [{"fn": "code_tests", "kwargs": {"isolation": level}}],
+        "code_tests": [{"fn": "code_tests", "kwargs": {"isolation": verdict_level()}}],
         "remote_judge": [{"fn": "remote_judge", "kwargs": {"url": judge_url, "template": "{answer}\n{completion}",
                                                            "retries": 0}}],
     }
