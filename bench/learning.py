@@ -73,6 +73,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -447,10 +448,15 @@ def worker(args) -> None:
 # without this a killed bench left its worker training for the rest of its run
 _CHILDREN: set[subprocess.Popen] = set()
 _STOPPED: set[subprocess.Popen] = set()  # workers this bench killed itself (their FAILED line says so, not "OOM")
+# set once the bench is stopping: the pool's queued jobs start no worker (a killed 5-seed bench went on to the next
+# seed's training, as the pool's shutdown waits for every queued job)
+_STOPPING = threading.Event()
 
 
 def _stop_workers(signum: int | None = None, frame=None) -> None:
-    """Kill every running worker; as the SIGTERM handler, then exit (128 + the signal, as the shell reports it)."""
+    """Kill every running worker and start no more; as the SIGTERM / SIGINT handler, then exit (128 + the signal, as
+    the shell reports it)."""
+    _STOPPING.set()  # before the kills: a worker started after this line sees it in _spawn and is killed there
     for proc in list(_CHILDREN):
         _STOPPED.add(proc)
         proc.kill()
@@ -464,8 +470,13 @@ def _spawn(kind: str, python: str, extra: list[str], work: Path, tag: str, threa
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
+    if _STOPPING.is_set():
+        return None
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as proc:
         _CHILDREN.add(proc)
+        if _STOPPING.is_set():  # the stop came between the check above and the add: kill it as the handler would
+            _STOPPED.add(proc)
+            proc.kill()
         try:
             out, err = proc.communicate()
         finally:
@@ -755,6 +766,7 @@ def main() -> int:
             print("learning: TRL is not installed in this Python; rlhfkit only (run it with .venv-trl/bin/python, "
                   "built by `make bench-trl`, for the comparison)")
     signal.signal(signal.SIGTERM, _stop_workers)
+    signal.signal(signal.SIGINT, _stop_workers)  # a Ctrl-C too: no queued seed starts after it
     work = Path(tempfile.mkdtemp(prefix="learning_"))
     data = write_data(work, s)
     model = smollm2_dir("cpu", work)  # the real SmolLM2-135M-Instruct on every device (learning needs its weights)

@@ -349,6 +349,7 @@ def test_a_killed_bench_stops_its_running_workers(learning, tmp_path, monkeypatc
     script = tmp_path / "worker.py"
     script.write_text("import time\ntime.sleep(120)\n")
     monkeypatch.setattr(learning, "HERE", script)
+    monkeypatch.setattr(learning, "_STOPPING", threading.Event())  # the stop below must not outlive this test
     result = {}
     thread = threading.Thread(target=lambda: result.update(r=learning._spawn("trl", sys.executable, [], tmp_path,
                                                                              "w", None)))
@@ -362,9 +363,42 @@ def test_a_killed_bench_stops_its_running_workers(learning, tmp_path, monkeypatc
     assert not thread.is_alive() and result["r"] is None  # the spawn returned: its worker FAILED (killed)
     assert "FAILED (killed by SIGKILL: the bench stopped it;" in capsys.readouterr().out  # not "out-of-memory"
     assert proc.returncode == -signal.SIGKILL and not learning._CHILDREN
+    # and the jobs still queued in the pool (the next seeds) start no worker: a killed 5-seed bench went on to train
+    # seed 1 once seed 0's worker was killed, as the pool's shutdown ran every queued job
+    marker = tmp_path / "started"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    assert learning._spawn("trl", sys.executable, [], tmp_path, "next", None) is None
+    assert not marker.exists() and not (tmp_path / "next.log").exists() and not learning._CHILDREN
     with pytest.raises(SystemExit) as stop:
         learning._stop_workers(signal.SIGTERM)
     assert stop.value.code == 143
+
+
+def test_a_stop_between_the_check_and_the_start_kills_the_new_worker(learning, tmp_path, monkeypatch, capsys):
+    # the stop can land after _spawn's check and before its worker is in _CHILDREN (the handler's kill loop misses
+    # it): _spawn looks again once the worker is registered and kills it itself
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    script = tmp_path / "worker.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    monkeypatch.setattr(learning, "HERE", script)
+    stopping = threading.Event()
+    monkeypatch.setattr(learning, "_STOPPING", stopping)
+    started = []
+
+    class Late(subprocess.Popen):  # the stop arrives while the worker process is being created
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            started.append(self)
+            stopping.set()
+
+    monkeypatch.setattr(learning.subprocess, "Popen", Late)
+    assert learning._spawn("trl", sys.executable, [], tmp_path, "late", None) is None
+    assert started[0].returncode == -signal.SIGKILL and not learning._CHILDREN
+    assert "FAILED (killed by SIGKILL: the bench stopped it;" in capsys.readouterr().out
 
 
 def test_a_failed_worker_line_names_how_it_ended():
