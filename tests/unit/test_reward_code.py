@@ -44,6 +44,22 @@ def test_fraction_of_assert_tests_and_stdio_pairs():
     assert code_tests([""], ["x"], tests=[None], isolation=LEVEL) == [None]
 
 
+def test_rows_without_tests_or_code_ask_nothing_of_the_sandbox(monkeypatch):
+    # a batch with no tests to run (or no code to run them on) scored at `auto` probed the boundary all the same, so
+    # on a machine without bubblewrap it was refused; now the probe comes with the first program to run
+    import rlhfkit.rewards.code as code
+
+    def refused(isolation, limits):
+        raise SandboxError("no boundary here", where="test", fix="none")
+
+    monkeypatch.setattr(code, "sandbox_for", refused)
+    assert code_tests(["", ""], ["x", "```python\n\n```"], tests=[None, ["assert 1"]]) == [None, 0.0]
+    with pytest.raises(SandboxError, match="no boundary here"):  # the first program to run meets the refusal
+        code_tests([""], [fenced("print(1)")], tests=[["assert 1"]])
+    with pytest.raises(SandboxError, match="unknown sandbox isolation 'boxed'"):  # refused at once, tests or not
+        code_tests([""], ["x"], tests=[None], isolation="boxed")
+
+
 def test_extraction_and_parsing():
     assert extract_code("a\n```py\nx = 1\n```\nb\n```\ny = 2\n```") == "y = 2\n"
     assert extract_code("```python\nz = 3\n") == "z = 3\n"  # unclosed last fence runs to the end

@@ -37,7 +37,7 @@ import re
 from typing import Any
 
 from .rules import _column
-from .sandbox import Limits, Sandbox, SandboxError, announce
+from .sandbox import ISOLATIONS, Limits, Sandbox, SandboxError, announce
 
 CODE_TESTS = ("code_tests", "rlhfkit.rewards.code:code_tests")  # how a run's config names this function
 
@@ -166,8 +166,12 @@ def code_tests(
     """Fraction of the row's tests (column ``field``) that the completion's code passes in the sandbox (module
     docstring); None for a row without tests. ``isolation``: auto | namespaces | unshare | process
     (:mod:`rlhfkit.rewards.sandbox`; in a run, decided by :func:`settle_sandboxes`); the limits are per program
-    run."""
-    box = sandbox_for(isolation, Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=memory_mb, output_bytes=output_bytes))
+    run. The sandbox is probed at the first row with tests: a batch without any asks nothing of the machine (an
+    unknown ``isolation`` is refused at once all the same)."""
+    limits = Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=memory_mb, output_bytes=output_bytes)
+    if isolation not in ISOLATIONS:
+        Sandbox(limits, isolation)  # its one-line refusal, naming the key and the levels
+    box: Sandbox | None = None
     column = _column(fields, field, "code_tests", len(completions))
     out: list[float | None] = []
     for i, (completion, value) in enumerate(zip(completions, column)):
@@ -180,5 +184,9 @@ def code_tests(
             out.append(None)
             continue
         code = extract_code(completion, require_block)
-        out.append(0.0 if code is None or not code.strip() else score_program(box, code, tests))
+        if code is None or not code.strip():
+            out.append(0.0)
+            continue
+        box = box or sandbox_for(isolation, limits)
+        out.append(score_program(box, code, tests))
     return out
