@@ -345,6 +345,11 @@ def meta_of(args) -> dict:
             "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "CPU", "budget_s": args.budget}
 
 
+def _stop(signum: int, frame=None) -> None:
+    """The suite's SIGTERM handler: unwind (run_row stops the running row's process group), exit 128 + the signal."""
+    raise SystemExit(128 + signum)
+
+
 def run_row(args, row: Row, folder: Path, log: Path, limit: float) -> tuple[str, float, float]:
     """The row in its own process (its own process group: stopped whole at ``limit`` seconds): its status, wall
     seconds and CPU seconds (its processes', finished ones)."""
@@ -366,6 +371,10 @@ def run_row(args, row: Row, folder: Path, log: Path, limit: float) -> tuple[str,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             status = f"stopped at the budget after {limit:.0f} s (its finished parts kept)"
+        except BaseException:  # the suite stopped (SIGTERM, Ctrl-C): the row's own group, outside the signal's
+            os.killpg(proc.pid, signal.SIGKILL)  # reach, would go on holding the device after the call ended
+            proc.wait()
+            raise
     cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
     return status, time.perf_counter() - t0, cpu
@@ -391,6 +400,15 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.work).mkdir(parents=True, exist_ok=True)
         row.run(Ctx(args.device, args.dry_run, Path(args.parts), Path(args.work)))
         return 0
+    previous = signal.signal(signal.SIGTERM, _stop)  # `timeout` / a kill: the running row stops with the suite
+    try:
+        return _suite(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _suite(args) -> int:
+    """The parent: the rows asked for, each in its own process group (:func:`run_row`), within the budget."""
     import tempfile
 
     args.budget = args.budget or (600.0 if args.dry_run else BUDGET_S)
@@ -414,7 +432,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         folder = Path(args.work) / "parts" / row.key
         folder.mkdir(parents=True, exist_ok=True)
-        status, seconds, cpu = run_row(args, row, folder, log, left)
+        t0 = time.perf_counter()
+        try:
+            status, seconds, cpu = run_row(args, row, folder, log, left)
+        except (SystemExit, KeyboardInterrupt) as stop:  # the table says where the call stopped; it goes on stopping
+            why = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else f"a signal (exit {stop.code})"
+            report["rows"][row.key] = {"status": f"stopped by {why} after {time.perf_counter() - t0:.0f} s (its "
+                                                 "finished parts kept)", "parts": read_parts(folder)}
+            write_outputs(out, report)
+            print(f"[suite] {row.key}: {report['rows'][row.key]['status']}", flush=True)
+            raise
         report["rows"][row.key] = {"status": status, "seconds": seconds, "cpu_seconds": cpu,
                                    "parts": read_parts(folder)}
         write_outputs(out, report)

@@ -251,3 +251,56 @@ def test_the_suite_stops_a_row_at_its_budget_and_names_the_rows_left(tmp_path, c
     table = (out / "table.md").read_text()
     assert "`python3 bench/gpu_suite.py --out $OUT --rows 5,6`" in table and "| 1 | GRPO long answers" in table
     assert capsys.readouterr().out.rstrip().endswith(table.rstrip())  # the table, printed last
+
+
+def test_a_stopped_suite_stops_its_running_row_and_says_so(tmp_path):
+    """A `timeout` or `kill` (SIGTERM) of the suite ended only the suite: the running row, in its own process group
+    (so the budget can stop it whole), went on holding the device after the call had returned. Now the row's group
+    goes with the suite, the row is marked stopped (named for the next call) and the suite exits 143. The row here
+    is a stand-in that writes its pid and its child's, then sleeps; the signal goes to this test's own child."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    pids, out = tmp_path / "pids", tmp_path / "out"
+    sleeper = tmp_path / "row.py"
+    sleeper.write_text("import os, subprocess, sys, time\n"
+                       "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                       f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+                       "time.sleep(120)\n")
+    program = ("import sys\n"
+               f"sys.path.insert(0, {str(bench)!r})\n"
+               "from pathlib import Path\n"
+               "import gpu_suite as s\n"
+               f"s.HERE = Path({str(sleeper)!r})\n"
+               "s.ROWS = [s.Row('sleepy', 'a row that sleeps', run=None, lines=lambda parts: [], seconds=1)]\n"
+               f"raise SystemExit(s.main(['--dry-run', '--rows', 'sleepy', '--out', {str(out)!r}, '--work', "
+               f"{str(tmp_path / 'w')!r}]))\n")
+    suite = subprocess.Popen([sys.executable, "-c", program], cwd=bench.parent, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline and suite.poll() is None:
+        time.sleep(0.05)
+    row_pids = [int(x) for x in pids.read_text().split()]
+    suite.send_signal(signal.SIGTERM)
+    output = suite.communicate(timeout=60)[0]
+
+    def alive(pid: int) -> bool:  # a zombie (killed, not yet reaped by init) is not running
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    time.sleep(0.5)
+    leftover = [pid for pid in row_pids if alive(pid)]
+    for pid in leftover:  # harmless if the check fails: only this test's own stand-ins
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"the row's processes {leftover} outlived the suite"
+    assert suite.returncode == 143, output
+    status = json.loads((out / "results.json").read_text())["rows"]["sleepy"]["status"]
+    assert status.startswith("stopped by a signal (exit 143) after"), status
+    assert "`python3 bench/gpu_suite.py --out $OUT --rows 1`" in (out / "table.md").read_text()
