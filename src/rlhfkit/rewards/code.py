@@ -37,7 +37,7 @@ import re
 from typing import Any
 
 from .rules import _column
-from .sandbox import ISOLATIONS, Limits, Sandbox, SandboxError, announce
+from .sandbox import Limits, Sandbox, SandboxError, announce
 
 CODE_TESTS = ("code_tests", "rlhfkit.rewards.code:code_tests")  # how a run's config names this function
 
@@ -169,8 +169,7 @@ def code_tests(
     run. The sandbox is probed at the first row with tests: a batch without any asks nothing of the machine (an
     unknown ``isolation`` is refused at once all the same)."""
     limits = Limits(wall_s=wall_s, cpu_s=cpu_s, memory_mb=memory_mb, output_bytes=output_bytes)
-    if isolation not in ISOLATIONS:
-        Sandbox(limits, isolation)  # its one-line refusal, naming the key and the levels
+    Sandbox(limits, isolation)  # not probed: an unknown isolation is refused here at once, with the levels
     box: Sandbox | None = None
     column = _column(fields, field, "code_tests", len(completions))
     out: list[float | None] = []
