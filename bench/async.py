@@ -25,11 +25,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _stop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learning import evaluate, write_data  # noqa: E402  (importing vs_trl through it sets the offline environment)
@@ -60,7 +61,7 @@ def run(mode: str, model: Path, data: dict, s: dict, seed: int, work: Path) -> d
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    proc = _stop.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     (work / f"{mode}_{seed}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-6:]

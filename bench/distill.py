@@ -37,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _stop
 from vs_trl import model_dir as smollm2_dir  # importing vs_trl also sets the offline environment variables
 
 HERE = Path(__file__).resolve()
@@ -101,7 +102,7 @@ def run_cli(argv: list[str], log: Path) -> float:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     t0 = time.perf_counter()
     with log.open("w") as f:
-        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+        rc = _stop.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
     if rc != 0:
         raise SystemExit(f"distill bench: `rlhfkit {argv[0]}` failed ({rc}); its log {log}:\n"
                          + "\n".join(log.read_text().splitlines()[-15:]))

@@ -346,11 +346,12 @@ def main() -> None:
 
     @check("(f) recipes end to end (tiny, CLI)")
     def _():  # every recipe's CUDA path: fp32 master weights + bf16 autocast, frozen models in bf16, EOS masks
-        import subprocess
         import sys
         import tempfile
         import time
         from pathlib import Path
+
+        import _stop
 
         tmp = Path(tempfile.mkdtemp())
         d, r = tmp / "data", tmp / "runs"
@@ -371,7 +372,7 @@ def main() -> None:
         done = []
         for argv in steps:
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "rlhfkit", *argv], capture_output=True, text=True)
+            out = _stop.run([sys.executable, "-m", "rlhfkit", *argv], capture_output=True, text=True)
             if out.returncode != 0:
                 print(out.stdout[-3000:], out.stderr[-3000:])
                 last = (out.stderr or out.stdout).strip().splitlines()[-1][:120]

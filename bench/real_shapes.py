@@ -34,11 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _stop
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
@@ -140,7 +141,7 @@ def memory(args, out: dict) -> None:
             env["OMP_NUM_THREADS"] = str(args.threads)
         cmd = [sys.executable, str(HERE), "--memory-worker", json.dumps(spec), "--result", str(result_path)]
         print(f"[real_shapes] memory: {shape} {'LoRA r=' + str(lora) if lora else 'full fine-tune'}", flush=True)
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+        proc = _stop.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
             rows.append({"shape": shape, "lora": lora, "error": f"exit {proc.returncode}: {tail}"[:400]})

@@ -11,11 +11,11 @@ ratio peer/rlhfkit measured in the same run (> 1: rlhfkit is faster / smaller); 
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import _stop
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -30,7 +30,7 @@ def main() -> int:
     failed = 0
     for script in SCRIPTS:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(HERE / script), *extra], capture_output=True, text=True)
+        proc = _stop.run([sys.executable, str(HERE / script), *extra], capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RATIO")]
         if proc.returncode != 0 or not lines:
             failed += 1

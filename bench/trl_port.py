@@ -34,10 +34,11 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import _stop
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "tiny:hidden=64,layers=2,intermediate=128,context=1024"
@@ -441,7 +442,7 @@ def main() -> int:
         got = {}
         for fw in ("trl", "rlhfkit") + (("trl-args",) if script in TRL_ARGS else ()):
             out = work / f"{fw}-{script}.json"
-            proc = subprocess.run([sys.executable, __file__, "--work", str(work), "--worker", fw, script, str(out)],
+            proc = _stop.run([sys.executable, __file__, "--work", str(work), "--worker", fw, script, str(out)],
                                   env=env, capture_output=True, text=True, cwd=work)
             got[fw] = json.loads(out.read_text()) if out.is_file() else \
                 {"error": f"the worker died: {proc.stderr.strip().splitlines()[-1:]}"}

@@ -36,11 +36,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _stop
 
 QUESTION = "Which square is larger, red or blue?"
 
@@ -154,7 +155,7 @@ def run_worker(python: str, a: argparse.Namespace, framework: str, workdir: Path
            "--max-new", str(a.max_new), "--min-new", str(a.min_new), "--lr", str(a.lr), "--seed", str(seed)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")} \
         if framework == "rlhfkit" else dict(os.environ)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = _stop.run(cmd, capture_output=True, text=True, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])

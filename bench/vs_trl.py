@@ -103,12 +103,12 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _stop
 from _report import (
     EQUAL_TOL,
     comparison_table,
@@ -643,7 +643,7 @@ def run_worker(args, fw: str, recipe: str, rnd: int, model: Path, data: dict, wo
             cmd += [flag, str(value)]
     cmd += ["--throughput"] if args.throughput else []
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    proc = _stop.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         print(f"  {recipe} {fw} round {rnd}: FAILED ({worker_ended(proc.returncode)}): " + " | ".join(tail), flush=True)

@@ -9,6 +9,7 @@ real_shapes.py's tables."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
@@ -227,8 +228,7 @@ def test_real_shapes_tables_refuse_unequal_work_and_set_the_peak_against_plan(re
 def test_real_shapes_memory_runs_only_the_cases_asked_for(tmp_path, monkeypatch):
     shapes, built = import_bench("real_shapes"), []
     monkeypatch.setattr(import_bench("_shapes"), "random_model", lambda path, work, tiny: built.append(path.name))
-    monkeypatch.setattr(shapes.subprocess, "run", lambda *a, **k: shapes.subprocess.CompletedProcess(
-        a, 1, "", "out of memory"))
+    monkeypatch.setattr(shapes._stop, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", "out of memory"))
     args = shapes.argparse.Namespace(mem_cases="qwen3-1.7b", quick=True, work=str(tmp_path), mem_prompts=2,
                                      mem_k=2, mem_new=8, prompt_len=8, mem_micro=2, threads=None)
     out: dict = {}

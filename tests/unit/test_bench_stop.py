@@ -1,0 +1,92 @@
+"""bench/_stop.py: a bench's workers end with the bench (a `kill PID`, a Ctrl-C), their own children with them."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _alive(pid: int) -> bool:  # a zombie (killed, not yet reaped by init) is not running
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _stand_in_bench(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    """A bench that waits on a worker through ``_stop.run``; the worker starts a child of its own, writes both pids
+    and sleeps. Returns the bench (still waiting) and the two pids."""
+    pids = tmp_path / "pids"
+    worker = tmp_path / "worker.py"
+    worker.write_text("import os, subprocess, sys, time\n"
+                      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                      f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+                      "time.sleep(120)\n")
+    program = (f"import sys\nsys.path.insert(0, {str(BENCH)!r})\nimport _stop\n"
+               f"_stop.run([sys.executable, {str(worker)!r}], capture_output=True, text=True)\n")
+    bench = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline and bench.poll() is None:
+        time.sleep(0.05)
+    assert pids.exists() and pids.read_text(), bench.communicate(timeout=30)[0]
+    return bench, [int(x) for x in pids.read_text().split()]
+
+
+def _leftover(pids: list[int]) -> list[int]:
+    time.sleep(0.5)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:  # harmless if the check fails: only this test's own stand-ins
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, -signal.SIGINT)])
+def test_a_stopped_bench_takes_its_worker_and_the_workers_children_with_it(tmp_path, sig, code):
+    """Python's default SIGTERM ends a process with no cleanup: a bare `kill PID` of a bench (vs_trl, distill,
+    real_shapes, trl_port, vlm, ...) left the worker it waited on running, holding the cores or the GPU. Ctrl-C
+    (here SIGINT to the bench alone: the worker has its own process group) goes the same way."""
+    bench, pids = _stand_in_bench(tmp_path)
+    bench.send_signal(sig)
+    output = bench.communicate(timeout=60)[0]
+    assert not _leftover(pids), f"the worker's processes outlived the bench: {output}"
+    assert bench.returncode == code, output
+    if sig == signal.SIGINT:
+        assert "KeyboardInterrupt" in output
+
+
+def test_run_returns_what_subprocess_run_returns(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _stop
+    finally:
+        sys.path.remove(str(BENCH))
+    cmd = [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"]
+    got, want = _stop.run(cmd, capture_output=True, text=True), subprocess.run(cmd, capture_output=True, text=True)
+    assert (got.args, got.returncode, got.stdout, got.stderr) == (want.args, 3, "out\n", "err\n")
+    with (tmp_path / "log").open("w") as f:
+        assert _stop.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode == 3
+    assert sorted((tmp_path / "log").read_text().split()) == ["err", "out"]
+
+
+# Scripts whose subprocesses are not workers to stop with them (a pip download, git queries), or that stop their own
+# (learning.py: its handler also starts no further seed; gpu_suite.py: it also marks the stopped row).
+OWN_OR_SHORT = {"gpu_wheels.py", "learning.py", "gpu_suite.py"}
+
+
+def test_every_bench_waits_on_its_workers_through_stop():
+    """The class, not the five instances: a bench script that starts a worker with subprocess does it through
+    ``_stop.run`` (or is named above, with why)."""
+    direct = [f"{p.name}:{n}" for p in sorted(BENCH.glob("*.py")) if p.name not in OWN_OR_SHORT | {"_stop.py"}
+              for n, line in enumerate(p.read_text().splitlines(), 1)
+              if re.search(r"\bsubprocess\.(run|Popen|call|check_call|check_output)\(", line)]
+    assert not direct, f"workers started outside bench/_stop.run: {direct}"
