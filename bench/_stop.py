@@ -1,11 +1,12 @@
 """A bench's workers end with the bench: a `kill PID` of it (SIGTERM), a `timeout`, a Ctrl-C.
 
 Python's default for SIGTERM ends a process at once, with no cleanup, so a bench stopped that way left the worker it
-was waiting on running, still holding the cores or the GPU (a device call's time ran on after the call). ``run``
-is ``subprocess.run`` for a bench's workers: each starts in its own process group, and on any way out of the wait
-(SIGTERM, which ``run`` turns into ``SystemExit(143)``; Ctrl-C; an error) the whole group is killed, the worker's own
-children with it, before the exception goes on. ``bench/learning.py`` and ``bench/gpu_suite.py`` keep their own
-handlers (they also stop further seeds / mark the stopped row); this module has no torch import.
+was waiting on running, still holding the cores or the GPU. ``run`` is ``subprocess.run`` for a bench's workers: on
+any way out of the wait (SIGTERM, which ``run`` turns into ``SystemExit(143)``; Ctrl-C; an error) the worker and
+every process below it are killed before the exception goes on. The worker stays in the bench's process group, so
+what stops that group whole (a terminal's Ctrl-C, ``bench/gpu_suite.py``'s budget, which runs ``vs_trl.py`` in a
+row) still reaches it: a group of its own would hide it from them. ``bench/learning.py`` and ``bench/gpu_suite.py``
+keep their own handlers (they also start no further seed / mark the stopped row). No torch import here.
 """
 
 from __future__ import annotations
@@ -29,11 +30,45 @@ def stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _tree(root: int) -> list[int]:
+    """``root`` and every process below it, from /proc's parent links (Linux; elsewhere just ``root``)."""
+    children: dict[int, list[int]] = {}
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        entries = os.listdir("/proc")
+    except OSError:
+        return [root]
+    for name in entries:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Freeze the worker's tree (so none of it starts a process that escapes), look again, kill all of it."""
+    frozen: set[int] = set()
+    for _ in range(2):
+        for pid in _tree(proc.pid):
+            if pid not in frozen:
+                frozen.add(pid)
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except (ProcessLookupError, PermissionError):
+                    pass
+    for pid in frozen:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
 
 
@@ -42,10 +77,10 @@ def run(cmd, *, capture_output: bool = False, stdout=None, stderr=None, **kwargs
     stop_on_sigterm()
     if capture_output:
         stdout = stderr = subprocess.PIPE
-    with subprocess.Popen(cmd, stdout=stdout, stderr=stderr, start_new_session=True, **kwargs) as proc:
+    with subprocess.Popen(cmd, stdout=stdout, stderr=stderr, **kwargs) as proc:
         try:
             out, err = proc.communicate()
         except BaseException:
-            _kill_group(proc)
+            _kill_tree(proc)
             raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -22,7 +22,7 @@ def _alive(pid: int) -> bool:  # a zombie (killed, not yet reaped by init) is no
         return False
 
 
-def _stand_in_bench(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+def _stand_in_bench(tmp_path: Path, own_group: bool = False) -> tuple[subprocess.Popen, list[int]]:
     """A bench that waits on a worker through ``_stop.run``; the worker starts a child of its own, writes both pids
     and sleeps. Returns the bench (still waiting) and the two pids."""
     pids = tmp_path / "pids"
@@ -34,7 +34,7 @@ def _stand_in_bench(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     program = (f"import sys\nsys.path.insert(0, {str(BENCH)!r})\nimport _stop\n"
                f"_stop.run([sys.executable, {str(worker)!r}], capture_output=True, text=True)\n")
     bench = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
+                             text=True, start_new_session=own_group)
     deadline = time.monotonic() + 60
     while not (pids.exists() and pids.read_text()) and time.monotonic() < deadline and bench.poll() is None:
         time.sleep(0.05)
@@ -54,7 +54,7 @@ def _leftover(pids: list[int]) -> list[int]:
 def test_a_stopped_bench_takes_its_worker_and_the_workers_children_with_it(tmp_path, sig, code):
     """Python's default SIGTERM ends a process with no cleanup: a bare `kill PID` of a bench (vs_trl, distill,
     real_shapes, trl_port, vlm, ...) left the worker it waited on running, holding the cores or the GPU. Ctrl-C
-    (here SIGINT to the bench alone: the worker has its own process group) goes the same way."""
+    (here SIGINT to the bench alone, as a kill -INT of its pid) goes the same way."""
     bench, pids = _stand_in_bench(tmp_path)
     bench.send_signal(sig)
     output = bench.communicate(timeout=60)[0]
@@ -62,6 +62,15 @@ def test_a_stopped_bench_takes_its_worker_and_the_workers_children_with_it(tmp_p
     assert bench.returncode == code, output
     if sig == signal.SIGINT:
         assert "KeyboardInterrupt" in output
+
+
+def test_a_bench_whose_group_is_killed_takes_its_worker_with_it(tmp_path):
+    """What stops a bench's process group whole (gpu_suite's budget, which runs vs_trl.py in a row, with SIGKILL)
+    reaches the worker: it stays in the bench's group (a group of its own would outlive the kill)."""
+    bench, pids = _stand_in_bench(tmp_path, own_group=True)
+    os.killpg(bench.pid, signal.SIGKILL)
+    bench.communicate(timeout=60)
+    assert not _leftover(pids), "the worker outlived its bench's process group"
 
 
 def test_run_returns_what_subprocess_run_returns(tmp_path):
