@@ -157,6 +157,32 @@ def test_a_fork_while_another_thread_checks_does_not_inherit_its_lock():
     assert answer is True and child_helper is not None
 
 
+def test_a_fork_between_a_checks_write_and_its_flush_sends_the_parents_helper_nothing(tmp_path):
+    """A fork while another thread is between writing its request and flushing it: the child's copy of the buffer
+    reached the parent's helper when the child dropped the pipe (its garbage collector flushes it), and the helper's
+    answer to it waited in the parent's pipe as the next check's verdict. The child also held the helper's stdin."""
+    assert symcheck.check("v+v", "2*v", 20.0) is True
+    helper = symcheck._HELPER
+    stdin_pipe = os.readlink(f"/proc/self/fd/{helper.proc.stdin.fileno()}")
+    helper.proc.stdin.write(b'{"pred": "v", "ref": "v", "timeout": 20}\n')  # written, not yet flushed
+    seen = tmp_path / "child_fds"
+    pid = os.fork()
+    if pid == 0:  # the child: what it holds after the fork, then its end, as a short-lived worker's
+        try:
+            import gc
+            gc.collect()
+            seen.write_text("\n".join(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                                      if os.path.exists(f"/proc/self/fd/{fd}")))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    stray = helper._line(time.monotonic() + 3.0)
+    helper.stop()  # drops the parent's own unflushed request with its helper
+    assert stray is None, f"the parent's helper answered a request the child sent: {stray!r}"
+    assert stdin_pipe not in seen.read_text().split("\n"), "the child still held the helper's stdin"
+    assert symcheck.check("v*v", "v^2", 20.0) is True
+
+
 def _children(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():

@@ -250,8 +250,25 @@ class _Helper:
 
     def forget(self) -> None:
         """In a forked child: the parent's helper and lock are not this process's (the lock may have been held by
-        another thread at the fork); start afresh."""
+        another thread at the fork); start afresh. The child's copies of the parent's pipes to its helper are
+        pointed at /dev/null, not closed: closing (or the garbage collector's close) flushes the child's copy of the
+        request buffer, and a fork between another thread's write and its flush would then send the parent's helper
+        that request twice, its second answer read by the parent as its next check's verdict. Nor does the child
+        hold the helper's stdin open after the parent has gone."""
+        proc = self.proc
         self.lock, self.proc, self.buf = threading.Lock(), None, b""
+        if proc is None:
+            return
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+        except OSError:
+            return
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                os.dup2(null, stream.fileno())
+            except (OSError, ValueError):
+                pass
+        os.close(null)
 
 
 _HELPER = _Helper()
