@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import import_bench
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -74,11 +75,7 @@ def test_a_bench_whose_group_is_killed_takes_its_worker_with_it(tmp_path):
 
 
 def test_run_returns_what_subprocess_run_returns(tmp_path):
-    sys.path.insert(0, str(BENCH))
-    try:
-        import _stop
-    finally:
-        sys.path.remove(str(BENCH))
+    _stop = import_bench("_stop")
     cmd = [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"]
     got, want = _stop.run(cmd, capture_output=True, text=True), subprocess.run(cmd, capture_output=True, text=True)
     assert (got.args, got.returncode, got.stdout, got.stderr) == (want.args, 3, "out\n", "err\n")
