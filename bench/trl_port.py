@@ -443,7 +443,7 @@ def main() -> int:
         for fw in ("trl", "rlhfkit") + (("trl-args",) if script in TRL_ARGS else ()):
             out = work / f"{fw}-{script}.json"
             proc = _stop.run([sys.executable, __file__, "--work", str(work), "--worker", fw, script, str(out)],
-                                  env=env, capture_output=True, text=True, cwd=work)
+                             env=env, capture_output=True, text=True, cwd=work)
             got[fw] = json.loads(out.read_text()) if out.is_file() else \
                 {"error": f"the worker died: {proc.stderr.strip().splitlines()[-1:]}"}
             out.unlink(missing_ok=True)

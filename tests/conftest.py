@@ -38,6 +38,24 @@ def import_bench(name: str):
     return import_script("bench", name)
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def sleeper_with_child(script: Path, pids: Path) -> Path:
+    """A stand-in worker at ``script``: it starts a child of its own, writes ``"<its pid> <child's pid>"`` to
+    ``pids`` and sleeps (for the tests that a stopped bench takes its worker's whole tree with it)."""
+    script.write_text("import os, subprocess, sys, time\n"
+                      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                      f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+                      "time.sleep(120)\n")
+    return script
+
+
 # What a hostile program does first in the sandbox tests: the guard's audit hook keeps its on-switch in a closure list,
 # and the garbage collector hands any program that list; then only the boundary holds.
 DISARM = '''

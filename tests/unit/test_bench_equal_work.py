@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import import_bench, rollout_of, score_of
+from conftest import import_bench, rollout_of, running, score_of, sleeper_with_child
 
 
 @pytest.fixture(scope="module")
@@ -267,11 +267,7 @@ def test_a_stopped_suite_stops_its_running_row_and_says_so(tmp_path):
 
     bench = Path(__file__).resolve().parents[2] / "bench"
     pids, out = tmp_path / "pids", tmp_path / "out"
-    sleeper = tmp_path / "row.py"
-    sleeper.write_text("import os, subprocess, sys, time\n"
-                       "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                       f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
-                       "time.sleep(120)\n")
+    sleeper = sleeper_with_child(tmp_path / "row.py", pids)
     program = ("import sys\n"
                f"sys.path.insert(0, {str(bench)!r})\n"
                "from pathlib import Path\n"
@@ -289,14 +285,8 @@ def test_a_stopped_suite_stops_its_running_row_and_says_so(tmp_path):
     suite.send_signal(signal.SIGTERM)
     output = suite.communicate(timeout=60)[0]
 
-    def alive(pid: int) -> bool:  # a zombie (killed, not yet reaped by init) is not running
-        try:
-            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
-
     time.sleep(0.5)
-    leftover = [pid for pid in row_pids if alive(pid)]
+    leftover = [pid for pid in row_pids if running(pid)]
     for pid in leftover:  # harmless if the check fails: only this test's own stand-ins
         os.kill(pid, signal.SIGKILL)
     assert not leftover, f"the row's processes {leftover} outlived the suite"

@@ -11,27 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import import_bench
+from conftest import import_bench, running, sleeper_with_child
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _alive(pid: int) -> bool:  # a zombie (killed, not yet reaped by init) is not running
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _stand_in_bench(tmp_path: Path, own_group: bool = False) -> tuple[subprocess.Popen, list[int]]:
     """A bench that waits on a worker through ``_stop.run``; the worker starts a child of its own, writes both pids
     and sleeps. Returns the bench (still waiting) and the two pids."""
     pids = tmp_path / "pids"
-    worker = tmp_path / "worker.py"
-    worker.write_text("import os, subprocess, sys, time\n"
-                      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                      f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
-                      "time.sleep(120)\n")
+    worker = sleeper_with_child(tmp_path / "worker.py", pids)
     program = (f"import sys\nsys.path.insert(0, {str(BENCH)!r})\nimport _stop\n"
                f"_stop.run([sys.executable, {str(worker)!r}], capture_output=True, text=True)\n")
     bench = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -45,7 +34,7 @@ def _stand_in_bench(tmp_path: Path, own_group: bool = False) -> tuple[subprocess
 
 def _leftover(pids: list[int]) -> list[int]:
     time.sleep(0.5)
-    left = [pid for pid in pids if _alive(pid)]
+    left = [pid for pid in pids if running(pid)]
     for pid in left:  # harmless if the check fails: only this test's own stand-ins
         os.kill(pid, signal.SIGKILL)
     return left
